@@ -1,0 +1,65 @@
+"""CBCL: a protocol engine for S-expression messages between software agents.
+
+The public API is this module; everything in ``cbcl._*`` is private.
+"""
+
+from ._api import canonical, parse
+from ._errors import (
+    BodyError,
+    CBCLError,
+    ConversationError,
+    DescriptorError,
+    EnvelopeError,
+    EvaluationError,
+    GrammarError,
+    LimitError,
+    MalformedError,
+    Position,
+    ProtocolError,
+    SchemaError,
+    TrustError,
+    UnknownProtocolError,
+    ViolationError,
+)
+from ._json import from_json, message_to_json, to_json
+from ._limits import Limits
+from ._message import VERSION, Intent, Message, Signature
+from ._reader import read, read_all
+from ._values import URI, Keyword, Symbol, Value
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "URI",
+    "VERSION",
+    "BodyError",
+    "CBCLError",
+    "ConversationError",
+    "DescriptorError",
+    "EnvelopeError",
+    "EvaluationError",
+    "GrammarError",
+    "Intent",
+    "Keyword",
+    "LimitError",
+    "Limits",
+    "MalformedError",
+    "Message",
+    "Position",
+    "ProtocolError",
+    "SchemaError",
+    "Signature",
+    "Symbol",
+    "TrustError",
+    "UnknownProtocolError",
+    "Value",
+    "ViolationError",
+    "__version__",
+    "canonical",
+    "from_json",
+    "message_to_json",
+    "parse",
+    "read",
+    "read_all",
+    "to_json",
+]

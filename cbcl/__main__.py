@@ -1,0 +1,7 @@
+"""``python -m cbcl``: the same as the ``cbcl`` command."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

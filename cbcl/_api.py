@@ -1,0 +1,47 @@
+"""The top-level operations: :func:`parse`, :func:`canonical`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._canonical import canonical_value
+from ._envelope import parse_envelope
+from ._errors import UnknownProtocolError
+from ._limits import DEFAULT_LIMITS, Limits
+from ._message import Message
+from ._reader import context_of, decode, position_of
+from ._values import Value
+
+
+def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+          envelope_only: bool = False, registry: Any = None) -> Message:
+    """Parse one CBCL/1.0 message: pass 1 (envelope) and, unless ``envelope_only``, pass 2
+    (the body, by the grammar of the message's protocol in ``registry``).
+
+    Raises :class:`MalformedError` (:class:`EnvelopeError` for a bad envelope),
+    :class:`LimitError`, :class:`UnknownProtocolError` when a full parse meets a protocol
+    the registry does not hold, and ``TypeError`` for input that is not bytes or str.
+    """
+    limits = DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise TypeError("limits must be a cbcl.Limits")
+    text = decode(data, limits)
+    envelope = parse_envelope(text, limits)
+    message = envelope.message
+    if envelope_only:
+        return message
+    protocol = message.protocol
+    at = envelope.protocol_at
+    raise UnknownProtocolError(
+        f"unknown protocol {protocol}: no descriptor for it is loaded",
+        protocol=str(protocol), position=position_of(text, at), context=context_of(text, at))
+
+
+def canonical(value: Value | Message) -> str:
+    """The canonical text (draft §1.2) of a value or a :class:`Message`.
+
+    Raises ``TypeError`` for a non-CBCL value and ``ValueError`` for one out of range.
+    """
+    if isinstance(value, Message):
+        return value.canonical()
+    return canonical_value(value)

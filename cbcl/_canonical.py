@@ -1,0 +1,106 @@
+"""The canonical form (draft §1.2): the unique text of a value.
+
+Printing is iterative, so values of any depth print without recursion. Values are
+validated as they are printed: text that is printed is text that reads back as the same
+value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+
+from ._values import INT64_MAX, INT64_MIN, MAX_DECIMAL_CHARS, URI, Keyword, Symbol, Value
+
+# Characters a canonical string escapes; lone surrogates are matched so they can be refused.
+_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    short = _SHORT_ESCAPES.get(ch)
+    if short is not None:
+        return short
+    if "\ud800" <= ch <= "\udfff":
+        raise ValueError(f"a string holds a lone surrogate U+{ord(ch):04X}, not UTF-8 text")
+    return f"\\u{ord(ch):04x}"
+
+
+def quote(text: str) -> str:
+    """The canonical text of a STRING value. Raises ``ValueError`` for a lone surrogate."""
+    if _NEEDS_ESCAPE.search(text) is None:
+        return f'"{text}"'
+    return '"' + _NEEDS_ESCAPE.sub(_escape, text) + '"'
+
+
+def _integer(value: int) -> str:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"integer {value} is outside the signed 64-bit range")
+    return str(value)
+
+
+def _decimal(value: Decimal) -> str:
+    if not value.is_finite():
+        raise ValueError(f"CBCL has no {value} decimal")
+    exponent = value.as_tuple().exponent
+    if isinstance(exponent, int) and exponent >= 0:
+        value = value.quantize(Decimal("0.1"))  # 5 prints as 5.0: still a DECIMAL
+    text = format(value, "f")
+    if len(text) > MAX_DECIMAL_CHARS:
+        raise ValueError(f"decimal {text} is longer than {MAX_DECIMAL_CHARS} characters")
+    return text
+
+
+_ATOM_TEXT: dict[type, Callable[[object], str]] = {
+    str: quote,  # type: ignore[dict-item]
+    Symbol: str.__str__,  # type: ignore[dict-item]
+    URI: str.__str__,  # type: ignore[dict-item]
+    Keyword: lambda k: ":" + str.__str__(k),  # type: ignore[arg-type,operator]
+    int: _integer,  # type: ignore[dict-item]
+    Decimal: _decimal,  # type: ignore[dict-item]
+}
+
+
+def _atom_text(value: object) -> str:
+    writer = _ATOM_TEXT.get(type(value))
+    if writer is not None:
+        return writer(value)
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"{value!r} is not a CBCL value")
+    for kind in (Keyword, Symbol, URI, Decimal, int, str):
+        if isinstance(value, kind):
+            return _ATOM_TEXT[kind](value)
+    raise TypeError(f"{type(value).__name__} is not a CBCL value type")
+
+
+def canonical_value(value: Value) -> str:
+    """The canonical text of ``value``.
+
+    Raises ``TypeError`` for something that is not a CBCL value (``bool``, ``None``,
+    ``float``, ``dict`` …) and ``ValueError`` for a value out of CBCL's range (an integer
+    outside int64, a non-finite or over-long decimal, a string with a lone surrogate).
+    Lists may be tuples or Python lists.
+    """
+    if not isinstance(value, (tuple, list)):
+        return _atom_text(value)
+    out: list[str] = ["("]
+    stack: list[Iterator[Value]] = [iter(value)]
+    first = True
+    while stack:
+        for item in stack[-1]:
+            if not first:
+                out.append(" ")
+            if isinstance(item, (tuple, list)):
+                out.append("(")
+                stack.append(iter(item))
+                first = True
+                break
+            first = False
+            out.append(_atom_text(item))
+        else:
+            stack.pop()
+            out.append(")")
+            first = False
+    return "".join(out)

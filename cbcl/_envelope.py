@@ -1,0 +1,240 @@
+"""Pass 1: recognise the CBCL/1.0 envelope (draft §2) and capture the body unjudged.
+
+Theory of operation
+-------------------
+The envelope grammar (``grammars/envelope.lark``) is compiled once by lark into LALR(1)
+tables with ``strict=True``; :func:`parse_envelope` drives those tables itself, fed by the
+CBCL reader's token expression, so the text is scanned once and no lark token or tree is
+built. Three decisions happen in the lexer, each by asking the tables:
+
+* a symbol such as ``sender`` or ``PROPOSE`` becomes the grammar literal of that name only
+  where the parser can shift that literal (:meth:`Tables.can_shift`); elsewhere it is a
+  ``SYMBOL`` (so ``(protocol sender)`` names a protocol called ``sender``);
+* where the parser expects ``VALUE`` (after ``body``), the reader captures one whole value,
+  under the same limits, as a single token;
+* any other atom is read by the reader and given its kind's terminal.
+
+When the tables hold no action for a token the input is refused with an
+:class:`EnvelopeError` at that token, listing what was expected in CBCL terms.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from decimal import Decimal
+from importlib import resources
+from typing import Any, NoReturn
+
+from ._errors import EnvelopeError
+from ._lalr import Tables
+from ._limits import Limits
+from ._message import Intent, Message, Signature
+from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, limit, read_value_at
+from ._values import URI, Keyword, Symbol
+
+# Literal terminals of the envelope grammar, by the symbol that spells them.
+FIELD_TERMINALS = {
+    "message-id": "MESSAGE_ID", "sender": "SENDER", "receiver": "RECEIVER",
+    "intent": "INTENT", "protocol": "PROTOCOL", "conversation-id": "CONVERSATION_ID",
+    "in-reply-to": "IN_REPLY_TO", "reply-by": "REPLY_BY", "timestamp": "TIMESTAMP",
+    "body": "BODY", "signature": "SIGNATURE",
+}
+INTENT_TERMINALS = {intent.value: intent.name for intent in Intent}
+# Keyed by Symbol: a Symbol equals only Symbols, so plain str keys would never match.
+LITERALS = {Symbol(text): terminal for text, terminal in
+            {"CBCL/1.0": "VERSION", **FIELD_TERMINALS, **INTENT_TERMINALS}.items()}
+
+_ATOM_TERMINALS: dict[type, str] = {
+    str: "STRING", int: "INTEGER", Decimal: "DECIMAL", Keyword: "KEYWORD", URI: "URI",
+    Symbol: "SYMBOL",
+}
+
+# How an expected terminal is named in an error message.
+_SHOWN = {
+    "LPAR": "'('", "RPAR": "')'", "STRING": "a string", "URI": "a URI",
+    "SYMBOL": "a symbol", "INTEGER": "an integer", "VALUE": "a value",
+    "$END": "the end of the input", "VERSION": "CBCL/1.0",
+    **{terminal: name for name, terminal in FIELD_TERMINALS.items()},
+    **{terminal: name for name, terminal in INTENT_TERMINALS.items()},
+}
+
+
+@functools.cache
+def envelope_tables() -> Tables:
+    """The envelope grammar's LALR(1) tables (built on first use, then cached)."""
+    import lark  # imported here: only table construction needs lark
+    from lark.lexer import Lexer
+
+    class _ExternalLexer(Lexer):
+        """Tokens come from CBCL's reader; lark only builds the tables."""
+
+        __future_interface__ = 2
+
+        def __init__(self, lexer_conf: Any) -> None:
+            pass
+
+        def lex(self, lexer_state: Any, parser_state: Any) -> Any:  # pragma: no cover
+            raise NotImplementedError
+
+    text = resources.files("cbcl.grammars").joinpath("envelope.lark").read_text("utf-8")
+    return Tables.from_lark(lark.Lark(text, parser="lalr", lexer=_ExternalLexer, strict=True))
+
+
+def _describe(terminal: str, value: object) -> str:
+    if terminal in ("LPAR", "RPAR", "$END"):
+        return _SHOWN[terminal]
+    if terminal == "STRING":
+        return "a string"
+    if terminal == "VALUE":
+        return "a value"
+    kind = _ATOM_TERMINALS.get(type(value), "value").lower()
+    text = (":" + str(value)) if type(value) is Keyword else str(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{kind} {text}"
+
+
+def _expected(tables: Tables, state: int) -> tuple[str, ...]:
+    row = tables.actions[state]
+    shown = [_SHOWN.get(t, t) for t in row if t.isupper() or t == "$END"]
+    intents = [s for s in shown if s in INTENT_TERMINALS]
+    if len(intents) > 3:
+        shown = [s for s in shown if s not in INTENT_TERMINALS] + ["an intent"]
+    return tuple(sorted(set(shown)))
+
+
+def _refuse(text: str, index: int, tables: Tables, state: int, terminal: str,
+            value: object) -> NoReturn:
+    expected = _expected(tables, state)
+    found = _describe(terminal, value)
+    message = f"expected {' or '.join(expected)}, found {found}"
+    if "CBCL/1.0" in expected and type(value) is Symbol and value.startswith("CBCL/"):
+        message = f"unsupported version {value}: this engine speaks CBCL/1.0"
+    elif "an intent" in expected and type(value) is Symbol:
+        message = (f"unknown intent {value}; the intents are "
+                   f"{', '.join(INTENT_TERMINALS)}")
+    elif terminal == "SYMBOL" and str(value) in FIELD_TERMINALS:
+        message += (f" (field {value} is out of order or repeated, or a required field "
+                    "before it is missing)")
+    fail(text, index, message, expected=expected, error=EnvelopeError)
+
+
+_ID_FIELDS = {"MESSAGE_ID": "message-id", "CONVERSATION_ID": "conversation-id",
+              "IN_REPLY_TO": "in-reply-to"}
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """The result of pass 1: the message, and where in the text its protocol symbol and
+    its body start (character indexes; ``body_at`` is -1 without a body)."""
+
+    message: Message
+    protocol_at: int
+    body_at: int
+
+
+def parse_envelope(text: str, limits: Limits) -> Envelope:
+    """Recognise the envelope of the decoded document ``text`` and build its
+    :class:`Message` (body captured, not judged).
+
+    Raises :class:`EnvelopeError` (a :class:`MalformedError`) for a document that is not a
+    CBCL/1.0 envelope, :class:`MalformedError` for malformed text and :class:`LimitError`.
+    """
+    tables = envelope_tables()
+    actions = tables.actions
+    rules = tables.rules
+    end_state = tables.end_state
+    max_depth = limits.max_depth
+    stack = [tables.start_state]
+    values: list[Any] = []
+    pos = 0
+    depth = 0
+    nodes = 0
+    previous = ""
+    protocol_at = body_at = -1
+    while True:
+        m = TOKEN.match(text, pos)
+        assert m is not None
+        kind = m.lastindex
+        assert kind is not None
+        start = m.start(kind)
+        value: object = None
+        if "VALUE" in actions[stack[-1]] and kind != RPAR and kind != EOF and kind != BAD:
+            terminal = "VALUE"
+            body_at = start
+            value, pos, nodes = read_value_at(text, pos, limits, depth, nodes)
+        elif kind == LPAR:
+            terminal = "LPAR"
+            depth += 1
+            nodes += 1
+            if depth > max_depth:
+                limit(text, start, f"lists nested more than {max_depth} deep", "max_depth",
+                      max_depth)
+            pos = m.end()
+        elif kind == RPAR:
+            terminal = "RPAR"
+            depth -= 1
+            pos = m.end()
+        elif kind == EOF:
+            terminal = "$END"
+        elif kind == BAD:
+            diagnose(text, start)
+        else:
+            value, pos, nodes = read_value_at(text, pos, limits, depth, nodes)
+            terminal = _ATOM_TERMINALS[type(value)]
+            if terminal == "SYMBOL":
+                literal = LITERALS.get(value)  # type: ignore[call-overload]
+                if literal is not None and tables.can_shift(stack, literal):
+                    terminal = literal
+                else:
+                    protocol_at = start  # the only SYMBOL the envelope admits
+            elif terminal in ("STRING", "KEYWORD"):
+                start -= 1  # point at the quote or colon
+                if value == "" and previous in _ID_FIELDS:
+                    fail(text, start, f"{_ID_FIELDS[previous]} must not be empty",
+                         error=EnvelopeError)
+        previous = terminal
+        # Feed the token to the LALR(1) tables.
+        while True:
+            action = actions[stack[-1]].get(terminal)
+            if action is None:
+                _refuse(text, start, tables, stack[-1], terminal, value)
+            if action >= 0:
+                stack.append(action)
+                values.append(value)
+                break
+            rule = rules[~action]
+            size = rule.size
+            children = values[len(values) - size :]
+            del stack[len(stack) - size :]
+            del values[len(values) - size :]
+            values.append(_REDUCERS[rule.origin](children))
+            stack.append(actions[stack[-1]][rule.origin])
+            if terminal == "$END" and stack[-1] == end_state:
+                return Envelope(Message(**values[-1]), protocol_at, body_at)
+
+
+def _field(name: str) -> Any:
+    return lambda children: (name, children[2])
+
+
+def _start(children: list[Any]) -> dict[str, Any]:
+    return dict(child for child in children if type(child) is tuple)
+
+
+_REDUCERS: dict[str, Any] = {
+    "start": _start,
+    "message_id": _field("message_id"),
+    "sender": _field("sender"),
+    "receiver": _field("receiver"),
+    "intent": _field("intent"),
+    "protocol": _field("protocol"),
+    "conversation_id": _field("conversation_id"),
+    "in_reply_to": _field("in_reply_to"),
+    "reply_by": _field("reply_by"),
+    "timestamp": _field("timestamp"),
+    "body": _field("body"),
+    "signature": lambda children: ("signature", Signature(children[2], children[3])),
+    "intent_name": lambda children: Intent(str.__str__(children[0])),
+}

@@ -1,0 +1,174 @@
+"""The exception hierarchy. Every failure CBCL reports is a :class:`CBCLError`.
+
+Each class carries ``kind`` (the word the CLI prints first) and ``exit_code`` (draft §6).
+Input errors carry a :class:`Position`; the message text never includes it, so the CLI can
+print ``kind line:column: message`` and ``str(error)`` stays readable in logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where in an input a problem lies: 1-based line and column (in characters) and the
+    0-based byte offset into the UTF-8 input. Binary input has ``line == column == 0``."""
+
+    line: int
+    column: int
+    offset: int
+
+    def __str__(self) -> str:
+        if self.line == 0:
+            return f"byte {self.offset}"
+        return f"{self.line}:{self.column}"
+
+
+class CBCLError(Exception):
+    """Root of every error CBCL raises."""
+
+    kind: ClassVar[str] = "error"
+    exit_code: ClassVar[int] = 1
+
+    def __init__(self, message: str, *, position: Position | None = None,
+                 context: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.position = position
+        #: A few lines of the input around ``position`` with a caret, or ``None``.
+        self.context = context
+
+    @property
+    def line(self) -> int | None:
+        return self.position.line if self.position else None
+
+    @property
+    def column(self) -> int | None:
+        return self.position.column if self.position else None
+
+    @property
+    def offset(self) -> int | None:
+        return self.position.offset if self.position else None
+
+    def one_line(self) -> str:
+        """``kind line:column: message`` (or ``kind: message`` without a position)."""
+        where = f" {self.position}" if self.position else ""
+        return f"{self.kind}{where}: {self.message}"
+
+
+class MalformedError(CBCLError, ValueError):
+    """The input is not well-formed CBCL text (or binary): exit code 3.
+
+    ``expected`` lists, in user terms, what would have been accepted at ``position``.
+    """
+
+    kind = "malformed"
+    exit_code = 3
+
+    def __init__(self, message: str, *, position: Position | None = None,
+                 context: str | None = None, expected: tuple[str, ...] = ()) -> None:
+        super().__init__(message, position=position, context=context)
+        self.expected = expected
+
+
+class EnvelopeError(MalformedError):
+    """Well-formed values that do not form a CBCL/1.0 envelope (draft §2)."""
+
+    kind = "envelope"
+
+
+class BodyError(MalformedError):
+    """A body that the protocol's grammar does not accept (pass 2)."""
+
+    kind = "body"
+
+
+class LimitError(CBCLError, ValueError):
+    """A limit was exceeded: exit code 4. ``limit`` names the limit (a :class:`Limits`
+    field), ``maximum`` its value."""
+
+    kind = "limit"
+    exit_code = 4
+
+    def __init__(self, message: str, *, limit: str, maximum: int,
+                 position: Position | None = None, context: str | None = None) -> None:
+        super().__init__(message, position=position, context=context)
+        self.limit = limit
+        self.maximum = maximum
+
+
+class ProtocolError(CBCLError, ValueError):
+    """A protocol problem: exit code 5."""
+
+    kind = "protocol"
+    exit_code = 5
+
+
+class UnknownProtocolError(ProtocolError, LookupError):
+    """The message names a protocol the registry does not hold."""
+
+    kind = "unknown-protocol"
+
+    def __init__(self, message: str, *, protocol: str, position: Position | None = None,
+                 context: str | None = None) -> None:
+        super().__init__(message, position=position, context=context)
+        self.protocol = protocol
+
+
+class DescriptorError(ProtocolError):
+    """A protocol descriptor is invalid."""
+
+    kind = "descriptor"
+
+
+class GrammarError(ProtocolError):
+    """A descriptor grammar is refused: outside the subset, over a limit, or not LALR(1).
+
+    ``verdict`` is one of the checker's verdicts (draft §4), e.g. ``"rejected"``.
+    """
+
+    kind = "grammar"
+
+    def __init__(self, message: str, *, verdict: str = "rejected",
+                 position: Position | None = None, context: str | None = None) -> None:
+        super().__init__(message, position=position, context=context)
+        self.verdict = verdict
+
+
+class TrustError(CBCLError):
+    """A signature or trust failure: exit code 6. Deliberately uninformative to peers;
+    ``reason`` holds the precise cause for local logs."""
+
+    kind = "trust"
+    exit_code = 6
+
+    def __init__(self, message: str = "verification failed", *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ViolationError(CBCLError, ValueError):
+    """A conversation, schema or evaluation violation: exit code 7. ``path`` points into
+    the message (``$.body.task[:id]``) where that applies."""
+
+    kind = "violation"
+    exit_code = 7
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 position: Position | None = None) -> None:
+        super().__init__(message, position=position)
+        self.path = path
+
+
+class ConversationError(ViolationError):
+    kind = "conversation"
+
+
+class SchemaError(ViolationError):
+    kind = "schema"
+
+
+class EvaluationError(ViolationError):
+    kind = "evaluation"

@@ -1,0 +1,87 @@
+"""LALR(1) tables taken from lark, in the form CBCL's own drivers walk.
+
+Theory of operation
+-------------------
+lark builds the tables (``parser="lalr"``, ``strict=True``, so a conflict is an error and
+never silently resolved); CBCL drives them itself. Its lexer is the CBCL reader, which
+already knows each token's kind and value, so lark's lexer, tokens and tree are not needed
+on the hot path, and a driver can do what lark's cannot: decide whether an atom is a
+grammar literal by asking whether the parser could shift it (:meth:`Tables.can_shift`).
+
+An action is an ``int``: ``n >= 0`` shifts (or, for a nonterminal, goes) to state ``n``;
+``n < 0`` reduces by rule ``~n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A grammar rule as the driver needs it: the nonterminal it makes, how many symbols
+    it pops, and the alias the grammar gave it."""
+
+    origin: str
+    size: int
+    alias: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """LALR(1) action/goto tables: ``actions[state][symbol] -> int`` (see module doc)."""
+
+    actions: tuple[dict[str, int], ...]
+    rules: tuple[Rule, ...]
+    start_state: int
+    end_state: int
+
+    @classmethod
+    def from_lark(cls, parser: Any, start: str = "start") -> Tables:
+        """Extract the tables of a ``lark.Lark`` built with ``parser="lalr"``."""
+        table = parser.parser.parser._parse_table
+        rule_index: dict[Any, int] = {}
+        rules: list[Rule] = []
+        actions: list[dict[str, int]] = [{} for _ in range(len(table.states))]
+        for state, row in table.states.items():
+            encoded = actions[state]
+            for symbol, (action, arg) in row.items():
+                if action.name == "Shift":
+                    encoded[symbol] = arg
+                else:
+                    index = rule_index.get(arg)
+                    if index is None:
+                        index = rule_index[arg] = len(rules)
+                        rules.append(Rule(arg.origin.name, len(arg.expansion), arg.alias))
+                    encoded[symbol] = ~index
+        return cls(tuple(actions), tuple(rules), table.start_states[start],
+                   table.end_states[start])
+
+    def can_shift(self, stack: list[int], terminal: str) -> bool:
+        """Whether ``terminal`` would be shifted from ``stack`` after the reductions it
+        triggers (the stack is not changed). LALR tables may hold a reduce on a lookahead
+        that a later state then refuses; this looks past such reductions."""
+        actions = self.actions
+        action = actions[stack[-1]].get(terminal)
+        if action is None:
+            return False
+        if action >= 0:
+            return True
+        rules = self.rules
+        # Simulate the reductions on a virtual stack: a shared prefix of ``stack`` (depth
+        # ``height``) plus the states pushed during the simulation.
+        height = len(stack)
+        pushed: list[int] = []
+        while action is not None and action < 0:
+            rule = rules[~action]
+            size = rule.size
+            if size <= len(pushed):
+                del pushed[len(pushed) - size :]
+            else:
+                height -= size - len(pushed)
+                pushed.clear()
+            top = pushed[-1] if pushed else stack[height - 1]
+            pushed.append(actions[top][rule.origin])
+            action = actions[pushed[-1]].get(terminal)
+        return action is not None

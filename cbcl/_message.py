@@ -1,0 +1,132 @@
+"""The message model: a parsed CBCL/1.0 envelope (draft §2) with typed fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import ClassVar
+
+from ._canonical import canonical_value
+from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value
+
+VERSION = "CBCL/1.0"
+
+
+class Intent(StrEnum):
+    """The intents of draft §2. The value is the symbol as written (``NOT-UNDERSTOOD``)."""
+
+    PROPOSE = "PROPOSE"
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    INFORM = "INFORM"
+    QUERY = "QUERY"
+    REQUEST = "REQUEST"
+    CFP = "CFP"
+    SUBSCRIBE = "SUBSCRIBE"
+    NOTIFY = "NOTIFY"
+    AGREE = "AGREE"
+    REFUSE = "REFUSE"
+    FAILURE = "FAILURE"
+    CANCEL = "CANCEL"
+    CONFIRM = "CONFIRM"
+    NOT_UNDERSTOOD = "NOT-UNDERSTOOD"
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """A message signature: the signer's key id (a hint) and the base64 Ed25519 value."""
+
+    key_id: str
+    value: str
+
+
+def _check_int64(name: str, value: object) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name} is outside the signed 64-bit range")
+
+
+def _check_id(name: str, value: object) -> None:
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """A CBCL/1.0 message. Fields follow the envelope's order; optional ones may be ``None``
+    (``body is None`` means the message has no ``(body …)``).
+
+    Construct one directly to send it: ``sender``/``receiver`` may be given as ``str``
+    (converted to :class:`URI`), ``intent`` as ``str`` and ``protocol`` as ``str``.
+    Raises ``TypeError``/``ValueError`` for a field of the wrong type or out of range.
+    """
+
+    message_id: str
+    sender: URI
+    receiver: URI
+    intent: Intent
+    protocol: Symbol
+    conversation_id: str | None = None
+    in_reply_to: str | None = None
+    reply_by: int | None = None
+    timestamp: int | None = None
+    body: Value | None = None
+    signature: Signature | None = None
+
+    version: ClassVar[str] = VERSION
+
+    def __post_init__(self) -> None:
+        _check_id("message_id", self.message_id)
+        for name in ("sender", "receiver"):
+            value = getattr(self, name)
+            if type(value) is not URI:
+                object.__setattr__(self, name, URI(value))
+        if type(self.intent) is not Intent:
+            object.__setattr__(self, "intent", Intent(self.intent))
+        if type(self.protocol) is not Symbol:
+            object.__setattr__(self, "protocol", Symbol(self.protocol))
+        for name in ("conversation_id", "in_reply_to"):
+            if getattr(self, name) is not None:
+                _check_id(name, getattr(self, name))
+        for name in ("reply_by", "timestamp"):
+            if getattr(self, name) is not None:
+                _check_int64(name, getattr(self, name))
+        if self.signature is not None and type(self.signature) is not Signature:
+            raise TypeError("signature must be a Signature")
+
+    def to_value(self) -> tuple[Value, ...]:
+        """The message as a CBCL value: the envelope list, fields in order."""
+        fields: list[Value] = [
+            Symbol(VERSION),
+            (Symbol("message-id"), self.message_id),
+            (Symbol("sender"), self.sender),
+            (Symbol("receiver"), self.receiver),
+            (Symbol("intent"), Symbol(self.intent.value)),
+            (Symbol("protocol"), self.protocol),
+        ]
+        if self.conversation_id is not None:
+            fields.append((Symbol("conversation-id"), self.conversation_id))
+        if self.in_reply_to is not None:
+            fields.append((Symbol("in-reply-to"), self.in_reply_to))
+        if self.reply_by is not None:
+            fields.append((Symbol("reply-by"), self.reply_by))
+        if self.timestamp is not None:
+            fields.append((Symbol("timestamp"), self.timestamp))
+        if self.body is not None:
+            fields.append((Symbol("body"), self.body))
+        if self.signature is not None:
+            fields.append((Symbol("signature"), self.signature.key_id, self.signature.value))
+        return tuple(fields)
+
+    def canonical(self) -> str:
+        """The canonical text of the message (draft §1.2). Raises as
+        :func:`cbcl.canonical`."""
+        return canonical_value(self.to_value())
+
+    def signing_bytes(self) -> bytes:
+        """What a message signature covers (draft §2): the canonical UTF-8 form of the
+        message with its ``signature`` element removed."""
+        return replace(self, signature=None).canonical().encode("utf-8")

@@ -1,0 +1,442 @@
+"""The guarded reader of CBCL text (draft §1).
+
+Theory of operation
+-------------------
+The input is decoded once (strict UTF-8) and scanned with a single compiled regular
+expression, :data:`TOKEN`. Each match skips whitespace and comments, then captures exactly
+one token in a numbered group; ``match.lastindex`` names the token kind, so the hot loop
+dispatches on a small int without a second look at the text. Every quantifier that can
+meet a long run of input is possessive (``*+``, ``++``), so no alternative backtracks more
+than a constant amount: scanning is linear in the input. Atoms must be followed by a
+delimiter (whitespace, ``(``, ``)``, ``;`` or the end); an atom that is not, and any other
+character that starts no token, falls through to the catch-all group, and only then does
+:func:`diagnose` look closely at the text to say precisely what is wrong. The happy path
+never computes a line or column: positions are derived from the character index only when
+an error is raised.
+
+Values are built iteratively with an explicit stack (never recursion), and every limit of
+:class:`~cbcl.Limits` is checked at the token that would exceed it, before the value is
+built: depth at each ``(``, items at each append, nodes at each token, string and name
+sizes before their text is copied or unescaped, and the document size before decoding.
+
+The envelope parser (pass 1) drives the same token expression and calls
+:func:`read_value_at` to capture the body, so a message is scanned exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import NoReturn
+
+from ._errors import LimitError, MalformedError, Position
+from ._limits import DEFAULT_LIMITS, Limits
+from ._values import INT64_MAX, INT64_MIN, MAX_DECIMAL_CHARS, URI, Keyword, Symbol, Value
+
+# Characters refused unescaped in strings (and everywhere else outside them): C0 and C1
+# controls, DEL, and the bidirectional embedding/override/isolate controls.
+_FORBIDDEN = "\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+_NAME = r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*+"
+_DELIM = r"(?=[ \t\r\n();]|\Z)"
+
+# Group numbers (match.lastindex) of the token kinds.
+LPAR, RPAR, STRING, INTEGER, DECIMAL, URI_TOKEN, KEYWORD, SYMBOL, EOF, BAD = range(1, 11)
+
+TOKEN = re.compile(
+    # Whitespace and comments. A comment ends at CR or LF; a control character inside
+    # it stops the comment and then fails as a BAD token.
+    r"(?:[ \t\r\n]++|;[^\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]*+)*+"
+    r"(?:"
+    r"(\()"  # 1 LPAR
+    r"|(\))"  # 2 RPAR
+    # 3 STRING: the raw text between the quotes. \u escapes of surrogates do not match.
+    r'|"((?:[^"\\' + _FORBIDDEN + r"]++"
+    r'|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+)"' + _DELIM +
+    r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?" + _DELIM +  # 4 INTEGER, 5 DECIMAL part
+    r"|([a-z][a-z0-9+.\-]*+://[^\x00-\x20\x7f-\x9f()\";\u202a-\u202e\u2066-\u2069]++)"
+    + _DELIM +  # 6 URI
+    r"|:(" + _NAME + r")" + _DELIM +  # 7 KEYWORD (the name)
+    r"|(?![+\-]?\.?[0-9])(" + _NAME + r")" + _DELIM +  # 8 SYMBOL
+    r"|(\Z)"  # 9 EOF
+    r"|((?s:.))"  # 10 BAD: diagnosed separately
+    r")"
+)
+
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|(.))")
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+_INT_MAX_CHARS = 20  # len("-9223372036854775808")
+
+_new = str.__new__
+
+
+def _unescape_one(m: re.Match[str]) -> str:
+    hex_digits = m.group(1)
+    if hex_digits is not None:
+        return chr(int(hex_digits, 16))
+    return _SIMPLE_ESCAPES[m.group(2)]
+
+
+def unescape(raw: str) -> str:
+    """Unescape the raw text of a STRING token the scanner has already validated."""
+    if "\\" not in raw:
+        return raw
+    return _ESCAPE.sub(_unescape_one, raw)
+
+
+# --------------------------------------------------------------------------- positions
+
+
+def position_of(text: str, index: int) -> Position:
+    """The :class:`Position` of character ``index`` in ``text`` (computed on error only)."""
+    index = max(0, min(index, len(text)))
+    line = text.count("\n", 0, index) + 1
+    line_start = text.rfind("\n", 0, index) + 1
+    offset = len(text[:index].encode("utf-8", "surrogatepass"))
+    return Position(line, index - line_start + 1, offset)
+
+
+def context_of(text: str, index: int, width: int = 72) -> str:
+    """The line around ``index`` with a caret under it, clipped to ``width`` characters."""
+    index = max(0, min(index, len(text)))
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    if end == -1:
+        end = len(text)
+    line = text[start:end].rstrip("\r")
+    col = index - start
+    left = max(0, col - width // 2)
+    snippet = line[left : left + width]
+    shown = "".join(ch if ch.isprintable() else "\ufffd" for ch in snippet)
+    return f"{shown}\n{' ' * (col - left)}^"
+
+
+def fail(text: str, index: int, message: str, *,
+         expected: tuple[str, ...] = (), error: type[MalformedError] = MalformedError) -> NoReturn:
+    """Raise ``error`` at character ``index`` of ``text``."""
+    raise error(message, position=position_of(text, index), context=context_of(text, index),
+                expected=expected)
+
+
+def limit(text: str, index: int, message: str, name: str, maximum: int) -> NoReturn:
+    """Raise :class:`LimitError` for limit ``name`` at character ``index`` of ``text``."""
+    raise LimitError(message, limit=name, maximum=maximum, position=position_of(text, index),
+                     context=context_of(text, index))
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
+    """Check the document size, then decode strict UTF-8.
+
+    Raises :class:`LimitError` (``max_message_bytes``) before decoding anything, and
+    :class:`MalformedError` for invalid UTF-8 (a lone surrogate in a ``str``, too), or
+    ``TypeError`` for another type.
+    """
+    maximum = limits.max_message_bytes
+    if isinstance(data, str):
+        if len(data) > maximum:  # each character is at least one byte
+            _too_big(len(data), maximum)
+        try:
+            size = len(data.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            fail(data, exc.start, "a lone surrogate is not valid UTF-8")
+        if size > maximum:
+            _too_big(size, maximum)
+        return data
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected bytes or str, not {type(data).__name__}")
+    if len(data) > maximum:
+        _too_big(len(data), maximum)
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        good = bytes(data[: exc.start]).decode("utf-8")
+        pos = position_of(good, len(good))
+        raise MalformedError(f"invalid UTF-8 (byte 0x{data[exc.start]:02x})",
+                             position=Position(pos.line, pos.column, exc.start),
+                             context=context_of(good, len(good))) from None
+
+
+def _too_big(size: int, maximum: int) -> NoReturn:
+    raise LimitError(f"document is {size} bytes, over the limit of {maximum}",
+                     limit="max_message_bytes", maximum=maximum,
+                     position=Position(0, 0, maximum))
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                  ) -> tuple[Value, int, int]:
+    """Read one value starting at character ``pos`` (whitespace and comments may precede).
+
+    ``depth`` is the number of lists already open around the value and ``nodes`` the
+    number of nodes already counted in the document; both count toward the limits.
+    Returns ``(value, end, nodes)`` where ``end`` is the index just after the value.
+    Raises :class:`MalformedError` or :class:`LimitError`.
+    """
+    max_depth = limits.max_depth
+    max_items = limits.max_list_items
+    max_nodes = limits.max_nodes
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    stack: list[list[Value]] = []
+    items: list[Value] | None = None
+    base_depth = depth
+    for m in TOKEN.finditer(text, pos):
+        kind = m.lastindex
+        nodes += 1
+        if nodes > max_nodes and kind != RPAR and kind != EOF:
+            limit(text, m.start(kind), f"more than {max_nodes} nodes in one document",
+                  "max_nodes", max_nodes)
+        value: Value
+        if kind == LPAR:
+            depth += 1
+            if depth > max_depth:
+                limit(text, m.start(kind), f"lists nested more than {max_depth} deep",
+                      "max_depth", max_depth)
+            if items is not None:
+                if len(items) >= max_items:
+                    _too_many_items(text, m.start(kind), max_items)
+                stack.append(items)
+            items = []
+            continue
+        if kind == RPAR:
+            nodes -= 1
+            if items is None:
+                fail(text, m.start(kind), "unexpected ')'", expected=("a value",))
+            value = tuple(items)
+            depth -= 1
+            if not stack:
+                return value, m.end(), nodes
+            items = stack.pop()
+            items.append(value)
+            continue
+        if kind == STRING:
+            raw = m.group(STRING)
+            if len(raw) * 4 <= max_string:  # cannot be over: skip measuring
+                value = unescape(raw)
+            else:
+                # Each value character comes from at most 6 raw characters (\\uXXXX) and
+                # is at least one byte, so a raw text over 6x the limit is over it.
+                if len(raw) > 6 * max_string or len(
+                        (value := unescape(raw)).encode("utf-8")) > max_string:
+                    limit(text, m.start(kind) - 1, f"string longer than {max_string} bytes",
+                          "max_string_bytes", max_string)
+        elif kind == SYMBOL:
+            value = m.group(SYMBOL)
+            if len(value) > max_name:
+                limit(text, m.start(kind), f"symbol longer than {max_name} characters",
+                      "max_name_chars", max_name)
+            value = _new(Symbol, value)
+        elif kind == INTEGER:
+            token = m.group(INTEGER)
+            if len(token) > _INT_MAX_CHARS:
+                fail(text, m.start(kind), "integer out of the signed 64-bit range")
+            value = int(token)
+            if not INT64_MIN <= value <= INT64_MAX:
+                fail(text, m.start(kind), "integer out of the signed 64-bit range")
+        elif kind == KEYWORD:
+            value = m.group(KEYWORD)
+            if len(value) > max_name:
+                limit(text, m.start(kind) - 1, f"keyword longer than {max_name} characters",
+                      "max_name_chars", max_name)
+            value = _new(Keyword, value)
+        elif kind == URI_TOKEN:
+            value = _new(URI, m.group(URI_TOKEN))
+        elif kind == DECIMAL:
+            start = m.start(INTEGER)
+            token = text[start : m.end(DECIMAL)]
+            if len(token) > MAX_DECIMAL_CHARS:
+                fail(text, start, f"decimal longer than {MAX_DECIMAL_CHARS} characters")
+            value = Decimal(token)
+        elif kind == EOF:
+            if items is None:
+                fail(text, m.start(kind), "expected a value, found the end of the input",
+                     expected=("a value",))
+            fail(text, m.start(kind), f"{depth - base_depth} unclosed list(s) at the end of "
+                 "the input", expected=("')'",))
+        else:
+            diagnose(text, m.start(kind))
+        if items is None:
+            return value, m.end(), nodes
+        if len(items) >= max_items:
+            _too_many_items(text, m.start(kind), max_items)
+        items.append(value)
+    raise AssertionError("unreachable: TOKEN always matches")  # pragma: no cover
+
+
+def _too_many_items(text: str, index: int, max_items: int) -> NoReturn:
+    limit(text, index, f"more than {max_items} items in one list", "max_list_items", max_items)
+
+
+def expect_end(text: str, pos: int) -> None:
+    """Raise :class:`MalformedError` unless only whitespace and comments follow ``pos``."""
+    m = TOKEN.match(text, pos)
+    assert m is not None
+    if m.lastindex == EOF:
+        return
+    if m.lastindex == BAD:
+        diagnose(text, m.start(BAD))
+    fail(text, m.start(m.lastindex or 0) - (1 if m.lastindex in (STRING, KEYWORD) else 0),
+         "unexpected data after the end of the document", expected=("the end of the input",))
+
+
+def read(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None) -> Value:
+    """Read one CBCL value from a whole document (bytes in UTF-8, or ``str``).
+
+    Raises :class:`MalformedError` for text that is not exactly one value (comments and
+    whitespace aside), :class:`LimitError` when a limit is exceeded, ``TypeError`` for
+    input that is neither bytes nor str.
+    """
+    limits = DEFAULT_LIMITS if limits is None else limits
+    text = decode(data, limits)
+    value, end, _ = read_value_at(text, 0, limits, 0, 0)
+    expect_end(text, end)
+    return value
+
+
+def read_all(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+             ) -> list[Value]:
+    """Read every value in a document holding zero or more values, in order.
+
+    ``limits`` apply to the whole document's size and to each value's depth, items and
+    nodes. Raises as :func:`read`.
+    """
+    limits = DEFAULT_LIMITS if limits is None else limits
+    text = decode(data, limits)
+    values: list[Value] = []
+    pos = 0
+    while True:
+        m = TOKEN.match(text, pos)
+        assert m is not None
+        if m.lastindex == EOF:
+            return values
+        value, pos, _ = read_value_at(text, pos, limits, 0, 0)
+        values.append(value)
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+_FORBIDDEN_RE = re.compile("[" + _FORBIDDEN + "]")
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+-*/<>=!?_.@%&")
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+-*/<>=!?_.")
+_RUN_END = re.compile(r"[ \t\r\n();\"]|\Z")
+_URI_PREFIX = re.compile(r"[a-z][a-z0-9+.\-]*://")
+_NUMBERLIKE = re.compile(r"[+\-]?\.?[0-9]")
+
+
+def _char_name(ch: str) -> str:
+    if ch.isprintable():
+        return f"{ch!r} (U+{ord(ch):04X})"
+    return f"U+{ord(ch):04X}"
+
+
+def _forbidden_reason(ch: str) -> str:
+    if "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069":
+        return f"bidirectional control {_char_name(ch)}"
+    return f"control character {_char_name(ch)}"
+
+
+def diagnose(text: str, index: int) -> NoReturn:
+    """Raise the precise :class:`MalformedError` for the token that starts at ``index``
+    and that :data:`TOKEN` did not accept."""
+    ch = text[index]
+    if ch == '"':
+        _diagnose_string(text, index)
+    if _FORBIDDEN_RE.match(ch):
+        in_comment = text.rfind(";", text.rfind("\n", 0, index) + 1, index) != -1
+        where = " in a comment" if in_comment else ""
+        fail(text, index, f"{_forbidden_reason(ch)}{where} is not allowed")
+    if ch == "\ufeff":
+        fail(text, index, "a byte order mark (U+FEFF) is not allowed")
+    if ch in "\u2028\u2029\u00a0\u3000" or ch.isspace():
+        fail(text, index, f"{_char_name(ch)} is not whitespace in CBCL (only space, tab, "
+             "CR and LF are)")
+    end = _RUN_END.search(text, index).start()  # type: ignore[union-attr]
+    token = text[index:end]
+    if _NUMBERLIKE.match(token):
+        _diagnose_number(text, index, token)
+    if token.startswith(":"):
+        if len(token) == 1:
+            fail(text, index, "a keyword needs a name after ':'")
+        if token[1] not in _NAME_START:
+            fail(text, index + 1, f"a keyword name cannot start with {_char_name(token[1])}")
+        _diagnose_name(text, index + 1, token[1:], "keyword")
+    uri = _URI_PREFIX.match(token)
+    if uri:
+        if uri.end() == len(token):
+            fail(text, index, "a URI needs at least one character after '://'")
+        bad = _FORBIDDEN_RE.search(token)
+        if bad:
+            fail(text, index + bad.start(), f"{_forbidden_reason(bad.group())} in a URI")
+        _diagnose_delimiter(text, end, token)
+    if ch not in _NAME_START:
+        if ord(ch) > 127:
+            fail(text, index, f"unexpected {_char_name(ch)}: non-ASCII text must be in a "
+                 "string")
+        fail(text, index, f"unexpected {_char_name(ch)}", expected=("a value",))
+    _diagnose_name(text, index, token, "symbol")
+
+
+def _diagnose_name(text: str, index: int, token: str, what: str) -> NoReturn:
+    for offset, ch in enumerate(token):
+        if ch not in _NAME_CHARS:
+            if ch == ":" and what == "symbol" and token[offset:offset + 3] == "://":
+                fail(text, index, "a URI scheme must be lowercase ASCII: [a-z][a-z0-9+.-]*")
+            fail(text, index + offset, f"{_char_name(ch)} is not allowed in a {what}")
+    _diagnose_delimiter(text, index + len(token), token)
+
+
+def _diagnose_delimiter(text: str, end: int, token: str) -> NoReturn:
+    fail(text, end, f"expected whitespace or a parenthesis after {token!r}",
+         expected=("whitespace", "'('", "')'"))
+
+
+def _diagnose_number(text: str, index: int, token: str) -> NoReturn:
+    body = token[1:] if token[0] == "-" else token
+    if token[0] == "+":
+        fail(text, index, "a number cannot start with '+'")
+    if body.startswith("."):
+        fail(text, index, f"malformed number {token!r}: a decimal needs digits before '.'")
+    if token == "-0":
+        fail(text, index, "'-0' is not an integer: write 0")
+    if len(body) > 1 and body[0] == "0" and body[1].isdigit():
+        fail(text, index, f"malformed number {token!r}: leading zeros are not allowed")
+    if re.fullmatch(r"-?[0-9]+\.", token):
+        fail(text, index, f"malformed number {token!r}: a decimal needs digits after '.'")
+    if re.fullmatch(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?", token):
+        _diagnose_delimiter(text, index + len(token), token)
+    fail(text, index, f"malformed number {token!r} (no exponents, signs other than a "
+         "leading '-', or other characters)")
+
+
+def _diagnose_string(text: str, index: int) -> NoReturn:
+    i = index + 1
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            _diagnose_delimiter(text, i + 1, text[index : i + 1])
+        if ch == "\\":
+            esc = text[i + 1 : i + 2]
+            if esc == "u":
+                digits = text[i + 2 : i + 6]
+                if len(digits) < 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                    fail(text, i, "\\u must be followed by four hex digits")
+                if 0xD800 <= int(digits, 16) <= 0xDFFF:
+                    fail(text, i, f"\\u{digits} is a surrogate, which is not a character")
+                i += 6
+                continue
+            if esc and esc in _SIMPLE_ESCAPES:
+                i += 2
+                continue
+            if not esc:
+                break
+            fail(text, i, f"invalid escape '\\{esc}' (only \\\" \\\\ \\n \\r \\t and \\uXXXX "
+                 "exist)")
+        if _FORBIDDEN_RE.match(ch):
+            fail(text, i, f"unescaped {_forbidden_reason(ch)} in a string")
+        i += 1
+    fail(text, index, "unterminated string", expected=("'\"'",))

@@ -1,0 +1,116 @@
+"""The CBCL value model (draft §1).
+
+A CBCL value is one of:
+
+============  =====================================================
+CBCL          Python
+============  =====================================================
+STRING        ``str``
+INTEGER       ``int`` (signed 64-bit range; never ``bool``)
+DECIMAL       :class:`decimal.Decimal` (finite, exact)
+SYMBOL        :class:`Symbol`
+KEYWORD       :class:`Keyword` (the name, without the colon)
+URI           :class:`URI`
+list          ``tuple`` of values
+============  =====================================================
+
+``Symbol``, ``Keyword`` and ``URI`` are ``str`` subclasses, so they are immutable, hashable
+and cheap, but they compare equal only to values of their own type: ``Symbol("a") != "a"``
+and ``Symbol("a") != Keyword("a")``. Their constructors validate; the reader builds them
+through a private fast path because it has already validated the text.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import TypeAlias
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+MAX_DECIMAL_CHARS = 40
+
+_NAME_RE = re.compile(r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*\Z")
+# A token that starts like a number is a number or an error, never a symbol.
+_NUMBERLIKE_RE = re.compile(r"[+\-]?\.?[0-9]")
+_URI_RE = re.compile(
+    r"[a-z][a-z0-9+.\-]*://[^\x00-\x20\x7f-\x9f()\";\u202a-\u202e\u2066-\u2069]+\Z"
+)
+
+
+class _Atom(str):
+    """A ``str`` that is equal only to atoms of exactly its own type."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and str.__eq__(self, other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str.__repr__(self)})"
+
+    def __reduce__(self) -> tuple[type, tuple[str]]:
+        return (type(self), (str(self),))
+
+
+def is_name(text: str) -> bool:
+    """True if ``text`` is a NAME of draft §1 that does not read as a number (any length)."""
+    return _NAME_RE.match(text) is not None and _NUMBERLIKE_RE.match(text) is None
+
+
+class Symbol(_Atom):
+    """A SYMBOL such as ``PROPOSE`` or ``task-assignment/v1``.
+
+    Raises ``ValueError`` if the text is not a NAME or reads as a number.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> Symbol:
+        if not isinstance(name, str) or not is_name(name):
+            raise ValueError(f"not a CBCL symbol: {name!r}")
+        return str.__new__(cls, name)
+
+
+class Keyword(_Atom):
+    """A KEYWORD; holds the name without the colon: ``Keyword("id")`` is ``:id``.
+
+    Raises ``ValueError`` if the name is not a NAME (a leading colon is accepted and dropped).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> Keyword:
+        if isinstance(name, str) and name.startswith(":"):
+            name = name[1:]
+        if not isinstance(name, str) or _NAME_RE.match(name) is None:
+            raise ValueError(f"not a CBCL keyword name: {name!r}")
+        return str.__new__(cls, name)
+
+    @property
+    def text(self) -> str:
+        """The keyword as written, with its colon."""
+        return ":" + str.__str__(self)
+
+
+class URI(_Atom):
+    """A URI such as ``agent://sys/worker-1``. Raises ``ValueError`` if malformed."""
+
+    __slots__ = ()
+
+    def __new__(cls, text: str) -> URI:
+        if not isinstance(text, str) or _URI_RE.match(text) is None:
+            raise ValueError(f"not a CBCL URI: {text!r}")
+        return str.__new__(cls, text)
+
+    @property
+    def scheme(self) -> str:
+        return self[: self.index(":")]
+
+
+Value: TypeAlias = "str | int | Decimal | Symbol | Keyword | URI | tuple[Value, ...]"

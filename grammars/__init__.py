@@ -1,0 +1,1 @@
+"""CBCL's built-in grammars, shipped as package data (``cbcl.grammars``)."""
