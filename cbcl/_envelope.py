@@ -81,6 +81,9 @@ def envelope_tables() -> Tables:
     return Tables.from_lark(lark.Lark(text, parser="lalr", lexer=_ExternalLexer, strict=True))
 
 
+_FIELD_NAMES = {terminal: name for name, terminal in FIELD_TERMINALS.items()}
+
+
 def _describe(terminal: str, value: object) -> str:
     if terminal in ("LPAR", "RPAR", "$END"):
         return _SHOWN[terminal]
@@ -95,18 +98,32 @@ def _describe(terminal: str, value: object) -> str:
     return f"{kind} {text}"
 
 
-def _expected(tables: Tables, state: int) -> tuple[str, ...]:
-    row = tables.actions[state]
-    shown = [_SHOWN.get(t, t) for t in row if t.isupper() or t == "$END"]
+def _expected(tables: Tables, stack: list[int]) -> tuple[str, ...]:
+    row = tables.actions[stack[-1]]
+    after_lpar = tables.shift_target(stack, "LPAR")
+    fields = [t for t in tables.actions[after_lpar] if t in _FIELD_NAMES] \
+        if after_lpar is not None else []
+    shown = [f"({_FIELD_NAMES[t]} …)" if t in _FIELD_NAMES else _SHOWN.get(t, t)
+             for t in (fields or row) if t.isupper() or t == "$END"]
+    if fields and "RPAR" in row:
+        shown.append("')'")
     intents = [s for s in shown if s in INTENT_TERMINALS]
     if len(intents) > 3:
         shown = [s for s in shown if s not in INTENT_TERMINALS] + ["an intent"]
-    return tuple(sorted(set(shown)))
+    return tuple(sorted(set(shown), key=_ORDER.get))
 
 
-def _refuse(text: str, index: int, tables: Tables, state: int, terminal: str,
+# Expected items are listed in the envelope's own order.
+_ORDER: dict[str | None, int] = {
+    shown: index for index, shown in enumerate(
+        ["CBCL/1.0", *(f"({name} …)" for name in FIELD_TERMINALS), *_SHOWN.values(),
+         "an intent"])
+}
+
+
+def _refuse(text: str, index: int, tables: Tables, stack: list[int], terminal: str,
             value: object) -> NoReturn:
-    expected = _expected(tables, state)
+    expected = _expected(tables, stack)
     found = _describe(terminal, value)
     message = f"expected {' or '.join(expected)}, found {found}"
     if "CBCL/1.0" in expected and type(value) is Symbol and value.startswith("CBCL/"):
@@ -199,7 +216,7 @@ def parse_envelope(text: str, limits: Limits) -> Envelope:
         while True:
             action = actions[stack[-1]].get(terminal)
             if action is None:
-                _refuse(text, start, tables, stack[-1], terminal, value)
+                _refuse(text, start, tables, stack, terminal, value)
             if action >= 0:
                 stack.append(action)
                 values.append(value)

@@ -62,12 +62,18 @@ class Tables:
         """Whether ``terminal`` would be shifted from ``stack`` after the reductions it
         triggers (the stack is not changed). LALR tables may hold a reduce on a lookahead
         that a later state then refuses; this looks past such reductions."""
-        actions = self.actions
-        action = actions[stack[-1]].get(terminal)
+        action = self.actions[stack[-1]].get(terminal)
         if action is None:
             return False
-        if action >= 0:
-            return True
+        return action >= 0 or self.shift_target(stack, terminal) is not None
+
+    def shift_target(self, stack: list[int], terminal: str) -> int | None:
+        """The state ``terminal`` would be shifted into from ``stack``, after the
+        reductions it triggers, or ``None`` if it would be refused. ``stack`` is unchanged."""
+        actions = self.actions
+        action = actions[stack[-1]].get(terminal)
+        if action is None or action >= 0:
+            return action
         rules = self.rules
         # Simulate the reductions on a virtual stack: a shared prefix of ``stack`` (depth
         # ``height``) plus the states pushed during the simulation.
@@ -84,4 +90,4 @@ class Tables:
             top = pushed[-1] if pushed else stack[height - 1]
             pushed.append(actions[top][rule.origin])
             action = actions[pushed[-1]].get(terminal)
-        return action is not None
+        return action

@@ -136,18 +136,18 @@ def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
     maximum = limits.max_message_bytes
     if isinstance(data, str):
         if len(data) > maximum:  # each character is at least one byte
-            _too_big(len(data), maximum)
+            _too_big(maximum)
         try:
             size = len(data.encode("utf-8"))
         except UnicodeEncodeError as exc:
             fail(data, exc.start, "a lone surrogate is not valid UTF-8")
         if size > maximum:
-            _too_big(size, maximum)
+            _too_big(maximum)
         return data
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected bytes or str, not {type(data).__name__}")
     if len(data) > maximum:
-        _too_big(len(data), maximum)
+        _too_big(maximum)
     try:
         return bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -158,10 +158,9 @@ def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
                              context=context_of(good, len(good))) from None
 
 
-def _too_big(size: int, maximum: int) -> NoReturn:
-    raise LimitError(f"document is {size} bytes, over the limit of {maximum}",
-                     limit="max_message_bytes", maximum=maximum,
-                     position=Position(0, 0, maximum))
+def _too_big(maximum: int) -> NoReturn:
+    raise LimitError(f"document exceeds the limit of {maximum} bytes",
+                     limit="max_message_bytes", maximum=maximum)
 
 
 # --------------------------------------------------------------------------- the reader
@@ -320,8 +319,9 @@ def read_all(data: bytes | bytearray | memoryview | str, *, limits: Limits | Non
 # --------------------------------------------------------------------------- diagnosis
 
 _FORBIDDEN_RE = re.compile("[" + _FORBIDDEN + "]")
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+-*/<>=!?_.@%&")
-_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+-*/<>=!?_.")
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NAME_START = frozenset(_LETTERS + "+-*/<>=!?_.")
+_NAME_CHARS = _NAME_START | frozenset("0123456789@%&")
 _RUN_END = re.compile(r"[ \t\r\n();\"]|\Z")
 _URI_PREFIX = re.compile(r"[a-z][a-z0-9+.\-]*://")
 _NUMBERLIKE = re.compile(r"[+\-]?\.?[0-9]")
@@ -349,11 +349,7 @@ def diagnose(text: str, index: int) -> NoReturn:
         in_comment = text.rfind(";", text.rfind("\n", 0, index) + 1, index) != -1
         where = " in a comment" if in_comment else ""
         fail(text, index, f"{_forbidden_reason(ch)}{where} is not allowed")
-    if ch == "\ufeff":
-        fail(text, index, "a byte order mark (U+FEFF) is not allowed")
-    if ch in "\u2028\u2029\u00a0\u3000" or ch.isspace():
-        fail(text, index, f"{_char_name(ch)} is not whitespace in CBCL (only space, tab, "
-             "CR and LF are)")
+    _refuse_special(text, index, ch)
     end = _RUN_END.search(text, index).start()  # type: ignore[union-attr]
     token = text[index:end]
     if _NUMBERLIKE.match(token):
@@ -380,9 +376,21 @@ def diagnose(text: str, index: int) -> NoReturn:
     _diagnose_name(text, index, token, "symbol")
 
 
+def _refuse_special(text: str, index: int, ch: str) -> None:
+    """Fail with a specific reason if ``ch`` is a control, BOM or non-CBCL space."""
+    if _FORBIDDEN_RE.match(ch):
+        fail(text, index, f"{_forbidden_reason(ch)} is not allowed")
+    if ch == "\ufeff":
+        fail(text, index, "a byte order mark (U+FEFF) is not allowed")
+    if ch.isspace():
+        fail(text, index, f"{_char_name(ch)} is not whitespace in CBCL (only space, tab, "
+             "CR and LF are)")
+
+
 def _diagnose_name(text: str, index: int, token: str, what: str) -> NoReturn:
     for offset, ch in enumerate(token):
         if ch not in _NAME_CHARS:
+            _refuse_special(text, index + offset, ch)
             if ch == ":" and what == "symbol" and token[offset:offset + 3] == "://":
                 fail(text, index, "a URI scheme must be lowercase ASCII: [a-z][a-z0-9+.-]*")
             fail(text, index + offset, f"{_char_name(ch)} is not allowed in a {what}")

@@ -1,0 +1,68 @@
+"""Hypothesis strategies for CBCL values and messages, in one place."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypothesis import strategies as st
+
+from cbcl import URI, Intent, Keyword, Message, Symbol
+from cbcl._values import is_name
+
+NAME_START = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+-*/<>=!?_."
+NAME_REST = NAME_START + "0123456789@%&"
+
+names = st.builds(
+    lambda first, rest: first + rest,
+    st.sampled_from(NAME_START),
+    st.text(alphabet=NAME_REST, max_size=20),
+).filter(is_name)
+
+symbols = names.map(Symbol)
+keywords = st.builds(
+    lambda first, rest: Keyword(first + rest),
+    st.sampled_from(NAME_START),
+    st.text(alphabet=NAME_REST, max_size=20),
+)
+uris = st.builds(
+    lambda scheme, rest: URI(f"{scheme}://{rest}"),
+    st.from_regex(r"[a-z][a-z0-9+.\-]{0,8}", fullmatch=True),
+    st.text(
+        alphabet=st.characters(
+            blacklist_categories=("Cs",),
+            blacklist_characters="()\";" + "".join(map(chr, range(0x21)))
+            + "".join(map(chr, range(0x7F, 0xA0))) + "\u202a\u202b\u202c\u202d\u202e"
+            + "\u2066\u2067\u2068\u2069",
+        ),
+        min_size=1, max_size=30,
+    ),
+)
+# Any text without lone surrogates: controls and bidi characters included (they are
+# escaped in canonical form).
+strings = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+integers = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+decimals = st.builds(
+    lambda sign, whole, frac: Decimal(f"{sign}{whole}.{frac}"),
+    st.sampled_from(["", "-"]),
+    st.integers(min_value=0, max_value=10**15),
+    st.from_regex(r"[0-9]{1,15}", fullmatch=True),
+)
+atoms = st.one_of(strings, integers, decimals, symbols, keywords, uris)
+values = st.recursive(atoms, lambda children: st.lists(children, max_size=6).map(tuple),
+                      max_leaves=40)
+
+ids = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+timestamps = st.integers(min_value=0, max_value=2**63 - 1)
+messages = st.builds(
+    Message,
+    message_id=ids,
+    sender=uris,
+    receiver=uris,
+    intent=st.sampled_from(list(Intent)),
+    protocol=symbols,
+    conversation_id=st.none() | ids,
+    in_reply_to=st.none() | ids,
+    reply_by=st.none() | timestamps,
+    timestamp=st.none() | timestamps,
+    body=st.none() | values,
+)
