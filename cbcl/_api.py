@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._canonical import canonical_value
-from ._envelope import parse_envelope
+from ._envelope import parse_envelope, scan_envelope
 from ._errors import UnknownProtocolError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message
@@ -26,12 +26,11 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     if not isinstance(limits, Limits):
         raise TypeError("limits must be a cbcl.Limits")
     text = decode(data, limits)
-    envelope = parse_envelope(text, limits)
-    message = envelope.message
+    message = parse_envelope(text, limits)
     if envelope_only:
         return message
     protocol = message.protocol
-    at = envelope.protocol_at
+    at = scan_envelope(text, limits).protocol_at
     raise UnknownProtocolError(
         f"unknown protocol {protocol}: no descriptor for it is loaded",
         protocol=str(protocol), position=position_of(text, at), context=context_of(text, at))

@@ -26,7 +26,7 @@ from decimal import Decimal
 from importlib import resources
 from typing import Any, NoReturn
 
-from ._errors import EnvelopeError
+from ._errors import CBCLError, EnvelopeError
 from ._lalr import Tables
 from ._limits import Limits
 from ._message import Intent, Message, Signature
@@ -151,12 +151,96 @@ class Envelope:
     body_at: int
 
 
-def parse_envelope(text: str, limits: Limits) -> Envelope:
+def parse_envelope(text: str, limits: Limits) -> Message:
     """Recognise the envelope of the decoded document ``text`` and build its
     :class:`Message` (body captured, not judged).
 
+    The fast path reads the whole document as one value and feeds its structure to the
+    tables; only when that fails does :func:`scan_envelope` re-scan token by token, with
+    positions, to raise the precise error.
+
     Raises :class:`EnvelopeError` (a :class:`MalformedError`) for a document that is not a
     CBCL/1.0 envelope, :class:`MalformedError` for malformed text and :class:`LimitError`.
+    """
+    try:
+        value, end, _ = read_value_at(text, 0, limits, 0, 0)
+    except CBCLError:
+        value = None  # the scan below raises the same error (or an envelope error first)
+    else:
+        fields = _walk(value) if TOKEN.match(text, end).lastindex == EOF else None  # type: ignore[union-attr]
+        if fields is not None:
+            return Message(**fields)
+    return scan_envelope(text, limits).message
+
+
+def _walk(value: Any) -> dict[str, Any] | None:
+    """Feed the envelope's structure to the tables: the fields of the message, or ``None``
+    if the tables refuse it (the caller then re-scans to say where and why)."""
+    if type(value) is not tuple:
+        return None
+    tables = envelope_tables()
+    actions = tables.actions
+    rules = tables.rules
+    end_state = tables.end_state
+    stack = [tables.start_state]
+    values: list[Any] = []
+    previous = ""
+
+    def feed(terminal: str, token: Any) -> Any:
+        while True:
+            action = actions[stack[-1]].get(terminal)
+            if action is None:
+                return False
+            if action >= 0:
+                stack.append(action)
+                values.append(token)
+                return True
+            rule = rules[~action]
+            size = rule.size
+            children = values[len(values) - size :]
+            del stack[len(stack) - size :]
+            del values[len(values) - size :]
+            values.append(_REDUCERS[rule.origin](children))
+            stack.append(actions[stack[-1]][rule.origin])
+            if terminal == "$END" and stack[-1] == end_state:
+                return values[-1]
+
+    def atom(item: Any) -> bool:
+        nonlocal previous
+        if "VALUE" in actions[stack[-1]]:
+            return feed("VALUE", item)
+        terminal = _ATOM_TERMINALS.get(type(item))
+        if terminal is None:  # a list where the envelope wants an atom
+            return False
+        if terminal == "SYMBOL":
+            literal = LITERALS.get(item)
+            if literal is not None and tables.can_shift(stack, literal):
+                terminal = literal
+        elif item == "" and previous in _ID_FIELDS:
+            return False
+        previous = terminal
+        return feed(terminal, item)
+
+    if not feed("LPAR", None):
+        return None
+    for field in value:
+        if type(field) is tuple and "VALUE" not in actions[stack[-1]]:
+            if not feed("LPAR", None) or not all(atom(item) for item in field) \
+                    or not feed("RPAR", None):
+                return None
+        elif not atom(field):
+            return None
+    if not feed("RPAR", None):
+        return None
+    result = feed("$END", None)
+    return result if type(result) is dict else None
+
+
+def scan_envelope(text: str, limits: Limits) -> Envelope:
+    """Recognise the envelope token by token, keeping positions: the slow path, used to
+    raise precise errors and to locate the protocol and the body in the text.
+
+    Raises as :func:`parse_envelope`.
     """
     tables = envelope_tables()
     actions = tables.actions

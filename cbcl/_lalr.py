@@ -47,13 +47,15 @@ class Tables:
         for state, row in table.states.items():
             encoded = actions[state]
             for symbol, (action, arg) in row.items():
+                symbol = str.__str__(symbol)  # lark names may be Tokens, whose __eq__ is slow
                 if action.name == "Shift":
                     encoded[symbol] = arg
                 else:
                     index = rule_index.get(arg)
                     if index is None:
                         index = rule_index[arg] = len(rules)
-                        rules.append(Rule(arg.origin.name, len(arg.expansion), arg.alias))
+                        rules.append(Rule(str.__str__(arg.origin.name), len(arg.expansion),
+                                          None if arg.alias is None else str(arg.alias)))
                     encoded[symbol] = ~index
         return cls(tuple(actions), tuple(rules), table.start_states[start],
                    table.end_states[start])
