@@ -173,6 +173,30 @@ def parse_envelope(text: str, limits: Limits) -> Message:
     return scan_envelope(text, limits).message
 
 
+def _feed(tables: Tables, stack: list[int], values: list[Any], terminal: str,
+          token: Any) -> Any:
+    """Feed one token to the tables: ``False`` if refused, ``True`` once shifted, or the
+    field dictionary when ``$END`` completes the message."""
+    actions = tables.actions
+    while True:
+        action = actions[stack[-1]].get(terminal)
+        if action is None:
+            return False
+        if action >= 0:
+            stack.append(action)
+            values.append(token)
+            return True
+        rule = tables.rules[~action]
+        size = rule.size
+        children = values[len(values) - size :]
+        del stack[len(stack) - size :]
+        del values[len(values) - size :]
+        values.append(_REDUCERS[rule.origin](children))
+        stack.append(actions[stack[-1]][rule.origin])
+        if terminal == "$END" and stack[-1] == tables.end_state:
+            return values[-1]
+
+
 def _walk(value: Any) -> dict[str, Any] | None:
     """Feed the envelope's structure to the tables: the fields of the message, or ``None``
     if the tables refuse it (the caller then re-scans to say where and why)."""
@@ -180,30 +204,12 @@ def _walk(value: Any) -> dict[str, Any] | None:
         return None
     tables = envelope_tables()
     actions = tables.actions
-    rules = tables.rules
-    end_state = tables.end_state
     stack = [tables.start_state]
     values: list[Any] = []
     previous = ""
 
     def feed(terminal: str, token: Any) -> Any:
-        while True:
-            action = actions[stack[-1]].get(terminal)
-            if action is None:
-                return False
-            if action >= 0:
-                stack.append(action)
-                values.append(token)
-                return True
-            rule = rules[~action]
-            size = rule.size
-            children = values[len(values) - size :]
-            del stack[len(stack) - size :]
-            del values[len(values) - size :]
-            values.append(_REDUCERS[rule.origin](children))
-            stack.append(actions[stack[-1]][rule.origin])
-            if terminal == "$END" and stack[-1] == end_state:
-                return values[-1]
+        return _feed(tables, stack, values, terminal, token)
 
     def atom(item: Any) -> bool:
         nonlocal previous
@@ -244,11 +250,11 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
     """
     tables = envelope_tables()
     actions = tables.actions
-    rules = tables.rules
-    end_state = tables.end_state
     max_depth = limits.max_depth
+    max_items = limits.max_list_items
     stack = [tables.start_state]
     values: list[Any] = []
+    items = [0]  # elements seen in each open list (the outermost counts the document)
     pos = 0
     depth = 0
     nodes = 0
@@ -296,24 +302,20 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
                     fail(text, start, f"{_ID_FIELDS[previous]} must not be empty",
                          error=EnvelopeError)
         previous = terminal
-        # Feed the token to the LALR(1) tables.
-        while True:
-            action = actions[stack[-1]].get(terminal)
-            if action is None:
-                _refuse(text, start, tables, stack, terminal, value)
-            if action >= 0:
-                stack.append(action)
-                values.append(value)
-                break
-            rule = rules[~action]
-            size = rule.size
-            children = values[len(values) - size :]
-            del stack[len(stack) - size :]
-            del values[len(values) - size :]
-            values.append(_REDUCERS[rule.origin](children))
-            stack.append(actions[stack[-1]][rule.origin])
-            if terminal == "$END" and stack[-1] == end_state:
-                return Envelope(Message(**values[-1]), protocol_at, body_at)
+        if terminal == "RPAR":
+            items.pop()
+        elif terminal != "$END":
+            items[-1] += 1
+            if items[-1] > max_items and len(items) > 1:
+                limit(text, start, f"more than {max_items} items in one list",
+                      "max_list_items", max_items)
+            if terminal == "LPAR":
+                items.append(0)
+        result = _feed(tables, stack, values, terminal, value)
+        if result is False:
+            _refuse(text, start, tables, stack, terminal, value)
+        if result is not True:
+            return Envelope(Message(**result), protocol_at, body_at)
 
 
 def _field(name: str) -> Any:

@@ -138,3 +138,12 @@ def test_raised_limits_let_big_strings_through_and_still_refuse_bigger() -> None
     big = "x" * (10 << 20)
     assert cbcl.read('"' + big + '"', limits=limits) == big
     refused('"' + big + 'y"', "max_string_bytes", limits)
+
+
+def test_item_limit_applies_to_the_envelope_itself() -> None:
+    text = ENVELOPE.format("x")  # the envelope list holds 7 items
+    assert cbcl.parse(text, limits=Limits(max_list_items=7), envelope_only=True)
+    with pytest.raises(LimitError) as info:
+        cbcl.parse(text, limits=Limits(max_list_items=6), envelope_only=True)
+    assert info.value.limit == "max_list_items"
+    assert text[info.value.column - 1 :].startswith("(body")  # type: ignore[operator]
