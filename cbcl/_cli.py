@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import BinaryIO, NoReturn
@@ -18,6 +19,7 @@ from ._api import canonical, parse
 from ._errors import CBCLError
 from ._json import message_to_json
 from ._limits import DEFAULT_LIMITS, Limits
+from ._protocol import Registry
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -51,13 +53,34 @@ def _read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
         return handle.read(cap)
 
 
+def _registry(args: argparse.Namespace) -> Registry | None:
+    if not args.descriptor:
+        return None
+    registry = Registry(limits=args.limits)
+    for path in args.descriptor:
+        with open(path, "rb") as handle:
+            registry.load(handle.read(args.limits.max_message_bytes + 1),
+                          allow_unsigned=args.allow_unsigned)
+    return registry
+
+
 def _cmd_parse(args: argparse.Namespace, data: bytes) -> int:
-    message = parse(data, envelope_only=args.envelope_only, limits=args.limits)
+    message = parse(data, envelope_only=args.envelope_only, limits=args.limits,
+                    registry=_registry(args))
     if args.json:
-        print(json.dumps(message_to_json(message), ensure_ascii=False))
+        print(_escape_invisible(json.dumps(message_to_json(message), ensure_ascii=False)))
     else:
         print(canonical(message))
     return EXIT_OK
+
+
+_UNSAFE_IN_OUTPUT = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def _escape_invisible(text: str) -> str:
+    """JSON text with control and bidirectional characters as ``\\uXXXX`` escapes, so a
+    terminal never renders them (Trojan Source); the JSON value is unchanged."""
+    return _UNSAFE_IN_OUTPUT.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _cmd_canon(args: argparse.Namespace, data: bytes) -> int:
@@ -66,6 +89,41 @@ def _cmd_canon(args: argparse.Namespace, data: bytes) -> int:
     sys.stdout.write(canonical(read(data, limits=args.limits)))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _cmd_grammar_check(args: argparse.Namespace, data: bytes) -> int:
+    from ._compile import compile_guarded
+    from ._descriptor import read_descriptor
+    from ._errors import GrammarError
+    from ._lr import LALR1
+    from ._reader import TOKEN
+
+    # A descriptor starts, after comments, with "(protocol-descriptor"; anything else is
+    # taken as grammar text.
+    head = TOKEN.match(data.decode("utf-8", "replace"))
+    is_descriptor = head is not None and head.lastindex == 1 and data[head.end():].lstrip(
+        ).startswith(b"protocol-descriptor")
+    try:
+        grammar: str | bytes = read_descriptor(data, limits=args.limits).grammar \
+            if is_descriptor else data
+        compiled = compile_guarded(grammar.decode("utf-8") if isinstance(grammar, bytes)
+                                   and _is_utf8(grammar) else grammar)  # type: ignore[arg-type]
+    except GrammarError as exc:
+        print("rejected")
+        print(exc.one_line())
+        if exc.context:
+            print(exc.context)
+        return exc.exit_code
+    print(compiled.report.rstrip("\n"))
+    return EXIT_OK if compiled.verdict == LALR1 else 5
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +142,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
     c.set_defaults(handler=_cmd_canon)
 
-    for sub in (p, c):
+    p.add_argument("--descriptor", action="append", default=[], metavar="FILE",
+                   help="load a protocol descriptor (repeatable)")
+    p.add_argument("--allow-unsigned", action="store_true",
+                   help="load descriptors that carry no signature")
+
+    g = commands.add_parser("grammar", help="work with descriptor grammars")
+    grammar_commands = g.add_subparsers(dest="grammar_command", required=True,
+                                        parser_class=_Parser)
+    check = grammar_commands.add_parser(
+        "check", help="check a grammar (or a descriptor's grammar); exit 0 only for LALR(1)")
+    check.add_argument("file", nargs="?", default="-", help="grammar or descriptor file")
+    check.set_defaults(handler=_cmd_grammar_check)
+
+    for sub in (p, c, check):
         sub.add_argument("--max-message-bytes", type=_positive, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
                          help=f"document size limit (default {DEFAULT_LIMITS.max_message_bytes})")

@@ -132,8 +132,11 @@ def _refuse(text: str, index: int, tables: Tables, stack: list[int], terminal: s
         message = (f"unknown intent {value}; the intents are "
                    f"{', '.join(INTENT_TERMINALS)}")
     elif terminal == "SYMBOL" and str(value) in FIELD_TERMINALS:
-        message += (f" (field {value} is out of order or repeated, or a required field "
-                    "before it is missing)")
+        if "LPAR" in tables.actions[stack[-1]]:
+            message = f"field {value} must be written in parentheses: ({value} …)"
+        else:
+            message += (f" (field {value} is out of order or repeated, or a required field "
+                        "before it is missing)")
     fail(text, index, message, expected=expected, error=EnvelopeError)
 
 
@@ -284,6 +287,9 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
             depth -= 1
             pos = m.end()
         elif kind == EOF:
+            if depth:
+                fail(text, start, f"{depth} unclosed list(s) at the end of the input",
+                     expected=("')'",))
             terminal = "$END"
         elif kind == BAD:
             diagnose(text, start)

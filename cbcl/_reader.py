@@ -31,7 +31,17 @@ from typing import NoReturn
 
 from ._errors import LimitError, MalformedError, Position
 from ._limits import DEFAULT_LIMITS, Limits
-from ._values import INT64_MAX, INT64_MIN, MAX_DECIMAL_CHARS, URI, Keyword, Symbol, Value
+from ._values import (
+    INT64_MAX,
+    INT64_MIN,
+    INVISIBLE,
+    MAX_DECIMAL_CHARS,
+    URI,
+    URI_PATTERN,
+    Keyword,
+    Symbol,
+    Value,
+)
 
 # Characters refused unescaped in strings (and everywhere else outside them): C0 and C1
 # controls, DEL, and the bidirectional embedding/override/isolate controls.
@@ -45,7 +55,8 @@ LPAR, RPAR, STRING, INTEGER, DECIMAL, URI_TOKEN, KEYWORD, SYMBOL, EOF, BAD = ran
 TOKEN = re.compile(
     # Whitespace and comments. A comment ends at CR or LF; a control character inside
     # it stops the comment and then fails as a BAD token.
-    r"(?:[ \t\r\n]++|;[^\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]*+)*+"
+    r"(?:[ \t\r\n]++|;[^\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+    r"\u2028\u2029\ufeff]*+)*+"
     r"(?:"
     r"(\()"  # 1 LPAR
     r"|(\))"  # 2 RPAR
@@ -53,7 +64,7 @@ TOKEN = re.compile(
     r'|"((?:[^"\\' + _FORBIDDEN + r"]++"
     r'|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+)"' + _DELIM +
     r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?" + _DELIM +  # 4 INTEGER, 5 DECIMAL part
-    r"|([a-z][a-z0-9+.\-]*+://[^\x00-\x20\x7f-\x9f()\";\u202a-\u202e\u2066-\u2069]++)"
+    r"|(" + URI_PATTERN + r")"
     + _DELIM +  # 6 URI
     r"|:(" + _NAME + r")" + _DELIM +  # 7 KEYWORD (the name)
     r"|(?![+\-]?\.?[0-9])(" + _NAME + r")" + _DELIM +  # 8 SYMBOL
@@ -182,7 +193,6 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     max_name = limits.max_name_chars
     stack: list[list[Value]] = []
     items: list[Value] | None = None
-    base_depth = depth
     for m in TOKEN.finditer(text, pos):
         kind = m.lastindex
         nodes += 1
@@ -254,8 +264,8 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
             if items is None:
                 fail(text, m.start(kind), "expected a value, found the end of the input",
                      expected=("a value",))
-            fail(text, m.start(kind), f"{depth - base_depth} unclosed list(s) at the end of "
-                 "the input", expected=("')'",))
+            fail(text, m.start(kind), f"{depth} unclosed list(s) at the end of the input",
+                 expected=("')'",))
         else:
             diagnose(text, m.start(kind))
         if items is None:
@@ -319,6 +329,7 @@ def read_all(data: bytes | bytearray | memoryview | str, *, limits: Limits | Non
 # --------------------------------------------------------------------------- diagnosis
 
 _FORBIDDEN_RE = re.compile("[" + _FORBIDDEN + "]")
+_INVISIBLE_RE = re.compile("[" + INVISIBLE + "]")
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _NAME_START = frozenset(_LETTERS + "+-*/<>=!?_.")
 _NAME_CHARS = _NAME_START | frozenset("0123456789@%&")
@@ -336,6 +347,8 @@ def _char_name(ch: str) -> str:
 def _forbidden_reason(ch: str) -> str:
     if "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069":
         return f"bidirectional control {_char_name(ch)}"
+    if _INVISIBLE_RE.match(ch):
+        return f"invisible or space character {_char_name(ch)}"
     return f"control character {_char_name(ch)}"
 
 
@@ -346,9 +359,10 @@ def diagnose(text: str, index: int) -> NoReturn:
     if ch == '"':
         _diagnose_string(text, index)
     if _FORBIDDEN_RE.match(ch):
-        in_comment = text.rfind(";", text.rfind("\n", 0, index) + 1, index) != -1
-        where = " in a comment" if in_comment else ""
+        where = " in a comment" if _in_comment(text, index) else ""
         fail(text, index, f"{_forbidden_reason(ch)}{where} is not allowed")
+    if ch in "\u2028\u2029\ufeff" and _in_comment(text, index):
+        fail(text, index, f"{_char_name(ch)} is not allowed in a comment")
     _refuse_special(text, index, ch)
     end = _RUN_END.search(text, index).start()  # type: ignore[union-attr]
     token = text[index:end]
@@ -364,7 +378,7 @@ def diagnose(text: str, index: int) -> NoReturn:
     if uri:
         if uri.end() == len(token):
             fail(text, index, "a URI needs at least one character after '://'")
-        bad = _FORBIDDEN_RE.search(token)
+        bad = _FORBIDDEN_RE.search(token) or _INVISIBLE_RE.search(token)
         if bad:
             fail(text, index + bad.start(), f"{_forbidden_reason(bad.group())} in a URI")
         _diagnose_delimiter(text, end, token)
@@ -387,6 +401,18 @@ def _refuse_special(text: str, index: int, ch: str) -> None:
              "CR and LF are)")
 
 
+def _in_comment(text: str, index: int) -> bool:
+    """Whether the comment that the scanner skipped runs right up to ``index``. A line
+    never starts inside a string (strings hold no raw LF), so scan from the line start."""
+    for m in TOKEN.finditer(text, text.rfind("\n", 0, index) + 1):
+        kind = m.lastindex or 0
+        if m.start(kind) >= index:
+            skipped = text[m.start() : m.start(kind)]
+            semicolon = skipped.rfind(";")
+            return semicolon != -1 and not any(c in skipped[semicolon:] for c in "\r\n")
+    return False  # pragma: no cover - TOKEN reaches every index
+
+
 def _diagnose_name(text: str, index: int, token: str, what: str) -> NoReturn:
     for offset, ch in enumerate(token):
         if ch not in _NAME_CHARS:
@@ -398,8 +424,8 @@ def _diagnose_name(text: str, index: int, token: str, what: str) -> NoReturn:
 
 
 def _diagnose_delimiter(text: str, end: int, token: str) -> NoReturn:
-    fail(text, end, f"expected whitespace or a parenthesis after {token!r}",
-         expected=("whitespace", "'('", "')'"))
+    fail(text, end, f"expected whitespace, '(', ')' or ';' after {token!r}",
+         expected=("whitespace", "'('", "')'", "';'"))
 
 
 def _diagnose_number(text: str, index: int, token: str) -> NoReturn:

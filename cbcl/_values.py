@@ -33,9 +33,13 @@ MAX_DECIMAL_CHARS = 40
 _NAME_RE = re.compile(r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*\Z")
 # A token that starts like a number is a number or an error, never a symbol.
 _NUMBERLIKE_RE = re.compile(r"[+\-]?\.?[0-9]")
-_URI_RE = re.compile(
-    r"[a-z][a-z0-9+.\-]*://[^\x00-\x20\x7f-\x9f()\";\u202a-\u202e\u2066-\u2069]+\Z"
-)
+# Characters a URI's rest excludes: space and controls, delimiters, bidirectional controls,
+# and invisible characters (Unicode spaces, zero-width and directional marks, separators,
+# BOM) that would let two URIs look alike.
+INVISIBLE = "\u00a0\u061c\u1680\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff"
+URI_REST_EXCLUDES = "\x00-\x20\x7f-\x9f()\";\u2066-\u2069" + INVISIBLE
+URI_PATTERN = r"[a-z][a-z0-9+.\-]*+://[^" + URI_REST_EXCLUDES + r"]++"
+_URI_RE = re.compile(URI_PATTERN + r"\Z")
 
 
 class _Atom(str):

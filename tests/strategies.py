@@ -31,8 +31,9 @@ uris = st.builds(
         alphabet=st.characters(
             blacklist_categories=("Cs",),
             blacklist_characters="()\";" + "".join(map(chr, range(0x21)))
-            + "".join(map(chr, range(0x7F, 0xA0))) + "\u202a\u202b\u202c\u202d\u202e"
-            + "\u2066\u2067\u2068\u2069",
+            + "".join(map(chr, range(0x7F, 0xA1))) + "\u061c\u1680\u205f\u2060\u2061"
+            + "\u2062\u2063\u2064\u3000\ufeff" + "".join(map(chr, range(0x2000, 0x2010)))
+            + "".join(map(chr, range(0x2028, 0x2030))) + "\u2066\u2067\u2068\u2069",
         ),
         min_size=1, max_size=30,
     ),

@@ -117,3 +117,14 @@ def test_python_dash_m_and_console_script_agree() -> None:
                             capture_output=True, check=False)
     assert result.returncode == 3
     assert b"Traceback" not in result.stderr
+
+
+def test_json_output_escapes_bidi_controls(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    data = (b'(CBCL/1.0 (message-id "m") (sender agent://a) (receiver agent://b) '
+            b'(intent INFORM) (protocol p) (body "abc\\u202edef\\u0007"))')
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, _ = run(capsys, "parse", "--envelope-only", "--json", "-")
+    assert code == 0
+    assert "\u202e" not in out and "\x07" not in out
+    assert json.loads(out)["body"] == "abc\u202edef\u0007"

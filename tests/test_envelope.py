@@ -153,3 +153,16 @@ def test_signing_bytes_exclude_the_signature() -> None:
     signed = envelope(message(' (body 1) (signature "k" "c2ln")'))
     unsigned = envelope(message(" (body 1)"))
     assert signed.signing_bytes() == unsigned.signing_bytes() == unsigned.canonical().encode()
+
+
+def test_unclosed_message_counts_every_open_list() -> None:
+    with pytest.raises(cbcl.MalformedError) as info:
+        envelope(message()[:-1] + " (body (a (b c)")
+    assert type(info.value) is cbcl.MalformedError
+    assert "3 unclosed list(s)" in info.value.message
+
+
+def test_field_name_without_parentheses() -> None:
+    error = refused('(CBCL/1.0 message-id "m")')
+    assert "must be written in parentheses" in error.message
+    assert error.column == 11

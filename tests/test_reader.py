@@ -56,8 +56,8 @@ def test_strings(text: str, value: str) -> None:
         ('"\u202e"', 2, "bidirectional"),
         ('"\u2066"', 2, "bidirectional"),
         ('"abc', 1, "unterminated"),
-        ('"a"b', 4, "whitespace or a parenthesis"),
-        ('"a""b"', 4, "whitespace or a parenthesis"),
+        ('"a"b', 4, "whitespace, '(', ')' or ';'"),
+        ('"a""b"', 4, "whitespace, '(', ')' or ';'"),
     ],
 )
 def test_string_refusals(text: str, column: int | None, fragment: str) -> None:
@@ -200,7 +200,7 @@ def test_uris(text: str) -> None:
     ("text", "fragment"),
     [("agent://", "at least one character"), ("HTTP://x", "lowercase"),
      ("1http://x", "malformed number"), ("agent://a\u202eb", "bidirectional"),
-     ('agent://a"b', "whitespace or a parenthesis")],
+     ('agent://a"b', "whitespace, '(', ')' or ';'")],
 )
 def test_uri_refusals(text: str, fragment: str) -> None:
     assert fragment in err(text).message
@@ -327,3 +327,22 @@ def test_value_constructors_validate() -> None:
     assert Keyword(":k") == Keyword("k")
     assert URI("agent://x").scheme == "agent"
     assert repr(Symbol("a")) == "Symbol('a')"
+
+
+@pytest.mark.parametrize("invisible", ["\u00a0", "\u200b", "\u200e", "\u2028", "\u3000",
+                                       "\ufeff", "\u061c"])
+def test_uris_refuse_invisible_characters(invisible: str) -> None:
+    error = err(f"(agent://a{invisible}b)")
+    assert "in a URI" in error.message
+    assert error.column == 11
+    with pytest.raises(ValueError):
+        URI(f"agent://a{invisible}b")
+
+
+@pytest.mark.parametrize(("text", "column", "in_comment"),
+                         [('("a;b" \x01)', 8, False), ("; c\r\x01", 5, False),
+                          ("(a ; x\x01\n)", 7, True), ("; \u2028\n1", 3, True)])
+def test_comment_detection_in_messages(text: str, column: int, in_comment: bool) -> None:
+    error = err(text)
+    assert error.column == column
+    assert ("in a comment" in error.message) is in_comment
