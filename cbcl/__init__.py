@@ -4,6 +4,7 @@ The public API is this module; everything in ``cbcl._*`` is private.
 """
 
 from ._api import canonical, parse
+from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import (
     BodyError,
     CBCLError,
@@ -24,6 +25,7 @@ from ._errors import (
 from ._json import from_json, message_to_json, to_json
 from ._limits import Limits
 from ._message import VERSION, Intent, Message, Signature
+from ._protocol import Protocol, Registry
 from ._reader import read, read_all
 from ._values import URI, Keyword, Symbol, Value
 
@@ -46,7 +48,10 @@ __all__ = [
     "MalformedError",
     "Message",
     "Position",
+    "Protocol",
+    "ProtocolDescriptor",
     "ProtocolError",
+    "Registry",
     "SchemaError",
     "Signature",
     "Symbol",
@@ -61,5 +66,6 @@ __all__ = [
     "parse",
     "read",
     "read_all",
+    "read_descriptor",
     "to_json",
 ]

@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ._canonical import canonical_value
 from ._envelope import parse_envelope, scan_envelope
 from ._errors import UnknownProtocolError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message
+from ._protocol import Registry, check_intent_and_body, explain_body
 from ._reader import context_of, decode, position_of
 from ._values import Value
 
 
 def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
-          envelope_only: bool = False, registry: Any = None) -> Message:
+          envelope_only: bool = False, registry: Registry | None = None) -> Message:
     """Parse one CBCL/1.0 message: pass 1 (envelope) and, unless ``envelope_only``, pass 2
-    (the body, by the grammar of the message's protocol in ``registry``).
+    (the body, by the grammar of the message's protocol in ``registry``). A message is
+    returned only when both passes accept it.
 
-    Raises :class:`MalformedError` (:class:`EnvelopeError` for a bad envelope),
-    :class:`LimitError`, :class:`UnknownProtocolError` when a full parse meets a protocol
-    the registry does not hold, and ``TypeError`` for input that is not bytes or str.
+    Raises :class:`MalformedError` (:class:`EnvelopeError` for a bad envelope,
+    :class:`BodyError` for a body its grammar refuses), :class:`LimitError`,
+    :class:`UnknownProtocolError` for a protocol the registry does not hold,
+    :class:`ProtocolError` for an intent the protocol does not govern, and ``TypeError``
+    for input that is not bytes or str.
     """
     limits = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(limits, Limits):
@@ -29,11 +31,16 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     message = parse_envelope(text, limits)
     if envelope_only:
         return message
-    protocol = message.protocol
-    at = scan_envelope(text, limits).protocol_at
-    raise UnknownProtocolError(
-        f"unknown protocol {protocol}: no descriptor for it is loaded",
-        protocol=str(protocol), position=position_of(text, at), context=context_of(text, at))
+    protocol = registry.get(message.protocol) if registry is not None else None
+    if protocol is None:
+        at = scan_envelope(text, limits).protocol_at
+        raise UnknownProtocolError(
+            f"unknown protocol {message.protocol}: no descriptor for it is loaded",
+            protocol=str(message.protocol), position=position_of(text, at),
+            context=context_of(text, at))
+    if check_intent_and_body(protocol, message) is False:
+        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits)
+    return message
 
 
 def canonical(value: Value | Message) -> str:

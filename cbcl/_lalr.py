@@ -91,5 +91,11 @@ class Tables:
                 pushed.clear()
             top = pushed[-1] if pushed else stack[height - 1]
             pushed.append(actions[top][rule.origin])
+            if terminal == "$END" and pushed[-1] == self.end_state:
+                return self.end_state
             action = actions[pushed[-1]].get(terminal)
         return action
+
+    def can_shift_or_accept(self, stack: list[int], terminal: str) -> bool:
+        """:meth:`can_shift`, and for ``$END`` whether the input could end here."""
+        return self.shift_target(stack, terminal) is not None

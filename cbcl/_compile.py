@@ -1,0 +1,194 @@
+"""Compiling a descriptor grammar into body tables, under a guard.
+
+Theory of operation
+-------------------
+A grammar from a peer is untrusted, so compiling it is a pipeline of checks, each bounded
+before the next runs: CBCL's own linear-time reader of the subset (:mod:`._subset`, with
+its text, rule, nesting and literal limits), the LR analyser (:mod:`._lr`, with state and
+search budgets), and only then lark, on grammar text CBCL generated itself, with
+``strict=True``. The result is plain data (:class:`CompiledGrammar`): LALR tables, the
+literal terminals, the checker's verdict and report.
+
+:func:`compile_guarded` runs that pipeline in a fresh worker process (``python -m
+cbcl._compile_worker``) with a wall-clock timeout and an address-space limit, so no grammar
+can hang, crash or exhaust the process that loads it. Data crosses the process boundary as
+JSON, never pickle, and is validated by :func:`from_data` before use — the same function
+that validates entries read back from the disk cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import GrammarError, Position
+from ._lalr import Rule, Tables
+from ._lr import LALR1, analyse
+from ._subset import GrammarLimits, read_grammar, to_cfg, to_lark
+
+#: Bumped whenever the compiled form changes meaning; part of every cache key.
+FORMAT_VERSION = 1
+DEFAULT_TIMEOUT = 20.0
+DEFAULT_MEMORY = 1 << 30  # bytes of address space for the worker
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledGrammar:
+    """A checked grammar. ``tables`` is ``None`` unless ``verdict`` is ``LALR(1)``.
+    ``literals`` maps literal terminal names (``LIT_0``, ``LPAR``, ``RPAR``) to their text."""
+
+    verdict: str
+    report: str
+    tables: Tables | None
+    literals: dict[str, str]
+
+
+def compile_grammar(text: str, limits: GrammarLimits | None = None) -> CompiledGrammar:
+    """Check and compile ``text`` in this process.
+
+    Raises :class:`GrammarError` (verdict ``rejected``) for text outside the subset, over a
+    limit or over an analysis budget. A grammar that is read but not LALR(1) is returned
+    with its verdict and report and no tables.
+    """
+    source = read_grammar(text, limits=limits)
+    report = analyse(to_cfg(source))
+    if report.verdict != LALR1:
+        return CompiledGrammar(report.verdict, report.render(), None, {})
+    generated = to_lark(source)
+    tables = Tables.from_lark(_build_lark(generated.text, generated.start), generated.start)
+    return CompiledGrammar(report.verdict, report.render(), tables, dict(generated.literals))
+
+
+def _build_lark(text: str, start: str) -> Any:
+    import lark
+    from lark.lexer import Lexer
+
+    class _ExternalLexer(Lexer):
+        __future_interface__ = 2
+
+        def __init__(self, lexer_conf: Any) -> None:
+            pass
+
+        def lex(self, lexer_state: Any, parser_state: Any) -> Any:  # pragma: no cover
+            raise NotImplementedError
+
+    try:
+        return lark.Lark(text, parser="lalr", lexer=_ExternalLexer, start=start, strict=True)
+    except lark.exceptions.LarkError as exc:  # the checker said LALR(1): a bug if reached
+        raise GrammarError(f"lark refused the generated grammar: {exc}",
+                           verdict="rejected") from exc
+
+
+# --------------------------------------------------------------------------- plain data
+
+
+def to_data(compiled: CompiledGrammar) -> dict[str, Any]:
+    """The JSON form of a compiled grammar."""
+    tables = compiled.tables
+    return {
+        "format": FORMAT_VERSION,
+        "verdict": compiled.verdict,
+        "report": compiled.report,
+        "literals": compiled.literals,
+        "tables": None if tables is None else {
+            "actions": list(tables.actions),
+            "rules": [[r.origin, r.size, r.alias] for r in tables.rules],
+            "start": tables.start_state,
+            "end": tables.end_state,
+        },
+    }
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _expect(condition: bool) -> None:
+    if not condition:
+        raise _Invalid
+
+
+def from_data(data: Any) -> CompiledGrammar:
+    """Rebuild a compiled grammar from its JSON form, checking every field and every table
+    reference, so corrupt or forged data cannot make the driver misbehave.
+
+    Raises ``ValueError`` for anything that does not check out.
+    """
+    try:
+        _expect(type(data) is dict and data.get("format") == FORMAT_VERSION)
+        verdict, report, literals = data["verdict"], data["report"], data["literals"]
+        _expect(type(verdict) is str and type(report) is str and type(literals) is dict)
+        _expect(all(type(k) is str and type(v) is str for k, v in literals.items()))
+        raw = data["tables"]
+        if raw is None:
+            _expect(verdict != LALR1)
+            return CompiledGrammar(verdict, report, None, literals)
+        _expect(verdict == LALR1 and type(raw) is dict)
+        actions, rules = raw["actions"], raw["rules"]
+        _expect(type(actions) is list and type(rules) is list and actions)
+        state_count = len(actions)
+        checked_rules: list[Rule] = []
+        for rule in rules:
+            _expect(type(rule) is list and len(rule) == 3)
+            origin, size, alias = rule
+            _expect(type(origin) is str and type(size) is int and 0 <= size <= 10_000)
+            _expect(alias is None or type(alias) is str)
+            checked_rules.append(Rule(origin, size, alias))
+        for row in actions:
+            _expect(type(row) is dict)
+            for symbol, action in row.items():
+                _expect(type(symbol) is str and type(action) is int)
+                _expect(action < state_count if action >= 0 else ~action < len(rules))
+        start, end = raw["start"], raw["end"]
+        _expect(type(start) is int and type(end) is int)
+        _expect(0 <= start < state_count and 0 <= end < state_count)
+        for rule in checked_rules:  # every reduction must have somewhere to go
+            _expect(any(rule.origin in row for row in actions))
+    except (_Invalid, KeyError, TypeError):
+        raise ValueError("not a valid compiled grammar") from None
+    return CompiledGrammar(verdict, report, Tables(tuple(actions), tuple(checked_rules),
+                                                   start, end), literals)
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def _limits_data(limits: GrammarLimits) -> dict[str, int]:
+    return {name: getattr(limits, name) for name in GrammarLimits.__dataclass_fields__}
+
+
+def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
+                    timeout: float = DEFAULT_TIMEOUT,
+                    memory: int = DEFAULT_MEMORY) -> CompiledGrammar:
+    """:func:`compile_grammar` in a worker process limited to ``timeout`` seconds of wall
+    clock and ``memory`` bytes of address space.
+
+    Raises :class:`GrammarError` (verdict ``rejected``) as :func:`compile_grammar` does, and
+    when the worker runs out of time or memory or dies.
+    """
+    limits = GrammarLimits() if limits is None else limits
+    request = json.dumps({"grammar": text, "limits": _limits_data(limits), "memory": memory})
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    try:
+        done = subprocess.run([sys.executable, "-m", "cbcl._compile_worker"],
+                              input=request.encode(), capture_output=True, timeout=timeout,
+                              env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise GrammarError(f"compiling the grammar took longer than {timeout:g} s",
+                           verdict="rejected") from None
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        reason = "ran out of memory" if "MemoryError" in tail[0] else f"failed: {tail[0]}"
+        raise GrammarError(f"the grammar compiler {reason}", verdict="rejected")
+    reply = json.loads(done.stdout)
+    if "error" in reply:
+        error = reply["error"]
+        position = Position(*error["position"]) if error.get("position") else None
+        raise GrammarError(error["message"], verdict=error["verdict"], position=position,
+                           context=error.get("context"))
+    return from_data(reply["ok"])

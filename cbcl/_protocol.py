@@ -1,0 +1,387 @@
+"""Loaded protocols, the registry that holds them, and pass 2: recognising a body.
+
+Theory of operation
+-------------------
+A :class:`Protocol` is a descriptor plus the LALR tables compiled from its grammar. Pass 2
+walks the body value (already read, under the message's limits, by pass 1) and feeds its
+structure to those tables: ``(`` and ``)`` for lists, and each atom's terminal. A symbol
+or keyword that spells a grammar literal is that literal only where the parser can shift
+it after the reductions it triggers (:meth:`Tables.can_shift`); elsewhere it is data. The
+checker has already refused every grammar with a point that could take both readings, so
+the decision is never a guess.
+
+The walk keeps no positions. When it refuses, :func:`explain_body` re-scans the body's
+text token by token, feeding the same tables, and raises a :class:`BodyError` at the first
+token refused, listing what the grammar expected there in the grammar's own terms.
+
+Compiled grammars are cached three ways: in this process (an LRU keyed by the grammar and
+the versions that shape the tables), on disk (:mod:`._cache`), and as refusals (a
+negative cache, so a peer cannot make us re-analyse a grammar we already refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ._cache import DiskCache, default_cache_dir
+from ._compile import (
+    DEFAULT_MEMORY,
+    DEFAULT_TIMEOUT,
+    FORMAT_VERSION,
+    CompiledGrammar,
+    compile_grammar,
+    compile_guarded,
+    from_data,
+    to_data,
+)
+from ._descriptor import ProtocolDescriptor, read_descriptor
+from ._errors import BodyError, GrammarError, ProtocolError, TrustError
+from ._lalr import Tables
+from ._limits import DEFAULT_LIMITS, Limits
+from ._lr import LALR1
+from ._message import Intent, Message
+from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read_value_at
+from ._subset import GrammarLimits
+from ._values import URI, Keyword, Symbol, Value
+
+_ATOM_TERMINALS: dict[type, str] = {
+    str: "STRING", int: "INTEGER", Decimal: "DECIMAL", Keyword: "KEYWORD", URI: "URI",
+    Symbol: "SYMBOL",
+}
+_GENERAL_SHOWN = {
+    "STRING": "a string", "INTEGER": "an integer", "DECIMAL": "a decimal",
+    "KEYWORD": "a keyword", "URI": "a URI", "SYMBOL": "a symbol", "LPAR": "'('",
+    "RPAR": "')'", "$END": "the end of the body",
+}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Protocol:
+    """A loaded protocol: its descriptor and the compiled body grammar."""
+
+    descriptor: ProtocolDescriptor
+    tables: Tables
+    #: Atoms that spell a grammar literal (a Symbol or Keyword) -> the literal's terminal.
+    atoms: dict[Value, str]
+    #: Terminal name -> how errors show it (``'":cmd"'``, ``"a string"``).
+    shown: dict[str, str]
+    report: str
+
+    @property
+    def id(self) -> Symbol:
+        return self.descriptor.id
+
+    @property
+    def digest(self) -> str:
+        return self.descriptor.digest
+
+    @classmethod
+    def from_compiled(cls, descriptor: ProtocolDescriptor,
+                      compiled: CompiledGrammar) -> Protocol:
+        assert compiled.tables is not None
+        atoms: dict[Value, str] = {}
+        shown = dict(_GENERAL_SHOWN)
+        for terminal, text in compiled.literals.items():
+            if terminal in ("LPAR", "RPAR"):
+                continue
+            atom = Keyword(text[1:]) if text.startswith(":") else Symbol(text)
+            atoms[atom] = terminal
+            shown[terminal] = f'"{text}"'
+        return cls(descriptor, compiled.tables, atoms, shown, compiled.report)
+
+
+# --------------------------------------------------------------------------- pass 2
+
+
+def recognise_body(protocol: Protocol, body: Value) -> bool:
+    """Whether the protocol's grammar accepts ``body`` (a value already read under limits).
+    Iterative: no recursion on the body's depth."""
+    tables = protocol.tables
+    actions = tables.actions
+    rules = tables.rules
+    atoms = protocol.atoms
+    stack = [tables.start_state]
+    pending: list[Any] = [iter((body,))]
+    while True:
+        if pending:
+            for item in pending[-1]:
+                kind = type(item)
+                if kind is tuple:
+                    terminal = "LPAR"
+                    pending.append(iter(item))
+                    break
+                terminal = _ATOM_TERMINALS[kind]
+                if kind is Symbol or kind is Keyword:
+                    literal = atoms.get(item)
+                    if literal is not None and tables.can_shift(stack, literal):
+                        terminal = literal
+                break
+            else:
+                pending.pop()
+                terminal = "RPAR" if pending else "$END"
+        else:
+            return False  # pragma: no cover - $END ends the loop first
+        # Feed ``terminal``: reduce as the tables say, then shift (or accept at $END).
+        while True:
+            action = actions[stack[-1]].get(terminal)
+            if action is None:
+                return False
+            if action >= 0:
+                stack.append(action)
+                break
+            rule = rules[~action]
+            if rule.size:
+                del stack[len(stack) - rule.size :]
+            stack.append(actions[stack[-1]][rule.origin])
+            if terminal == "$END" and stack[-1] == tables.end_state:
+                return True
+
+
+def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) -> NoReturn:
+    """Re-scan the body that starts at character ``body_at`` of ``text`` and raise a
+    :class:`BodyError` at the first token the grammar refuses."""
+    tables = protocol.tables
+    actions = tables.actions
+    rules = tables.rules
+    stack = [tables.start_state]
+    pos = body_at
+    depth = 0
+    started = False
+    while True:
+        value: object = None
+        if started and depth == 0:
+            terminal, start = "$END", pos
+        else:
+            m = TOKEN.match(text, pos)
+            assert m is not None
+            kind = m.lastindex
+            assert kind is not None
+            start = m.start(kind)
+            if kind == LPAR:
+                terminal, depth, pos = "LPAR", depth + 1, m.end()
+            elif kind == RPAR:
+                terminal, depth, pos = "RPAR", depth - 1, m.end()
+            elif kind == EOF:  # pragma: no cover - pass 1 saw a complete body
+                terminal = "$END"
+            elif kind == BAD:  # pragma: no cover - pass 1 read this text
+                diagnose(text, start)
+            else:
+                value, pos, _ = read_value_at(text, pos, limits, 0, 0)
+                terminal = _ATOM_TERMINALS[type(value)]
+                if terminal in ("SYMBOL", "KEYWORD"):
+                    literal = protocol.atoms.get(value)  # type: ignore[call-overload]
+                    if literal is not None and tables.can_shift(stack, literal):
+                        terminal = literal
+                if terminal in ("STRING", "KEYWORD"):
+                    start -= 1
+        started = True
+        while True:
+            action = actions[stack[-1]].get(terminal)
+            if action is None:
+                _refuse_body(protocol, text, start, stack, terminal, value)
+            if action >= 0:
+                stack.append(action)
+                break
+            rule = rules[~action]
+            if rule.size:
+                del stack[len(stack) - rule.size :]
+            stack.append(actions[stack[-1]][rule.origin])
+            if terminal == "$END" and stack[-1] == tables.end_state:
+                raise AssertionError("explain_body found no error")  # pragma: no cover
+
+
+def _refuse_body(protocol: Protocol, text: str, index: int, stack: list[int], terminal: str,
+                 value: object) -> NoReturn:
+    tables = protocol.tables
+    expected = [protocol.shown.get(t, t) for t in tables.actions[stack[-1]]
+                if (t.isupper() or t == "$END") and tables.can_shift_or_accept(stack, t)]
+    if terminal in ("LPAR", "RPAR", "$END"):
+        found = _GENERAL_SHOWN[terminal]
+    elif terminal in protocol.shown and terminal.startswith("LIT_"):
+        found = protocol.shown[terminal]
+    else:
+        from ._canonical import canonical_value
+
+        shown = canonical_value(value)  # type: ignore[arg-type]
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        found = f"{_GENERAL_SHOWN[terminal].split(' ', 1)[1]} {shown}"
+    fail(text, index, f"the {protocol.id} grammar expected {' or '.join(expected)}, found "
+         f"{found}", expected=tuple(expected), error=BodyError)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def _cache_key(grammar: str, limits: GrammarLimits) -> str:
+    import lark
+
+    from . import __version__
+
+    fingerprint = hashlib.sha256(grammar.encode("utf-8")).hexdigest()
+    return (f"cbcl-grammar/{FORMAT_VERSION} cbcl={__version__} lark={lark.__version__} "
+            f"limits={limits} grammar=sha256:{fingerprint}")
+
+
+class _LRU(OrderedDict[str, Any]):
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def remember(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
+
+    def recall(self, key: str) -> Any:
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+
+# Process-wide: compiled grammars are immutable and shared by every registry.
+_COMPILED = _LRU(128)
+_REFUSED = _LRU(1024)
+
+
+class Registry:
+    """The protocols an agent has loaded, by protocol id.
+
+    ``cache_dir``: where compiled grammars persist (default ``$XDG_CACHE_HOME/cbcl``);
+    ``None`` with ``disk_cache=False`` keeps them in memory only. ``grammar_limits`` bound
+    descriptor grammars (draft §4); ``limits`` bound descriptor documents (draft §1.1).
+    ``compile_timeout`` (seconds) and ``compile_memory`` (bytes) bound the worker process
+    that compiles a grammar; ``isolate=False`` compiles in this process instead (for tools
+    that run on trusted grammars only).
+    """
+
+    def __init__(self, *, cache_dir: str | os.PathLike[str] | None = None,
+                 disk_cache: bool = True, grammar_limits: GrammarLimits | None = None,
+                 limits: Limits | None = None, compile_timeout: float = DEFAULT_TIMEOUT,
+                 compile_memory: int = DEFAULT_MEMORY, isolate: bool = True) -> None:
+        self.grammar_limits = GrammarLimits() if grammar_limits is None else grammar_limits
+        self.limits = DEFAULT_LIMITS if limits is None else limits
+        self.compile_timeout = compile_timeout
+        self.compile_memory = compile_memory
+        self.isolate = isolate
+        self.disk = DiskCache(Path(cache_dir) if cache_dir else default_cache_dir()) \
+            if disk_cache else None
+        self._protocols: dict[Symbol, Protocol] = {}
+
+    def __contains__(self, protocol_id: object) -> bool:
+        return self.get(protocol_id) is not None  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._protocols)
+
+    def protocols(self) -> tuple[Protocol, ...]:
+        """The loaded protocols, in load order."""
+        return tuple(self._protocols.values())
+
+    def get(self, protocol_id: str | Symbol) -> Protocol | None:
+        """The loaded protocol with this id, or ``None``."""
+        try:
+            key = protocol_id if type(protocol_id) is Symbol else Symbol(str(protocol_id))
+        except ValueError:
+            return None
+        return self._protocols.get(key)
+
+    def load(self, payload: bytes, *, allow_unsigned: bool = False) -> Protocol:
+        """Load a descriptor from its exact bytes: read it, check and compile its grammar
+        (or take it from a cache), and register it under its id.
+
+        Until signed descriptors are supported, only ``allow_unsigned=True`` loads.
+        A descriptor with the same id as a loaded one replaces it only with a higher
+        version; the same one again is a no-op.
+
+        Raises :class:`TrustError` for an unsigned descriptor without the opt-in;
+        :class:`MalformedError`/:class:`LimitError` for its text; :class:`DescriptorError`
+        for its structure; :class:`GrammarError` (with the checker's verdict) for a grammar
+        that is refused; :class:`ProtocolError` for an older or conflicting version.
+        """
+        if not allow_unsigned:
+            raise TrustError("unsigned descriptor refused: pass allow_unsigned=True "
+                             "(--allow-unsigned) to load it", reason="unsigned")
+        descriptor = read_descriptor(payload, limits=self.limits)
+        current = self._protocols.get(descriptor.id)
+        if current is not None:
+            if current.digest == descriptor.digest:
+                return current
+            if descriptor.version <= current.version:
+                raise ProtocolError(
+                    f"{descriptor.id} version {descriptor.version} is not newer than the "
+                    f"loaded version {current.descriptor.version} ({current.digest})")
+        protocol = Protocol.from_compiled(descriptor, self.compiled(descriptor.grammar))
+        self._protocols[descriptor.id] = protocol
+        return protocol
+
+    def compiled(self, grammar: str) -> CompiledGrammar:
+        """The compiled form of an LALR(1) grammar, from a cache or compiled now.
+
+        Raises :class:`GrammarError` when the grammar is refused (then remembered, so the
+        same grammar is refused at once next time).
+        """
+        key = _cache_key(grammar, self.grammar_limits)
+        refused = _REFUSED.recall(key)
+        if refused is not None:
+            raise GrammarError(refused.message, verdict=refused.verdict,
+                               position=refused.position, context=refused.context)
+        compiled = _COMPILED.recall(key)
+        if compiled is None and self.disk is not None:
+            data = self.disk.get(key)
+            if data is not None:
+                try:
+                    compiled = from_data(data)
+                except ValueError:
+                    compiled = None
+        if compiled is None:
+            try:
+                compiled = self._compile(grammar)
+            except GrammarError as exc:
+                _REFUSED.remember(key, exc)
+                raise
+            if compiled.verdict != LALR1:
+                error = GrammarError(f"grammar is not loadable: {compiled.verdict}\n"
+                                     f"{compiled.report}", verdict=compiled.verdict)
+                _REFUSED.remember(key, error)
+                raise error
+            if self.disk is not None:
+                self.disk.put(key, to_data(compiled))
+        _COMPILED.remember(key, compiled)
+        return compiled
+
+    def _compile(self, grammar: str) -> CompiledGrammar:
+        if self.isolate:
+            return compile_guarded(grammar, self.grammar_limits, timeout=self.compile_timeout,
+                                   memory=self.compile_memory)
+        return compile_grammar(grammar, self.grammar_limits)
+
+
+def check_intent_and_body(protocol: Protocol, message: Message) -> bool | None:
+    """Pass 2 for one message: ``True`` if accepted, ``False`` if the grammar refuses the
+    body (the caller explains where), ``None`` for a NOT-UNDERSTOOD the protocol does not
+    govern (accepted: its body is absent or a reason string).
+
+    Raises :class:`ProtocolError` for an intent the protocol does not govern and
+    :class:`BodyError` for a governed intent without a body.
+    """
+    descriptor = protocol.descriptor
+    if not descriptor.governs(message.intent):
+        if message.intent is Intent.NOT_UNDERSTOOD:
+            if message.body is None or type(message.body) is str:
+                return None
+            raise BodyError(f"a NOT-UNDERSTOOD body that {descriptor.id} does not govern "
+                            "must be absent or a reason string")
+        governed = " ".join(intent.value for intent in descriptor.intents)
+        raise ProtocolError(f"{descriptor.id} does not govern {message.intent.value} "
+                            f"messages (it governs {governed})")
+    if message.body is None:
+        raise BodyError(f"{descriptor.id} requires a body for {message.intent.value}")
+    return recognise_body(protocol, message.body)
