@@ -30,7 +30,18 @@ from ._errors import CBCLError, EnvelopeError
 from ._lalr import Tables
 from ._limits import Limits
 from ._message import Intent, Message, Signature
-from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, limit, read_value_at
+from ._reader import (
+    BAD,
+    EOF,
+    LPAR,
+    RPAR,
+    TOKEN,
+    diagnose,
+    fail,
+    limit,
+    read_value_at,
+    token_start,
+)
 from ._values import URI, Keyword, Symbol
 
 # Literal terminals of the envelope grammar, by the symbol that spells them.
@@ -268,7 +279,7 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
         assert m is not None
         kind = m.lastindex
         assert kind is not None
-        start = m.start(kind)
+        start = token_start(m)
         value: object = None
         if "VALUE" in actions[stack[-1]] and kind != RPAR and kind != EOF and kind != BAD:
             terminal = "VALUE"
@@ -302,11 +313,9 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
                     terminal = literal
                 else:
                     protocol_at = start  # the only SYMBOL the envelope admits
-            elif terminal in ("STRING", "KEYWORD"):
-                start -= 1  # point at the quote or colon
-                if value == "" and previous in _ID_FIELDS:
-                    fail(text, start, f"{_ID_FIELDS[previous]} must not be empty",
-                         error=EnvelopeError)
+            elif terminal == "STRING" and value == "" and previous in _ID_FIELDS:
+                fail(text, start, f"{_ID_FIELDS[previous]} must not be empty",
+                     error=EnvelopeError)
         previous = terminal
         if terminal == "RPAR":
             items.pop()

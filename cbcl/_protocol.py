@@ -46,7 +46,7 @@ from ._lalr import Tables
 from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
 from ._message import Intent, Message
-from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read_value_at
+from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read_value_at, token_start
 from ._subset import GrammarLimits
 from ._values import URI, Keyword, Symbol, Value
 
@@ -57,7 +57,7 @@ _ATOM_TERMINALS: dict[type, str] = {
 _GENERAL_SHOWN = {
     "STRING": "a string", "INTEGER": "an integer", "DECIMAL": "a decimal",
     "KEYWORD": "a keyword", "URI": "a URI", "SYMBOL": "a symbol", "LPAR": "'('",
-    "RPAR": "')'", "$END": "the end of the body",
+    "RPAR": "')'", "VALUE": "a value", "$END": "the end of the body",
 }
 
 
@@ -162,7 +162,7 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
             assert m is not None
             kind = m.lastindex
             assert kind is not None
-            start = m.start(kind)
+            start = token_start(m)
             if kind == LPAR:
                 terminal, depth, pos = "LPAR", depth + 1, m.end()
             elif kind == RPAR:
@@ -178,8 +178,6 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
                     literal = protocol.atoms.get(value)  # type: ignore[call-overload]
                     if literal is not None and tables.can_shift(stack, literal):
                         terminal = literal
-                if terminal in ("STRING", "KEYWORD"):
-                    start -= 1
         started = True
         while True:
             action = actions[stack[-1]].get(terminal)
@@ -196,11 +194,25 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
                 raise AssertionError("explain_body found no error")  # pragma: no cover
 
 
+_ANY_VALUE = frozenset({"STRING", "INTEGER", "DECIMAL", "KEYWORD", "URI", "SYMBOL", "LPAR"})
+_GENERAL_ORDER = {name: index for index, name in enumerate(_GENERAL_SHOWN)}
+
+
+def _expected_order(terminal: str) -> tuple[int, int]:
+    """Literals in the author's order (LIT_0, LIT_1 …), then the general terminals."""
+    if terminal.startswith("LIT_"):
+        return (0, int(terminal[4:]))
+    return (1, _GENERAL_ORDER.get(terminal, len(_GENERAL_ORDER)))
+
+
 def _refuse_body(protocol: Protocol, text: str, index: int, stack: list[int], terminal: str,
                  value: object) -> NoReturn:
     tables = protocol.tables
-    expected = [protocol.shown.get(t, t) for t in tables.actions[stack[-1]]
-                if (t.isupper() or t == "$END") and tables.can_shift_or_accept(stack, t)]
+    acceptable = [t for t in tables.actions[stack[-1]]
+                  if (t.isupper() or t == "$END") and tables.can_shift_or_accept(stack, t)]
+    if set(acceptable) >= _ANY_VALUE:  # every atom and '(' fit: say "a value"
+        acceptable = [t for t in acceptable if t not in _ANY_VALUE] + ["VALUE"]
+    expected = [protocol.shown.get(t, t) for t in sorted(acceptable, key=_expected_order)]
     if terminal in ("LPAR", "RPAR", "$END"):
         found = _GENERAL_SHOWN[terminal]
     elif terminal in protocol.shown and terminal.startswith("LIT_"):
@@ -314,7 +326,7 @@ class Registry:
         if current is not None:
             if current.digest == descriptor.digest:
                 return current
-            if descriptor.version <= current.version:
+            if descriptor.version <= current.descriptor.version:
                 raise ProtocolError(
                     f"{descriptor.id} version {descriptor.version} is not newer than the "
                     f"loaded version {current.descriptor.version} ({current.digest})")

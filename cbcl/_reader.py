@@ -87,6 +87,17 @@ def _unescape_one(m: re.Match[str]) -> str:
     return _SIMPLE_ESCAPES[m.group(2)]
 
 
+def token_start(m: re.Match[str]) -> int:
+    """Where the token of a :data:`TOKEN` match starts: at a string's quote, a keyword's
+    colon, a decimal's first digit."""
+    kind = m.lastindex or 0
+    if kind in (STRING, KEYWORD):
+        return m.start(kind) - 1
+    if kind == DECIMAL:
+        return m.start(INTEGER)
+    return m.start(kind)
+
+
 def unescape(raw: str) -> str:
     """Unescape the raw text of a STRING token the scanner has already validated."""
     if "\\" not in raw:
