@@ -138,16 +138,20 @@ def from_data(data: Any) -> CompiledGrammar:
             _expect(type(origin) is str and type(size) is int and 0 <= size <= 10_000)
             _expect(alias is None or type(alias) is str)
             checked_rules.append(Rule(origin, size, alias))
+        symbols: set[str] = set()
+        rule_count = len(rules)
         for row in actions:
             _expect(type(row) is dict)
-            for symbol, action in row.items():
-                _expect(type(symbol) is str and type(action) is int)
-                _expect(action < state_count if action >= 0 else ~action < len(rules))
+            symbols.update(row)
+            for action in row.values():
+                _expect(type(action) is int)
+                _expect(action < state_count if action >= 0 else ~action < rule_count)
+        _expect(all(type(symbol) is str for symbol in symbols))
         start, end = raw["start"], raw["end"]
         _expect(type(start) is int and type(end) is int)
         _expect(0 <= start < state_count and 0 <= end < state_count)
-        for rule in checked_rules:  # every reduction must have somewhere to go
-            _expect(any(rule.origin in row for row in actions))
+        # Every reduction must have somewhere to go.
+        _expect(all(rule.origin in symbols for rule in checked_rules))
     except (_Invalid, KeyError, TypeError):
         raise ValueError("not a valid compiled grammar") from None
     return CompiledGrammar(verdict, report, Tables(tuple(actions), tuple(checked_rules),
