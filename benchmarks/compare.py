@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def corpus() -> dict[str, bytes]:
-    """The shipped example, and a medium message (~4 KB) built from it."""
+    """The shipped example, and a medium message (~3 KB) built from it (its body is a batch
+    that the task-assignment grammar does not govern, so only pass 1 is measured on it)."""
     small = (ROOT / "descriptors" / "examples" / "task-assignment-v1.cbcl").read_bytes()
     message = cbcl.parse(small, envelope_only=True)
     tasks = tuple(
@@ -63,19 +64,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     results: dict[str, dict[str, float]] = {}
+    registry = cbcl.Registry(disk_cache=False)
+    registry.load((ROOT / "descriptors" / "task-assignment-v1.cbcl").read_bytes(),
+                  allow_unsigned=True)
     print("| message | bytes | sexpdata.loads µs | cbcl.read µs | ratio | "
-          "cbcl.parse (envelope) µs | ratio |")
-    print("|---|---|---|---|---|---|---|")
+          "cbcl.parse (envelope) µs | ratio | cbcl.parse (both passes) µs | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, data in corpus().items():
         text = data.decode()
         peer = best_per_call(lambda t=text: sexpdata.loads(t), args.budget)
         read = best_per_call(lambda d=data: cbcl.read(d), args.budget)
         envelope = best_per_call(lambda d=data: cbcl.parse(d, envelope_only=True), args.budget)
+        full = best_per_call(lambda d=data: cbcl.parse(d, registry=registry), args.budget) \
+            if name == "small" else float("nan")
         results[name] = {"bytes": len(data), "sexpdata_us": peer * 1e6, "read_us": read * 1e6,
                          "read_vs_sexpdata": peer / read, "envelope_us": envelope * 1e6,
-                         "envelope_vs_sexpdata": peer / envelope}
+                         "envelope_vs_sexpdata": peer / envelope, "full_us": full * 1e6,
+                         "full_vs_sexpdata": peer / full}
+        both = f"{full * 1e6:.1f} | {peer / full:.2f}×" if full == full else "– | –"
         print(f"| {name} | {len(data)} | {peer * 1e6:.1f} | {read * 1e6:.1f} | "
-              f"{peer / read:.2f}× | {envelope * 1e6:.1f} | {peer / envelope:.2f}× |")
+              f"{peer / read:.2f}× | {envelope * 1e6:.1f} | {peer / envelope:.2f}× | {both} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
