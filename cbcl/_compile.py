@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import GrammarError, Position
-from ._lalr import Rule, Tables
+from ._lalr import Rule, Tables, build_lark
 from ._lr import LALR1, analyse
 from ._subset import GrammarLimits, read_grammar, to_cfg, to_lark
 
@@ -65,19 +65,9 @@ def compile_grammar(text: str, limits: GrammarLimits | None = None) -> CompiledG
 
 def _build_lark(text: str, start: str) -> Any:
     import lark
-    from lark.lexer import Lexer
-
-    class _ExternalLexer(Lexer):
-        __future_interface__ = 2
-
-        def __init__(self, lexer_conf: Any) -> None:
-            pass
-
-        def lex(self, lexer_state: Any, parser_state: Any) -> Any:  # pragma: no cover
-            raise NotImplementedError
 
     try:
-        return lark.Lark(text, parser="lalr", lexer=_ExternalLexer, start=start, strict=True)
+        return build_lark(text, start)
     except lark.exceptions.LarkError as exc:  # the checker said LALR(1): a bug if reached
         raise GrammarError(f"lark refused the generated grammar: {exc}",
                            verdict="rejected") from exc

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any, NoReturn
 
 from ._errors import CBCLError, EnvelopeError
-from ._lalr import Tables
+from ._lalr import Tables, build_lark
 from ._limits import Limits
 from ._message import Intent, Message, Signature
 from ._reader import (
@@ -74,22 +74,8 @@ _SHOWN = {
 @functools.cache
 def envelope_tables() -> Tables:
     """The envelope grammar's LALR(1) tables (built on first use, then cached)."""
-    import lark  # imported here: only table construction needs lark
-    from lark.lexer import Lexer
-
-    class _ExternalLexer(Lexer):
-        """Tokens come from CBCL's reader; lark only builds the tables."""
-
-        __future_interface__ = 2
-
-        def __init__(self, lexer_conf: Any) -> None:
-            pass
-
-        def lex(self, lexer_state: Any, parser_state: Any) -> Any:  # pragma: no cover
-            raise NotImplementedError
-
     text = resources.files("cbcl.grammars").joinpath("envelope.lark").read_text("utf-8")
-    return Tables.from_lark(lark.Lark(text, parser="lalr", lexer=_ExternalLexer, strict=True))
+    return Tables.from_lark(build_lark(text))
 
 
 _FIELD_NAMES = {terminal: name for name, terminal in FIELD_TERMINALS.items()}

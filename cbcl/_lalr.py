@@ -18,6 +18,28 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def build_lark(text: str, start: str = "start") -> Any:
+    """A ``lark.Lark`` LALR(1) parser for grammar ``text`` whose terminals are all declared
+    (CBCL's reader supplies the tokens), built with ``strict=True`` so that any conflict
+    raises instead of being resolved silently. Raises lark's ``GrammarError`` on conflicts;
+    callers translate it."""
+    import lark
+    from lark.lexer import Lexer
+
+    class _ExternalLexer(Lexer):
+        """Tokens come from CBCL's reader; lark only builds the tables."""
+
+        __future_interface__ = 2
+
+        def __init__(self, lexer_conf: Any) -> None:
+            pass
+
+        def lex(self, lexer_state: Any, parser_state: Any) -> Any:  # pragma: no cover
+            raise NotImplementedError
+
+    return lark.Lark(text, parser="lalr", lexer=_ExternalLexer, start=start, strict=True)
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """A grammar rule as the driver needs it: the nonterminal it makes, how many symbols
