@@ -27,6 +27,19 @@ from ._limits import Limits
 from ._message import VERSION, Intent, Message, Signature
 from ._protocol import Protocol, Registry
 from ._reader import read, read_all
+from ._trust import (
+    DescriptorSignature,
+    Rule,
+    SignedDescriptor,
+    TrustPolicy,
+    TrustStore,
+    VerifiedDescriptor,
+    load_private_key,
+    load_public_key,
+    read_signed_descriptor_unverified,
+    sign_descriptor,
+    sign_message,
+)
 from ._values import URI, Keyword, Symbol, Value
 
 __version__ = "0.1.0"
@@ -38,6 +51,7 @@ __all__ = [
     "CBCLError",
     "ConversationError",
     "DescriptorError",
+    "DescriptorSignature",
     "EnvelopeError",
     "EvaluationError",
     "GrammarError",
@@ -52,20 +66,30 @@ __all__ = [
     "ProtocolDescriptor",
     "ProtocolError",
     "Registry",
+    "Rule",
     "SchemaError",
     "Signature",
+    "SignedDescriptor",
     "Symbol",
     "TrustError",
+    "TrustPolicy",
+    "TrustStore",
     "UnknownProtocolError",
     "Value",
+    "VerifiedDescriptor",
     "ViolationError",
     "__version__",
     "canonical",
     "from_json",
+    "load_private_key",
+    "load_public_key",
     "message_to_json",
     "parse",
     "read",
     "read_all",
     "read_descriptor",
+    "read_signed_descriptor_unverified",
+    "sign_descriptor",
+    "sign_message",
     "to_json",
 ]

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import BinaryIO, NoReturn
 
 from . import __version__
 from ._api import canonical, parse
-from ._errors import CBCLError
+from ._errors import CBCLError, TrustError
 from ._json import message_to_json
 from ._limits import DEFAULT_LIMITS, Limits
 from ._protocol import Registry
@@ -53,20 +55,30 @@ def _read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
         return handle.read(cap)
 
 
+def _read_file(path: str, limits: Limits) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read(limits.max_message_bytes + 1)
+
+
 def _registry(args: argparse.Namespace) -> Registry | None:
-    if not args.descriptor:
+    """The registry ``--descriptor``/``--trust``/``--state``/``--now`` describe (other
+    commands may call this with a namespace that lacks the trust options)."""
+    trust = getattr(args, "trust", None)
+    if not args.descriptor and not trust:
         return None
-    registry = Registry(limits=args.limits)
+    registry = Registry(limits=args.limits, trust=trust,
+                        state_dir=getattr(args, "state", None))
     for path in args.descriptor:
-        with open(path, "rb") as handle:
-            registry.load(handle.read(args.limits.max_message_bytes + 1),
-                          allow_unsigned=args.allow_unsigned)
+        registry.load(_read_file(path, args.limits), allow_unsigned=args.allow_unsigned,
+                      now=getattr(args, "now", None))
     return registry
 
 
 def _cmd_parse(args: argparse.Namespace, data: bytes) -> int:
+    if args.require_signatures and not args.trust:
+        _usage_error(args, "--require-signatures needs --trust DIR")
     message = parse(data, envelope_only=args.envelope_only, limits=args.limits,
-                    registry=_registry(args))
+                    registry=_registry(args), require_signatures=args.require_signatures)
     if args.json:
         print(_escape_invisible(json.dumps(message_to_json(message), ensure_ascii=False)))
     else:
@@ -118,6 +130,127 @@ def _cmd_grammar_check(args: argparse.Namespace, data: bytes) -> int:
     return EXIT_OK if compiled.verdict == LALR1 else 5
 
 
+def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
+    print(f"usage: cbcl {args.command}: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def _cmd_keygen(args: argparse.Namespace, data: bytes) -> int:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ._trust import private_key_pem, public_key_pem
+
+    key = Ed25519PrivateKey.generate()
+    private_path, public_path = f"{args.out}.key", f"{args.out}.pub"
+    # O_EXCL: never overwrite a key; 0600 from the start: never readable by others.
+    handle = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(handle, "wb") as out:
+        out.write(private_key_pem(key))
+    handle = os.open(public_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(handle, "wb") as out:
+        out.write(public_key_pem(key.public_key()))
+    print(f"wrote {private_path} (private, mode 0600) and {public_path}")
+    return EXIT_OK
+
+
+def _signing_keys(args: argparse.Namespace) -> list[tuple[str, object]]:
+    from ._trust import KEY_ID, load_private_key
+
+    if len(args.key_id) > len(args.key):
+        _usage_error(args, "more --key-id than --key")
+    signers = []
+    for index, path in enumerate(args.key):
+        key_id = args.key_id[index] if index < len(args.key_id) else Path(path).stem
+        if not KEY_ID.match(key_id):
+            _usage_error(args, f"{key_id!r} is not a key id (use --key-id)")
+        with open(path, "rb") as handle:
+            data = handle.read(1 << 16)
+        try:
+            signers.append((key_id, load_private_key(data)))
+        except TrustError as exc:
+            raise TrustError(exc.message, reason=f"{path}: {exc.reason}") from None
+    return signers
+
+
+def _cmd_descriptor_sign(args: argparse.Namespace, data: bytes) -> int:
+    from ._descriptor import read_descriptor
+    from ._reader import read
+    from ._trust import read_signed_descriptor_unverified, sign_descriptor
+
+    signers = _signing_keys(args)
+    existing: tuple = ()
+    document = read(data, limits=args.limits)
+    if type(document) is tuple and document and str(document[0]) == "signed-descriptor":
+        # Co-signing: keep the signatures already there, sign the same payload.
+        signed = read_signed_descriptor_unverified(data, limits=args.limits)
+        data, existing = signed.payload, signed.signatures
+    read_descriptor(data, limits=args.limits)  # never sign something that is not one
+    out = sign_descriptor(data, signers, existing=existing)  # type: ignore[arg-type]
+    if args.output == "-":
+        sys.stdout.buffer.write(out)
+        sys.stdout.flush()
+    else:
+        Path(args.output).write_bytes(out)
+    return EXIT_OK
+
+
+def _cmd_descriptor_verify(args: argparse.Namespace, data: bytes) -> int:
+    registry = Registry(limits=args.limits, trust=args.trust, state_dir=args.state)
+    verified = registry.verify(data, now=args.now)
+    descriptor = verified.descriptor
+    print(f"verified {descriptor.id} version {descriptor.version} {descriptor.digest} "
+          f"signed by {' '.join(verified.signers)}")
+    return EXIT_OK
+
+
+def _cmd_descriptor_inspect(args: argparse.Namespace, data: bytes) -> int:
+    from ._descriptor import read_descriptor
+    from ._reader import read
+    from ._subset import read_grammar
+
+    document = read(data, limits=args.limits)
+    signatures: list[str] = []
+    payload = data
+    if type(document) is tuple and document and str(document[0]) == "signed-descriptor":
+        from ._trust import read_signed_descriptor_unverified
+
+        signed = read_signed_descriptor_unverified(data, limits=args.limits)
+        payload = signed.payload
+        signatures = [repr(sig.key_id) for sig in signed.signatures]
+    descriptor = read_descriptor(payload, limits=args.limits)
+    try:
+        rules = read_grammar(descriptor.grammar).rules
+        grammar = f"{len(rules)} rules: " + " ".join(rule.name for rule in rules)
+    except CBCLError as exc:
+        grammar = f"refused ({exc.one_line()})"
+    lines = [
+        "UNVERIFIED: nothing here has been checked against a trust store",
+        f"id: {descriptor.id}",
+        f"version: {descriptor.version}",
+        f"expires: {'never' if descriptor.expires is None else descriptor.expires}",
+        f"digest: {descriptor.digest}",
+        f"signatures: {' '.join(signatures) if signatures else 'none (unsigned)'}",
+        f"intents: {' '.join(intent.value for intent in descriptor.intents)}",
+        f"grammar: {len(descriptor.grammar.encode('utf-8'))} bytes, {grammar}",
+    ]
+    for line in lines:
+        print(_escape_invisible(line))
+    return EXIT_OK
+
+
+def _cmd_sign_message(args: argparse.Namespace, data: bytes) -> int:
+    from ._envelope import parse_envelope
+    from ._reader import decode
+    from ._trust import sign_message
+
+    if len(args.key) != 1:
+        _usage_error(args, "give exactly one --key")
+    ((key_id, key),) = _signing_keys(args)
+    message = parse_envelope(decode(data, args.limits), args.limits)
+    print(canonical(sign_message(message, key, key_id)))  # type: ignore[arg-type]
+    return EXIT_OK
+
+
 def _is_utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")
@@ -143,9 +276,54 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(handler=_cmd_canon)
 
     p.add_argument("--descriptor", action="append", default=[], metavar="FILE",
-                   help="load a protocol descriptor (repeatable)")
+                   help="load a protocol descriptor, signed or (with --allow-unsigned) not "
+                        "(repeatable)")
     p.add_argument("--allow-unsigned", action="store_true",
                    help="load descriptors that carry no signature")
+    p.add_argument("--require-signatures", action="store_true",
+                   help="refuse messages without a valid signature (needs --trust)")
+
+    k = commands.add_parser("keygen", help="make an Ed25519 key pair")
+    k.add_argument("--out", required=True, metavar="PREFIX",
+                   help="write PREFIX.key (PKCS#8 PEM, mode 0600) and PREFIX.pub")
+    k.set_defaults(handler=_cmd_keygen, file=None)
+
+    d = commands.add_parser("descriptor", help="sign, verify and inspect descriptors")
+    descriptor_commands = d.add_subparsers(dest="descriptor_command", required=True,
+                                           parser_class=_Parser)
+    sign = descriptor_commands.add_parser(
+        "sign", help="write the (signed-descriptor …) form of a descriptor (or add "
+                     "signatures to a signed one)")
+    sign.add_argument("file", help="descriptor or signed descriptor file, or -")
+    sign.add_argument("-o", "--output", required=True, metavar="OUT", help="output file, or -")
+    verify = descriptor_commands.add_parser(
+        "verify", help="verify a signed descriptor against a trust store (records nothing)")
+    verify.add_argument("file", nargs="?", default="-", help="signed descriptor file, or -")
+    verify.set_defaults(handler=_cmd_descriptor_verify)
+    inspect = descriptor_commands.add_parser(
+        "inspect", help="show a descriptor's id, version, digest, key ids and grammar "
+                        "WITHOUT verifying anything")
+    inspect.add_argument("file", nargs="?", default="-", help="descriptor file, or -")
+    inspect.set_defaults(handler=_cmd_descriptor_inspect)
+    sign.set_defaults(handler=_cmd_descriptor_sign)
+
+    m = commands.add_parser("sign-message", help="sign a message; prints its canonical form")
+    m.add_argument("file", nargs="?", default="-", help="message file, or - for stdin")
+    m.set_defaults(handler=_cmd_sign_message)
+
+    for sub in (sign, m):
+        sub.add_argument("--key", action="append", required=True, metavar="KEY",
+                         help="Ed25519 private key (PKCS#8 PEM); key id = file stem"
+                              + (" (repeatable)" if sub is sign else ""))
+        sub.add_argument("--key-id", action="append", default=[], metavar="ID",
+                         help="the key id for the --key in the same position")
+    for sub, needed in ((p, False), (verify, True)):
+        sub.add_argument("--trust", required=needed, metavar="DIR",
+                         help="trust store: *.pub keys (key id = file stem), policy.cbcl")
+        sub.add_argument("--state", metavar="DIR",
+                         help="rollback state directory (highest version and digest per id)")
+        sub.add_argument("--now", type=int, metavar="MS",
+                         help="current Unix time in ms for expiry checks (default: clock)")
 
     g = commands.add_parser("grammar", help="work with descriptor grammars")
     grammar_commands = g.add_subparsers(dest="grammar_command", required=True,
@@ -155,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?", default="-", help="grammar or descriptor file")
     check.set_defaults(handler=_cmd_grammar_check)
 
-    for sub in (p, c, check):
+    for sub in (p, c, check, sign, verify, inspect, m):
         sub.add_argument("--max-message-bytes", type=_positive, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
                          help=f"document size limit (default {DEFAULT_LIMITS.max_message_bytes})")
@@ -165,10 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     args = build_parser().parse_args(argv)
-    args.limits = Limits(max_message_bytes=args.max_message_bytes)
+    args.limits = Limits(max_message_bytes=getattr(args, "max_message_bytes",
+                                                   DEFAULT_LIMITS.max_message_bytes))
     try:
-        data = _read_input(args.file, sys.stdin.buffer, args.limits)
+        data = b"" if args.file is None else _read_input(args.file, sys.stdin.buffer,
+                                                         args.limits)
         return int(args.handler(args, data))
+    except TrustError as exc:
+        # The local operator sees the precise reason; a peer never does (str(exc) is fixed).
+        reason = f" ({exc.reason})" if exc.reason else ""
+        print(_escape_invisible(f"{exc.one_line()}{reason}".replace("\n", " ")),
+              file=sys.stderr)
+        return exc.exit_code
     except CBCLError as exc:
         print(f"{exc.one_line()}", file=sys.stderr)
         return exc.exit_code

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -46,8 +48,11 @@ from ._lalr import Tables
 from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
 from ._message import Intent, Message
-from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read_value_at, token_start
+from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read, read_value_at, token_start
+from ._state import StateRecord, StateStore
 from ._subset import GrammarLimits
+from ._trust import DESCRIPTOR_FAILED as _FAILED
+from ._trust import TrustStore, VerifiedDescriptor
 from ._values import URI, Keyword, Symbol, Value
 
 _ATOM_TERMINALS: dict[type, str] = {
@@ -258,13 +263,24 @@ class _LRU(OrderedDict[str, Any]):
         return value
 
 
+def _system_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 # Process-wide: compiled grammars are immutable and shared by every registry.
 _COMPILED = _LRU(128)
 _REFUSED = _LRU(1024)
 
 
 class Registry:
-    """The protocols an agent has loaded, by protocol id.
+    """The protocols an agent has loaded, by protocol id, and the trust that admits them.
+
+    ``trust``: a :class:`TrustStore` or the path of a trust directory (spec/trust.md);
+    without one only unsigned descriptors load, and only with ``allow_unsigned=True``.
+    ``state_dir``: where the highest accepted version and digest of each protocol id
+    persist, so rollback protection survives a restart (without it the registry still
+    refuses rollback within its lifetime). ``clock``: a function returning the current Unix
+    time in milliseconds, for ``expires`` (default: the system clock, read only here).
 
     ``cache_dir``: where compiled grammars persist (default ``$XDG_CACHE_HOME/cbcl``);
     ``None`` with ``disk_cache=False`` keeps them in memory only. ``grammar_limits`` bound
@@ -272,9 +288,15 @@ class Registry:
     ``compile_timeout`` (seconds) and ``compile_memory`` (bytes) bound the worker process
     that compiles a grammar; ``isolate=False`` compiles in this process instead (for tools
     that run on trusted grammars only).
+
+    Raises :class:`TrustError` for a trust directory or state directory that cannot be
+    used, ``TypeError`` for arguments of the wrong type.
     """
 
-    def __init__(self, *, cache_dir: str | os.PathLike[str] | None = None,
+    def __init__(self, *, trust: TrustStore | str | os.PathLike[str] | None = None,
+                 state_dir: str | os.PathLike[str] | None = None,
+                 clock: Callable[[], int] | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None,
                  disk_cache: bool = True, grammar_limits: GrammarLimits | None = None,
                  limits: Limits | None = None, compile_timeout: float = DEFAULT_TIMEOUT,
                  compile_memory: int = DEFAULT_MEMORY, isolate: bool = True) -> None:
@@ -285,6 +307,16 @@ class Registry:
         self.isolate = isolate
         self.disk = DiskCache(Path(cache_dir) if cache_dir else default_cache_dir()) \
             if disk_cache else None
+        if trust is None or isinstance(trust, TrustStore):
+            self.trust = trust
+        elif isinstance(trust, (str, os.PathLike)):
+            self.trust = TrustStore.from_directory(trust, limits=self.limits)
+        else:
+            raise TypeError("trust must be a cbcl.TrustStore or a directory path")
+        self.state = None if state_dir is None else StateStore(state_dir)
+        if clock is not None and not callable(clock):
+            raise TypeError("clock must be a function returning Unix time in milliseconds")
+        self._clock = clock or _system_clock_ms
         self._protocols: dict[Symbol, Protocol] = {}
 
     def __contains__(self, protocol_id: object) -> bool:
@@ -305,34 +337,93 @@ class Registry:
             return None
         return self._protocols.get(key)
 
-    def load(self, payload: bytes, *, allow_unsigned: bool = False) -> Protocol:
-        """Load a descriptor from its exact bytes: read it, check and compile its grammar
-        (or take it from a cache), and register it under its id.
+    def load(self, payload: bytes, *, allow_unsigned: bool = False,
+             now: int | None = None) -> Protocol:
+        """Admit a descriptor and register it under its id.
 
-        Until signed descriptors are supported, only ``allow_unsigned=True`` loads.
-        A descriptor with the same id as a loaded one replaces it only with a higher
-        version; the same one again is a no-op.
+        ``payload`` is a ``(signed-descriptor …)`` document, verified against the trust
+        store before its payload is read, or — only with ``allow_unsigned=True`` — a bare
+        ``(protocol-descriptor …)``. Either way the descriptor must not have expired at
+        ``now`` (Unix ms; default the registry's clock), must not be older than the
+        highest version accepted for its id (in memory and in ``state_dir``), and must not
+        be that version under another digest. Its grammar is then checked and compiled (or
+        taken from a cache); only when everything has passed are the state file and the
+        registry updated. Loading the accepted version again is a no-op.
 
-        Raises :class:`TrustError` for an unsigned descriptor without the opt-in;
-        :class:`MalformedError`/:class:`LimitError` for its text; :class:`DescriptorError`
-        for its structure; :class:`GrammarError` (with the checker's verdict) for a grammar
-        that is refused; :class:`ProtocolError` for an older or conflicting version.
+        Raises :class:`TrustError` (``"descriptor verification failed"``, the cause in
+        ``reason``) for a signature, policy, rollback, expiry or equivocation refusal, or an
+        unsigned descriptor without the opt-in; :class:`MalformedError`/:class:`LimitError`
+        for its text; :class:`DescriptorError` for its structure (a verified payload that is
+        not a descriptor included); :class:`GrammarError` for a grammar that is refused.
+        After any refusal the registry and the state directory are unchanged.
         """
-        if not allow_unsigned:
-            raise TrustError("unsigned descriptor refused: pass allow_unsigned=True "
-                             "(--allow-unsigned) to load it", reason="unsigned")
-        descriptor = read_descriptor(payload, limits=self.limits)
+        descriptor, _ = self._admit(payload, allow_unsigned, now)
         current = self._protocols.get(descriptor.id)
-        if current is not None:
-            if current.digest == descriptor.digest:
-                return current
-            if descriptor.version <= current.descriptor.version:
-                raise ProtocolError(
-                    f"{descriptor.id} version {descriptor.version} is not newer than the "
-                    f"loaded version {current.descriptor.version} ({current.digest})")
+        if current is not None and current.digest == descriptor.digest:
+            return current
         protocol = Protocol.from_compiled(descriptor, self.compiled(descriptor.grammar))
+        if self.state is not None:
+            record = StateRecord(str(descriptor.id), descriptor.version, descriptor.digest)
+            if self.state.get(record.protocol) != record:
+                self.state.put(record)
         self._protocols[descriptor.id] = protocol
         return protocol
+
+    def verify(self, payload: bytes, *, allow_unsigned: bool = False,
+               now: int | None = None) -> VerifiedDescriptor:
+        """Every check :meth:`load` makes, the grammar's included, without loading or
+        recording anything. Returns the descriptor and the key ids that signed it (empty for
+        an unsigned one). Raises as :meth:`load`."""
+        descriptor, signers = self._admit(payload, allow_unsigned, now)
+        self.compiled(descriptor.grammar)
+        return VerifiedDescriptor(descriptor, signers)
+
+    def _admit(self, payload: bytes, allow_unsigned: bool,
+               now: int | None) -> tuple[ProtocolDescriptor, tuple[str, ...]]:
+        """Signatures, policy, expiry, rollback and equivocation: everything but the
+        grammar. Changes nothing."""
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"a descriptor is bytes, not {type(payload).__name__}")
+        if now is None:
+            now = self._clock()
+        if type(now) is not int:
+            raise TypeError("now must be Unix time in milliseconds, an int")
+        payload = bytes(payload)
+        document = read(payload, limits=self.limits)
+        signed = type(document) is tuple and bool(document) \
+            and document[0] == Symbol("signed-descriptor")
+        signers: tuple[str, ...] = ()
+        if signed:
+            if self.trust is None:
+                raise TrustError(_FAILED, reason="signed descriptor, but the registry has no "
+                                 "trust store to verify it (trust=…, --trust)")
+            verified = self.trust.verify_descriptor(payload, limits=self.limits)
+            descriptor, signers = verified.descriptor, verified.signers
+        elif not allow_unsigned:
+            raise TrustError(_FAILED, reason="unsigned descriptor: it loads only with "
+                             "allow_unsigned=True (--allow-unsigned)")
+        else:
+            descriptor = read_descriptor(payload, limits=self.limits)
+        ident = str(descriptor.id)
+        if descriptor.expires is not None and now >= descriptor.expires:
+            raise TrustError(_FAILED, reason=f"expired: {ident} version {descriptor.version} "
+                             f"expired at {descriptor.expires}, now is {now}")
+        current = self._protocols.get(descriptor.id)
+        known = [] if current is None else [StateRecord(
+            ident, current.descriptor.version, current.digest)]
+        stored = self.state.get(ident) if self.state is not None else None
+        if stored is not None:
+            known.append(stored)
+        for record in known:
+            if descriptor.version < record.version:
+                raise TrustError(_FAILED, reason=f"rollback: {ident} version "
+                                 f"{descriptor.version} is older than the accepted version "
+                                 f"{record.version}")
+            if descriptor.version == record.version and descriptor.digest != record.digest:
+                raise TrustError(_FAILED, reason=f"equivocation: {ident} version "
+                                 f"{descriptor.version} is {descriptor.digest}, but "
+                                 f"{record.digest} was accepted for it")
+        return descriptor, signers
 
     def compiled(self, grammar: str) -> CompiledGrammar:
         """The compiled form of an LALR(1) grammar, from a cache or compiled now.

@@ -1,10 +1,14 @@
-"""Write the shipped descriptors from their grammar files.
+"""Write the shipped descriptors from their grammar files, and their signed copies.
 
     python descriptors/make_descriptors.py          # rewrite descriptors/*.cbcl
     python descriptors/make_descriptors.py --check  # exit 1 if any is out of date
 
 A descriptor carries its grammar as one CBCL string; the grammar files beside this script
-are the readable source. tests/test_descriptors.py runs --check.
+are the readable source. Each NAME.cbcl also gets NAME.signed.cbcl, whose payload is
+NAME.cbcl's exact bytes, signed with the example key keys/cbcl-example.key (its private
+half is public on purpose, so anyone can regenerate these; trust your own keys, never this
+one). Ed25519 signatures are deterministic, so --check compares bytes.
+tests/test_protocol.py runs --check.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import sys
 from pathlib import Path
 
 from cbcl._canonical import quote
+from cbcl._trust import load_private_key, sign_descriptor
 
 HERE = Path(__file__).resolve().parent
+EXAMPLE_KEY = HERE / "keys" / "cbcl-example.key"
 
 # name: (protocol id, version, intents whose bodies the grammar governs)
 SHIPPED = {
@@ -36,19 +42,28 @@ def render(name: str) -> bytes:
         f"  (version {version})\n"
         f"  (intents {intents})\n"
         f"  (grammar {quote(grammar)}))\n"
-    ).encode("utf-8")
+    ).encode()
+
+
+def render_signed(name: str, payload: bytes) -> bytes:
+    key = load_private_key(EXAMPLE_KEY.read_bytes())
+    header = (f"; {SHIPPED[name][0]}: {name}.cbcl signed with the EXAMPLE key\n"
+              f"; descriptors/keys/cbcl-example.key by descriptors/make_descriptors.py.\n"
+              f"; Its private half is public: trust your own keys, never this one.\n")
+    return header.encode("utf-8") + sign_descriptor(payload, [("cbcl-example", key)])
 
 
 def main(argv: list[str]) -> int:
     stale = []
     for name in SHIPPED:
-        path = HERE / f"{name}.cbcl"
         wanted = render(name)
-        if path.exists() and path.read_bytes() == wanted:
-            continue
-        stale.append(path.name)
-        if "--check" not in argv:
-            path.write_bytes(wanted)
+        for path, content in ((HERE / f"{name}.cbcl", wanted),
+                              (HERE / f"{name}.signed.cbcl", render_signed(name, wanted))):
+            if path.exists() and path.read_bytes() == content:
+                continue
+            stale.append(path.name)
+            if "--check" not in argv:
+                path.write_bytes(content)
     if stale and "--check" in argv:
         print("out of date: " + ", ".join(stale), file=sys.stderr)
         return 1

@@ -275,17 +275,22 @@ def test_unsigned_descriptors_need_the_opt_in(tmp_path: Path) -> None:
     with pytest.raises(TrustError) as info:
         Registry(cache_dir=tmp_path).load(GOOD.encode())
     assert info.value.exit_code == 6
-    assert info.value.reason == "unsigned"
+    assert str(info.value) == "descriptor verification failed"
+    assert info.value.reason.startswith("unsigned descriptor")
 
 
 def test_versions_only_move_forward(tmp_path: Path) -> None:
+    # Rollback and equivocation are trust refusals (spec/trust.md); tests/test_trust.py
+    # covers them with signed descriptors and a state directory.
     reg = Registry(cache_dir=tmp_path)
     reg.load(GOOD.encode(), allow_unsigned=True)
     assert reg.load(GOOD.encode(), allow_unsigned=True) is reg.get("p/v1")  # same: no-op
-    with pytest.raises(ProtocolError, match="not newer"):
+    with pytest.raises(TrustError) as info:
         reg.load(GOOD.replace("(version 2)", "(version 1)").encode(), allow_unsigned=True)
-    with pytest.raises(ProtocolError, match="not newer"):
+    assert info.value.reason.startswith("rollback:")
+    with pytest.raises(TrustError) as info:
         reg.load(GOOD.replace("SYMBOL", "STRING").encode(), allow_unsigned=True)
+    assert info.value.reason.startswith("equivocation:")
     newer = reg.load(GOOD.replace("(version 2)", "(version 3)").encode(), allow_unsigned=True)
     assert reg.get("p/v1") is newer
     assert len(reg) == 1 and "p/v1" in reg and "q" not in reg and "not a symbol!" not in reg
@@ -460,7 +465,7 @@ def test_cli_refuses_unsigned_without_the_flag(tmp_path: Path) -> None:
          str(descriptor_for(example))],
         capture_output=True, check=False, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
     assert done.returncode == 6
-    assert done.stderr.startswith(b"trust: unsigned descriptor refused")
+    assert done.stderr.startswith(b"trust: descriptor verification failed (unsigned descriptor")
 
 
 def vector_verdict(path: Path) -> str:
