@@ -111,11 +111,27 @@ def read_descriptor(payload: bytes, *, limits: Limits | None = None) -> Protocol
     if not intents:
         raise _bad("(intents …) must list at least one intent")
     grammar = _single(sections, "grammar", str, "a string")
+    _check_sections(sections, tuple(intents))
     return ProtocolDescriptor(
         id=ident, version=version, expires=expires, intents=tuple(intents), grammar=grammar,
         schema=_section(sections, "schema"), conversation=_section(sections, "conversation"),
         functions=_section(sections, "functions"), digest=digest_of(payload),
     )
+
+
+def _check_sections(sections: dict[str, tuple[Value, ...]], intents: tuple[Intent, ...]) -> None:
+    """Validate the schema, conversation and functions sections (spec/conversations.md);
+    each raises :class:`DescriptorError` for a malformed section."""
+    from ._conversation import compile_machine
+    from ._evaluator import read_functions
+    from ._schema import compile_schema
+
+    if "schema" in sections:
+        compile_schema(_section(sections, "schema"))
+    if "conversation" in sections:
+        compile_machine(_section(sections, "conversation"), intents=intents)
+    if "functions" in sections:
+        read_functions(_section(sections, "functions"))
 
 
 def _single(sections: dict[str, tuple[Value, ...]], name: str, kind: type, what: str) -> Any:

@@ -1,0 +1,179 @@
+"""The ``cbcl conversation check`` and ``cbcl eval`` commands (spec/conversations.md §4).
+
+``register(commands)`` adds both to the ``cbcl`` parser's sub-commands; handlers follow
+``cbcl._cli``'s convention ``handler(args, data) -> exit code``, and errors propagate to
+``main()``, which prints them as one line with their exit code. Both commands set
+``file=None``: they read their own inputs (several files, or none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from ._api import parse
+from ._canonical import canonical_value
+from ._conversation import ConversationTracker
+from ._errors import CBCLError, ConversationError, Position
+from ._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH, LIBRARY, evaluate
+from ._limits import Limits
+from ._message import Message
+from ._reader import EOF, TOKEN, decode, read, read_value_at, token_start
+
+EXIT_OK = 0
+
+
+def _clock_ms() -> int:
+    """The edge's clock; the library below never reads one."""
+    return time.time_ns() // 1_000_000
+
+
+def _read_path(path: str, limits: Limits) -> bytes:
+    cap = limits.max_message_bytes + 1
+    if path == "-":
+        return sys.stdin.buffer.read(cap)
+    with open(path, "rb") as handle:
+        return handle.read(cap)
+
+
+def split_messages(data: bytes, limits: Limits) -> list[tuple[str, int]]:
+    """The text of each value in a document that holds one or more, with the character
+    index where it starts. Raises as :func:`cbcl.read_all` (with positions in the whole
+    document)."""
+    text = decode(data, limits)
+    found: list[tuple[str, int]] = []
+    pos = 0
+    while True:
+        m = TOKEN.match(text, pos)
+        assert m is not None
+        if m.lastindex == EOF:
+            return found
+        start = token_start(m)
+        _, pos, _ = read_value_at(text, pos, limits, 0, 0)
+        found.append((text[start:pos], start))
+
+
+def _relocate(exc: CBCLError, document: str, start: int, where: str) -> None:
+    """Make an error about one message of a document read as about the document: shift its
+    position and say which file and message it is."""
+    if exc.position is not None and exc.position.line > 0 and start:
+        before = document[:start]
+        lines = before.count("\n")
+        column = start - (before.rfind("\n") + 1)
+        p = exc.position
+        exc.position = Position(p.line + lines, p.column + (column if p.line == 1 else 0),
+                                p.offset + len(before.encode("utf-8")))
+    exc.message = f"{where}: {exc.message}"
+    exc.args = (exc.message,)
+
+
+def _cmd_conversation_check(args: argparse.Namespace, data: bytes) -> int:
+    from ._cli import _registry  # built exactly as `cbcl parse` builds it
+
+    registry = _registry(args)
+    if registry is None or not registry.protocols():
+        raise ConversationError("no descriptor given: use --descriptor FILE")
+    tracker = ConversationTracker.from_descriptors(registry.protocols())
+    count = 0
+    for path in args.files:
+        raw = _read_path(path, args.limits)
+        pieces = split_messages(raw, args.limits)
+        if not pieces:
+            raise ConversationError(f"{path}: holds no message")
+        for index, (text, start) in enumerate(pieces, 1):
+            count += 1
+            where = f"{path}" + (f" message {index}" if len(pieces) > 1 else "")
+            try:
+                message = parse(text, limits=args.limits, registry=registry)
+            except CBCLError as exc:
+                _relocate(exc, raw.decode("utf-8"), start, where)
+                raise
+            now = _now_for(args, message)
+            try:
+                step = tracker.receive(message, now=now)
+            except ConversationError as exc:
+                raise ConversationError(f"{where}: {exc.message}", path=exc.path) from None
+            print(f'{where}: "{step.message_id}" {step.intent.value} by {step.role}: '
+                  f"{step.before} -> {step.after}")
+    for thread in tracker.conversations():
+        peer = thread.agents[thread.machine.roles[1]]
+        ending = "final" if thread.finished else "open"
+        print(f'conversation "{thread.conversation_id}" with {peer}: {thread.state} '
+              f"({ending})")
+    print(f"{count} message{'s' if count != 1 else ''} in order")
+    return EXIT_OK
+
+
+def _now_for(args: argparse.Namespace, message: Message) -> int:
+    if args.now is not None:
+        return int(args.now)
+    if message.timestamp is not None:
+        return message.timestamp
+    return _clock_ms()
+
+
+def _cmd_eval(args: argparse.Namespace, data: bytes) -> int:
+    functions: Any = None
+    if args.functions is not None:
+        names = args.functions.replace(",", " ").split()
+        unknown = [n for n in names if n not in LIBRARY]
+        if unknown:
+            print(f"usage: cbcl eval: not library functions: {' '.join(unknown)} (known: "
+                  + " ".join(LIBRARY) + ")", file=sys.stderr)
+            raise SystemExit(2)
+        functions = names
+    expression = read(args.expression, limits=args.limits)
+    now = _clock_ms() if args.now is None else args.now
+    result = evaluate(expression, functions=functions, now=now, budget=args.budget,
+                      max_depth=args.max_depth)
+    print(canonical_value(result))
+    return EXIT_OK
+
+
+def register(commands: Any) -> None:
+    """Add ``conversation check`` and ``eval`` to ``cbcl``'s sub-command action."""
+    from ._cli import _Parser, _positive
+    from ._limits import DEFAULT_LIMITS
+
+    conversation = commands.add_parser("conversation", help="work with conversations")
+    sub = conversation.add_subparsers(dest="conversation_command", required=True,
+                                      parser_class=_Parser)
+    check = sub.add_parser(
+        "check", help="check that messages, in order, follow their protocol's conversation; "
+                      "exit 7 at the first one out of place")
+    check.add_argument("files", nargs="+", metavar="FILE",
+                       help="message files in order (a file may hold several messages), "
+                            "or - for stdin")
+    check.add_argument("--descriptor", action="append", default=[], metavar="FILE",
+                       help="load a protocol descriptor (repeatable)")
+    check.add_argument("--allow-unsigned", action="store_true",
+                       help="load descriptors that carry no signature")
+    check.add_argument("--trust", metavar="DIR",
+                       help="trust store: *.pub keys (key id = file stem), policy.cbcl")
+    check.add_argument("--state", metavar="DIR",
+                       help="rollback state directory (highest version and digest per id)")
+    check.add_argument("--now", type=int, metavar="MS",
+                       help="the time every message is received, Unix ms (default: each "
+                            "message's timestamp, else the clock)")
+    check.set_defaults(handler=_cmd_conversation_check, file=None)
+
+    ev = commands.add_parser("eval", help="evaluate an expression; print its canonical value")
+    ev.add_argument("expression", metavar="EXPR", help="the expression, as CBCL text")
+    ev.add_argument("--functions", metavar="NAMES",
+                    help="the functions allowed, separated by spaces or commas "
+                         "(default: the whole library)")
+    ev.add_argument("--budget", type=_positive, default=DEFAULT_BUDGET, metavar="N",
+                    help=f"step budget (default {DEFAULT_BUDGET})")
+    ev.add_argument("--max-depth", type=_positive, default=DEFAULT_MAX_DEPTH, metavar="N",
+                    help=f"calls nested at once (default {DEFAULT_MAX_DEPTH})")
+    ev.add_argument("--now", type=int, metavar="MS",
+                    help="the value of (now), Unix ms (default: the clock)")
+    ev.set_defaults(handler=_cmd_eval, file=None)
+
+    for parser in (check, ev):
+        parser.add_argument("--max-message-bytes", type=_positive, metavar="N",
+                            default=DEFAULT_LIMITS.max_message_bytes,
+                            help="document size limit (default "
+                                 f"{DEFAULT_LIMITS.max_message_bytes})")
