@@ -4,6 +4,7 @@ The public API is this module; everything in ``cbcl._*`` is private.
 """
 
 from ._api import canonical, parse
+from ._conversation import Conversation, ConversationTracker, Machine, Step, compile_machine
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import (
     BodyError,
@@ -22,11 +23,13 @@ from ._errors import (
     UnknownProtocolError,
     ViolationError,
 )
+from ._evaluator import evaluate
 from ._json import from_json, message_to_json, to_json
 from ._limits import Limits
 from ._message import VERSION, Intent, Message, Signature
 from ._protocol import Protocol, Registry
 from ._reader import read, read_all
+from ._schema import Schema, check_schema, compile_schema
 from ._trust import (
     DescriptorSignature,
     Rule,
@@ -49,7 +52,9 @@ __all__ = [
     "VERSION",
     "BodyError",
     "CBCLError",
+    "Conversation",
     "ConversationError",
+    "ConversationTracker",
     "DescriptorError",
     "DescriptorSignature",
     "EnvelopeError",
@@ -59,6 +64,7 @@ __all__ = [
     "Keyword",
     "LimitError",
     "Limits",
+    "Machine",
     "MalformedError",
     "Message",
     "Position",
@@ -67,9 +73,11 @@ __all__ = [
     "ProtocolError",
     "Registry",
     "Rule",
+    "Schema",
     "SchemaError",
     "Signature",
     "SignedDescriptor",
+    "Step",
     "Symbol",
     "TrustError",
     "TrustPolicy",
@@ -80,6 +88,10 @@ __all__ = [
     "ViolationError",
     "__version__",
     "canonical",
+    "check_schema",
+    "compile_machine",
+    "compile_schema",
+    "evaluate",
     "from_json",
     "load_private_key",
     "load_public_key",

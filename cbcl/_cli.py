@@ -18,6 +18,9 @@ from typing import BinaryIO, NoReturn
 
 from . import __version__
 from ._api import canonical, parse
+
+# Imported last: the command modules use this module's helpers.
+from ._cli_conversation import register as register_conversation
 from ._errors import CBCLError, TrustError
 from ._json import message_to_json
 from ._limits import DEFAULT_LIMITS, Limits
@@ -337,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--max-message-bytes", type=_positive, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
                          help=f"document size limit (default {DEFAULT_LIMITS.max_message_bytes})")
+    register_conversation(commands)
     return parser
 
 

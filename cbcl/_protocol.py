@@ -49,6 +49,7 @@ from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
 from ._message import Intent, Message
 from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read, read_value_at, token_start
+from ._schema import Schema, check_schema, compile_schema
 from ._state import StateRecord, StateStore
 from ._subset import GrammarLimits
 from ._trust import DESCRIPTOR_FAILED as _FAILED
@@ -77,6 +78,8 @@ class Protocol:
     #: Terminal name -> how errors show it (``'":cmd"'``, ``"a string"``).
     shown: dict[str, str]
     report: str
+    #: The descriptor's schema, compiled once at load (``None`` without one).
+    schema: Schema | None = None
 
     @property
     def id(self) -> Symbol:
@@ -98,7 +101,8 @@ class Protocol:
             atom = Keyword(text[1:]) if text.startswith(":") else Symbol(text)
             atoms[atom] = terminal
             shown[terminal] = f'"{text}"'
-        return cls(descriptor, compiled.tables, atoms, shown, compiled.report)
+        schema = None if descriptor.schema is None else compile_schema(descriptor.schema)
+        return cls(descriptor, compiled.tables, atoms, shown, compiled.report, schema)
 
 
 # --------------------------------------------------------------------------- pass 2
@@ -467,24 +471,35 @@ class Registry:
         return compile_grammar(grammar, self.grammar_limits)
 
 
+# Intents valid in every conversation (NOT-UNDERSTOOD) or that end one (CANCEL): a
+# protocol need not govern them, and then their body is absent or a reason string.
+_ALWAYS_ADMITTED = (Intent.NOT_UNDERSTOOD, Intent.CANCEL)
+
+
 def check_intent_and_body(protocol: Protocol, message: Message) -> bool | None:
     """Pass 2 for one message: ``True`` if accepted, ``False`` if the grammar refuses the
-    body (the caller explains where), ``None`` for a NOT-UNDERSTOOD the protocol does not
-    govern (accepted: its body is absent or a reason string).
+    body (the caller explains where), ``None`` for a NOT-UNDERSTOOD or CANCEL the protocol
+    does not govern (accepted: its body is absent or a reason string). A governed body the
+    grammar accepts must also satisfy the descriptor's schema.
 
-    Raises :class:`ProtocolError` for an intent the protocol does not govern and
-    :class:`BodyError` for a governed intent without a body.
+    Raises :class:`ProtocolError` for an intent the protocol does not govern,
+    :class:`BodyError` for a governed intent without a body, and :class:`SchemaError` for
+    a body that breaks the schema.
     """
     descriptor = protocol.descriptor
     if not descriptor.governs(message.intent):
-        if message.intent is Intent.NOT_UNDERSTOOD:
+        if message.intent in _ALWAYS_ADMITTED:
             if message.body is None or type(message.body) is str:
                 return None
-            raise BodyError(f"a NOT-UNDERSTOOD body that {descriptor.id} does not govern "
-                            "must be absent or a reason string")
+            raise BodyError(f"a {message.intent.value} body that {descriptor.id} does not "
+                            "govern must be absent or a reason string")
         governed = " ".join(intent.value for intent in descriptor.intents)
         raise ProtocolError(f"{descriptor.id} does not govern {message.intent.value} "
                             f"messages (it governs {governed})")
     if message.body is None:
         raise BodyError(f"{descriptor.id} requires a body for {message.intent.value}")
-    return recognise_body(protocol, message.body)
+    if not recognise_body(protocol, message.body):
+        return False
+    if protocol.schema is not None:
+        check_schema(protocol.schema, message.body)
+    return True

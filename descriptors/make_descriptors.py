@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from cbcl import canonical, read
 from cbcl._canonical import quote
 from cbcl._trust import load_private_key, sign_descriptor
 
@@ -31,17 +32,26 @@ SHIPPED = {
 }
 
 
+SECTIONS = ("schema", "conversation", "functions")  # in the descriptor's field order
+
+
 def render(name: str) -> bytes:
+    """The descriptor: header fields, the grammar file as a string, then each section file
+    of descriptors/sections/ (NAME.SECTION.cbcl) that exists, in canonical form."""
     ident, version, intents = SHIPPED[name]
     grammar = (HERE / "grammars" / f"{name}.lark").read_text("utf-8")
+    sections = "".join(
+        f"\n  {canonical(read((HERE / 'sections' / f'{name}.{section}.cbcl').read_bytes()))}"
+        for section in SECTIONS if (HERE / "sections" / f"{name}.{section}.cbcl").exists())
     return (
-        f"; {ident}: generated from descriptors/grammars/{name}.lark by\n"
-        f"; descriptors/make_descriptors.py. Edit the grammar file and re-run it.\n"
+        f"; {ident}: generated from descriptors/grammars/{name}.lark and\n"
+        f"; descriptors/sections/{name}.*.cbcl by descriptors/make_descriptors.py.\n"
+        f"; Edit those files and re-run it.\n"
         f"(protocol-descriptor\n"
         f"  (id {ident})\n"
         f"  (version {version})\n"
         f"  (intents {intents})\n"
-        f"  (grammar {quote(grammar)}))\n"
+        f"  (grammar {quote(grammar)}){sections})\n"
     ).encode()
 
 

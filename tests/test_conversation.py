@@ -166,7 +166,7 @@ def test_good_machine_compiles() -> None:
 
 
 def test_read_descriptor_validates_sections() -> None:
-    raw = (DESCRIPTORS / "request-v1.cbcl").read_bytes()
+    raw = (DESCRIPTORS / "canon-a-v1.cbcl").read_bytes()  # it has no conversation section
     end = raw.rindex(b")")
     bad = raw[:end] + b"\n(conversation (roles a b))" + raw[end:]
     with pytest.raises(DescriptorError):

@@ -183,7 +183,7 @@ def test_deep_values_are_checked_without_recursion() -> None:
 
 
 def test_read_descriptor_refuses_a_malformed_schema() -> None:
-    raw = (ROOT / "descriptors" / "request-v1.cbcl").read_bytes()
+    raw = b'(protocol-descriptor (id p/v1) (version 1) (intents INFORM) (grammar "body: value"))'
     end = raw.rindex(b")")
     with pytest.raises(DescriptorError, match=r"\$\.schema\[1\]"):
         cbcl.read_descriptor(raw[:end] + b"\n(schema (record t (:a nope)))" + raw[end:])
