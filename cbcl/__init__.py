@@ -4,6 +4,7 @@ The public API is this module; everything in ``cbcl._*`` is private.
 """
 
 from ._api import canonical, parse
+from ._codec import Decoder, Encoder, decode, encode
 from ._conversation import Conversation, ConversationTracker, Machine, Step, compile_machine
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import (
@@ -24,6 +25,7 @@ from ._errors import (
     ViolationError,
 )
 from ._evaluator import evaluate
+from ._framing import FrameReader, frame
 from ._json import from_json, message_to_json, to_json
 from ._limits import Limits
 from ._message import VERSION, Intent, Message, Signature
@@ -55,10 +57,13 @@ __all__ = [
     "Conversation",
     "ConversationError",
     "ConversationTracker",
+    "Decoder",
     "DescriptorError",
     "DescriptorSignature",
+    "Encoder",
     "EnvelopeError",
     "EvaluationError",
+    "FrameReader",
     "GrammarError",
     "Intent",
     "Keyword",
@@ -91,7 +96,10 @@ __all__ = [
     "check_schema",
     "compile_machine",
     "compile_schema",
+    "decode",
+    "encode",
     "evaluate",
+    "frame",
     "from_json",
     "load_private_key",
     "load_public_key",

@@ -20,6 +20,7 @@ from . import __version__
 from ._api import canonical, parse
 
 # Imported last: the command modules use this module's helpers.
+from ._cli_codec import register as register_codec
 from ._cli_conversation import register as register_conversation
 from ._errors import CBCLError, TrustError
 from ._json import message_to_json
@@ -340,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--max-message-bytes", type=_positive, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
                          help=f"document size limit (default {DEFAULT_LIMITS.max_message_bytes})")
+    register_codec(commands)
     register_conversation(commands)
     return parser
 

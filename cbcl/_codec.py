@@ -1,0 +1,883 @@
+"""The binary form (spec/binary.md): a symbol-table codec on msgpack, recognised on decode.
+
+Theory of operation
+-------------------
+A frame is a fixed header (magic, format version, flags, the protocol's 32-byte digest or a
+negotiated short id) followed by a *flat* stream of msgpack objects: the envelope fields,
+then the body as one token per atom or parenthesis. Nothing is nested in msgpack (the
+decoder's unpacker refuses every array and map), so msgpack's own nesting limits never
+apply; depth is CBCL's limit, counted by the walker below, identically whichever msgpack
+implementation runs.
+
+Body tokens are small integers (``(`` ``)``, grammar literals and keywords from a table both
+sides derive from the descriptor, and back-references to symbols, keywords and URIs already
+seen in the frame), bare msgpack strings for STRING atoms, and a one-byte kind code
+followed by the text (or integer) for the other atoms. A code names an *atom*; whether that
+atom is a grammar literal or data is decided by the grammar, exactly as in text
+(:meth:`Tables.can_shift`), so the encoder needs no grammar and the decoder makes the same
+decision the text path makes.
+
+Decoding walks the token list once: it builds the body value with an explicit stack,
+checks every limit of :class:`Limits` at the token that would exceed it, and drives the
+protocol's LALR tables. Errors are raised in the order the text path raises them: limits
+first (a grammar refusal is remembered while the rest of the frame is checked for limits),
+then the envelope, then the intent rules, then the grammar. Byte offsets are computed only
+when an error is raised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, NoReturn
+
+import msgpack
+import msgpack.fallback
+
+from . import _protocol
+from ._canonical import _decimal, canonical_value
+from ._errors import (
+    BodyError,
+    EnvelopeError,
+    LimitError,
+    MalformedError,
+    Position,
+    ProtocolError,
+    UnknownProtocolError,
+)
+from ._limits import DEFAULT_LIMITS, Limits
+from ._message import VERSION, Intent, Message, Signature
+from ._protocol import (
+    _ANY_VALUE,
+    _GENERAL_SHOWN,
+    Protocol,
+    Registry,
+    _expected_order,
+)
+from ._values import _NAME_RE, INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value, is_name
+
+# Intents every protocol admits ungoverned, with an absent or string body (as pass 2).
+_ALWAYS_ADMITTED = getattr(_protocol, "_ALWAYS_ADMITTED", frozenset({Intent.NOT_UNDERSTOOD}))
+MAGIC = b"\xcbL"
+FORMAT_VERSION = 1
+FLAG_SHORT_ID = 0x01
+DIGEST_BYTES = 32
+HEADER_BYTES = 4 + DIGEST_BYTES
+SHORT_HEADER_BYTES = 4 + 2
+
+# Token codes (positive msgpack integers).
+LPAR, RPAR, INTEGER, DECIMAL, SYMBOL, KEYWORD, URI_CODE = range(7)
+FIRST_ENTRY = 7
+
+# Presence bits of the optional envelope fields, in envelope order.
+HAS_CONVERSATION_ID = 1
+HAS_IN_REPLY_TO = 2
+HAS_REPLY_BY = 4
+HAS_TIMESTAMP = 8
+HAS_SIGNATURE = 16
+HAS_BODY = 32
+
+#: Intents by their wire index (the order of draft §2).
+INTENTS: tuple[Intent, ...] = tuple(Intent)
+_INTENT_INDEX = {intent: index for index, intent in enumerate(INTENTS)}
+
+_OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "in-reply-to"),
+                   (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
+                   (HAS_SIGNATURE, "signature"), (HAS_BODY, "body"))
+_VALUE_RULE = "cbcl_value"  # cbcl._subset.LARK_VALUE_RULE
+_VALUE_STAR = "_cbcl_value_star"
+_VALUE_FIRST = ("LPAR", "SYMBOL", "STRING", "INTEGER", "DECIMAL", "KEYWORD", "URI")
+_KIND_CODES = {Symbol: SYMBOL, Keyword: KEYWORD, URI: URI_CODE}
+_DATA_TERMINALS = {Symbol: "SYMBOL", Keyword: "KEYWORD", URI: "URI"}
+_MAX_DECIMAL_TEXT = 40
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SymbolTable:
+    """What both sides derive from a protocol's descriptor: its grammar literals (symbols
+    and keywords) in the order the grammar first writes them, coded from ``FIRST_ENTRY``."""
+
+    protocol: Protocol
+    digest: bytes
+    #: The literal atoms, by code - FIRST_ENTRY.
+    atoms: tuple[Symbol | Keyword, ...]
+    #: Each literal's terminal (``LIT_n``), aligned with ``atoms``.
+    terminals: tuple[str, ...]
+    #: Atom -> code.
+    codes: dict[Value, int]
+    #: Terminal -> the state shifting it enters when it can only start a whole ``value``
+    #: (empty if the grammar has no ``value``); see :func:`_value_states`.
+    value_states: dict[str, int]
+    #: Each rule's size and the nonterminal it makes, by rule number (for the driver).
+    rule_sizes: tuple[int, ...]
+    rule_origins: tuple[str, ...]
+
+    @classmethod
+    def of(cls, protocol: Protocol) -> SymbolTable:
+        pairs = sorted(protocol.atoms.items(), key=lambda pair: int(pair[1][4:]))
+        atoms = tuple(atom for atom, _ in pairs)
+        return cls(protocol, digest_bytes(protocol.digest), atoms,  # type: ignore[arg-type]
+                   tuple(terminal for _, terminal in pairs),
+                   {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},
+                   _value_states(protocol.tables),
+                   tuple(rule.size for rule in protocol.tables.rules),
+                   tuple(rule.origin for rule in protocol.tables.rules))
+
+
+def _value_states(tables: Any) -> dict[str, int]:
+    """The states of the generated ``value`` rule (``cbcl_value: LPAR _cbcl_value_star RPAR
+    | SYMBOL | …``) that a value's first token enters.
+
+    An LALR state is identified by its core, so where shifting a token from state S enters
+    one of these states, every item of S that can take the token is the start of a whole
+    ``value``: the decoder may then read the value without driving the tables through it
+    and take the ``value`` goto from S. States are found by their contents, never by number
+    (lark's numbering is not stable)."""
+    actions = tables.actions
+    after_lpar = [state for state, row in enumerate(actions) if _VALUE_STAR in row]
+    if len(after_lpar) != 1:
+        return {}
+    inside = actions[after_lpar[0]][_VALUE_STAR]
+    row = actions[inside]
+    states = {terminal: row[terminal] for terminal in _VALUE_FIRST if terminal in row}
+    if len(states) != len(_VALUE_FIRST) or states["LPAR"] != after_lpar[0]:
+        return {}  # pragma: no cover - not the generated value rule
+    return states
+
+
+def digest_bytes(digest: str) -> bytes:
+    """The 32 raw bytes of a ``sha256:<hex>`` digest."""
+    if not digest.startswith("sha256:") or len(digest) != 7 + 2 * DIGEST_BYTES:
+        raise ValueError(f"not a sha256 digest: {digest!r}")
+    return bytes.fromhex(digest[7:])
+
+
+def _at(offset: int) -> Position:
+    return Position(0, 0, offset)
+
+
+def _malformed(message: str, offset: int, error: type[MalformedError] = MalformedError,
+               ) -> NoReturn:
+    raise error(message, position=_at(offset))
+
+
+def _limit(message: str, name: str, maximum: int, offset: int) -> NoReturn:
+    raise LimitError(message, limit=name, maximum=maximum, position=_at(offset))
+
+
+def _check_short_ids(short_ids: Mapping[int, str] | None) -> dict[int, str]:
+    result: dict[int, str] = {}
+    for key, digest in (short_ids or {}).items():
+        if type(key) is not int or not 0 <= key <= 0xFFFF:
+            raise ValueError(f"a short id is an int from 0 to 65535, not {key!r}")
+        digest_bytes(digest)
+        result[key] = digest
+    return result
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+class Encoder:
+    """Encodes messages of the protocols in ``registry`` as binary frames.
+
+    ``short_ids`` maps negotiated short ids to protocol digests; a protocol with one is
+    named by it instead of its 32-byte digest. The encoder does not judge bodies (the
+    decoder does): encoding a message its grammar refuses gives a frame every decoder
+    refuses, exactly as its text would be refused.
+    """
+
+    def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
+                 ) -> None:
+        if not isinstance(registry, Registry):
+            raise TypeError("registry must be a cbcl.Registry")
+        self.registry = registry
+        self._short = {digest: key for key, digest in _check_short_ids(short_ids).items()}
+        self._tables: dict[Protocol, tuple[SymbolTable, bytes]] = {}
+
+    def _table(self, message: Message) -> tuple[SymbolTable, bytes]:
+        protocol = self.registry.get(message.protocol)
+        if protocol is None:
+            raise UnknownProtocolError(
+                f"unknown protocol {message.protocol}: no descriptor for it is loaded",
+                protocol=str(message.protocol))
+        cached = self._tables.get(protocol)
+        if cached is None:
+            table = SymbolTable.of(protocol)
+            short = self._short.get(protocol.digest)
+            if short is None:
+                header = MAGIC + bytes((FORMAT_VERSION, 0)) + table.digest
+            else:
+                header = MAGIC + bytes((FORMAT_VERSION, FLAG_SHORT_ID)) + short.to_bytes(2, "big")
+            cached = self._tables[protocol] = (table, header)
+        return cached
+
+    def encode(self, message: Message) -> bytes:
+        """The binary frame of ``message``.
+
+        Raises :class:`UnknownProtocolError` for a protocol the registry does not hold,
+        ``TypeError``/``ValueError`` for a body that is not a CBCL value (as
+        :func:`cbcl.canonical` does).
+        """
+        if not isinstance(message, Message):
+            raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
+        table, header = self._table(message)
+        present = 0
+        tokens: list[Any] = [_INTENT_INDEX[message.intent], 0, message.message_id,
+                             message.sender, message.receiver]
+        if message.conversation_id is not None:
+            present |= HAS_CONVERSATION_ID
+            tokens.append(message.conversation_id)
+        if message.in_reply_to is not None:
+            present |= HAS_IN_REPLY_TO
+            tokens.append(message.in_reply_to)
+        if message.reply_by is not None:
+            present |= HAS_REPLY_BY
+            tokens.append(message.reply_by)
+        if message.timestamp is not None:
+            present |= HAS_TIMESTAMP
+            tokens.append(message.timestamp)
+        if message.signature is not None:
+            present |= HAS_SIGNATURE
+            tokens.append(message.signature.key_id)
+            tokens.append(message.signature.value)
+        if message.body is not None:
+            present |= HAS_BODY
+            _body_tokens(message.body, dict(table.codes), tokens)
+        tokens[1] = present
+        try:
+            packed = msgpack.packb(tokens)
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone surrogate, not UTF-8 text") from None
+        # ``tokens`` packs as one array; the frame holds its elements without the array
+        # header (fixarray: 1 byte, array 16: 3, array 32: 5).
+        first = packed[0]
+        skip = 1 if first < 0xDC else (3 if first == 0xDC else 5)
+        return header + packed[skip:]
+
+
+def _body_tokens(body: Value, codes: dict[Value, int], out: list[Any]) -> None:
+    """Append the tokens of ``body``; ``codes`` (the symbol table) grows with each
+    symbol, keyword and URI written out in full."""
+    append = out.append
+    if type(body) is not tuple and type(body) is not list:
+        _atom_tokens(body, codes, append)
+        return
+    append(LPAR)
+    stack = [iter(body)]
+    while stack:
+        for item in stack[-1]:
+            kind = type(item)
+            if kind is tuple or kind is list:
+                append(LPAR)
+                stack.append(iter(item))
+                break
+            if kind is str:
+                append(item)
+            else:
+                _atom_tokens(item, codes, append)
+        else:
+            stack.pop()
+            append(RPAR)
+
+
+def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> None:
+    kind = type(item)
+    if kind is str:
+        append(item)
+    elif kind is Symbol or kind is Keyword or kind is URI:
+        code = codes.get(item)
+        if code is None:
+            codes[item] = FIRST_ENTRY + len(codes)
+            append(_KIND_CODES[kind])
+            append(str.__str__(item))
+        else:
+            append(code)
+    elif kind is int:
+        if not INT64_MIN <= item <= INT64_MAX:
+            raise ValueError(f"integer {item} is outside the signed 64-bit range")
+        append(INTEGER)
+        append(item)
+    elif kind is Decimal:
+        append(DECIMAL)
+        append(_decimal(item))
+    else:
+        canonical_value(item)  # raises TypeError/ValueError for a non-CBCL value
+        for base in (Keyword, Symbol, URI, Decimal, int, str):  # a subclass of a CBCL type
+            if isinstance(item, base):
+                _atom_tokens(base(item), codes, append)
+                return
+        raise TypeError(f"{kind.__name__} is not a CBCL value type")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+class Decoder:
+    """Decodes and fully recognises binary frames of the protocols in ``registry``.
+
+    ``limits`` are those of the text path (default :data:`DEFAULT_LIMITS`); the frame's
+    size counts against ``max_message_bytes``. ``short_ids`` maps negotiated short ids to
+    protocol digests. ``pure_python=True`` uses msgpack's pure-Python unpacker instead of
+    its C extension (results and errors are the same). As in :func:`cbcl.parse`, a signed
+    message is verified when the registry has a trust store, and ``require_signatures``
+    refuses unsigned ones (it needs a trust store: ``ValueError`` otherwise).
+    """
+
+    def __init__(self, registry: Registry, *, limits: Limits | None = None,
+                 short_ids: Mapping[int, str] | None = None, pure_python: bool = False,
+                 require_signatures: bool = False) -> None:
+        if not isinstance(registry, Registry):
+            raise TypeError("registry must be a cbcl.Registry")
+        limits = DEFAULT_LIMITS if limits is None else limits
+        if not isinstance(limits, Limits):
+            raise TypeError("limits must be a cbcl.Limits")
+        if require_signatures and registry.trust is None:
+            raise ValueError("require_signatures needs a registry with a trust store")
+        self.registry = registry
+        self.limits = limits
+        self.require_signatures = require_signatures
+        self._short = _check_short_ids(short_ids)
+        self._unpacker = msgpack.fallback.Unpacker if pure_python else msgpack.Unpacker
+        self._by_digest: dict[bytes, SymbolTable] = {}
+
+    def _table(self, digest: bytes, offset: int) -> SymbolTable:
+        table = self._by_digest.get(digest)
+        if table is not None and self.registry.get(table.protocol.id) is table.protocol:
+            return table
+        self._by_digest = {t.digest: t for t in map(SymbolTable.of, self.registry.protocols())}
+        table = self._by_digest.get(digest)
+        if table is None:
+            name = "sha256:" + digest.hex()
+            raise UnknownProtocolError(
+                f"unknown protocol {name}: no descriptor with this digest is loaded",
+                protocol=name, position=_at(offset))
+        return table
+
+    def decode(self, data: bytes | bytearray | memoryview) -> Message:
+        """Decode one frame (without its stream length prefix) and recognise it.
+
+        Raises :class:`MalformedError` for a broken frame (:class:`EnvelopeError` for
+        envelope fields pass 1 refuses, :class:`BodyError` for a body the grammar refuses),
+        :class:`LimitError`, :class:`UnknownProtocolError` for an unknown digest or short
+        id, :class:`ProtocolError` for an intent the protocol does not govern,
+        :class:`TrustError` for a bad or missing required message signature, and
+        ``TypeError`` for input that is not bytes.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"expected bytes, not {type(data).__name__}")
+        data = bytes(data)
+        limits = self.limits
+        size = len(data)
+        if size > limits.max_message_bytes:
+            _limit(f"frame exceeds the limit of {limits.max_message_bytes} bytes",
+                   "max_message_bytes", limits.max_message_bytes, 0)
+        table, start = self._header(data)
+        tokens = self._tokens(data, start)
+        message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
+        trust = self.registry.trust
+        if trust is not None and (message.signature is not None or self.require_signatures):
+            trust.verify_message(message)
+        return message
+
+    def _header(self, data: bytes) -> tuple[SymbolTable, int]:
+        if len(data) < 4:
+            _malformed("truncated frame header", len(data))
+        if data[:2] != MAGIC:
+            _malformed("not a CBCL binary frame (bad magic)", 0)
+        if data[2] != FORMAT_VERSION:
+            _malformed(f"unsupported binary format version {data[2]}: this engine speaks "
+                       f"version {FORMAT_VERSION}", 2)
+        flags = data[3]
+        if flags & ~FLAG_SHORT_ID:
+            _malformed(f"reserved flag bits set (0x{flags:02x})", 3)
+        if flags & FLAG_SHORT_ID:
+            if len(data) < SHORT_HEADER_BYTES:
+                _malformed("truncated frame header", len(data))
+            key = int.from_bytes(data[4:6], "big")
+            digest = self._short.get(key)
+            if digest is None:
+                raise UnknownProtocolError(f"unknown short protocol id {key}",
+                                           protocol=f"#{key}", position=_at(4))
+            return self._table(digest_bytes(digest), 4), SHORT_HEADER_BYTES
+        if len(data) < HEADER_BYTES:
+            _malformed("truncated frame header", len(data))
+        return self._table(data[4:HEADER_BYTES], 4), HEADER_BYTES
+
+    def _tokens(self, data: bytes, start: int) -> list[Any]:
+        payload = data[start:]
+        unpacker = self._new_unpacker(len(payload))
+        unpacker.feed(payload)
+        try:
+            tokens = list(unpacker)
+            # Whether the tokens end exactly at the end of the frame: a nil fed after it is
+            # read back as nil only at an object boundary (never inside a cut-short object).
+            unpacker.feed(b"\xc0")
+            complete = unpacker.unpack() is None
+        except Exception:  # any msgpack failure is a malformed frame
+            complete = False
+        if not complete:
+            _msgpack_failure(payload, start, self.limits.max_message_bytes)
+        return tokens
+
+    def _new_unpacker(self, payload: int) -> Any:
+        # No arrays, maps, binary or extension data exist in a frame: refusing them in the
+        # unpacker means nothing nests, and no length field can make it allocate. A string
+        # may claim up to the message limit: the unpacker waits for its bytes (and finds
+        # the frame truncated) rather than allocating, in both implementations alike.
+        return self._unpacker(raw=False, max_buffer_size=payload + 1,
+                              max_str_len=self.limits.max_message_bytes, max_bin_len=0,
+                              max_array_len=0, max_map_len=0, max_ext_len=0,
+                              strict_map_key=True)
+
+
+def _msgpack_failure(payload: bytes, start: int, max_str: int) -> NoReturn:
+    """Raise the error for msgpack data that is invalid or cut short. The diagnosis always
+    runs msgpack's pure-Python unpacker, so both implementations report the same error at
+    the same offset."""
+    unpacker = msgpack.fallback.Unpacker(
+        raw=False, max_buffer_size=len(payload) + 1, max_str_len=max_str, max_bin_len=0,
+        max_array_len=0, max_map_len=0, max_ext_len=0, strict_map_key=True)
+    unpacker.feed(payload)
+    offset = 0
+    try:
+        for _ in unpacker:
+            offset = unpacker.tell()
+    except Exception as exc:
+        raise MalformedError("invalid msgpack data, or a kind of data no frame holds "
+                             "(array, map, binary, extension)",
+                             position=_at(start + offset)) from exc
+    raise MalformedError("truncated frame: it ends inside a msgpack object",
+                         position=_at(start + offset))
+
+
+def _token_offset(unpacker_class: Any, data: bytes, start: int, index: int) -> int:
+    """The byte offset in ``data`` of token ``index`` (the end if there are fewer)."""
+    payload = data[start:]
+    unpacker = unpacker_class(raw=False, max_buffer_size=max(len(payload), 1),
+                              max_str_len=max(len(payload), 1), max_bin_len=0,
+                              max_array_len=0, max_map_len=0, max_ext_len=0)
+    unpacker.feed(payload)
+    offset = 0
+    for count, _ in enumerate(unpacker):
+        if count == index:
+            return start + offset
+        offset = unpacker.tell()
+    return start + offset
+
+
+_MISSING = object()
+
+
+def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: bytes,
+                   start: int, unpacker_class: Any) -> Message:
+    """Walk the tokens of one frame: envelope, then body; see the module doc."""
+
+    def where(index: int) -> int:
+        return _token_offset(unpacker_class, data, start, index)
+
+    count = len(tokens)
+    max_string = limits.max_string_bytes
+
+    def take(index: int, kind: type, name: str, string: bool = True) -> Any:
+        if index >= count:
+            _malformed(f"truncated frame: it ends before the {name}", len(data))
+        token = tokens[index]
+        if type(token) is not kind:
+            _malformed(f"the {name} must be a msgpack "
+                       f"{'string' if kind is str else 'integer'}, not "
+                       f"{_kind_name(token)}", where(index))
+        if kind is str and string and len(token) * 4 > max_string and \
+                len(token.encode("utf-8")) > max_string:
+            _limit(f"string longer than {max_string} bytes", "max_string_bytes", max_string,
+                   where(index))
+        return token
+
+    intent_index = take(0, int, "intent")
+    if not 0 <= intent_index < len(INTENTS):
+        _malformed(f"unknown intent index {intent_index}", where(0))
+    present = take(1, int, "field presence bits")
+    if not 0 <= present < 64:
+        _malformed(f"unknown field presence bits 0x{present:x}", where(1))
+    message_id = take(2, str, "message-id")
+    sender = take(3, str, "sender", False)
+    receiver = take(4, str, "receiver", False)
+    index = 5
+    optional: dict[str, Any] = {}
+    for bit, name, kind in ((HAS_CONVERSATION_ID, "conversation_id", str),
+                            (HAS_IN_REPLY_TO, "in_reply_to", str),
+                            (HAS_REPLY_BY, "reply_by", int), (HAS_TIMESTAMP, "timestamp", int)):
+        if present & bit:
+            value = take(index, kind, name.replace("_", "-"))
+            if kind is int and not INT64_MIN <= value <= INT64_MAX:
+                _malformed("integer out of the signed 64-bit range", where(index))
+            optional[name] = value
+            index += 1
+    if present & HAS_SIGNATURE:
+        optional["signature"] = Signature(take(index, str, "signature key id"),
+                                          take(index + 1, str, "signature value"))
+        index += 2
+    intent = INTENTS[intent_index]
+    protocol = table.protocol
+    envelope_limits(limits, protocol, intent, present, where)
+
+    # ----------------------------------------------------------------- the body
+    descriptor = protocol.descriptor
+    governed = descriptor.governs(intent)
+    body: Any = None
+    refusal: BodyError | None = None
+    if present & HAS_BODY:
+        nodes = _envelope_nodes(present)
+        body, index, refusal = _walk_body(table, tokens, index, limits, nodes, governed,
+                                          where, len(data))
+    if index != count:
+        _malformed("unexpected data after the end of the message", where(index))
+
+    # ----------------------------------------------------------------- pass 1, then pass 2
+    for name, text, at in (("message-id", message_id, 2),
+                           ("conversation-id", optional.get("conversation_id", _MISSING), -1),
+                           ("in-reply-to", optional.get("in_reply_to", _MISSING), -1)):
+        if text == "":
+            _malformed(f"{name} must not be empty", where(at) if at >= 0 else start,
+                       EnvelopeError)
+    try:
+        sender_uri = URI(sender)
+    except ValueError:
+        _malformed(f"sender is not a URI: {sender[:40]!r}", where(3), EnvelopeError)
+    try:
+        receiver_uri = URI(receiver)
+    except ValueError:
+        _malformed(f"receiver is not a URI: {receiver[:40]!r}", where(4), EnvelopeError)
+    if not governed:
+        if intent in _ALWAYS_ADMITTED:
+            if body is not None and type(body) is not str:
+                raise BodyError(f"a {intent.value} body that {descriptor.id} does not "
+                                "govern must be absent or a reason string",
+                                position=_at(start))
+        else:
+            governs = " ".join(i.value for i in descriptor.intents)
+            raise ProtocolError(f"{descriptor.id} does not govern {intent.value} messages "
+                                f"(it governs {governs})", position=_at(start))
+    elif body is None:
+        raise BodyError(f"{descriptor.id} requires a body for {intent.value}",
+                        position=_at(start))
+    if refusal is not None:
+        raise refusal
+    schema = getattr(protocol, "schema", None)  # pass 3 where the protocol has a schema
+    if schema is not None and governed:
+        from ._schema import check_schema
+
+        check_schema(schema, body)
+    return Message(message_id=message_id, sender=sender_uri, receiver=receiver_uri,
+                   intent=intent, protocol=protocol.id, body=body, **optional)
+
+
+def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present: int,
+                    where: Any) -> None:
+    """The limits the envelope's own text would meet: depth 2, the items of the envelope
+    and field lists, its nodes, and the length of its symbols."""
+    fields = 5 + bin(present).count("1")
+    if limits.max_depth < 2:
+        _limit(f"lists nested more than {limits.max_depth} deep", "max_depth",
+               limits.max_depth, where(2))
+    items = max(1 + fields, 3 if present & HAS_SIGNATURE else 2)
+    if items > limits.max_list_items:
+        _limit(f"more than {limits.max_list_items} items in one list", "max_list_items",
+               limits.max_list_items, where(0))
+    nodes = _envelope_nodes(present)
+    if nodes > limits.max_nodes:
+        _limit(f"more than {limits.max_nodes} nodes in one document", "max_nodes",
+               limits.max_nodes, where(0))
+    names = [VERSION, "message-id", "sender", "receiver", "intent", intent.value, "protocol",
+             str(protocol.id), *(name for bit, name in _OPTIONAL_NAMES if present & bit)]
+    longest = max(map(len, names))
+    if longest > limits.max_name_chars:
+        _limit(f"symbol longer than {limits.max_name_chars} characters", "max_name_chars",
+               limits.max_name_chars, where(0))
+
+
+def _envelope_nodes(present: int) -> int:
+    """Nodes of the envelope's text without the body value: the list, CBCL/1.0, and each
+    field's list, name and values (two for the signature, the body's counted apart)."""
+    fields = 5 + bin(present).count("1")
+    return 2 + 3 * fields + (1 if present & HAS_SIGNATURE else 0) - \
+        (1 if present & HAS_BODY else 0)
+
+
+def _kind_name(token: object) -> str:
+    if token is None:
+        return "nil"
+    if type(token) is bool:
+        return "a boolean"
+    if type(token) is int:
+        return "an integer"
+    if type(token) is str:
+        return "a string"
+    if type(token) is float:
+        return "a float"
+    if type(token) is bytes:
+        return "binary data"
+    if type(token) is list:
+        return "an array"
+    return "an extension type" if type(token).__name__ in ("ExtType", "Timestamp") \
+        else type(token).__name__
+
+
+def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
+               nodes: int, governed: bool, where: Any, end: int,
+               ) -> tuple[Value, int, BodyError | None]:
+    """Read the body's tokens from ``index``: ``(body, next index, grammar refusal)``."""
+    protocol = table.protocol
+    tables = protocol.tables
+    actions = tables.actions
+    can_shift = tables.can_shift
+    stack = [tables.start_state]
+    grammar = governed
+    refusal: BodyError | None = None
+    static_atoms = table.atoms
+    static_terminals = table.terminals
+    static_count = len(static_atoms)
+    codes = table.codes
+    seen: dict[Value, int] = {}  # symbols, keywords and URIs written in full in this frame
+    learned: list[Value] = []
+    max_depth = limits.max_depth - 2  # the envelope and the (body …) list are open
+    max_items = limits.max_list_items
+    max_nodes = limits.max_nodes
+    if nodes + len(tokens) - index <= max_nodes:
+        max_nodes = len(tokens) + nodes  # every token is at most one node: cannot be over
+    value_states = table.value_states
+    in_value = 0  # the depth of the list of a value read without the tables, or 0
+    sizes = table.rule_sizes
+    origins = table.rule_origins
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    count = len(tokens)
+    parents: list[list[Value]] = []
+    items: list[Value] | None = None
+    depth = 0
+    value: Any
+    while True:
+        if index >= count:
+            _malformed(f"truncated frame: it ends inside the body ({depth} list(s) open)",
+                       end)
+        at = index
+        token = tokens[index]
+        index += 1
+        kind = type(token)
+        if kind is str:
+            if len(token) * 4 > max_string and len(token.encode("utf-8")) > max_string:
+                _limit(f"string longer than {max_string} bytes", "max_string_bytes",
+                       max_string, where(at))
+            value = token
+            terminal = "STRING"
+        elif kind is int:
+            if token >= FIRST_ENTRY:
+                entry = token - FIRST_ENTRY
+                if entry < static_count:
+                    value = static_atoms[entry]
+                    literal = static_terminals[entry]
+                    action = actions[stack[-1]].get(literal) if grammar else None
+                    terminal = literal if action is not None and (
+                        action >= 0 or can_shift(stack, literal)) \
+                        else _DATA_TERMINALS[type(value)]
+                else:
+                    entry -= static_count
+                    if entry >= len(learned):
+                        _malformed(f"unknown symbol id {token}", where(at))
+                    value = learned[entry]
+                    terminal = _DATA_TERMINALS[type(value)]
+            elif token == LPAR:
+                nodes += 1
+                if nodes > max_nodes:
+                    _limit(f"more than {max_nodes} nodes in one document", "max_nodes",
+                           max_nodes, where(at))
+                depth += 1
+                if depth > max_depth:
+                    _limit(f"lists nested more than {limits.max_depth} deep", "max_depth",
+                           limits.max_depth, where(at))
+                if items is not None:
+                    if len(items) >= max_items:
+                        _limit(f"more than {max_items} items in one list", "max_list_items",
+                               max_items, where(at))
+                    parents.append(items)
+                items = []
+                terminal = "LPAR"
+                value = None
+            elif token == RPAR:
+                if items is None:
+                    _malformed("unexpected ')'", where(at))
+                value = tuple(items)
+                depth -= 1
+                terminal = "RPAR"
+                items = parents.pop() if parents else None
+                if items is not None:
+                    items.append(value)
+            elif token < 0:
+                _malformed(f"unknown token code {token}", where(at))
+            else:
+                if index >= count:
+                    _malformed("truncated frame: it ends inside an atom", end)
+                text = tokens[index]
+                index += 1
+                if token == INTEGER:
+                    if type(text) is not int:
+                        _malformed(f"an INTEGER token needs an integer, not {_kind_name(text)}",
+                                   where(at + 1))
+                    if not INT64_MIN <= text <= INT64_MAX:
+                        _malformed("integer out of the signed 64-bit range", where(at + 1))
+                    value = text
+                    terminal = "INTEGER"
+                else:
+                    if type(text) is not str:
+                        _malformed(f"a {_CODE_NAMES[token]} token needs a string, not "
+                                   f"{_kind_name(text)}", where(at + 1))
+                    if token == DECIMAL:
+                        value = _decimal_value(text, where, at + 1)
+                        terminal = "DECIMAL"
+                    else:
+                        if token != URI_CODE and len(text) <= max_name and \
+                                _NAME_MATCH[token](text) is not None:
+                            value = str.__new__(Symbol if token == SYMBOL else Keyword, text)
+                        else:
+                            value = _named_atom(token, text, limits, where, at + 1)
+                        if value in codes or value in seen:
+                            _malformed(f"{_CODE_NAMES[token].lower()} {text[:40]} is written "
+                                       "in full but has a code (non-canonical frame)",
+                                       where(at))
+                        seen[value] = len(learned)
+                        learned.append(value)
+                        terminal = _DATA_TERMINALS[type(value)]
+        else:
+            _malformed(f"a body token must be a msgpack integer or string, not "
+                       f"{_kind_name(token)}", where(at))
+        if terminal != "LPAR" and terminal != "RPAR":
+            nodes += 1
+            if nodes > max_nodes:
+                _limit(f"more than {max_nodes} nodes in one document", "max_nodes",
+                       max_nodes, where(at))
+            if items is not None:
+                if len(items) >= max_items:
+                    _limit(f"more than {max_items} items in one list", "max_list_items",
+                           max_items, where(at))
+                items.append(value)
+        if grammar:
+            row = actions[stack[-1]]
+            action = row.get(terminal)
+            if action is None:
+                refusal = _refusal(protocol, stack, terminal, value, where(at))
+                grammar = False
+            elif action == value_states.get(terminal):
+                if terminal == "LPAR":  # a whole value: read it without the tables
+                    grammar = False
+                    in_value = depth
+                else:
+                    stack.append(row[_VALUE_RULE])
+            else:
+                while action < 0:
+                    size = sizes[~action]
+                    if size:
+                        del stack[-size:]
+                    stack.append(actions[stack[-1]][origins[~action]])
+                    action = actions[stack[-1]].get(terminal)
+                    if action is None:
+                        refusal = _refusal(protocol, stack, terminal, value, where(at))
+                        grammar = False
+                        break
+                else:
+                    stack.append(action)
+        elif in_value and depth < in_value:  # the value read without the tables ended
+            in_value = 0
+            grammar = True
+            stack.append(actions[stack[-1]][_VALUE_RULE])
+        if items is None:  # the body is complete
+            break
+    if grammar:
+        while True:
+            action = actions[stack[-1]].get("$END")
+            if action is None or action >= 0:
+                refusal = _refusal(protocol, stack, "$END", None, where(index))
+                break
+            size = sizes[~action]
+            if size:
+                del stack[-size:]
+            stack.append(actions[stack[-1]][origins[~action]])
+            if stack[-1] == tables.end_state:
+                break
+    return value, index, refusal
+
+
+_CODE_NAMES = {INTEGER: "INTEGER", DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD",
+               URI_CODE: "URI"}
+
+
+def _decimal_value(text: str, where: Any, at: int) -> Decimal:
+    if len(text) > _MAX_DECIMAL_TEXT:
+        _malformed(f"decimal longer than {_MAX_DECIMAL_TEXT} characters", where(at))
+    if _DECIMAL_RE.fullmatch(text) is None:
+        _malformed(f"not a CBCL decimal: {text[:40]!r}", where(at))
+    return Decimal(text)
+
+
+def _named_atom(code: int, text: str, limits: Limits, where: Any, at: int) -> Value:
+    if code == URI_CODE:
+        try:
+            return URI(text)
+        except ValueError:
+            _malformed(f"not a CBCL URI: {text[:40]!r}", where(at))
+    valid = is_name(text) if code == SYMBOL else _is_keyword_name(text)
+    if not valid:
+        _malformed(f"not a CBCL {_CODE_NAMES[code].lower()} name: {text[:40]!r}", where(at))
+    if len(text) > limits.max_name_chars:
+        _limit(f"{_CODE_NAMES[code].lower()} longer than {limits.max_name_chars} characters",
+               "max_name_chars", limits.max_name_chars, where(at))
+    return str.__new__(Symbol if code == SYMBOL else Keyword, text)
+
+
+def _is_keyword_name(text: str) -> bool:
+    return _NAME_RE.match(text) is not None
+
+
+_NAME_MATCH = {
+    SYMBOL: re.compile(r"(?![+\-]?\.?[0-9])[A-Za-z+\-*/<>=!?_.]"
+                       r"[A-Za-z0-9+\-*/<>=!?_.@%&]*+\Z").match,
+    KEYWORD: re.compile(r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*+\Z").match,
+}
+_DECIMAL_RE = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
+
+
+def _refusal(protocol: Protocol, stack: list[int], terminal: str, value: object,
+             offset: int) -> BodyError:
+    """The :class:`BodyError` for ``terminal`` refused at ``stack`` (worded as text's)."""
+    tables = protocol.tables
+    acceptable = [t for t in tables.actions[stack[-1]]
+                  if (t.isupper() or t == "$END") and tables.can_shift_or_accept(stack, t)]
+    if set(acceptable) >= _ANY_VALUE:
+        acceptable = [t for t in acceptable if t not in _ANY_VALUE] + ["VALUE"]
+    expected = [protocol.shown.get(t, t) for t in sorted(acceptable, key=_expected_order)]
+    if terminal in ("LPAR", "RPAR", "$END"):
+        found = _GENERAL_SHOWN[terminal]
+    elif terminal.startswith("LIT_"):
+        found = protocol.shown[terminal]
+    else:
+        shown = canonical_value(value)  # type: ignore[arg-type]
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        found = f"{_GENERAL_SHOWN[terminal].split(' ', 1)[1]} {shown}"
+    return BodyError(f"the {protocol.id} grammar expected {' or '.join(expected)}, found "
+                     f"{found}", position=_at(offset), expected=tuple(expected))
+
+
+# --------------------------------------------------------------------------- one-shot
+
+
+def encode(message: Message, *, registry: Registry) -> bytes:
+    """The binary frame of ``message`` (see :class:`Encoder`)."""
+    return Encoder(registry).encode(message)
+
+
+def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
+           limits: Limits | None = None) -> Message:
+    """Decode and recognise one binary frame (see :class:`Decoder`)."""
+    return Decoder(registry, limits=limits).decode(data)
+
