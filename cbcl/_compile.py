@@ -19,10 +19,10 @@ that validates entries read back from the disk cache.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ._errors import GrammarError, Position
@@ -155,6 +155,14 @@ def _limits_data(limits: GrammarLimits) -> dict[str, int]:
     return {name: getattr(limits, name) for name in GrammarLimits.__dataclass_fields__}
 
 
+# The worker runs in isolated mode (-I: no PYTHON* variables, no user site, no working
+# directory on sys.path), so nothing in the environment or the current directory can put
+# other code in its place; it imports this very copy of cbcl from its known location.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+_WORKER_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "from cbcl._compile_worker import main; sys.exit(main())")
+
+
 def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
                     timeout: float = DEFAULT_TIMEOUT,
                     memory: int = DEFAULT_MEMORY) -> CompiledGrammar:
@@ -166,12 +174,10 @@ def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
     """
     limits = GrammarLimits() if limits is None else limits
     request = json.dumps({"grammar": text, "limits": _limits_data(limits), "memory": memory})
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     try:
-        done = subprocess.run([sys.executable, "-m", "cbcl._compile_worker"],
+        done = subprocess.run([sys.executable, "-I", "-c", _WORKER_BOOT, _PACKAGE_ROOT],
                               input=request.encode(), capture_output=True, timeout=timeout,
-                              env=env, check=False)
+                              cwd=_PACKAGE_ROOT, check=False)
     except subprocess.TimeoutExpired:
         raise GrammarError(f"compiling the grammar took longer than {timeout:g} s",
                            verdict="rejected") from None
