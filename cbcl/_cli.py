@@ -8,9 +8,7 @@ library below only sees bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,33 +19,26 @@ from ._api import canonical, parse
 
 # Imported last: the command modules use this module's helpers.
 from ._cli_codec import register as register_codec
+from ._cli_common import (
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    add_protocol_options,
+    add_trust_options,
+    escape_invisible,
+    positive,
+    print_message,
+    read_file,
+    registry_from_args,
+)
 from ._cli_conversation import register as register_conversation
 from ._errors import CBCLError, TrustError
-from ._json import message_to_json
 from ._limits import DEFAULT_LIMITS, Limits
 from ._protocol import Registry
 
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_INTERNAL = 70  # EX_SOFTWARE
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exits 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"usage: {self.prog}: {message}\n")
-
+# The names other command modules have imported from here.
+_Parser, _positive, _read_file, _registry = Parser, positive, read_file, registry_from_args
 
 def _read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
     """The bytes of ``path`` (``-`` for stdin), reading at most one byte past the message
@@ -59,44 +50,13 @@ def _read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
         return handle.read(cap)
 
 
-def _read_file(path: str, limits: Limits) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read(limits.max_message_bytes + 1)
-
-
-def _registry(args: argparse.Namespace) -> Registry | None:
-    """The registry ``--descriptor``/``--trust``/``--state``/``--now`` describe (other
-    commands may call this with a namespace that lacks the trust options)."""
-    trust = getattr(args, "trust", None)
-    if not args.descriptor and not trust:
-        return None
-    registry = Registry(limits=args.limits, trust=trust,
-                        state_dir=getattr(args, "state", None))
-    for path in args.descriptor:
-        registry.load(_read_file(path, args.limits), allow_unsigned=args.allow_unsigned,
-                      now=getattr(args, "now", None))
-    return registry
-
-
 def _cmd_parse(args: argparse.Namespace, data: bytes) -> int:
     if args.require_signatures and not args.trust:
         _usage_error(args, "--require-signatures needs --trust DIR")
     message = parse(data, envelope_only=args.envelope_only, limits=args.limits,
                     registry=_registry(args), require_signatures=args.require_signatures)
-    if args.json:
-        print(_escape_invisible(json.dumps(message_to_json(message), ensure_ascii=False)))
-    else:
-        print(canonical(message))
+    print_message(message, args.json)
     return EXIT_OK
-
-
-_UNSAFE_IN_OUTPUT = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
-
-
-def _escape_invisible(text: str) -> str:
-    """JSON text with control and bidirectional characters as ``\\uXXXX`` escapes, so a
-    terminal never renders them (Trojan Source); the JSON value is unchanged."""
-    return _UNSAFE_IN_OUTPUT.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _cmd_canon(args: argparse.Namespace, data: bytes) -> int:
@@ -238,7 +198,7 @@ def _cmd_descriptor_inspect(args: argparse.Namespace, data: bytes) -> int:
         f"grammar: {len(descriptor.grammar.encode('utf-8'))} bytes, {grammar}",
     ]
     for line in lines:
-        print(_escape_invisible(line))
+        print(escape_invisible(line))
     return EXIT_OK
 
 
@@ -279,11 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
     c.set_defaults(handler=_cmd_canon)
 
-    p.add_argument("--descriptor", action="append", default=[], metavar="FILE",
-                   help="load a protocol descriptor, signed or (with --allow-unsigned) not "
-                        "(repeatable)")
-    p.add_argument("--allow-unsigned", action="store_true",
-                   help="load descriptors that carry no signature")
+    add_protocol_options(p)
     p.add_argument("--require-signatures", action="store_true",
                    help="refuse messages without a valid signature (needs --trust)")
 
@@ -321,13 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                               + (" (repeatable)" if sub is sign else ""))
         sub.add_argument("--key-id", action="append", default=[], metavar="ID",
                          help="the key id for the --key in the same position")
-    for sub, needed in ((p, False), (verify, True)):
-        sub.add_argument("--trust", required=needed, metavar="DIR",
-                         help="trust store: *.pub keys (key id = file stem), policy.cbcl")
-        sub.add_argument("--state", metavar="DIR",
-                         help="rollback state directory (highest version and digest per id)")
-        sub.add_argument("--now", type=int, metavar="MS",
-                         help="current Unix time in ms for expiry checks (default: clock)")
+    add_trust_options(verify, trust_required=True)
 
     g = commands.add_parser("grammar", help="work with descriptor grammars")
     grammar_commands = g.add_subparsers(dest="grammar_command", required=True,
@@ -358,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrustError as exc:
         # The local operator sees the precise reason; a peer never does (str(exc) is fixed).
         reason = f" ({exc.reason})" if exc.reason else ""
-        print(_escape_invisible(f"{exc.one_line()}{reason}".replace("\n", " ")),
+        print(escape_invisible(f"{exc.one_line()}{reason}".replace("\n", " ")),
               file=sys.stderr)
         return exc.exit_code
     except CBCLError as exc:

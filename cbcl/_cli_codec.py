@@ -8,35 +8,13 @@ errors to exit codes and prints them.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from typing import Any
 
+from ._cli_common import add_protocol_options, positive, print_message
+from ._cli_common import registry_from_args as _registry
 from ._codec import Decoder, Encoder
 from ._limits import DEFAULT_LIMITS
-from ._protocol import Registry
-
-_UNSAFE_IN_OUTPUT = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}")
-    return value
-
-
-def _registry(args: argparse.Namespace) -> Registry:
-    registry = Registry(limits=args.limits)
-    for path in args.descriptor:
-        with open(path, "rb") as handle:
-            registry.load(handle.read(args.limits.max_message_bytes + 1),
-                          allow_unsigned=args.allow_unsigned)
-    return registry
 
 
 def _cmd_encode(args: argparse.Namespace, data: bytes) -> int:
@@ -55,14 +33,8 @@ def _cmd_encode(args: argparse.Namespace, data: bytes) -> int:
 
 
 def _cmd_decode(args: argparse.Namespace, data: bytes) -> int:
-    from ._json import message_to_json
-
     message = Decoder(_registry(args), limits=args.limits).decode(data)
-    if args.json:
-        text = json.dumps(message_to_json(message), ensure_ascii=False)
-        print(_UNSAFE_IN_OUTPUT.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
-    else:
-        print(message.canonical())
+    print_message(message, args.json)
     return 0
 
 
@@ -82,11 +54,8 @@ def register(commands: Any) -> None:
     d.set_defaults(handler=_cmd_decode)
 
     for sub in (e, d):
-        sub.add_argument("--descriptor", action="append", required=True, metavar="FILE",
-                         help="load a protocol descriptor (repeatable)")
-        sub.add_argument("--allow-unsigned", action="store_true",
-                         help="load descriptors that carry no signature")
-        sub.add_argument("--max-message-bytes", type=_positive, metavar="N",
+        add_protocol_options(sub, descriptor_required=True)
+        sub.add_argument("--max-message-bytes", type=positive, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
                          help="document (and frame) size limit "
                               f"(default {DEFAULT_LIMITS.max_message_bytes})")

@@ -15,6 +15,7 @@ from typing import Any
 
 from ._api import parse
 from ._canonical import canonical_value
+from ._cli_common import Parser, add_protocol_options, positive, registry_from_args
 from ._conversation import ConversationTracker
 from ._errors import CBCLError, ConversationError, Position
 from ._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH, LIBRARY, evaluate
@@ -70,9 +71,8 @@ def _relocate(exc: CBCLError, document: str, start: int, where: str) -> None:
 
 
 def _cmd_conversation_check(args: argparse.Namespace, data: bytes) -> int:
-    from ._cli import _registry  # built exactly as `cbcl parse` builds it
 
-    registry = _registry(args)
+    registry = registry_from_args(args)  # built exactly as `cbcl parse` builds it
     if registry is None or not registry.protocols():
         raise ConversationError("no descriptor given: use --descriptor FILE")
     tracker = ConversationTracker.from_descriptors(registry.protocols())
@@ -134,29 +134,19 @@ def _cmd_eval(args: argparse.Namespace, data: bytes) -> int:
 
 def register(commands: Any) -> None:
     """Add ``conversation check`` and ``eval`` to ``cbcl``'s sub-command action."""
-    from ._cli import _Parser, _positive
     from ._limits import DEFAULT_LIMITS
 
     conversation = commands.add_parser("conversation", help="work with conversations")
     sub = conversation.add_subparsers(dest="conversation_command", required=True,
-                                      parser_class=_Parser)
+                                      parser_class=Parser)
     check = sub.add_parser(
         "check", help="check that messages, in order, follow their protocol's conversation; "
                       "exit 7 at the first one out of place")
     check.add_argument("files", nargs="+", metavar="FILE",
                        help="message files in order (a file may hold several messages), "
                             "or - for stdin")
-    check.add_argument("--descriptor", action="append", default=[], metavar="FILE",
-                       help="load a protocol descriptor (repeatable)")
-    check.add_argument("--allow-unsigned", action="store_true",
-                       help="load descriptors that carry no signature")
-    check.add_argument("--trust", metavar="DIR",
-                       help="trust store: *.pub keys (key id = file stem), policy.cbcl")
-    check.add_argument("--state", metavar="DIR",
-                       help="rollback state directory (highest version and digest per id)")
-    check.add_argument("--now", type=int, metavar="MS",
-                       help="the time every message is received, Unix ms (default: each "
-                            "message's timestamp, else the clock)")
+    add_protocol_options(check, now_help="the time every message is received, Unix ms "
+                                          "(default: each message's timestamp, else the clock)")
     check.set_defaults(handler=_cmd_conversation_check, file=None)
 
     ev = commands.add_parser("eval", help="evaluate an expression; print its canonical value")
@@ -164,16 +154,16 @@ def register(commands: Any) -> None:
     ev.add_argument("--functions", metavar="NAMES",
                     help="the functions allowed, separated by spaces or commas "
                          "(default: the whole library)")
-    ev.add_argument("--budget", type=_positive, default=DEFAULT_BUDGET, metavar="N",
+    ev.add_argument("--budget", type=positive, default=DEFAULT_BUDGET, metavar="N",
                     help=f"step budget (default {DEFAULT_BUDGET})")
-    ev.add_argument("--max-depth", type=_positive, default=DEFAULT_MAX_DEPTH, metavar="N",
+    ev.add_argument("--max-depth", type=positive, default=DEFAULT_MAX_DEPTH, metavar="N",
                     help=f"calls nested at once (default {DEFAULT_MAX_DEPTH})")
     ev.add_argument("--now", type=int, metavar="MS",
                     help="the value of (now), Unix ms (default: the clock)")
     ev.set_defaults(handler=_cmd_eval, file=None)
 
     for parser in (check, ev):
-        parser.add_argument("--max-message-bytes", type=_positive, metavar="N",
+        parser.add_argument("--max-message-bytes", type=positive, metavar="N",
                             default=DEFAULT_LIMITS.max_message_bytes,
                             help="document size limit (default "
                                  f"{DEFAULT_LIMITS.max_message_bytes})")
