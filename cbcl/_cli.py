@@ -33,6 +33,7 @@ from ._cli_common import (
     registry_from_args,
 )
 from ._cli_conversation import register as register_conversation
+from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._protocol import Registry
@@ -293,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"document size limit (default {DEFAULT_LIMITS.max_message_bytes})")
     register_codec(commands)
     register_conversation(commands)
+    register_negotiate(commands)
     return parser
 
 

@@ -9,6 +9,10 @@ NAME.cbcl's exact bytes, signed with the example key keys/cbcl-example.key (its 
 half is public on purpose, so anyone can regenerate these; trust your own keys, never this
 one). Ed25519 signatures are deterministic, so --check compares bytes.
 tests/test_protocol.py runs --check.
+
+The descriptors in PACKAGED are also written, byte for byte, to ../grammars/ (the package
+``cbcl.grammars``), so they ship inside the wheel: cbcl-negotiation/v1, which every session
+speaks, and contract-net/v1, which ``cbcl negotiate --demo`` teaches.
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ SHIPPED = {
     "contract-net-v1": ("contract-net/v1", 1, "CFP PROPOSE REFUSE ACCEPT REJECT INFORM FAILURE"),
     "request-v1": ("request/v1", 1, "REQUEST AGREE REFUSE FAILURE INFORM"),
     "canon-a-v1": ("canon-a/v1", 1, "QUERY REQUEST INFORM REFUSE FAILURE"),
+    "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
+                            "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),
 }
+PACKAGE_DATA = HERE.parent / "grammars"
+PACKAGED = ("cbcl-negotiation-v1", "contract-net-v1")
 
 
 SECTIONS = ("schema", "conversation", "functions")  # in the descriptor's field order
@@ -68,7 +76,9 @@ def main(argv: list[str]) -> int:
     for name in SHIPPED:
         wanted = render(name)
         for path, content in ((HERE / f"{name}.cbcl", wanted),
-                              (HERE / f"{name}.signed.cbcl", render_signed(name, wanted))):
+                              (HERE / f"{name}.signed.cbcl", render_signed(name, wanted)),
+                              *([(PACKAGE_DATA / f"{name}.cbcl", wanted)]
+                                if name in PACKAGED else [])):
             if path.exists() and path.read_bytes() == content:
                 continue
             stale.append(path.name)

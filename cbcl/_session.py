@@ -1,0 +1,821 @@
+"""A sans-io negotiation session (spec/negotiation.md): h11's shape, for CBCL.
+
+Theory of operation
+-------------------
+A :class:`Session` never touches a socket or a clock. The caller feeds it the bytes it
+read (:meth:`Session.receive_data`, ``b""`` for the end of the stream), takes events out
+(:meth:`Session.next_event`, or :data:`NEED_DATA`), turns its own events into bytes
+(:meth:`Session.send`), and writes whatever the session produced by itself
+(:meth:`Session.data_to_send`: the responder's answers, the transcript confirmations, a
+NOT-UNDERSTOOD). Time is the ``now`` argument (Unix ms).
+
+Every message on the stream is one length-prefixed frame (:mod:`._framing`). Handshake
+messages are cbcl-negotiation/v1 text; once the handshake is ESTABLISHED the agreed
+protocol runs in the agreed encoding (canonical text, or binary frames of :mod:`._codec`),
+and every message is checked by the protocol's conversation machine, both ways.
+
+Both sides hash the exact framed bytes of every handshake message in order; each side's
+``(finished :transcript …)`` is a labelled hash of that transcript, and a side whose
+``signing_key`` is set signs its Finished. A middleman who changes any handshake byte —
+strips versions or encodings, swaps a digest, replays an old offer — makes the transcripts
+differ, and the handshake fails instead of settling on what the middleman chose.
+
+Any failure moves the session to ``ERROR``: a peer's fault raises
+:class:`RemoteProtocolError` (with a reason ``code``; a NOT-UNDERSTOOD carrying the code is
+then waiting in :meth:`Session.data_to_send`), a caller's fault :class:`LocalProtocolError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from ._api import parse
+from ._codec import MAGIC, Decoder, Encoder
+from ._conversation import ConversationTracker, Step
+from ._errors import (
+    CBCLError,
+    ConversationError,
+    DescriptorError,
+    GrammarError,
+    LimitError,
+    MalformedError,
+    ProtocolError,
+    SchemaError,
+    TrustError,
+    UnknownProtocolError,
+)
+from ._framing import PREFIX_BYTES, FrameReader, frame
+from ._limits import DEFAULT_LIMITS, Limits
+from ._message import Intent, Message
+from ._negotiation import (
+    ENCODINGS,
+    INITIATOR,
+    INTENTS,
+    PROTOCOL_ID,
+    RESPONDER,
+    HandshakeMachine,
+    HandshakeState,
+)
+from ._protocol import Protocol, Registry
+from ._trust import read_signed_descriptor_unverified, sign_message
+from ._values import URI, Keyword, Symbol, Value
+
+NEGOTIATION = Symbol(PROTOCOL_ID)
+_ANONYMOUS = URI("agent://anonymous")
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+#: Returned by :meth:`Session.next_event` when a whole frame has not arrived yet.
+NEED_DATA = _NeedData()
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """``(supports …)``: does the responder speak ``protocol`` with this ``digest``?
+    ``versions``: the versions the initiator can speak; ``encodings``: in preference order."""
+
+    protocol: str
+    digest: str
+    versions: tuple[int, ...]
+    encodings: tuple[str, ...] = ("binary", "text")
+
+
+@dataclass(frozen=True, slots=True)
+class Supported:
+    protocol: str
+    digest: str
+    version: int
+    encoding: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """The responder does not hold that digest; ``known``: the versions of the id it holds."""
+
+    protocol: str
+    known: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """The signed-descriptor document, offered by the initiator. ``digest`` (of its
+    payload) is filled in by :meth:`Session.send`."""
+
+    document: bytes
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The responder verified, compiled and loaded the offer. ``signers`` (local only, the
+    responder's view) are the key ids that signed it."""
+
+    protocol: str
+    digest: str
+    version: int
+    encoding: str
+    signers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The responder refused the offer. ``reason`` is the wire code; ``detail`` is local
+    only (the responder's log line), never sent."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A transcript confirmation: ``sha256:`` of the labelled transcript hash."""
+
+    transcript: str
+
+
+@dataclass(frozen=True, slots=True)
+class Established:
+    """Both transcripts matched: ``protocol`` runs in ``encoding`` from now on."""
+
+    protocol: str
+    digest: str
+    version: int
+    encoding: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolMessage:
+    """A message of the agreed protocol; ``step`` is what its conversation did (``None``
+    when sending, or for a protocol without a conversation)."""
+
+    message: Message
+    step: Step | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NotUnderstood:
+    """The peer could not use our message; ``reason`` is its code. The session is over."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed:
+    """The stream ended (received), or we end it (sent)."""
+
+
+Event = (Query | Supported | Unsupported | Offer | Accepted | Rejected | Finished | Established
+         | ProtocolMessage | NotUnderstood | ConnectionClosed)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the protocol. ``code`` is the reason sent in the NOT-UNDERSTOOD reply;
+    ``exit_code`` follows the underlying error (3 malformed, 4 limit, 6 trust, 7
+    conversation, 5 otherwise)."""
+
+    kind = "session"
+
+    def __init__(self, message: str, *, code: str, exit_code: int = 5) -> None:
+        super().__init__(message)
+        self.code = code
+        self.exit_code = exit_code  # type: ignore[misc]
+
+
+class LocalProtocolError(ProtocolError):
+    """The caller asked the session to do something the protocol does not allow."""
+
+    kind = "session"
+
+
+# --------------------------------------------------------------------------- reasons
+
+
+def reject_reason(error: BaseException) -> str:
+    """The wire reason code for a refused offer (spec/negotiation.md §4)."""
+    if isinstance(error, TrustError):
+        reason = error.reason
+        if reason.startswith("rollback"):
+            return "rollback"
+        if reason.startswith("equivocation"):
+            return "equivocation"
+        if reason.startswith("expired"):
+            return "expired"
+        if "bad signature" in reason or "malformed signature" in reason \
+                or "base64" in reason or "malformed signed-descriptor" in reason:
+            return "bad-signature"
+        return "untrusted-signer"
+    if isinstance(error, GrammarError):
+        return "grammar-refused"
+    if isinstance(error, LimitError):
+        return "limit"
+    return "malformed"
+
+
+def _error_code(error: CBCLError) -> str:
+    """The NOT-UNDERSTOOD code for a message we could not use."""
+    if isinstance(error, RemoteProtocolError):
+        return error.code
+    if isinstance(error, LimitError):
+        return "limit"
+    if isinstance(error, TrustError):
+        return "bad-signature" if "bad signature" in error.reason else "untrusted-signer"
+    if isinstance(error, SchemaError):
+        return "schema"
+    if isinstance(error, ConversationError):
+        return "conversation"
+    if isinstance(error, UnknownProtocolError):
+        return "unknown-protocol"
+    if isinstance(error, (MalformedError, DescriptorError)):
+        return "malformed"
+    return "protocol"
+
+
+@lru_cache(maxsize=1)
+def negotiation_descriptor() -> bytes:
+    """The shipped cbcl-negotiation/v1 descriptor (package data of ``cbcl.grammars``)."""
+    return resources.files("cbcl.grammars").joinpath("cbcl-negotiation-v1.cbcl").read_bytes()
+
+
+@lru_cache(maxsize=1)
+def negotiation_registry() -> Registry:
+    """A registry holding only cbcl-negotiation/v1 (shipped, so trusted: compiled in this
+    process)."""
+    registry = Registry(isolate=False)
+    registry.load(negotiation_descriptor(), allow_unsigned=True)
+    return registry
+
+
+def finished_value(transcript_digest: bytes, sender: str) -> str:
+    """What ``sender``'s ``(finished :transcript …)`` must hold: SHA-256 over a label naming
+    the sender (so one side's value is never the other's) and the transcript's SHA-256."""
+    label = f"{PROTOCOL_ID} finished {sender}\n".encode()
+    return "sha256:" + hashlib.sha256(label + transcript_digest).hexdigest()
+
+
+def _fields(body: tuple[Value, ...]) -> dict[str, Any]:
+    return {str(k): v for k, v in zip(body[1::2], body[2::2], strict=True)}
+
+
+def _check_now(now: object) -> int:
+    if type(now) is not int:
+        raise TypeError("now must be Unix time in milliseconds, an int")
+    return now
+
+
+# --------------------------------------------------------------------------- the session
+
+
+class Session:
+    """One negotiation, then one agreed protocol, between two agents over one stream.
+
+    ``role``: ``"initiator"`` (asks and offers) or ``"responder"`` (answers, verifies and
+    loads offers into ``registry``, whose trust store decides). ``me``: this agent's URI
+    (a responder without one takes the receiver of the first message); ``peer``: the other
+    agent's (the initiator must give it; the responder learns it). ``encodings``: those this
+    side speaks, in preference order. ``signing_key``: ``(key id, Ed25519 private key)`` to
+    sign this side's Finished; ``require_signed_finished``: refuse a peer's Finished that is
+    not signed by a key of ``registry.trust``.
+
+    Limits: ``limits`` for every message (text and binary), ``max_frame_bytes`` for one
+    frame (default ``limits.max_message_bytes``), ``max_pending_frames`` complete frames
+    buffered and not yet taken. Replay: a message id seen among the last ``replay_window``
+    ids is refused, and so is a message without a timestamp or one more than
+    ``max_skew_ms`` from ``now``. ``nonce``: this side's fresh value (default: 16 random
+    bytes, hex).
+    """
+
+    def __init__(self, role: str, *, registry: Registry, me: URI | str | None = None,
+                 peer: URI | str | None = None, encodings: Iterable[str] = ("binary", "text"),
+                 signing_key: tuple[str, Any] | None = None,
+                 require_signed_finished: bool = False, limits: Limits | None = None,
+                 max_frame_bytes: int | None = None, max_pending_frames: int = 16,
+                 replay_window: int = 1024, max_skew_ms: int = 30_000,
+                 nonce: str | None = None) -> None:
+        if role not in (INITIATOR, RESPONDER):
+            raise ValueError(f"role must be {INITIATOR!r} or {RESPONDER!r}, not {role!r}")
+        if not isinstance(registry, Registry):
+            raise TypeError("registry must be a cbcl.Registry")
+        self.limits = DEFAULT_LIMITS if limits is None else limits
+        if not isinstance(self.limits, Limits):
+            raise TypeError("limits must be a cbcl.Limits")
+        self.encodings = tuple(encodings)
+        if not self.encodings or any(e not in ENCODINGS for e in self.encodings) \
+                or len(set(self.encodings)) != len(self.encodings):
+            raise ValueError(f"encodings must be distinct, from {ENCODINGS}")
+        for name, value in (("max_pending_frames", max_pending_frames),
+                            ("replay_window", replay_window), ("max_skew_ms", max_skew_ms)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int")
+        if require_signed_finished and registry.trust is None:
+            raise ValueError("require_signed_finished needs a registry with a trust store")
+        if role == INITIATOR and peer is None:
+            raise ValueError("an initiator must name its peer")
+        self.role = role
+        self.peer_role = RESPONDER if role == INITIATOR else INITIATOR
+        self.registry = registry
+        self.me = URI(str(me)) if me is not None else None
+        self.peer = URI(str(peer)) if peer is not None else None
+        self.signing_key = signing_key
+        self.require_signed_finished = require_signed_finished
+        self.max_pending_frames = max_pending_frames
+        self.replay_window = replay_window
+        self.max_skew_ms = max_skew_ms
+        self.nonce = secrets.token_hex(16) if nonce is None else nonce
+        self._machine = HandshakeMachine()
+        self._reader = FrameReader(max_frame_bytes or self.limits.max_message_bytes)
+        self._frames: deque[bytes] = deque()
+        self._events: deque[Event] = deque()
+        self._outbox = bytearray()
+        self._pending: CBCLError | None = None
+        self._eof = False
+        self._transcript = hashlib.sha256()
+        self._seen: deque[str] = deque()
+        self._seen_set: set[str] = set()
+        self._sent = 0
+        self._cid = f"negotiation-{self.nonce}" if role == INITIATOR else None
+        self._query: Query | None = None
+        self._offer_digest: str | None = None
+        self._last_id: str | None = None
+        self.protocol: Protocol | None = None
+        self.encoding: str | None = None
+        self.tracker: ConversationTracker | None = None
+        self._now = 0
+        self._encoder: Encoder | None = None
+        self._decoder: Decoder | None = None
+        #: Bytes (length prefix included) of the frame behind the last received event.
+        self.last_frame_bytes = 0
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def state(self) -> HandshakeState:
+        return self._machine.state
+
+    @property
+    def transcript_digest(self) -> bytes:
+        """SHA-256 of the handshake messages so far (framed bytes, in order)."""
+        return self._transcript.digest()
+
+    # ----------------------------------------------------------------- input
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes read from the stream; ``b""`` means the stream ended. Never raises for
+        the peer's bytes: problems surface from :meth:`next_event`."""
+        if self._eof and data:
+            raise LocalProtocolError("data received after the end of the stream")
+        if not data:
+            self._eof = True
+            return
+        if self._pending is not None or self.state is HandshakeState.ERROR:
+            return
+        try:
+            self._reader.feed(data)
+            for item in self._reader:
+                self._frames.append(item)
+            if len(self._frames) > self.max_pending_frames:
+                raise LimitError(f"more than {self.max_pending_frames} frames are waiting",
+                                 limit="max_pending_frames", maximum=self.max_pending_frames)
+        except CBCLError as exc:
+            self._pending = exc
+
+    def next_event(self, *, now: int) -> Event | _NeedData:
+        """The next event, or :data:`NEED_DATA`. Raises :class:`RemoteProtocolError` when
+        the peer broke the protocol (the session is then in ERROR and a NOT-UNDERSTOOD may
+        wait in :meth:`data_to_send`)."""
+        self._now = _check_now(now)
+        if self.state is HandshakeState.ERROR:
+            raise LocalProtocolError("the session is in state ERROR")
+        if self._events:
+            return self._events.popleft()
+        if self._pending is not None:
+            error, self._pending = self._pending, None
+            self._fail(error)
+        if self._frames:
+            data = self._frames.popleft()
+            self.last_frame_bytes = len(data) + PREFIX_BYTES
+            try:
+                event = self._handle(data, now)
+            except RemoteProtocolError as exc:
+                self._fail(exc)
+            except CBCLError as exc:
+                self._fail(exc)
+            self._events.appendleft(event)
+            return self._events.popleft()
+        if self._eof:
+            if self._reader.buffered:
+                self._fail(MalformedError(f"the stream ends inside a frame "
+                                          f"({self._reader.buffered} bytes buffered)"),
+                           reply=False)
+            before = self.state
+            open_threads = [] if self.tracker is None else [
+                c for c in self.tracker.conversations() if not c.finished]
+            if open_threads:  # the stream ended in the middle of a conversation
+                self._machine.fail()
+            if open_threads or self._machine.close() is HandshakeState.ERROR:
+                raise RemoteProtocolError(f"the peer closed the connection in state "
+                                          f"{before.value}{self._where()}", code="closed",
+                                          exit_code=1)
+            return ConnectionClosed()
+        return NEED_DATA
+
+    def data_to_send(self) -> bytes:
+        """The bytes the session produced by itself since the last call (answers,
+        confirmations, a NOT-UNDERSTOOD); write them to the stream."""
+        out = bytes(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def _where(self) -> str:
+        if self.tracker is None:
+            return ""
+        threads = self.tracker.conversations()
+        if not threads:
+            return f" of {self.protocol.id if self.protocol else '?'}, before any message"
+        thread = threads[-1]
+        return (f' of {thread.protocol} conversation "{thread.conversation_id}" '
+                f"(in state {thread.state})")
+
+    def _fail(self, error: CBCLError, *, reply: bool = True) -> Any:
+        self._machine.fail()
+        code = _error_code(error)
+        if reply:
+            self._outbox += self._not_understood(code)
+        if isinstance(error, RemoteProtocolError):
+            raise error
+        text = error.one_line()
+        if isinstance(error, TrustError) and error.reason:
+            text += f" ({error.reason})"
+        raise RemoteProtocolError(text, code=code, exit_code=error.exit_code) from error
+
+    def _not_understood(self, code: str) -> bytes:
+        try:
+            message = Message(
+                message_id=self._next_id(), sender=self.me or _ANONYMOUS,
+                receiver=self.peer or _ANONYMOUS, intent=Intent.NOT_UNDERSTOOD,
+                protocol=NEGOTIATION, conversation_id=self._cid, in_reply_to=self._last_id,
+                timestamp=self._now, body=code)
+            return frame(message.canonical().encode())
+        except (TypeError, ValueError):  # pragma: no cover - every field is ours
+            return b""
+
+    # ----------------------------------------------------------------- receiving
+
+    def _next_id(self) -> str:
+        self._sent += 1
+        return f"{self.role[0]}-{self.nonce[:12]}-{self._sent}"
+
+    def _check_fresh(self, message: Message, now: int) -> None:
+        if message.timestamp is None:
+            raise RemoteProtocolError(f'message "{message.message_id}" has no timestamp',
+                                      code="stale")
+        if abs(message.timestamp - now) > self.max_skew_ms:
+            raise RemoteProtocolError(
+                f'message "{message.message_id}" is stale: its timestamp '
+                f"{message.timestamp} is more than {self.max_skew_ms} ms from now ({now})",
+                code="stale")
+        if message.message_id in self._seen_set:
+            raise RemoteProtocolError(f'message "{message.message_id}" is a replay: its id '
+                                      "was seen before", code="replay")
+        self._seen.append(message.message_id)
+        self._seen_set.add(message.message_id)
+        while len(self._seen) > self.replay_window:
+            self._seen_set.discard(self._seen.popleft())
+
+    def _check_parties(self, message: Message) -> None:
+        if self.peer is None:  # a responder's first message binds the parties
+            self.peer = message.sender
+        if self.me is None:
+            self.me = message.receiver
+        if message.sender != self.peer or message.receiver != self.me:
+            raise RemoteProtocolError(
+                f'message "{message.message_id}" is from {message.sender} to '
+                f"{message.receiver}; this session is between {self.peer} and {self.me}",
+                code="malformed")
+
+    def _handle(self, data: bytes, now: int) -> Event:
+        if data[:2] == MAGIC:
+            if self.state is not HandshakeState.ESTABLISHED or self.encoding != "binary":
+                raise RemoteProtocolError("a binary frame before binary was agreed",
+                                          code="malformed")
+            assert self._decoder is not None
+            message = self._decoder.decode(data)
+            return self._receive_message(message, now)
+        envelope = parse(data, limits=self.limits, envelope_only=True)
+        if envelope.protocol == NEGOTIATION:
+            message = parse(data, limits=self.limits, registry=negotiation_registry())
+            return self._receive_handshake(message, data, now)
+        if self.state is not HandshakeState.ESTABLISHED or self.protocol is None:
+            raise RemoteProtocolError(f"a {envelope.protocol} message before the handshake "
+                                      "established it", code="unknown-protocol")
+        if envelope.protocol != self.protocol.id:
+            raise RemoteProtocolError(f"a {envelope.protocol} message in a session of "
+                                      f"{self.protocol.id}", code="unknown-protocol")
+        if self.encoding != "text":
+            raise RemoteProtocolError("a text message where binary was agreed",
+                                      code="malformed")
+        message = parse(data, limits=self.limits, registry=self.registry)
+        return self._receive_message(message, now)
+
+    def _receive_message(self, message: Message, now: int) -> Event:
+        self._check_parties(message)
+        self._check_fresh(message, now)
+        self._last_id = message.message_id
+        if message.intent is Intent.NOT_UNDERSTOOD:
+            self._machine.fail()
+            return NotUnderstood(message.body if type(message.body) is str else "")
+        self._machine.advance(self.peer_role, "message")
+        step = self.tracker.receive(message, now=now) if self.tracker is not None else None
+        return ProtocolMessage(message, step)
+
+    def _receive_handshake(self, message: Message, data: bytes, now: int) -> Event:
+        self._check_parties(message)
+        self._check_fresh(message, now)
+        self._last_id = message.message_id
+        if message.intent is Intent.NOT_UNDERSTOOD:
+            self._machine.fail()
+            return NotUnderstood(message.body if type(message.body) is str else "")
+        body = message.body
+        assert type(body) is tuple
+        kind = str(body[0])
+        if INTENTS[kind] != message.intent.value:
+            raise RemoteProtocolError(f"({kind} …) is sent as {INTENTS[kind]}, not "
+                                      f"{message.intent.value}", code="malformed")
+        if self._cid is None and kind == "supports":
+            self._cid = message.conversation_id
+        if message.conversation_id != self._cid:
+            raise RemoteProtocolError(f"conversation-id {message.conversation_id!r} is not "
+                                      "this negotiation's", code="malformed")
+        if not self._machine.can(self.peer_role, kind):
+            self._machine.advance(self.peer_role, kind)  # raises ProtocolError
+        values = _fields(body)
+        if kind == "finished":
+            return self._receive_finished(message, values["transcript"], data)
+        self._transcript.update(frame(data))
+        self._machine.advance(self.peer_role, kind)
+        return getattr(self, f"_on_{kind}")(values, now)
+
+    # responder side
+
+    def _on_supports(self, values: dict[str, Any], now: int) -> Event:
+        query = Query(str(values["protocol"]), values["digest"], tuple(values["versions"]),
+                      tuple(str(e) for e in values["encodings"]))
+        self._query = query
+        common = [e for e in query.encodings if e in self.encodings]
+        if not common:
+            raise RemoteProtocolError("no common encoding: the peer speaks "
+                                      f"{' '.join(query.encodings)}, this side "
+                                      f"{' '.join(self.encodings)}", code="no-common-encoding")
+        protocol = self.registry.get(query.protocol)
+        if protocol is not None and protocol.digest == query.digest \
+                and (not query.versions or protocol.descriptor.version in query.versions):
+            self._agree(protocol, common[0])
+            self._outbox += self._emit("supported", now, (
+                "protocol", protocol.id), ("digest", protocol.digest),
+                ("version", protocol.descriptor.version), ("encoding", Symbol(common[0])),
+                ("nonce", self.nonce))
+        else:
+            known = () if protocol is None else (protocol.descriptor.version,)
+            self._outbox += self._emit("unsupported", now, ("protocol", Symbol(query.protocol)),
+                                       ("known", known), ("nonce", self.nonce))
+        return query
+
+    def _on_offer(self, values: dict[str, Any], now: int) -> Event:
+        assert self._query is not None
+        query = self._query
+        document = values["descriptor"].encode("utf-8")
+        offer = Offer(document, values["digest"])
+        try:
+            if values["digest"] != query.digest:
+                raise _Mismatch(f"the offer's digest {values['digest']} is not the one asked "
+                                f"about, {query.digest}")
+            verified = self.registry.verify(document, now=now)
+            descriptor = verified.descriptor
+            if (str(descriptor.id), descriptor.digest) != (query.protocol, query.digest) \
+                    or (query.versions and descriptor.version not in query.versions):
+                raise _Mismatch(f"the offered descriptor is {descriptor.id} version "
+                                f"{descriptor.version} {descriptor.digest}, not what was asked")
+            protocol = self.registry.load(document, now=now)
+        except (CBCLError, _Mismatch) as exc:
+            code = "digest-mismatch" if isinstance(exc, _Mismatch) else reject_reason(exc)
+            detail = exc.one_line() if isinstance(exc, CBCLError) else str(exc)
+            if isinstance(exc, TrustError) and exc.reason:
+                detail += f" ({exc.reason})"
+            self._outbox += self._emit("rejected", now, ("reason", Symbol(code)))
+            self._events.append(Rejected(code, detail))
+            return offer
+        encoding = next(e for e in query.encodings if e in self.encodings)
+        self._agree(protocol, encoding)
+        self._outbox += self._emit("accepted", now, ("protocol", protocol.id),
+                                   ("digest", protocol.digest),
+                                   ("version", protocol.descriptor.version),
+                                   ("encoding", Symbol(encoding)))
+        self._events.append(Accepted(str(protocol.id), protocol.digest,
+                                     protocol.descriptor.version, encoding, verified.signers))
+        return offer
+
+    # initiator side
+
+    def _check_answer(self, protocol: str, digest: str, version: int, encoding: str) -> Protocol:
+        query = self._query
+        assert query is not None
+        if (protocol, digest) != (query.protocol, query.digest) \
+                or (query.versions and version not in query.versions) \
+                or encoding not in query.encodings:
+            raise RemoteProtocolError(
+                f"the answer names {protocol} version {version} {digest} in {encoding}; "
+                f"the question was {query.protocol} {query.digest} versions "
+                f"{list(query.versions)} in {' '.join(query.encodings)}",
+                code="digest-mismatch")
+        loaded = self.registry.get(protocol)
+        assert loaded is not None and loaded.digest == digest  # checked by send(Query)
+        return loaded
+
+    def _on_supported(self, values: dict[str, Any], now: int) -> Event:
+        event = Supported(str(values["protocol"]), values["digest"], values["version"],
+                          str(values["encoding"]))
+        protocol = self._check_answer(event.protocol, event.digest, event.version,
+                                      event.encoding)
+        self._agree(protocol, event.encoding)
+        self._outbox += self._emit("finished", now, ("transcript", finished_value(
+            self.transcript_digest, INITIATOR)))
+        return event
+
+    def _on_unsupported(self, values: dict[str, Any], now: int) -> Event:
+        return Unsupported(str(values["protocol"]), tuple(values["known"]))
+
+    def _on_accepted(self, values: dict[str, Any], now: int) -> Event:
+        event = Accepted(str(values["protocol"]), values["digest"], values["version"],
+                         str(values["encoding"]))
+        protocol = self._check_answer(event.protocol, event.digest, event.version,
+                                      event.encoding)
+        self._agree(protocol, event.encoding)
+        self._outbox += self._emit("finished", now, ("transcript", finished_value(
+            self.transcript_digest, INITIATOR)))
+        return event
+
+    def _on_rejected(self, values: dict[str, Any], now: int) -> Event:
+        return Rejected(str(values["reason"]))
+
+    # both
+
+    def _receive_finished(self, message: Message, value: str, data: bytes) -> Event:
+        expected = finished_value(self.transcript_digest, self.peer_role)
+        if value != expected:
+            raise RemoteProtocolError("the transcript hashes differ: a handshake message was "
+                                      "changed in transit", code="transcript-mismatch",
+                                      exit_code=6)
+        trust = self.registry.trust
+        if message.signature is not None and trust is not None:
+            trust.verify_message(message)
+        elif self.require_signed_finished:
+            raise TrustError("message verification failed",
+                             reason="the peer's (finished …) is not signed")
+        self._transcript.update(frame(data))
+        self._machine.advance(self.peer_role, "finished")
+        if self.role == RESPONDER:
+            self._outbox += self._emit("finished", self._now, (
+                "transcript", finished_value(self.transcript_digest, RESPONDER)))
+        self._events.append(self._established())
+        return Finished(value)
+
+    def _established(self) -> Established:
+        assert self.protocol is not None and self.encoding is not None
+        return Established(str(self.protocol.id), self.protocol.digest,
+                           self.protocol.descriptor.version, self.encoding)
+
+    def _agree(self, protocol: Protocol, encoding: str) -> None:
+        self.protocol = protocol
+        self.encoding = encoding
+        if protocol.descriptor.conversation is not None:
+            self.tracker = ConversationTracker.from_descriptors([protocol])
+        self._encoder = Encoder(self.registry)
+        self._decoder = Decoder(self.registry, limits=self.limits)
+
+    # ----------------------------------------------------------------- sending
+
+    def _emit(self, kind: str, now: int, *pairs: tuple[str, Value]) -> bytes:
+        """A handshake message from this side: build, sign a Finished, frame, hash,
+        advance."""
+        if not self._machine.can(self.role, kind):
+            self._machine.advance(self.role, kind)  # raises ProtocolError, state ERROR
+        body: list[Value] = [Symbol(kind)]
+        for name, value in pairs:
+            body += [Keyword(name), value]
+        assert self.me is not None and self.peer is not None
+        message = Message(message_id=self._next_id(), sender=self.me, receiver=self.peer,
+                          intent=INTENTS[kind], protocol=NEGOTIATION,
+                          conversation_id=self._cid, in_reply_to=self._last_id,
+                          timestamp=now, body=tuple(body))
+        if kind == "finished" and self.signing_key is not None:
+            message = sign_message(message, self.signing_key[1], self.signing_key[0])
+        data = frame(message.canonical().encode("utf-8"))
+        self._transcript.update(data)
+        self._machine.advance(self.role, kind)
+        return data
+
+    def send(self, event: Event, *, now: int) -> bytes:
+        """The bytes for ``event``: :class:`Query` and :class:`Offer` (initiator),
+        :class:`ProtocolMessage` (either side, once ESTABLISHED), :class:`ConnectionClosed`
+        (returns ``b""``; then close the stream). Raises :class:`LocalProtocolError` for an
+        event that is not allowed now (the session is then in ERROR)."""
+        self._now = _check_now(now)
+        if self.state is HandshakeState.ERROR:
+            raise LocalProtocolError("the session is in state ERROR")
+        try:
+            return self._send(event, now)
+        except LocalProtocolError:
+            self._machine.fail()
+            raise
+        except CBCLError as exc:
+            self._machine.fail()
+            raise LocalProtocolError(exc.one_line()) from exc
+
+    def _send(self, event: Event, now: int) -> bytes:
+        if isinstance(event, Query):
+            if self.role != INITIATOR:
+                raise LocalProtocolError("only the initiator asks")
+            protocol = self.registry.get(event.protocol)
+            if protocol is None or protocol.digest != event.digest:
+                raise LocalProtocolError(f"load {event.protocol} {event.digest} into this "
+                                         "session's registry before asking for it")
+            encodings = [e for e in event.encodings if e in self.encodings]
+            if not encodings:
+                raise LocalProtocolError("no encoding this side speaks was asked for")
+            self._query = replace(event, encodings=tuple(encodings))
+            return self._emit("supports", now, ("protocol", protocol.id),
+                              ("digest", event.digest), ("versions", tuple(event.versions)),
+                              ("encodings", tuple(Symbol(e) for e in encodings)),
+                              ("nonce", self.nonce))
+        if isinstance(event, Offer):
+            if self.role != INITIATOR:
+                raise LocalProtocolError("only the initiator offers")
+            document = bytes(event.document)
+            try:
+                text = document.decode("utf-8")
+            except UnicodeDecodeError:
+                raise LocalProtocolError("the offered document is not UTF-8") from None
+            if len(document) > self.limits.max_string_bytes:
+                raise LimitError(f"the signed descriptor is {len(document)} bytes; one string "
+                                 f"holds at most {self.limits.max_string_bytes}",
+                                 limit="max_string_bytes", maximum=self.limits.max_string_bytes)
+            payload = read_signed_descriptor_unverified(document, limits=self.limits).payload
+            digest = "sha256:" + hashlib.sha256(payload).hexdigest()
+            if self._query is not None and digest != self._query.digest:
+                raise LocalProtocolError(f"the offered descriptor is {digest}, but the "
+                                         f"question was about {self._query.digest}")
+            self._offer_digest = digest
+            return self._emit("offer", now, ("digest", digest), ("descriptor", text))
+        if isinstance(event, ProtocolMessage):
+            return self._send_message(event.message, now)
+        if isinstance(event, ConnectionClosed):
+            self._machine.close()
+            return b""
+        raise LocalProtocolError(f"{type(event).__name__} is sent by the session itself, "
+                                 "not by send()")
+
+    def _send_message(self, message: Message, now: int) -> bytes:
+        if self.state is not HandshakeState.ESTABLISHED or self.protocol is None:
+            raise LocalProtocolError(f"no protocol is established (state {self.state.value})")
+        if message.protocol != self.protocol.id:
+            raise LocalProtocolError(f"this session speaks {self.protocol.id}, not "
+                                     f"{message.protocol}")
+        if (message.sender, message.receiver) != (self.me, self.peer):
+            raise LocalProtocolError(f"messages of this session go from {self.me} to "
+                                     f"{self.peer}")
+        if message.timestamp is None and message.signature is None:
+            message = replace(message, timestamp=now)
+        if self.tracker is not None and message.intent is not Intent.NOT_UNDERSTOOD:
+            self.tracker.receive(message, now=now)
+        self._machine.advance(self.role, "message")
+        if self.encoding == "binary":
+            assert self._encoder is not None
+            return frame(self._encoder.encode(message))
+        return frame(message.canonical().encode("utf-8"))
+
+
+class _Mismatch(Exception):
+    pass
+
+
+__all__ = [
+    "NEED_DATA", "Accepted", "ConnectionClosed", "Established", "Finished",
+    "LocalProtocolError", "NotUnderstood", "Offer", "ProtocolMessage", "Query", "Rejected",
+    "RemoteProtocolError", "Session", "Supported", "Unsupported",
+]

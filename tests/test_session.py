@@ -1,0 +1,506 @@
+"""The sans-io negotiation session (spec/negotiation.md): two sessions wired in memory, fed
+whole and one byte at a time; replays, stale messages; a tampering middleman never gets a
+silent downgrade (a hypothesis state machine over the handshake's steps)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import cbcl
+from cbcl._framing import frame
+from cbcl._negotiation import TRANSITIONS, HandshakeMachine, HandshakeState
+from cbcl._session import (
+    NEED_DATA,
+    Accepted,
+    ConnectionClosed,
+    Established,
+    LocalProtocolError,
+    NotUnderstood,
+    Offer,
+    ProtocolMessage,
+    Query,
+    Rejected,
+    RemoteProtocolError,
+    Session,
+    Unsupported,
+    finished_value,
+    reject_reason,
+)
+from cbcl._trust import TrustStore, sign_descriptor
+
+ROOT = Path(__file__).parent.parent
+NOW = 1_764_500_000_000
+KEY = Ed25519PrivateKey.generate()
+OTHER_KEY = Ed25519PrivateKey.generate()
+STORE = TrustStore({"demo": KEY.public_key()})
+V1 = (ROOT / "descriptors" / "contract-net-v1.cbcl").read_bytes()
+V2 = V1.replace(b"(version 1)", b"(version 2)")
+SIGNED_V1 = sign_descriptor(V1, [("demo", KEY)])
+SIGNED_V2 = sign_descriptor(V2, [("demo", KEY)])
+DIGEST_V1 = "sha256:" + hashlib.sha256(V1).hexdigest()
+DIGEST_V2 = "sha256:" + hashlib.sha256(V2).hexdigest()
+A_URI, B_URI = "agent://test/a", "agent://test/b"
+
+
+def initiator(payload: bytes = V2, **options: object) -> Session:
+    registry = cbcl.Registry(disk_cache=False, isolate=False)
+    registry.load(payload, allow_unsigned=True)
+    options.setdefault("signing_key", ("demo", KEY))
+    return Session("initiator", registry=registry, me=A_URI, peer=B_URI, **options)
+
+
+def responder(**options: object) -> Session:
+    registry = cbcl.Registry(trust=STORE, disk_cache=False, isolate=False)
+    options.setdefault("require_signed_finished", True)
+    return Session("responder", registry=registry, me=B_URI, **options)
+
+
+def query(digest: str = DIGEST_V2, version: int = 2,
+          encodings: tuple[str, ...] = ("binary", "text")) -> Query:
+    return Query("contract-net/v1", digest, (version,), encodings)
+
+
+@dataclass
+class SessionPair:
+    """Two sessions wired in memory. ``chunk`` bytes are fed at a time (0: whole)."""
+
+    a: Session
+    b: Session
+    chunk: int = 0
+    now: int = NOW
+    events: dict[str, list[object]] = field(default_factory=lambda: {"a": [], "b": []})
+
+    def feed(self, to: Session, data: bytes) -> list[object]:
+        pieces = [data] if not self.chunk else [data[i:i + self.chunk]
+                                                for i in range(0, len(data), self.chunk)]
+        got: list[object] = []
+        for piece in pieces:
+            to.receive_data(piece)
+            while (event := to.next_event(now=self.now)) is not NEED_DATA:
+                got.append(event)
+        self.events["a" if to is self.a else "b"] += got
+        return got
+
+    def exchange(self) -> None:
+        """Deliver what each side produced by itself until both are quiet."""
+        while True:
+            to_b, to_a = self.a.data_to_send(), self.b.data_to_send()
+            if not to_b and not to_a:
+                return
+            if to_b:
+                self.feed(self.b, to_b)
+            if to_a:
+                self.feed(self.a, to_a)
+
+    def handshake(self, q: Query | None = None, document: bytes = SIGNED_V2) -> None:
+        self.feed(self.b, self.a.send(q or query(), now=self.now))
+        self.exchange()
+        if self.a.state is HandshakeState.UNSUPPORTED:
+            self.feed(self.b, self.a.send(Offer(document), now=self.now))
+            self.exchange()
+
+
+def cfp(number: int = 1) -> cbcl.Message:
+    return cbcl.Message(message_id=f"cn-{number}", sender=A_URI, receiver=B_URI,
+                        intent="CFP", protocol="contract-net/v1", conversation_id="job-1",
+                        body=cbcl.read(b'(cfp :task (task :id "t1" :action render) '
+                                       b":deadline 5)"))
+
+
+def propose(in_reply_to: str = "cn-1") -> cbcl.Message:
+    return cbcl.Message(message_id="b-1", sender=B_URI, receiver=A_URI, intent="PROPOSE",
+                        protocol="contract-net/v1", conversation_id="job-1",
+                        in_reply_to=in_reply_to,
+                        body=cbcl.read(b'(proposal :task-id "t1" :bid (bid :price 1.0 '
+                                       b":currency EUR))"))
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def test_the_table_is_data_and_an_unknown_row_is_an_error() -> None:
+    assert (HandshakeState.IDLE, "initiator", "supports") in TRANSITIONS
+    machine = HandshakeMachine()
+    with pytest.raises(cbcl.ProtocolError, match="not allowed in state IDLE"):
+        machine.advance("responder", "supported")
+    assert machine.state is HandshakeState.ERROR
+    with pytest.raises(cbcl.ProtocolError):
+        machine.advance("initiator", "supports")  # nothing leaves ERROR
+
+
+# --------------------------------------------------------------------------- handshakes
+
+
+@pytest.mark.parametrize("chunk", [0, 1])
+@pytest.mark.parametrize("encodings", [("text",), ("binary", "text")])
+def test_offer_then_conversation(chunk: int, encodings: tuple[str, ...]) -> None:
+    pair = SessionPair(initiator(), responder(), chunk=chunk)
+    pair.handshake(query(encodings=encodings))
+    kinds_a = [type(e).__name__ for e in pair.events["a"]]
+    kinds_b = [type(e).__name__ for e in pair.events["b"]]
+    assert kinds_a == ["Unsupported", "Accepted", "Finished", "Established"]
+    assert kinds_b == ["Query", "Offer", "Accepted", "Finished", "Established"]
+    assert pair.a.state is pair.b.state is HandshakeState.ESTABLISHED
+    assert pair.a.encoding == pair.b.encoding == encodings[0]
+    assert pair.a.transcript_digest == pair.b.transcript_digest
+    accepted = pair.events["b"][2]
+    assert isinstance(accepted, Accepted) and accepted.signers == ("demo",)
+    # The conversation runs, tracked on both sides.
+    (got,) = pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
+    assert isinstance(got, ProtocolMessage) and str(got.step.after) == "called"
+    (got,) = pair.feed(pair.a, pair.b.send(ProtocolMessage(propose()), now=NOW))
+    assert isinstance(got, ProtocolMessage) and str(got.step.after) == "proposed"
+    # The stream ends in the middle of the conversation: an error, named.
+    pair.b.receive_data(b"")
+    with pytest.raises(RemoteProtocolError, match=r"conversation \"job-1\" \(in state "
+                       r"proposed\)") as caught:
+        pair.b.next_event(now=NOW)
+    assert caught.value.code == "closed"
+
+
+def test_a_clean_end_of_stream() -> None:
+    pair = SessionPair(initiator(), responder())
+    pair.handshake()
+    pair.b.receive_data(b"")
+    assert isinstance(pair.b.next_event(now=NOW), ConnectionClosed)
+    assert pair.b.state is HandshakeState.CLOSED
+
+
+def test_supported_needs_no_offer() -> None:
+    b = responder()
+    b.registry.load(SIGNED_V2, now=NOW)
+    pair = SessionPair(initiator(), b)
+    pair.handshake()
+    assert [type(e).__name__ for e in pair.events["a"]] == [
+        "Supported", "Finished", "Established"]
+    assert pair.a.state is pair.b.state is HandshakeState.ESTABLISHED
+
+
+def test_unsupported_names_the_known_versions_and_rollback_is_rejected() -> None:
+    b = responder()
+    b.registry.load(SIGNED_V2, now=NOW)
+    pair = SessionPair(initiator(V1), b)
+    pair.feed(pair.b, pair.a.send(query(DIGEST_V1, 1), now=NOW))
+    pair.exchange()
+    (answer,) = pair.events["a"]
+    assert answer == Unsupported("contract-net/v1", (2,))
+    pair.feed(pair.b, pair.a.send(Offer(SIGNED_V1), now=NOW))
+    pair.exchange()
+    assert pair.events["a"][-1] == Rejected("rollback")
+    assert pair.a.state is pair.b.state is HandshakeState.REJECTED
+    assert pair.b.registry.get("contract-net/v1").descriptor.version == 2  # unchanged
+
+
+@pytest.mark.parametrize(("document", "reason"), [
+    (SIGNED_V2.replace(b'(sig "demo" "', b'(sig "demo" "A', 1)[:-0 or None], None),
+    (sign_descriptor(V2, [("demo", OTHER_KEY)]), "bad-signature"),
+    (sign_descriptor(V2, [("stranger", OTHER_KEY)]), "untrusted-signer"),
+])
+def test_refused_offers_carry_a_reason_code(document: bytes, reason: str | None) -> None:
+    if reason is None:  # one changed signature character
+        text = SIGNED_V2.decode()
+        sig = re.search(r'\(sig "demo" "(.)', text)
+        assert sig is not None
+        swap = "B" if sig.group(1) == "A" else "A"
+        document = (text[:sig.start(1)] + swap + text[sig.end(1):]).encode()
+        reason = "bad-signature"
+    pair = SessionPair(initiator(), responder())
+    pair.handshake(document=document)
+    assert pair.events["a"][-1] == Rejected(reason)
+    detail = pair.events["b"][-1]
+    assert isinstance(detail, Rejected) and detail.detail  # local detail, never sent
+    assert pair.b.registry.get("contract-net/v1") is None
+
+
+def test_reject_reasons_map_every_refusal() -> None:
+    def trust(reason: str) -> cbcl.TrustError:
+        return cbcl.TrustError("descriptor verification failed", reason=reason)
+
+    assert reject_reason(trust("rollback: x")) == "rollback"
+    assert reject_reason(trust("equivocation: x")) == "equivocation"
+    assert reject_reason(trust("expired: x")) == "expired"
+    assert reject_reason(trust("no valid signature [signature 1: bad signature]")) \
+        == "bad-signature"
+    assert reject_reason(trust("no valid signature [signature 1: unknown key id]")) \
+        == "untrusted-signer"
+    assert reject_reason(cbcl.GrammarError("x")) == "grammar-refused"
+    assert reject_reason(cbcl.LimitError("x", limit="max_depth", maximum=1)) == "limit"
+    assert reject_reason(cbcl.DescriptorError("x")) == "malformed"
+
+
+def test_a_grammar_over_the_responders_limits_is_refused() -> None:
+    from cbcl._subset import GrammarLimits
+
+    registry = cbcl.Registry(trust=STORE, disk_cache=False, isolate=False,
+                             grammar_limits=GrammarLimits(max_rules=4))
+    pair = SessionPair(initiator(), Session("responder", registry=registry, me=B_URI))
+    pair.handshake()
+    assert pair.events["a"][-1] == Rejected("grammar-refused")
+    assert registry.get("contract-net/v1") is None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_garbage_gets_not_understood_and_error() -> None:
+    b = responder()
+    b.receive_data(frame(b"(CBCL/1.0 (message-id"))
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event(now=NOW)
+    assert caught.value.code == "malformed" and caught.value.exit_code == 3
+    assert b.state is HandshakeState.ERROR
+    reply = b.data_to_send()
+    assert b"NOT-UNDERSTOOD" in reply and b'(body "malformed")' in reply
+    with pytest.raises(LocalProtocolError):
+        b.next_event(now=NOW)
+    # The other side hears it as NotUnderstood.
+    a = initiator()
+    a.send(query(), now=NOW)
+    reply = reply.replace(b"agent://anonymous", A_URI.encode(), 1)
+    a.receive_data(frame(reply[4:].replace(b"agent://anonymous", B_URI.encode())))
+    got = a.next_event(now=NOW)
+    assert isinstance(got, (NotUnderstood, type(NEED_DATA))) or a.state is HandshakeState.ERROR
+
+
+def test_a_frame_over_the_limit_is_refused_before_it_is_read() -> None:
+    b = responder(max_frame_bytes=100)
+    b.receive_data((1000).to_bytes(4, "big"))
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event(now=NOW)
+    assert caught.value.code == "limit" and caught.value.exit_code == 4
+
+
+def test_too_many_pending_frames() -> None:
+    a, b = initiator(), responder(max_pending_frames=2)
+    data = a.send(query(), now=NOW)
+    b.receive_data(data * 3)
+    with pytest.raises(RemoteProtocolError, match="frames are waiting"):
+        b.next_event(now=NOW)
+
+
+def test_a_replayed_message_is_refused() -> None:
+    a, b = initiator(), responder()
+    data = a.send(query(), now=NOW)
+    b.receive_data(data)
+    assert isinstance(b.next_event(now=NOW), Query)
+    b.receive_data(data)
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event(now=NOW)
+    assert caught.value.code == "replay"
+
+
+@pytest.mark.parametrize("skew", [30_001, -30_001])
+def test_a_stale_message_is_refused(skew: int) -> None:
+    a, b = initiator(), responder(max_skew_ms=30_000)
+    b.receive_data(a.send(query(), now=NOW + skew))
+    with pytest.raises(RemoteProtocolError) as caught:
+        b.next_event(now=NOW)
+    assert caught.value.code == "stale"
+
+
+def test_inside_the_skew_window_is_fresh() -> None:
+    a, b = initiator(), responder(max_skew_ms=30_000)
+    b.receive_data(a.send(query(), now=NOW - 30_000))
+    assert isinstance(b.next_event(now=NOW), Query)
+
+
+def test_a_replayed_conversation_message_is_refused() -> None:
+    pair = SessionPair(initiator(), responder())
+    pair.handshake()
+    data = pair.a.send(ProtocolMessage(cfp()), now=NOW)
+    pair.feed(pair.b, data)
+    with pytest.raises(RemoteProtocolError) as caught:
+        pair.feed(pair.b, data)
+    assert caught.value.code == "replay"
+
+
+def test_a_message_out_of_its_conversation_is_refused_locally() -> None:
+    pair = SessionPair(initiator(), responder())
+    pair.handshake()
+    with pytest.raises(LocalProtocolError, match="conversation"):
+        pair.b.send(ProtocolMessage(propose()), now=NOW)  # no CFP yet
+    assert pair.b.state is HandshakeState.ERROR
+
+
+def test_sending_out_of_turn_is_a_local_error() -> None:
+    a = initiator()
+    with pytest.raises(LocalProtocolError):
+        a.send(Offer(SIGNED_V2), now=NOW)
+    assert a.state is HandshakeState.ERROR
+    with pytest.raises(LocalProtocolError):
+        responder().send(query(), now=NOW)
+
+
+def test_closing_mid_handshake_is_an_error() -> None:
+    a = initiator()
+    a.send(query(), now=NOW)
+    a.receive_data(b"")
+    with pytest.raises(RemoteProtocolError, match="closed the connection in state ASKED"):
+        a.next_event(now=NOW)
+
+
+def test_an_unsigned_finished_is_refused_when_signatures_are_required() -> None:
+    pair = SessionPair(initiator(signing_key=None), responder())
+    with pytest.raises(RemoteProtocolError) as caught:
+        pair.handshake()
+    assert caught.value.code == "untrusted-signer"
+    assert pair.b.state is HandshakeState.ERROR
+
+
+def test_a_middleman_who_recomputes_the_finished_is_caught_by_its_signature() -> None:
+    """An unkeyed hash can be recomputed: the signature over A's Finished is what stops an
+    active middleman who changed the question (here: stripped binary)."""
+    a, b = initiator(), responder()
+    original = a.send(query(), now=NOW)
+    changed = frame(original[4:].replace(b"(binary text)", b"(text)"))
+    b.receive_data(changed)
+    b.next_event(now=NOW)
+    a.receive_data(b.data_to_send())
+    a.next_event(now=NOW)
+    offer = a.send(Offer(SIGNED_V2), now=NOW)
+    b.receive_data(offer)
+    while b.next_event(now=NOW) is not NEED_DATA:
+        pass
+    a.receive_data(b.data_to_send())
+    while a.next_event(now=NOW) is not NEED_DATA:
+        pass
+    finished = a.data_to_send()
+    # The middleman puts in the value B expects; A's signature no longer matches.
+    expected = finished_value(b.transcript_digest, "initiator")
+    forged = re.sub(rb'sha256:[0-9a-f]{64}', expected.encode(), finished[4:])
+    b.receive_data(frame(forged))
+    with pytest.raises(RemoteProtocolError) as caught:
+        while b.next_event(now=NOW) is not NEED_DATA:
+            pass
+    assert caught.value.code == "bad-signature"
+    assert b.state is HandshakeState.ERROR
+
+
+# --------------------------------------------------------------------------- middleman
+
+
+TAMPERS = ("strip-versions", "strip-encodings", "swap-digest", "replay-old-offer",
+           "flip-byte", "swap-encoding")
+
+
+def tamper(data: bytes, how: str, where: int) -> bytes:
+    payload = data[4:]
+    if how == "strip-versions":
+        payload = re.sub(rb":versions \([0-9 ]*\)", b":versions ()", payload)
+    elif how == "strip-encodings":
+        payload = payload.replace(b"(binary text)", b"(text)")
+    elif how == "swap-digest":
+        payload = payload.replace(DIGEST_V2.encode(), DIGEST_V1.encode())
+    elif how == "swap-encoding":
+        payload = payload.replace(b":encoding binary", b":encoding text")
+    elif how == "replay-old-offer" and b"(offer " in payload:
+        old = cbcl.canonical(SIGNED_V1.decode()).encode()
+        payload = re.sub(rb':descriptor "(?:[^"\\]|\\.)*"',
+                         lambda _: b":descriptor " + old, payload)
+        payload = payload.replace(DIGEST_V2.encode(), DIGEST_V1.encode())
+    elif how == "flip-byte":
+        index = where % len(payload)
+        payload = payload[:index] + bytes([payload[index] ^ 0x20]) + payload[index + 1:]
+    return frame(payload)
+
+
+class Handshake(RuleBasedStateMachine):
+    """A and B negotiate through a middleman who may change any handshake frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = initiator()
+        self.b = responder()
+        self.to_b: list[bytes] = []
+        self.to_a: list[bytes] = []
+        self.tampered = False
+        self.tampered_to_a_last = False
+        self.failed = False
+        self.asked: Query | None = None
+
+    @precondition(lambda self: self.a.state is HandshakeState.IDLE)
+    @rule(encodings=st.sampled_from([("binary", "text"), ("text",), ("binary",)]))
+    def ask(self, encodings: tuple[str, ...]) -> None:
+        self.asked = query(encodings=encodings)
+        self.to_b.append(self.a.send(self.asked, now=NOW))
+
+    @precondition(lambda self: self.a.state is HandshakeState.UNSUPPORTED and not self.to_b)
+    @rule()
+    def offer(self) -> None:
+        self.to_b.append(self.a.send(Offer(SIGNED_V2), now=NOW))
+
+    def _deliver(self, to: Session, queue: list[bytes], back: list[bytes], how: str | None,
+                 where: int, bytewise: bool) -> None:
+        data = queue.pop(0)
+        if how is not None:
+            changed = tamper(data, how, where)
+            if changed != data:
+                self.tampered = True
+                data = changed
+        if self.failed or to.state in (HandshakeState.ERROR, HandshakeState.REJECTED):
+            return
+        try:
+            for piece in ([data[i:i + 1] for i in range(len(data))] if bytewise else [data]):
+                to.receive_data(piece)
+                while to.next_event(now=NOW) is not NEED_DATA:
+                    pass
+        except (RemoteProtocolError, LocalProtocolError):
+            self.failed = True
+        back.extend(p for p in [to.data_to_send()] if p)
+
+    @precondition(lambda self: bool(self.to_b))
+    @rule(how=st.none() | st.sampled_from(TAMPERS), where=st.integers(0, 10_000),
+          bytewise=st.booleans())
+    def deliver_to_b(self, how: str | None, where: int, bytewise: bool) -> None:
+        self._deliver(self.b, self.to_b, self.to_a, how, where, bytewise)
+
+    @precondition(lambda self: bool(self.to_a))
+    @rule(how=st.none() | st.sampled_from(TAMPERS), where=st.integers(0, 10_000),
+          bytewise=st.booleans())
+    def deliver_to_a(self, how: str | None, where: int, bytewise: bool) -> None:
+        before = self.tampered
+        self._deliver(self.a, self.to_a, self.to_b, how, where, bytewise)
+        self.tampered_to_a_last = self.tampered and not before
+
+    @rule()
+    def wait(self) -> None:
+        """The middleman holds everything back (always possible)."""
+
+    @invariant()
+    def never_a_silent_downgrade(self) -> None:
+        both = self.a.state is self.b.state is HandshakeState.ESTABLISHED
+        if self.tampered:
+            assert not both, "a tampered handshake was established on both sides"
+        for side in (self.a, self.b):
+            if side.state is HandshakeState.ESTABLISHED:
+                assert side.protocol is not None and side.protocol.digest == DIGEST_V2
+                assert self.asked is not None and side.encoding == self.asked.encodings[0]
+        if not self.tampered:
+            assert not self.failed
+            assert HandshakeState.ERROR not in (self.a.state, self.b.state)
+
+    @invariant()
+    def a_rejected_offer_loads_nothing(self) -> None:
+        if self.b.state in (HandshakeState.REJECTED, HandshakeState.ERROR) \
+                and self.b.protocol is None:
+            loaded = self.b.registry.get("contract-net/v1")
+            assert loaded is None or loaded.digest == DIGEST_V2
+
+
+Handshake.TestCase.settings = settings(stateful_step_count=15)  # the profile's examples
+TestHandshake = Handshake.TestCase
+
+
+def test_established_event_fields() -> None:
+    pair = SessionPair(initiator(), responder())
+    pair.handshake(query(encodings=("text",)))
+    assert pair.events["a"][-1] == Established("contract-net/v1", DIGEST_V2, 2, "text")
