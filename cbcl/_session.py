@@ -648,21 +648,20 @@ class Session:
         return loaded
 
     def _on_supported(self, values: dict[str, Any], now: int) -> Event:
-        event = Supported(str(values["protocol"]), values["digest"], values["version"],
-                          str(values["encoding"]))
-        protocol = self._check_answer(event.protocol, event.digest, event.version,
-                                      event.encoding)
-        self._agree(protocol, event.encoding)
-        self._outbox += self._emit("finished", now, ("transcript", finished_value(
-            self.transcript_digest, INITIATOR)))
-        return event
+        return self._on_agreement(Supported, values, now)
 
     def _on_unsupported(self, values: dict[str, Any], now: int) -> Event:
         return Unsupported(str(values["protocol"]), tuple(values["known"]))
 
     def _on_accepted(self, values: dict[str, Any], now: int) -> Event:
-        event = Accepted(str(values["protocol"]), values["digest"], values["version"],
-                         str(values["encoding"]))
+        return self._on_agreement(Accepted, values, now)
+
+    def _on_agreement(self, kind: type[Supported] | type[Accepted], values: dict[str, Any],
+                      now: int) -> Event:
+        """B agreed (it already spoke the protocol, or accepted the offer): check the
+        answer against the question, then send the initiator's Finished."""
+        event = kind(str(values["protocol"]), values["digest"], values["version"],
+                     str(values["encoding"]))
         protocol = self._check_answer(event.protocol, event.digest, event.version,
                                       event.encoding)
         self._agree(protocol, event.encoding)
