@@ -1,34 +1,57 @@
-"""pytest-benchmark suite for regressions on the hot paths (not part of the unit tests):
+"""pytest-benchmark suites for regressions on the hot paths and their peers, on the corpus of
+``cbcl bench`` (not part of the unit tests; they do not run in CI):
 
-    pytest benchmarks/ --benchmark-only
+    pytest benchmarks/ --benchmark-only [--benchmark-compare]
 """
 
 from __future__ import annotations
 
+import pytest
 import sexpdata
-from compare import corpus
 
 import cbcl
+from cbcl._bench import build_corpus, find_descriptors, lark_parser, load_registry
 
-CORPUS = corpus()
-
-
-def test_read_small(benchmark) -> None:  # type: ignore[no-untyped-def]
-    benchmark(cbcl.read, CORPUS["small"])
-
-
-def test_envelope_small(benchmark) -> None:  # type: ignore[no-untyped-def]
-    benchmark(cbcl.parse, CORPUS["small"], envelope_only=True)
+DIRECTORY = find_descriptors()
+REGISTRY = load_registry(DIRECTORY)
+CASES = {case.name: case for case in build_corpus(DIRECTORY, REGISTRY)}
+NAMES = sorted(CASES)
+ENCODER = cbcl.Encoder(REGISTRY)
+DECODER = cbcl.Decoder(REGISTRY)
 
 
-def test_envelope_medium(benchmark) -> None:  # type: ignore[no-untyped-def]
-    benchmark(cbcl.parse, CORPUS["medium"], envelope_only=True)
+@pytest.mark.parametrize("name", NAMES)
+def test_text_parse(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(cbcl.parse, CASES[name].text, registry=REGISTRY)
 
 
-def test_canonical_medium(benchmark) -> None:  # type: ignore[no-untyped-def]
-    message = cbcl.parse(CORPUS["medium"], envelope_only=True)
-    benchmark(cbcl.canonical, message)
+@pytest.mark.parametrize("name", NAMES)
+def test_binary_decode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(DECODER.decode, ENCODER.encode(CASES[name].message))
 
 
-def test_peer_sexpdata_small(benchmark) -> None:  # type: ignore[no-untyped-def]
-    benchmark(sexpdata.loads, CORPUS["small"].decode())
+@pytest.mark.parametrize("name", NAMES)
+def test_binary_encode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(ENCODER.encode, CASES[name].message)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_text_encode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(CASES[name].message.canonical)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_read(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(cbcl.read, CASES[name].text)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_peer_sexpdata(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(sexpdata.loads, CASES[name].text.decode())
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if not n.endswith("/large")])
+def test_peer_lark(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    case = CASES[name]
+    parser = lark_parser(REGISTRY.get(case.protocol[:-3] + "/v1").descriptor.grammar)
+    benchmark(parser.parse, case.text.decode())

@@ -18,6 +18,7 @@ from . import __version__
 from ._api import canonical, parse
 
 # Imported last: the command modules use this module's helpers.
+from ._cli_bench import register as register_bench
 from ._cli_codec import register as register_codec
 from ._cli_common import (
     EXIT_INTERNAL,
@@ -295,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_codec(commands)
     register_conversation(commands)
     register_negotiate(commands)
+    register_bench(commands)
     return parser
 
 

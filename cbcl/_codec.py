@@ -47,6 +47,7 @@ from ._errors import (
     ProtocolError,
     UnknownProtocolError,
 )
+from ._lalr import value_states
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import VERSION, Intent, Message, Signature
 from ._protocol import (
@@ -56,7 +57,18 @@ from ._protocol import (
     Registry,
     _expected_order,
 )
-from ._values import _NAME_RE, INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value, is_name
+from ._reader import intern_keyword, intern_symbol
+from ._values import (
+    _NAME_RE,
+    _URI_RE,
+    INT64_MAX,
+    INT64_MIN,
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+    is_name,
+)
 
 # Intents every protocol admits ungoverned, with an absent or string body (as pass 2).
 _ALWAYS_ADMITTED = getattr(_protocol, "_ALWAYS_ADMITTED", frozenset({Intent.NOT_UNDERSTOOD}))
@@ -87,8 +99,6 @@ _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "
                    (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
                    (HAS_SIGNATURE, "signature"), (HAS_BODY, "body"))
 _VALUE_RULE = "cbcl_value"  # cbcl._subset.LARK_VALUE_RULE
-_VALUE_STAR = "_cbcl_value_star"
-_VALUE_FIRST = ("LPAR", "SYMBOL", "STRING", "INTEGER", "DECIMAL", "KEYWORD", "URI")
 _KIND_CODES = {Symbol: SYMBOL, Keyword: KEYWORD, URI: URI_CODE}
 _DATA_TERMINALS = {Symbol: "SYMBOL", Keyword: "KEYWORD", URI: "URI"}
 _MAX_DECIMAL_TEXT = 40
@@ -117,7 +127,9 @@ class SymbolTable:
     @classmethod
     def of(cls, protocol: Protocol) -> SymbolTable:
         pairs = sorted(protocol.atoms.items(), key=lambda pair: int(pair[1][4:]))
-        atoms = tuple(atom for atom, _ in pairs)
+        # The reader's shared atoms: dictionaries keyed by atoms then match by identity.
+        atoms = tuple(intern_symbol(str.__str__(atom)) if type(atom) is Symbol
+                      else intern_keyword(str.__str__(atom)) for atom, _ in pairs)
         return cls(protocol, digest_bytes(protocol.digest), atoms,  # type: ignore[arg-type]
                    tuple(terminal for _, terminal in pairs),
                    {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},
@@ -127,24 +139,8 @@ class SymbolTable:
 
 
 def _value_states(tables: Any) -> dict[str, int]:
-    """The states of the generated ``value`` rule (``cbcl_value: LPAR _cbcl_value_star RPAR
-    | SYMBOL | …``) that a value's first token enters.
-
-    An LALR state is identified by its core, so where shifting a token from state S enters
-    one of these states, every item of S that can take the token is the start of a whole
-    ``value``: the decoder may then read the value without driving the tables through it
-    and take the ``value`` goto from S. States are found by their contents, never by number
-    (lark's numbering is not stable)."""
-    actions = tables.actions
-    after_lpar = [state for state, row in enumerate(actions) if _VALUE_STAR in row]
-    if len(after_lpar) != 1:
-        return {}
-    inside = actions[after_lpar[0]][_VALUE_STAR]
-    row = actions[inside]
-    states = {terminal: row[terminal] for terminal in _VALUE_FIRST if terminal in row}
-    if len(states) != len(_VALUE_FIRST) or states["LPAR"] != after_lpar[0]:
-        return {}  # pragma: no cover - not the generated value rule
-    return states
+    """See :func:`cbcl._lalr.value_states`."""
+    return value_states(tables)
 
 
 def digest_bytes(digest: str) -> bytes:
@@ -577,7 +573,11 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
 def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present: int,
                     where: Any) -> None:
     """The limits the envelope's own text would meet: depth 2, the items of the envelope
-    and field lists, its nodes, and the length of its symbols."""
+    and field lists, its nodes, and the length of its symbols. (What passed is remembered:
+    the answer depends on nothing else.)"""
+    key = (limits, protocol.id, intent, present)
+    if key in _ENVELOPE_WITHIN_LIMITS:
+        return
     fields = 5 + bin(present).count("1")
     if limits.max_depth < 2:
         _limit(f"lists nested more than {limits.max_depth} deep", "max_depth",
@@ -596,6 +596,12 @@ def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present:
     if longest > limits.max_name_chars:
         _limit(f"symbol longer than {limits.max_name_chars} characters", "max_name_chars",
                limits.max_name_chars, where(0))
+    if len(_ENVELOPE_WITHIN_LIMITS) >= 4096:
+        _ENVELOPE_WITHIN_LIMITS.clear()
+    _ENVELOPE_WITHIN_LIMITS.add(key)
+
+
+_ENVELOPE_WITHIN_LIMITS: set[tuple[Limits, Symbol, Intent, int]] = set()
 
 
 def _envelope_nodes(present: int) -> int:
@@ -739,7 +745,8 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                     else:
                         if token != URI_CODE and len(text) <= max_name and \
                                 _NAME_MATCH[token](text) is not None:
-                            value = str.__new__(Symbol if token == SYMBOL else Keyword, text)
+                            value = intern_symbol(text) if token == SYMBOL \
+                                else intern_keyword(text)
                         else:
                             value = _named_atom(token, text, limits, where, at + 1)
                         if value in codes or value in seen:
@@ -772,6 +779,11 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                 if terminal == "LPAR":  # a whole value: read it without the tables
                     grammar = False
                     in_value = depth
+                    assert items is not None
+                    done = _read_value(table, tokens, index, items, nodes, depth, limits,
+                                       max_nodes, seen, learned)
+                    if done is not None:  # at the value's ')'; else read it token by token
+                        index, nodes = done
                 else:
                     stack.append(row[_VALUE_RULE])
             else:
@@ -806,6 +818,107 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
             if stack[-1] == tables.end_state:
                 break
     return value, index, refusal
+
+
+def _read_value(table: SymbolTable, tokens: list[Any], index: int, items: list[Value],
+                nodes: int, depth: int, limits: Limits, max_nodes: int, seen: dict[Value, int],
+                learned: list[Value]) -> tuple[int, int] | None:
+    """Read the rest of a list that is a whole ``value`` (its ``(`` read, its items going
+    to ``items``) up to its closing ``)``: ``(index of that ')', nodes)``.
+
+    The fast loop for the bulk of most bodies: no tables, fewer checks per token. On
+    anything out of the ordinary it undoes what it did and returns ``None``, and
+    :func:`_walk_body` reads the same tokens one by one, to raise the precise error."""
+    static_atoms = table.atoms
+    static_count = len(static_atoms)
+    codes = table.codes
+    count = len(tokens)
+    max_depth = limits.max_depth - 2
+    max_items = limits.max_list_items
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    items_before = len(items)
+    learned_before = len(learned)
+    parents: list[list[Value]] = []
+    current = items
+    value: Any
+    while index < count:
+        token = tokens[index]
+        kind = type(token)
+        if kind is str:
+            if len(token) * 4 > max_string:
+                break
+            value = token
+            index += 1
+        elif kind is not int:
+            break
+        elif token >= FIRST_ENTRY:
+            entry = token - FIRST_ENTRY
+            if entry < static_count:
+                value = static_atoms[entry]
+            elif entry - static_count < len(learned):
+                value = learned[entry - static_count]
+            else:
+                break
+            index += 1
+        elif token == LPAR:
+            nodes += 1
+            depth += 1
+            if nodes > max_nodes or depth > max_depth or len(current) >= max_items:
+                break
+            parents.append(current)
+            current = []
+            index += 1
+            continue
+        elif token == RPAR:
+            if not parents:
+                return index, nodes
+            value = tuple(current)
+            depth -= 1
+            current = parents.pop()
+            current.append(value)
+            index += 1
+            continue
+        else:
+            if index + 1 >= count:
+                break
+            text = tokens[index + 1]
+            if token == INTEGER:
+                if type(text) is not int or not INT64_MIN <= text <= INT64_MAX:
+                    break
+                value = text
+            elif type(text) is not str:
+                break
+            elif token == DECIMAL:
+                if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
+                    break
+                value = Decimal(text)
+            else:
+                if token == URI_CODE:
+                    if _URI_MATCH(text) is None:
+                        break
+                    value = str.__new__(URI, text)
+                elif token in (SYMBOL, KEYWORD):
+                    if len(text) > max_name or _NAME_MATCH[token](text) is None:
+                        break
+                    value = intern_symbol(text) if token == SYMBOL else intern_keyword(text)
+                else:
+                    break
+                if value in codes or value in seen:
+                    break
+                seen[value] = len(learned)
+                learned.append(value)
+            index += 2
+        nodes += 1
+        if nodes > max_nodes or len(current) >= max_items:
+            break
+        current.append(value)
+    # Undo, so that the careful walk starts from the same state.
+    del items[items_before:]
+    for value in learned[learned_before:]:
+        del seen[value]
+    del learned[learned_before:]
+    return None
 
 
 _CODE_NAMES = {INTEGER: "INTEGER", DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD",
@@ -845,6 +958,7 @@ _NAME_MATCH = {
     KEYWORD: re.compile(r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*+\Z").match,
 }
 _DECIMAL_RE = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
+_URI_MATCH = _URI_RE.match
 
 
 def _refusal(protocol: Protocol, stack: list[int], terminal: str, value: object,

@@ -197,49 +197,76 @@ def _feed(tables: Tables, stack: list[int], values: list[Any], terminal: str,
             return values[-1]
 
 
+# The fields of the envelope in grammar order: (position, Message attribute, what it holds).
+_ID, _URI, _INTENT, _SYMBOL, _INT, _VALUE, _SIGNATURE = range(7)
+_FIELDS: dict[str, tuple[int, str, int]] = {
+    name: (index, name.replace("-", "_"), kind) for index, (name, kind) in enumerate((
+        ("message-id", _ID), ("sender", _URI), ("receiver", _URI), ("intent", _INTENT),
+        ("protocol", _SYMBOL), ("conversation-id", _ID), ("in-reply-to", _ID),
+        ("reply-by", _INT), ("timestamp", _INT), ("body", _VALUE), ("signature", _SIGNATURE)))
+}
+_REQUIRED = 5  # message-id … protocol
+_INTENTS = {intent.value: intent for intent in Intent}
+
+
 def _walk(value: Any) -> dict[str, Any] | None:
-    """Feed the envelope's structure to the tables: the fields of the message, or ``None``
-    if the tables refuse it (the caller then re-scans to say where and why)."""
-    if type(value) is not tuple:
+    """The fields of the message whose value is ``value``, or ``None`` if the envelope
+    grammar refuses it (the caller then re-scans, with the tables, to say where and why).
+
+    This is the grammar written out as a check of the value's structure: it accepts
+    exactly what the tables accept (a field name is a literal only in its own place, so
+    a field is known by its first symbol; an intent is a literal only after ``intent``;
+    the protocol is any symbol) and builds the same fields as :data:`_REDUCERS`."""
+    if type(value) is not tuple or len(value) < 1 + _REQUIRED:
         return None
-    tables = envelope_tables()
-    actions = tables.actions
-    stack = [tables.start_state]
-    values: list[Any] = []
-    previous = ""
-
-    def feed(terminal: str, token: Any) -> Any:
-        return _feed(tables, stack, values, terminal, token)
-
-    def atom(item: Any) -> bool:
-        nonlocal previous
-        if "VALUE" in actions[stack[-1]]:
-            return feed("VALUE", item)
-        terminal = _ATOM_TERMINALS.get(type(item))
-        if terminal is None:  # a list where the envelope wants an atom
-            return False
-        if terminal == "SYMBOL":
-            literal = LITERALS.get(item)
-            if literal is not None and tables.can_shift(stack, literal):
-                terminal = literal
-        elif item == "" and previous in _ID_FIELDS:
-            return False
-        previous = terminal
-        return feed(terminal, item)
-
-    if not feed("LPAR", None):
+    head = value[0]
+    if type(head) is not Symbol or head != _VERSION_SYMBOL:
         return None
-    for field in value:
-        if type(field) is tuple and "VALUE" not in actions[stack[-1]]:
-            if not feed("LPAR", None) or not all(atom(item) for item in field) \
-                    or not feed("RPAR", None):
-                return None
-        elif not atom(field):
+    fields: dict[str, Any] = {}
+    expected = 0
+    for index in range(1, len(value)):
+        field = value[index]
+        if type(field) is not tuple or len(field) < 2 or type(field[0]) is not Symbol:
             return None
-    if not feed("RPAR", None):
+        spec = _FIELDS.get(str.__str__(field[0]))
+        if spec is None:
+            return None
+        order, key, kind = spec
+        if order < expected or (order != expected and expected < _REQUIRED):
+            return None
+        expected = order + 1
+        item = field[1]
+        if kind == _SIGNATURE:
+            if len(field) != 3 or type(item) is not str or type(field[2]) is not str:
+                return None
+            fields[key] = Signature(item, field[2])
+            continue
+        if len(field) != 2:
+            return None
+        if kind == _ID:
+            if type(item) is not str or not item:
+                return None
+        elif kind == _URI:
+            if type(item) is not URI:
+                return None
+        elif kind == _INTENT:
+            if type(item) is not Symbol:
+                return None
+            item = _INTENTS.get(str.__str__(item))
+            if item is None:
+                return None
+        elif kind == _SYMBOL:
+            if type(item) is not Symbol:
+                return None
+        elif kind == _INT and type(item) is not int:
+            return None
+        fields[key] = item
+    if expected < _REQUIRED:
         return None
-    result = feed("$END", None)
-    return result if type(result) is dict else None
+    return fields
+
+
+_VERSION_SYMBOL = Symbol("CBCL/1.0")
 
 
 def scan_envelope(text: str, limits: Limits) -> Envelope:

@@ -121,3 +121,38 @@ class Tables:
     def can_shift_or_accept(self, stack: list[int], terminal: str) -> bool:
         """:meth:`can_shift`, and for ``$END`` whether the input could end here."""
         return self.shift_target(stack, terminal) is not None
+
+
+#: The rule CBCL generates for the grammar's ``value`` (cbcl._subset.LARK_VALUE_RULE), and
+#: the helper that repeats it inside a list.
+VALUE_RULE = "cbcl_value"
+_VALUE_STAR = "_cbcl_value_star"
+_VALUE_FIRST = ("LPAR", "SYMBOL", "STRING", "INTEGER", "DECIMAL", "KEYWORD", "URI")
+_VALUE_STATES: dict[int, tuple[Tables, dict[str, int]]] = {}
+
+
+def value_states(tables: Tables) -> dict[str, int]:
+    """The states of the generated ``value`` rule (``cbcl_value: LPAR _cbcl_value_star RPAR
+    | SYMBOL | …``) that a value's first token enters, by terminal (empty if the grammar
+    has no ``value``). Cached per tables.
+
+    An LALR state is identified by its core, so where shifting a token from state S enters
+    one of these states, every item of S that can take the token is the start of a whole
+    ``value``: a driver may then take the value without walking the tables through it and
+    take the ``value`` goto from S. States are found by their contents, never by number
+    (lark's numbering is not stable)."""
+    cached = _VALUE_STATES.get(id(tables))
+    if cached is not None and cached[0] is tables:
+        return cached[1]
+    actions = tables.actions
+    after_lpar = [state for state, row in enumerate(actions) if _VALUE_STAR in row]
+    states: dict[str, int] = {}
+    if len(after_lpar) == 1:
+        row = actions[actions[after_lpar[0]][_VALUE_STAR]]
+        states = {terminal: row[terminal] for terminal in _VALUE_FIRST if terminal in row}
+        if len(states) != len(_VALUE_FIRST) or states["LPAR"] != after_lpar[0]:
+            states = {}  # pragma: no cover - not the generated value rule
+    if len(_VALUE_STATES) >= 512:
+        _VALUE_STATES.clear()
+    _VALUE_STATES[id(tables)] = (tables, states)
+    return states

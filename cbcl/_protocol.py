@@ -44,11 +44,24 @@ from ._compile import (
 )
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import BodyError, GrammarError, ProtocolError, TrustError
-from ._lalr import Tables
+from ._lalr import VALUE_RULE, Tables, value_states
 from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
 from ._message import Intent, Message
-from ._reader import BAD, EOF, LPAR, RPAR, TOKEN, diagnose, fail, read, read_value_at, token_start
+from ._reader import (
+    BAD,
+    EOF,
+    LPAR,
+    RPAR,
+    TOKEN,
+    diagnose,
+    fail,
+    intern_keyword,
+    intern_symbol,
+    read,
+    read_value_at,
+    token_start,
+)
 from ._schema import Schema, check_schema, compile_schema
 from ._state import StateRecord, StateStore
 from ._subset import GrammarLimits
@@ -110,46 +123,79 @@ class Protocol:
 
 def recognise_body(protocol: Protocol, body: Value) -> bool:
     """Whether the protocol's grammar accepts ``body`` (a value already read under limits).
-    Iterative: no recursion on the body's depth."""
+    Iterative: no recursion on the body's depth. Where the grammar takes any ``value``, the
+    item (a whole list included) is taken at once, by the ``value`` goto
+    (:func:`value_states`): it has been read, and any value is one."""
     tables = protocol.tables
     actions = tables.actions
     rules = tables.rules
-    atoms = protocol.atoms
+    atoms = _interned_atoms(protocol)
+    can_shift = tables.can_shift
+    end_state = tables.end_state
+    whole = value_states(tables)
     stack = [tables.start_state]
     pending: list[Any] = [iter((body,))]
-    while True:
-        if pending:
-            for item in pending[-1]:
-                kind = type(item)
-                if kind is tuple:
-                    terminal = "LPAR"
-                    pending.append(iter(item))
-                    break
+    while pending:
+        item = next(pending[-1], _DONE)
+        child = None
+        if item is _DONE:
+            pending.pop()
+            terminal = "RPAR" if pending else "$END"
+        else:
+            kind = type(item)
+            if kind is tuple:
+                terminal = "LPAR"
+                child = item
+            else:
                 terminal = _ATOM_TERMINALS[kind]
                 if kind is Symbol or kind is Keyword:
                     literal = atoms.get(item)
-                    if literal is not None and tables.can_shift(stack, literal):
+                    if literal is not None and can_shift(stack, literal):
                         terminal = literal
-                break
-            else:
-                pending.pop()
-                terminal = "RPAR" if pending else "$END"
-        else:
-            return False  # pragma: no cover - $END ends the loop first
         # Feed ``terminal``: reduce as the tables say, then shift (or accept at $END).
         while True:
-            action = actions[stack[-1]].get(terminal)
+            row = actions[stack[-1]]
+            action = row.get(terminal)
             if action is None:
                 return False
             if action >= 0:
-                stack.append(action)
+                if action == whole.get(terminal):  # a whole value: take its goto
+                    stack.append(row[VALUE_RULE])
+                else:
+                    stack.append(action)
+                    if child is not None:
+                        pending.append(iter(child))
                 break
             rule = rules[~action]
             if rule.size:
                 del stack[len(stack) - rule.size :]
             stack.append(actions[stack[-1]][rule.origin])
-            if terminal == "$END" and stack[-1] == tables.end_state:
+            if terminal == "$END" and stack[-1] == end_state:
                 return True
+    return False  # pragma: no cover - $END ends the loop first
+
+
+_DONE = object()
+_ATOMS: dict[int, tuple[dict[Value, str], dict[Value, str]]] = {}
+
+
+def _interned_atoms(protocol: Protocol) -> dict[Value, str]:
+    """``protocol.atoms`` keyed by the reader's shared symbols and keywords, so a lookup
+    of an atom the reader made finds its key by identity."""
+    atoms = protocol.atoms
+    cached = _ATOMS.get(id(atoms))
+    if cached is not None and cached[0] is atoms:
+        return cached[1]
+    interned: dict[Value, str] = {}
+    for atom, terminal in atoms.items():
+        name = str.__str__(atom)  # type: ignore[arg-type]
+        key = intern_symbol(name) if type(atom) is Symbol else intern_keyword(name) \
+            if type(atom) is Keyword else atom
+        interned[key] = terminal
+    if len(_ATOMS) >= 512:
+        _ATOMS.clear()
+    _ATOMS[id(atoms)] = (atoms, interned)
+    return interned
 
 
 def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) -> NoReturn:

@@ -18,6 +18,9 @@ Values are built iteratively with an explicit stack (never recursion), and every
 :class:`~cbcl.Limits` is checked at the token that would exceed it, before the value is
 built: depth at each ``(``, items at each append, nodes at each token, string and name
 sizes before their text is copied or unescaped, and the document size before decoding.
+That careful loop runs only after a faster one, which checks less per token (items when a
+list closes), has given up on the text: well-formed text is read once, and text with an
+error twice, the second time to raise the precise error.
 
 The envelope parser (pass 1) drives the same token expression and calls
 :func:`read_value_at` to capture the body, so a message is scanned exactly once.
@@ -49,8 +52,10 @@ _FORBIDDEN = "\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
 _NAME = r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*+"
 _DELIM = r"(?=[ \t\r\n();]|\Z)"
 
-# Group numbers (match.lastindex) of the token kinds.
-LPAR, RPAR, STRING, INTEGER, DECIMAL, URI_TOKEN, KEYWORD, SYMBOL, EOF, BAD = range(1, 11)
+# Group numbers (match.lastindex) of the token kinds. The alternatives are tried in order
+# of frequency (symbols before URIs, which they cannot match: a symbol never contains ':');
+# every atom must end at a delimiter, so no two alternatives match at the same place.
+LPAR, RPAR, KEYWORD, SYMBOL, STRING, INTEGER, DECIMAL, URI_TOKEN, EOF, BAD = range(1, 11)
 
 TOKEN = re.compile(
     # Whitespace and comments. A comment ends at CR or LF; a control character inside
@@ -60,14 +65,14 @@ TOKEN = re.compile(
     r"(?:"
     r"(\()"  # 1 LPAR
     r"|(\))"  # 2 RPAR
-    # 3 STRING: the raw text between the quotes. \u escapes of surrogates do not match.
+    r"|:(" + _NAME + r")" + _DELIM +  # 3 KEYWORD (the name)
+    r"|(?![+\-]?\.?[0-9])(" + _NAME + r")" + _DELIM +  # 4 SYMBOL
+    # 5 STRING: the raw text between the quotes. \u escapes of surrogates do not match.
     r'|"((?:[^"\\' + _FORBIDDEN + r"]++"
     r'|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+)"' + _DELIM +
-    r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?" + _DELIM +  # 4 INTEGER, 5 DECIMAL part
+    r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?" + _DELIM +  # 6 INTEGER, 7 DECIMAL part
     r"|(" + URI_PATTERN + r")"
-    + _DELIM +  # 6 URI
-    r"|:(" + _NAME + r")" + _DELIM +  # 7 KEYWORD (the name)
-    r"|(?![+\-]?\.?[0-9])(" + _NAME + r")" + _DELIM +  # 8 SYMBOL
+    + _DELIM +  # 8 URI
     r"|(\Z)"  # 9 EOF
     r"|((?s:.))"  # 10 BAD: diagnosed separately
     r")"
@@ -196,7 +201,135 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     number of nodes already counted in the document; both count toward the limits.
     Returns ``(value, end, nodes)`` where ``end`` is the index just after the value.
     Raises :class:`MalformedError` or :class:`LimitError`.
+
+    The fast loop (:func:`_read_fast`) reads well-formed text within the limits; on
+    anything else it gives up and :func:`_read_careful` reads the same text again, to
+    raise the precise error at the token that caused it.
     """
+    found = _read_fast(text, pos, limits, depth, nodes)
+    if found is not None:
+        return found
+    return _read_careful(text, pos, limits, depth, nodes)
+
+
+# Symbols and keywords already made, by name: a message repeats its names, and a name read
+# twice is then one object (so dictionaries keyed by atoms find it by identity, without
+# calling ``_Atom.__eq__``). Bounded: once full, new names are made but not kept.
+_INTERN_MAX = 8192
+_SYMBOLS: dict[str, Symbol] = {}
+_KEYWORDS: dict[str, Keyword] = {}
+
+
+def intern_symbol(name: str) -> Symbol:
+    """The shared :class:`Symbol` named ``name`` (a valid name and an exact ``str``, not
+    checked)."""
+    value = _SYMBOLS.get(name)
+    if value is None:
+        value = _new(Symbol, name)
+        if len(_SYMBOLS) < _INTERN_MAX:
+            _SYMBOLS[name] = value
+    return value
+
+
+def intern_keyword(name: str) -> Keyword:
+    """The shared :class:`Keyword` named ``name`` (without the colon, a valid name and an
+    exact ``str``, not checked)."""
+    value = _KEYWORDS.get(name)
+    if value is None:
+        value = _new(Keyword, name)
+        if len(_KEYWORDS) < _INTERN_MAX:
+            _KEYWORDS[name] = value
+    return value
+
+
+def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+               ) -> tuple[Value, int, int] | None:
+    """:func:`read_value_at` for text that reads without an error, or ``None``.
+
+    The same values as :func:`_read_careful`, with fewer checks per token: nodes are
+    counted at every token (so no more than the limit is ever built), a list's items when
+    it closes, and the rare conditions (escapes, long strings and names, long integers)
+    only when they may apply. Every refusal gives up, never raises."""
+    budget = limits.max_nodes - nodes
+    max_items = limits.max_list_items
+    depth_left = limits.max_depth - depth
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    symbols_get = _SYMBOLS.get
+    keywords_get = _KEYWORDS.get
+    stack: list[list[Value]] = []
+    push = stack.append
+    pop = stack.pop
+    items: list[Value] | None = None
+    count = 0
+    value: Value
+    for m in TOKEN.finditer(text, pos):
+        kind = m.lastindex
+        if kind == LPAR:
+            count += 1
+            if count > budget:
+                return None
+            if items is not None:
+                push(items)
+            items = []
+            if len(stack) >= depth_left:  # the new list is len(stack) + 1 deep
+                return None
+            continue
+        if kind == RPAR:
+            if items is None or len(items) > max_items:
+                return None
+            value = tuple(items)
+            if not stack:
+                return value, m.end(), nodes + count
+            items = pop()
+            items.append(value)
+            continue
+        count += 1
+        if kind == KEYWORD:
+            name = m.group(KEYWORD)
+            if len(name) > max_name:
+                return None
+            value = keywords_get(name)
+            if value is None:
+                value = intern_keyword(name)
+        elif kind == SYMBOL:
+            name = m.group(SYMBOL)
+            if len(name) > max_name:
+                return None
+            value = symbols_get(name)
+            if value is None:
+                value = intern_symbol(name)
+        elif kind == STRING:
+            value = m.group(STRING)
+            if len(value) * 4 > max_string:
+                return None
+            if "\\" in value:
+                value = _ESCAPE.sub(_unescape_one, value)
+        elif kind == INTEGER:
+            value = m.group(INTEGER)
+            if len(value) > 18:  # 18 digits, or 17 and a sign, are always in range
+                return None
+            value = int(value)
+        elif kind == URI_TOKEN:
+            value = _new(URI, m.group(URI_TOKEN))
+        elif kind == DECIMAL:
+            value = text[m.start(INTEGER) : m.end(DECIMAL)]
+            if len(value) > MAX_DECIMAL_CHARS:
+                return None
+            value = Decimal(value)
+        else:
+            return None
+        if count > budget:
+            return None
+        if items is None:
+            return value, m.end(), nodes + count
+        items.append(value)
+    return None  # pragma: no cover - TOKEN always matches
+
+
+def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                  ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` checking every limit at the token that would exceed it."""
     max_depth = limits.max_depth
     max_items = limits.max_list_items
     max_nodes = limits.max_nodes
