@@ -126,15 +126,25 @@ class Schema:
     """A compiled ``(schema …)`` section: its records, matched in order by their heads."""
 
     records: tuple[Record, ...]
+    #: The records by their first head symbol, in order (derived; for a quick lookup).
+    by_head: dict[Symbol, tuple[Record, ...]] = field(init=False, repr=False, compare=False,
+                                                      hash=False)
+
+    def __post_init__(self) -> None:
+        by_head: dict[Symbol, list[Record]] = {}
+        for record in self.records:
+            by_head.setdefault(record.heads[0], []).append(record)
+        object.__setattr__(self, "by_head", {k: tuple(v) for k, v in by_head.items()})
 
     def record_for(self, body: Value) -> Record | None:
         """The first record whose head symbols start ``body``, or ``None``."""
-        if type(body) is not tuple:
+        if type(body) is not tuple or not body or type(body[0]) is not Symbol:
             return None
-        for record in self.records:
-            n = len(record.heads)
-            if len(body) >= n and all(type(body[i]) is Symbol and body[i] == record.heads[i]
-                                      for i in range(n)):
+        for record in self.by_head.get(body[0], ()):
+            heads = record.heads
+            if len(body) >= len(heads) and all(
+                    type(body[i]) is Symbol and body[i] == heads[i]
+                    for i in range(1, len(heads))):
                 return record
         return None
 
@@ -319,11 +329,32 @@ def _found(value: Value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _fail(message: str, *, path: str) -> SchemaError:
-    return SchemaError(f"{path}: {message}", path=path)
+# A path is built only when a check fails: while checking, it is the root text or a
+# (parent, segment) pair, where a segment is a Keyword ([:key]), an int ([i]) or a Symbol
+# (.head).
+Path = Union[str, tuple]  # noqa: UP007
 
 
-def _check_atom(t: AtomType, value: Value, path: str) -> None:
+def path_text(path: Path) -> str:
+    """The text of a lazy path: ``$.body.task[:resources][:cpu]``."""
+    segments: list[str] = []
+    while type(path) is tuple:
+        path, segment = path
+        if type(segment) is Keyword:
+            segments.append(f"[{segment.text}]")
+        elif type(segment) is Symbol:
+            segments.append(f".{segment}")
+        else:
+            segments.append(f"[{segment}]")
+    return path + "".join(reversed(segments))  # type: ignore[operator]
+
+
+def _fail(message: str, *, path: Path) -> SchemaError:
+    text = path_text(path)
+    return SchemaError(f"{text}: {message}", path=text)
+
+
+def _check_atom(t: AtomType, value: Value, path: Path) -> None:
     kinds = _ATOM_KINDS[t.kind]
     if kinds and type(value) not in kinds:
         raise _fail(f"expected {t.describe()}, found {_kind(value)} {_found(value)}",
@@ -348,27 +379,29 @@ def _check_atom(t: AtomType, value: Value, path: str) -> None:
                           path=path)
 
 
-def _check_keys(t: Keys, items: tuple[Value, ...], offset: int, path: str,
-                work: list[tuple[SchemaType, Value, str]]) -> None:
+def _check_keys(t: Keys, items: tuple[Value, ...], offset: int, path: Path,
+                work: list[tuple[SchemaType, Value, Path]]) -> None:
     if (len(items)) % 2:
         raise _fail(f"a keyword-argument list has pairs; {_found(items[-1])} has no "
-                          "value", path=f"{path}[{offset + len(items) - 1}]")
+                          "value", path=(path, offset + len(items) - 1))
     seen: set[Keyword] = set()
-    children: list[tuple[SchemaType, Value, str]] = []
+    children: list[tuple[SchemaType, Value, Path]] = []
+    fields = t.fields
+    other = t.other
     for i in range(0, len(items), 2):
         key = items[i]
         if type(key) is not Keyword:
             raise _fail(f"expected a keyword, found {_kind(key)} {_found(key)}",
-                              path=f"{path}[{offset + i}]")
+                              path=(path, offset + i))
         if key in seen:
-            raise _fail(f"key {key.text} is given twice", path=f"{path}[{key.text}]")
+            raise _fail(f"key {key.text} is given twice", path=(path, key))
         seen.add(key)
-        child = t.fields.get(key, t.other)
+        child = fields.get(key, other)
         if child is None:
-            allowed = " ".join(k.text for k in t.fields) or "none"
+            allowed = " ".join(k.text for k in fields) or "none"
             raise _fail(f"key {key.text} is not allowed here (allowed: {allowed})",
-                              path=f"{path}[{key.text}]")
-        children.append((child, items[i + 1], f"{path}[{key.text}]"))
+                              path=(path, key))
+        children.append((child, items[i + 1], (path, key)))
     for key in t.required:
         if key not in seen:
             raise _fail(f"required key {key.text} is missing", path=path)
@@ -388,7 +421,7 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
     record = compiled.record_for(body)
     if record is None:
         return
-    work: list[tuple[SchemaType, Value, str]] = [(record, body, path)]
+    work: list[tuple[SchemaType, Value, Path]] = [(record, body, path)]
     while work:
         t, value, at = work.pop()
         if isinstance(t, AtomType):
@@ -407,7 +440,7 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
             if t.max_length is not None and n > t.max_length:
                 raise _fail(f"a list of {n} elements is longer than the maximum of "
                                   f"{t.max_length}", path=at)
-            work.extend((t.item, value[i], f"{at}[{i}]") for i in reversed(range(n)))
+            work.extend((t.item, value[i], (at, i)) for i in reversed(range(n)))
         elif isinstance(t, Keys):
             _check_keys(t, value, 0, at, work)
         else:
@@ -415,4 +448,4 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
             if len(value) < n or any(type(value[i]) is not Symbol or value[i] != t.heads[i]
                                      for i in range(n)):
                 raise _fail(f"expected {t.describe()}, found {_found(value)}", path=at)
-            _check_keys(t.keys, value[n:], n, f"{at}.{t.heads[0]}", work)
+            _check_keys(t.keys, value[n:], n, (at, t.heads[0]), work)
