@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from decimal import Decimal
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -42,7 +41,7 @@ from ._reader import (
     read_value_at,
     token_start,
 )
-from ._values import URI, Keyword, Symbol
+from ._values import ATOM_TERMINALS, URI, Keyword, Symbol
 
 # Literal terminals of the envelope grammar, by the symbol that spells them.
 FIELD_TERMINALS = {
@@ -56,10 +55,6 @@ INTENT_TERMINALS = {intent.value: intent.name for intent in Intent}
 LITERALS = {Symbol(text): terminal for text, terminal in
             {"CBCL/1.0": "VERSION", **FIELD_TERMINALS, **INTENT_TERMINALS}.items()}
 
-_ATOM_TERMINALS: dict[type, str] = {
-    str: "STRING", int: "INTEGER", Decimal: "DECIMAL", Keyword: "KEYWORD", URI: "URI",
-    Symbol: "SYMBOL",
-}
 
 # How an expected terminal is named in an error message.
 _SHOWN = {
@@ -88,7 +83,7 @@ def _describe(terminal: str, value: object) -> str:
         return "a string"
     if terminal == "VALUE":
         return "a value"
-    kind = _ATOM_TERMINALS.get(type(value), "value").lower()
+    kind = ATOM_TERMINALS.get(type(value), "value").lower()
     text = (":" + str(value)) if type(value) is Keyword else str(value)
     if len(text) > 40:
         text = text[:37] + "..."
@@ -319,7 +314,7 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
             diagnose(text, start)
         else:
             value, pos, nodes = read_value_at(text, pos, limits, depth, nodes)
-            terminal = _ATOM_TERMINALS[type(value)]
+            terminal = ATOM_TERMINALS[type(value)]
             if terminal == "SYMBOL":
                 literal = LITERALS.get(value)  # type: ignore[call-overload]
                 if literal is not None and tables.can_shift(stack, literal):

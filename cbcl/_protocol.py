@@ -27,7 +27,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -67,12 +66,8 @@ from ._state import StateRecord, StateStore
 from ._subset import GrammarLimits
 from ._trust import DESCRIPTOR_FAILED as _FAILED
 from ._trust import TrustStore, VerifiedDescriptor
-from ._values import URI, Keyword, Symbol, Value
+from ._values import ATOM_TERMINALS, Keyword, Symbol, Value
 
-_ATOM_TERMINALS: dict[type, str] = {
-    str: "STRING", int: "INTEGER", Decimal: "DECIMAL", Keyword: "KEYWORD", URI: "URI",
-    Symbol: "SYMBOL",
-}
 _GENERAL_SHOWN = {
     "STRING": "a string", "INTEGER": "an integer", "DECIMAL": "a decimal",
     "KEYWORD": "a keyword", "URI": "a URI", "SYMBOL": "a symbol", "LPAR": "'('",
@@ -147,7 +142,7 @@ def recognise_body(protocol: Protocol, body: Value) -> bool:
                 terminal = "LPAR"
                 child = item
             else:
-                terminal = _ATOM_TERMINALS[kind]
+                terminal = ATOM_TERMINALS[kind]
                 if kind is Symbol or kind is Keyword:
                     literal = atoms.get(item)
                     if literal is not None and can_shift(stack, literal):
@@ -228,7 +223,7 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
                 diagnose(text, start)
             else:
                 value, pos, _ = read_value_at(text, pos, limits, 0, 0)
-                terminal = _ATOM_TERMINALS[type(value)]
+                terminal = ATOM_TERMINALS[type(value)]
                 if terminal in ("SYMBOL", "KEYWORD"):
                     literal = protocol.atoms.get(value)  # type: ignore[call-overload]
                     if literal is not None and tables.can_shift(stack, literal):

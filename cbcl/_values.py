@@ -118,3 +118,10 @@ class URI(_Atom):
 
 
 Value: TypeAlias = "str | int | Decimal | Symbol | Keyword | URI | tuple[Value, ...]"
+
+
+#: The terminal of the descriptor grammars (and the envelope) that each atom type reads as.
+ATOM_TERMINALS: dict[type, str] = {
+    str: "STRING", int: "INTEGER", Decimal: "DECIMAL", Keyword: "KEYWORD", URI: "URI",
+    Symbol: "SYMBOL",
+}
