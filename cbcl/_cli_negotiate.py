@@ -299,17 +299,20 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Any], *,
                         encodings: tuple[str, ...], out: Callable[[str], None],
                         limits: ConnectionLimits | None = None, pace: float = 0.0,
                         peer: str = SERVER_NAME, me: str = CLIENT_NAME, tag: str = "1",
-                        server_log: Any = None) -> dict[str, float]:
+                        server_log: Any = None, trust: str | Path | None = None,
+                        ) -> dict[str, float]:
     """Connect, negotiate the protocol of the signed ``document``, run its demo
-    conversation, close. Returns timings (ms). Raises :class:`NegotiationFailed` when the
-    peer rejects the offer, and :class:`RemoteProtocolError`/:class:`ConnectionLost`."""
+    conversation, close. With ``trust`` (a trust directory), the peer's transcript
+    confirmation must be signed by a key in it. Returns timings (ms). Raises
+    :class:`NegotiationFailed` when the peer rejects the offer, and
+    :class:`RemoteProtocolError`/:class:`ConnectionLost`."""
     payload = read_signed_descriptor_unverified(document).payload
-    registry = Registry(disk_cache=True)
+    registry = Registry(disk_cache=True, trust=trust)
     protocol = registry.load(payload, allow_unsigned=True)  # our own descriptor
     warm_up()
     session = Session("initiator", registry=registry, me=me, peer=peer, encodings=encodings,
-                      signing_key=key, max_frame_bytes=(limits or ConnectionLimits()
-                                                        ).max_frame_bytes)
+                      signing_key=key, require_signed_finished=trust is not None,
+                      max_frame_bytes=(limits or ConnectionLimits()).max_frame_bytes)
     started = time.perf_counter()
     show = Transcript(out, started)
     connection = await connect(address, session, limits=limits)
@@ -350,7 +353,8 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Any], *,
                                         f"{event.reason}",
                                         exit_code=REJECT_EXIT.get(event.reason, 6))
             elif isinstance(event, Finished):
-                show.line("B -> A", "CONFIRM  (finished: transcripts match)", size)
+                signed = ", signed by a key A trusts" if trust is not None else ""
+                show.line("B -> A", f"CONFIRM  (finished: transcripts match{signed})", size)
             elif isinstance(event, Established):
                 timings["handshake"] = (time.perf_counter() - started) * 1000
                 show.out(f"  handshake done: {event.protocol} in {event.encoding}, "
@@ -406,8 +410,9 @@ def _encodings(choice: str) -> tuple[str, ...]:
 
 def _cmd_negotiate(args: argparse.Namespace, data: bytes) -> int:
     if args.demo:
-        if args.connect or args.descriptor or args.key:
-            _usage(args, "--demo runs everything itself: no --connect, --descriptor or --key")
+        if args.connect or args.descriptor or args.key or args.trust:
+            _usage(args, "--demo runs everything itself: no --connect, --descriptor, --key "
+                         "or --trust")
         return run_demo(tamper=args.tamper, out=_say)
     if args.tamper:
         _usage(args, "--tamper goes with --demo")
@@ -422,7 +427,8 @@ def _cmd_negotiate(args: argparse.Namespace, data: bytes) -> int:
     key = _signing_key(args.key, args.key_id)
     _say(f"negotiate: {CLIENT_NAME} -> {args.connect}")
     asyncio.run(run_initiator(args.connect, document, key, encodings=_encodings(args.encoding),
-                              out=_say, pace=args.pace / 1000, limits=_limits(args)))
+                              out=_say, pace=args.pace / 1000, limits=_limits(args),
+                              trust=args.trust))
     return EXIT_OK
 
 
@@ -465,20 +471,26 @@ def _serve_command() -> list[str]:
     return [sys.executable, "-m", module, "serve"]
 
 
-def _demo_keys(directory: Path) -> tuple[Any, Path]:
+def _demo_keys(directory: Path) -> tuple[Any, Path, Path, Path]:
+    """Fresh keys for both agents: A's (``demo``), which B's trust store holds, and B's
+    (``server``), which A's trust store holds. Returns A's key, B's trust directory, B's
+    key file and A's trust directory."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from ._trust import private_key_pem, public_key_pem
 
-    key = Ed25519PrivateKey.generate()
     (directory / "keys").mkdir(mode=0o700)
-    (directory / "trust").mkdir(mode=0o700)
-    private = directory / "keys" / "demo.key"
-    handle = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(handle, "wb") as file:
-        file.write(private_key_pem(key))
-    (directory / "trust" / "demo.pub").write_bytes(public_key_pem(key.public_key()))
-    return key, directory / "trust"
+    keys = {}
+    for name, trusted_by in (("demo", "trust"), ("server", "client-trust")):
+        key = keys[name] = Ed25519PrivateKey.generate()
+        (directory / trusted_by).mkdir(mode=0o700)
+        handle = os.open(directory / "keys" / f"{name}.key",
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(handle, "wb") as file:
+            file.write(private_key_pem(key))
+        (directory / trusted_by / f"{name}.pub").write_bytes(public_key_pem(key.public_key()))
+    return (keys["demo"], directory / "trust", directory / "keys" / "server.key",
+            directory / "client-trust")
 
 
 def tamper_signature(document: bytes) -> bytes:
@@ -500,7 +512,7 @@ def run_demo(*, tamper: bool, out: Callable[[str], None]) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cbcl-demo-") as temp:
         root = Path(temp)
-        key, trust = _demo_keys(root)
+        key, trust, server_key, client_trust = _demo_keys(root)
         payload = resources.files("cbcl.grammars").joinpath("contract-net-v1.cbcl").read_bytes()
         document = sign_descriptor(payload, [("demo", key)])
         if tamper:
@@ -512,17 +524,19 @@ def run_demo(*, tamper: bool, out: Callable[[str], None]) -> int:
             "with a fresh demo key")
         out("  B (cbcl serve, a second process) trusts only that key; its grammar cache is "
             "empty")
+        out("  A trusts only B's fresh key: B's transcript confirmation must be signed by it")
         if tamper:
             out("  --tamper: one character of A's signature is changed before the offer")
         env = dict(os.environ, XDG_CACHE_HOME=str(root / "cache"), PYTHONUNBUFFERED="1")
         command = [*_serve_command(), "--listen", "127.0.0.1:0", "--trust", str(trust),
-                   "--state", str(root / "state")]
+                   "--state", str(root / "state"), "--key", str(server_key)]
         return asyncio.run(_demo(command, env, document, (("demo", key)), tamper, out,
-                                 started))
+                                 started, client_trust))
 
 
 async def _demo(command: list[str], env: dict[str, str], document: bytes, key: Any,
-                tamper: bool, out: Callable[[str], None], started: float) -> int:
+                tamper: bool, out: Callable[[str], None], started: float,
+                trust: Path | None = None) -> int:
     process = await asyncio.create_subprocess_exec(
         *command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)
@@ -552,7 +566,7 @@ async def _demo(command: list[str], env: dict[str, str], document: bytes, key: A
             try:
                 timings.append(await run_initiator(
                     address, document, key, encodings=encodings, out=out, tag=str(number),
-                    server_log=log))
+                    server_log=log, trust=trust))
                 await log.until("closed", timeout=2.0)  # B's log of the conversation
             except NegotiationFailed as exc:
                 out("")
@@ -614,6 +628,9 @@ def register(commands: Any) -> None:
                    help="with --demo: break the offer's signature (the peer rejects; exit 6)")
     n.add_argument("--connect", metavar="HOST:PORT", help="the peer: HOST:PORT or unix:PATH")
     n.add_argument("--descriptor", metavar="SIGNED", help="the signed descriptor to offer")
+    n.add_argument("--trust", metavar="DIR",
+                   help="trust store for the peer: its transcript confirmation must be signed "
+                        "by a key here (serve --key); without it the peer is not authenticated")
     n.add_argument("--key", metavar="KEY",
                    help="Ed25519 private key that signs the transcript confirmation")
     n.add_argument("--encoding", choices=("any", "text", "binary"), default="any",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import cbcl
 from cbcl._cli_negotiate import build_parser, main, tamper_signature
 from cbcl._transport import parse_address
 
@@ -212,3 +213,30 @@ def test_in_process_demo_runs_its_own_loop() -> None:
     # The command line must not be run inside a running loop; this one is not.
     with pytest.raises(RuntimeError):
         asyncio.get_running_loop()
+
+
+@pytest.mark.slow
+def test_negotiate_with_trust_refuses_an_unsigned_server_confirmation(tmp_path: Path) -> None:
+    """With --trust, A requires B's Finished signed by a trusted key: a server started
+    without --key cannot complete the handshake (the peer is not who A trusts)."""
+    from cbcl._cli_negotiate import _demo_keys, run_initiator
+    from cbcl._trust import sign_descriptor
+
+    key, trust, _server_key, client_trust = _demo_keys(tmp_path)
+    payload = (Path(__file__).parent.parent / "grammars" / "contract-net-v1.cbcl").read_bytes()
+    document = sign_descriptor(payload, [("demo", key)])
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+    server = subprocess.Popen([sys.executable, "-m", "cbcl", "serve", "--listen",
+                               "127.0.0.1:0", "--trust", str(trust)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline().decode()
+        address = first.rsplit(" on ", 1)[-1].split(" as ")[0]
+        with pytest.raises(cbcl.CBCLError) as info:
+            asyncio.run(run_initiator(address, document, ("demo", key), encodings=("text",),
+                                      out=lambda _line: None, trust=client_trust))
+        assert info.value.exit_code == 6
+    finally:
+        server.terminate()
+        server.communicate(timeout=10)
