@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import NoReturn
 
 from . import __version__
 from ._api import canonical, parse
@@ -31,6 +31,7 @@ from ._cli_common import (
     positive,
     print_message,
     read_file,
+    read_input,
     registry_from_args,
 )
 from ._cli_conversation import register as register_conversation
@@ -41,16 +42,6 @@ from ._protocol import Registry
 
 # The names other command modules have imported from here.
 _Parser, _positive, _read_file, _registry = Parser, positive, read_file, registry_from_args
-
-def _read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
-    """The bytes of ``path`` (``-`` for stdin), reading at most one byte past the message
-    limit so that an oversized input is refused without being slurped."""
-    cap = limits.max_message_bytes + 1
-    if path == "-":
-        return stdin.read(cap)
-    with open(path, "rb") as handle:
-        return handle.read(cap)
-
 
 def _cmd_parse(args: argparse.Namespace, data: bytes) -> int:
     if args.require_signatures and not args.trust:
@@ -306,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.limits = Limits(max_message_bytes=getattr(args, "max_message_bytes",
                                                    DEFAULT_LIMITS.max_message_bytes))
     try:
-        data = b"" if args.file is None else _read_input(args.file, sys.stdin.buffer,
+        data = b"" if args.file is None else read_input(args.file, sys.stdin.buffer,
                                                          args.limits)
         return int(args.handler(args, data))
     except TrustError as exc:

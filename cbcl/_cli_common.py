@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from typing import NoReturn
+from typing import BinaryIO, NoReturn
 
 from ._json import message_to_json
 from ._limits import Limits
@@ -66,6 +66,13 @@ def read_file(path: str, limits: Limits) -> bytes:
     refused without being read in full."""
     with open(path, "rb") as handle:
         return handle.read(limits.max_message_bytes + 1)
+
+
+def read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
+    """:func:`read_file`, or at most as much of ``stdin`` when ``path`` is ``-``."""
+    if path == "-":
+        return stdin.read(limits.max_message_bytes + 1)
+    return read_file(path, limits)
 
 
 def registry_from_args(args: argparse.Namespace) -> Registry | None:

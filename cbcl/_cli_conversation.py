@@ -15,13 +15,19 @@ from typing import Any
 
 from ._api import parse
 from ._canonical import canonical_value
-from ._cli_common import Parser, add_protocol_options, positive, registry_from_args
+from ._cli_common import (
+    Parser,
+    add_protocol_options,
+    positive,
+    read_input,
+    registry_from_args,
+)
 from ._conversation import ConversationTracker
 from ._errors import CBCLError, ConversationError, Position
 from ._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH, LIBRARY, evaluate
 from ._limits import Limits
 from ._message import Message
-from ._reader import EOF, TOKEN, decode, read, read_value_at, token_start
+from ._reader import decode, read, value_spans
 
 EXIT_OK = 0
 
@@ -31,29 +37,12 @@ def _clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _read_path(path: str, limits: Limits) -> bytes:
-    cap = limits.max_message_bytes + 1
-    if path == "-":
-        return sys.stdin.buffer.read(cap)
-    with open(path, "rb") as handle:
-        return handle.read(cap)
-
-
 def split_messages(data: bytes, limits: Limits) -> list[tuple[str, int]]:
     """The text of each value in a document that holds one or more, with the character
     index where it starts. Raises as :func:`cbcl.read_all` (with positions in the whole
     document)."""
     text = decode(data, limits)
-    found: list[tuple[str, int]] = []
-    pos = 0
-    while True:
-        m = TOKEN.match(text, pos)
-        assert m is not None
-        if m.lastindex == EOF:
-            return found
-        start = token_start(m)
-        _, pos, _ = read_value_at(text, pos, limits, 0, 0)
-        found.append((text[start:pos], start))
+    return [(text[start:end], start) for _, start, end in value_spans(text, limits)]
 
 
 def _relocate(exc: CBCLError, document: str, start: int, where: str) -> None:
@@ -78,7 +67,7 @@ def _cmd_conversation_check(args: argparse.Namespace, data: bytes) -> int:
     tracker = ConversationTracker.from_descriptors(registry.protocols())
     count = 0
     for path in args.files:
-        raw = _read_path(path, args.limits)
+        raw = read_input(path, sys.stdin.buffer, args.limits)
         pieces = split_messages(raw, args.limits)
         if not pieces:
             raise ConversationError(f"{path}: holds no message")

@@ -29,6 +29,7 @@ The envelope parser (pass 1) drives the same token expression and calls
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from decimal import Decimal
 from typing import NoReturn
 
@@ -458,16 +459,21 @@ def read_all(data: bytes | bytearray | memoryview | str, *, limits: Limits | Non
     nodes. Raises as :func:`read`.
     """
     limits = DEFAULT_LIMITS if limits is None else limits
-    text = decode(data, limits)
-    values: list[Value] = []
+    return [value for value, _, _ in value_spans(decode(data, limits), limits)]
+
+
+def value_spans(text: str, limits: Limits) -> Iterator[tuple[Value, int, int]]:
+    """Each value of a decoded document holding zero or more, with the character indexes
+    where its text starts (at its first token) and ends. Raises as :func:`read`."""
     pos = 0
     while True:
         m = TOKEN.match(text, pos)
         assert m is not None
         if m.lastindex == EOF:
-            return values
+            return
+        start = token_start(m)
         value, pos, _ = read_value_at(text, pos, limits, 0, 0)
-        values.append(value)
+        yield value, start, pos
 
 
 # --------------------------------------------------------------------------- diagnosis

@@ -533,24 +533,29 @@ class Session:
         message = parse(data, limits=self.limits, registry=self.registry)
         return self._receive_message(message, now)
 
-    def _receive_message(self, message: Message, now: int) -> Event:
+    def _admit(self, message: Message, now: int) -> NotUnderstood | None:
+        """The checks every received message passes (parties, freshness); a peer's
+        NOT-UNDERSTOOD ends the session and is returned as the event."""
         self._check_parties(message)
         self._check_fresh(message, now)
         self._last_id = message.message_id
         if message.intent is Intent.NOT_UNDERSTOOD:
             self._machine.fail()
             return NotUnderstood(message.body if type(message.body) is str else "")
+        return None
+
+    def _receive_message(self, message: Message, now: int) -> Event:
+        refusal = self._admit(message, now)
+        if refusal is not None:
+            return refusal
         self._machine.advance(self.peer_role, "message")
         step = self.tracker.receive(message, now=now) if self.tracker is not None else None
         return ProtocolMessage(message, step)
 
     def _receive_handshake(self, message: Message, data: bytes, now: int) -> Event:
-        self._check_parties(message)
-        self._check_fresh(message, now)
-        self._last_id = message.message_id
-        if message.intent is Intent.NOT_UNDERSTOOD:
-            self._machine.fail()
-            return NotUnderstood(message.body if type(message.body) is str else "")
+        refusal = self._admit(message, now)
+        if refusal is not None:
+            return refusal
         body = message.body
         assert type(body) is tuple
         kind = str(body[0])
