@@ -26,10 +26,11 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ._automaton import ACCEPT, REFUSED, StackAutomaton
 from ._cache import DiskCache, default_cache_dir
 from ._compile import (
     DEFAULT_MEMORY,
@@ -43,7 +44,7 @@ from ._compile import (
 )
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import BodyError, GrammarError, ProtocolError, TrustError
-from ._lalr import VALUE_RULE, Tables, value_states
+from ._lalr import Tables
 from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
 from ._message import Intent, Message
@@ -88,6 +89,13 @@ class Protocol:
     report: str
     #: The descriptor's schema, compiled once at load (``None`` without one).
     schema: Schema | None = None
+    #: Pass 2's automaton over the tables' stacks, built as bodies need it.
+    automaton: StackAutomaton = field(init=False)
+
+    def __post_init__(self) -> None:
+        literals = {terminal: "KEYWORD" if type(atom) is Keyword else "SYMBOL"
+                    for atom, terminal in self.atoms.items()}
+        object.__setattr__(self, "automaton", StackAutomaton(self.tables, literals))
 
     @property
     def id(self) -> Symbol:
@@ -118,59 +126,55 @@ class Protocol:
 
 def recognise_body(protocol: Protocol, body: Value) -> bool:
     """Whether the protocol's grammar accepts ``body`` (a value already read under limits).
-    Iterative: no recursion on the body's depth. Where the grammar takes any ``value``, the
-    item (a whole list included) is taken at once, by the ``value`` goto
-    (:func:`value_states`): it has been read, and any value is one."""
-    tables = protocol.tables
-    actions = tables.actions
-    rules = tables.rules
-    atoms = _interned_atoms(protocol)
-    can_shift = tables.can_shift
-    end_state = tables.end_state
-    whole = value_states(tables)
-    stack = [tables.start_state]
-    pending: list[Any] = [iter((body,))]
-    while pending:
-        item = next(pending[-1], _DONE)
-        child = None
-        if item is _DONE:
-            pending.pop()
-            terminal = "RPAR" if pending else "$END"
-        else:
+    Iterative: no recursion on the body's depth. Each token is one transition of the
+    protocol's :class:`StackAutomaton`; where the grammar takes any ``value``, a whole list
+    is taken at once (:func:`cbcl._lalr.value_states`): it has been read, and any value is one."""
+    automaton = protocol.automaton
+    step = automaton.step
+    classes = _interned_atoms(protocol)
+    node = automaton.start
+    pending: list[Any] = []
+    items: Any = iter((body,))
+    while True:
+        for item in items:
             kind = type(item)
             if kind is tuple:
-                terminal = "LPAR"
-                child = item
-            else:
-                terminal = ATOM_TERMINALS[kind]
-                if kind is Symbol or kind is Keyword:
-                    literal = atoms.get(item)
-                    if literal is not None and can_shift(stack, literal):
-                        terminal = literal
-        # Feed ``terminal``: reduce as the tables say, then shift (or accept at $END).
-        while True:
-            row = actions[stack[-1]]
-            action = row.get(terminal)
-            if action is None:
+                found = node.get("LPAR")
+                if found is None:
+                    found = step(node, "LPAR")
+                node, whole = found
+                if node is REFUSED:
+                    return False
+                if not whole:
+                    pending.append(items)
+                    items = iter(item)
+                    break
+                continue
+            cls = classes.get(item) if kind is Symbol or kind is Keyword else None
+            if cls is None:
+                cls = ATOM_TERMINALS[kind]
+            found = node.get(cls)
+            if found is None:
+                found = step(node, cls)
+            if found is REFUSED:
                 return False
-            if action >= 0:
-                if action == whole.get(terminal):  # a whole value: take its goto
-                    stack.append(row[VALUE_RULE])
-                else:
-                    stack.append(action)
-                    if child is not None:
-                        pending.append(iter(child))
+            node = found
+        else:  # the list (or the body) is complete
+            if not pending:
                 break
-            rule = rules[~action]
-            if rule.size:
-                del stack[len(stack) - rule.size :]
-            stack.append(actions[stack[-1]][rule.origin])
-            if terminal == "$END" and stack[-1] == end_state:
-                return True
-    return False  # pragma: no cover - $END ends the loop first
+            items = pending.pop()
+            found = node.get("RPAR")
+            if found is None:
+                found = step(node, "RPAR")
+            if found is REFUSED:
+                return False
+            node = found
+    found = node.get("$END")
+    if found is None:
+        found = step(node, "$END")
+    return found is ACCEPT
 
 
-_DONE = object()
 _ATOMS: dict[int, tuple[dict[Value, str], dict[Value, str]]] = {}
 
 

@@ -1,0 +1,204 @@
+"""Pass 2's lazily built stack automaton against the plain LALR driver it memoises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import values
+from test_protocol import DESCRIPTORS, SHIPPED, generator
+
+import cbcl
+from cbcl import Keyword, Registry, Symbol
+from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
+from cbcl._lalr import VALUE_RULE, value_states
+from cbcl._protocol import Protocol, _interned_atoms, recognise_body
+from cbcl._values import ATOM_TERMINALS
+
+_REGISTRY: list[Registry] = []
+
+
+def registry(factory: Any) -> Registry:
+    if not _REGISTRY:
+        reg = Registry(cache_dir=factory.mktemp("cache"))
+        for name in SHIPPED:
+            reg.load((DESCRIPTORS / f"{name}.cbcl").read_bytes(), allow_unsigned=True)
+        _REGISTRY.append(reg)
+    return _REGISTRY[0]
+
+
+def plain_recognise(protocol: Protocol, body: Any) -> bool:
+    """The oracle: the LALR driver walking the tables directly, deciding each literal with
+    ``Tables.can_shift`` (pass 2 as it was before the automaton)."""
+    tables = protocol.tables
+    actions = tables.actions
+    whole = value_states(tables)
+    stack = [tables.start_state]
+    done = object()
+    pending: list[Any] = [iter((body,))]
+    while pending:
+        item = next(pending[-1], done)
+        child = None
+        if item is done:
+            pending.pop()
+            terminal = "RPAR" if pending else "$END"
+        elif type(item) is tuple:
+            terminal, child = "LPAR", item
+        else:
+            terminal = ATOM_TERMINALS[type(item)]
+            literal = protocol.atoms.get(item)
+            if literal is not None and tables.can_shift(stack, literal):
+                terminal = literal
+        while True:
+            row = actions[stack[-1]]
+            action = row.get(terminal)
+            if action is None:
+                return False
+            if action >= 0:
+                if action == whole.get(terminal):
+                    stack.append(row[VALUE_RULE])
+                else:
+                    stack.append(action)
+                    if child is not None:
+                        pending.append(iter(child))
+                break
+            rule = tables.rules[~action]
+            if rule.size:
+                del stack[len(stack) - rule.size :]
+            stack.append(actions[stack[-1]][rule.origin])
+            if terminal == "$END" and stack[-1] == tables.end_state:
+                return True
+    raise AssertionError("unreachable")
+
+
+def mutate(tokens: list[str], data: st.DataObject) -> list[str]:
+    for _ in range(data.draw(st.integers(1, 3))):
+        if len(tokens) < 2:
+            break
+        index = data.draw(st.integers(0, len(tokens) - 2))
+        op = data.draw(st.sampled_from(["drop", "swap", "dup", "keyword-as-symbol"]))
+        if op == "drop":
+            del tokens[index]
+        elif op == "swap":
+            tokens[index], tokens[index + 1] = tokens[index + 1], tokens[index]
+        elif op == "dup":
+            tokens.insert(index, tokens[index])
+        elif tokens[index].startswith(":") and len(tokens[index]) > 1:
+            tokens[index] = tokens[index][1:]
+    return tokens
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("max_nodes", [2, 5, 16384])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
+                                                   data: st.DataObject,
+                                                   tmp_path_factory: Any) -> None:
+    strategy, protocol_id = generator(name)
+    protocol = registry(tmp_path_factory).get(protocol_id)
+    assert protocol is not None
+    # A fresh automaton, small enough to flush within one body at max_nodes 2 and 5.
+    literals = literals_of(protocol)
+    object.__setattr__(protocol, "automaton",
+                       StackAutomaton(protocol.tables, literals, max_nodes=max_nodes))
+    try:
+        text = " ".join(mutate(data.draw(strategy).split(" "), data)) \
+            if data.draw(st.booleans()) else data.draw(strategy)
+        try:
+            body = cbcl.read(text)
+        except cbcl.CBCLError:
+            body = data.draw(values)
+        expected = plain_recognise(protocol, body)
+        assert recognise_body(protocol, body) is expected
+        assert recognise_body(protocol, body) is expected  # again, from remembered steps
+        assert protocol.automaton.size <= max_nodes
+    finally:
+        object.__setattr__(protocol, "automaton", StackAutomaton(protocol.tables, literals))
+
+
+def literals_of(protocol: Protocol) -> dict[str, str]:
+    return {t: "KEYWORD" if type(a) is Keyword else "SYMBOL" for a, t in protocol.atoms.items()}
+
+
+def test_a_known_shape_builds_no_new_stacks(tmp_path_factory: Any) -> None:
+    protocol = registry(tmp_path_factory).get("contract-net/v1")
+    assert protocol is not None
+    automaton = StackAutomaton(protocol.tables, literals_of(protocol))
+    original = protocol.automaton
+    object.__setattr__(protocol, "automaton", automaton)
+    try:
+        assert recognise_body(protocol, cbcl.read(
+            '(cfp :task (task :id "t-1" :action render) :deadline 5)'))
+        grown = automaton.size
+        assert grown > 1
+        # Other data, the same shape: every step is remembered.
+        assert recognise_body(protocol, cbcl.read(
+            '(cfp :task (task :id "other" :action paint) :deadline 99)'))
+        assert automaton.size == grown
+        # A new shape (an optional field) adds stacks.
+        assert recognise_body(protocol, cbcl.read(
+            '(cfp :task (task :id "other" :action paint) :deadline 99 :round 2)'))
+        assert automaton.size > grown
+    finally:
+        object.__setattr__(protocol, "automaton", original)
+
+
+def test_transitions_are_remembered_per_stack_and_class(tmp_path_factory: Any) -> None:
+    protocol = registry(tmp_path_factory).get("contract-net/v1")
+    assert protocol is not None
+    classes = _interned_atoms(protocol)
+    automaton = protocol.automaton
+    start = automaton.start
+    cfp = classes[cbcl.read("cfp")]  # the literal spelled by the symbol cfp
+    node, whole = automaton.step(start, "LPAR")
+    assert not whole and start["LPAR"] == (node, False)
+    after = automaton.step(node, cfp)
+    assert node[cfp] is after and after is not REFUSED
+    assert automaton.stack(after)[:-1] == automaton.stack(node)
+    # A literal where the grammar cannot shift it is data; STRING is refused after '('.
+    assert automaton.step(node, "STRING") is REFUSED
+    assert automaton.step(start, "RPAR") is REFUSED
+    assert automaton.step(start, "$END") is REFUSED
+    assert automaton.terminal(start, cfp) == "SYMBOL"
+    assert automaton.terminal(node, cfp) == cfp
+
+
+def test_end_is_accepted_only_after_a_whole_body(tmp_path_factory: Any) -> None:
+    protocol = registry(tmp_path_factory).get("request/v1")
+    assert protocol is not None
+    automaton = protocol.automaton
+    node = automaton.start
+    for cls in ("LPAR", "LIT_6", "LIT_7", "STRING", "RPAR"):  # (agree :action-id "a")
+        assert automaton.step(automaton.start, "$END") is REFUSED
+        found = automaton.step(node, cls)
+        node = found[0] if cls == "LPAR" else found
+        assert node is not REFUSED
+    assert automaton.step(node, "$END") is ACCEPT
+    assert recognise_body(protocol, cbcl.read('(agree :action-id "a")'))
+
+
+def test_memory_stays_bounded_under_unseen_shapes(tmp_path_factory: Any) -> None:
+    protocol = registry(tmp_path_factory).get("canon-a/v1")
+    assert protocol is not None
+    automaton = StackAutomaton(protocol.tables, literals_of(protocol), max_nodes=64)
+    original = protocol.automaton
+    object.__setattr__(protocol, "automaton", automaton)
+    try:
+        for depth in range(1, 60):
+            body = (Symbol("x"),)
+            for _ in range(depth):
+                body = (body, Symbol("y"))
+            assert recognise_body(protocol, body) is plain_recognise(protocol, body)
+            assert automaton.size <= 64
+    finally:
+        object.__setattr__(protocol, "automaton", original)
+
+
+def test_max_nodes_must_hold_a_stack_and_its_successor(tmp_path_factory: Any) -> None:
+    protocol = registry(tmp_path_factory).get("canon-a/v1")
+    assert protocol is not None
+    with pytest.raises(ValueError, match="max_nodes"):
+        StackAutomaton(protocol.tables, {}, max_nodes=1)
