@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 import msgpack
 import msgpack.fallback
 
-from . import _protocol
+from ._automaton import ACCEPT, REFUSED
 from ._canonical import _decimal, canonical_value
 from ._errors import (
     BodyError,
@@ -51,6 +51,7 @@ from ._lalr import value_states
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import VERSION, Intent, Message, Signature
 from ._protocol import (
+    _ALWAYS_ADMITTED,
     _ANY_VALUE,
     _GENERAL_SHOWN,
     Protocol,
@@ -58,6 +59,7 @@ from ._protocol import (
     _expected_order,
 )
 from ._reader import intern_keyword, intern_symbol
+from ._schema import check_schema
 from ._values import (
     _NAME_RE,
     _URI_RE,
@@ -70,8 +72,6 @@ from ._values import (
     is_name,
 )
 
-# Intents every protocol admits ungoverned, with an absent or string body (as pass 2).
-_ALWAYS_ADMITTED = getattr(_protocol, "_ALWAYS_ADMITTED", frozenset({Intent.NOT_UNDERSTOOD}))
 MAGIC = b"\xcbL"
 FORMAT_VERSION = 1
 FLAG_SHORT_ID = 0x01
@@ -102,6 +102,7 @@ _VALUE_RULE = "cbcl_value"  # cbcl._subset.LARK_VALUE_RULE
 _KIND_CODES = {Symbol: SYMBOL, Keyword: KEYWORD, URI: URI_CODE}
 _DATA_TERMINALS = {Symbol: "SYMBOL", Keyword: "KEYWORD", URI: "URI"}
 _MAX_DECIMAL_TEXT = 40
+_new = str.__new__
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -372,7 +373,9 @@ class Decoder:
                    "max_message_bytes", limits.max_message_bytes, 0)
         table, start = self._header(data)
         tokens = self._tokens(data, start)
-        message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
+        message = _fast_message(table, tokens, limits)
+        if message is None:
+            message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
         trust = self.registry.trust
         if trust is not None and (message.signature is not None or self.require_signatures):
             trust.verify_message(message)
@@ -465,6 +468,77 @@ def _token_offset(unpacker_class: Any, data: bytes, start: int, index: int) -> i
 
 
 _MISSING = object()
+_OPTIONAL_FIELDS = ((HAS_CONVERSATION_ID, str), (HAS_IN_REPLY_TO, str), (HAS_REPLY_BY, int),
+                    (HAS_TIMESTAMP, int))
+
+
+def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Message | None:
+    """The message of a frame that is well formed, within every limit and accepted by
+    its protocol's grammar, or ``None``: then :func:`_decode_tokens` decodes the same
+    tokens with every check in order, to raise the precise error. Only the schema, the
+    last check, raises here (:class:`SchemaError`), exactly as there."""
+    count = len(tokens)
+    if count < 5:
+        return None
+    intent_index, present, message_id, sender, receiver = tokens[:5]
+    if type(intent_index) is not int or type(present) is not int or \
+            type(message_id) is not str or type(sender) is not str or \
+            type(receiver) is not str or not 0 <= intent_index < len(INTENTS) or \
+            not 0 <= present < 64 or not message_id:
+        return None
+    max_string = limits.max_string_bytes
+    if len(message_id) * 4 > max_string or _URI_MATCH(sender) is None or \
+            _URI_MATCH(receiver) is None:
+        return None
+    intent = INTENTS[intent_index]
+    protocol = table.protocol
+    if (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
+        return None  # not yet checked: the careful decoding checks and remembers it
+    index = 5
+    fields: list[Any] = [None, None, None, None]
+    if present & 15:
+        for slot, (bit, kind) in enumerate(_OPTIONAL_FIELDS):
+            if present & bit:
+                if index >= count:
+                    return None
+                value = tokens[index]
+                index += 1
+                if type(value) is not kind:
+                    return None
+                if kind is str:
+                    if not value or len(value) * 4 > max_string:
+                        return None
+                elif not INT64_MIN <= value <= INT64_MAX:
+                    return None
+                fields[slot] = value
+    signature = None
+    if present & HAS_SIGNATURE:
+        if index + 1 >= count:
+            return None
+        key_id, signed = tokens[index], tokens[index + 1]
+        if type(key_id) is not str or type(signed) is not str or \
+                len(key_id) * 4 > max_string or len(signed) * 4 > max_string:
+            return None
+        signature = Signature(key_id, signed)
+        index += 2
+    governed = intent in protocol.descriptor.intents
+    body: Any = None
+    if present & HAS_BODY:
+        body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present], governed)
+        if body is None:
+            return None
+    elif index != count:
+        return None
+    if governed:
+        if body is None:
+            return None
+        if protocol.schema is not None:
+            check_schema(protocol.schema, body)
+    elif intent not in _ALWAYS_ADMITTED or (body is not None and type(body) is not str):
+        return None
+    return Message._trusted(message_id, _new(URI, sender), _new(URI, receiver), intent,
+                            protocol.id, fields[0], fields[1], fields[2], fields[3], body,
+                            signature)
 
 
 def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: bytes,
@@ -561,11 +635,8 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
                         position=_at(start))
     if refusal is not None:
         raise refusal
-    schema = getattr(protocol, "schema", None)  # pass 3 where the protocol has a schema
-    if schema is not None and governed:
-        from ._schema import check_schema
-
-        check_schema(schema, body)
+    if protocol.schema is not None and governed:  # pass 3 where the protocol has a schema
+        check_schema(protocol.schema, body)
     return Message(message_id=message_id, sender=sender_uri, receiver=receiver_uri,
                    intent=intent, protocol=protocol.id, body=body, **optional)
 
@@ -610,6 +681,9 @@ def _envelope_nodes(present: int) -> int:
     fields = 5 + bin(present).count("1")
     return 2 + 3 * fields + (1 if present & HAS_SIGNATURE else 0) - \
         (1 if present & HAS_BODY else 0)
+
+
+_ENVELOPE_NODES = tuple(_envelope_nodes(present) for present in range(64))
 
 
 def _kind_name(token: object) -> str:
@@ -779,11 +853,6 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                 if terminal == "LPAR":  # a whole value: read it without the tables
                     grammar = False
                     in_value = depth
-                    assert items is not None
-                    done = _read_value(table, tokens, index, items, nodes, depth, limits,
-                                       max_nodes, seen, learned)
-                    if done is not None:  # at the value's ')'; else read it token by token
-                        index, nodes = done
                 else:
                     stack.append(row[_VALUE_RULE])
             else:
@@ -820,105 +889,145 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     return value, index, refusal
 
 
-def _read_value(table: SymbolTable, tokens: list[Any], index: int, items: list[Value],
-                nodes: int, depth: int, limits: Limits, max_nodes: int, seen: dict[Value, int],
-                learned: list[Value]) -> tuple[int, int] | None:
-    """Read the rest of a list that is a whole ``value`` (its ``(`` read, its items going
-    to ``items``) up to its closing ``)``: ``(index of that ')', nodes)``.
+def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
+               nodes: int, governed: bool) -> Value | None:
+    """The body read from ``tokens[index:]`` when it is canonical, within every limit,
+    ends the frame and (if ``governed``) is accepted by the grammar; else ``None``, and
+    :func:`_walk_body` reads the same tokens to raise the precise error.
 
-    The fast loop for the bulk of most bodies: no tables, fewer checks per token. On
-    anything out of the ordinary it undoes what it did and returns ``None``, and
-    :func:`_walk_body` reads the same tokens one by one, to raise the precise error."""
+    The hot loop of decoding: checks that cannot fail are skipped (nodes, when there are
+    too few tokens left to exceed the limit), and the grammar is the protocol's
+    :class:`StackAutomaton`, where a token costs one lookup."""
+    count = len(tokens)
+    if nodes + count - index > limits.max_nodes:  # a token is at most one node
+        return None
+    automaton = table.protocol.automaton
+    step = automaton.step
+    node: Any = automaton.start if governed else None
     static_atoms = table.atoms
+    static_classes = table.terminals
     static_count = len(static_atoms)
     codes = table.codes
-    count = len(tokens)
-    max_depth = limits.max_depth - 2
+    max_depth = limits.max_depth - 2  # the envelope and the (body …) list are open
     max_items = limits.max_list_items
     max_string = limits.max_string_bytes
     max_name = limits.max_name_chars
-    items_before = len(items)
-    learned_before = len(learned)
+    learned: list[Value] = []  # symbols, keywords and URIs written in full, by entry
+    learned_classes: list[str] = []
+    seen: set[Value] = set()
     parents: list[list[Value]] = []
-    current = items
+    items: list[Value] | None = None
+    depth = 0
+    whole_at = 0  # the depth of a list taken as a whole value (the grammar waits), or 0
     value: Any
+    cls: str
     while index < count:
         token = tokens[index]
+        index += 1
         kind = type(token)
         if kind is str:
             if len(token) * 4 > max_string:
-                break
+                return None
             value = token
-            index += 1
+            cls = "STRING"
         elif kind is not int:
-            break
+            return None
         elif token >= FIRST_ENTRY:
             entry = token - FIRST_ENTRY
             if entry < static_count:
                 value = static_atoms[entry]
+                cls = static_classes[entry]
             elif entry - static_count < len(learned):
                 value = learned[entry - static_count]
+                cls = learned_classes[entry - static_count]
             else:
-                break
-            index += 1
+                return None
         elif token == LPAR:
-            nodes += 1
             depth += 1
-            if nodes > max_nodes or depth > max_depth or len(current) >= max_items:
-                break
-            parents.append(current)
-            current = []
-            index += 1
+            if depth > max_depth:
+                return None
+            if items is not None:
+                if len(items) >= max_items:
+                    return None
+                parents.append(items)
+            items = []
+            if node is not None and not whole_at:
+                found = node.get("LPAR")
+                if found is None:
+                    found = step(node, "LPAR")
+                node, whole = found
+                if node is REFUSED:
+                    return None
+                if whole:
+                    whole_at = depth
             continue
         elif token == RPAR:
-            if not parents:
-                return index, nodes
-            value = tuple(current)
+            if items is None:
+                return None
+            value = tuple(items)
+            if whole_at:
+                if depth == whole_at:
+                    whole_at = 0
+            elif node is not None:
+                node = node.get("RPAR") or step(node, "RPAR")
+                if node is REFUSED:
+                    return None
             depth -= 1
-            current = parents.pop()
-            current.append(value)
-            index += 1
-            continue
+            if parents:
+                items = parents.pop()
+                items.append(value)
+                continue
+            items = None
+            break
+        elif token < 0 or index >= count:
+            return None
         else:
-            if index + 1 >= count:
-                break
-            text = tokens[index + 1]
+            text = tokens[index]
+            index += 1
             if token == INTEGER:
                 if type(text) is not int or not INT64_MIN <= text <= INT64_MAX:
-                    break
+                    return None
                 value = text
+                cls = "INTEGER"
             elif type(text) is not str:
-                break
+                return None
             elif token == DECIMAL:
                 if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
-                    break
+                    return None
                 value = Decimal(text)
+                cls = "DECIMAL"
             else:
                 if token == URI_CODE:
                     if _URI_MATCH(text) is None:
-                        break
+                        return None
                     value = str.__new__(URI, text)
-                elif token in (SYMBOL, KEYWORD):
-                    if len(text) > max_name or _NAME_MATCH[token](text) is None:
-                        break
-                    value = intern_symbol(text) if token == SYMBOL else intern_keyword(text)
+                elif len(text) > max_name or _NAME_MATCH[token](text) is None:
+                    return None
                 else:
-                    break
+                    value = intern_symbol(text) if token == SYMBOL else intern_keyword(text)
                 if value in codes or value in seen:
-                    break
-                seen[value] = len(learned)
+                    return None
+                cls = _DATA_TERMINALS[type(value)]
+                seen.add(value)
                 learned.append(value)
-            index += 2
-        nodes += 1
-        if nodes > max_nodes or len(current) >= max_items:
+                learned_classes.append(cls)
+        if items is not None:
+            if len(items) >= max_items:
+                return None
+            items.append(value)
+        if node is not None and not whole_at:
+            node = node.get(cls) or step(node, cls)
+            if node is REFUSED:
+                return None
+        if items is None:  # the body is one atom
             break
-        current.append(value)
-    # Undo, so that the careful walk starts from the same state.
-    del items[items_before:]
-    for value in learned[learned_before:]:
-        del seen[value]
-    del learned[learned_before:]
-    return None
+    else:
+        return None  # the frame ends inside the body
+    if index != count:
+        return None
+    if node is not None and (node.get("$END") or step(node, "$END")) is not ACCEPT:
+        return None
+    return value
 
 
 _CODE_NAMES = {INTEGER: "INTEGER", DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD",

@@ -525,3 +525,113 @@ def test_decoder_verifies_message_signatures_like_parse(tmp_path: Path) -> None:
         cbcl.Decoder(registry, require_signatures=True).decode(unsigned)
     with pytest.raises(ValueError):
         cbcl.Decoder(cbcl.Registry(cache_dir=tmp_path), require_signatures=True)
+
+
+# --------------------------------------------------------------------------- the fast path
+
+_TOKEN_VALUES = st.one_of(
+    st.integers(-3, 40), st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.text(max_size=6), st.sampled_from(["", "x", "1.5", "agent://z", "a b", "01.5", "é"]),
+    st.none(), st.booleans(), st.floats(allow_nan=False))
+
+
+_STR_EDGES = ["", "x" * 41, "1.", "agent://", "a\u00a0b", "-0", ":k"]
+_INT_EDGES = [-1, 0, 1, 6, 7, 63, 64, 99, 2**63 - 1, 2**63, -(2**63)]
+_FAST_FRAMES = ['(a (b (c)) :k "s" 1.5 agent://x)', '"reason"', "(x x x x)",
+                "(a b c d e f g h i j k l m n o p)", "((((((((((x))))))))))",
+                '(a :b b "ccccccccccccccccccccccccccccccccc" dddddddddddddddddddddd)']
+
+
+def _fast_frames(registry: Registry) -> list[bytes]:
+    return _frames(registry) + [
+        Encoder(registry).encode(cbcl.parse(envelope("any/v1", "INFORM", body),
+                                            registry=registry))
+        for body in _FAST_FRAMES]
+
+
+def _careful(table: Any, tokens: list[Any], limits: Limits) -> Any:
+    from cbcl._codec import _decode_tokens
+
+    frame = b"".join(msgpack.packb(token) for token in tokens)
+    try:
+        return _decode_tokens(table, tokens, limits, frame, 0, msgpack.Unpacker)
+    except CBCLError as exc:
+        return type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_fast_path_decodes_as_the_careful_one_or_declines(registry: Registry,
+                                                             data: st.DataObject) -> None:
+    """Every frame the fast path decodes, the careful path decodes the same (or refuses
+    by schema in both); on any other frame the fast path declines."""
+    frame = data.draw(st.sampled_from(_fast_frames(registry)))
+    decoder = Decoder(registry)
+    table, start = decoder._header(frame)
+    tokens = decoder._tokens(frame, start)
+    for _ in range(data.draw(st.integers(0, 3))):
+        index = data.draw(st.integers(0, min(len(tokens) - 1, 8)) |  # the envelope, often
+                          st.integers(0, len(tokens) - 1))
+        op = data.draw(st.sampled_from(["replace", "drop", "dup", "swap", "nest"]))
+        if op == "replace":  # often by an edge case of the same type
+            edge = {str: st.sampled_from(_STR_EDGES),
+                    int: st.sampled_from(_INT_EDGES)}
+            tokens[index] = data.draw(edge.get(type(tokens[index]), _TOKEN_VALUES) |
+                                      _TOKEN_VALUES)
+        elif op == "drop" and len(tokens) > 1:
+            del tokens[index]
+        elif op == "dup":
+            tokens.insert(index, tokens[index])
+        elif op == "swap" and index + 1 < len(tokens):
+            tokens[index], tokens[index + 1] = tokens[index + 1], tokens[index]
+        elif op == "nest":
+            tokens[index:index] = [0, 1][: data.draw(st.integers(1, 2))]
+    limits = Limits(**{name: data.draw(st.integers(1, 40)) for name in data.draw(
+        st.lists(st.sampled_from(LIMITED), max_size=2, unique=True))})
+    _fast_agrees(table, tokens, limits)
+
+
+def _fast_agrees(table: Any, tokens: list[Any], limits: Limits) -> None:
+    from cbcl._codec import _fast_message
+
+    careful = _careful(table, list(tokens), limits)  # also remembers the envelope's limits
+    try:
+        fast = _fast_message(table, list(tokens), limits)
+    except cbcl.SchemaError:
+        assert careful is cbcl.SchemaError
+        return
+    if fast is not None:
+        assert fast == careful
+        assert type(fast.sender) is cbcl.URI and type(fast.receiver) is cbcl.URI
+
+
+@pytest.mark.parametrize("limit", [None, *LIMITED])
+def test_the_fast_path_at_every_token_and_edge_value(registry: Registry,
+                                                    limit: str | None) -> None:
+    """Each token of each frame replaced by each edge value of its type, and each pair of
+    tokens repeated, under default limits; or one limit at each value up to 40."""
+    decoder = Decoder(registry)
+    for frame in _fast_frames(registry):
+        table, start = decoder._header(frame)
+        tokens = decoder._tokens(frame, start)
+        if limit is not None:
+            for maximum in range(1, 41):
+                _fast_agrees(table, tokens, Limits(**{limit: maximum}))
+            continue
+        for index, token in enumerate(tokens):
+            for edge in _STR_EDGES if type(token) is str else _INT_EDGES:
+                _fast_agrees(table, [*tokens[:index], edge, *tokens[index + 1 :]], Limits())
+            # A pair repeated (an atom written in full twice, a list opened twice …).
+            _fast_agrees(table, [*tokens[: index + 2], *tokens[index : index + 2],
+                                 *tokens[index + 2 :]], Limits())
+
+
+def test_the_fast_path_takes_the_shipped_examples(registry: Registry) -> None:
+    from cbcl._codec import _fast_message
+
+    decoder = Decoder(registry)
+    for frame in _frames(registry):
+        decoder.decode(frame)  # the first decoding checks the envelope's limits
+        table, start = decoder._header(frame)
+        fast = _fast_message(table, decoder._tokens(frame, start), Limits())
+        assert fast is not None and fast == decoder.decode(frame)
