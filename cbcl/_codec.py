@@ -58,7 +58,7 @@ from ._protocol import (
     Registry,
     _expected_order,
 )
-from ._reader import intern_keyword, intern_symbol
+from ._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol
 from ._schema import check_schema
 from ._values import (
     _NAME_RE,
@@ -124,6 +124,8 @@ class SymbolTable:
     #: Each rule's size and the nonterminal it makes, by rule number (for the driver).
     rule_sizes: tuple[int, ...]
     rule_origins: tuple[str, ...]
+    #: Code -> (atom, its literal terminal), for the decoder's fast path.
+    entries: dict[int, tuple[Value, str]]
 
     @classmethod
     def of(cls, protocol: Protocol) -> SymbolTable:
@@ -136,7 +138,9 @@ class SymbolTable:
                    {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},
                    _value_states(protocol.tables),
                    tuple(rule.size for rule in protocol.tables.rules),
-                   tuple(rule.origin for rule in protocol.tables.rules))
+                   tuple(rule.origin for rule in protocol.tables.rules),
+                   {FIRST_ENTRY + index: (atom, terminal)
+                    for index, (atom, (_, terminal)) in enumerate(zip(atoms, pairs, strict=True))})
 
 
 def _value_states(tables: Any) -> dict[str, int]:
@@ -472,6 +476,23 @@ _OPTIONAL_FIELDS = ((HAS_CONVERSATION_ID, str), (HAS_IN_REPLY_TO, str), (HAS_REP
                     (HAS_TIMESTAMP, int))
 
 
+# Agents' URIs already validated, by text: senders and receivers recur in every message.
+# Bounded: once full, URIs are validated and made but not kept.
+_URIS: dict[str, URI] = {}
+_URIS_MAX = 4096
+
+
+def _known_uri(text: str) -> URI | None:
+    """The :class:`URI` spelled ``text``, or ``None`` if it is not one (kept in
+    :data:`_URIS` while there is room)."""
+    if _URI_MATCH(text) is None:
+        return None
+    uri = _new(URI, text)
+    if len(_URIS) < _URIS_MAX:
+        _URIS[text] = uri
+    return uri
+
+
 def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Message | None:
     """The message of a frame that is well formed, within every limit and accepted by
     its protocol's grammar, or ``None``: then :func:`_decode_tokens` decodes the same
@@ -487,8 +508,11 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Mess
             not 0 <= present < 64 or not message_id:
         return None
     max_string = limits.max_string_bytes
-    if len(message_id) * 4 > max_string or _URI_MATCH(sender) is None or \
-            _URI_MATCH(receiver) is None:
+    if len(message_id) * 4 > max_string:
+        return None
+    sender_uri = _URIS.get(sender) or _known_uri(sender)
+    receiver_uri = _URIS.get(receiver) or _known_uri(receiver)
+    if sender_uri is None or receiver_uri is None:
         return None
     intent = INTENTS[intent_index]
     protocol = table.protocol
@@ -521,7 +545,7 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Mess
             return None
         signature = Signature(key_id, signed)
         index += 2
-    governed = intent in protocol.descriptor.intents
+    governed = intent in protocol.governed
     body: Any = None
     if present & HAS_BODY:
         body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present], governed)
@@ -536,7 +560,7 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Mess
             check_schema(protocol.schema, body)
     elif intent not in _ALWAYS_ADMITTED or (body is not None and type(body) is not str):
         return None
-    return Message._trusted(message_id, _new(URI, sender), _new(URI, receiver), intent,
+    return Message._trusted(message_id, sender_uri, receiver_uri, intent,
                             protocol.id, fields[0], fields[1], fields[2], fields[3], body,
                             signature)
 
@@ -895,8 +919,9 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     ends the frame and (if ``governed``) is accepted by the grammar; else ``None``, and
     :func:`_walk_body` reads the same tokens to raise the precise error.
 
-    The hot loop of decoding: checks that cannot fail are skipped (nodes, when there are
-    too few tokens left to exceed the limit), and the grammar is the protocol's
+    The hot loop of decoding. Checks that cannot fail are skipped (nodes, when there are
+    too few tokens left to exceed the limit); a list's items are counted when it closes
+    (the node check bounds what is built before then); and the grammar is the protocol's
     :class:`StackAutomaton`, where a token costs one lookup."""
     count = len(tokens)
     if nodes + count - index > limits.max_nodes:  # a token is at most one node
@@ -904,126 +929,119 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     automaton = table.protocol.automaton
     step = automaton.step
     node: Any = automaton.start if governed else None
-    static_atoms = table.atoms
-    static_classes = table.terminals
-    static_count = len(static_atoms)
+    entries = table.entries
+    learned: dict[int, tuple[Value, str]] = {}  # atoms written in full, by their new code
+    next_code = FIRST_ENTRY + len(entries)
     codes = table.codes
+    seen: set[Value] = set()
     max_depth = limits.max_depth - 2  # the envelope and the (body …) list are open
     max_items = limits.max_list_items
     max_string = limits.max_string_bytes
     max_name = limits.max_name_chars
-    learned: list[Value] = []  # symbols, keywords and URIs written in full, by entry
-    learned_classes: list[str] = []
-    seen: set[Value] = set()
     parents: list[list[Value]] = []
     items: list[Value] | None = None
-    depth = 0
     whole_at = 0  # the depth of a list taken as a whole value (the grammar waits), or 0
     value: Any
     cls: str
-    while index < count:
-        token = tokens[index]
-        index += 1
+    symbols_get = _SYMBOLS.get
+    keywords_get = _KEYWORDS.get
+    tokens_left = iter(tokens)
+    for _ in range(index):
+        next(tokens_left)
+    for token in tokens_left:
         kind = type(token)
-        if kind is str:
+        if kind is int:
+            entry = entries.get(token)
+            if entry is not None:
+                value, cls = entry
+            elif token == LPAR:
+                if items is not None:
+                    parents.append(items)
+                if len(parents) >= max_depth:  # the new list is len(parents) + 1 deep
+                    return None
+                items = []
+                if node is not None and not whole_at:
+                    node, whole = node.get("LPAR") or step(node, "LPAR")
+                    if node is REFUSED:
+                        return None
+                    if whole:
+                        whole_at = len(parents) + 1
+                continue
+            elif token == RPAR:
+                if items is None or len(items) > max_items:
+                    return None
+                value = tuple(items)
+                if whole_at:
+                    if whole_at == len(parents) + 1:
+                        whole_at = 0
+                elif node is not None:
+                    node = node.get("RPAR") or step(node, "RPAR")
+                    if node is REFUSED:
+                        return None
+                if parents:
+                    items = parents.pop()
+                    items.append(value)
+                    continue
+                items = None
+                break
+            elif token >= FIRST_ENTRY:
+                entry = learned.get(token)
+                if entry is None:
+                    return None
+                value, cls = entry
+            elif token < 0:
+                return None
+            else:
+                text = next(tokens_left, None)
+                if token == INTEGER:
+                    if type(text) is not int or not INT64_MIN <= text <= INT64_MAX:
+                        return None
+                    value = text
+                    cls = "INTEGER"
+                elif type(text) is not str:
+                    return None
+                elif token == DECIMAL:
+                    if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
+                        return None
+                    value = Decimal(text)
+                    cls = "DECIMAL"
+                else:
+                    if token == URI_CODE:
+                        if _URI_MATCH(text) is None:
+                            return None
+                        value = _new(URI, text)
+                    elif len(text) > max_name:
+                        return None
+                    else:  # a name the reader or this decoder has made is valid
+                        value = (symbols_get if token == SYMBOL else keywords_get)(text)
+                        if value is None:
+                            if _NAME_MATCH[token](text) is None:
+                                return None
+                            value = intern_symbol(text) if token == SYMBOL \
+                                else intern_keyword(text)
+                    if value in codes or value in seen:
+                        return None
+                    seen.add(value)
+                    cls = _DATA_TERMINALS[type(value)]
+                    learned[next_code] = (value, cls)
+                    next_code += 1
+        elif kind is str:
             if len(token) * 4 > max_string:
                 return None
             value = token
             cls = "STRING"
-        elif kind is not int:
-            return None
-        elif token >= FIRST_ENTRY:
-            entry = token - FIRST_ENTRY
-            if entry < static_count:
-                value = static_atoms[entry]
-                cls = static_classes[entry]
-            elif entry - static_count < len(learned):
-                value = learned[entry - static_count]
-                cls = learned_classes[entry - static_count]
-            else:
-                return None
-        elif token == LPAR:
-            depth += 1
-            if depth > max_depth:
-                return None
-            if items is not None:
-                if len(items) >= max_items:
-                    return None
-                parents.append(items)
-            items = []
-            if node is not None and not whole_at:
-                found = node.get("LPAR")
-                if found is None:
-                    found = step(node, "LPAR")
-                node, whole = found
-                if node is REFUSED:
-                    return None
-                if whole:
-                    whole_at = depth
-            continue
-        elif token == RPAR:
-            if items is None:
-                return None
-            value = tuple(items)
-            if whole_at:
-                if depth == whole_at:
-                    whole_at = 0
-            elif node is not None:
-                node = node.get("RPAR") or step(node, "RPAR")
-                if node is REFUSED:
-                    return None
-            depth -= 1
-            if parents:
-                items = parents.pop()
-                items.append(value)
-                continue
-            items = None
-            break
-        elif token < 0 or index >= count:
-            return None
         else:
-            text = tokens[index]
-            index += 1
-            if token == INTEGER:
-                if type(text) is not int or not INT64_MIN <= text <= INT64_MAX:
-                    return None
-                value = text
-                cls = "INTEGER"
-            elif type(text) is not str:
-                return None
-            elif token == DECIMAL:
-                if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
-                    return None
-                value = Decimal(text)
-                cls = "DECIMAL"
-            else:
-                if token == URI_CODE:
-                    if _URI_MATCH(text) is None:
-                        return None
-                    value = str.__new__(URI, text)
-                elif len(text) > max_name or _NAME_MATCH[token](text) is None:
-                    return None
-                else:
-                    value = intern_symbol(text) if token == SYMBOL else intern_keyword(text)
-                if value in codes or value in seen:
-                    return None
-                cls = _DATA_TERMINALS[type(value)]
-                seen.add(value)
-                learned.append(value)
-                learned_classes.append(cls)
-        if items is not None:
-            if len(items) >= max_items:
-                return None
-            items.append(value)
+            return None
         if node is not None and not whole_at:
             node = node.get(cls) or step(node, cls)
             if node is REFUSED:
                 return None
         if items is None:  # the body is one atom
             break
+        items.append(value)
     else:
         return None  # the frame ends inside the body
-    if index != count:
+    if next(tokens_left, _MISSING) is not _MISSING:
         return None
     if node is not None and (node.get("$END") or step(node, "$END")) is not ACCEPT:
         return None

@@ -164,7 +164,7 @@ def parse_envelope(text: str, limits: Limits) -> Message:
     else:
         fields = _walk(value) if TOKEN.match(text, end).lastindex == EOF else None  # type: ignore[union-attr]
         if fields is not None:
-            return Message(**fields)
+            return Message._trusted(**fields)  # every field checked by _walk and the reader
     return scan_envelope(text, limits).message
 
 

@@ -3,7 +3,7 @@ before the work it protects."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,14 +28,24 @@ class Limits:
     max_nodes: int = 65536
     max_string_bytes: int = 64 << 10
     max_name_chars: int = 128
+    # The hash, computed once: decoders key caches by their limits on every message.
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.name == "_hash":
+                continue
             value = getattr(self, f.name)
             if type(value) is not int:
                 raise TypeError(f"Limits.{f.name} must be an int, not {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"Limits.{f.name} must be at least 1, not {value}")
+        object.__setattr__(self, "_hash", hash((
+            self.max_message_bytes, self.max_depth, self.max_list_items, self.max_nodes,
+            self.max_string_bytes, self.max_name_chars)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 DEFAULT_LIMITS = Limits()

@@ -33,6 +33,10 @@ class Intent(StrEnum):
     CONFIRM = "CONFIRM"
     NOT_UNDERSTOOD = "NOT-UNDERSTOOD"
 
+    # Hash as the str it equals (Enum hashes the member's name, in Python, and so slowly
+    # and unlike "NOT-UNDERSTOOD", which the member equals).
+    __hash__ = str.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class Signature:

@@ -91,8 +91,11 @@ class Protocol:
     schema: Schema | None = None
     #: Pass 2's automaton over the tables' stacks, built as bodies need it.
     automaton: StackAutomaton = field(init=False)
+    #: The intents whose bodies the grammar judges, as a set.
+    governed: frozenset[Intent] = field(init=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "governed", frozenset(self.descriptor.intents))
         literals = {terminal: "KEYWORD" if type(atom) is Keyword else "SYMBOL"
                     for atom, terminal in self.atoms.items()}
         object.__setattr__(self, "automaton", StackAutomaton(self.tables, literals))
@@ -532,7 +535,7 @@ def check_intent_and_body(protocol: Protocol, message: Message) -> bool | None:
     a body that breaks the schema.
     """
     descriptor = protocol.descriptor
-    if not descriptor.governs(message.intent):
+    if message.intent not in protocol.governed:
         if message.intent in _ALWAYS_ADMITTED:
             if message.body is None or type(message.body) is str:
                 return None

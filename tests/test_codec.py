@@ -635,3 +635,16 @@ def test_the_fast_path_takes_the_shipped_examples(registry: Registry) -> None:
         table, start = decoder._header(frame)
         fast = _fast_message(table, decoder._tokens(frame, start), Limits())
         assert fast is not None and fast == decoder.decode(frame)
+
+
+def test_known_uris_are_validated_once_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cbcl import _codec
+
+    monkeypatch.setattr(_codec, "_URIS", {})
+    monkeypatch.setattr(_codec, "_URIS_MAX", 2)
+    assert _codec._known_uri("agent://a") == cbcl.URI("agent://a")
+    assert _codec._known_uri("not a uri") is None and "not a uri" not in _codec._URIS
+    assert _codec._known_uri("agent://b") is not None
+    assert _codec._known_uri("agent://c") == cbcl.URI("agent://c")  # made, not kept
+    assert list(_codec._URIS) == ["agent://a", "agent://b"]
+    assert type(_codec._URIS["agent://a"]) is cbcl.URI

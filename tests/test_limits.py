@@ -147,3 +147,21 @@ def test_item_limit_applies_to_the_envelope_itself() -> None:
         cbcl.parse(text, limits=Limits(max_list_items=6), envelope_only=True)
     assert info.value.limit == "max_list_items"
     assert text[info.value.column - 1 :].startswith("(body")  # type: ignore[operator]
+
+
+def test_limits_hash_as_they_compare() -> None:
+    import dataclasses
+
+    assert hash(Limits()) == hash(Limits()) and Limits() == Limits()
+    changed = dataclasses.replace(Limits(), max_depth=5)
+    assert changed == Limits(max_depth=5) and hash(changed) == hash(Limits(max_depth=5))
+    assert changed != Limits()
+    assert len({Limits(), Limits(), Limits(max_nodes=9)}) == 2
+
+
+def test_intents_hash_as_the_text_they_equal() -> None:
+    from cbcl import Intent
+
+    for intent in Intent:
+        assert intent == intent.value and hash(intent) == hash(intent.value)
+    assert {Intent.NOT_UNDERSTOOD: 1}.get("NOT-UNDERSTOOD") == 1
