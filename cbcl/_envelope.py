@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 from ._errors import CBCLError, EnvelopeError
 from ._lalr import Tables, build_lark
 from ._limits import Limits
-from ._message import Intent, Message, Signature
+from ._message import VERSION, Intent, Message, Signature
 from ._reader import (
     BAD,
     EOF,
@@ -215,7 +215,7 @@ def _walk(value: Any) -> dict[str, Any] | None:
     if type(value) is not tuple or len(value) < 1 + _REQUIRED:
         return None
     head = value[0]
-    if type(head) is not Symbol or head != _VERSION_SYMBOL:
+    if type(head) is not Symbol or str.__ne__(head, VERSION):
         return None
     fields: dict[str, Any] = {}
     expected = 0
@@ -260,8 +260,6 @@ def _walk(value: Any) -> dict[str, Any] | None:
         return None
     return fields
 
-
-_VERSION_SYMBOL = Symbol("CBCL/1.0")
 
 
 def scan_envelope(text: str, limits: Limits) -> Envelope:

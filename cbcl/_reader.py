@@ -22,6 +22,26 @@ That careful loop runs only after a faster one, which checks less per token (ite
 list closes), has given up on the text: well-formed text is read once, and text with an
 error twice, the second time to raise the precise error.
 
+A whole document (a value read from character 0: :func:`read`, the envelope's fast path)
+is first offered to a third tier, :func:`_read_split`, which leaves the per-token regular
+expression to C-level string operations for a list that only whitespace follows. It skips
+leading whitespace and comments, then ``text.split('"')`` separates the strings (the odd
+parts) from the rest; the rest, joined with one ``"`` where each string was, is tokenised
+with ``.replace("(", " ( ").replace(")", " ) ").split()``, and each token is looked up in a
+bounded cache of token text -> value (``_ATOM.fullmatch`` on a miss). A lone ``"`` token
+takes the next string; a string without a delimiter beside it leaves a token like ``a"``
+or ``""`` that is no atom. Since those operations accept more than CBCL, the tier checks
+in bulk, before building anything, whatever they would let through: a comment inside or
+after the list (any ``;`` outside strings), whitespace that ``str.split`` knows and CBCL
+refuses (:data:`_ODD_SPACE`), forbidden characters in strings, escapes (a quote the split
+mistook for a string's end leaves a string part ending in an escaping backslash), the
+sizes of strings and names, the node budget (which also bounds the splits). Depth and
+items are checked as lists open and close, and the list must close at the last token.
+On any doubt it gives up (``None``), never raises, and the two tiers above read the text.
+Like them it is linear: every pass is a C-level scan or a loop over tokens. It scans to
+the end of the text, so it is never tried at a later position (:func:`value_spans` would
+re-scan the rest per value).
+
 The envelope parser (pass 1) drives the same token expression and calls
 :func:`read_value_at` to capture the body, so a message is scanned exactly once.
 """
@@ -29,6 +49,7 @@ The envelope parser (pass 1) drives the same token expression and calls
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import NoReturn
@@ -203,10 +224,21 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     Returns ``(value, end, nodes)`` where ``end`` is the index just after the value.
     Raises :class:`MalformedError` or :class:`LimitError`.
 
-    The fast loop (:func:`_read_fast`) reads well-formed text within the limits; on
+    At ``pos`` 0, :func:`_read_split` first tries a list that runs to the end of the
+    text. The fast loop (:func:`_read_fast`) reads well-formed text within the limits; on
     anything else it gives up and :func:`_read_careful` reads the same text again, to
     raise the precise error at the token that caused it.
     """
+    if pos == 0:
+        found = _read_split(text, limits, depth, nodes)
+        if found is not None:
+            return found
+    return _read_tokens(text, pos, limits, depth, nodes)
+
+
+def _read_tokens(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                 ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` by the two tiers that drive :data:`TOKEN`."""
     found = _read_fast(text, pos, limits, depth, nodes)
     if found is not None:
         return found
@@ -328,6 +360,204 @@ def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     return None  # pragma: no cover - TOKEN always matches
 
 
+# --------------------------------------------------------------------------- the split tier
+
+# Characters str.split() takes for whitespace that CBCL does not (only space, tab, CR and
+# LF are): each is refused between tokens, so the split tier must never split on one.
+_ODD_SPACE = re.compile(
+    "[\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+# An atom of the split tier: TOKEN's atom alternatives, matched in full against a run the
+# split left between delimiters; the same order, and groups of the same meaning.
+_ATOM = re.compile(
+    r":(" + _NAME + r")"  # 1 keyword name
+    r"|(?![+\-]?\.?[0-9])(" + _NAME + r")"  # 2 symbol
+    r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?"  # 3 integer, 4 decimal part
+    r"|(" + URI_PATTERN + r")"  # 5 URI
+)
+# The text between two quotes when its escapes are valid (TOKEN's STRING, less the check
+# of forbidden characters): a backslash at its end escapes no character.
+_ESCAPED = re.compile(r'(?:[^\\]++|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+')
+# What the token cache maps the punctuation to (a '"' token stands for the next string).
+_OPEN = object()
+_CLOSE = object()
+_QUOTE = object()
+# Token text -> value, for tokens up to _CACHED_CHARS long: a cached name is then within
+# every max_name_chars of at least _CACHED_CHARS (a smaller one is checked per document).
+# Emptied when full.
+_CACHED_CHARS = 128
+_CACHE_MAX = 8192
+_CACHE: dict[str, object] = {}
+
+
+def _reset_cache() -> None:
+    _CACHE.clear()
+    _CACHE.update({"(": _OPEN, ")": _CLOSE, '"': _QUOTE})
+
+
+_reset_cache()
+
+
+def _atom(token: str, max_name: int) -> object | None:
+    """The value of ``token`` (a run between delimiters) if it is one atom within the
+    limits, cached; else ``None``."""
+    m = _ATOM.fullmatch(token)
+    if m is None:
+        return None
+    kind = m.lastindex
+    value: Value
+    if kind == 2:
+        if len(token) > max_name:
+            return None
+        value = intern_symbol(token)
+    elif kind == 1:
+        if len(token) - 1 > max_name:
+            return None
+        value = intern_keyword(m.group(1))
+    elif kind == 5:
+        value = _new(URI, token)
+    elif kind == 3:
+        if len(token) > _INT_MAX_CHARS:
+            return None
+        value = int(token)
+        if not INT64_MIN <= value <= INT64_MAX:
+            return None
+    else:
+        if len(token) > MAX_DECIMAL_CHARS:
+            return None
+        value = Decimal(token)
+    if len(token) <= _CACHED_CHARS:
+        if len(_CACHE) >= _CACHE_MAX:
+            _reset_cache()
+        _CACHE[token] = value
+    return value
+
+
+def _utf8_size(s: str) -> int:
+    """The size of ``s`` in UTF-8, or more than any limit if it cannot be encoded."""
+    if s.isascii():
+        return len(s)
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: let the careful loop say
+        return sys.maxsize
+
+
+def _read_split(text: str, limits: Limits, depth: int, nodes: int,
+                ) -> tuple[Value, int, int] | None:
+    """:func:`read_value_at` at character 0 for a list that only whitespace follows, read
+    with C-level string operations; ``None`` for anything else.
+
+    Gives up on whatever it cannot prove well-formed and within the limits, without
+    raising: a comment after the first ``(``, an odd number of quotes, an escaped quote or
+    an invalid escape, whitespace other than CBCL's, a forbidden character, a string or
+    name that may be too long, a token neither cached nor matched in full by
+    :data:`_ATOM`, too many nodes, lists too deep or too long, anything after the list."""
+    budget = limits.max_nodes - nodes
+    depth_left = limits.max_depth - depth
+    if budget < 1 or depth_left < 1:
+        return None
+    first = text[:1]
+    if first == "(":
+        start = 0
+        body = text
+    elif first not in "; \t\r\n":
+        return None  # an atom, or an error
+    else:
+        # Whitespace and comments first. One comment line of printable characters (so of
+        # none that a comment refuses) is common enough to skip without TOKEN.
+        start = text.find("\n") + 1 if first == ";" else 0
+        if not (start and text[start : start + 1] == "("
+                and text[1 : start - 1].isprintable()):
+            m = TOKEN.match(text)
+            if m is None or m.lastindex != LPAR:
+                return None
+            start = m.start(LPAR)
+        body = text[start:]
+    # Strings are the odd parts (each string is one node, so at most `budget` of them),
+    # the rest are the even parts, joined into `code` with one '"' where each string was:
+    # a string without a delimiter on either side leaves a token like 'a"' or '""' that
+    # no atom matches.
+    parts = body.split('"', 2 * budget)
+    if not len(parts) & 1 or len(parts) > 2 * budget:
+        return None  # an unterminated string, or too many
+    if len(parts) == 1:
+        code = body
+        strings: list[str] = []
+    else:
+        code = '"'.join(parts[::2])
+        strings = parts[1::2]
+    if ";" in code:
+        return None  # a comment (its ';' would also leave a token that is no atom)
+    if ("\x0b" in code or "\x0c" in code or "\x1c" in code or "\x1d" in code
+            or "\x1e" in code or "\x1f" in code
+            or (not code.isascii() and _ODD_SPACE.search(code))):
+        return None
+    if strings:
+        raw = "".join(strings)
+        if not raw.isprintable() and _FORBIDDEN_RE.search(raw):
+            return None
+        max_string = limits.max_string_bytes
+        if "\\" in raw:
+            # The split took an escaped quote for the end of a string only if the part
+            # before it ends in a backslash that starts an escape: then it is not _ESCAPED.
+            for i, s in enumerate(strings):
+                if "\\" in s:
+                    if len(s) > 6 * max_string or _ESCAPED.fullmatch(s) is None:
+                        return None  # (each character is at most 6 raw ones: \uXXXX)
+                    strings[i] = _ESCAPE.sub(_unescape_one, s)
+        if len(raw) * 4 > max_string:  # else no string can be over (4 bytes a character)
+            for s in strings:
+                if len(s) * 4 > max_string and _utf8_size(s) > max_string:
+                    return None
+    # A list within the budget has at most twice as many tokens (a node, and a ')').
+    tokens = code.replace("(", " ( ").replace(")", " ) ").split(None, 2 * budget)
+    total = len(tokens) - code.count(")")  # the nodes, if the list ends the text
+    max_name = limits.max_name_chars
+    if len(tokens) > 2 * budget or total > budget:
+        return None
+    if max_name < _CACHED_CHARS and max(map(len, tokens)) > max_name:
+        for token in tokens:  # a name too long may be cached: only URIs have no limit
+            if len(token) > max_name and not (
+                    "://" in token or (token[0] == ":" and len(token) == max_name + 1)):
+                return None
+    max_items = limits.max_list_items
+    get = _CACHE.get
+    next_string = iter(strings).__next__
+    stack: list[list[Value]] = []
+    push = stack.append
+    pop = stack.pop
+    items: list[Value] = []
+    tokens_left = iter(tokens)
+    next(tokens_left)  # the first '('
+    value: object
+    for token in tokens_left:
+        value = get(token)
+        if value is None:
+            value = _atom(token, max_name)
+            if value is None:
+                return None
+        if value is _OPEN:
+            push(items)
+            items = []
+            if len(stack) >= depth_left:  # the new list is len(stack) + 1 deep
+                return None
+        elif value is _CLOSE:
+            if len(items) > max_items:
+                return None
+            value = tuple(items)
+            if not stack:
+                if next(tokens_left, None) is not None:
+                    return None
+                return value, start + body.rfind(")") + 1, nodes + total
+            items = pop()
+            items.append(value)
+        elif value is _QUOTE:
+            items.append(next_string())
+        else:
+            items.append(value)  # type: ignore[arg-type]
+    return None
+
+
 def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
                   ) -> tuple[Value, int, int]:
     """:func:`read_value_at` checking every limit at the token that would exceed it."""
@@ -446,7 +676,10 @@ def read(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = 
     """
     limits = DEFAULT_LIMITS if limits is None else limits
     text = decode(data, limits)
-    value, end, _ = read_value_at(text, 0, limits, 0, 0)
+    found = _read_split(text, limits, 0, 0)
+    if found is not None:
+        return found[0]  # only whitespace follows the list
+    value, end, _ = _read_tokens(text, 0, limits, 0, 0)
     expect_end(text, end)
     return value
 

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import values as cbcl_values
 
 import cbcl
-from cbcl import URI, Keyword, LimitError, MalformedError, Symbol
+from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol, _reader
+from cbcl._limits import DEFAULT_LIMITS
+from cbcl._reader import read_value_at
+from cbcl._values import Value
 
 
 def err(text: str | bytes) -> MalformedError:
@@ -346,3 +356,390 @@ def test_comment_detection_in_messages(text: str, column: int, in_comment: bool)
     error = err(text)
     assert error.column == column
     assert ("in a comment" in error.message) is in_comment
+
+
+# --------------------------------------------------------------------------- the split tier
+#
+# _read_split reads a whole list with C-level string operations and gives up (None) on
+# anything it cannot prove well-formed and within the limits. The differential property:
+# whatever it returns is exactly what the careful loop returns, and the public functions
+# raise exactly the errors the careful loop raises.
+
+SPLIT_LIMITS = Limits(max_depth=4, max_list_items=5, max_nodes=30, max_string_bytes=12,
+                      max_name_chars=6)
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equal with exactly the same types all the way down (and decimals of the same text)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(  # type: ignore[arg-type]
+            same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Decimal):
+        return str(a) == str(b)
+    return a == b
+
+
+def outcome(read: Callable[[], object]) -> tuple[object, ...]:
+    """What a read gives: ``("ok", result)`` or the error's every user-visible detail."""
+    try:
+        return ("ok", read())
+    except (MalformedError, LimitError) as error:
+        return ("error", type(error), error.message, error.position, error.context,
+                getattr(error, "expected", None), getattr(error, "limit", None),
+                getattr(error, "maximum", None))
+
+
+def same_outcome(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    if a[0] == b[0] == "ok":
+        return same_value(a[1], b[1])
+    return a == b
+
+
+def careful_read(text: str, limits: Limits) -> Value:
+    """The public ``read`` as it was: the careful loop, then nothing but the end."""
+    value, end, _ = _reader._read_careful(text, 0, limits, 0, 0)
+    _reader.expect_end(text, end)
+    return value
+
+
+def careful_read_all(text: str, limits: Limits) -> list[Value]:
+    out = []
+    pos = 0
+    while _reader.TOKEN.match(text, pos).lastindex != _reader.EOF:  # type: ignore[union-attr]
+        value, pos, _ = _reader._read_careful(text, pos, limits, 0, 0)
+        out.append(value)
+    return out
+
+
+def check_split(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
+                nodes: int = 0) -> tuple[Value, int, int] | None:
+    """Check the split tier against the careful loop on ``text``; return what it read."""
+    careful = outcome(lambda: _reader._read_careful(text, 0, limits, depth, nodes))
+    found = _reader._read_split(text, limits, depth, nodes)
+    if found is not None:
+        assert careful[0] == "ok", (text, careful)
+        value, end, count = found
+        expected_value, expected_end, expected_count = careful[1]  # type: ignore[misc]
+        assert same_value(value, expected_value), (text, value, expected_value)
+        assert (end, count) == (expected_end, expected_count), text
+        assert text[end:].strip(" \t\r\n") == "", text  # the list ends the text
+    at = outcome(lambda: read_value_at(text, 0, limits, depth, nodes))
+    if careful[0] == "ok":
+        assert at[0] == "ok", (text, at)
+        assert same_value(at[1][0], careful[1][0])  # type: ignore[index]
+        assert at[1][1:] == careful[1][1:], text  # type: ignore[index]
+    else:
+        assert at == careful, text
+    if depth == nodes == 0:
+        assert same_outcome(outcome(lambda: cbcl.read(text, limits=limits)),
+                            outcome(lambda: careful_read(text, limits))), text
+        assert same_outcome(outcome(lambda: cbcl.read_all(text, limits=limits)),
+                            outcome(lambda: careful_read_all(text, limits))), text
+    return found
+
+
+# Whitespace and comments CBCL accepts, and things that look alike but are refused or
+# change the meaning: Unicode spaces that str.split() would split on, controls, a missing
+# delimiter, comments holding quotes and backslashes, stray quotes and backslashes.
+GOOD_GAPS = [" ", "\n", "\t", "\r\n", "\r", "  \n   ", "; note\n", '; say "hi" \\ \n',
+             ";\t(tab)\r", "\n;;\n"]
+ODD_GAPS = ["", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\xa0", "\u1680", "\u2000",
+            "\u2028", "\u2029", "\u202f", "\u3000", "\ufeff", "\x00", "\x7f", "\u202e",
+            "; \x01\n", "; \u202e\n", ";", '"', '" "', "\\", "é", ":", "#"]
+LEADS = ["", "", "; lead\n", '; "lead" \\\n', " \n", ";\t\n", "; a\r\n", ";\n;\n",
+         "; \x01\n", "; \u202e\n", ";\x85\n", "; \u2028\n", ";\ufeff\n", "\ufeff", "\xa0"]
+TAILS = ["", "\n", " ; end \"\n", " (x)", " y", '"', ' "x', '"x"', " \x0b", "\u3000", "; \x01"]
+ODD_CHARS = ("\"\\;() \t\r\n\x0b\x0c\x1c\x1f\x85\xa0\u2028\u202e\u2066\x00\x7f\x01\ufeff"
+             "é:.-+0159au/#")
+
+
+def strings_of(value: Value) -> list[str]:
+    if isinstance(value, tuple):
+        return [s for item in value for s in strings_of(item)]
+    return [value] if type(value) is str else []
+
+
+def render(value: Value, gap: Callable[[bool], str]) -> str:
+    """``value`` as text, with ``gap(required)`` between its tokens."""
+    if not isinstance(value, tuple):
+        return cbcl.canonical(value)
+    inner = [render(item, gap) for item in value]
+    out = "(" + gap(False)
+    for i, text in enumerate(inner):
+        if i:
+            out += gap(True)
+        out += text
+    return out + gap(False) + ")"
+
+
+@st.composite
+def texts(draw: st.DrawFn) -> str:
+    """Valid texts, texts with odd gaps, and mutated texts."""
+    value = draw(cbcl_values)
+    odd = draw(st.integers(0, 4))  # 0: valid; otherwise about one gap in 4 * odd is odd
+
+    def gap(required: bool) -> str:
+        if odd and draw(st.integers(0, 4 * odd)) == 0:
+            return draw(st.sampled_from(ODD_GAPS))
+        choices = GOOD_GAPS if required else ["", "", *GOOD_GAPS]
+        return draw(st.sampled_from(choices))
+
+    text = draw(st.sampled_from(LEADS)) + render(value, gap) + draw(st.sampled_from(TAILS))
+    for _ in range(draw(st.integers(0, 3) if draw(st.booleans()) else st.just(0))):
+        at = draw(st.integers(0, len(text)))
+        edit = draw(st.sampled_from(["insert", "delete", "replace"]))
+        ch = draw(st.sampled_from(ODD_CHARS))
+        if edit == "insert":
+            text = text[:at] + ch + text[at:]
+        elif edit == "delete":
+            text = text[:at] + text[at + 1:]
+        else:
+            text = text[:at] + ch + text[at + 1:]
+    return text
+
+
+limit_sets = st.sampled_from([DEFAULT_LIMITS, SPLIT_LIMITS]) | st.builds(
+    Limits, max_depth=st.integers(1, 5), max_list_items=st.integers(1, 6),
+    max_nodes=st.integers(1, 40), max_string_bytes=st.integers(1, 50),
+    max_name_chars=st.integers(1, 25))
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=texts(), limits=limit_sets)
+def test_split_tier_reads_exactly_what_the_careful_loop_reads(text: str, limits: Limits) -> None:
+    check_split(text, limits)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=ODD_CHARS, max_size=30).map(lambda t: "(" + t),
+       limits=limit_sets)
+def test_split_tier_on_garbage(text: str, limits: Limits) -> None:
+    check_split(text, limits)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=texts(), limits=limit_sets, depth=st.integers(0, 3), nodes=st.integers(0, 10))
+def test_split_tier_counts_from_the_depth_and_nodes_given(text: str, limits: Limits,
+                                                          depth: int, nodes: int) -> None:
+    check_split(text, limits, depth, nodes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=cbcl_values.filter(lambda v: isinstance(v, tuple)))
+def test_split_tier_reads_canonical_lists(value: tuple[Value, ...]) -> None:
+    text = cbcl.canonical(value)
+    found = check_split(text)
+    if not any('"' in s for s in strings_of(value)):  # an escaped quote gives up
+        assert found is not None, text
+        assert found[1] == len(text)
+
+
+def test_split_tier_reads_the_shipped_examples() -> None:
+    examples = sorted((Path(__file__).parent.parent / "descriptors" / "examples").glob("*.cbcl"))
+    assert examples
+    for path in examples:
+        text = path.read_text(encoding="utf-8")
+        assert check_split(text) is not None, path
+
+
+def test_odd_space_is_every_space_str_split_knows_but_cbcl_does_not() -> None:
+    spaces = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
+    odd = {ch for ch in spaces if _reader._ODD_SPACE.fullmatch(ch)}
+    assert odd == spaces - set(" \t\r\n")
+    assert all(len(f"a{ch}b".split()) == 2 for ch in odd)
+
+
+@pytest.mark.parametrize("ch", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x85",
+                                "\xa0", "\u1680", "\u2000", "\u200a", "\u2028", "\u2029",
+                                "\u202f", "\u205f", "\u3000"])
+def test_split_tier_never_splits_on_odd_space(ch: str) -> None:
+    for text in (f"(a{ch}b)", f"(a{ch})", f"({ch}a)", f'("s"{ch}b)', f"(a)\n{ch}"):
+        assert check_split(text) is None, repr(text)
+        with pytest.raises(MalformedError):
+            cbcl.read(text)
+    found = check_split(f'("a{ch}b")')  # in a string only the controls are refused
+    assert (found is None) == (ch < "\xa0")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [('("a""b")', "whitespace, '(', ')' or ';'"), ('("a"b)', "whitespace, '(', ')' or ';'"),
+     ('(a"b")', "whitespace, '(', ')' or ';'"), ('(:k"v")', "whitespace, '(', ')' or ';'"),
+     ('(agent://x"v")', "whitespace, '(', ')' or ';'"), ('(1"v")', "after '1'"),
+     ('("a\x01")', "control"), ('("\x7f")', "control"), ('("\x85")', "control"),
+     ('("a\tb")', "control"), ('("a\nb")', "control"), ('("a\rb")', "control"),
+     ('("\u202e")', "bidirectional"), ('("\u2066")', "bidirectional"),
+     ('("\u2069")', "bidirectional"), ("(01)", "leading zeros"), ("(-0)", "-0"),
+     ("(1.)", "digits after"), ("(+1)", "'+'"), ("(.5)", "digits before"),
+     ("(9223372036854775808)", "64-bit"), ("(-9223372036854775809)", "64-bit"),
+     ("(" + "1" * 30 + ")", "64-bit"), ("(1." + "0" * 39 + ")", "40 characters"),
+     ('("abc)', "unterminated"), ('("a\\q")', "invalid escape"), ('("\\ud800")', "surrogate"),
+     ('("a\\")', "unterminated"), ("(a\\b)", "not allowed in a symbol"), ("(a;b", "unclosed"),
+     ("(a))", "after the end"), ("(a) b", "after the end"), ("(é)", "non-ASCII"),
+     ("(\ufeff)", "byte order mark"), ("(a\x00)", "control"), ("(a b", "unclosed")],
+)
+def test_split_tier_gives_up_where_the_careful_loop_refuses(text: str, fragment: str) -> None:
+    assert check_split(text) is None
+    assert fragment in err(text).message
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [('("a" "b")', ("a", "b")), ('("a"(b))', ("a", (Symbol("b"),))),
+     ('(("a"))', (("a",),)), ('(""())', ("", ())), ('( "" )', ("",)),
+     ('("a\\"b")', ('a"b',)), ('("\\\\")', ("\\",)), ('("\\\\q")', ("\\q",)),
+     ('("\\u00e9\\n\\t")', ("é\n\t",)), ('("\\u202E")', ("\u202e",)),
+     ('("a\xa0b\u2028c")', ("a\xa0b\u2028c",)), ('("semi;colon (paren)")', ("semi;colon (paren)",)),
+     ("(9223372036854775807 -9223372036854775808)", (2**63 - 1, -(2**63))),
+     ("(0 -7 0.5 -0.0 1.50)", (0, -7, Decimal("0.5"), Decimal("-0.0"), Decimal("1.50"))),
+     ("(a :b c://d)", (Symbol("a"), Keyword("b"), URI("c://d"))),
+     ("(urn-x://é/ü)", (URI("urn-x://é/ü"),))],
+)
+def test_split_tier_values(text: str, value: Value) -> None:
+    found = check_split(text)
+    assert same_value(cbcl.read(text), value)
+    if '\\"' not in text:
+        assert found is not None and same_value(found[0], value)
+
+
+@pytest.mark.parametrize(
+    ("text", "value", "end", "split"),
+    [('; say "hi" (not a list)\n(a "b")', (Symbol("a"), "b"), 31, True),
+     ('; one\n; two "x"\n  (a)', (Symbol("a"),), 21, True),
+     (';\tlead\n(a)', (Symbol("a"),), 10, True),
+     ("\t(a)\r\n", (Symbol("a"),), 4, True),
+     ('(a ; "x\n "b")', (Symbol("a"), "b"), 13, False),
+     ('(a)\n; done "x"\n', (Symbol("a"),), 3, False)],
+)
+def test_split_tier_and_comments(text: str, value: Value, end: int, split: bool) -> None:
+    """Comments before the list are skipped; one inside it or after it gives up."""
+    assert (check_split(text) is not None) is split
+    found = read_value_at(text, 0, DEFAULT_LIMITS, 0, 0)
+    assert same_value(found[0], value)
+    assert found[1] == end
+    assert same_value(cbcl.read(text), value)
+
+
+@pytest.mark.parametrize(("text", "end"), [("(a) (b)", 3), ("(a)(b)", 3), ("(a) b", 3),
+                                           ('(a) "b"', 3), ("(a)  ", 3), ("((a) b) ; c", 7)])
+def test_read_value_at_ends_just_after_the_value(text: str, end: int) -> None:
+    check_split(text)
+    assert read_value_at(text, 0, DEFAULT_LIMITS, 0, 0)[1] == end
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [('(a) "abc', "unterminated"), ('(a)"', "unterminated"), ('(a "b") "', "unterminated"),
+     ("; \x01\n(a)", "in a comment"), ("; \u202e\n(a)", "in a comment"),
+     ("; \u2028\n(a)", "in a comment"), ("\ufeff(a)", "byte order mark")],
+)
+def test_split_tier_gives_up_before_and_after_the_list(text: str, fragment: str) -> None:
+    assert check_split(text) is None
+    assert fragment in err(text).message
+
+
+def test_split_tier_counts_the_depth_around_the_value() -> None:
+    for depth in (3, 4):
+        with pytest.raises(LimitError):
+            read_value_at("(a)", 0, Limits(max_depth=3), depth, 0)
+        assert check_split("(a)", Limits(max_depth=3), depth) is None
+    assert check_split("(a)", Limits(max_depth=3), 2) is not None
+    assert check_split("(a)", Limits(max_nodes=3), 0, 3) is None
+    assert check_split("(a)", Limits(max_nodes=4), 0, 2) == ((Symbol("a"),), 3, 4)
+
+
+def test_read_all_reads_every_value_the_split_tier_would_give_up_on() -> None:
+    text = '(a "x") ; c\n(b)\n"s" (c (d))'
+    assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is None
+    assert cbcl.read_all(text) == [(Symbol("a"), "x"), (Symbol("b"),), "s",
+                                   (Symbol("c"), (Symbol("d"),))]
+
+
+@pytest.mark.parametrize(
+    ("text", "limits", "name"),
+    [("((((a))))", Limits(max_depth=3), "max_depth"),
+     ("(a b c d)", Limits(max_list_items=3), "max_list_items"),
+     ("(a (b c) d)", Limits(max_nodes=4), "max_nodes"),
+     ('("éé")', Limits(max_string_bytes=3), "max_string_bytes"),
+     ('("abcd")', Limits(max_string_bytes=3), "max_string_bytes"),
+     ('("\\u00e9\\u00e9")', Limits(max_string_bytes=3), "max_string_bytes"),
+     ("(abcd)", Limits(max_name_chars=3), "max_name_chars"),
+     ("(:abcd)", Limits(max_name_chars=3), "max_name_chars")],
+)
+def test_split_tier_limits(text: str, limits: Limits, name: str) -> None:
+    assert check_split(text, limits) is None
+    with pytest.raises(LimitError) as info:
+        cbcl.read(text, limits=limits)
+    assert info.value.limit == name
+
+
+@pytest.mark.parametrize(
+    ("text", "limits"),
+    [("(((a)))", Limits(max_depth=3)), ("(a b c)", Limits(max_list_items=3)),
+     ("(a (b) c)", Limits(max_nodes=5)), ('("é" "abc")', Limits(max_string_bytes=3)),
+     ("(abc :abc)", Limits(max_name_chars=3))],
+)
+def test_split_tier_reads_up_to_the_limits(text: str, limits: Limits) -> None:
+    assert check_split(text, limits) is not None
+
+
+@pytest.mark.parametrize("text", ["(" + "n" * 100 + ")", "(:" + "k" * 100 + ")"])
+def test_cached_names_are_checked_against_smaller_limits(text: str) -> None:
+    assert check_split(text) is not None  # now cached
+    assert check_split(text, Limits(max_name_chars=100)) is not None
+    assert check_split(text, Limits(max_name_chars=99)) is None
+    with pytest.raises(LimitError) as info:
+        cbcl.read(text, limits=Limits(max_name_chars=99))
+    assert info.value.limit == "max_name_chars"
+    uri = "(a://" + "u" * 100 + ")"  # no limit on a URI's length
+    assert check_split(uri, Limits(max_name_chars=1)) is not None
+
+
+def test_names_at_the_cache_boundary() -> None:
+    n = _reader._CACHED_CHARS
+    for name in ("c" * n, "d" * (n + 1)):
+        for text in (f"({name})", f"(:{name})"):
+            assert check_split(text, Limits(max_name_chars=n + 1)) is not None  # maybe cached
+            assert check_split(text, Limits(max_name_chars=len(name) - 1)) is None
+            with pytest.raises(LimitError):
+                cbcl.read(text, limits=Limits(max_name_chars=len(name) - 1))
+
+
+def test_long_names_are_checked_at_every_read() -> None:
+    long = "x" * 200  # longer than the cache keeps
+    assert check_split(f"({long})", Limits(max_name_chars=200)) is not None
+    assert check_split(f"({long})", Limits(max_name_chars=199)) is None
+
+
+def test_split_tier_cache_is_bounded_and_interns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_reader, "_CACHE_MAX", 40)
+    sizes = []
+    for i in range(100):
+        assert check_split(f"(cache-test-{i} {i} {i}.5)") is not None
+        sizes.append(len(_reader._CACHE))
+    assert max(sizes) <= 40
+    assert check_split('("a" (b))') is not None  # the punctuation survives emptying
+    a = _reader._read_split("(same :same)", DEFAULT_LIMITS, 0, 0)
+    b = _reader._read_split("(same :same)", DEFAULT_LIMITS, 0, 0)
+    assert a is not None and b is not None
+    assert a[0][0] is b[0][0] is _reader.intern_symbol("same")
+    assert a[0][1] is b[0][1] is _reader.intern_keyword("same")
+
+
+def test_split_tier_stays_linear_on_hostile_input() -> None:
+    started = time.perf_counter()
+    with pytest.raises(LimitError):
+        cbcl.read("(" * 100_000)
+    with pytest.raises(LimitError):
+        cbcl.read("(" + "a" * 500_000 + ")")
+    with pytest.raises(LimitError):
+        cbcl.read('("' + "x" * 500_000 + '")', limits=Limits(max_string_bytes=400_000))
+    big = Limits(max_message_bytes=12_000_000, max_string_bytes=11_000_000)
+    assert cbcl.read('("' + "x" * 10_000_000 + '")', limits=big) == ("x" * 10_000_000,)
+    assert cbcl.read("(" + "a" * 500_000 + ")", limits=Limits(max_name_chars=500_000)) == (
+        Symbol("a" * 500_000),)
+    many = "(a) " * 20_000  # read_all must not re-split the rest of the text per value
+    assert len(cbcl.read_all(many)) == 20_000
+    assert time.perf_counter() - started < 20
