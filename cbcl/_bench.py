@@ -41,6 +41,7 @@ from typing import Any
 
 import msgpack
 
+from . import _codec
 from ._api import canonical, parse
 from ._codec import Decoder, Encoder
 from ._json import message_to_json
@@ -646,7 +647,8 @@ def machine() -> dict[str, Any]:
             "implementation": platform.python_implementation(),
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "lark": lark.__version__, "msgpack": msgpack.version}
+            "cpus": os.cpu_count(), "lark": lark.__version__, "msgpack": msgpack.version,
+            "speedups": _codec._build_body is not _codec._fast_body_loop}
 
 
 # --------------------------------------------------------------------------- output
@@ -656,8 +658,10 @@ def markdown(results: dict[str, Any]) -> str:
     """The figures as markdown tables."""
     out = []
     m = results["machine"]
+    accelerator = "built" if m.get("speedups") else "NOT built (pure Python)"
     out.append(f"`{results['command']}` on Python {m['python']}, {m['platform']}, "
-               f"{m['cpus']} CPUs ({results['seconds']:.0f} s).\n")
+               f"{m['cpus']} CPUs ({results['seconds']:.0f} s); the binary decoder's C "
+               f"accelerator {accelerator}.\n")
     out.append("**Targets** (worst case over the small and medium messages; ratios measured "
                "in the same run)\n")
     out.append("| target | achieved | wanted | holds |")

@@ -28,7 +28,7 @@ when an error is raised.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -101,6 +101,7 @@ _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "
 _VALUE_RULE = "cbcl_value"  # cbcl._subset.LARK_VALUE_RULE
 _KIND_CODES = {Symbol: SYMBOL, Keyword: KEYWORD, URI: URI_CODE}
 _DATA_TERMINALS = {Symbol: "SYMBOL", Keyword: "KEYWORD", URI: "URI"}
+_KIND_TERMINALS = {DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD", URI_CODE: "URI"}
 _MAX_DECIMAL_TEXT = 40
 _new = str.__new__
 
@@ -342,6 +343,9 @@ class Decoder:
         self.require_signatures = require_signatures
         self._short = _check_short_ids(short_ids)
         self._unpacker = msgpack.fallback.Unpacker if pure_python else msgpack.Unpacker
+        # cbcl._speedups, when built, runs the fast path, except under pure_python=True.
+        self._fast_unpack = None if pure_python else _unpack
+        self._build_body = _fast_body_loop if pure_python else _build_body
         self._by_digest: dict[bytes, SymbolTable] = {}
 
     def _table(self, digest: bytes, offset: int) -> SymbolTable:
@@ -376,8 +380,10 @@ class Decoder:
             _limit(f"frame exceeds the limit of {limits.max_message_bytes} bytes",
                    "max_message_bytes", limits.max_message_bytes, 0)
         table, start = self._header(data)
-        tokens = self._tokens(data, start)
-        message = _fast_message(table, tokens, limits)
+        tokens = self._fast_unpack(data, start) if self._fast_unpack is not None else None
+        if tokens is None:  # not built, or a frame it declines: msgpack reads it
+            tokens = self._tokens(data, start)
+        message = _fast_message(table, tokens, limits, self._build_body)
         if message is None:
             message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
         trust = self.registry.trust
@@ -493,7 +499,8 @@ def _known_uri(text: str) -> URI | None:
     return uri
 
 
-def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Message | None:
+def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
+                  build: Any = None) -> Message | None:
     """The message of a frame that is well formed, within every limit and accepted by
     its protocol's grammar, or ``None``: then :func:`_decode_tokens` decodes the same
     tokens with every check in order, to raise the precise error. Only the schema, the
@@ -548,7 +555,8 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits) -> Mess
     governed = intent in protocol.governed
     body: Any = None
     if present & HAS_BODY:
-        body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present], governed)
+        body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present], governed,
+                          build or _build_body)
         if body is None:
             return None
     elif index != count:
@@ -913,38 +921,73 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     return value, index, refusal
 
 
+# Decimals already validated, by text (bounded like _URIS).
+_DECIMALS: dict[str, Decimal] = {}
+
+
+def _make_atom(code: int, text: Any) -> Value | None:
+    """The atom written in full as kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI) and
+    ``text``, or ``None`` if it is not valid. Symbols and keywords are interned, URIs and
+    decimals kept in :data:`_URIS` and :data:`_DECIMALS` while there is room: the
+    fast path looks there first (:data:`_ATOM_CACHES`). Name limits are the caller's."""
+    if type(text) is not str:
+        return None
+    if code == DECIMAL:
+        if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
+            return None
+        value = Decimal(text)
+        if len(_DECIMALS) < _URIS_MAX:
+            _DECIMALS[text] = value
+        return value
+    if code == URI_CODE:
+        return _known_uri(text)
+    if _NAME_MATCH[code](text) is None:
+        return None
+    return intern_symbol(text) if code == SYMBOL else intern_keyword(text)
+
+
+#: By token code, the atoms already made of each kind written in full, by text.
+_ATOM_CACHES: tuple[dict[str, Any] | None, ...] = (
+    None, None, None, _DECIMALS, _SYMBOLS, _KEYWORDS, _URIS)
+
+
 def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
-               nodes: int, governed: bool) -> Value | None:
+               nodes: int, governed: bool, build: Any = None) -> Value | None:
     """The body read from ``tokens[index:]`` when it is canonical, within every limit,
     ends the frame and (if ``governed``) is accepted by the grammar; else ``None``, and
     :func:`_walk_body` reads the same tokens to raise the precise error.
 
-    The hot loop of decoding. Checks that cannot fail are skipped (nodes, when there are
-    too few tokens left to exceed the limit); a list's items are counted when it closes
-    (the node check bounds what is built before then); and the grammar is the protocol's
-    :class:`StackAutomaton`, where a token costs one lookup."""
-    count = len(tokens)
-    if nodes + count - index > limits.max_nodes:  # a token is at most one node
+    The hot loop of decoding, run by ``build``: ``cbcl._speedups.build_body`` when that
+    is built, else :func:`_fast_body_loop`, its reference. Checks that cannot fail are
+    skipped (nodes, when there are too few tokens left to exceed the limit); a list's
+    items are counted when it closes (the node check bounds what is built before then);
+    and the grammar is the protocol's :class:`StackAutomaton`, one lookup a token."""
+    if nodes + len(tokens) - index > limits.max_nodes:  # a token is at most one node
         return None
     automaton = table.protocol.automaton
-    step = automaton.step
-    node: Any = automaton.start if governed else None
-    entries = table.entries
-    learned: dict[int, tuple[Value, str]] = {}  # atoms written in full, by their new code
-    next_code = FIRST_ENTRY + len(entries)
-    codes = table.codes
+    start = automaton.start if governed else None
+    return (build or _build_body)(
+        tokens, index, table.entries, table.codes, _ATOM_CACHES, _make_atom, start,
+        automaton.step, limits.max_depth - 2,  # the envelope and the (body …) list are open
+        limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
+        FIRST_ENTRY + len(table.entries), REFUSED, ACCEPT)
+
+
+def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Value, str]],
+                    codes: dict[Value, int], caches: tuple[dict[str, Any] | None, ...],
+                    make_atom: Callable[[int, Any], Value | None], node: Any,
+                    step: Callable[[Any, str], Any], max_depth: int, max_items: int,
+                    max_string: int, max_name: int, next_code: int, refused: Any,
+                    accept: Any) -> Value | None:
+    """The loop of :func:`_fast_body` in Python (``cbcl._speedups.build_body`` is its
+    twin in C): the body, or ``None``."""
+    learned: dict[int, tuple[Value, str]] = {}  # atoms written in full in this frame
     seen: set[Value] = set()
-    max_depth = limits.max_depth - 2  # the envelope and the (body …) list are open
-    max_items = limits.max_list_items
-    max_string = limits.max_string_bytes
-    max_name = limits.max_name_chars
     parents: list[list[Value]] = []
     items: list[Value] | None = None
     whole_at = 0  # the depth of a list taken as a whole value (the grammar waits), or 0
     value: Any
     cls: str
-    symbols_get = _SYMBOLS.get
-    keywords_get = _KEYWORDS.get
     tokens_left = iter(tokens)
     for _ in range(index):
         next(tokens_left)
@@ -962,7 +1005,7 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                 items = []
                 if node is not None and not whole_at:
                     node, whole = node.get("LPAR") or step(node, "LPAR")
-                    if node is REFUSED:
+                    if node is refused:
                         return None
                     if whole:
                         whole_at = len(parents) + 1
@@ -976,7 +1019,7 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                         whole_at = 0
                 elif node is not None:
                     node = node.get("RPAR") or step(node, "RPAR")
-                    if node is REFUSED:
+                    if node is refused:
                         return None
                 if parents:
                     items = parents.pop()
@@ -998,33 +1041,22 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                         return None
                     value = text
                     cls = "INTEGER"
-                elif type(text) is not str:
-                    return None
-                elif token == DECIMAL:
-                    if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
-                        return None
-                    value = Decimal(text)
-                    cls = "DECIMAL"
                 else:
-                    if token == URI_CODE:
-                        if _URI_MATCH(text) is None:
-                            return None
-                        value = _new(URI, text)
-                    elif len(text) > max_name:
+                    if type(text) is not str or (
+                            len(text) > max_name and token in (SYMBOL, KEYWORD)):
                         return None
-                    else:  # a name the reader or this decoder has made is valid
-                        value = (symbols_get if token == SYMBOL else keywords_get)(text)
+                    value = caches[token].get(text)  # type: ignore[union-attr]
+                    if value is None:
+                        value = make_atom(token, text)
                         if value is None:
-                            if _NAME_MATCH[token](text) is None:
-                                return None
-                            value = intern_symbol(text) if token == SYMBOL \
-                                else intern_keyword(text)
-                    if value in codes or value in seen:
-                        return None
-                    seen.add(value)
-                    cls = _DATA_TERMINALS[type(value)]
-                    learned[next_code] = (value, cls)
-                    next_code += 1
+                            return None
+                    cls = _KIND_TERMINALS[token]
+                    if token != DECIMAL:  # learned: it has the next code from now on
+                        if value in codes or value in seen:
+                            return None  # written in full but it has a code
+                        seen.add(value)
+                        learned[next_code] = (value, cls)
+                        next_code += 1
         elif kind is str:
             if len(token) * 4 > max_string:
                 return None
@@ -1034,7 +1066,7 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
             return None
         if node is not None and not whole_at:
             node = node.get(cls) or step(node, cls)
-            if node is REFUSED:
+            if node is refused:
                 return None
         if items is None:  # the body is one atom
             break
@@ -1043,10 +1075,20 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         return None  # the frame ends inside the body
     if next(tokens_left, _MISSING) is not _MISSING:
         return None
-    if node is not None and (node.get("$END") or step(node, "$END")) is not ACCEPT:
+    if node is not None and (node.get("$END") or step(node, "$END")) is not accept:
         return None
     return value
 
+
+try:
+    from ._speedups import build_body as _build_body_c
+    from ._speedups import unpack as _unpack_c
+except ImportError:  # not built: the Python twins run
+    _build_body: Any = _fast_body_loop
+    _unpack: Any = None
+else:
+    _build_body = _build_body_c
+    _unpack = _unpack_c
 
 _CODE_NAMES = {INTEGER: "INTEGER", DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD",
                URI_CODE: "URI"}

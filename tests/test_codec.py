@@ -535,6 +535,18 @@ _TOKEN_VALUES = st.one_of(
     st.none(), st.booleans(), st.floats(allow_nan=False))
 
 
+def _builders() -> list[Any]:
+    from cbcl import _codec
+
+    builders: list[Any] = [_codec._fast_body_loop]
+    try:
+        from cbcl._speedups import build_body
+    except ImportError:  # not built here: only the Python loop runs
+        return builders
+    return [*builders, build_body]
+
+
+BUILDERS = _builders()
 _STR_EDGES = ["", "x" * 41, "1.", "agent://", "a\u00a0b", "-0", ":k"]
 _INT_EDGES = [-1, 0, 1, 6, 7, 63, 64, 99, 2**63 - 1, 2**63, -(2**63)]
 _FAST_FRAMES = ['(a (b (c)) :k "s" 1.5 agent://x)', '"reason"', "(x x x x)",
@@ -592,17 +604,32 @@ def test_the_fast_path_decodes_as_the_careful_one_or_declines(registry: Registry
 
 
 def _fast_agrees(table: Any, tokens: list[Any], limits: Limits) -> None:
+    """The fast path, with the Python loop and with its C twin (when built), gives what
+    the careful path gives, or declines; and both loops give exactly the same."""
     from cbcl._codec import _fast_message
 
     careful = _careful(table, list(tokens), limits)  # also remembers the envelope's limits
-    try:
-        fast = _fast_message(table, list(tokens), limits)
-    except cbcl.SchemaError:
-        assert careful is cbcl.SchemaError
-        return
-    if fast is not None:
-        assert fast == careful
-        assert type(fast.sender) is cbcl.URI and type(fast.receiver) is cbcl.URI
+    results = []
+    for build in BUILDERS:
+        try:
+            fast = _fast_message(table, list(tokens), limits, build)
+        except cbcl.SchemaError:
+            assert careful is cbcl.SchemaError
+            results.append(cbcl.SchemaError)
+            continue
+        if fast is not None:
+            assert fast == careful
+            assert type(fast.sender) is cbcl.URI and type(fast.receiver) is cbcl.URI
+            assert _typed(fast.body) == _typed(careful.body)
+        results.append(fast if fast is None or isinstance(fast, type) else _typed(fast.body))
+    assert all(result == results[0] for result in results)
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with the type of every atom beside it (Decimal('1.0') == 1 otherwise)."""
+    if type(value) is tuple:
+        return tuple(_typed(item) for item in value)
+    return (type(value).__name__, str(value))
 
 
 @pytest.mark.parametrize("limit", [None, *LIMITED])
@@ -648,3 +675,128 @@ def test_known_uris_are_validated_once_and_bounded(monkeypatch: pytest.MonkeyPat
     assert _codec._known_uri("agent://c") == cbcl.URI("agent://c")  # made, not kept
     assert list(_codec._URIS) == ["agent://a", "agent://b"]
     assert type(_codec._URIS["agent://a"]) is cbcl.URI
+
+
+# --------------------------------------------------------------------------- the accelerator
+
+def _speedups_or_skip() -> Any:
+    """cbcl._speedups, or a skip where it is not built (CI requires it: CBCL_REQUIRE_SPEEDUPS)."""
+    import os
+
+    try:
+        import cbcl._speedups as module
+    except ImportError:
+        if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
+            raise
+        pytest.skip("cbcl._speedups is not built here")
+    return module
+
+
+def test_the_accelerator_is_built_where_required() -> None:
+    module = _speedups_or_skip()
+    from cbcl import _codec
+
+    assert _codec._build_body is module.build_body and _codec._unpack is module.unpack
+
+
+def _msgpack_tokens(data: bytes, start: int) -> list[Any] | None:
+    """What the decoder's msgpack reads: every object, or None if msgpack fails or the
+    stream ends inside an object."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1),
+                                max_str_len=len(data) + 1, max_bin_len=0, max_array_len=0,
+                                max_map_len=0, max_ext_len=0, strict_map_key=True)
+    unpacker.feed(data[start:])
+    try:
+        tokens = list(unpacker)
+        unpacker.feed(b"\xc0")
+        if unpacker.unpack() is not None:
+            return None
+    except Exception:
+        return None
+    return tokens
+
+
+_OBJECTS = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**64 - 1), st.text(max_size=40),
+    st.text(min_size=32, max_size=300), st.none(), st.booleans(), st.floats(),
+    st.binary(max_size=4), st.lists(st.integers(-5, 5), max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(objects=st.lists(_OBJECTS, max_size=12), cut=st.integers(0, 8),
+       noise=st.binary(max_size=6), start=st.integers(0, 3))
+def test_unpack_reads_as_msgpack_or_declines(objects: list[Any], cut: int, noise: bytes,
+                                            start: int) -> None:
+    module = _speedups_or_skip()
+    data = b"".join(msgpack.packb(o) for o in objects)
+    for frame in (data, data[: max(0, len(data) - cut)], data + noise, noise + data):
+        expected = _msgpack_tokens(frame, min(start, len(frame)))
+        got = module.unpack(frame, min(start, len(frame)))
+        if expected is not None and all(type(t) in (int, str) for t in expected):
+            assert got == expected and [type(t) for t in got] == [type(t) for t in expected]
+        else:
+            assert got is None
+
+
+def test_unpack_refuses_invalid_utf8_and_bounds() -> None:
+    module = _speedups_or_skip()
+    assert module.unpack(b"\xa2\xc3\x28", 0) is None  # invalid UTF-8
+    assert module.unpack(b"\xa2\xed\xa0", 0) is None  # cut short
+    assert module.unpack(b"\xdb\xff\xff\xff\xff", 0) is None  # a length past the end
+    assert module.unpack(b"\x01\x02", 3) is None and module.unpack(b"\x01", -1) is None
+    assert module.unpack(b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff", 0) == [2**64 - 1]
+    assert module.unpack(b"\xd3\x80\x00\x00\x00\x00\x00\x00\x00", 0) == [-(2**63)]
+    assert module.unpack(b"", 0) == [] and module.unpack(b"\x05", 1) == []
+
+
+def test_the_accelerated_walk_survives_automaton_flushes(registry: Registry) -> None:
+    """A walk keeps its nodes alive when a step flushes the automaton under it."""
+    _speedups_or_skip()
+    import gc
+
+    from cbcl._automaton import StackAutomaton
+
+    decoder = Decoder(registry)
+    for frame in _fast_frames(registry):
+        table, start = decoder._header(frame)
+        protocol = table.protocol
+        original = protocol.automaton
+        literals = {t: "KEYWORD" if type(a) is cbcl.Keyword else "SYMBOL"
+                    for a, t in protocol.atoms.items()}
+        try:
+            for budget in (2, 3, 5, 8):
+                object.__setattr__(protocol, "automaton",
+                                   StackAutomaton(protocol.tables, literals, max_nodes=budget))
+                gc.collect()
+                _fast_agrees(table, decoder._tokens(frame, start), Limits())
+        finally:
+            object.__setattr__(protocol, "automaton", original)
+
+
+def test_the_accelerated_decoder_does_not_leak(registry: Registry) -> None:
+    _speedups_or_skip()
+    import gc
+    import tracemalloc
+
+    decoder = Decoder(registry)
+    frames = _fast_frames(registry)
+    bad = [frame[:-1] for frame in frames] + [frame + b"\x00" for frame in frames]
+
+    def run() -> None:
+        for frame in frames:
+            decoder.decode(frame)
+        for frame in bad:
+            with pytest.raises(CBCLError):
+                decoder.decode(frame)
+
+    for _ in range(200):
+        run()  # warm every cache
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(2000):
+        run()
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes more after 2,000 rounds"

@@ -1,0 +1,443 @@
+/* Optional accelerator of the binary decoder's fast path (cbcl/_codec.py).
+ *
+ * Theory of operation
+ * -------------------
+ * Two functions, each the C twin of a Python function that stays the reference and the
+ * fallback when this module is not built:
+ *
+ *   unpack(data, start)  -> list | None    twin of msgpack's Unpacker over a frame's tokens
+ *   build_body(...)      -> value | None   twin of the loop of cbcl._codec._fast_body
+ *
+ * Both serve only the happy path. Neither raises for anything in its input: on any doubt
+ * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
+ * grammar refuses ...) it returns None and the Python decoder reads the same frame again,
+ * carefully, to raise the precise error. Exceptions come only from the interpreter
+ * (MemoryError) or from the Python callbacks, which raise nothing for valid tables.
+ *
+ * unpack decodes the msgpack subset a frame may hold: positive and negative fixint,
+ * uint8..uint64, int8..int64, fixstr and str8/16/32 (strict UTF-8). Every read is bounds
+ * checked against the buffer; lengths are compared with what is left before use.
+ *
+ * build_body walks the body's tokens once, building tuples with an explicit stack (no
+ * recursion) and stepping the protocol's StackAutomaton (cbcl/_automaton.py): a node is
+ * a dict, a transition a lookup, a missing one a call of automaton.step. The current node
+ * is always held by a strong reference: step may flush the automaton, after which only
+ * the walk keeps its nodes alive. An atom written in full is looked up in its kind's
+ * cache of atoms already validated (the interned symbols and keywords, known URIs and
+ * decimals); only a miss calls make_atom, the Python function that validates it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
+       FIRST_ENTRY = 7 };
+
+static PyObject *S_LPAR, *S_RPAR, *S_END, *S_STRING, *S_INTEGER, *S_KINDS[FIRST_ENTRY];
+
+/* ------------------------------------------------------------------------- unpack */
+
+static PyObject *
+unpack(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &start))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, i = start;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (start < 0 || start > n)
+        goto bail;
+    while (i < n) {
+        unsigned char b = p[i++];
+        PyObject *obj;
+        Py_ssize_t len = -1;
+        if (b <= 0x7f) {
+            obj = PyLong_FromLong(b);
+        } else if (b >= 0xe0) {
+            obj = PyLong_FromLong((long)b - 256);
+        } else if (b >= 0xa0 && b <= 0xbf) {
+            len = b & 0x1f;
+            obj = NULL;
+        } else {
+            Py_ssize_t need;
+            switch (b) {
+            case 0xcc: case 0xd0: case 0xd9: need = 1; break;
+            case 0xcd: case 0xd1: case 0xda: need = 2; break;
+            case 0xce: case 0xd2: case 0xdb: need = 4; break;
+            case 0xcf: case 0xd3: need = 8; break;
+            default: goto bail; /* nil, bool, float, bin, ext, array, map, 0xc1 */
+            }
+            if (need > n - i)
+                goto bail;
+            unsigned long long u = 0;
+            for (Py_ssize_t k = 0; k < need; k++)
+                u = (u << 8) | p[i + k];
+            i += need;
+            switch (b) {
+            case 0xcc: case 0xcd: case 0xce: case 0xcf:
+                obj = PyLong_FromUnsignedLongLong(u);
+                break;
+            case 0xd0: obj = PyLong_FromLong((signed char)u); break;
+            case 0xd1: obj = PyLong_FromLong((short)u); break;
+            case 0xd2: obj = PyLong_FromLong((long)(int)(unsigned int)u); break;
+            case 0xd3: obj = PyLong_FromLongLong((long long)u); break;
+            default: /* str8, str16, str32 */
+                if (u > (unsigned long long)PY_SSIZE_T_MAX)
+                    goto bail;
+                len = (Py_ssize_t)u;
+                obj = NULL;
+            }
+            if (len < 0 && obj == NULL)
+                goto error;
+        }
+        if (len >= 0) {
+            if (len > n - i)
+                goto bail;
+            obj = PyUnicode_DecodeUTF8((const char *)p + i, len, "strict");
+            if (obj == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                    goto error;
+                PyErr_Clear();
+                goto bail;
+            }
+            i += len;
+        } else if (obj == NULL) {
+            goto error;
+        }
+        if (PyList_Append(out, obj) < 0) {
+            Py_DECREF(obj);
+            goto error;
+        }
+        Py_DECREF(obj);
+    }
+    PyBuffer_Release(&view);
+    return out;
+bail:
+    Py_DECREF(out);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------- build_body */
+
+/* The result of feeding `cls` to `node` (a new reference), or NULL with an exception. */
+static PyObject *
+transition(PyObject *node, PyObject *cls, PyObject *step)
+{
+    PyObject *found = PyDict_GetItemWithError(node, cls);
+    if (found != NULL) {
+        Py_INCREF(found);
+        return found;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    return PyObject_CallFunctionObjArgs(step, node, cls, NULL);
+}
+
+/* Replace the strong reference *node by the node `cls` leads to: 1 on success, 0 if the
+ * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. */
+static int
+advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole)
+{
+    PyObject *next = transition(*node, cls, step);
+    if (next == NULL)
+        return -1;
+    if (whole != NULL) {
+        if (!PyTuple_CheckExact(next) || PyTuple_GET_SIZE(next) != 2) {
+            Py_DECREF(next);
+            PyErr_SetString(PyExc_TypeError, "an LPAR transition must be (node, whole)");
+            return -1;
+        }
+        PyObject *target = PyTuple_GET_ITEM(next, 0);
+        *whole = PyTuple_GET_ITEM(next, 1) == Py_True;
+        Py_INCREF(target);
+        Py_DECREF(next);
+        next = target;
+    }
+    Py_DECREF(*node);
+    *node = next;
+    return next == refused ? 0 : 1;
+}
+
+/* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
+ * Py_None if it is invalid or over the name limit, NULL with an exception. A text found in
+ * the kind's cache of atoms already validated is not validated again. */
+static PyObject *
+atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
+        Py_ssize_t max_name)
+{
+    if (!PyUnicode_CheckExact(text))
+        Py_RETURN_NONE;
+    if ((code == SYMBOL || code == KEYWORD) && PyUnicode_GET_LENGTH(text) > max_name)
+        Py_RETURN_NONE;
+    PyObject *cache = PyTuple_GET_ITEM(caches, code);
+    PyObject *value = PyDict_GetItemWithError(cache, text);
+    if (value != NULL) {
+        Py_INCREF(value);
+        return value;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    return PyObject_CallFunction(make_atom, "lO", code, text);
+}
+
+static PyObject *
+build_body(PyObject *self, PyObject *args)
+{
+    PyObject *tokens, *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
+    Py_ssize_t index, max_depth, max_items, max_string, max_name, next_code;
+    if (!PyArg_ParseTuple(args, "O!nO!O!O!OOOnnnnnOO", &PyList_Type, &tokens, &index,
+                          &PyDict_Type, &entries, &PyDict_Type, &codes, &PyTuple_Type,
+                          &caches, &make_atom, &start, &step, &max_depth, &max_items,
+                          &max_string, &max_name, &next_code, &refused, &accept))
+        return NULL;
+    if (PyTuple_GET_SIZE(caches) != FIRST_ENTRY) {
+        PyErr_SetString(PyExc_ValueError, "caches must hold one entry per token code");
+        return NULL;
+    }
+    for (int k = DECIMAL; k <= URI; k++) {
+        if (!PyDict_CheckExact(PyTuple_GET_ITEM(caches, k))) {
+            PyErr_SetString(PyExc_TypeError, "each kind's cache must be a dict");
+            return NULL;
+        }
+    }
+    PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
+    if (start != Py_None) {
+        if (!PyDict_CheckExact(start)) {
+            PyErr_SetString(PyExc_TypeError, "the automaton's start must be a dict");
+            return NULL;
+        }
+        node = start;
+        Py_INCREF(node);
+    }
+    PyObject *parents = PyList_New(0);
+    PyObject *learned = PyDict_New(); /* code -> atom written in full in this frame */
+    PyObject *seen = PySet_New(NULL); /* those atoms */
+    PyObject *items = NULL;  /* the open list (owned), or NULL before the first '(' */
+    PyObject *value = NULL;  /* owned */
+    PyObject *result = NULL;
+    Py_ssize_t whole_at = 0; /* the depth of a list taken as a whole value, or 0 */
+    Py_ssize_t n = PyList_GET_SIZE(tokens), i;
+    int ok;
+    if (parents == NULL || learned == NULL || seen == NULL)
+        goto error;
+    for (i = index; i < n; i++) {
+        PyObject *token = PyList_GET_ITEM(tokens, i);
+        PyObject *cls;
+        if (PyLong_CheckExact(token)) {
+            PyObject *entry = PyDict_GetItemWithError(entries, token);
+            if (entry == NULL && PyErr_Occurred())
+                goto error;
+            if (entry != NULL) {
+                value = PyTuple_GET_ITEM(entry, 0);
+                Py_INCREF(value);
+                cls = PyTuple_GET_ITEM(entry, 1);
+            } else {
+                int overflow;
+                long code = PyLong_AsLongAndOverflow(token, &overflow);
+                if (overflow || (code == -1 && PyErr_Occurred())) {
+                    PyErr_Clear();
+                    goto bail;
+                }
+                if (code == LPAR) {
+                    if (items != NULL) {
+                        if (PyList_Append(parents, items) < 0)
+                            goto error;
+                        Py_CLEAR(items);
+                    }
+                    if (PyList_GET_SIZE(parents) >= max_depth)
+                        goto bail; /* the new list is len(parents) + 1 deep */
+                    items = PyList_New(0);
+                    if (items == NULL)
+                        goto error;
+                    if (node != NULL && !whole_at) {
+                        int whole = 0;
+                        ok = advance(&node, S_LPAR, step, refused, &whole);
+                        if (ok < 0)
+                            goto error;
+                        if (ok == 0)
+                            goto bail;
+                        if (whole)
+                            whole_at = PyList_GET_SIZE(parents) + 1;
+                    }
+                    continue;
+                }
+                if (code == RPAR) {
+                    if (items == NULL || PyList_GET_SIZE(items) > max_items)
+                        goto bail;
+                    value = PyList_AsTuple(items);
+                    if (value == NULL)
+                        goto error;
+                    Py_CLEAR(items);
+                    Py_ssize_t level = PyList_GET_SIZE(parents) + 1;
+                    if (whole_at) {
+                        if (whole_at == level)
+                            whole_at = 0;
+                    } else if (node != NULL) {
+                        ok = advance(&node, S_RPAR, step, refused, NULL);
+                        if (ok < 0)
+                            goto error;
+                        if (ok == 0)
+                            goto bail;
+                    }
+                    if (level > 1) {
+                        items = PyList_GET_ITEM(parents, level - 2);
+                        Py_INCREF(items);
+                        if (PyList_SetSlice(parents, level - 2, level - 1, NULL) < 0)
+                            goto error;
+                        if (PyList_Append(items, value) < 0)
+                            goto error;
+                        Py_CLEAR(value);
+                        continue;
+                    }
+                    i++;
+                    goto done; /* the body is complete */
+                }
+                if (code >= FIRST_ENTRY) {
+                    entry = PyDict_GetItemWithError(learned, token);
+                    if (entry == NULL) {
+                        if (PyErr_Occurred())
+                            goto error;
+                        goto bail;
+                    }
+                    value = PyTuple_GET_ITEM(entry, 0);
+                    Py_INCREF(value);
+                    cls = PyTuple_GET_ITEM(entry, 1);
+                } else if (code < 0 || i + 1 >= n) {
+                    goto bail;
+                } else if (code == INTEGER) {
+                    PyObject *number = PyList_GET_ITEM(tokens, ++i);
+                    if (!PyLong_CheckExact(number))
+                        goto bail;
+                    (void)PyLong_AsLongLongAndOverflow(number, &overflow);
+                    if (overflow)
+                        goto bail;
+                    if (PyErr_Occurred())
+                        goto error;
+                    value = number;
+                    Py_INCREF(value);
+                    cls = S_INTEGER;
+                } else {
+                    value = atom_of(code, PyList_GET_ITEM(tokens, ++i), caches, make_atom,
+                                    max_name);
+                    if (value == NULL)
+                        goto error;
+                    if (value == Py_None)
+                        goto bail;
+                    cls = S_KINDS[code];
+                    if (code != DECIMAL) { /* learned: it has the next code from now on */
+                        if ((ok = PyDict_Contains(codes, value)) != 0 ||
+                            (ok = PySet_Contains(seen, value)) != 0) {
+                            if (ok < 0)
+                                goto error;
+                            goto bail; /* written in full but it has a code */
+                        }
+                        PyObject *pair = PyTuple_Pack(2, value, cls);
+                        PyObject *key = PyLong_FromSsize_t(next_code++);
+                        if (pair == NULL || key == NULL || PySet_Add(seen, value) < 0 ||
+                                PyDict_SetItem(learned, key, pair) < 0) {
+                            Py_XDECREF(pair);
+                            Py_XDECREF(key);
+                            goto error;
+                        }
+                        Py_DECREF(pair);
+                        Py_DECREF(key);
+                    }
+                }
+            }
+        } else if (PyUnicode_CheckExact(token)) {
+            if (PyUnicode_GET_LENGTH(token) > max_string / 4)
+                goto bail; /* may be over the limit: the careful walk measures it */
+            value = token;
+            Py_INCREF(value);
+            cls = S_STRING;
+        } else {
+            goto bail;
+        }
+        /* an atom: cls is borrowed from a table that outlives this iteration */
+        if (node != NULL && !whole_at) {
+            ok = advance(&node, cls, step, refused, NULL);
+            if (ok < 0)
+                goto error;
+            if (ok == 0)
+                goto bail;
+        }
+        if (items == NULL) {
+            i++;
+            goto done; /* the body is one atom */
+        }
+        if (PyList_Append(items, value) < 0)
+            goto error;
+        Py_CLEAR(value);
+    }
+    goto bail; /* the frame ends inside the body */
+done:
+    if (i != n)
+        goto bail;
+    if (node != NULL) {
+        PyObject *end = transition(node, S_END, step);
+        if (end == NULL)
+            goto error;
+        Py_DECREF(end); /* compared by identity only */
+        if (end != accept)
+            goto bail;
+    }
+    result = value;
+    value = NULL;
+    goto cleanup;
+bail:
+    result = Py_None;
+    Py_INCREF(result);
+    goto cleanup;
+error:
+    result = NULL;
+cleanup:
+    Py_XDECREF(node);
+    Py_XDECREF(items);
+    Py_XDECREF(value);
+    Py_XDECREF(parents);
+    Py_XDECREF(learned);
+    Py_XDECREF(seen);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"unpack", unpack, METH_VARARGS,
+     "unpack(data, start) -> list | None: the ints and strs of a frame's tokens."},
+    {"build_body", build_body, METH_VARARGS,
+     "build_body(tokens, index, entries, codes, caches, make_atom, start, step, "
+     "max_depth, max_items, max_string, max_name, next_code, refused, accept) "
+     "-> value | None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cbcl._speedups",
+    "Optional C twins of the binary decoder's fast path (see cbcl/_codec.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if ((S_LPAR = PyUnicode_InternFromString("LPAR")) == NULL ||
+        (S_RPAR = PyUnicode_InternFromString("RPAR")) == NULL ||
+        (S_END = PyUnicode_InternFromString("$END")) == NULL ||
+        (S_STRING = PyUnicode_InternFromString("STRING")) == NULL ||
+        (S_INTEGER = PyUnicode_InternFromString("INTEGER")) == NULL ||
+        (S_KINDS[DECIMAL] = PyUnicode_InternFromString("DECIMAL")) == NULL ||
+        (S_KINDS[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
+        (S_KINDS[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
+        (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}
