@@ -17,12 +17,16 @@ atom is a grammar literal or data is decided by the grammar, exactly as in text
 (:meth:`Tables.can_shift`), so the encoder needs no grammar and the decoder makes the same
 decision the text path makes.
 
-Decoding walks the token list once: it builds the body value with an explicit stack,
-checks every limit of :class:`Limits` at the token that would exceed it, and drives the
-protocol's LALR tables. Errors are raised in the order the text path raises them: limits
-first (a grammar refusal is remembered while the rest of the frame is checked for limits),
-then the envelope, then the intent rules, then the grammar. Byte offsets are computed only
-when an error is raised.
+Decoding has two tiers. The fast tier (:func:`_fast_message`, :func:`_fast_body`) reads
+a frame that needs no error in one pass: it builds the body with an explicit stack, checks
+each limit where it could be exceeded, steps the protocol's :class:`StackAutomaton`, and
+declines (returns ``None``, never raises) on anything else; its two hot loops have C twins
+in the optional extension ``cbcl._speedups``. The careful tier (:func:`_decode_tokens`)
+then walks the declined frame's tokens, checking every limit at the token that would
+exceed it and driving the LALR tables, and raises errors in the order the text path raises
+them: limits first (a grammar refusal is remembered while the rest of the frame is checked
+for limits), then the envelope, then the intent rules, then the grammar, then the schema.
+Byte offsets are computed only when an error is raised.
 """
 
 from __future__ import annotations
@@ -323,7 +327,8 @@ class Decoder:
     ``limits`` are those of the text path (default :data:`DEFAULT_LIMITS`); the frame's
     size counts against ``max_message_bytes``. ``short_ids`` maps negotiated short ids to
     protocol digests. ``pure_python=True`` uses msgpack's pure-Python unpacker instead of
-    its C extension (results and errors are the same). As in :func:`cbcl.parse`, a signed
+    its C extension, and the Python twins of the optional accelerator ``cbcl._speedups``
+    (results and errors are the same). As in :func:`cbcl.parse`, a signed
     message is verified when the registry has a trust store, and ``require_signatures``
     refuses unsigned ones (it needs a trust store: ``ValueError`` otherwise).
     """
