@@ -18,6 +18,7 @@ CASES = {case.name: case for case in build_corpus(DIRECTORY, REGISTRY)}
 NAMES = sorted(CASES)
 ENCODER = cbcl.Encoder(REGISTRY)
 DECODER = cbcl.Decoder(REGISTRY)
+PURE_DECODER = cbcl.Decoder(REGISTRY, pure_python=True)  # without any C: the fallback
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -28,6 +29,11 @@ def test_text_parse(benchmark, name: str) -> None:  # type: ignore[no-untyped-de
 @pytest.mark.parametrize("name", NAMES)
 def test_binary_decode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
     benchmark(DECODER.decode, ENCODER.encode(CASES[name].message))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_binary_decode_pure_python(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark(PURE_DECODER.decode, ENCODER.encode(CASES[name].message))
 
 
 @pytest.mark.parametrize("name", NAMES)
