@@ -67,3 +67,25 @@ messages = st.builds(
     timestamp=st.none() | timestamps,
     body=st.none() | values,
 )
+
+
+def mutate_tokens(tokens: list[str], data: st.DataObject, *, rounds: int = 1,
+                  ops: tuple[str, ...] = ("drop", "swap", "dup", "wrap")) -> list[str]:
+    """``tokens`` (a text split on spaces) with up to ``rounds`` drawn edits: drop a token,
+    swap two, repeat one, wrap one in parentheses, or read a keyword as a symbol."""
+    for _ in range(data.draw(st.integers(1, rounds))):
+        if len(tokens) < 2:
+            break
+        index = data.draw(st.integers(0, len(tokens) - 2))
+        op = data.draw(st.sampled_from(ops))
+        if op == "drop":
+            del tokens[index]
+        elif op == "swap":
+            tokens[index], tokens[index + 1] = tokens[index + 1], tokens[index]
+        elif op == "dup":
+            tokens.insert(index, tokens[index])
+        elif op == "wrap":
+            tokens[index] = f"({tokens[index]})"
+        elif tokens[index].startswith(":") and len(tokens[index]) > 1:  # keyword-as-symbol
+            tokens[index] = tokens[index][1:]
+    return tokens

@@ -7,26 +7,16 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import values
-from test_protocol import DESCRIPTORS, SHIPPED, generator
+from strategies import mutate_tokens, values
+from test_protocol import SHIPPED, generator
+from test_protocol import _shared_registry as registry
 
 import cbcl
-from cbcl import Keyword, Registry, Symbol
+from cbcl import Keyword, Symbol
 from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl._lalr import VALUE_RULE, value_states
 from cbcl._protocol import Protocol, _interned_atoms, recognise_body
 from cbcl._values import ATOM_TERMINALS
-
-_REGISTRY: list[Registry] = []
-
-
-def registry(factory: Any) -> Registry:
-    if not _REGISTRY:
-        reg = Registry(cache_dir=factory.mktemp("cache"))
-        for name in SHIPPED:
-            reg.load((DESCRIPTORS / f"{name}.cbcl").read_bytes(), allow_unsigned=True)
-        _REGISTRY.append(reg)
-    return _REGISTRY[0]
 
 
 def plain_recognise(protocol: Protocol, body: Any) -> bool:
@@ -73,23 +63,6 @@ def plain_recognise(protocol: Protocol, body: Any) -> bool:
     raise AssertionError("unreachable")
 
 
-def mutate(tokens: list[str], data: st.DataObject) -> list[str]:
-    for _ in range(data.draw(st.integers(1, 3))):
-        if len(tokens) < 2:
-            break
-        index = data.draw(st.integers(0, len(tokens) - 2))
-        op = data.draw(st.sampled_from(["drop", "swap", "dup", "keyword-as-symbol"]))
-        if op == "drop":
-            del tokens[index]
-        elif op == "swap":
-            tokens[index], tokens[index + 1] = tokens[index + 1], tokens[index]
-        elif op == "dup":
-            tokens.insert(index, tokens[index])
-        elif tokens[index].startswith(":") and len(tokens[index]) > 1:
-            tokens[index] = tokens[index][1:]
-    return tokens
-
-
 @pytest.mark.parametrize("name", SHIPPED)
 @pytest.mark.parametrize("max_nodes", [2, 5, 16384])
 @settings(max_examples=60, deadline=None)
@@ -105,7 +78,8 @@ def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
     object.__setattr__(protocol, "automaton",
                        StackAutomaton(protocol.tables, literals, max_nodes=max_nodes))
     try:
-        text = " ".join(mutate(data.draw(strategy).split(" "), data)) \
+        text = " ".join(mutate_tokens(data.draw(strategy).split(" "), data, rounds=3, ops=(
+            "drop", "swap", "dup", "keyword-as-symbol"))) \
             if data.draw(st.booleans()) else data.draw(strategy)
         try:
             body = cbcl.read(text)

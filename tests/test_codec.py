@@ -12,7 +12,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import values
+from strategies import mutate_tokens, values
 from test_protocol import DESCRIPTORS, EXAMPLES, SHIPPED, generator
 
 import cbcl
@@ -202,18 +202,7 @@ def _same(pair: tuple[Any, Any] | None) -> None:
 def test_invalid_bodies_are_refused_alike(name: str, data: st.DataObject,
                                           registry: Registry) -> None:
     strategy, protocol = generator(name)
-    tokens = data.draw(strategy).split(" ")
-    if len(tokens) > 1:
-        index = data.draw(st.integers(0, len(tokens) - 2))
-        op = data.draw(st.sampled_from(["drop", "swap", "dup", "wrap"]))
-        if op == "drop":
-            del tokens[index]
-        elif op == "swap":
-            tokens[index], tokens[index + 1] = tokens[index + 1], tokens[index]
-        elif op == "dup":
-            tokens.insert(index, tokens[index])
-        else:
-            tokens[index] = f"({tokens[index]})"
+    tokens = mutate_tokens(data.draw(strategy).split(" "), data)
     intent = data.draw(st.sampled_from(["INFORM", "REQUEST", "CFP", "NOT-UNDERSTOOD",
                                         "PROPOSE"]))
     body = None if data.draw(st.integers(0, 9)) == 0 else " ".join(tokens)
