@@ -926,7 +926,8 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     return value, index, refusal
 
 
-# Decimals already validated, by text (bounded like _URIS).
+# Short decimals already validated, by text (bounded like _URIS). Longer ones, like most
+# numbers, seldom recur: kept, they would only fill the cache.
 _DECIMALS: dict[str, Decimal] = {}
 
 
@@ -941,7 +942,7 @@ def _make_atom(code: int, text: Any) -> Value | None:
         if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
             return None
         value = Decimal(text)
-        if len(_DECIMALS) < _URIS_MAX:
+        if len(text) <= 4 and len(_DECIMALS) < _URIS_MAX:  # as the reader: short ones recur
             _DECIMALS[text] = value
         return value
     if code == URI_CODE:

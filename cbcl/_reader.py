@@ -383,7 +383,8 @@ _CLOSE = object()
 _QUOTE = object()
 # Token text -> value, for tokens up to _CACHED_CHARS long: a cached name is then within
 # every max_name_chars of at least _CACHED_CHARS (a smaller one is checked per document).
-# Emptied when full.
+# Names and URIs are kept, and numbers of up to 4 characters: longer numbers seldom recur
+# between messages, and would only churn the cache. Emptied when full.
 _CACHED_CHARS = 128
 _CACHE_MAX = 8192
 _CACHE: dict[str, object] = {}
@@ -425,7 +426,7 @@ def _atom(token: str, max_name: int) -> object | None:
         if len(token) > MAX_DECIMAL_CHARS:
             return None
         value = Decimal(token)
-    if len(token) <= _CACHED_CHARS:
+    if len(token) <= _CACHED_CHARS and (kind <= 2 or kind == 5 or len(token) <= 4):
         if len(_CACHE) >= _CACHE_MAX:
             _reset_cache()
         _CACHE[token] = value

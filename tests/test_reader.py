@@ -743,3 +743,15 @@ def test_split_tier_stays_linear_on_hostile_input() -> None:
     many = "(a) " * 20_000  # read_all must not re-split the rest of the text per value
     assert len(cbcl.read_all(many)) == 20_000
     assert time.perf_counter() - started < 20
+
+
+def test_the_token_cache_keeps_names_uris_and_short_numbers_only() -> None:
+    from cbcl import _reader
+
+    _reader._reset_cache()
+    assert cbcl.read("(alpha :beta agent://x 12 1.5 123456 12.345)") == (
+        cbcl.Symbol("alpha"), cbcl.Keyword("beta"), cbcl.URI("agent://x"), 12,
+        Decimal("1.5"), 123456, Decimal("12.345"))
+    kept = set(_reader._CACHE)
+    assert {"alpha", ":beta", "agent://x", "12", "1.5"} <= kept
+    assert "123456" not in kept and "12.345" not in kept
