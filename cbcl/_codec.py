@@ -136,8 +136,8 @@ class SymbolTable:
     def of(cls, protocol: Protocol) -> SymbolTable:
         pairs = sorted(protocol.atoms.items(), key=lambda pair: int(pair[1][4:]))
         # The reader's shared atoms: dictionaries keyed by atoms then match by identity.
-        atoms = tuple(intern_symbol(str.__str__(atom)) if type(atom) is Symbol
-                      else intern_keyword(str.__str__(atom)) for atom, _ in pairs)
+        atoms = tuple(intern_symbol(str.__str__(atom), pin=True) if type(atom) is Symbol
+                      else intern_keyword(str.__str__(atom), pin=True) for atom, _ in pairs)
         return cls(protocol, digest_bytes(protocol.digest), atoms,  # type: ignore[arg-type]
                    tuple(terminal for _, terminal in pairs),
                    {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},
@@ -488,19 +488,20 @@ _OPTIONAL_FIELDS = ((HAS_CONVERSATION_ID, str), (HAS_IN_REPLY_TO, str), (HAS_REP
 
 
 # Agents' URIs already validated, by text: senders and receivers recur in every message.
-# Bounded: once full, URIs are validated and made but not kept.
+# Bounded: emptied when full, so a flood of URIs cannot keep later ones out for good.
 _URIS: dict[str, URI] = {}
 _URIS_MAX = 4096
 
 
 def _known_uri(text: str) -> URI | None:
     """The :class:`URI` spelled ``text``, or ``None`` if it is not one (kept in
-    :data:`_URIS` while there is room)."""
+    :data:`_URIS`)."""
     if _URI_MATCH(text) is None:
         return None
     uri = _new(URI, text)
-    if len(_URIS) < _URIS_MAX:
-        _URIS[text] = uri
+    if len(_URIS) >= _URIS_MAX:
+        _URIS.clear()  # (in place: _ATOM_CACHES holds this dict)
+    _URIS[text] = uri
     return uri
 
 
@@ -934,7 +935,7 @@ _DECIMALS: dict[str, Decimal] = {}
 def _make_atom(code: int, text: Any) -> Value | None:
     """The atom written in full as kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI) and
     ``text``, or ``None`` if it is not valid. Symbols and keywords are interned, URIs and
-    decimals kept in :data:`_URIS` and :data:`_DECIMALS` while there is room: the
+    short decimals kept in :data:`_URIS` and :data:`_DECIMALS`: the
     fast path looks there first (:data:`_ATOM_CACHES`). Name limits are the caller's."""
     if type(text) is not str:
         return None
@@ -942,7 +943,9 @@ def _make_atom(code: int, text: Any) -> Value | None:
         if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
             return None
         value = Decimal(text)
-        if len(text) <= 4 and len(_DECIMALS) < _URIS_MAX:  # as the reader: short ones recur
+        if len(text) <= 4:  # as the reader: short ones recur
+            if len(_DECIMALS) >= _URIS_MAX:
+                _DECIMALS.clear()
             _DECIMALS[text] = value
         return value
     if code == URI_CODE:

@@ -191,7 +191,8 @@ def _interned_atoms(protocol: Protocol) -> dict[Value, str]:
     interned: dict[Value, str] = {}
     for atom, terminal in atoms.items():
         name = str.__str__(atom)  # type: ignore[arg-type]
-        key = intern_symbol(name) if type(atom) is Symbol else intern_keyword(name) \
+        key = intern_symbol(name, pin=True) if type(atom) is Symbol else \
+            intern_keyword(name, pin=True) \
             if type(atom) is Keyword else atom
         interned[key] = terminal
     if len(_ATOMS) >= 512:

@@ -52,7 +52,7 @@ import re
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ._errors import LimitError, MalformedError, Position
 from ._limits import DEFAULT_LIMITS, Limits
@@ -247,32 +247,47 @@ def _read_tokens(text: str, pos: int, limits: Limits, depth: int, nodes: int,
 
 # Symbols and keywords already made, by name: a message repeats its names, and a name read
 # twice is then one object (so dictionaries keyed by atoms find it by identity, without
-# calling ``_Atom.__eq__``). Bounded: once full, new names are made but not kept.
+# calling ``_Atom.__eq__``). Every name here is valid (callers check before interning), so
+# finding a name here also validates it. Bounded: when full, a table is emptied down to
+# its pinned names (the grammars' and schemas' literals), so names a peer floods it with
+# cannot keep later names out for good.
 _INTERN_MAX = 8192
 _SYMBOLS: dict[str, Symbol] = {}
 _KEYWORDS: dict[str, Keyword] = {}
+_PINNED_SYMBOLS: dict[str, Symbol] = {}
+_PINNED_KEYWORDS: dict[str, Keyword] = {}
 
 
-def intern_symbol(name: str) -> Symbol:
+def _intern(table: dict[str, Any], pinned: dict[str, Any], kind: type, name: str,
+            pin: bool) -> Any:
+    value = table.get(name)
+    if value is None:
+        value = _new(kind, name)
+        if len(table) >= _INTERN_MAX:
+            table.clear()
+            table.update(pinned)
+        table[name] = value
+    if pin and name not in pinned and len(pinned) < _INTERN_MAX // 2:
+        pinned[name] = value
+    return value
+
+
+def intern_symbol(name: str, *, pin: bool = False) -> Symbol:
     """The shared :class:`Symbol` named ``name`` (a valid name and an exact ``str``, not
-    checked)."""
+    checked); ``pin=True`` keeps it in the table for good (a grammar or schema literal)."""
     value = _SYMBOLS.get(name)
-    if value is None:
-        value = _new(Symbol, name)
-        if len(_SYMBOLS) < _INTERN_MAX:
-            _SYMBOLS[name] = value
-    return value
+    if value is None or pin:
+        value = _intern(_SYMBOLS, _PINNED_SYMBOLS, Symbol, name, pin)
+    return value  # type: ignore[no-any-return]
 
 
-def intern_keyword(name: str) -> Keyword:
+def intern_keyword(name: str, *, pin: bool = False) -> Keyword:
     """The shared :class:`Keyword` named ``name`` (without the colon, a valid name and an
-    exact ``str``, not checked)."""
+    exact ``str``, not checked); ``pin=True`` as for :func:`intern_symbol`."""
     value = _KEYWORDS.get(name)
-    if value is None:
-        value = _new(Keyword, name)
-        if len(_KEYWORDS) < _INTERN_MAX:
-            _KEYWORDS[name] = value
-    return value
+    if value is None or pin:
+        value = _intern(_KEYWORDS, _PINNED_KEYWORDS, Keyword, name, pin)
+    return value  # type: ignore[no-any-return]
 
 
 def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,

@@ -191,7 +191,7 @@ class Schema:
         for record in self.records:
             head = record.heads[0]
             if type(head) is Symbol:  # the shared symbol: a body's head is found by identity
-                head = intern_symbol(str.__str__(head))
+                head = intern_symbol(str.__str__(head), pin=True)
             by_head.setdefault(head, []).append(record)
         object.__setattr__(self, "by_head", {k: tuple(v) for k, v in by_head.items()})
         candidates = {head: tuple((r, r._pairs.heads) for r in records
@@ -547,9 +547,9 @@ def _shared(atom: Any) -> Any:
     finds a body's atom by identity, without calling ``_Atom.__eq__``); other values as
     they are."""
     if type(atom) is Keyword:
-        return intern_keyword(str.__str__(atom))
+        return intern_keyword(str.__str__(atom), pin=True)
     if type(atom) is Symbol:
-        return intern_symbol(str.__str__(atom))
+        return intern_symbol(str.__str__(atom), pin=True)
     return atom
 
 

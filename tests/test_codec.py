@@ -661,9 +661,10 @@ def test_known_uris_are_validated_once_and_bounded(monkeypatch: pytest.MonkeyPat
     assert _codec._known_uri("agent://a") == cbcl.URI("agent://a")
     assert _codec._known_uri("not a uri") is None and "not a uri" not in _codec._URIS
     assert _codec._known_uri("agent://b") is not None
-    assert _codec._known_uri("agent://c") == cbcl.URI("agent://c")  # made, not kept
     assert list(_codec._URIS) == ["agent://a", "agent://b"]
     assert type(_codec._URIS["agent://a"]) is cbcl.URI
+    assert _codec._known_uri("agent://c") == cbcl.URI("agent://c")  # full: emptied first
+    assert list(_codec._URIS) == ["agent://c"]
 
 
 # --------------------------------------------------------------------------- the accelerator

@@ -755,3 +755,19 @@ def test_the_token_cache_keeps_names_uris_and_short_numbers_only() -> None:
     kept = set(_reader._CACHE)
     assert {"alpha", ":beta", "agent://x", "12", "1.5"} <= kept
     assert "123456" not in kept and "12.345" not in kept
+
+
+def test_a_full_intern_table_keeps_pinned_names_and_takes_new_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    symbols: dict[str, Symbol] = {}
+    monkeypatch.setattr(_reader, "_SYMBOLS", symbols)
+    monkeypatch.setattr(_reader, "_PINNED_SYMBOLS", {})
+    monkeypatch.setattr(_reader, "_INTERN_MAX", 4)
+    literal = _reader.intern_symbol("cfp", pin=True)
+    flood = [_reader.intern_symbol(f"junk-{i}") for i in range(3)]
+    assert len(symbols) == 4 and _reader.intern_symbol("junk-0") is flood[0]
+    later = _reader.intern_symbol("later")  # full: emptied down to the pinned names
+    assert set(symbols) == {"cfp", "later"}
+    assert _reader.intern_symbol("cfp") is literal and _reader.intern_symbol("later") is later
+    assert _reader.intern_symbol("junk-0") is not flood[0]  # made again, equal
+    assert _reader.intern_symbol("junk-0") == flood[0]
