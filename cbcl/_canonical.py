@@ -85,22 +85,37 @@ def canonical_value(value: Value) -> str:
     """
     if not isinstance(value, (tuple, list)):
         return _atom_text(value)
-    out: list[str] = ["("]
-    stack: list[Iterator[Value]] = [iter(value)]
-    first = True
-    while stack:
-        for item in stack[-1]:
-            if not first:
-                out.append(" ")
-            if isinstance(item, (tuple, list)):
-                out.append("(")
-                stack.append(iter(item))
-                first = True
+    # Post-order without recursion: each open list gathers its items' texts, and is
+    # joined when it ends (str.join takes Symbols and URIs as they are: they are strs).
+    search = _NEEDS_ESCAPE.search
+    parts: list[str] = []
+    stack: list[tuple[Iterator[Value], list[str]]] = []
+    items: Iterator[Value] = iter(value)
+    while True:
+        for item in items:
+            kind = type(item)
+            if kind is Symbol or kind is URI:
+                parts.append(item)  # type: ignore[arg-type]
+            elif kind is str:
+                parts.append(f'"{item}"' if search(item) is None  # type: ignore[arg-type]
+                             else quote(item))  # type: ignore[arg-type]
+            elif kind is Keyword:
+                parts.append(":" + item)  # type: ignore[operator]
+            elif kind is int:
+                if not INT64_MIN <= item <= INT64_MAX:  # type: ignore[operator]
+                    _integer(item)  # type: ignore[arg-type]  # raises
+                parts.append(str(item))
+            elif kind is tuple or kind is list or (
+                    kind not in _ATOM_TEXT and isinstance(item, (tuple, list))):
+                stack.append((items, parts))
+                items = iter(item)  # type: ignore[arg-type]
+                parts = []
                 break
-            first = False
-            out.append(_atom_text(item))
-        else:
-            stack.pop()
-            out.append(")")
-            first = False
-    return "".join(out)
+            else:
+                parts.append(_atom_text(item))
+        else:  # the list ends
+            text = "(" + " ".join(parts) + ")"
+            if not stack:
+                return text
+            items, parts = stack.pop()
+            parts.append(text)

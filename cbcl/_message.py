@@ -128,25 +128,25 @@ class Message:
     def to_value(self) -> tuple[Value, ...]:
         """The message as a CBCL value: the envelope list, fields in order."""
         fields: list[Value] = [
-            Symbol(VERSION),
-            (Symbol("message-id"), self.message_id),
-            (Symbol("sender"), self.sender),
-            (Symbol("receiver"), self.receiver),
-            (Symbol("intent"), Symbol(self.intent.value)),
-            (Symbol("protocol"), self.protocol),
+            _VERSION_SYMBOL,
+            (_FIELD["message-id"], self.message_id),
+            (_FIELD["sender"], self.sender),
+            (_FIELD["receiver"], self.receiver),
+            (_FIELD["intent"], _INTENT_SYMBOL[self.intent]),
+            (_FIELD["protocol"], self.protocol),
         ]
         if self.conversation_id is not None:
-            fields.append((Symbol("conversation-id"), self.conversation_id))
+            fields.append((_FIELD["conversation-id"], self.conversation_id))
         if self.in_reply_to is not None:
-            fields.append((Symbol("in-reply-to"), self.in_reply_to))
+            fields.append((_FIELD["in-reply-to"], self.in_reply_to))
         if self.reply_by is not None:
-            fields.append((Symbol("reply-by"), self.reply_by))
+            fields.append((_FIELD["reply-by"], self.reply_by))
         if self.timestamp is not None:
-            fields.append((Symbol("timestamp"), self.timestamp))
+            fields.append((_FIELD["timestamp"], self.timestamp))
         if self.body is not None:
-            fields.append((Symbol("body"), self.body))
+            fields.append((_FIELD["body"], self.body))
         if self.signature is not None:
-            fields.append((Symbol("signature"), self.signature.key_id, self.signature.value))
+            fields.append((_FIELD["signature"], self.signature.key_id, self.signature.value))
         return tuple(fields)
 
     def canonical(self) -> str:
@@ -158,3 +158,11 @@ class Message:
         """What a message signature covers (draft §2): the canonical UTF-8 form of the
         message with its ``signature`` element removed."""
         return replace(self, signature=None).canonical().encode("utf-8")
+
+
+# The envelope's symbols, made once (Symbol() validates its name on every call).
+_VERSION_SYMBOL = Symbol(VERSION)
+_FIELD = {name: Symbol(name) for name in (
+    "message-id", "sender", "receiver", "intent", "protocol", "conversation-id",
+    "in-reply-to", "reply-by", "timestamp", "body", "signature")}
+_INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
