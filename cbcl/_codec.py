@@ -282,6 +282,8 @@ def _body_tokens(body: Value, codes: dict[Value, int], out: list[Any]) -> None:
                 break
             if kind is str:
                 append(item)
+            elif (kind is Symbol or kind is Keyword) and (code := codes.get(item)):
+                append(code)  # a literal or a name already written: its code
             else:
                 _atom_tokens(item, codes, append)
         else:
