@@ -135,9 +135,7 @@ class SymbolTable:
     @classmethod
     def of(cls, protocol: Protocol) -> SymbolTable:
         pairs = sorted(protocol.atoms.items(), key=lambda pair: int(pair[1][4:]))
-        # The reader's shared atoms: dictionaries keyed by atoms then match by identity.
-        atoms = tuple(intern_symbol(str.__str__(atom), pin=True) if type(atom) is Symbol
-                      else intern_keyword(str.__str__(atom), pin=True) for atom, _ in pairs)
+        atoms = tuple(atom for atom, _ in pairs)  # the reader's shared atoms already
         return cls(protocol, digest_bytes(protocol.digest), atoms,  # type: ignore[arg-type]
                    tuple(terminal for _, terminal in pairs),
                    {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},

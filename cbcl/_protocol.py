@@ -83,6 +83,8 @@ class Protocol:
     descriptor: ProtocolDescriptor
     tables: Tables
     #: Atoms that spell a grammar literal (a Symbol or Keyword) -> the literal's terminal.
+    #: The atoms are the reader's shared (pinned) ones, so a lookup of an atom the reader
+    #: made finds its key by identity.
     atoms: dict[Value, str]
     #: Terminal name -> how errors show it (``'":cmd"'``, ``"a string"``).
     shown: dict[str, str]
@@ -117,8 +119,10 @@ class Protocol:
         for terminal, text in compiled.literals.items():
             if terminal in ("LPAR", "RPAR"):
                 continue
-            atom = Keyword(text[1:]) if text.startswith(":") else Symbol(text)
-            atoms[atom] = terminal
+            atom = Keyword(text[1:]) if text.startswith(":") else Symbol(text)  # validated
+            name = str.__str__(atom)
+            atoms[intern_keyword(name, pin=True) if type(atom) is Keyword
+                  else intern_symbol(name, pin=True)] = terminal
             shown[terminal] = f'"{text}"'
         schema = None if descriptor.schema is None else compile_schema(descriptor.schema)
         return cls(descriptor, compiled.tables, atoms, shown, compiled.report, schema)
@@ -134,7 +138,7 @@ def recognise_body(protocol: Protocol, body: Value) -> bool:
     is taken at once (:func:`cbcl._lalr.value_states`): it has been read, and any value is one."""
     automaton = protocol.automaton
     step = automaton.step
-    classes = _interned_atoms(protocol)
+    classes = protocol.atoms
     node = automaton.start
     pending: list[Any] = []
     items: Any = iter((body,))
@@ -176,29 +180,6 @@ def recognise_body(protocol: Protocol, body: Value) -> bool:
     if found is None:
         found = step(node, "$END")
     return found is ACCEPT
-
-
-_ATOMS: dict[int, tuple[dict[Value, str], dict[Value, str]]] = {}
-
-
-def _interned_atoms(protocol: Protocol) -> dict[Value, str]:
-    """``protocol.atoms`` keyed by the reader's shared symbols and keywords, so a lookup
-    of an atom the reader made finds its key by identity."""
-    atoms = protocol.atoms
-    cached = _ATOMS.get(id(atoms))
-    if cached is not None and cached[0] is atoms:
-        return cached[1]
-    interned: dict[Value, str] = {}
-    for atom, terminal in atoms.items():
-        name = str.__str__(atom)  # type: ignore[arg-type]
-        key = intern_symbol(name, pin=True) if type(atom) is Symbol else \
-            intern_keyword(name, pin=True) \
-            if type(atom) is Keyword else atom
-        interned[key] = terminal
-    if len(_ATOMS) >= 512:
-        _ATOMS.clear()
-    _ATOMS[id(atoms)] = (atoms, interned)
-    return interned
 
 
 def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) -> NoReturn:

@@ -12,10 +12,10 @@ from test_protocol import SHIPPED, generator
 from test_protocol import _shared_registry as registry
 
 import cbcl
-from cbcl import Keyword, Symbol
+from cbcl import Symbol
 from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl._lalr import VALUE_RULE, value_states
-from cbcl._protocol import Protocol, _interned_atoms, recognise_body
+from cbcl._protocol import Protocol, recognise_body
 from cbcl._values import ATOM_TERMINALS
 
 
@@ -94,7 +94,7 @@ def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
 
 
 def literals_of(protocol: Protocol) -> dict[str, str]:
-    return {t: "KEYWORD" if type(a) is Keyword else "SYMBOL" for a, t in protocol.atoms.items()}
+    return protocol.automaton.literals
 
 
 def test_a_known_shape_builds_no_new_stacks(tmp_path_factory: Any) -> None:
@@ -123,7 +123,7 @@ def test_a_known_shape_builds_no_new_stacks(tmp_path_factory: Any) -> None:
 def test_transitions_are_remembered_per_stack_and_class(tmp_path_factory: Any) -> None:
     protocol = registry(tmp_path_factory).get("contract-net/v1")
     assert protocol is not None
-    classes = _interned_atoms(protocol)
+    classes = protocol.atoms
     automaton = protocol.automaton
     start = automaton.start
     cfp = classes[cbcl.read("cfp")]  # the literal spelled by the symbol cfp

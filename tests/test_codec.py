@@ -751,8 +751,7 @@ def test_the_accelerated_walk_survives_automaton_flushes(registry: Registry) -> 
         table, start = decoder._header(frame)
         protocol = table.protocol
         original = protocol.automaton
-        literals = {t: "KEYWORD" if type(a) is cbcl.Keyword else "SYMBOL"
-                    for a, t in protocol.atoms.items()}
+        literals = original.literals
         try:
             for budget in (2, 3, 5, 8):
                 object.__setattr__(protocol, "automaton",
