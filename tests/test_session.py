@@ -418,8 +418,10 @@ class Handshake(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.a = initiator()
-        self.b = responder()
+        # Fixed nonces: hypothesis replays a run from its drawn data alone, and a random
+        # nonce made the same flipped byte land on a different character in each replay.
+        self.a = initiator(nonce="0123456789abcdef" * 2)
+        self.b = responder(nonce="fedcba9876543210" * 2)
         self.to_b: list[bytes] = []
         self.to_a: list[bytes] = []
         self.tampered = False
