@@ -30,22 +30,73 @@ class ConnectionLost(CBCLError):
     exit_code = 1
 
 
+def _check_seconds(name: str, value: object, *, upper: float = 86_400.0) -> None:
+    if type(value) not in (int, float) or not 0 < value <= upper:  # NaN fails both
+        raise ValueError(f"{name} must be a number of seconds in (0, {upper:g}]")
+
+
+def _check_count(name: str, value: object, *, upper: int = 1 << 20) -> None:
+    if type(value) is not int or not 1 <= value <= upper:
+        raise ValueError(f"{name} must be an int from 1 to {upper}")
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """Per connection: ``max_frame_bytes`` for one frame, ``max_pending_frames`` complete
-    frames buffered and not yet handled, ``idle_timeout`` seconds without a byte while the
-    session waits for one, ``read_bytes`` per read."""
+    """Per connection (spec/negotiation.md §6.1).
+
+    ``max_frame_bytes``: one frame; ``max_pending_frames``: complete frames buffered and
+    not yet handled; ``idle_timeout``: seconds waiting for the next frame to start;
+    ``frame_timeout``: seconds from a frame's first byte to its last (trickling bytes do
+    not extend it); ``handshake_timeout``: seconds from the connection's start to the end
+    of the handshake (ESTABLISHED or REJECTED), whatever arrives; ``read_bytes`` per read.
+    Raises ``ValueError`` for a value out of range (non-finite included)."""
 
     max_frame_bytes: int = 1 << 20
     max_pending_frames: int = 16
     idle_timeout: float = 30.0
+    frame_timeout: float = 10.0
+    handshake_timeout: float = 30.0
     read_bytes: int = 1 << 16
 
     def __post_init__(self) -> None:
-        if self.max_frame_bytes < 1 or self.max_pending_frames < 1 or self.read_bytes < 1:
-            raise ValueError("connection limits must be positive")
-        if not self.idle_timeout > 0:
-            raise ValueError("idle_timeout must be positive")
+        _check_count("max_frame_bytes", self.max_frame_bytes, upper=(1 << 32) - 1)
+        _check_count("max_pending_frames", self.max_pending_frames, upper=1 << 16)
+        _check_count("read_bytes", self.read_bytes, upper=1 << 24)
+        for name in ("idle_timeout", "frame_timeout", "handshake_timeout"):
+            _check_seconds(name, getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """For a whole server (spec/negotiation.md §6.1).
+
+    ``max_connections``: open connections at once, in total; ``max_connections_per_peer``:
+    from one peer address (IP; every unix-socket client is one peer); ``max_sessions``:
+    sessions at work at once — a connection takes a slot when its first whole frame
+    arrives, so idle and trickling sockets hold none; ``slot_timeout``: seconds a
+    connection waits for a slot; ``max_conversations``: open conversations per session
+    (finished ones are dropped); ``max_learned_per_peer``: protocols one peer address may
+    teach this server (accepted offers of distinct digests) in its lifetime;
+    ``compile_workers``: offers verified and compiled at once; ``compile_queue``: offers
+    waiting for a worker (one more is rejected with ``limit``).
+    Raises ``ValueError`` for a value out of range."""
+
+    max_connections: int = 1024
+    max_connections_per_peer: int = 256
+    max_sessions: int = 256
+    slot_timeout: float = 5.0
+    max_conversations: int = 1024
+    max_learned_per_peer: int = 16
+    compile_workers: int = 2
+    compile_queue: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_connections_per_peer", "max_sessions",
+                     "max_conversations", "max_learned_per_peer"):
+            _check_count(name, getattr(self, name))
+        _check_count("compile_workers", self.compile_workers, upper=256)
+        _check_count("compile_queue", self.compile_queue, upper=1 << 16)
+        _check_seconds("slot_timeout", self.slot_timeout)
 
 
 def clock_ms() -> int:
