@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from ._canonical import quote
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import CBCLError, DescriptorError, TrustError
+from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message, Signature
 from ._reader import read
@@ -51,6 +53,12 @@ MESSAGE_FAILED = "message verification failed"
 STORE_REFUSED = "trust store refused"
 #: At most this many ``(sig …)`` entries in one signed descriptor.
 MAX_SIGNATURES = 16
+#: A trust directory holds at most this many ``*.pub`` files.
+MAX_KEYS = 1024
+#: A ``.pub`` file is at most this many bytes (an Ed25519 PEM is 113).
+MAX_KEY_FILE_BYTES = 16 * 1024
+#: ``policy.cbcl`` is at most this many bytes.
+MAX_POLICY_BYTES = 256 * 1024
 #: Key ids: file stems and policy names. ASCII, no leading dot, at most 128 characters.
 KEY_ID = re.compile(r"[A-Za-z0-9_@+\-][A-Za-z0-9_@+.\-]{0,127}\Z")
 # Standard base64 of exactly 64 bytes: 86 characters, then "==".
@@ -311,6 +319,20 @@ def _key_ids(items: tuple[Value, ...], where: str) -> frozenset[str]:
     return frozenset(ids)
 
 
+def _read_store_file(path: Path, max_bytes: int) -> bytes:
+    """A trust store file's bytes (:func:`read_regular_file`); a problem is a
+    :class:`TrustError` whose ``reason`` the caller prefixes with the path."""
+    try:
+        return read_regular_file(path, max_bytes=max_bytes, what=path.name)
+    except UnsafeFile as exc:
+        raise TrustError(STORE_REFUSED, reason=str(exc).removeprefix(f"{path.name}: ")) \
+            from None
+    except FileNotFoundError:
+        raise TrustError(STORE_REFUSED, reason="missing (a dangling symbolic link?)") from None
+    except OSError as exc:
+        raise TrustError(STORE_REFUSED, reason=str(exc.strerror or exc)) from None
+
+
 # --------------------------------------------------------------------------- the trust store
 
 
@@ -389,23 +411,39 @@ class TrustStore:
     def from_directory(cls, directory: str | os.PathLike[str], *,
                        limits: Limits | None = None) -> TrustStore:
         """Load ``directory/*.pub`` (key id = file stem) and ``directory/policy.cbcl`` if
-        present; other files are ignored. A ``.pub`` file that is not an acceptable Ed25519
-        key refuses the whole store (:class:`TrustError`), so a misplaced key is never
-        silently dropped."""
+        present; other files are ignored. Each file is read by :func:`read_regular_file`:
+        symbolic links are followed, but only to a regular file; a ``.pub`` file holds at
+        most :data:`MAX_KEY_FILE_BYTES`, the policy :data:`MAX_POLICY_BYTES`, the directory
+        at most :data:`MAX_KEYS` ``.pub`` files.
+
+        Raises :class:`TrustError` (``"trust store refused"``, the file and cause in
+        ``reason``) for a missing directory, too many keys, a file that cannot be read or is
+        not a regular file (FIFO, device, socket, directory, dangling link) or is over its
+        cap, a ``.pub`` file that is not an acceptable Ed25519 key (so a misplaced key is
+        never silently dropped) and a refused policy."""
         path = Path(directory)
         if not path.is_dir():
             raise TrustError(STORE_REFUSED, reason=f"{path}: not a directory")
+        try:
+            pubs = sorted(path.glob("*.pub"))
+        except OSError as exc:
+            raise TrustError(STORE_REFUSED, reason=f"{path}: {exc.strerror or exc}") from None
+        if len(pubs) > MAX_KEYS:
+            raise TrustError(STORE_REFUSED, reason=f"{path}: more than {MAX_KEYS} .pub files "
+                             f"({len(pubs)})")
         keys: dict[str, Ed25519PublicKey] = {}
-        for pub in sorted(path.glob("*.pub")):
+        for pub in pubs:
             try:
-                keys[pub.stem] = load_public_key(pub.read_bytes())
+                keys[pub.stem] = load_public_key(
+                    _read_store_file(pub, MAX_KEY_FILE_BYTES))
             except TrustError as exc:
                 raise TrustError(STORE_REFUSED, reason=f"{pub}: {exc.reason}") from None
         policy_path = path / "policy.cbcl"
         policy = None
-        if policy_path.exists():
+        if policy_path.exists() or policy_path.is_symlink():
             try:
-                policy = TrustPolicy.parse(policy_path.read_bytes(), limits=limits)
+                policy = TrustPolicy.parse(_read_store_file(policy_path, MAX_POLICY_BYTES),
+                                           limits=limits)
             except TrustError as exc:
                 raise TrustError(STORE_REFUSED, reason=f"{policy_path}: {exc.reason}") \
                     from None
@@ -413,6 +451,12 @@ class TrustStore:
             return cls(keys, policy)
         except TrustError as exc:
             raise TrustError(STORE_REFUSED, reason=f"{path}: {exc.reason}") from None
+
+    def fingerprint(self, key_id: str) -> str | None:
+        """``"sha256:"`` + the hex SHA-256 of the raw 32 bytes of the key ``key_id``, or
+        ``None`` if the store has no such key id. Two ids of one key share a fingerprint."""
+        raw = self._raw.get(key_id)
+        return None if raw is None else "sha256:" + hashlib.sha256(raw).hexdigest()
 
     @property
     def key_ids(self) -> tuple[str, ...]:
