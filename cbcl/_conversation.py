@@ -29,12 +29,13 @@ or a socket: time is the ``now`` argument, in Unix milliseconds.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from ._canonical import canonical_value
-from ._errors import ConversationError, DescriptorError
+from ._errors import ConversationError, DescriptorError, LimitError
 from ._message import Intent, Message
 from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value
 
@@ -196,7 +197,8 @@ def compile_machine(section: Value, *, intents: Iterable[Intent] | None = None) 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One accepted message: who sent it in which role, and the states before and after."""
+    """One accepted message: who sent it in which role, the states before and after, and
+    whether ``after`` is final (the conversation is over)."""
 
     message_id: str
     intent: Intent
@@ -204,6 +206,7 @@ class Step:
     sender: URI
     before: Symbol
     after: Symbol
+    finished: bool = False
 
 
 def _check_now(now: object) -> int:
@@ -325,7 +328,7 @@ class Conversation:
                 raise self._refuse(message, f"timeout: the reply was due by {deadline} "
                                             f"(reply-by) and it is {now}")
         return Step(message.message_id, message.intent, role, message.sender, self._state,
-                    target)
+                    target, machine.is_final(target))
 
     def receive(self, message: Message, *, now: int) -> Step:
         """Accept ``message`` at time ``now`` (Unix ms) if the protocol allows it here, and
@@ -356,21 +359,36 @@ class ConversationTracker:
     :meth:`receive` routes each message to its thread — starting one when a conversation's
     initiator first writes to a new peer — and raises :class:`ConversationError` without
     changing anything when the message is out of place. Sans-io: ``now`` is an argument.
+
+    A long-lived agent bounds what it keeps: ``max_open`` conversations may be open at once
+    (a message that would start one more raises :class:`LimitError`), and with
+    ``forget_finished=True`` a conversation that reaches a final state is dropped — its id
+    is remembered among the last ``max_open`` finished ones (or 1,024 without
+    ``max_open``), so a late or replayed message of it is still refused.
     """
 
-    def __init__(self, machines: Mapping[Symbol | str, Machine]) -> None:
+    def __init__(self, machines: Mapping[Symbol | str, Machine], *,
+                 max_open: int | None = None, forget_finished: bool = False) -> None:
         self._machines = {Symbol(str(k)): v for k, v in machines.items()}
         for machine in self._machines.values():
             if not isinstance(machine, Machine):
                 raise TypeError("machines must map protocol ids to Machine objects")
+        if max_open is not None and (type(max_open) is not int or max_open < 1):
+            raise ValueError("max_open must be a positive int or None")
+        self.max_open = max_open
+        self.forget_finished = bool(forget_finished)
         self._initiators: dict[str, URI] = {}
         self._protocols: dict[str, Symbol] = {}
         self._threads: dict[tuple[str, URI], Conversation] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._finished_memory = max_open or 1024
 
     @classmethod
-    def from_descriptors(cls, descriptors: Iterable[object]) -> ConversationTracker:
+    def from_descriptors(cls, descriptors: Iterable[object], *, max_open: int | None = None,
+                         forget_finished: bool = False) -> ConversationTracker:
         """A tracker for every descriptor (or loaded :class:`Protocol`) that declares a
-        conversation. Raises :class:`DescriptorError` for a malformed section."""
+        conversation (the options as for the constructor). Raises
+        :class:`DescriptorError` for a malformed section."""
         machines: dict[Symbol | str, Machine] = {}
         for item in descriptors:
             descriptor = getattr(item, "descriptor", item)
@@ -378,7 +396,7 @@ class ConversationTracker:
             if section is not None:
                 machines[descriptor.id] = compile_machine(  # type: ignore[attr-defined]
                     section, intents=descriptor.intents)  # type: ignore[attr-defined]
-        return cls(machines)
+        return cls(machines, max_open=max_open, forget_finished=forget_finished)
 
     def get(self, conversation_id: str, peer: URI | str) -> Conversation | None:
         """The thread of ``conversation_id`` with ``peer``, or ``None``."""
@@ -398,6 +416,10 @@ class ConversationTracker:
                                     "conversation", path="$")
         initiator = self._initiators.get(cid)
         if initiator is None:
+            if cid in self._finished:
+                raise ConversationError(f'{where}: conversation "{cid}" has finished',
+                                        path="$")
+            self._check_room(where)
             return Conversation(machine, protocol=message.protocol,
                                 conversation_id=cid), True
         if message.protocol != self._protocols[cid]:
@@ -418,7 +440,13 @@ class ConversationTracker:
             raise ConversationError(f'{where}: {peer} has no part in conversation "{cid}"; '
                                     f"only its initiator {initiator} can bring in a peer",
                                     path="$")
+        self._check_room(where)
         return Conversation(machine, protocol=message.protocol, conversation_id=cid), True
+
+    def _check_room(self, where: str) -> None:
+        if self.max_open is not None and len(self._threads) >= self.max_open:
+            raise LimitError(f"{where}: {self.max_open} conversations are open already",
+                             limit="max_conversations", maximum=self.max_open)
 
     def check(self, message: Message, *, now: int) -> Step:
         """What :meth:`receive` would do, without doing it."""
@@ -431,10 +459,25 @@ class ConversationTracker:
         _check_now(now)
         thread, new = self._route(message)
         step = thread.receive(message, now=now)
+        cid = message.conversation_id
+        if cid is None:  # pragma: no cover - _route refused it
+            raise ConversationError("a message without a conversation-id", path="$")
         if new:
-            cid = message.conversation_id
-            assert cid is not None
             self._initiators.setdefault(cid, message.sender)
             self._protocols.setdefault(cid, message.protocol)
             self._threads[(cid, message.receiver)] = thread
+        if step.finished and self.forget_finished:
+            self._forget(cid)
         return step
+
+    def _forget(self, cid: str) -> None:
+        """Drop a finished conversation's threads, keep its id among the finished ones."""
+        for key in [key for key, thread in self._threads.items()
+                    if key[0] == cid and thread.finished]:
+            del self._threads[key]
+        if not any(key[0] == cid for key in self._threads):
+            self._initiators.pop(cid, None)
+            self._protocols.pop(cid, None)
+            self._finished[cid] = None
+            while len(self._finished) > self._finished_memory:
+                self._finished.popitem(last=False)
