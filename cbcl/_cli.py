@@ -24,9 +24,11 @@ from ._cli_common import (
     EXIT_INTERNAL,
     EXIT_OK,
     EXIT_USAGE,
+    MAX_DOCUMENT_BYTES,
     Parser,
     add_protocol_options,
     add_trust_options,
+    document_bytes,
     escape_invisible,
     positive,
     print_message,
@@ -115,7 +117,7 @@ def _signing_keys(args: argparse.Namespace) -> list[tuple[str, object]]:
 
     if len(args.key_id) > len(args.key):
         _usage_error(args, "more --key-id than --key")
-    signers = []
+    signers: list[tuple[str, object]] = []
     for index, path in enumerate(args.key):
         key_id = args.key_id[index] if index < len(args.key_id) else Path(path).stem
         if not KEY_ID.match(key_id):
@@ -135,7 +137,7 @@ def _cmd_descriptor_sign(args: argparse.Namespace, data: bytes) -> int:
     from ._trust import read_signed_descriptor_unverified, sign_descriptor
 
     signers = _signing_keys(args)
-    existing: tuple = ()
+    existing: tuple[object, ...] = ()
     document = read(data, limits=args.limits)
     if type(document) is tuple and document and str(document[0]) == "signed-descriptor":
         # Co-signing: keep the signatures already there, sign the same payload.
@@ -281,9 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=_cmd_grammar_check)
 
     for sub in (p, c, check, sign, verify, inspect, m):
-        sub.add_argument("--max-message-bytes", type=_positive, metavar="N",
+        sub.add_argument("--max-message-bytes", type=document_bytes, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
-                         help=f"document size limit (default {DEFAULT_LIMITS.max_message_bytes})")
+                         help=f"document size limit, 1 to {MAX_DOCUMENT_BYTES} "
+                              f"(default {DEFAULT_LIMITS.max_message_bytes})")
     register_codec(commands)
     register_conversation(commands)
     register_negotiate(commands)
@@ -307,13 +310,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return exc.exit_code
     except CBCLError as exc:
-        print(f"{exc.one_line()}", file=sys.stderr)
+        print(escape_invisible(exc.one_line()), file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
-        print(f"io: {exc.filename or args.file}: {exc.strerror or exc}", file=sys.stderr)
+        print(escape_invisible(f"io: {exc.filename or args.file}: {exc.strerror or exc}"),
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug: still one line, never a traceback
-        print(f"internal: {type(exc).__name__}: {exc} (please report this)", file=sys.stderr)
+        print(escape_invisible(f"internal: {type(exc).__name__}: {exc} (please report this)"),
+              file=sys.stderr)
         return EXIT_INTERNAL

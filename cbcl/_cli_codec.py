@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._cli_common import add_protocol_options, positive, print_message
+from ._cli_common import MAX_DOCUMENT_BYTES, add_protocol_options, document_bytes, print_message
 from ._cli_common import registry_from_args as _registry
 from ._codec import Decoder, Encoder
 from ._limits import DEFAULT_LIMITS
@@ -21,6 +21,7 @@ def _cmd_encode(args: argparse.Namespace, data: bytes) -> int:
     from ._api import parse
 
     registry = _registry(args)
+    assert registry is not None  # --descriptor is required
     message = parse(data, limits=args.limits, registry=registry)  # fully recognised
     frame = Encoder(registry).encode(message)
     if args.output == "-":
@@ -33,7 +34,9 @@ def _cmd_encode(args: argparse.Namespace, data: bytes) -> int:
 
 
 def _cmd_decode(args: argparse.Namespace, data: bytes) -> int:
-    message = Decoder(_registry(args), limits=args.limits).decode(data)
+    registry = _registry(args)
+    assert registry is not None  # --descriptor is required
+    message = Decoder(registry, limits=args.limits).decode(data)
     print_message(message, args.json)
     return 0
 
@@ -55,7 +58,7 @@ def register(commands: Any) -> None:
 
     for sub in (e, d):
         add_protocol_options(sub, descriptor_required=True)
-        sub.add_argument("--max-message-bytes", type=positive, metavar="N",
+        sub.add_argument("--max-message-bytes", type=document_bytes, metavar="N",
                          default=DEFAULT_LIMITS.max_message_bytes,
-                         help="document (and frame) size limit "
+                         help=f"document (and frame) size limit, 1 to {MAX_DOCUMENT_BYTES} "
                               f"(default {DEFAULT_LIMITS.max_message_bytes})")

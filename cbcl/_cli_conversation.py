@@ -16,11 +16,16 @@ from typing import Any
 from ._api import parse
 from ._canonical import canonical_value
 from ._cli_common import (
+    INT64_MAX,
+    MAX_DOCUMENT_BYTES,
     Parser,
     add_protocol_options,
-    positive,
+    document_bytes,
+    escape_invisible,
+    int_in,
     read_input,
     registry_from_args,
+    unix_ms,
 )
 from ._conversation import ConversationTracker
 from ._errors import CBCLError, ConversationError, Position
@@ -30,6 +35,11 @@ from ._message import Message
 from ._reader import decode, read, value_spans
 
 EXIT_OK = 0
+#: The largest ``eval --budget``: 10^8 steps (minutes of work; more is never meant).
+MAX_BUDGET = 100_000_000
+#: The largest ``eval --max-depth``: 65,536 (an expression is nested at most
+#: ``Limits.max_depth`` deep anyway).
+MAX_EVAL_DEPTH = 1 << 16
 
 
 def _clock_ms() -> int:
@@ -84,15 +94,21 @@ def _cmd_conversation_check(args: argparse.Namespace, data: bytes) -> int:
                 step = tracker.receive(message, now=now)
             except ConversationError as exc:
                 raise ConversationError(f"{where}: {exc.message}", path=exc.path) from None
-            print(f'{where}: "{step.message_id}" {step.intent.value} by {step.role}: '
-                  f"{step.before} -> {step.after}")
+            # Ids come from the input: escaped, so a line never breaks or reorders.
+            print(escape_invisible(f'{where}: "{_quoted(step.message_id)}" '
+                                   f"{step.intent.value} by {step.role}: "
+                                   f"{step.before} -> {step.after}"))
     for thread in tracker.conversations():
         peer = thread.agents[thread.machine.roles[1]]
         ending = "final" if thread.finished else "open"
-        print(f'conversation "{thread.conversation_id}" with {peer}: {thread.state} '
-              f"({ending})")
+        print(escape_invisible(f'conversation "{_quoted(thread.conversation_id)}" with '
+                               f"{peer}: {thread.state} ({ending})"))
     print(f"{count} message{'s' if count != 1 else ''} in order")
     return EXIT_OK
+
+
+def _quoted(text: str) -> str:
+    return escape_invisible(text, quote=True)
 
 
 def _now_for(args: argparse.Namespace, message: Message) -> int:
@@ -109,8 +125,9 @@ def _cmd_eval(args: argparse.Namespace, data: bytes) -> int:
         names = args.functions.replace(",", " ").split()
         unknown = [n for n in names if n not in LIBRARY]
         if unknown:
-            print(f"usage: cbcl eval: not library functions: {' '.join(unknown)} (known: "
-                  + " ".join(LIBRARY) + ")", file=sys.stderr)
+            print(escape_invisible(f"usage: cbcl eval: not library functions: "
+                                   f"{' '.join(unknown)} (known: {' '.join(LIBRARY)})"),
+                  file=sys.stderr)
             raise SystemExit(2)
         functions = names
     expression = read(args.expression, limits=args.limits)
@@ -143,16 +160,18 @@ def register(commands: Any) -> None:
     ev.add_argument("--functions", metavar="NAMES",
                     help="the functions allowed, separated by spaces or commas "
                          "(default: the whole library)")
-    ev.add_argument("--budget", type=positive, default=DEFAULT_BUDGET, metavar="N",
-                    help=f"step budget (default {DEFAULT_BUDGET})")
-    ev.add_argument("--max-depth", type=positive, default=DEFAULT_MAX_DEPTH, metavar="N",
-                    help=f"calls nested at once (default {DEFAULT_MAX_DEPTH})")
-    ev.add_argument("--now", type=int, metavar="MS",
-                    help="the value of (now), Unix ms (default: the clock)")
+    ev.add_argument("--budget", type=int_in(1, MAX_BUDGET), default=DEFAULT_BUDGET,
+                    metavar="N", help=f"step budget, 1 to {MAX_BUDGET} (default "
+                                      f"{DEFAULT_BUDGET})")
+    ev.add_argument("--max-depth", type=int_in(1, MAX_EVAL_DEPTH), default=DEFAULT_MAX_DEPTH,
+                    metavar="N", help=f"calls nested at once, 1 to {MAX_EVAL_DEPTH} (default "
+                                      f"{DEFAULT_MAX_DEPTH})")
+    ev.add_argument("--now", type=unix_ms, metavar="MS",
+                    help=f"the value of (now), Unix ms, 0 to {INT64_MAX} (default: the clock)")
     ev.set_defaults(handler=_cmd_eval, file=None)
 
     for parser in (check, ev):
-        parser.add_argument("--max-message-bytes", type=positive, metavar="N",
+        parser.add_argument("--max-message-bytes", type=document_bytes, metavar="N",
                             default=DEFAULT_LIMITS.max_message_bytes,
-                            help="document size limit (default "
+                            help=f"document size limit, 1 to {MAX_DOCUMENT_BYTES} (default "
                                  f"{DEFAULT_LIMITS.max_message_bytes})")
