@@ -19,11 +19,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from ._canonical import canonical_value
+from ._cli_common import MAX_SECONDS, escape_invisible, int_in, peer_text, seconds
 from ._errors import CBCLError, TrustError
+from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent, Message
 from ._protocol import Protocol, Registry
@@ -43,14 +47,40 @@ from ._session import (
     Supported,
     Unsupported,
 )
-from ._transport import Connection, ConnectionLimits, ConnectionLost, connect, parse_address, serve
+from ._transport import (
+    Connection,
+    ConnectionLimits,
+    ConnectionLost,
+    LearnedProtocols,
+    Server,
+    ServerLimits,
+    WorkPool,
+    connect,
+    parse_address,
+    serve,
+)
 from ._trust import TrustStore, load_private_key, read_signed_descriptor_unverified
+from ._values import Keyword, Symbol, Value
 
 EXIT_OK = 0
+#: NOT-UNDERSTOOD codes that are trust failures (exit 6), and those that say the server
+#: refused or dropped the connection for its own limits (exit 1: try again later).
+TRUST_CODES = frozenset({"transcript-mismatch", "bad-signature", "untrusted-signer",
+                         "rollback", "equivocation", "expired", "digest-mismatch"})
+BUSY_CODES = frozenset({"busy", "timeout"})
 #: Exit code for each reject reason (draft §6: 4 limit, 5 protocol, 6 trust).
 REJECT_EXIT = {"limit": 4, "grammar-refused": 5, "malformed": 5, "no-common-encoding": 5}
 SERVER_NAME = "agent://cbcl/serve"
 CLIENT_NAME = "agent://cbcl/negotiate"
+
+
+def not_understood_exit(code: str) -> int:
+    """The exit code of ``cbcl negotiate`` when the peer answers NOT-UNDERSTOOD ``code``."""
+    if code in TRUST_CODES:
+        return 6
+    if code in BUSY_CODES:
+        return 1
+    return REJECT_EXIT.get(code, 5)
 
 
 class NegotiationFailed(CBCLError):
@@ -79,33 +109,66 @@ def _body_text(message: Message) -> str:
 # --------------------------------------------------------------------------- agents
 
 
-def _reply(message: Message, intent: Intent, body: Any, number: int) -> Message:
-    return Message(message_id=f"{message.receiver.rsplit('/', 1)[-1]}-{number}",
-                   sender=message.receiver, receiver=message.sender, intent=intent,
-                   protocol=message.protocol, conversation_id=message.conversation_id,
-                   in_reply_to=message.message_id, body=body)
+def _reply(message: Message, intent: Intent, body: Value, number: int) -> Message:
+    """Our answer to ``message``: its id is ours (``reply-N`` from this connection's
+    counter), never built from the peer's text; the peer's ids are only field values."""
+    return Message(message_id=f"reply-{number}", sender=message.receiver,
+                   receiver=message.sender, intent=intent, protocol=message.protocol,
+                   conversation_id=message.conversation_id, in_reply_to=message.message_id,
+                   body=body)
+
+
+#: The contractor's bid and its report of the work: our values, never the peer's.
+OUR_BID: tuple[Value, ...] = (Symbol("bid"), Keyword("price"), Decimal("12.50"),
+                              Keyword("currency"), Symbol("EUR"), Keyword("eta"), 60000)
+OUR_RESULT: tuple[Value, ...] = (Symbol("artifact"), Keyword("frames"), 2400,
+                                 Keyword("bytes"), 734003200)
+
+
+def _keyword_fields(value: Value | None) -> dict[str, Value]:
+    """``(head :k v …)`` as ``{k: v}`` (keys that are keywords only); ``{}`` otherwise."""
+    if type(value) is not tuple:
+        return {}
+    return {str(k): v for k, v in zip(value[1::2], value[2::2], strict=False)
+            if type(k) is Keyword}
+
+
+def _text_field(fields: dict[str, Value], name: str) -> str | None:
+    """``fields[name]`` when it is a string value (not a symbol, keyword or URI)."""
+    value = fields.get(name)
+    return value if type(value) is str else None
 
 
 def respond(message: Message, number: int) -> Message | None:
     """The responder's side of the shipped conversations: a contract-net contractor that
     bids on every call and reports the work done when awarded, a request/v1 participant
-    that does what it is asked. ``None``: nothing to say."""
+    that does what it is asked. ``None``: nothing to say.
+
+    Replies are values (tuples of symbols, keywords, strings, integers, decimals), never
+    text built from the peer's fields: the peer's task id (or message id) is copied in as
+    one string value, so whatever it holds it cannot add fields or change our bid. A task id
+    that is not a string gets no answer (the grammar of contract-net/v1 already refuses
+    one)."""
     body = message.body
-    if str(message.protocol) == "contract-net/v1" and type(body) is tuple:
-        fields = {str(k): v for k, v in zip(body[1::2], body[2::2], strict=False)}
+    if str(message.protocol) == "contract-net/v1":
+        fields = _keyword_fields(body)
         if message.intent is Intent.CFP:
-            task = fields.get("task")
-            task_id = task[2] if type(task) is tuple and len(task) > 2 else "?"
-            return _reply(message, Intent.PROPOSE, read(
-                f'(proposal :task-id "{task_id}" :bid (bid :price 12.50 :currency EUR '
-                ':eta 60000))'.encode()), number)
+            task_id = _text_field(_keyword_fields(fields.get("task")), "id")
+            if task_id is None:
+                return None
+            return _reply(message, Intent.PROPOSE, (
+                Symbol("proposal"), Keyword("task-id"), task_id, Keyword("bid"), OUR_BID),
+                number)
         if message.intent is Intent.ACCEPT:
-            return _reply(message, Intent.INFORM, read(
-                f'(inform-done :task-id "{fields.get("task-id", "?")}" '
-                ':result (artifact :frames 2400 :bytes 734003200))'.encode()), number)
+            task_id = _text_field(fields, "task-id")
+            if task_id is None:
+                return None
+            return _reply(message, Intent.INFORM, (
+                Symbol("inform-done"), Keyword("task-id"), task_id, Keyword("result"),
+                OUR_RESULT), number)
     if str(message.protocol) == "request/v1" and message.intent is Intent.REQUEST:
-        return _reply(message, Intent.INFORM, read(
-            f'(inform-done :action-id "{message.message_id}")'.encode()), number)
+        return _reply(message, Intent.INFORM, (
+            Symbol("inform-done"), Keyword("action-id"), message.message_id), number)
     return None
 
 
@@ -128,72 +191,92 @@ def demo_conversation(protocol: Protocol, me: str, peer: str, tag: str) -> list[
 # --------------------------------------------------------------------------- serve
 
 
-def _limits(args: argparse.Namespace) -> ConnectionLimits:
-    return ConnectionLimits(max_frame_bytes=args.max_frame_bytes,
-                            max_pending_frames=args.max_pending_frames,
-                            idle_timeout=args.idle_timeout)
-
-
 def _say(line: str) -> None:
-    print(line, flush=True)
+    # Lines may quote a peer (the initiator's transcript): never a raw control character.
+    print(escape_invisible(line), flush=True)
+
+
+def _peer_list(values: Any, limit: int = 8) -> str:
+    """Up to ``limit`` values from a peer, each escaped and shortened, space-separated."""
+    items = list(values) if isinstance(values, (tuple, list)) else [values]
+    shown = " ".join(peer_text(item, 24) for item in items[:limit])
+    return shown + (f" … ({len(items)} in all)" if len(items) > limit else "")
 
 
 async def _serve_connection(connection: Connection, number: int,
                             say: Callable[[str], None]) -> None:
+    """Handle one connection: log one line per event, answer protocol messages with
+    :func:`respond`. Every field that came from the peer is escaped with
+    :func:`~cbcl._cli_common.peer_text` (controls, bidirectional and other invisible
+    characters as ``\\uXXXX``, long values shortened), so each event is exactly one
+    physical line that the peer cannot forge or reorder."""
     session = connection.session
     tag = f"serve[{number}]"
     replies = 0
+
+    def log(text: str) -> None:
+        say(escape_invisible(f"{tag}: {text}"))  # a last guard: one line, whatever slipped
+
     try:
         while True:
             event = await connection.next_event()
             if isinstance(event, Query):
                 answer = "supported" if session.protocol is not None else "unsupported"
-                say(f"{tag}: asked for {event.protocol} {event.digest[:19]}… versions "
-                    f"{list(event.versions)}, encodings {' '.join(event.encodings)} -> "
-                    f"{answer}")
+                log(f"asked for {peer_text(event.protocol, 64)} {peer_text(event.digest, 19)} "
+                    f"versions ({_peer_list(event.versions)}), encodings "
+                    f"{_peer_list(event.encodings)} -> {answer}")
             elif isinstance(event, Offer):
-                say(f"{tag}: offer received ({len(event.document)} bytes of signed "
-                    f"descriptor); verifying and compiling took {connection.last_work_ms:.1f} "
-                    "ms")
+                log(f"offer received ({len(event.document)} bytes of signed descriptor); "
+                    "verifying and compiling it off the event loop")
             elif isinstance(event, Accepted):
-                say(f"{tag}: verified (signed by {', '.join(event.signers)}), grammar "
-                    f"compiled, {event.protocol} version {event.version} loaded -> accepted "
-                    f"({event.encoding})")
+                log(f"verified (signed by {', '.join(peer_text(s, 40) for s in event.signers)}"
+                    f"), grammar compiled or cached, {connection.last_work_ms:.1f} ms; "
+                    f"{peer_text(event.protocol, 64)} version {peer_text(event.version, 20)} "
+                    f"loaded -> accepted ({peer_text(event.encoding, 16)})")
             elif isinstance(event, Rejected):
-                say(f"{tag}: rejected: {event.reason} [{event.detail}]")
+                log(f"rejected: {peer_text(event.reason, 32)} [{peer_text(event.detail, 200)}]"
+                    f" ({connection.last_work_ms:.1f} ms)")
             elif isinstance(event, Established):
-                say(f"{tag}: established {event.protocol} in {event.encoding}")
+                log(f"established {peer_text(event.protocol, 64)} in "
+                    f"{peer_text(event.encoding, 16)}")
             elif isinstance(event, ProtocolMessage):
                 step = event.step
-                where = f" ({step.before} -> {step.after})" if step else ""
-                say(f'{tag}: received "{event.message.message_id}" '
+                where = (f" ({peer_text(step.before, 32)} -> {peer_text(step.after, 32)})"
+                         if step else "")
+                log(f'received "{peer_text(event.message.message_id, 64)}" '
                     f"{event.message.intent.value}{where}")
                 replies += 1
                 answer_message = respond(event.message, replies)
                 if answer_message is not None:
                     await connection.send(ProtocolMessage(answer_message))
-                    say(f'{tag}: sent "{answer_message.message_id}" '
+                    log(f'sent "{peer_text(answer_message.message_id, 64)}" '
                         f"{answer_message.intent.value}")
             elif isinstance(event, NotUnderstood):
-                say(f"{tag}: the peer did not understand: {event.reason}")
+                log(f"the peer did not understand: {peer_text(event.reason, 64)}")
                 return
             elif isinstance(event, ConnectionClosed):
-                say(f"{tag}: closed")
+                log("closed")
                 return
     except (RemoteProtocolError, ConnectionLost) as exc:
-        say(f"{tag}: {exc.one_line()}")
+        log(peer_text(exc.one_line(), 240, tail=100))  # the reason is at the end
 
 
-def _load_dir(registry: Registry, directory: str | None, limits: Limits) -> list[bytes]:
-    """Load every ``*.cbcl`` of ``directory`` (signed descriptors) into ``registry``;
-    returns their bytes (to preload each session's registry)."""
-    documents = []
+def _load_dir(registry: Registry, directory: str | None, limits: Limits) -> list[Protocol]:
+    """Load every ``*.cbcl`` of ``directory`` (signed descriptors) into ``registry``, each
+    read as a regular file of at most the message limit; returns the protocols (which each
+    session's registry adopts)."""
+    protocols = []
     if directory:
         for path in sorted(Path(directory).glob("*.cbcl")):
-            data = path.read_bytes()
-            registry.load(data)
-            documents.append(data)
-    return documents
+            try:
+                data = read_regular_file(path, max_bytes=limits.max_message_bytes,
+                                         what="descriptor")
+            except (UnsafeFile, OSError) as exc:
+                raise TrustError("descriptor verification failed",
+                                 reason=f"{path}: {getattr(exc, 'strerror', None) or exc}"
+                                 ) from None
+            protocols.append(registry.load(data))
+    return protocols
 
 
 def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
@@ -208,52 +291,92 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
     with contextlib.ExitStack() as stack:
         state = args.state or stack.enter_context(tempfile.TemporaryDirectory(
             prefix="cbcl-serve-state-"))
-        base = Registry(trust=store, state_dir=state, limits=limits)
-        preload = _load_dir(base, args.descriptors, limits)
-
-        def make_session() -> Session:
-            # One registry per session: what one peer teaches, only that session speaks.
-            # Rollback state is shared through the state directory.
-            registry = Registry(trust=store, state_dir=state, limits=limits)
-            for document in preload:
-                registry.load(document)
-            return Session("responder", registry=registry, me=args.name, signing_key=signing,
-                           require_signed_finished=True, limits=limits,
-                           max_frame_bytes=args.max_frame_bytes,
-                           max_pending_frames=args.max_pending_frames)
-
-        return asyncio.run(_serve_main(args, make_session))
+        preload = _load_dir(Registry(trust=store, state_dir=state, limits=limits),
+                            args.descriptors, limits)
+        return asyncio.run(_serve_main(args, ServeConfig(
+            listen=args.listen, trust=store, state=state, name=args.name, signing=signing,
+            limits=limits, connection=connection_limits(args), server=server_limits(args),
+            preload=tuple(preload))))
 
 
-async def _serve_main(args: argparse.Namespace, make_session: Callable[[], Session]) -> int:
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``cbcl serve`` runs with (its options, read and checked)."""
+
+    listen: str
+    trust: TrustStore
+    state: str | Path
+    name: str = SERVER_NAME
+    signing: tuple[str, Any] | None = None
+    limits: Limits = DEFAULT_LIMITS
+    connection: ConnectionLimits = field(default_factory=ConnectionLimits)
+    server: ServerLimits = field(default_factory=ServerLimits)
+    preload: tuple[Protocol, ...] = ()
+
+
+async def start_serving(config: ServeConfig, say: Callable[[str], None]) -> Server:
+    """Start ``cbcl serve``'s server on the running loop: one responder session per
+    connection, each with its own registry (what one peer teaches, only that session
+    speaks; rollback state and key bindings are shared through the state directory), the
+    shipped conversations answered, one log line per event through ``say``. Raises
+    :class:`ConnectionLost` when the address cannot be used."""
+    caps = config.server
+    pool = WorkPool(caps.compile_workers, caps.compile_queue)
+    learned = LearnedProtocols(caps.max_learned_per_peer)
     counter = 0
+
+    def make_session() -> Session:
+        registry = Registry(trust=config.trust, state_dir=config.state, limits=config.limits,
+                            compile_gate=pool.compile_gate)
+        for protocol in config.preload:
+            registry.adopt(protocol)
+        return Session("responder", registry=registry, me=config.name,
+                       signing_key=config.signing, require_signed_finished=True,
+                       limits=config.limits, max_frame_bytes=config.connection.max_frame_bytes,
+                       max_pending_frames=config.connection.max_pending_frames,
+                       max_conversations=caps.max_conversations)
 
     async def handle(connection: Connection) -> None:
         nonlocal counter
         counter += 1
-        await _serve_connection(connection, counter, _say)
+        peer = connection.peer
+        connection.vet_offer = lambda prepared: learned.vet(peer, prepared)
+        await _serve_connection(connection, counter, say)
 
-    server = await serve(args.listen, make_session, handle, limits=_limits(args),
-                         max_connections=args.max_sessions)
+    def refused(peer: str, reason: str) -> None:
+        say(f"serve: refused a connection from {peer_text(peer, 64)}: {reason}")
+
+    try:
+        return await serve(config.listen, make_session, handle, limits=config.connection,
+                           server_limits=caps, pool=pool, on_refusal=refused)
+    except BaseException:
+        pool.close()
+        raise
+
+
+def listening_address(server: Server, listen: str) -> str:
+    """Where ``server`` listens, as ``HOST:PORT`` (the port picked for port 0) or
+    ``unix:PATH``."""
+    sockets = server.sockets
+    if sockets and not listen.startswith("unix:"):
+        host, port = sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+    return listen
+
+
+async def _serve_main(args: argparse.Namespace, config: ServeConfig) -> int:
+    server = await start_serving(config, _say)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    sockets = server.sockets or []
-    where = args.listen
-    if sockets and not args.listen.startswith("unix:"):
-        host, port = sockets[0].getsockname()[:2]
-        where = f"{host}:{port}"
-    _say(f"serve: listening on {where} as {args.name}")
+    _say(f"serve: listening on {listening_address(server, config.listen)} as {config.name}")
     try:
         await stop.wait()
     finally:
-        server.close()
+        server.close()  # removes the unix socket it created, and only that one
         await server.wait_closed()
-        if args.listen.startswith("unix:"):
-            with contextlib.suppress(OSError):
-                os.unlink(args.listen[5:])
     _say("serve: stopped")
     return EXIT_OK
 
@@ -369,8 +492,7 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Any], *,
                 where = f"  {step.before} -> {step.after}" if step else ""
                 show.line("B -> A", f"{message.intent.value:8} {_body_text(message)}{where}",
                           size)
-                if step is not None and session.tracker is not None and \
-                        session.tracker.conversations()[-1].finished:
+                if event.finished:
                     break
                 if not script:
                     break
@@ -378,10 +500,7 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Any], *,
             elif isinstance(event, NotUnderstood):
                 show.line("B -> A", f"NOT-UNDERSTOOD ({event.reason})", size)
                 raise NegotiationFailed(f"the peer did not understand: {event.reason}",
-                                        exit_code=REJECT_EXIT.get(event.reason, 6
-                                        if event.reason in ("transcript-mismatch",
-                                                            "bad-signature",
-                                                            "untrusted-signer") else 5))
+                                        exit_code=not_understood_exit(event.reason))
             elif isinstance(event, ConnectionClosed):
                 break
         timings["total"] = (time.perf_counter() - started) * 1000
@@ -398,8 +517,9 @@ async def _send_next(connection: Connection, script: list[Message], show: Transc
         await asyncio.sleep(pace)
     message = script.pop(0)
     size = await connection.send(ProtocolMessage(message))
-    thread = connection.session.tracker.conversations()[-1] \
-        if connection.session.tracker is not None else None
+    tracker = connection.session.tracker
+    thread = None if tracker is None or message.conversation_id is None \
+        else tracker.get(message.conversation_id, message.receiver)
     where = f"  -> {thread.state}" if thread is not None else ""
     show.line("A -> B", f"{message.intent.value:8} {_body_text(message)}{where}", size)
 
@@ -427,13 +547,13 @@ def _cmd_negotiate(args: argparse.Namespace, data: bytes) -> int:
     key = _signing_key(args.key, args.key_id)
     _say(f"negotiate: {CLIENT_NAME} -> {args.connect}")
     asyncio.run(run_initiator(args.connect, document, key, encodings=_encodings(args.encoding),
-                              out=_say, pace=args.pace / 1000, limits=_limits(args),
-                              trust=args.trust))
+                              out=_say, pace=args.pace / 1000,
+                              limits=connection_limits(args), trust=args.trust))
     return EXIT_OK
 
 
 def _usage(args: argparse.Namespace, message: str) -> Any:
-    print(f"usage: cbcl {args.command}: {message}", file=sys.stderr)
+    print(escape_invisible(f"usage: cbcl {args.command}: {message}"), file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -598,10 +718,69 @@ async def _demo(command: list[str], env: dict[str, str], document: bytes, key: A
 # --------------------------------------------------------------------------- registration
 
 
+#: ``(option, low, high, help)`` of the options that set :class:`ConnectionLimits` (serve
+#: and negotiate) and ``ServerLimits`` (serve); each option's dest is the field's name and
+#: its default the field's default. An int range for counts, seconds for timeouts (a float
+#: low). The ranges are those the dataclasses accept, except ``--max-frame-bytes``: at most
+#: 16 MiB, since the frame limit is also the message limit (``Limits.max_message_bytes``).
+CONNECTION_OPTIONS: tuple[tuple[str, float, float, str], ...] = (
+    ("--max-frame-bytes", 1, 16 << 20, "largest frame (and message) accepted, in bytes"),
+    ("--max-pending-frames", 1, 1 << 16, "complete frames buffered per connection"),
+    ("--idle-timeout", 0.001, MAX_SECONDS, "seconds waiting for the next frame to start"),
+    ("--frame-timeout", 0.001, MAX_SECONDS, "seconds from a frame's first byte to its last"),
+    ("--handshake-timeout", 0.001, MAX_SECONDS,
+     "seconds from connecting to the end of the handshake"),
+)
+SERVER_OPTIONS: tuple[tuple[str, float, float, str], ...] = (
+    ("--max-connections", 1, 1 << 20, "open connections at once"),
+    ("--max-connections-per-peer", 1, 1 << 20,
+     "open connections from one peer address (IP; all unix-socket clients are one)"),
+    ("--max-sessions", 1, 1 << 20,
+     "sessions at work at once (a connection takes one at its first whole frame)"),
+    ("--slot-timeout", 0.001, MAX_SECONDS, "seconds a connection waits for a session"),
+    ("--max-conversations", 1, 1 << 20, "open conversations per session"),
+    ("--max-learned-per-peer", 1, 1 << 20,
+     "protocols one peer address may teach this server in its lifetime"),
+    ("--compile-workers", 1, 256, "offers verified and compiled at once"),
+    ("--compile-queue", 0, 1 << 16, "cold offers waiting for a compile worker"),
+)
+#: The largest ``negotiate --pace``: one minute.
+MAX_PACE_MS = 60_000
+
+
+def _dest(option: str) -> str:
+    return option[2:].replace("-", "_")
+
+
+def _add_limit_options(parser: argparse.ArgumentParser,
+                       options: tuple[tuple[str, float, float, str], ...],
+                       defaults: Any) -> None:
+    """Add ``options`` to ``parser``, each a checked type with its range and default."""
+    for option, low, high, text in options:
+        default = getattr(defaults, _dest(option))
+        if isinstance(low, float):
+            kind: Callable[[str], Any] = seconds(low, high)
+            metavar, shown = "S", f"{low:g} to {high:g} (default {default:g})"
+        else:
+            kind, metavar = int_in(int(low), int(high)), "N"
+            shown = f"{low} to {int(high)} (default {default})"
+        parser.add_argument(option, type=kind, default=default, metavar=metavar,
+                            help=f"{text}: {shown}")
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """The :class:`ConnectionLimits` that ``serve``'s or ``negotiate``'s options set."""
+    return ConnectionLimits(**{_dest(o[0]): getattr(args, _dest(o[0]))
+                               for o in CONNECTION_OPTIONS})
+
+
+def server_limits(args: argparse.Namespace) -> ServerLimits:
+    """The :class:`ServerLimits` that ``serve``'s options set."""
+    return ServerLimits(**{_dest(o[0]): getattr(args, _dest(o[0])) for o in SERVER_OPTIONS})
+
+
 def register(commands: Any) -> None:
     """Add ``serve`` and ``negotiate`` to ``cbcl``'s sub-command action."""
-    from ._cli import _positive
-
     s = commands.add_parser(
         "serve", help="answer negotiations and run the shipped conversations as responder")
     s.add_argument("--listen", required=True, metavar="HOST:PORT",
@@ -616,8 +795,7 @@ def register(commands: Any) -> None:
     s.add_argument("--name", default=SERVER_NAME, metavar="URI",
                    help=f"this agent's URI (default {SERVER_NAME})")
     s.add_argument("--key", metavar="KEY", help="sign this side's transcript confirmation")
-    s.add_argument("--max-sessions", type=_positive, default=64, metavar="N",
-                   help="sessions handled at once (default 64)")
+    _add_limit_options(s, SERVER_OPTIONS, ServerLimits())
     s.set_defaults(handler=_cmd_serve, file=None)
 
     n = commands.add_parser(
@@ -635,18 +813,14 @@ def register(commands: Any) -> None:
                    help="Ed25519 private key that signs the transcript confirmation")
     n.add_argument("--encoding", choices=("any", "text", "binary"), default="any",
                    help="encodings to offer (default any: binary, then text)")
-    n.add_argument("--pace", type=int, default=0, metavar="MS",
-                   help="wait MS before each conversation message (to watch it)")
+    n.add_argument("--pace", type=int_in(0, MAX_PACE_MS), default=0, metavar="MS",
+                   help=f"wait MS before each conversation message (to watch it): 0 to "
+                        f"{MAX_PACE_MS} (default 0)")
     n.set_defaults(handler=_cmd_negotiate, file=None)
 
     for sub in (s, n):
         sub.add_argument("--key-id", metavar="ID", help="key id of --key (default: file stem)")
-        sub.add_argument("--max-frame-bytes", type=_positive, default=1 << 20, metavar="N",
-                         help="largest frame accepted (default 1048576)")
-        sub.add_argument("--max-pending-frames", type=_positive, default=16, metavar="N",
-                         help="frames buffered per connection (default 16)")
-        sub.add_argument("--idle-timeout", type=float, default=30.0, metavar="S",
-                         help="seconds of silence before a connection is dropped (default 30)")
+        _add_limit_options(sub, CONNECTION_OPTIONS, ConnectionLimits())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
@@ -63,7 +63,7 @@ from ._negotiation import (
     HandshakeMachine,
     HandshakeState,
 )
-from ._protocol import Protocol, Registry
+from ._protocol import PreparedDescriptor, Protocol, Registry
 from ._trust import read_signed_descriptor_unverified, sign_message
 from ._values import URI, Keyword, Symbol, Value
 
@@ -78,6 +78,30 @@ class _NeedData:
 
 #: Returned by :meth:`Session.next_event` when a whole frame has not arrived yet.
 NEED_DATA = _NeedData()
+
+
+class _NeedWork:
+    def __repr__(self) -> str:
+        return "NEED_WORK"
+
+
+#: Returned by :meth:`Session.next_event` of a session made with ``defer_work=True`` when
+#: it waits for :attr:`Session.pending_work` to be done (see :meth:`Session.complete_work`).
+NEED_WORK = _NeedWork()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Work:
+    """Slow work a session needs done before it can go on: ``kind`` ``"offer"`` (verify
+    and compile an offered descriptor: :meth:`Registry.prepare`) or ``"record"`` (record
+    the accepted descriptor in the state directory, once the peer's Finished verified:
+    :meth:`Registry.record`). ``run()`` blocks; it may run in another thread (it reads the
+    registry and its caches, and changes neither). It returns the result to hand to
+    :meth:`Session.complete_work` or raises a :class:`CBCLError`, which is handed over
+    instead."""
+
+    kind: str
+    run: Callable[[], Any]
 
 
 # --------------------------------------------------------------------------- events
@@ -164,6 +188,11 @@ class ProtocolMessage:
 
     message: Message
     step: Step | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether this message ended its conversation (a final state)."""
+        return self.step is not None and self.step.finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +291,32 @@ def negotiation_registry() -> Registry:
     return registry
 
 
+#: The codes a NOT-UNDERSTOOD carries (spec/negotiation.md §4).
+NOT_UNDERSTOOD_CODES = frozenset({
+    "malformed", "limit", "replay", "stale", "protocol", "unknown-protocol", "schema",
+    "conversation", "transcript-mismatch", "untrusted-signer", "bad-signature",
+    "digest-mismatch", "no-common-encoding", "rollback", "equivocation", "expired",
+    "grammar-refused", "closed", "timeout", "busy"})
+
+
+def not_understood_frame(code: str, *, now: int, message_id: str = "refusal-1",
+                         me: URI | None = None, peer: URI | None = None,
+                         conversation_id: str | None = None,
+                         in_reply_to: str | None = None) -> bytes:
+    """A framed cbcl-negotiation/v1 NOT-UNDERSTOOD carrying ``code``, built as a value
+    (parties default to ``agent://anonymous``): what an edge writes to a connection it
+    refuses before any session ran on it. Returns ``b""`` if a field cannot be written."""
+    try:
+        message = Message(
+            message_id=message_id, sender=me or _ANONYMOUS, receiver=peer or _ANONYMOUS,
+            intent=Intent.NOT_UNDERSTOOD, protocol=NEGOTIATION,
+            conversation_id=conversation_id, in_reply_to=in_reply_to, timestamp=now,
+            body=code)
+        return frame(message.canonical().encode())
+    except (TypeError, ValueError):  # pragma: no cover - every field is ours
+        return b""
+
+
 def finished_value(transcript_digest: bytes, sender: str) -> str:
     """What ``sender``'s ``(finished :transcript …)`` must hold: SHA-256 over a label naming
     the sender (so one side's value is never the other's) and the transcript's SHA-256."""
@@ -298,7 +353,16 @@ class Session:
     buffered and not yet taken. Replay: a message id seen among the last ``replay_window``
     ids is refused, and so is a message without a timestamp or one more than
     ``max_skew_ms`` from ``now``. ``nonce``: this side's fresh value (default: 16 random
-    bytes, hex).
+    bytes, hex). ``max_conversations``: open conversations at once (finished ones are
+    dropped; one more is refused with ``limit``). A frame is at most ``max_frame_bytes``
+    once the handshake is done, and at most ``2 * limits.max_string_bytes + 4096`` bytes
+    (the largest offer) before, so an unauthenticated peer cannot make the session buffer
+    more.
+
+    Slow work — verifying and compiling an offered descriptor, recording it once the
+    handshake is confirmed — is done inside :meth:`next_event` by default. With
+    ``defer_work=True`` :meth:`next_event` returns :data:`NEED_WORK` instead: run
+    :attr:`pending_work` (in a worker, say) and hand the outcome to :meth:`complete_work`.
     """
 
     def __init__(self, role: str, *, registry: Registry, me: URI | str | None = None,
@@ -307,7 +371,8 @@ class Session:
                  require_signed_finished: bool = False, limits: Limits | None = None,
                  max_frame_bytes: int | None = None, max_pending_frames: int = 16,
                  replay_window: int = 1024, max_skew_ms: int = 30_000,
-                 nonce: str | None = None) -> None:
+                 nonce: str | None = None, max_conversations: int = 1024,
+                 defer_work: bool = False) -> None:
         if role not in (INITIATOR, RESPONDER):
             raise ValueError(f"role must be {INITIATOR!r} or {RESPONDER!r}, not {role!r}")
         if not isinstance(registry, Registry):
@@ -320,7 +385,8 @@ class Session:
                 or len(set(self.encodings)) != len(self.encodings):
             raise ValueError(f"encodings must be distinct, from {ENCODINGS}")
         for name, value in (("max_pending_frames", max_pending_frames),
-                            ("replay_window", replay_window), ("max_skew_ms", max_skew_ms)):
+                            ("replay_window", replay_window), ("max_skew_ms", max_skew_ms),
+                            ("max_conversations", max_conversations)):
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int")
         if require_signed_finished and registry.trust is None:
@@ -337,9 +403,13 @@ class Session:
         self.max_pending_frames = max_pending_frames
         self.replay_window = replay_window
         self.max_skew_ms = max_skew_ms
+        self.max_conversations = max_conversations
+        self.defer_work = bool(defer_work)
         self.nonce = secrets.token_hex(16) if nonce is None else nonce
         self._machine = HandshakeMachine()
-        self._reader = FrameReader(max_frame_bytes or self.limits.max_message_bytes)
+        self._max_frame_bytes = max_frame_bytes or self.limits.max_message_bytes
+        self._reader = FrameReader(min(self._max_frame_bytes,
+                                       2 * self.limits.max_string_bytes + 4096))
         self._frames: deque[bytes] = deque()
         self._events: deque[Event] = deque()
         self._outbox = bytearray()
@@ -361,12 +431,42 @@ class Session:
         self._decoder: Decoder | None = None
         #: Bytes (length prefix included) of the frame behind the last received event.
         self.last_frame_bytes = 0
+        self._work: Work | None = None
+        self._prepared: PreparedDescriptor | None = None  # the offer accepted, not recorded
+        self._held_finished: bytes | None = None  # the peer's Finished, until recorded
 
     # ----------------------------------------------------------------- properties
 
     @property
     def state(self) -> HandshakeState:
         return self._machine.state
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received of a frame that is not complete yet (0 between frames)."""
+        return self._reader.buffered
+
+    @property
+    def frames_waiting(self) -> int:
+        """Complete frames received and not handled yet."""
+        return len(self._frames)
+
+    def refuse(self, code: str) -> bytes:
+        """End the session from this side for a reason of the edge's (``"timeout"``,
+        ``"busy"``, ``"limit"``): the session moves to ERROR; returns the NOT-UNDERSTOOD
+        frame carrying ``code`` to write before closing (``b""`` if the session already
+        failed, when one was sent or is waiting in :meth:`data_to_send`)."""
+        if code not in NOT_UNDERSTOOD_CODES:
+            raise ValueError(f"not a NOT-UNDERSTOOD code: {code!r}")
+        if self.state is HandshakeState.ERROR:
+            return b""
+        self._machine.fail()
+        return self._not_understood(code)
+
+    @property
+    def pending_work(self) -> Work | None:
+        """The work the session waits for (see :data:`NEED_WORK`), or ``None``."""
+        return self._work
 
     @property
     def transcript_digest(self) -> bytes:
@@ -395,15 +495,26 @@ class Session:
         except CBCLError as exc:
             self._pending = exc
 
-    def next_event(self, *, now: int) -> Event | _NeedData:
-        """The next event, or :data:`NEED_DATA`. Raises :class:`RemoteProtocolError` when
-        the peer broke the protocol (the session is then in ERROR and a NOT-UNDERSTOOD may
-        wait in :meth:`data_to_send`)."""
+    def next_event(self, *, now: int) -> Event | _NeedData | _NeedWork:
+        """The next event, :data:`NEED_DATA`, or (with ``defer_work``) :data:`NEED_WORK`.
+        Raises :class:`RemoteProtocolError` when the peer broke the protocol (the session is
+        then in ERROR and a NOT-UNDERSTOOD may wait in :meth:`data_to_send`)."""
         self._now = _check_now(now)
         if self.state is HandshakeState.ERROR:
             raise LocalProtocolError("the session is in state ERROR")
         if self._events:
             return self._events.popleft()
+        if self._work is not None:
+            if self.defer_work:
+                return NEED_WORK
+            work = self._work
+            try:
+                outcome = work.run()
+            except CBCLError as exc:
+                outcome = exc
+            self.complete_work(outcome)
+            if self._events:
+                return self._events.popleft()
         if self._pending is not None:
             error, self._pending = self._pending, None
             self._fail(error)
@@ -447,7 +558,7 @@ class Session:
             return ""
         threads = self.tracker.conversations()
         if not threads:
-            return f" of {self.protocol.id if self.protocol else '?'}, before any message"
+            return f" of {self.protocol.id if self.protocol else '?'}, no conversation open"
         thread = threads[-1]
         return (f' of {thread.protocol} conversation "{thread.conversation_id}" '
                 f"(in state {thread.state})")
@@ -465,15 +576,9 @@ class Session:
         raise RemoteProtocolError(text, code=code, exit_code=error.exit_code) from error
 
     def _not_understood(self, code: str) -> bytes:
-        try:
-            message = Message(
-                message_id=self._next_id(), sender=self.me or _ANONYMOUS,
-                receiver=self.peer or _ANONYMOUS, intent=Intent.NOT_UNDERSTOOD,
-                protocol=NEGOTIATION, conversation_id=self._cid, in_reply_to=self._last_id,
-                timestamp=self._now, body=code)
-            return frame(message.canonical().encode())
-        except (TypeError, ValueError):  # pragma: no cover - every field is ours
-            return b""
+        return not_understood_frame(code, now=self._now, message_id=self._next_id(),
+                                    me=self.me, peer=self.peer, conversation_id=self._cid,
+                                    in_reply_to=self._last_id)
 
     # ----------------------------------------------------------------- receiving
 
@@ -514,7 +619,8 @@ class Session:
             if self.state is not HandshakeState.ESTABLISHED or self.encoding != "binary":
                 raise RemoteProtocolError("a binary frame before binary was agreed",
                                           code="malformed")
-            assert self._decoder is not None
+            if self._decoder is None:  # pragma: no cover - set when binary was agreed
+                raise LocalProtocolError("binary was agreed without a decoder")
             message = self._decoder.decode(data)
             return self._receive_message(message, now)
         envelope = parse(data, limits=self.limits, envelope_only=True)
@@ -535,13 +641,16 @@ class Session:
 
     def _admit(self, message: Message, now: int) -> NotUnderstood | None:
         """The checks every received message passes (parties, freshness); a peer's
-        NOT-UNDERSTOOD ends the session and is returned as the event."""
-        self._check_parties(message)
-        self._check_fresh(message, now)
-        self._last_id = message.message_id
+        NOT-UNDERSTOOD ends the session and is returned as the event. It is taken without
+        those checks: a server refusing a connection before reading a frame cannot know
+        who we are (it writes ``agent://anonymous``), and a forged one can only end the
+        session, which whoever can write to the stream can do anyway."""
         if message.intent is Intent.NOT_UNDERSTOOD:
             self._machine.fail()
             return NotUnderstood(message.body if type(message.body) is str else "")
+        self._check_parties(message)
+        self._check_fresh(message, now)
+        self._last_id = message.message_id
         return None
 
     def _receive_message(self, message: Message, now: int) -> Event:
@@ -557,7 +666,12 @@ class Session:
         if refusal is not None:
             return refusal
         body = message.body
-        assert type(body) is tuple
+        if type(body) is not tuple or not body or type(body[0]) is not Symbol \
+                or str(body[0]) not in INTENTS:
+            # Pass 2 admits CANCEL (and NOT-UNDERSTOOD, handled above) with no body or a
+            # reason string in any protocol; the negotiation has no place for one.
+            raise RemoteProtocolError(f"a {message.intent.value} message has no place in "
+                                      "the negotiation", code="protocol")
         kind = str(body[0])
         if INTENTS[kind] != message.intent.value:
             raise RemoteProtocolError(f"({kind} …) is sent as {INTENTS[kind]}, not "
@@ -602,29 +716,71 @@ class Session:
         return query
 
     def _on_offer(self, values: dict[str, Any], now: int) -> Event:
-        assert self._query is not None
         query = self._query
+        if query is None:  # pragma: no cover - the table allows an offer only after a query
+            raise RemoteProtocolError("an offer before any question", code="protocol")
         document = values["descriptor"].encode("utf-8")
         offer = Offer(document, values["digest"])
-        try:
-            if values["digest"] != query.digest:
-                raise _Mismatch(f"the offer's digest {values['digest']} is not the one asked "
-                                f"about, {query.digest}")
-            verified = self.registry.verify(document, now=now)
-            descriptor = verified.descriptor
-            if (str(descriptor.id), descriptor.digest) != (query.protocol, query.digest) \
-                    or (query.versions and descriptor.version not in query.versions):
-                raise _Mismatch(f"the offered descriptor is {descriptor.id} version "
-                                f"{descriptor.version} {descriptor.digest}, not what was asked")
-            protocol = self.registry.load(document, now=now)
-        except (CBCLError, _Mismatch) as exc:
-            code = "digest-mismatch" if isinstance(exc, _Mismatch) else reject_reason(exc)
-            detail = exc.one_line() if isinstance(exc, CBCLError) else str(exc)
-            if isinstance(exc, TrustError) and exc.reason:
-                detail += f" ({exc.reason})"
-            self._outbox += self._emit("rejected", now, ("reason", Symbol(code)))
-            self._events.append(Rejected(code, detail))
+        if values["digest"] != query.digest:
+            self._reject("digest-mismatch", f"the offer's digest {values['digest']} is not "
+                         f"the one asked about, {query.digest}", now)
             return offer
+        registry = self.registry
+        self._work = Work("offer", lambda: registry.prepare(document, now=now))
+        return offer
+
+    def complete_work(self, outcome: Any) -> None:
+        """Hand over the outcome of :attr:`pending_work`: what its ``run()`` returned, or
+        the :class:`CBCLError` it raised. Then take events with :meth:`next_event`. Raises
+        :class:`LocalProtocolError` when no work is pending or the outcome is of the wrong
+        kind."""
+        work = self._work
+        if work is None:
+            raise LocalProtocolError("no work is pending")
+        if not isinstance(outcome, (CBCLError, PreparedDescriptor)) \
+                and not (work.kind == "record" and outcome is None):
+            raise LocalProtocolError(f"the outcome of {work.kind} work is a "
+                                     f"PreparedDescriptor, None or a CBCLError, not "
+                                     f"{type(outcome).__name__}")
+        self._work = None
+        if self.state is HandshakeState.ERROR:
+            return
+        try:
+            if work.kind == "offer":
+                self._offer_verdict(outcome)
+            else:
+                self._recorded(outcome)
+        except CBCLError as exc:
+            self._pending = exc  # raised by the next next_event, like a peer's fault
+
+    def _reject(self, code: str, detail: str, now: int) -> None:
+        self._outbox += self._emit("rejected", now, ("reason", Symbol(code)))
+        self._events.append(Rejected(code, detail))
+
+    def _offer_verdict(self, outcome: PreparedDescriptor | CBCLError) -> None:
+        query = self._query
+        if query is None:  # pragma: no cover - work exists only after a query
+            raise LocalProtocolError("an offer verdict without a question")
+        now = self._now
+        if isinstance(outcome, CBCLError):
+            detail = outcome.one_line()
+            if isinstance(outcome, TrustError) and outcome.reason:
+                detail += f" ({outcome.reason})"
+            self._reject(reject_reason(outcome), detail, now)
+            return
+        descriptor = outcome.descriptor
+        if (str(descriptor.id), descriptor.digest) != (query.protocol, query.digest) \
+                or (query.versions and descriptor.version not in query.versions):
+            self._reject("digest-mismatch", f"the offered descriptor is {descriptor.id} "
+                         f"version {descriptor.version} {descriptor.digest}, not what was "
+                         "asked", now)
+            return
+        try:
+            protocol = self.registry.install(outcome)
+        except CBCLError as exc:
+            self._reject(reject_reason(exc), exc.one_line(), now)
+            return
+        self._prepared = outcome
         encoding = next(e for e in query.encodings if e in self.encodings)
         self._agree(protocol, encoding)
         self._outbox += self._emit("accepted", now, ("protocol", protocol.id),
@@ -632,14 +788,14 @@ class Session:
                                    ("version", protocol.descriptor.version),
                                    ("encoding", Symbol(encoding)))
         self._events.append(Accepted(str(protocol.id), protocol.digest,
-                                     protocol.descriptor.version, encoding, verified.signers))
-        return offer
+                                     protocol.descriptor.version, encoding, outcome.signers))
 
     # initiator side
 
     def _check_answer(self, protocol: str, digest: str, version: int, encoding: str) -> Protocol:
         query = self._query
-        assert query is not None
+        if query is None:  # pragma: no cover - the table allows an answer only after a query
+            raise RemoteProtocolError("an answer before any question", code="protocol")
         if (protocol, digest) != (query.protocol, query.digest) \
                 or (query.versions and version not in query.versions) \
                 or encoding not in query.encodings:
@@ -649,7 +805,9 @@ class Session:
                 f"{list(query.versions)} in {' '.join(query.encodings)}",
                 code="digest-mismatch")
         loaded = self.registry.get(protocol)
-        assert loaded is not None and loaded.digest == digest  # checked by send(Query)
+        if loaded is None or loaded.digest != digest:
+            raise LocalProtocolError(f"{protocol} {digest} is no longer in this session's "
+                                     "registry")
         return loaded
 
     def _on_supported(self, values: dict[str, Any], now: int) -> Event:
@@ -693,14 +851,35 @@ class Session:
                              reason="the peer's (finished …) is not signed")
         self._transcript.update(frame(data))
         self._machine.advance(self.peer_role, "finished")
+        prepared = self._prepared
+        if self.role == RESPONDER and prepared is not None:
+            # The offer is recorded only now, with both sides' transcripts confirmed.
+            registry = self.registry
+            self._work = Work("record", lambda: registry.record(prepared))
+        else:
+            self._finish_handshake()
+        return Finished(value)
+
+    def _recorded(self, outcome: CBCLError | None) -> None:
+        self._prepared = None
+        if isinstance(outcome, CBCLError):
+            detail = outcome.one_line()
+            if isinstance(outcome, TrustError) and outcome.reason:
+                detail += f" ({outcome.reason})"
+            raise RemoteProtocolError(f"the offer could not be recorded: {detail}",
+                                      code=reject_reason(outcome), exit_code=6)
+        self._finish_handshake()
+
+    def _finish_handshake(self) -> None:
         if self.role == RESPONDER:
             self._outbox += self._emit("finished", self._now, (
                 "transcript", finished_value(self.transcript_digest, RESPONDER)))
         self._events.append(self._established())
-        return Finished(value)
 
     def _established(self) -> Established:
-        assert self.protocol is not None and self.encoding is not None
+        if self.protocol is None or self.encoding is None:  # pragma: no cover - AGREED set it
+            raise LocalProtocolError("established without an agreed protocol")
+        self._reader.max_frame_bytes = self._max_frame_bytes
         return Established(str(self.protocol.id), self.protocol.digest,
                            self.protocol.descriptor.version, self.encoding)
 
@@ -708,7 +887,8 @@ class Session:
         self.protocol = protocol
         self.encoding = encoding
         if protocol.descriptor.conversation is not None:
-            self.tracker = ConversationTracker.from_descriptors([protocol])
+            self.tracker = ConversationTracker.from_descriptors(
+                [protocol], max_open=self.max_conversations, forget_finished=True)
         self._encoder = Encoder(self.registry)
         self._decoder = Decoder(self.registry, limits=self.limits)
 
@@ -722,7 +902,8 @@ class Session:
         body: list[Value] = [Symbol(kind)]
         for name, value in pairs:
             body += [Keyword(name), value]
-        assert self.me is not None and self.peer is not None
+        if self.me is None or self.peer is None:  # pragma: no cover - bound by the first message
+            raise LocalProtocolError("the parties of the session are not known yet")
         message = Message(message_id=self._next_id(), sender=self.me, receiver=self.peer,
                           intent=INTENTS[kind], protocol=NEGOTIATION,
                           conversation_id=self._cid, in_reply_to=self._last_id,
@@ -809,17 +990,14 @@ class Session:
             self.tracker.receive(message, now=now)
         self._machine.advance(self.role, "message")
         if self.encoding == "binary":
-            assert self._encoder is not None
+            if self._encoder is None:  # pragma: no cover - set when binary was agreed
+                raise LocalProtocolError("binary was agreed without an encoder")
             return frame(self._encoder.encode(message))
         return frame(message.canonical().encode("utf-8"))
 
 
-class _Mismatch(Exception):
-    pass
-
-
 __all__ = [
-    "NEED_DATA", "Accepted", "ConnectionClosed", "Established", "Finished",
+    "NEED_DATA", "NEED_WORK", "Accepted", "ConnectionClosed", "Established", "Finished",
     "LocalProtocolError", "NotUnderstood", "Offer", "ProtocolMessage", "Query", "Rejected",
-    "RemoteProtocolError", "Session", "Supported", "Unsupported",
+    "RemoteProtocolError", "Session", "Supported", "Unsupported", "Work",
 ]

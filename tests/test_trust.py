@@ -125,9 +125,11 @@ def test_signed_descriptor_loads_and_is_recorded(world: World) -> None:
     protocol = world.registry.get("p/v1")
     assert protocol is not None and protocol.descriptor.version == 2
     record = json.loads((world.state / "p%2Fv1.json").read_text())
-    assert record == {"format": "cbcl-state/1", "protocol": "p/v1", "version": 2,
-                      "digest": protocol.digest}
-    assert [p.name for p in world.state.iterdir()] == ["p%2Fv1.json"]  # no temp files left
+    alice = world.registry.trust.fingerprint("alice")
+    assert record == {"format": "cbcl-state/2", "protocol": "p/v1", "version": 2,
+                      "digest": protocol.digest, "keys": [alice]}  # bound to its signer
+    names = sorted(p.name for p in world.state.iterdir())
+    assert names == [".lock", "p%2Fv1.json"]  # the lock file, and no temp files left
     # The same descriptor again is a no-op; a newer one replaces it and moves the state.
     assert world.registry.load(signed(descriptor(), "bob")) is protocol
     newer = world.registry.load(signed(descriptor(version=3), "alice", "bob"))
