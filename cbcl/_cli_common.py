@@ -198,6 +198,9 @@ def escape_invisible(text: str, *, quote: bool = False, limit: int | None = None
         if not quote:
             return _NOT_PRINTABLE_ASCII.sub(lambda m: _escape(m.group(), False), text)
         return "".join(_escape(char, True) for char in text)
+    if len(text) <= limit and text.isascii() and text.isprintable() \
+            and not (quote and ('"' in text or "\\" in text)):
+        return text  # the common case, every character shown as itself
     # Each character shows as one or more: limit + 1 of them are always too many.
     pieces, whole = _pieces(text[:limit + 1], quote, limit)
     if whole:

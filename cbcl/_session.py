@@ -65,7 +65,7 @@ from ._negotiation import (
 )
 from ._protocol import PreparedDescriptor, Protocol, Registry
 from ._trust import read_signed_descriptor_unverified, sign_message
-from ._values import URI, Keyword, Symbol, Value
+from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 
 NEGOTIATION = Symbol(PROTOCOL_ID)
 _ANONYMOUS = URI("agent://anonymous")
@@ -329,8 +329,12 @@ def _fields(body: tuple[Value, ...]) -> dict[str, Any]:
 
 
 def _check_now(now: object) -> int:
+    """``now`` checked before anything changes: an int of Unix ms within int64 (every
+    timestamp the session writes is ``now``). Raises ``TypeError``/``ValueError``."""
     if type(now) is not int:
         raise TypeError("now must be Unix time in milliseconds, an int")
+    if not INT64_MIN <= now <= INT64_MAX:
+        raise ValueError("now is outside the signed 64-bit range")
     return now
 
 
@@ -487,13 +491,14 @@ class Session:
             return
         try:
             self._reader.feed(data)
-            for item in self._reader:
-                self._frames.append(item)
-            if len(self._frames) > self.max_pending_frames:
-                raise LimitError(f"more than {self.max_pending_frames} frames are waiting",
-                                 limit="max_pending_frames", maximum=self.max_pending_frames)
         except CBCLError as exc:
-            self._pending = exc
+            self._pending = exc  # raised once the frames before it are handled
+        for item in self._reader:
+            self._frames.append(item)
+        if self._pending is None and len(self._frames) > self.max_pending_frames:
+            self._pending = LimitError(f"more than {self.max_pending_frames} frames are "
+                                       "waiting", limit="max_pending_frames",
+                                       maximum=self.max_pending_frames)
 
     def next_event(self, *, now: int) -> Event | _NeedData | _NeedWork:
         """The next event, :data:`NEED_DATA`, or (with ``defer_work``) :data:`NEED_WORK`.
@@ -515,7 +520,8 @@ class Session:
             self.complete_work(outcome)
             if self._events:
                 return self._events.popleft()
-        if self._pending is not None:
+        if self._pending is not None and (
+                not self._frames or len(self._frames) > self.max_pending_frames):
             error, self._pending = self._pending, None
             self._fail(error)
         if self._frames:
