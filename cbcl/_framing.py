@@ -31,6 +31,18 @@ def frame(payload: bytes | bytearray | memoryview) -> bytes:
     return size.to_bytes(PREFIX_BYTES, "big") + bytes(payload)
 
 
+def prefix_error(size: int, limit: int, offset: int) -> CBCLError | None:
+    """The error for a length prefix announcing ``size`` bytes where frames hold at most
+    ``limit`` (at stream ``offset``), or ``None`` when it is acceptable."""
+    if size > limit:
+        return LimitError(f"frame of {size} bytes exceeds the limit of {limit}",
+                          limit="max_message_bytes", maximum=limit,
+                          position=Position(0, 0, offset))
+    if size == 0:
+        return MalformedError("a frame length of 0", position=Position(0, 0, offset))
+    return None
+
+
 class FrameReader:
     """Splits a byte stream into frames. ``feed(chunk)`` takes bytes as they arrive;
     ``next_frame()`` returns the next complete frame or ``None``; iterating yields every
@@ -76,14 +88,9 @@ class FrameReader:
                 if len(self._prefix) < PREFIX_BYTES:
                     break
                 size = int.from_bytes(self._prefix, "big")
-                if size > self.max_frame_bytes:
-                    self._fail(LimitError(
-                        f"frame of {size} bytes exceeds the limit of {self.max_frame_bytes}",
-                        limit="max_message_bytes", maximum=self.max_frame_bytes,
-                        position=Position(0, 0, self._frame_at)))
-                if size == 0:
-                    self._fail(MalformedError("a frame length of 0",
-                                              position=Position(0, 0, self._frame_at)))
+                error = prefix_error(size, self.max_frame_bytes, self._frame_at)
+                if error is not None:
+                    self._fail(error)
                 self._needed = size
             take = min(self._needed, end - pos)
             self._body += view[pos : pos + take]

@@ -46,12 +46,13 @@ from ._errors import (
     GrammarError,
     LimitError,
     MalformedError,
+    Position,
     ProtocolError,
     SchemaError,
     TrustError,
     UnknownProtocolError,
 )
-from ._framing import PREFIX_BYTES, FrameReader, frame
+from ._framing import PREFIX_BYTES, frame, prefix_error
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent, Message
 from ._negotiation import (
@@ -412,9 +413,15 @@ class Session:
         self.nonce = secrets.token_hex(16) if nonce is None else nonce
         self._machine = HandshakeMachine()
         self._max_frame_bytes = max_frame_bytes or self.limits.max_message_bytes
-        self._reader = FrameReader(min(self._max_frame_bytes,
-                                       2 * self.limits.max_string_bytes + 4096))
-        self._frames: deque[bytes] = deque()
+        self._handshake_frame_bytes = min(self._max_frame_bytes,
+                                          2 * self.limits.max_string_bytes + 4096)
+        # Received bytes not handled yet. Frames are taken from the front one at a time,
+        # each judged by the limit of the state the frames before it left, so how the
+        # stream is cut never changes the outcome (sans-io, like h11's receive buffer).
+        self._inbox = bytearray()
+        self._inbox_at = 0  # stream offset of the inbox's first byte
+        self._complete = 0  # complete frames at the front of the inbox
+        self._tail = 0  # bytes after them: the start of a frame not complete yet
         self._events: deque[Event] = deque()
         self._outbox = bytearray()
         self._pending: CBCLError | None = None
@@ -448,12 +455,12 @@ class Session:
     @property
     def buffered(self) -> int:
         """Bytes received of a frame that is not complete yet (0 between frames)."""
-        return self._reader.buffered
+        return self._tail
 
     @property
     def frames_waiting(self) -> int:
         """Complete frames received and not handled yet."""
-        return len(self._frames)
+        return self._complete
 
     def refuse(self, code: str) -> bytes:
         """End the session from this side for a reason of the edge's (``"timeout"``,
@@ -489,16 +496,59 @@ class Session:
             return
         if self._pending is not None or self.state is HandshakeState.ERROR:
             return
-        try:
-            self._reader.feed(data)
-        except CBCLError as exc:
-            self._pending = exc  # raised once the frames before it are handled
-        for item in self._reader:
-            self._frames.append(item)
-        if self._pending is None and len(self._frames) > self.max_pending_frames:
+        self._inbox += data
+        self._count_frames()
+        if self._complete > self.max_pending_frames:
             self._pending = LimitError(f"more than {self.max_pending_frames} frames are "
                                        "waiting", limit="max_pending_frames",
                                        maximum=self.max_pending_frames)
+        elif not self._complete:
+            self._pending = self._head_error()  # a prefix over the limit: refused at once
+        elif self._tail > self._max_frame_bytes + PREFIX_BYTES:
+            # Behind unhandled frames a prefix waits to be judged; whatever the state then,
+            # a frame this long is refused, so its bytes beyond the largest frame need not
+            # be kept meanwhile (its prefix is, to be judged).
+            del self._inbox[len(self._inbox) - self._tail + self._max_frame_bytes
+                            + PREFIX_BYTES:]
+            self._tail = self._max_frame_bytes + PREFIX_BYTES
+
+    def _frame_limit(self) -> int:
+        return self._max_frame_bytes if self.state is HandshakeState.ESTABLISHED \
+            else self._handshake_frame_bytes
+
+    def _count_frames(self) -> None:
+        """Count the complete frames at the front of the inbox (every prefix counts here;
+        each is judged when it reaches the front)."""
+        inbox, at, complete = self._inbox, 0, 0
+        end = len(inbox)
+        while end - at >= PREFIX_BYTES:
+            size = int.from_bytes(inbox[at:at + PREFIX_BYTES], "big")
+            if size == 0 or end - at - PREFIX_BYTES < size:
+                break
+            at += PREFIX_BYTES + size
+            complete += 1
+        self._complete, self._tail = complete, end - at
+
+    def _head_error(self) -> CBCLError | None:
+        if len(self._inbox) < PREFIX_BYTES:
+            return None
+        size = int.from_bytes(self._inbox[:PREFIX_BYTES], "big")
+        return prefix_error(size, self._frame_limit(), self._inbox_at)
+
+    def _take_frame(self) -> bytes | None:
+        """The frame at the front of the inbox, checked against the current limit, or
+        ``None`` if it is not complete. Raises the prefix's :class:`CBCLError`."""
+        error = self._head_error()
+        if error is not None:
+            raise error
+        if not self._complete:
+            return None
+        size = int.from_bytes(self._inbox[:PREFIX_BYTES], "big")
+        data = bytes(self._inbox[PREFIX_BYTES:PREFIX_BYTES + size])
+        del self._inbox[:PREFIX_BYTES + size]
+        self._inbox_at += PREFIX_BYTES + size
+        self._complete -= 1
+        return data
 
     def next_event(self, *, now: int) -> Event | _NeedData | _NeedWork:
         """The next event, :data:`NEED_DATA`, or (with ``defer_work``) :data:`NEED_WORK`.
@@ -520,12 +570,14 @@ class Session:
             self.complete_work(outcome)
             if self._events:
                 return self._events.popleft()
-        if self._pending is not None and (
-                not self._frames or len(self._frames) > self.max_pending_frames):
+        if self._pending is not None:
             error, self._pending = self._pending, None
             self._fail(error)
-        if self._frames:
-            data = self._frames.popleft()
+        try:
+            data = self._take_frame()
+        except CBCLError as exc:
+            self._fail(exc)
+        if data is not None:
             self.last_frame_bytes = len(data) + PREFIX_BYTES
             try:
                 event = self._handle(data, now)
@@ -536,9 +588,10 @@ class Session:
             self._events.appendleft(event)
             return self._events.popleft()
         if self._eof:
-            if self._reader.buffered:
+            if self._inbox:
                 self._fail(MalformedError(f"the stream ends inside a frame "
-                                          f"({self._reader.buffered} bytes buffered)"),
+                                          f"({len(self._inbox)} bytes buffered)",
+                                          position=Position(0, 0, self._inbox_at)),
                            reply=False)
             before = self.state
             open_threads = [] if self.tracker is None else [
@@ -885,7 +938,6 @@ class Session:
     def _established(self) -> Established:
         if self.protocol is None or self.encoding is None:  # pragma: no cover - AGREED set it
             raise LocalProtocolError("established without an agreed protocol")
-        self._reader.max_frame_bytes = self._max_frame_bytes
         return Established(str(self.protocol.id), self.protocol.digest,
                            self.protocol.descriptor.version, self.encoding)
 

@@ -505,6 +505,8 @@ def _outcome(scenario: str, pieces: list[bytes]) -> tuple[object, ...]:
     events: list[object] = []
     code = None
     for piece in pieces:
+        if not piece:
+            continue  # b"" is the end of the stream, not a piece of it
         session.receive_data(piece)
         try:
             while (got := session.next_event(now=NOW)) is not cbcl.NEED_DATA:
