@@ -341,7 +341,10 @@ async def start_serving(config: ServeConfig, say: Callable[[str], None]) -> Serv
         counter += 1
         peer = connection.peer
         connection.vet_offer = lambda prepared: learned.vet(peer, prepared)
-        await _serve_connection(connection, counter, say)
+        try:
+            await _serve_connection(connection, counter, say)
+        finally:
+            connection.session.registry.abandon()  # its compiles stop: nobody waits
 
     def refused(peer: str, reason: str) -> None:
         say(f"serve: refused a connection from {peer_text(peer, 64)}: {reason}")

@@ -19,13 +19,17 @@ that validates entries read back from the disk cache.
 from __future__ import annotations
 
 import json
+import math
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import GrammarError, Position
+from ._errors import GrammarError, LimitError, Position
 from ._lalr import Rule, Tables, build_lark
 from ._lr import LALR1, analyse
 from ._subset import GrammarLimits, read_grammar, to_cfg, to_lark
@@ -164,28 +168,51 @@ _WORKER_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
 
 
 def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
-                    timeout: float = DEFAULT_TIMEOUT,
-                    memory: int = DEFAULT_MEMORY) -> CompiledGrammar:
-    """:func:`compile_grammar` in a worker process limited to ``timeout`` seconds of wall
-    clock and ``memory`` bytes of address space.
+                    timeout: float = DEFAULT_TIMEOUT, memory: int = DEFAULT_MEMORY,
+                    cancelled: Callable[[], bool] | None = None) -> CompiledGrammar:
+    """:func:`compile_grammar` in a worker process limited to ``timeout`` seconds of CPU
+    time (and three times that of wall clock, for a worker starved or stopped), ``memory``
+    bytes of address space, and a lower scheduling priority than this process, so a
+    compile never takes the CPU from the peers this process serves. ``cancelled``, polled
+    every 50 ms, stops the worker early (its caller has gone).
 
     Raises :class:`GrammarError` (verdict ``rejected``) as :func:`compile_grammar` does, and
-    when the worker runs out of time or memory or dies.
+    when the worker runs out of time or memory or dies; :class:`LimitError` when it is
+    cancelled (not a verdict on the grammar, so never remembered as one).
     """
     limits = GrammarLimits() if limits is None else limits
-    request = json.dumps({"grammar": text, "limits": _limits_data(limits), "memory": memory})
+    request = json.dumps({"grammar": text, "limits": _limits_data(limits), "memory": memory,
+                          "cpu_seconds": max(1, math.ceil(timeout))}).encode()
+    worker = subprocess.Popen([sys.executable, "-I", "-c", _WORKER_BOOT, _PACKAGE_ROOT],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, cwd=_PACKAGE_ROOT)
+    deadline = time.monotonic() + 3 * timeout
+    pending: bytes | None = request
     try:
-        done = subprocess.run([sys.executable, "-I", "-c", _WORKER_BOOT, _PACKAGE_ROOT],
-                              input=request.encode(), capture_output=True, timeout=timeout,
-                              cwd=_PACKAGE_ROOT, check=False)
-    except subprocess.TimeoutExpired:
-        raise GrammarError(f"compiling the grammar took longer than {timeout:g} s",
-                           verdict="rejected") from None
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        while True:
+            try:
+                out, err = worker.communicate(pending, timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pending = None  # written already; later calls only wait
+            if time.monotonic() > deadline:
+                raise GrammarError(f"compiling the grammar took longer than {3 * timeout:g} s",
+                                   verdict="rejected")
+            if cancelled is not None and cancelled():
+                raise LimitError("the compile was abandoned: nobody waits for it",
+                                 limit="abandoned", maximum=0)
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            worker.communicate()
+    if worker.returncode != 0:
+        if worker.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and b"Error" not in err:
+            raise GrammarError(f"compiling the grammar took more than {timeout:g} s of CPU",
+                               verdict="rejected")
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         reason = "ran out of memory" if "MemoryError" in tail[0] else f"failed: {tail[0]}"
         raise GrammarError(f"the grammar compiler {reason}", verdict="rejected")
-    reply = json.loads(done.stdout)
+    reply = json.loads(out)
     if "error" in reply:
         error = reply["error"]
         position = Position(*error["position"]) if error.get("position") else None

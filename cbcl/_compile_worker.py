@@ -3,7 +3,9 @@ stdin, limits its own address space, compiles, and writes one JSON reply on stdo
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import resource
 import sys
 
@@ -12,6 +14,12 @@ def main() -> int:
     request = json.loads(sys.stdin.buffer.read())
     memory = int(request["memory"])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    seconds = int(request.get("cpu_seconds", 0))
+    if seconds > 0:  # CPU time, so a busy machine does not refuse a grammar by itself
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+    # Compiling is background work: the process that serves peers comes first.
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
     from ._compile import compile_grammar, to_data
     from ._errors import GrammarError

@@ -468,6 +468,7 @@ class Registry:
         self._clock = clock or _system_clock_ms
         self._protocols: dict[Symbol, Protocol] = {}
         self._bindings: dict[str, tuple[str, ...]] = {}  # id -> keys, without a state dir
+        self._abandoned = False
 
     def __contains__(self, protocol_id: object) -> bool:
         return self.get(protocol_id) is not None  # type: ignore[arg-type]
@@ -574,6 +575,12 @@ class Registry:
         if prepared.keys and str(descriptor.id) not in self._bindings:
             self._bindings[str(descriptor.id)] = prepared.keys
         return protocol
+
+    def abandon(self) -> None:
+        """The owner of this registry has gone (a server's session whose peer left): a
+        compile waiting or running for it stops with :class:`LimitError`, so a peer cannot
+        queue compiles and disconnect. Nothing else changes; do not prepare with it again."""
+        self._abandoned = True
 
     def adopt(self, protocol: Protocol) -> None:
         """Register ``protocol``, already loaded by another registry of this process (one
@@ -705,6 +712,9 @@ class Registry:
         if gate is None:
             return self._compile(grammar)
         with gate.slot(self.compile_wait):
+            if self._abandoned:
+                raise LimitError("the compile was abandoned: nobody waits for it",
+                                 limit="abandoned", maximum=0)
             refused = _REFUSED.recall(key)  # another thread may have finished it meanwhile
             if refused is not None:
                 raise GrammarError(refused.message, verdict=refused.verdict,
@@ -715,6 +725,7 @@ class Registry:
     def _compile(self, grammar: str) -> CompiledGrammar:
         if self.isolate:
             return compile_guarded(grammar, self.grammar_limits, timeout=self.compile_timeout,
+                                   cancelled=lambda: self._abandoned,
                                    memory=self.compile_memory)
         return compile_grammar(grammar, self.grammar_limits)
 

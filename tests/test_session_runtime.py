@@ -357,3 +357,34 @@ def test_the_compile_gate_admits_workers_plus_queue() -> None:
     worker.join(5)
     waiting.join(5)
     assert gate.admitted == 0
+
+
+# --------------------------------------------------------------------------- the guarded compile
+
+
+def _slow_grammar(rules: int) -> str:
+    lines = ["body: item*", "item: " + " | ".join(f"r{i}" for i in range(rules))]
+    lines += [f'r{i}: "(" "k{i}" (STRING | INTEGER | item)* ")"' for i in range(rules)]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_compile_guard_limits_cpu_time_not_wall_clock() -> None:
+    from cbcl._compile import compile_guarded
+
+    with pytest.raises(cbcl.GrammarError, match="more than 1 s of CPU") as caught:
+        compile_guarded(_slow_grammar(150), timeout=1)
+    assert caught.value.verdict == "rejected"
+
+
+def test_an_abandoned_compile_stops_and_is_not_remembered_as_refused() -> None:
+    from cbcl._compile import compile_guarded
+
+    with pytest.raises(cbcl.LimitError, match="abandoned"):
+        compile_guarded(_slow_grammar(150), cancelled=lambda: True)
+    grammar = _slow_grammar(7)
+    registry = cbcl.Registry(disk_cache=False, compile_gate=CompileGate(1, 0))
+    registry.abandon()
+    with pytest.raises(cbcl.LimitError, match="abandoned"):
+        registry.compiled(grammar)
+    # Not a verdict on the grammar: another registry compiles it.
+    assert cbcl.Registry(disk_cache=False).compiled(grammar).verdict == "LALR(1)"
