@@ -29,11 +29,12 @@ from ._framing import FrameReader, frame
 from ._json import from_json, message_to_json, to_json
 from ._limits import Limits
 from ._message import VERSION, Intent, Message, Signature
-from ._protocol import Protocol, Registry
+from ._protocol import CompileGate, PreparedDescriptor, Protocol, Registry
 from ._reader import read, read_all
 from ._schema import Schema, check_schema, compile_schema
 from ._session import (
     NEED_DATA,
+    NEED_WORK,
     Accepted,
     ConnectionClosed,
     Established,
@@ -48,8 +49,18 @@ from ._session import (
     Session,
     Supported,
     Unsupported,
+    Work,
 )
-from ._transport import Connection, ConnectionLimits, ConnectionLost, connect, serve
+from ._transport import (
+    Connection,
+    ConnectionLimits,
+    ConnectionLost,
+    Server,
+    ServerLimits,
+    WorkPool,
+    connect,
+    serve,
+)
 from ._trust import (
     DescriptorSignature,
     Rule,
@@ -69,11 +80,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "NEED_DATA",
+    "NEED_WORK",
     "URI",
     "VERSION",
     "Accepted",
     "BodyError",
     "CBCLError",
+    "CompileGate",
     "Connection",
     "ConnectionClosed",
     "ConnectionLimits",
@@ -102,6 +115,7 @@ __all__ = [
     "NotUnderstood",
     "Offer",
     "Position",
+    "PreparedDescriptor",
     "Protocol",
     "ProtocolDescriptor",
     "ProtocolError",
@@ -113,6 +127,8 @@ __all__ = [
     "Rule",
     "Schema",
     "SchemaError",
+    "Server",
+    "ServerLimits",
     "Session",
     "Signature",
     "SignedDescriptor",
@@ -127,6 +143,8 @@ __all__ = [
     "Value",
     "VerifiedDescriptor",
     "ViolationError",
+    "Work",
+    "WorkPool",
     "__version__",
     "canonical",
     "check_schema",
