@@ -719,7 +719,7 @@ class Registry:
             if refused is not None:
                 raise GrammarError(refused.message, verdict=refused.verdict,
                                    position=refused.position, context=refused.context)
-            done = _COMPILED.recall(key)
+            done: CompiledGrammar | None = _COMPILED.recall(key)
             return done if done is not None else self._compile(grammar)
 
     def _compile(self, grammar: str) -> CompiledGrammar:

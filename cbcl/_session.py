@@ -806,9 +806,11 @@ class Session:
             return
         try:
             if work.kind == "offer":
+                if outcome is None:
+                    raise LocalProtocolError("the outcome of offer work cannot be None")
                 self._offer_verdict(outcome)
             else:
-                self._recorded(outcome)
+                self._recorded(outcome if isinstance(outcome, CBCLError) else None)
         except CBCLError as exc:
             self._pending = exc  # raised by the next next_event, like a peer's fault
 

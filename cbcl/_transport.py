@@ -67,7 +67,8 @@ class ConnectionLost(CBCLError):
 
 
 def _check_seconds(name: str, value: object, *, upper: float = 86_400.0) -> None:
-    if type(value) not in (int, float) or not 0 < value <= upper:  # NaN fails both
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not 0 < value <= upper:  # NaN fails both comparisons
         raise ValueError(f"{name} must be a number of seconds in (0, {upper:g}]")
 
 
@@ -407,7 +408,7 @@ class Server:
     """A listening :func:`serve` server. ``close()`` stops listening and, for a unix
     socket, removes the socket file it created (only if it is still that file)."""
 
-    def __init__(self, server: asyncio.AbstractServer, unix: tuple[str, int, int] | None,
+    def __init__(self, server: asyncio.Server, unix: tuple[str, int, int] | None,
                  pool: WorkPool, own_pool: bool) -> None:
         self._server = server
         self._unix = unix
