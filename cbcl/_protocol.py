@@ -295,8 +295,10 @@ class _LRU:
     def __len__(self) -> int:
         return len(self._items)
 
-    def remember(self, key: str, value: Any) -> None:
-        size = self.cost(value)
+    def remember(self, key: str, value: Any, size: int | None = None) -> None:
+        """Keep ``value`` under ``key``; ``size``, when the caller knows it, saves
+        computing its cost again."""
+        size = self.cost(value) if size is None else size
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -310,12 +312,17 @@ class _LRU:
                 self.used -= freed
 
     def recall(self, key: str) -> Any:
+        item = self.recall_sized(key)
+        return None if item is None else item[0]
+
+    def recall_sized(self, key: str) -> tuple[Any, int] | None:
+        """The value under ``key`` and its cost, or ``None``; marks it recently used."""
         with self._lock:
             item = self._items.get(key)
             if item is None:
                 return None
             self._items.move_to_end(key)
-            return item[0]
+            return item
 
     def clear(self) -> None:
         with self._lock:
@@ -354,6 +361,9 @@ REFUSED_CACHE_ENTRIES = 1024
 # Process-wide: compiled grammars are immutable and shared by every registry.
 _COMPILED = _LRU(COMPILED_CACHE_BYTES, compiled_size)
 _REFUSED = _LRU(REFUSED_CACHE_ENTRIES)
+# Sizes of compiled grammars found too large: each registry judges them by its own
+# max_compiled_bytes, so they are not verdicts for _REFUSED.
+_OVERSIZED = _LRU(REFUSED_CACHE_ENTRIES)
 
 
 class CompileGate:
@@ -669,7 +679,7 @@ class Registry:
         """The compiled form of an LALR(1) grammar, from a cache or compiled now.
 
         Raises :class:`GrammarError` when the grammar is refused, compiled tables over
-        ``max_compiled_bytes`` included (then remembered, so the same grammar is refused at
+        ``max_compiled_bytes`` included (both remembered, so the same grammar is refused at
         once next time). Safe to call from several threads.
         """
         key = _cache_key(grammar, self.grammar_limits)
@@ -677,8 +687,18 @@ class Registry:
         if refused is not None:
             raise GrammarError(refused.message, verdict=refused.verdict,
                                position=refused.position, context=refused.context)
-        compiled = _COMPILED.recall(key)
-        if compiled is None and self.disk is not None:
+        oversized = _OVERSIZED.recall(key)
+        if oversized is not None and oversized > self.max_compiled_bytes:
+            raise self._too_large(oversized)
+        cached = _COMPILED.recall_sized(key)
+        if cached is not None:
+            compiled, size = cached
+            if size > self.max_compiled_bytes:
+                raise self._too_large(size)
+            return compiled  # type: ignore[no-any-return]
+        compiled = None
+        fresh = False
+        if self.disk is not None:
             data = self.disk.get(key)
             if data is not None:
                 try:
@@ -696,16 +716,19 @@ class Registry:
                                      f"{compiled.report}", verdict=compiled.verdict)
                 _REFUSED.remember(key, error)
                 raise error
+            fresh = True
         size = compiled_size(compiled)
         if size > self.max_compiled_bytes:
-            error = GrammarError(f"the compiled grammar would take about {size} bytes; the "
-                                 f"limit is {self.max_compiled_bytes}", verdict="rejected")
-            _REFUSED.remember(key, error)
-            raise error
-        if self.disk is not None:
+            _OVERSIZED.remember(key, size)
+            raise self._too_large(size)
+        if fresh and self.disk is not None:
             self.disk.put(key, to_data(compiled))
-        _COMPILED.remember(key, compiled)
+        _COMPILED.remember(key, compiled, size)
         return compiled
+
+    def _too_large(self, size: int) -> GrammarError:
+        return GrammarError(f"the compiled grammar would take about {size} bytes; the "
+                            f"limit is {self.max_compiled_bytes}", verdict="rejected")
 
     def _compile_gated(self, key: str, grammar: str) -> CompiledGrammar:
         gate = self.compile_gate

@@ -288,11 +288,16 @@ def test_a_compiled_grammar_over_max_compiled_bytes_is_refused() -> None:
     size = compiled_size(registry.compiled(protocol.descriptor.grammar))
     exact = cbcl.Registry(disk_cache=False, isolate=False, max_compiled_bytes=size)
     assert exact.load(V1, allow_unsigned=True).digest == protocol.digest
-    cbcl._protocol._REFUSED.clear()
     short = cbcl.Registry(disk_cache=False, isolate=False, max_compiled_bytes=size - 1)
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)  # same grammar: the size decides
-    cbcl._protocol._REFUSED.clear()
+    # Compiled afresh too (no cache in memory), the size refuses it …
+    cbcl._protocol._COMPILED.clear()
+    with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
+        short.load(version(2, b" "), allow_unsigned=True)
+    # … and that refusal is this registry's limit, not a verdict for every registry.
+    assert cbcl.Registry(disk_cache=False, isolate=False).load(
+        version(2, b" "), allow_unsigned=True).descriptor.version == 2
 
 
 def test_compiled_size_tracks_the_memory_the_tables_take() -> None:
