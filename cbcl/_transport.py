@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import CBCLError, LimitError
+from ._negotiation import FINAL, HandshakeState
 from ._protocol import CompileGate, PreparedDescriptor
 from ._session import (
     NEED_DATA,
@@ -72,9 +73,9 @@ def _check_seconds(name: str, value: object, *, upper: float = 86_400.0) -> None
         raise ValueError(f"{name} must be a number of seconds in (0, {upper:g}]")
 
 
-def _check_count(name: str, value: object, *, upper: int = 1 << 20) -> None:
-    if type(value) is not int or not 1 <= value <= upper:
-        raise ValueError(f"{name} must be an int from 1 to {upper}")
+def _check_count(name: str, value: object, *, upper: int = 1 << 20, lower: int = 1) -> None:
+    if type(value) is not int or not lower <= value <= upper:
+        raise ValueError(f"{name} must be an int from {lower} to {upper}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +133,7 @@ class ServerLimits:
                      "max_conversations", "max_learned_per_peer"):
             _check_count(name, getattr(self, name))
         _check_count("compile_workers", self.compile_workers, upper=256)
-        if type(self.compile_queue) is not int or not 0 <= self.compile_queue <= 1 << 16:
-            raise ValueError("compile_queue must be an int from 0 to 65536")
+        _check_count("compile_queue", self.compile_queue, upper=1 << 16, lower=0)
         _check_seconds("slot_timeout", self.slot_timeout)
 
 
@@ -211,6 +211,10 @@ def default_pool() -> WorkPool:
 # --------------------------------------------------------------------------- a connection
 
 
+#: States in which the handshake deadline no longer applies.
+_HANDSHAKE_OVER = FINAL | {HandshakeState.ESTABLISHED}
+
+
 class Connection:
     """A :class:`Session` on an asyncio stream, run on the event loop.
 
@@ -263,7 +267,7 @@ class Connection:
         await self._write(data)
 
     def _handshaking(self) -> bool:
-        return self.session.state.value not in ("ESTABLISHED", "REJECTED", "CLOSED", "ERROR")
+        return self.session.state not in _HANDSHAKE_OVER
 
     async def next_event(self) -> Event:
         """The next event, reading as needed. Raises :class:`RemoteProtocolError` (after
