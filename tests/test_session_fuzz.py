@@ -30,7 +30,12 @@ import cbcl
 from cbcl import URI, Intent, Keyword, Symbol
 from cbcl._framing import frame
 from cbcl._negotiation import INTENTS, REJECT_REASONS, TRANSITIONS, HandshakeState
-from cbcl._session import LocalProtocolError, RemoteProtocolError, finished_value
+from cbcl._session import (
+    NOT_UNDERSTOOD_CODES,
+    LocalProtocolError,
+    RemoteProtocolError,
+    finished_value,
+)
 from cbcl._trust import sign_message
 
 HERE = Path(__file__).parent
@@ -318,7 +323,7 @@ def negotiation_frames(draw: st.DrawFn, scenario: str, session: Any, now: int,
                      if state is session.state and sender == session.peer_role
                      and kind != "message")
     odd = st.one_of(st.none(), strings, integers,
-                    st.sampled_from(sorted(fuzz_cbcl.NOT_UNDERSTOOD_CODES)))
+                    st.sampled_from(sorted(NOT_UNDERSTOOD_CODES)))
     body = draw(st.sampled_from(["expected", "expected", "any", "odd"]).flatmap(
         lambda how: {"expected": handshake_bodies(transcript, expected),
                      "any": handshake_bodies(transcript), "odd": odd}[how]))

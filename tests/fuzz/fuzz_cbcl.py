@@ -78,12 +78,6 @@ SESSION_SCENARIOS = {
     "responder-established-binary": ("offer-binary", "b", 11),
     "initiator-established-binary": ("offer-binary", "a", 9),
 }
-#: The codes a NOT-UNDERSTOOD may carry (spec/negotiation.md §4).
-NOT_UNDERSTOOD_CODES = frozenset({
-    "malformed", "limit", "replay", "stale", "protocol", "unknown-protocol", "schema",
-    "conversation", "transcript-mismatch", "untrusted-signer", "bad-signature",
-    "digest-mismatch", "no-common-encoding"})
-
 
 def split_frames(data: bytes) -> list[bytes]:
     """The payloads of a stream of whole length-prefixed frames (AssertionError if not)."""
@@ -328,7 +322,7 @@ class SessionKit:
         assert reply.intent.value == "NOT-UNDERSTOOD", reply
         assert str(reply.protocol) == "cbcl-negotiation/v1", reply
         assert reply.body == code, (reply.body, code)
-        assert code in NOT_UNDERSTOOD_CODES, code
+        assert code in self.S.NOT_UNDERSTOOD_CODES, code  # spec/negotiation.md §4
 
     def check(self, data: bytes) -> None:
         """The ``session`` target: see the module's docstring for the input's layout."""
