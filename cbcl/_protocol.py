@@ -692,11 +692,11 @@ class Registry:
             raise self._too_large(oversized)
         cached = _COMPILED.recall_sized(key)
         if cached is not None:
-            compiled, size = cached
-            if size > self.max_compiled_bytes:
-                raise self._too_large(size)
-            return compiled  # type: ignore[no-any-return]
-        compiled = None
+            hit, hit_size = cached
+            if hit_size > self.max_compiled_bytes:
+                raise self._too_large(hit_size)
+            return hit  # type: ignore[no-any-return]
+        compiled: CompiledGrammar | None = None
         fresh = False
         if self.disk is not None:
             data = self.disk.get(key)
