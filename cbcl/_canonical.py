@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 
+from ._errors import MalformedError
 from ._values import INT64_MAX, INT64_MIN, MAX_DECIMAL_CHARS, URI, Keyword, Symbol, Value
 
 # Characters a canonical string escapes; lone surrogates are matched so they can be refused.
@@ -42,15 +43,29 @@ def _integer(value: int) -> str:
 
 
 def _decimal(value: Decimal) -> str:
+    """The plain positional text of a finite decimal, with at least one fractional digit.
+
+    No arithmetic, so no :mod:`decimal` context is involved (its precision would refuse
+    ``Decimal("1e27")``): the length of the text is computed from the digits and exponent
+    first, so a value like ``Decimal("1e-999999999")`` is refused without being written out.
+    Raises :class:`MalformedError` (a ``ValueError``) for a non-finite decimal or one whose
+    text would exceed ``MAX_DECIMAL_CHARS``."""
     if not value.is_finite():
-        raise ValueError(f"CBCL has no {value} decimal")
-    exponent = value.as_tuple().exponent
-    if isinstance(exponent, int) and exponent >= 0:
-        value = value.quantize(Decimal("0.1"))  # 5 prints as 5.0: still a DECIMAL
-    text = format(value, "f")
-    if len(text) > MAX_DECIMAL_CHARS:
-        raise ValueError(f"decimal {text} is longer than {MAX_DECIMAL_CHARS} characters")
-    return text
+        raise MalformedError(f"CBCL has no {value} decimal")
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    if exponent >= 0:  # an integral value: 5 prints as 5.0, still a DECIMAL
+        size = sign + (1 if digits == (0,) else len(digits) + exponent) + 2
+    else:  # the whole part (at least "0"), the point, -exponent fractional digits
+        size = sign + max(len(digits) + exponent, 1) + 1 - exponent
+    if size > MAX_DECIMAL_CHARS:
+        shown = str(value)
+        if len(shown) > 60:
+            shown = f"{shown[:30]}…{shown[-20:]}"
+        raise MalformedError(f"decimal {shown} is longer than {MAX_DECIMAL_CHARS} characters "
+                             f"in positional notation ({size})")
+    text = format(value, "f")  # exact: no precision given, so no rounding
+    return text + ".0" if exponent >= 0 else text
 
 
 _ATOM_TEXT: dict[type, Callable[[object], str]] = {

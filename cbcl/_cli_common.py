@@ -7,10 +7,12 @@ import argparse
 import json
 import math
 import re
+import shlex
 import unicodedata
 from collections.abc import Callable
 from typing import BinaryIO, NoReturn
 
+from ._errors import CBCLError, MalformedError
 from ._json import message_to_json
 from ._limits import Limits
 from ._message import Message
@@ -29,7 +31,18 @@ MAX_SECONDS = 86_400.0
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exits 2."""
+    """argparse that reports usage errors as one line and exits 2, naming the (sub)command
+    whose arguments they are."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        # A subcommand's parser leaves the arguments it does not know to its parent, which
+        # would report them under its own name ("usage: cbcl: unrecognized arguments"):
+        # the parser that saw them reports them, as "usage: cbcl encode: …". (A subcommand
+        # takes every argument after its name, so no parent could have used them.)
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error("unrecognized arguments: " + " ".join(extras))
+        return namespace, extras
 
     def error(self, message: str) -> NoReturn:
         # The message may quote the operator's argument: keep it one visible line.
@@ -127,6 +140,19 @@ def read_input(path: str, stdin: BinaryIO, limits: Limits) -> bytes:
     if path == "-":
         return stdin.read(limits.max_message_bytes + 1)
     return read_file(path, limits)
+
+
+def binary_frame_hint(exc: CBCLError, data: bytes, path: str | None = None) -> None:
+    """When a command that reads text was given a binary frame (spec/binary.md: its magic
+    is never valid UTF-8, so the reader says only "invalid UTF-8" at byte 0), add to the
+    error's message what the input seems to be and the command that reads it."""
+    from ._codec import MAGIC  # imported when needed: every command imports this module
+
+    if isinstance(exc, MalformedError) and exc.offset == 0 and bytes(data[:2]) == MAGIC:
+        shown = shlex.quote(path) if path else "FILE"
+        exc.message += ("; this looks like a binary CBCL frame (it starts with the magic "
+                        f"CB 4C): read it with `cbcl decode {shown} --descriptor D`")
+        exc.args = (exc.message,)
 
 
 def registry_from_args(args: argparse.Namespace) -> Registry | None:

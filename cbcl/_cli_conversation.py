@@ -20,6 +20,7 @@ from ._cli_common import (
     MAX_DOCUMENT_BYTES,
     Parser,
     add_protocol_options,
+    binary_frame_hint,
     document_bytes,
     escape_invisible,
     int_in,
@@ -72,13 +73,20 @@ def _relocate(exc: CBCLError, document: str, start: int, where: str) -> None:
 def _cmd_conversation_check(args: argparse.Namespace, data: bytes) -> int:
 
     registry = registry_from_args(args)  # built exactly as `cbcl parse` builds it
-    if registry is None or not registry.protocols():
-        raise ConversationError("no descriptor given: use --descriptor FILE")
+    if registry is None or not registry.protocols():  # (argparse requires --descriptor)
+        print("usage: cbcl conversation check: no descriptor given: use --descriptor FILE",
+              file=sys.stderr)
+        raise SystemExit(2)
     tracker = ConversationTracker.from_descriptors(registry.protocols())
     count = 0
     for path in args.files:
         raw = read_input(path, sys.stdin.buffer, args.limits)
-        pieces = split_messages(raw, args.limits)
+        try:
+            pieces = split_messages(raw, args.limits)
+        except CBCLError as exc:
+            binary_frame_hint(exc, raw, path)
+            _relocate(exc, "", 0, path)  # positions are the file's already: name it
+            raise
         if not pieces:
             raise ConversationError(f"{path}: holds no message")
         for index, (text, start) in enumerate(pieces, 1):
@@ -151,8 +159,9 @@ def register(commands: Any) -> None:
     check.add_argument("files", nargs="+", metavar="FILE",
                        help="message files in order (a file may hold several messages), "
                             "or - for stdin")
-    add_protocol_options(check, now_help="the time every message is received, Unix ms "
-                                          "(default: each message's timestamp, else the clock)")
+    add_protocol_options(check, descriptor_required=True,
+                         now_help="the time every message is received, Unix ms "
+                                  "(default: each message's timestamp, else the clock)")
     check.set_defaults(handler=_cmd_conversation_check, file=None)
 
     ev = commands.add_parser("eval", help="evaluate an expression; print its canonical value")

@@ -53,9 +53,14 @@ class CBCLError(Exception):
         return self.position.offset if self.position else None
 
     def one_line(self) -> str:
-        """``kind line:column: message`` (or ``kind: message`` without a position)."""
+        """``kind line:column: message`` (or ``kind: message`` without a position). A
+        message that already begins with ``kind: `` (as descriptor problems do, so that
+        ``str(error)`` names the document) does not repeat it."""
         where = f" {self.position}" if self.position else ""
-        return f"{self.kind}{where}: {self.message}"
+        message = self.message
+        if message.startswith(f"{self.kind}: "):
+            message = message[len(self.kind) + 2:]
+        return f"{self.kind}{where}: {message}"
 
 
 class MalformedError(CBCLError, ValueError):
@@ -138,8 +143,12 @@ class GrammarError(ProtocolError):
 
 
 class TrustError(CBCLError):
-    """A signature or trust failure: exit code 6. Deliberately uninformative to peers;
-    ``reason`` holds the precise cause for local logs."""
+    """A signature or trust failure: exit code 6.
+
+    ``message`` is deliberately uninformative (the same for every cause, e.g. ``"descriptor
+    verification failed"``): it, or only the error's class, is what a peer may be told.
+    ``reason`` holds the precise cause. ``str(error)`` and :meth:`one_line` are for the
+    local operator and logs, and show both: ``message (reason)``."""
 
     kind = "trust"
     exit_code = 6
@@ -147,6 +156,14 @@ class TrustError(CBCLError):
     def __init__(self, message: str = "verification failed", *, reason: str = "") -> None:
         super().__init__(message)
         self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.reason})" if self.reason else self.message
+
+    def one_line(self) -> str:
+        """``trust: message (reason)`` (or ``trust: message`` without a reason)."""
+        line = super().one_line()
+        return f"{line} ({self.reason})" if self.reason else line
 
 
 class ViolationError(CBCLError, ValueError):

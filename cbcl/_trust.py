@@ -18,9 +18,10 @@ descriptor before the first one passes:
 2. The payload is read as a descriptor (guarded reader, limits).
 3. The rule for the descriptor's id decides: enough distinct allowed keys, or refused.
 
-Every refusal is ``TrustError("descriptor verification failed", reason=…)``: ``str(error)``
-never varies with the cause; ``reason`` is for the local log. Helpers that return data
-nobody has verified say so in their name (:func:`read_signed_descriptor_unverified`).
+Every refusal is ``TrustError("descriptor verification failed", reason=…)``: its
+``message`` never varies with the cause (what a peer may learn); ``reason`` is for the local
+log, and ``str(error)`` shows both. Helpers that return data nobody has verified say so in
+their name (:func:`read_signed_descriptor_unverified`).
 """
 
 from __future__ import annotations

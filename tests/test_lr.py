@@ -25,7 +25,7 @@ from cbcl._lr import (
     analyse,
 )
 
-VECTORS = Path("/work/shared/vectors/grammars")
+VECTORS = Path(__file__).resolve().parents[1] / "spec" / "vectors" / "grammars"
 
 # ---------------------------------------------------------------------------------------------
 # A compact builder: the descriptor subset's notation, expanded the way _cfg.py prescribes.

@@ -99,7 +99,8 @@ class World:
         with pytest.raises(TrustError) as info:
             self.registry.load(document, **options)  # type: ignore[arg-type]
         error = info.value
-        assert str(error) == FAILED, "the caller-facing message must not vary by cause"
+        assert error.message == FAILED, "the caller-facing message must not vary by cause"
+        assert str(error) == f"{FAILED} ({error.reason})"  # the local log has the cause
         assert error.exit_code == 6
         assert fragment in error.reason, error.reason
         assert self.snapshot() == before, "a refusal changed the trusted state"
@@ -459,7 +460,7 @@ def test_policy_refusals(tmp_path: Path, policy: str, fragment: str) -> None:
     trust = make_store(tmp_path / "t", ("alice", "bob"), policy)
     with pytest.raises(TrustError) as info:
         TrustStore.from_directory(trust)
-    assert str(info.value) == "trust store refused"
+    assert info.value.message == "trust store refused"
     assert fragment in info.value.reason
 
 
@@ -534,7 +535,7 @@ def test_message_signature_refusals(change, fragment: str) -> None:  # type: ign
     text = cbcl.sign_message(MESSAGE, private("alice"), "alice").canonical().encode()
     with pytest.raises(TrustError) as info:
         cbcl.parse(change(text), registry=reg, envelope_only=True)
-    assert str(info.value) == "message verification failed"
+    assert info.value.message == "message verification failed"
     assert fragment in info.value.reason
 
 

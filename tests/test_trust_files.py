@@ -58,7 +58,7 @@ def store_dir(tmp_path: Path, *names: str) -> Path:
 def refused(directory: Path, fragment: str) -> TrustError:
     with pytest.raises(TrustError) as info:
         TrustStore.from_directory(directory)
-    assert str(info.value) == "trust store refused"
+    assert info.value.message == "trust store refused"
     assert fragment in info.value.reason, info.value.reason
     return info.value
 
