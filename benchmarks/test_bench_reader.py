@@ -16,7 +16,7 @@ DIRECTORY = find_descriptors()
 REGISTRY = load_registry(DIRECTORY)
 CASES = {case.name: case for case in build_corpus(DIRECTORY, REGISTRY)}
 NAMES = sorted(CASES)
-ENCODER = cbcl.Encoder(REGISTRY)
+ENCODER = cbcl.Encoder(REGISTRY, validate=False)  # as msgspec encodes: no second check
 DECODER = cbcl.Decoder(REGISTRY)
 PURE_DECODER = cbcl.Decoder(REGISTRY, pure_python=True)  # without any C: the fallback
 

@@ -1,15 +1,19 @@
-"""The top-level operations: :func:`parse`, :func:`canonical`."""
+"""The top-level operations: :func:`parse`, :func:`canonical`, :func:`validate`."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
 
 from ._canonical import canonical_value
 from ._envelope import parse_envelope, scan_envelope
 from ._errors import UnknownProtocolError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message
-from ._protocol import Registry, check_intent_and_body, explain_body
+from ._protocol import Protocol, Registry, check_intent_and_body, explain_body
 from ._reader import context_of, decode, position_of
-from ._values import Value
+from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 
 
 def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
@@ -64,3 +68,152 @@ def canonical(value: Value | Message) -> str:
     if isinstance(value, Message):
         return value.canonical()
     return canonical_value(value)
+
+
+def validate(message: Message, *, registry: Registry, limits: Limits | None = None) -> None:
+    """Check ``message`` as a receiver would, without sending it: the document's limits
+    (``limits``, default :data:`DEFAULT_LIMITS`), then that ``registry`` holds its protocol,
+    then pass 2 - the intent is one the protocol governs, its grammar accepts the body, and
+    the body satisfies the schema. Returns ``None``; a message that validates is accepted
+    by ``parse(canonical(message), registry=registry, limits=limits)`` and, as a binary
+    frame, by a :class:`Decoder` with the same limits (:class:`Encoder` also checks the
+    frame's own size: it can exceed the text's by a few bytes per decimal).
+
+    Signatures are not checked (a receiver with a trust store verifies them). The walk that
+    checks the limits is in Python; only a message near a limit has its text written out.
+
+    Raises what :func:`parse` raises on the canonical text, with positions in that text:
+    :class:`LimitError`, :class:`UnknownProtocolError`, :class:`ProtocolError` (an intent
+    the protocol does not govern), :class:`BodyError` (a body the grammar refuses, or a
+    missing one) and :class:`SchemaError`; ``TypeError`` for arguments of the wrong type.
+    """
+    if not isinstance(message, Message):
+        raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
+    if not isinstance(registry, Registry):
+        raise TypeError("registry must be a cbcl.Registry")
+    limits = DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise TypeError("limits must be a cbcl.Limits")
+    _check_limits(message, limits)
+    protocol = registry.get(message.protocol)
+    if protocol is None:
+        text = message.canonical()
+        at = scan_envelope(text, limits).protocol_at
+        raise UnknownProtocolError(
+            f"unknown protocol {message.protocol}: no descriptor for it is loaded",
+            protocol=str(message.protocol), position=position_of(text, at),
+            context=context_of(text, at))
+    _check_body(protocol, message, limits)
+
+
+def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAULT_LIMITS,
+                   ) -> None:
+    """:func:`validate` for a sender that holds the message's ``protocol`` already (as a
+    session or an :class:`Encoder` does): the limits, then pass 2, without the registry
+    lookup or argument checks. ``message.protocol`` must be ``protocol.id`` and ``limits``
+    a :class:`Limits` (neither is checked). Raises as :func:`validate`."""
+    _check_limits(message, limits)
+    _check_body(protocol, message, limits)
+
+
+def _check_body(protocol: Protocol, message: Message, limits: Limits) -> None:
+    """Pass 2, as :func:`parse` runs it; a refused body is explained on its text."""
+    if check_intent_and_body(protocol, message) is False:
+        text = message.canonical()
+        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits)
+
+
+def _check_limits(message: Message, limits: Limits) -> None:
+    """Raise the :class:`LimitError` the receiver of the message's canonical text would
+    raise, if any. A quick walk decides most messages; the rest are written out."""
+    verdict = _within(message, limits)
+    if verdict is _WITHIN:
+        return
+    text = message.canonical()
+    if verdict is _SIZE and not _utf8_over(text, limits.max_message_bytes):
+        return
+    parse_envelope(decode(text, limits), limits)  # pass 1: raises, or finds it within
+
+
+def _utf8_over(text: str, maximum: int) -> bool:
+    """Whether ``text`` takes more than ``maximum`` bytes in UTF-8."""
+    if len(text) * 4 <= maximum:
+        return False
+    try:
+        return len(text.encode("utf-8")) > maximum
+    except UnicodeEncodeError:
+        return True
+
+
+_WITHIN, _SIZE, _UNSURE = "within", "size", "unsure"
+
+
+def _within(message: Message, limits: Limits) -> str:
+    """Whether the canonical text of ``message`` is within ``limits``, from one walk of
+    the body that counts nodes, items and depth as the reader does and checks each
+    string's and name's size: ``_WITHIN`` (certainly), ``_SIZE`` (all but the document's
+    size, which the walk bounds from above only) or ``_UNSURE`` (a limit may be exceeded,
+    or a value is not of an exact CBCL type)."""
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    max_items = limits.max_list_items
+    conversation_id = message.conversation_id
+    in_reply_to = message.in_reply_to
+    signature = message.signature
+    body = message.body
+    fields = 5 + (conversation_id is not None) + (in_reply_to is not None) + \
+        (message.reply_by is not None) + (message.timestamp is not None) + \
+        (signature is not None) + (body is not None)
+    # Limits so small that the envelope alone may exceed them (its field names take 15
+    # characters, its lists 12 items and 3 levels) are left to the text.
+    if max_name < 15 or max_items < 12 or limits.max_depth < 3 or \
+            len(message.protocol) > max_name:
+        return _UNSURE
+    # The size bound: the envelope's names; 43 bytes a node (the longest decimal, or a
+    # list's parentheses, a string's quotes, a keyword's colon, and a space), and 6 bytes
+    # a string's character (an escape), 4 a URI's, 1 a name's. (A message past it is
+    # written out to be measured.)
+    size = 250 + len(message.protocol) + 4 * (len(message.sender) + len(message.receiver))
+    for text in (message.message_id, conversation_id, in_reply_to) if signature is None \
+            else (message.message_id, conversation_id, in_reply_to, signature.key_id,
+                  signature.value):
+        if text is not None:
+            if len(text) * 4 > max_string and _utf8_over(text, max_string):
+                return _UNSURE
+            size += 6 * len(text) + 2
+    nodes = 2 + 3 * fields + (1 if signature is not None else 0)  # the body's root too
+    if body is not None:
+        deepest = limits.max_depth - 2  # the lists around the body: (CBCL/1.0 (body …
+        stack: list[Iterator[Any]] = [iter((body,))]  # the (body …) list's value
+        item: Any
+        while stack:
+            for item in stack[-1]:
+                kind = type(item)
+                if kind is str:
+                    if len(item) * 4 > max_string and _utf8_over(item, max_string):
+                        return _UNSURE
+                    size += 6 * len(item)
+                elif kind is tuple:  # a list 2 + len(stack) deep, its items counted here
+                    if len(item) > max_items or len(stack) > deepest:
+                        return _UNSURE
+                    nodes += len(item)
+                    stack.append(iter(item))
+                    break
+                elif kind is Symbol or kind is Keyword:
+                    if len(item) > max_name:
+                        return _UNSURE
+                    size += len(item)
+                elif kind is int:
+                    if not INT64_MIN <= item <= INT64_MAX:
+                        return _UNSURE
+                elif kind is URI:
+                    size += 4 * len(item)
+                elif kind is not Decimal:
+                    return _UNSURE
+            else:
+                stack.pop()
+    if nodes > limits.max_nodes:
+        return _UNSURE
+    return _SIZE if size + 43 * nodes > limits.max_message_bytes else _WITHIN
+
+

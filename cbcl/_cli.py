@@ -28,6 +28,7 @@ from ._cli_common import (
     Parser,
     add_protocol_options,
     add_trust_options,
+    binary_frame_hint,
     document_bytes,
     escape_invisible,
     positive,
@@ -37,6 +38,7 @@ from ._cli_common import (
     registry_from_args,
 )
 from ._cli_conversation import register as register_conversation
+from ._cli_descriptor import register as register_descriptor
 from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
 from ._limits import DEFAULT_LIMITS, Limits
@@ -77,8 +79,12 @@ def _cmd_grammar_check(args: argparse.Namespace, data: bytes) -> int:
     try:
         grammar: str | bytes = read_descriptor(data, limits=args.limits).grammar \
             if is_descriptor else data
+        if isinstance(grammar, bytes) and not _is_utf8(grammar):
+            from ._subset import read_grammar
+
+            read_grammar(grammar)  # refuses it, with the position of the first bad byte
         compiled = compile_guarded(grammar.decode("utf-8") if isinstance(grammar, bytes)
-                                   and _is_utf8(grammar) else grammar)  # type: ignore[arg-type]
+                                   else grammar)
     except GrammarError as exc:
         print("rejected")
         print(exc.one_line())
@@ -243,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write PREFIX.key (PKCS#8 PEM, mode 0600) and PREFIX.pub")
     k.set_defaults(handler=_cmd_keygen, file=None)
 
-    d = commands.add_parser("descriptor", help="sign, verify and inspect descriptors")
+    d = commands.add_parser("descriptor", help="build, sign, verify and inspect descriptors")
     descriptor_commands = d.add_subparsers(dest="descriptor_command", required=True,
                                            parser_class=_Parser)
     sign = descriptor_commands.add_parser(
@@ -260,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "WITHOUT verifying anything")
     inspect.add_argument("file", nargs="?", default="-", help="descriptor file, or -")
     inspect.set_defaults(handler=_cmd_descriptor_inspect)
+    register_descriptor(descriptor_commands)  # build, new
     sign.set_defaults(handler=_cmd_descriptor_sign)
 
     m = commands.add_parser("sign-message", help="sign a message; prints its canonical form")
@@ -299,17 +306,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.limits = Limits(max_message_bytes=getattr(args, "max_message_bytes",
                                                    DEFAULT_LIMITS.max_message_bytes))
+    data = b""
     try:
         data = b"" if args.file is None else read_input(args.file, sys.stdin.buffer,
                                                          args.limits)
         return int(args.handler(args, data))
     except TrustError as exc:
-        # The local operator sees the precise reason; a peer never does (str(exc) is fixed).
-        reason = f" ({exc.reason})" if exc.reason else ""
-        print(escape_invisible(f"{exc.one_line()}{reason}".replace("\n", " ")),
-              file=sys.stderr)
+        # The local operator sees the precise reason (one_line() holds it); a peer never does.
+        print(escape_invisible(exc.one_line().replace("\n", " ")), file=sys.stderr)
         return exc.exit_code
     except CBCLError as exc:
+        binary_frame_hint(exc, data, args.file)
         print(escape_invisible(exc.one_line()), file=sys.stderr)
         return exc.exit_code
     except OSError as exc:

@@ -8,12 +8,14 @@ errors to exit codes and prints them.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
 from ._cli_common import MAX_DOCUMENT_BYTES, add_protocol_options, document_bytes, print_message
 from ._cli_common import registry_from_args as _registry
 from ._codec import Decoder, Encoder
+from ._errors import MalformedError
 from ._limits import DEFAULT_LIMITS
 
 
@@ -23,7 +25,7 @@ def _cmd_encode(args: argparse.Namespace, data: bytes) -> int:
     registry = _registry(args)
     assert registry is not None  # --descriptor is required
     message = parse(data, limits=args.limits, registry=registry)  # fully recognised
-    frame = Encoder(registry).encode(message)
+    frame = Encoder(registry, validate=False, limits=args.limits).encode(message)  # parsed
     if args.output == "-":
         sys.stdout.buffer.write(frame)
         sys.stdout.buffer.flush()
@@ -36,7 +38,14 @@ def _cmd_encode(args: argparse.Namespace, data: bytes) -> int:
 def _cmd_decode(args: argparse.Namespace, data: bytes) -> int:
     registry = _registry(args)
     assert registry is not None  # --descriptor is required
-    message = Decoder(registry, limits=args.limits).decode(data)
+    try:
+        message = Decoder(registry, limits=args.limits).decode(data)
+    except MalformedError as exc:
+        if exc.offset == 0 and data.lstrip()[:1] in (b"(", b";"):  # the other way round
+            exc.message += ("; this looks like CBCL text: read it with `cbcl parse "
+                            f"{shlex.quote(args.file)} --descriptor D`")
+            exc.args = (exc.message,)
+        raise
     print_message(message, args.json)
     return 0
 

@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 import msgpack
 import msgpack.fallback
 
+from ._api import check_outgoing
 from ._automaton import ACCEPT, REFUSED
 from ._canonical import _decimal, canonical_value
 from ._errors import (
@@ -188,16 +189,28 @@ class Encoder:
     """Encodes messages of the protocols in ``registry`` as binary frames.
 
     ``short_ids`` maps negotiated short ids to protocol digests; a protocol with one is
-    named by it instead of its 32-byte digest. The encoder does not judge bodies (the
-    decoder does): encoding a message its grammar refuses gives a frame every decoder
-    refuses, exactly as its text would be refused.
+    named by it instead of its 32-byte digest.
+
+    By default every message is validated first, as :func:`cbcl.validate` does, under
+    ``limits`` (default :data:`DEFAULT_LIMITS`; the frame's own size counts too): a frame
+    the encoder returns is one a decoder with those limits accepts (its signature aside).
+    ``validate=False`` skips that, for a trusted hot path that has validated already; then
+    a message its protocol refuses gives a frame every decoder refuses, exactly as its
+    text would be refused.
     """
 
     def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
-                 ) -> None:
+                 validate: bool = True, limits: Limits | None = None) -> None:
         if not isinstance(registry, Registry):
             raise TypeError("registry must be a cbcl.Registry")
+        limits = DEFAULT_LIMITS if limits is None else limits
+        if not isinstance(limits, Limits):
+            raise TypeError("limits must be a cbcl.Limits")
+        if type(validate) is not bool:
+            raise TypeError("validate must be a bool")
         self.registry = registry
+        self.validate = validate
+        self.limits = limits
         self._short = {digest: key for key, digest in _check_short_ids(short_ids).items()}
         self._tables: dict[Protocol, tuple[SymbolTable, bytes]] = {}
 
@@ -223,11 +236,16 @@ class Encoder:
 
         Raises :class:`UnknownProtocolError` for a protocol the registry does not hold,
         ``TypeError``/``ValueError`` for a body that is not a CBCL value (as
-        :func:`cbcl.canonical` does).
+        :func:`cbcl.canonical` does), and, when validating, what :func:`cbcl.validate`
+        raises (:class:`LimitError`, :class:`ProtocolError`, :class:`BodyError`,
+        :class:`SchemaError`) and :class:`LimitError` for a frame larger than
+        ``limits.max_message_bytes``.
         """
         if not isinstance(message, Message):
             raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
         table, header = self._table(message)
+        if self.validate:
+            check_outgoing(table.protocol, message, self.limits)
         present = 0
         tokens: list[Any] = [_INTENT_INDEX[message.intent], 0, message.message_id,
                              message.sender, message.receiver]
@@ -259,7 +277,12 @@ class Encoder:
         # header (fixarray: 1 byte, array 16: 3, array 32: 5).
         first = packed[0]
         skip = 1 if first < 0xDC else (3 if first == 0xDC else 5)
-        return header + packed[skip:]
+        frame = header + packed[skip:]
+        if self.validate and len(frame) > self.limits.max_message_bytes:
+            maximum = self.limits.max_message_bytes
+            raise LimitError(f"frame exceeds the limit of {maximum} bytes",
+                             limit="max_message_bytes", maximum=maximum)
+        return frame
 
 
 def _body_tokens(body: Value, codes: dict[Value, int], out: list[Any]) -> None:
@@ -675,8 +698,9 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
         raise refusal
     if protocol.schema is not None and governed:  # pass 3 where the protocol has a schema
         check_schema(protocol.schema, body)
-    return Message(message_id=message_id, sender=sender_uri, receiver=receiver_uri,
-                   intent=intent, protocol=protocol.id, body=body, **optional)
+    # Every field has been checked above, each of its exact type.
+    return Message._trusted(message_id, sender_uri, receiver_uri, intent, protocol.id,
+                            body=body, **optional)
 
 
 def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present: int,
@@ -1163,9 +1187,11 @@ def _refusal(protocol: Protocol, stack: list[int], terminal: str, value: object,
 # --------------------------------------------------------------------------- one-shot
 
 
-def encode(message: Message, *, registry: Registry) -> bytes:
-    """The binary frame of ``message`` (see :class:`Encoder`)."""
-    return Encoder(registry).encode(message)
+def encode(message: Message, *, registry: Registry, validate: bool = True,
+           limits: Limits | None = None) -> bytes:
+    """The binary frame of ``message``, validated first unless ``validate=False`` (see
+    :class:`Encoder`, which raises the same errors; reuse one for many messages)."""
+    return Encoder(registry, validate=validate, limits=limits).encode(message)
 
 
 def decode(data: bytes | bytearray | memoryview, *, registry: Registry,

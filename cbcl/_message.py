@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ._canonical import canonical_value
+from ._errors import UnknownProtocolError
+from ._fields import _SURROGATE, Fields, FieldsError, check_value
 from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value
+
+if TYPE_CHECKING:
+    from ._protocol import Registry
 
 VERSION = "CBCL/1.0"
 _new = object.__new__
@@ -58,6 +63,8 @@ def _check_id(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if not value:
         raise ValueError(f"{name} must not be empty")
+    if not value.isascii() and _SURROGATE.search(value) is not None:
+        raise ValueError(f"{name} holds a lone surrogate, not UTF-8 text")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,8 +73,12 @@ class Message:
     (``body is None`` means the message has no ``(body …)``).
 
     Construct one directly to send it: ``sender``/``receiver`` may be given as ``str``
-    (converted to :class:`URI`), ``intent`` as ``str`` and ``protocol`` as ``str``.
-    Raises ``TypeError``/``ValueError`` for a field of the wrong type or out of range.
+    (converted to :class:`URI`), ``intent`` as ``str`` and ``protocol`` as ``str``. The
+    ``body`` must be a CBCL value, built with :func:`cbcl.body` or given as Python values
+    that convert as :func:`cbcl.as_value` does (a ``list`` is stored as a ``tuple``).
+    Raises ``TypeError``/``ValueError`` for a field of the wrong type or out of range, the
+    body included (``Message body `$.body.bid[:amount]`: float is not a CBCL value …``).
+    Whether the body is one its protocol accepts is :func:`cbcl.validate`'s question.
     """
 
     message_id: str
@@ -102,6 +113,10 @@ class Message:
                 _check_int64(name, getattr(self, name))
         if self.signature is not None and type(self.signature) is not Signature:
             raise TypeError("signature must be a Signature")
+        if self.body is not None:
+            body = check_value(self.body, "Message body", "$.body")
+            if body is not self.body:
+                object.__setattr__(self, "body", body)
 
     @classmethod
     def _trusted(cls, message_id: str, sender: URI, receiver: URI, intent: Intent,
@@ -157,7 +172,34 @@ class Message:
     def signing_bytes(self) -> bytes:
         """What a message signature covers (draft §2): the canonical UTF-8 form of the
         message with its ``signature`` element removed."""
-        return replace(self, signature=None).canonical().encode("utf-8")
+        if self.signature is None:
+            return self.canonical().encode("utf-8")
+        return Message._trusted(self.message_id, self.sender, self.receiver, self.intent,
+                                self.protocol, self.conversation_id, self.in_reply_to,
+                                self.reply_by, self.timestamp, self.body,
+                                None).canonical().encode("utf-8")
+
+    def fields(self, registry: Registry | None = None) -> Fields:
+        """The body read by field name (see :class:`cbcl.Fields`): ``reply.fields()["price"]``.
+        With ``registry``, by the types of the protocol's schema (when it governs the
+        intent), after checking the body against it.
+
+        Raises :class:`FieldsError` for a message without a body or with one not of the
+        form ``(head … :key value …)``, :class:`UnknownProtocolError` for a protocol the
+        registry does not hold, and :class:`SchemaError` for a body its schema refuses.
+        """
+        schema = None
+        if registry is not None:
+            protocol = registry.get(self.protocol)
+            if protocol is None:
+                raise UnknownProtocolError(
+                    f"unknown protocol {self.protocol}: no descriptor for it is loaded",
+                    protocol=str(self.protocol))
+            if self.intent in protocol.governed:
+                schema = protocol.schema
+        if self.body is None:
+            raise FieldsError("$.body: the message has no body", path="$.body")
+        return Fields(self.body, schema=schema, path="$.body")
 
 
 # The envelope's symbols, made once (Symbol() validates its name on every call).

@@ -4,7 +4,8 @@
     python descriptors/make_descriptors.py --check  # exit 1 if any is out of date
 
 A descriptor carries its grammar as one CBCL string; the grammar files beside this script
-are the readable source. Each NAME.cbcl also gets NAME.signed.cbcl, whose payload is
+are the readable source, and ``cbcl.build_descriptor`` (also ``cbcl descriptor build``)
+puts them together. Each NAME.cbcl also gets NAME.signed.cbcl, whose payload is
 NAME.cbcl's exact bytes, signed with the example key keys/cbcl-example.key (its private
 half is public on purpose, so anyone can regenerate these; trust your own keys, never this
 one). Ed25519 signatures are deterministic, so --check compares bytes.
@@ -20,8 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cbcl import canonical, read
-from cbcl._canonical import quote
+from cbcl import build_descriptor
 from cbcl._trust import load_private_key, sign_descriptor
 
 HERE = Path(__file__).resolve().parent
@@ -40,27 +40,22 @@ PACKAGE_DATA = HERE.parent / "grammars"
 PACKAGED = ("cbcl-negotiation-v1", "contract-net-v1")
 
 
-SECTIONS = ("schema", "conversation", "functions")  # in the descriptor's field order
-
-
 def render(name: str) -> bytes:
-    """The descriptor: header fields, the grammar file as a string, then each section file
-    of descriptors/sections/ (NAME.SECTION.cbcl) that exists, in canonical form."""
+    """The descriptor, built by :func:`cbcl.build_descriptor` from the grammar file and each
+    section file of descriptors/sections/ (NAME.SECTION.cbcl) that exists."""
     ident, version, intents = SHIPPED[name]
-    grammar = (HERE / "grammars" / f"{name}.lark").read_text("utf-8")
-    sections = "".join(
-        f"\n  {canonical(read((HERE / 'sections' / f'{name}.{section}.cbcl').read_bytes()))}"
-        for section in SECTIONS if (HERE / "sections" / f"{name}.{section}.cbcl").exists())
-    return (
-        f"; {ident}: generated from descriptors/grammars/{name}.lark and\n"
-        f"; descriptors/sections/{name}.*.cbcl by descriptors/make_descriptors.py.\n"
-        f"; Edit those files and re-run it.\n"
-        f"(protocol-descriptor\n"
-        f"  (id {ident})\n"
-        f"  (version {version})\n"
-        f"  (intents {intents})\n"
-        f"  (grammar {quote(grammar)}){sections})\n"
-    ).encode()
+
+    def section(part: str) -> bytes | None:
+        path = HERE / "sections" / f"{name}.{part}.cbcl"
+        return path.read_bytes() if path.exists() else None
+
+    return build_descriptor(
+        ident, version, intents, (HERE / "grammars" / f"{name}.lark").read_text("utf-8"),
+        schema=section("schema"), conversation=section("conversation"),
+        functions=section("functions"),
+        comment=f"{ident}: generated from descriptors/grammars/{name}.lark and\n"
+                f"descriptors/sections/{name}.*.cbcl by descriptors/make_descriptors.py.\n"
+                f"Edit those files and re-run it.")
 
 
 def render_signed(name: str, payload: bytes) -> bytes:

@@ -181,7 +181,8 @@ def _text_and_binary(registry: Registry, text: bytes, limits: Limits | None = No
         message = cbcl.parse(text, envelope_only=True, limits=limits)
     except CBCLError:
         return None  # not an envelope: nothing to encode
-    binary = both(registry, Encoder(registry).encode(message), limits)
+    # (validate=False: the frame of a message the protocol refuses, for the decoder to refuse)
+    binary = both(registry, Encoder(registry, validate=False).encode(message), limits)
     return outcome(lambda: cbcl.parse(text, registry=registry)) if limits is None else \
         outcome(lambda: cbcl.parse(text, registry=registry, limits=limits)), binary
 
@@ -268,7 +269,7 @@ def test_signature_and_deep_limits(registry: Registry) -> None:
     deep = "(" * 70 + ")" * 70
     text = envelope("any/v1", "INFORM", deep)
     message = cbcl.parse(text, registry=registry, limits=Limits(max_depth=72))
-    frame = encode(message, registry=registry)
+    frame = encode(message, registry=registry, limits=Limits(max_depth=72))
     assert both(registry, frame, Limits(max_depth=72)) == message
     assert both(registry, frame, Limits(max_depth=71)) is LimitError
     assert both(registry, frame) is LimitError  # default 64, as text
@@ -276,7 +277,7 @@ def test_signature_and_deep_limits(registry: Registry) -> None:
     # 5000 levels: far beyond msgpack's own nesting limits, which never apply
     deeper = cbcl.parse(envelope("any/v1", "INFORM", "(" * 5000 + ")" * 5000),
                         registry=registry, limits=Limits(max_depth=5002))
-    frame = encode(deeper, registry=registry)
+    frame = encode(deeper, registry=registry, limits=Limits(max_depth=5002))
     for decoder in decoders(registry, Limits(max_depth=5002)):
         assert decoder.decode(frame).canonical() == deeper.canonical()  # no recursive ==
     for decoder in decoders(registry, Limits(max_depth=5001)):
