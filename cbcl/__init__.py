@@ -3,7 +3,18 @@
 The public API is this module; everything in ``cbcl._*`` is private.
 """
 
-from ._api import canonical, parse
+from ._agent import (
+    Agent,
+    AgentConversation,
+    Context,
+    ConversationClosed,
+    LearnedLibrary,
+    Link,
+    NegotiationFailed,
+    load_handler,
+)
+from ._api import canonical, parse, validate
+from ._authoring import build_descriptor, render_descriptor
 from ._codec import Decoder, Encoder, decode, encode
 from ._conversation import Conversation, ConversationTracker, Machine, Step, compile_machine
 from ._descriptor import ProtocolDescriptor, read_descriptor
@@ -25,6 +36,7 @@ from ._errors import (
     ViolationError,
 )
 from ._evaluator import evaluate
+from ._fields import Fields, FieldsError, FieldValue, as_value, body, keys
 from ._framing import FrameReader, frame
 from ._json import from_json, message_to_json, to_json
 from ._limits import Limits
@@ -84,6 +96,8 @@ __all__ = [
     "URI",
     "VERSION",
     "Accepted",
+    "Agent",
+    "AgentConversation",
     "BodyError",
     "CBCLError",
     "CompileGate",
@@ -91,7 +105,9 @@ __all__ = [
     "ConnectionClosed",
     "ConnectionLimits",
     "ConnectionLost",
+    "Context",
     "Conversation",
+    "ConversationClosed",
     "ConversationError",
     "ConversationTracker",
     "Decoder",
@@ -101,17 +117,23 @@ __all__ = [
     "EnvelopeError",
     "Established",
     "EvaluationError",
+    "FieldValue",
+    "Fields",
+    "FieldsError",
     "Finished",
     "FrameReader",
     "GrammarError",
     "Intent",
     "Keyword",
+    "LearnedLibrary",
     "LimitError",
     "Limits",
+    "Link",
     "LocalProtocolError",
     "Machine",
     "MalformedError",
     "Message",
+    "NegotiationFailed",
     "NotUnderstood",
     "Offer",
     "Position",
@@ -146,6 +168,9 @@ __all__ = [
     "Work",
     "WorkPool",
     "__version__",
+    "as_value",
+    "body",
+    "build_descriptor",
     "canonical",
     "check_schema",
     "compile_machine",
@@ -156,6 +181,8 @@ __all__ = [
     "evaluate",
     "frame",
     "from_json",
+    "keys",
+    "load_handler",
     "load_private_key",
     "load_public_key",
     "message_to_json",
@@ -164,8 +191,10 @@ __all__ = [
     "read_all",
     "read_descriptor",
     "read_signed_descriptor_unverified",
+    "render_descriptor",
     "serve",
     "sign_descriptor",
     "sign_message",
     "to_json",
+    "validate",
 ]

@@ -20,13 +20,20 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from ._agent import (
+    REJECT_EXIT,
+    Agent,
+    Handler,
+    NegotiationFailed,
+    load_handler,
+    not_understood_exit,
+)
 from ._canonical import canonical_value
-from ._cli_common import MAX_SECONDS, escape_invisible, int_in, peer_text, seconds
-from ._errors import CBCLError, TrustError
+from ._cli_common import MAX_SECONDS, escape_invisible, int_in, seconds
+from ._errors import TrustError
 from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent, Message
@@ -42,7 +49,6 @@ from ._session import (
     ProtocolMessage,
     Query,
     Rejected,
-    RemoteProtocolError,
     Session,
     Supported,
     Unsupported,
@@ -51,47 +57,17 @@ from ._transport import (
     Connection,
     ConnectionLimits,
     ConnectionLost,
-    LearnedProtocols,
     Server,
     ServerLimits,
-    WorkPool,
     connect,
     parse_address,
-    serve,
 )
 from ._trust import TrustStore, load_private_key, read_signed_descriptor_unverified
-from ._values import Keyword, Symbol, Value
+from .demo import respond
 
 EXIT_OK = 0
-#: NOT-UNDERSTOOD codes that are trust failures (exit 6), and those that say the server
-#: refused or dropped the connection for its own limits (exit 1: try again later).
-TRUST_CODES = frozenset({"transcript-mismatch", "bad-signature", "untrusted-signer",
-                         "rollback", "equivocation", "expired", "digest-mismatch"})
-BUSY_CODES = frozenset({"busy", "timeout"})
-#: Exit code for each reject reason (draft §6: 4 limit, 5 protocol, 6 trust).
-REJECT_EXIT = {"limit": 4, "grammar-refused": 5, "malformed": 5, "no-common-encoding": 5}
 SERVER_NAME = "agent://cbcl/serve"
 CLIENT_NAME = "agent://cbcl/negotiate"
-
-
-def not_understood_exit(code: str) -> int:
-    """The exit code of ``cbcl negotiate`` when the peer answers NOT-UNDERSTOOD ``code``."""
-    if code in TRUST_CODES:
-        return 6
-    if code in BUSY_CODES:
-        return 1
-    return REJECT_EXIT.get(code, 5)
-
-
-class NegotiationFailed(CBCLError):
-    """The peer refused the offer or did not understand us; ``exit_code`` follows the
-    reason."""
-
-    kind = "negotiation"
-
-    def __init__(self, message: str, *, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code  # type: ignore[misc]
 
 
 def _ms(seconds: float) -> str:
@@ -107,69 +83,6 @@ def _body_text(message: Message) -> str:
 
 
 # --------------------------------------------------------------------------- agents
-
-
-def _reply(message: Message, intent: Intent, body: Value, number: int) -> Message:
-    """Our answer to ``message``: its id is ours (``reply-N`` from this connection's
-    counter), never built from the peer's text; the peer's ids are only field values."""
-    return Message(message_id=f"reply-{number}", sender=message.receiver,
-                   receiver=message.sender, intent=intent, protocol=message.protocol,
-                   conversation_id=message.conversation_id, in_reply_to=message.message_id,
-                   body=body)
-
-
-#: The contractor's bid and its report of the work: our values, never the peer's.
-OUR_BID: tuple[Value, ...] = (Symbol("bid"), Keyword("price"), Decimal("12.50"),
-                              Keyword("currency"), Symbol("EUR"), Keyword("eta"), 60000)
-OUR_RESULT: tuple[Value, ...] = (Symbol("artifact"), Keyword("frames"), 2400,
-                                 Keyword("bytes"), 734003200)
-
-
-def _keyword_fields(value: Value | None) -> dict[str, Value]:
-    """``(head :k v …)`` as ``{k: v}`` (keys that are keywords only); ``{}`` otherwise."""
-    if type(value) is not tuple:
-        return {}
-    return {str(k): v for k, v in zip(value[1::2], value[2::2], strict=False)
-            if type(k) is Keyword}
-
-
-def _text_field(fields: dict[str, Value], name: str) -> str | None:
-    """``fields[name]`` when it is a string value (not a symbol, keyword or URI)."""
-    value = fields.get(name)
-    return value if type(value) is str else None
-
-
-def respond(message: Message, number: int) -> Message | None:
-    """The responder's side of the shipped conversations: a contract-net contractor that
-    bids on every call and reports the work done when awarded, a request/v1 participant
-    that does what it is asked. ``None``: nothing to say.
-
-    Replies are values (tuples of symbols, keywords, strings, integers, decimals), never
-    text built from the peer's fields: the peer's task id (or message id) is copied in as
-    one string value, so whatever it holds it cannot add fields or change our bid. A task id
-    that is not a string gets no answer (the grammar of contract-net/v1 already refuses
-    one)."""
-    body = message.body
-    if str(message.protocol) == "contract-net/v1":
-        fields = _keyword_fields(body)
-        if message.intent is Intent.CFP:
-            task_id = _text_field(_keyword_fields(fields.get("task")), "id")
-            if task_id is None:
-                return None
-            return _reply(message, Intent.PROPOSE, (
-                Symbol("proposal"), Keyword("task-id"), task_id, Keyword("bid"), OUR_BID),
-                number)
-        if message.intent is Intent.ACCEPT:
-            task_id = _text_field(fields, "task-id")
-            if task_id is None:
-                return None
-            return _reply(message, Intent.INFORM, (
-                Symbol("inform-done"), Keyword("task-id"), task_id, Keyword("result"),
-                OUR_RESULT), number)
-    if str(message.protocol) == "request/v1" and message.intent is Intent.REQUEST:
-        return _reply(message, Intent.INFORM, (
-            Symbol("inform-done"), Keyword("action-id"), message.message_id), number)
-    return None
 
 
 def demo_conversation(protocol: Protocol, me: str, peer: str, tag: str) -> list[Message]:
@@ -194,71 +107,6 @@ def demo_conversation(protocol: Protocol, me: str, peer: str, tag: str) -> list[
 def _say(line: str) -> None:
     # Lines may quote a peer (the initiator's transcript): never a raw control character.
     print(escape_invisible(line), flush=True)
-
-
-def _peer_list(values: Any, limit: int = 8) -> str:
-    """Up to ``limit`` values from a peer, each escaped and shortened, space-separated."""
-    items = list(values) if isinstance(values, (tuple, list)) else [values]
-    shown = " ".join(peer_text(item, 24) for item in items[:limit])
-    return shown + (f" … ({len(items)} in all)" if len(items) > limit else "")
-
-
-async def _serve_connection(connection: Connection, number: int,
-                            say: Callable[[str], None]) -> None:
-    """Handle one connection: log one line per event, answer protocol messages with
-    :func:`respond`. Every field that came from the peer is escaped with
-    :func:`~cbcl._cli_common.peer_text` (controls, bidirectional and other invisible
-    characters as ``\\uXXXX``, long values shortened), so each event is exactly one
-    physical line that the peer cannot forge or reorder."""
-    session = connection.session
-    tag = f"serve[{number}]"
-    replies = 0
-
-    def log(text: str) -> None:
-        say(escape_invisible(f"{tag}: {text}"))  # a last guard: one line, whatever slipped
-
-    try:
-        while True:
-            event = await connection.next_event()
-            if isinstance(event, Query):
-                answer = "supported" if session.protocol is not None else "unsupported"
-                log(f"asked for {peer_text(event.protocol, 64)} {peer_text(event.digest, 19)} "
-                    f"versions ({_peer_list(event.versions)}), encodings "
-                    f"{_peer_list(event.encodings)} -> {answer}")
-            elif isinstance(event, Offer):
-                log(f"offer received ({len(event.document)} bytes of signed descriptor); "
-                    "verifying and compiling it off the event loop")
-            elif isinstance(event, Accepted):
-                log(f"verified (signed by {', '.join(peer_text(s, 40) for s in event.signers)}"
-                    f"), grammar compiled or cached, {connection.last_work_ms:.1f} ms; "
-                    f"{peer_text(event.protocol, 64)} version {peer_text(event.version, 20)} "
-                    f"loaded -> accepted ({peer_text(event.encoding, 16)})")
-            elif isinstance(event, Rejected):
-                log(f"rejected: {peer_text(event.reason, 32)} [{peer_text(event.detail, 200)}]"
-                    f" ({connection.last_work_ms:.1f} ms)")
-            elif isinstance(event, Established):
-                log(f"established {peer_text(event.protocol, 64)} in "
-                    f"{peer_text(event.encoding, 16)}")
-            elif isinstance(event, ProtocolMessage):
-                step = event.step
-                where = (f" ({peer_text(step.before, 32)} -> {peer_text(step.after, 32)})"
-                         if step else "")
-                log(f'received "{peer_text(event.message.message_id, 64)}" '
-                    f"{event.message.intent.value}{where}")
-                replies += 1
-                answer_message = respond(event.message, replies)
-                if answer_message is not None:
-                    await connection.send(ProtocolMessage(answer_message))
-                    log(f'sent "{peer_text(answer_message.message_id, 64)}" '
-                        f"{answer_message.intent.value}")
-            elif isinstance(event, NotUnderstood):
-                log(f"the peer did not understand: {peer_text(event.reason, 64)}")
-                return
-            elif isinstance(event, ConnectionClosed):
-                log("closed")
-                return
-    except (RemoteProtocolError, ConnectionLost) as exc:
-        log(peer_text(exc.one_line(), 240, tail=100))  # the reason is at the end
 
 
 def _load_dir(registry: Registry, directory: str | None, limits: Limits) -> list[Protocol]:
@@ -288,6 +136,12 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
     store = TrustStore.from_directory(args.trust, limits=limits)
     warm_up()
     signing = _signing_key(args.key, args.key_id) if args.key else None
+    handler = None
+    if args.message_handler:
+        try:
+            handler = load_handler(args.message_handler)
+        except (ValueError, ImportError, AttributeError, TypeError) as exc:
+            _usage(args, f"--handler {args.message_handler}: {type(exc).__name__}: {exc}")
     with contextlib.ExitStack() as stack:
         state = args.state or stack.enter_context(tempfile.TemporaryDirectory(
             prefix="cbcl-serve-state-"))
@@ -296,7 +150,7 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
         return asyncio.run(_serve_main(args, ServeConfig(
             listen=args.listen, trust=store, state=state, name=args.name, signing=signing,
             limits=limits, connection=connection_limits(args), server=server_limits(args),
-            preload=tuple(preload))))
+            preload=tuple(preload), handler=handler)))
 
 
 @dataclass(frozen=True)
@@ -312,49 +166,27 @@ class ServeConfig:
     connection: ConnectionLimits = field(default_factory=ConnectionLimits)
     server: ServerLimits = field(default_factory=ServerLimits)
     preload: tuple[Protocol, ...] = ()
+    handler: Handler | None = None
 
 
 async def start_serving(config: ServeConfig, say: Callable[[str], None]) -> Server:
-    """Start ``cbcl serve``'s server on the running loop: one responder session per
-    connection, each with its own registry (what one peer teaches, only that session
-    speaks; rollback state and key bindings are shared through the state directory), the
-    shipped conversations answered, one log line per event through ``say``. Raises
-    :class:`ConnectionLost` when the address cannot be used."""
-    caps = config.server
-    pool = WorkPool(caps.compile_workers, caps.compile_queue)
-    learned = LearnedProtocols(caps.max_learned_per_peer)
-    counter = 0
-
-    def make_session() -> Session:
-        registry = Registry(trust=config.trust, state_dir=config.state, limits=config.limits,
-                            compile_gate=pool.compile_gate)
-        for protocol in config.preload:
-            registry.adopt(protocol)
-        return Session("responder", registry=registry, me=config.name,
-                       signing_key=config.signing, require_signed_finished=True,
-                       limits=config.limits, max_frame_bytes=config.connection.max_frame_bytes,
-                       max_pending_frames=config.connection.max_pending_frames,
-                       max_conversations=caps.max_conversations)
-
-    async def handle(connection: Connection) -> None:
-        nonlocal counter
-        counter += 1
-        peer = connection.peer
-        connection.vet_offer = lambda prepared: learned.vet(peer, prepared)
-        try:
-            await _serve_connection(connection, counter, say)
-        finally:
-            connection.session.registry.abandon()  # its compiles stop: nobody waits
-
-    def refused(peer: str, reason: str) -> None:
-        say(f"serve: refused a connection from {peer_text(peer, 64)}: {reason}")
-
+    """Start ``cbcl serve``'s server on the running loop: an :class:`~cbcl.Agent` named
+    ``config.name`` whose handler is ``config.handler`` (default the shipped responder,
+    :func:`cbcl.demo.respond`), one log line per event through ``say``. What a trusted peer
+    teaches is kept for the process (and, with a state directory, across restarts), so a
+    returning peer's question is answered "supported". Raises :class:`ConnectionLost` when
+    the address cannot be used."""
+    agent = Agent(config.name, key=config.signing, trust=config.trust, state=config.state,
+                  descriptors=config.preload, limits=config.limits,
+                  connection_limits=config.connection, server_limits=config.server,
+                  handler=config.handler or respond, log=say)
     try:
-        return await serve(config.listen, make_session, handle, limits=config.connection,
-                           server_limits=caps, pool=pool, on_refusal=refused)
+        server = await agent.serve(config.listen)
     except BaseException:
-        pool.close()
+        await agent.close()
         raise
+    server.on_close.append(agent.pool.close)
+    return server
 
 
 def listening_address(server: Server, listen: str) -> str:
@@ -486,7 +318,8 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Any], *,
                 show.out(f"  handshake done: {event.protocol} in {event.encoding}, "
                          f"{timings['handshake']:.1f} ms")
                 if not script:
-                    show.out(f"  (no demo conversation for {event.protocol})")
+                    show.out(f"  (no demo conversation for {event.protocol}: send its messages "
+                             "with cbcl send)")
                     break
                 await _send_next(connection, script, show, pace)
             elif isinstance(event, ProtocolMessage):
@@ -798,6 +631,10 @@ def register(commands: Any) -> None:
     s.add_argument("--name", default=SERVER_NAME, metavar="URI",
                    help=f"this agent's URI (default {SERVER_NAME})")
     s.add_argument("--key", metavar="KEY", help="sign this side's transcript confirmation")
+    s.add_argument("--handler", dest="message_handler", metavar="MODULE:CALLABLE",
+                   help="answer protocol messages with handler(message, context) -> Message "
+                        "or None, imported from MODULE (the current directory is on the "
+                        "path); default cbcl.demo:respond, the shipped conversations")
     _add_limit_options(s, SERVER_OPTIONS, ServerLimits())
     s.set_defaults(handler=_cmd_serve, file=None)
 
@@ -824,6 +661,11 @@ def register(commands: Any) -> None:
     for sub in (s, n):
         sub.add_argument("--key-id", metavar="ID", help="key id of --key (default: file stem)")
         _add_limit_options(sub, CONNECTION_OPTIONS, ConnectionLimits())
+
+    from ._cli_send import register as register_send
+
+    register_send(commands, lambda sub: _add_limit_options(sub, CONNECTION_OPTIONS,
+                                                           ConnectionLimits()))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -334,11 +334,17 @@ def _system_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def compiled_size(compiled: CompiledGrammar) -> int:
-    """An estimate, in bytes, of what ``compiled`` occupies in memory once loaded (its
-    tables' dicts dominate; calibrated on CPython 3.11 against ``tracemalloc``)."""
-    tables = compiled.tables
-    size = 1024 + len(compiled.report) + 100 * len(compiled.literals)
+def compiled_size(compiled: CompiledGrammar | Protocol) -> int:
+    """An estimate, in bytes, of what ``compiled`` (or a loaded protocol's tables) occupies
+    in memory once loaded (its tables' dicts dominate; calibrated on CPython 3.11 against
+    ``tracemalloc``)."""
+    if isinstance(compiled, Protocol):
+        tables: Tables | None = compiled.tables
+        size = 1024 + len(compiled.report) + 100 * len(compiled.atoms) \
+            + len(compiled.descriptor.grammar)
+    else:
+        tables = compiled.tables
+        size = 1024 + len(compiled.report) + 100 * len(compiled.literals)
     if tables is not None:
         size += sum(_ROW_BYTES + _ENTRY_BYTES * len(row) for row in tables.actions)
         size += 120 * len(tables.rules)
@@ -406,12 +412,14 @@ class PreparedDescriptor:
     """A descriptor that passed every check of :meth:`Registry.prepare` — signatures,
     policy, key binding, expiry, rollback, equivocation, its grammar compiled — and is
     neither registered nor recorded yet. ``signers``: the key ids that signed it (empty for
-    an unsigned one); ``keys``: those keys' fingerprints."""
+    an unsigned one); ``keys``: those keys' fingerprints; ``source``: where the compiled
+    grammar came from (``compiled``, ``memory cache`` or ``disk cache``)."""
 
     descriptor: ProtocolDescriptor
     signers: tuple[str, ...]
     keys: tuple[str, ...]
     compiled: CompiledGrammar
+    source: str = "compiled"
 
 
 class Registry:
@@ -543,8 +551,8 @@ class Registry:
         slow half of loading, safe to run in a worker thread while the registry is used
         elsewhere. Finish with :meth:`record` and :meth:`install`. Raises as :meth:`load`."""
         descriptor, signers, keys = self._admit(payload, allow_unsigned, now)
-        compiled = self.compiled(descriptor.grammar)
-        return PreparedDescriptor(descriptor, signers, keys, compiled)
+        compiled, source = self.compiled_from(descriptor.grammar)
+        return PreparedDescriptor(descriptor, signers, keys, compiled, source)
 
     def record(self, prepared: PreparedDescriptor) -> None:
         """Record ``prepared`` as accepted in the state directory (nothing without one).
@@ -682,6 +690,11 @@ class Registry:
         ``max_compiled_bytes`` included (both remembered, so the same grammar is refused at
         once next time). Safe to call from several threads.
         """
+        return self.compiled_from(grammar)[0]
+
+    def compiled_from(self, grammar: str) -> tuple[CompiledGrammar, str]:
+        """:meth:`compiled`, and where it came from: ``compiled``, ``memory cache`` or
+        ``disk cache``. Raises as :meth:`compiled`."""
         key = _cache_key(grammar, self.grammar_limits)
         refused = _REFUSED.recall(key)
         if refused is not None:
@@ -695,7 +708,7 @@ class Registry:
             hit, hit_size = cached
             if hit_size > self.max_compiled_bytes:
                 raise self._too_large(hit_size)
-            return hit  # type: ignore[no-any-return]
+            return hit, "memory cache"
         compiled: CompiledGrammar | None = None
         fresh = False
         if self.disk is not None:
@@ -724,7 +737,7 @@ class Registry:
         if fresh and self.disk is not None:
             self.disk.put(key, to_data(compiled))
         _COMPILED.remember(key, compiled, size)
-        return compiled
+        return compiled, "compiled" if fresh else "disk cache"
 
     def _too_large(self, size: int) -> GrammarError:
         return GrammarError(f"the compiled grammar would take about {size} bytes; the "

@@ -36,7 +36,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from ._api import parse
+from ._api import check_outgoing, parse
 from ._codec import MAGIC, Decoder, Encoder
 from ._conversation import ConversationTracker, Step
 from ._errors import (
@@ -228,6 +228,15 @@ class RemoteProtocolError(ProtocolError):
         self.exit_code = exit_code  # type: ignore[misc]
 
 
+class _Refused(Exception):
+    """Carries a refusal of an outgoing message out of :meth:`Session._send` (which changed
+    nothing) past the handler that fails the session."""
+
+    def __init__(self, error: CBCLError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 class LocalProtocolError(ProtocolError):
     """The caller asked the session to do something the protocol does not allow."""
 
@@ -364,6 +373,11 @@ class Session:
     (the largest offer) before, so an unauthenticated peer cannot make the session buffer
     more.
 
+    Outgoing messages are checked as the peer will check them (:func:`cbcl.validate`: the
+    limits, the intent, the grammar, the schema) before anything changes, and a refused
+    one raises that error and is not sent; ``validate_outgoing=False`` skips the check
+    for a trusted hot path (the conversation machine still applies).
+
     Slow work — verifying and compiling an offered descriptor, recording it once the
     handshake is confirmed — is done inside :meth:`next_event` by default. With
     ``defer_work=True`` :meth:`next_event` returns :data:`NEED_WORK` instead: run
@@ -377,7 +391,7 @@ class Session:
                  max_frame_bytes: int | None = None, max_pending_frames: int = 16,
                  replay_window: int = 1024, max_skew_ms: int = 30_000,
                  nonce: str | None = None, max_conversations: int = 1024,
-                 defer_work: bool = False) -> None:
+                 defer_work: bool = False, validate_outgoing: bool = True) -> None:
         if role not in (INITIATOR, RESPONDER):
             raise ValueError(f"role must be {INITIATOR!r} or {RESPONDER!r}, not {role!r}")
         if not isinstance(registry, Registry):
@@ -410,6 +424,7 @@ class Session:
         self.max_skew_ms = max_skew_ms
         self.max_conversations = max_conversations
         self.defer_work = bool(defer_work)
+        self.validate_outgoing = bool(validate_outgoing)
         self.nonce = secrets.token_hex(16) if nonce is None else nonce
         self._machine = HandshakeMachine()
         self._max_frame_bytes = max_frame_bytes or self.limits.max_message_bytes
@@ -442,6 +457,8 @@ class Session:
         self._decoder: Decoder | None = None
         #: Bytes (length prefix included) of the frame behind the last received event.
         self.last_frame_bytes = 0
+        #: What the last message sent did to its conversation (``None``: no conversation).
+        self.last_sent_step: Step | None = None
         self._work: Work | None = None
         self._prepared: PreparedDescriptor | None = None  # the offer accepted, not recorded
         self._held_finished: bytes | None = None  # the peer's Finished, until recorded
@@ -629,9 +646,7 @@ class Session:
             self._outbox += self._not_understood(code)
         if isinstance(error, RemoteProtocolError):
             raise error
-        text = error.one_line()
-        if isinstance(error, TrustError) and error.reason:
-            text += f" ({error.reason})"
+        text = error.one_line()  # a TrustError's carries its reason
         raise RemoteProtocolError(text, code=code, exit_code=error.exit_code) from error
 
     def _not_understood(self, code: str) -> bytes:
@@ -825,8 +840,6 @@ class Session:
         now = self._now
         if isinstance(outcome, CBCLError):
             detail = outcome.one_line()
-            if isinstance(outcome, TrustError) and outcome.reason:
-                detail += f" ({outcome.reason})"
             self._reject(reject_reason(outcome), detail, now)
             return
         descriptor = outcome.descriptor
@@ -925,8 +938,6 @@ class Session:
         self._prepared = None
         if isinstance(outcome, CBCLError):
             detail = outcome.one_line()
-            if isinstance(outcome, TrustError) and outcome.reason:
-                detail += f" ({outcome.reason})"
             raise RemoteProtocolError(f"the offer could not be recorded: {detail}",
                                       code=reject_reason(outcome), exit_code=6)
         self._finish_handshake()
@@ -949,7 +960,7 @@ class Session:
         if protocol.descriptor.conversation is not None:
             self.tracker = ConversationTracker.from_descriptors(
                 [protocol], max_open=self.max_conversations, forget_finished=True)
-        self._encoder = Encoder(self.registry)
+        self._encoder = Encoder(self.registry, validate=False)  # _send_message validated
         self._decoder = Decoder(self.registry, limits=self.limits)
 
     # ----------------------------------------------------------------- sending
@@ -979,12 +990,17 @@ class Session:
         """The bytes for ``event``: :class:`Query` and :class:`Offer` (initiator),
         :class:`ProtocolMessage` (either side, once ESTABLISHED), :class:`ConnectionClosed`
         (returns ``b""``; then close the stream). Raises :class:`LocalProtocolError` for an
-        event that is not allowed now (the session is then in ERROR)."""
+        event that is not allowed now (the session is then in ERROR). A message the protocol
+        refuses (see ``validate_outgoing``) or its conversation does not allow raises that
+        error (:class:`BodyError`, :class:`SchemaError`, :class:`ConversationError`,
+        :class:`LimitError`, …); nothing is sent and the session is unchanged."""
         self._now = _check_now(now)
         if self.state is HandshakeState.ERROR:
             raise LocalProtocolError("the session is in state ERROR")
         try:
             return self._send(event, now)
+        except _Refused as refused:
+            raise refused.error from None
         except LocalProtocolError:
             self._machine.fail()
             raise
@@ -1051,8 +1067,15 @@ class Session:
             message = Message._trusted(m.message_id, m.sender, m.receiver, m.intent,
                                        m.protocol, m.conversation_id, m.in_reply_to,
                                        m.reply_by, now, m.body, None)
-        if self.tracker is not None and message.intent is not Intent.NOT_UNDERSTOOD:
-            self.tracker.receive(message, now=now)
+        try:  # both change nothing when they refuse: the session goes on
+            if self.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD:
+                check_outgoing(self.protocol, message, self.limits)
+            step = None
+            if self.tracker is not None and message.intent is not Intent.NOT_UNDERSTOOD:
+                step = self.tracker.receive(message, now=now)
+        except CBCLError as exc:
+            raise _Refused(exc) from None
+        self.last_sent_step = step
         self._machine.advance(self.role, "message")
         if self.encoding == "binary":
             if self._encoder is None:  # pragma: no cover - set when binary was agreed

@@ -239,6 +239,9 @@ class Connection:
         self._slot = slot
         #: Milliseconds the last slow work took (verifying, compiling, recording).
         self.last_work_ms = 0.0
+        #: Where the last offer's compiled grammar came from (``compiled``, ``memory
+        #: cache``, ``disk cache``; empty when it was refused).
+        self.last_work_source = ""
         self.bytes_sent = 0
         #: Bytes the session produced by itself on the last event (its automatic replies).
         self.last_flush_bytes = 0
@@ -316,6 +319,8 @@ class Connection:
                                  f"{self.limits.handshake_timeout:g} s ({work.kind} work "
                                  "still running)")
         self.last_work_ms = (time.perf_counter() - started) * 1000
+        self.last_work_source = outcome.source if isinstance(outcome, PreparedDescriptor) \
+            else ""
         if work.kind == "offer" and self.vet_offer is not None \
                 and isinstance(outcome, PreparedDescriptor):
             try:
@@ -418,6 +423,8 @@ class Server:
         self._unix = unix
         self.pool = pool
         self._own_pool = own_pool
+        #: Called once when the server is closed (after its own pool, if it owns one).
+        self.on_close: list[Callable[[], None]] = []
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -434,6 +441,9 @@ class Server:
             self._unix = None
         if self._own_pool:
             self.pool.close()
+        callbacks, self.on_close = self.on_close, []
+        for callback in callbacks:
+            callback()
 
     async def wait_closed(self) -> None:
         await self._server.wait_closed()

@@ -1,18 +1,33 @@
-"""The README's library example runs as written, and its two set-up commands exist."""
+"""The README's examples run as written: the library example, the grammar check, and
+"Your own protocol in five minutes" (shell and Python, each against a server in another
+process); and its two set-up commands exist."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
 
 
+def _marked(marker: str) -> str:
+    """The code block right after ``<!-- marker -->``."""
+    block = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", README, re.S)
+    assert block is not None, marker
+    return block.group(1)
+
+
 def test_library_example_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    (code,) = re.findall(r"```python\n(.*?)```", README, re.S)
+    code = _marked("library")
     monkeypatch.chdir(ROOT)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -25,3 +40,90 @@ def test_two_setup_commands() -> None:
         block = re.search(rf"<!-- {marker} -->\n```\n(.+)\n```", README)
         assert block is not None, marker
         assert block.group(1).startswith("python3 -m venv .venv && .venv/bin/pip install ")
+
+
+
+def test_no_example_reaches_outside_the_clone() -> None:
+    """Every file an example names is in the repository (a clone has no ``../shared``)."""
+    commands = [line for line in README.splitlines()
+                if re.match(r"\s*(\$ )?(cbcl|python|\.venv/bin/)", line)]
+    assert commands
+    assert [line for line in commands if "../" in line] == []
+
+
+def test_grammar_check_example_runs_as_shown(capsys) -> None:  # type: ignore[no-untyped-def]
+    """The ``$ cbcl grammar check FILE`` example reads a file of the repository and prints
+    the lines the README shows (``…`` stands for lines left out)."""
+    import shlex
+
+    from cbcl._cli import main
+
+    examples = re.findall(r"```\n\$ (cbcl grammar check [^\n]*)\n(.*?)```", README, re.S)
+    assert examples, "the README shows no $ cbcl grammar check example"
+    for command, shown in examples:
+        *_, name = shlex.split(command)
+        path = (ROOT / name).resolve()
+        assert path.is_relative_to(ROOT) and path.is_file(), f"{command}: no such file"
+        main(["grammar", "check", str(path)])
+        out = capsys.readouterr().out.splitlines()
+        wanted = [line for line in shown.splitlines() if line != "…"]
+        assert out[:1] == wanted[:1], command  # the verdict
+        rest = iter(out)
+        missing = [line for line in wanted if not any(line == got for got in rest)]
+        assert missing == [], f"{command}: not printed in this order: {missing}"
+
+
+def _venv_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a shell in which ``cbcl`` and ``python`` are this interpreter's
+    (what ``. .venv/bin/activate`` gives a user)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cbcl").write_text(f"#!/bin/sh\nexec {sys.executable} -m cbcl \"$@\"\n")
+    (bin_dir / "cbcl").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_your_own_protocol_in_five_minutes_from_the_shell(tmp_path: Path) -> None:
+    script = _marked("five-minutes-cli")
+    done = subprocess.run(["bash", "-euc", script + "\nkill %1\nwait\n"], cwd=tmp_path,
+                          env=_venv_env(tmp_path), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr + done.stdout
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("(CBCL/1.0")]
+    shown = re.search(r"```\n(\(CBCL/1\.0 \(message-id \"reply-1\".*?)\n```", README, re.S)
+    assert shown is not None
+    head, tail = shown.group(1).split("(timestamp …)")
+    assert line.startswith(head) and line.endswith(tail), line
+    log = (tmp_path / "auction" / "seller.log").read_text()
+    assert "auction/v1 version 1 loaded -> accepted" in log, log
+
+
+@pytest.mark.slow
+def test_your_own_protocol_in_five_minutes_from_python(tmp_path: Path) -> None:
+    env = _venv_env(tmp_path)
+    made = subprocess.run(
+        ["bash", "-euc", "cbcl descriptor new auction/v1 --dir auction && cd auction && "
+         "cbcl keygen --out my-key && mkdir -p trust && cp my-key.pub trust/"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    here = tmp_path / "auction"
+    (here / "seller.py").write_text(_marked("five-minutes-seller"))
+    (here / "buyer.py").write_text(_marked("five-minutes-buyer"))
+    seller = subprocess.Popen([sys.executable, "seller.py"], cwd=here, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert seller.stdout is not None
+        assert seller.stdout.readline() == "serving\n"
+        done = subprocess.run([sys.executable, "buyer.py"], cwd=here, env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        wanted = re.search(r"prints `(INFORM offer [^`]*)`", README)
+        assert wanted is not None
+        assert done.stdout == wanted.group(1) + "\n"
+    finally:
+        seller.terminate()
+        seller.communicate(timeout=10)

@@ -65,8 +65,9 @@ class Running:
     def state_files(self) -> dict[str, bytes]:
         if not self.state.exists():
             return {}
-        return {p.name: p.read_bytes() for p in sorted(self.state.iterdir())
-                if p.name != ".lock"}
+        # Rollback records, key bindings and the learned descriptors (learned/).
+        return {str(p.relative_to(self.state)): p.read_bytes()
+                for p in sorted(self.state.rglob("*")) if p.is_file() and p.name != ".lock"}
 
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
     server: Any = None

@@ -16,14 +16,13 @@ from typing import Any
 
 import pytest
 
+from cbcl._agent import Context
 from cbcl._cli_common import escape_invisible, peer_text
 from cbcl._cli_negotiate import (
     CLIENT_NAME,
-    OUR_BID,
-    OUR_RESULT,
     SERVER_NAME,
-    _serve_connection,
-    respond,
+    ServeConfig,
+    start_serving,
 )
 from cbcl._message import Intent, Message
 from cbcl._protocol import Registry
@@ -41,9 +40,10 @@ from cbcl._session import (
     Session,
     Unsupported,
 )
-from cbcl._transport import Connection, connect, serve
+from cbcl._transport import Connection, connect
 from cbcl._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
 from cbcl._values import URI, Keyword, Symbol
+from cbcl.demo import OUR_BID, OUR_RESULT, respond
 
 ROOT = Path(__file__).parent.parent
 PAYLOAD = (ROOT / "grammars" / "contract-net-v1.cbcl").read_bytes()
@@ -90,21 +90,10 @@ def _keys(tmp_path: Path) -> tuple[Any, bytes, TrustStore]:
 
 async def _with_server(tmp_path: Path, store: TrustStore, lines: list[str],
                        body: Callable[[str], Awaitable[None]]) -> None:
-    """Run ``body(address)`` against a real server whose handler is ``_serve_connection``."""
-    counter = 0
-
-    def make_session() -> Session:
-        registry = Registry(trust=store, state_dir=tmp_path / "state",
-                            cache_dir=tmp_path / "cache")
-        return Session("responder", registry=registry, me=SERVER_NAME,
-                       require_signed_finished=True)
-
-    async def handle(connection: Connection) -> None:
-        nonlocal counter
-        counter += 1
-        await _serve_connection(connection, counter, lines.append)
-
-    server = await serve("127.0.0.1:0", make_session, handle)
+    """Run ``body(address)`` against a real ``cbcl serve`` server (its agent, in this
+    process), logging into ``lines``."""
+    server = await start_serving(ServeConfig(listen="127.0.0.1:0", trust=store,
+                                             state=tmp_path / "state"), lines.append)
     try:
         host, port = server.sockets[0].getsockname()[:2]
         await body(f"{host}:{port}")
@@ -230,7 +219,7 @@ def test_a_replayed_hostile_id_is_escaped_in_the_error_line(tmp_path: Path) -> N
 
 def test_respond_builds_values_not_text() -> None:
     cfp = _cfp("m-1", HOSTILE_TASK)
-    proposal = respond(cfp, 7)
+    proposal = respond(cfp, Context(cfp, next_id=lambda: "reply-7"))
     assert proposal is not None
     assert proposal.message_id == "reply-7" and proposal.in_reply_to == "m-1"
     assert proposal.body == (Symbol("proposal"), Keyword("task-id"), HOSTILE_TASK,
@@ -240,9 +229,9 @@ def test_respond_builds_values_not_text() -> None:
     assert type(envelope) is tuple and envelope[-1] == (Symbol("body"), proposal.body)
     # A task id that is not a string (a symbol here) gets no answer.
     odd = _message("m-2", Intent.CFP, "(cfp :task (task :id t-1 :action x) :deadline 1)")
-    assert respond(odd, 1) is None
+    assert respond(odd, Context(odd, next_id=lambda: "reply-1")) is None
     accept = _message("m-3", Intent.ACCEPT, "(accept-proposal :task-id (x))")
-    assert respond(accept, 1) is None
+    assert respond(accept, Context(accept, next_id=lambda: "reply-1")) is None
 
 
 @pytest.mark.parametrize(("text", "shown"), [

@@ -326,9 +326,44 @@ def test_a_replayed_conversation_message_is_refused() -> None:
 def test_a_message_out_of_its_conversation_is_refused_locally() -> None:
     pair = SessionPair(initiator(), responder())
     pair.handshake()
-    with pytest.raises(LocalProtocolError, match="conversation"):
+    with pytest.raises(cbcl.ConversationError, match="conversation"):
         pair.b.send(ProtocolMessage(propose()), now=NOW)  # no CFP yet
-    assert pair.b.state is HandshakeState.ERROR
+    # Nothing was sent and nothing changed: the session goes on.
+    assert pair.b.state is HandshakeState.ESTABLISHED
+    assert pair.b.data_to_send() == b""
+    (got,) = pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
+    assert str(got.step.after) == "called"
+    (got,) = pair.feed(pair.a, pair.b.send(ProtocolMessage(propose()), now=NOW))
+    assert str(got.step.after) == "proposed"
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (b'(cfp :task (task :id "t1" :action render) :deadline "soon")', cbcl.BodyError),
+    (b'(cfp :task (task :id "" :action render) :deadline 1)', cbcl.SchemaError),
+    (b'(cfp :task (task :id "t1" :action render) :deadline 1 :round 101)', cbcl.SchemaError),
+])
+def test_an_outgoing_message_the_protocol_refuses_is_not_sent(
+        body: bytes, error: type[Exception]) -> None:
+    pair = SessionPair(initiator(), responder())
+    pair.handshake()
+    message = cfp()
+    wrong = cbcl.Message(message_id="cn-9", sender=message.sender, receiver=message.receiver,
+                         intent=message.intent,
+                         protocol=message.protocol, conversation_id="job-9",
+                         body=cbcl.read(body))
+    with pytest.raises(error):
+        pair.a.send(ProtocolMessage(wrong), now=NOW)
+    assert pair.a.state is HandshakeState.ESTABLISHED
+    assert pair.a.data_to_send() == b""
+    assert pair.a.tracker is not None and pair.a.tracker.get("job-9", B_URI) is None
+    # The same message unchecked (a trusted hot path) is sent, and the peer refuses it.
+    trusting = SessionPair(initiator(validate_outgoing=False), responder())
+    trusting.handshake()
+    data = trusting.a.send(ProtocolMessage(wrong), now=NOW)
+    assert data
+    trusting.b.receive_data(data)
+    with pytest.raises(RemoteProtocolError):
+        trusting.b.next_event(now=NOW)
 
 
 def test_sending_out_of_turn_is_a_local_error() -> None:

@@ -275,8 +275,9 @@ def test_finished_conversations_are_dropped_and_cannot_be_replayed() -> None:
     late = cbcl.Message(message_id="cn-late", sender=A_URI, receiver=B_URI, intent="CFP",
                         protocol="contract-net/v1", conversation_id="job-499",
                         body=cfp(0).body)
-    with pytest.raises(LocalProtocolError, match='conversation "job-499" has finished'):
+    with pytest.raises(cbcl.ConversationError, match='conversation "job-499" has finished'):
         a.send(ProtocolMessage(late), now=NOW)
+    assert a.data_to_send() == b""  # refused, not sent; the session goes on
 
 
 # --------------------------------------------------------------------------- compiled grammars

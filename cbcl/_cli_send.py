@@ -1,0 +1,150 @@
+"""The ``cbcl send`` command (spec/negotiation.md §7): connect, negotiate the protocol of a
+signed descriptor if the peer does not hold it yet, send each message file in order, print
+each reply.
+
+Each MESSAGE_FILE holds one whole message (text, envelope and body). All of them go from
+one sender to one receiver in the descriptor's protocol: the sender is this agent's name,
+the receiver the peer's. Every message is checked by the session before it is sent (both
+passes, the schema, the conversation machine), so a message the protocol refuses is
+refused here, with its code, and never reaches the peer. After each message the command
+waits (``--reply-timeout``) for the peer's next message in the same conversation (for a
+message without a conversation-id: the peer's message ``in-reply-to`` it), unless the
+message finished the conversation or ``--no-reply`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from ._agent import Agent, ConversationClosed, Link, not_understood_exit
+from ._api import parse
+from ._cli_common import MAX_SECONDS, escape_invisible, print_message, seconds
+from ._files import UnsafeFile, read_regular_file
+from ._limits import DEFAULT_LIMITS
+from ._message import Message
+from ._transport import ConnectionLimits, ConnectionLost, parse_address
+
+DEFAULT_REPLY_TIMEOUT = 10.0
+
+
+def _usage(message: str) -> Any:
+    print(escape_invisible(f"usage: cbcl send: {message}"), file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _read_messages(paths: list[str]) -> list[Message]:
+    messages = []
+    for path in paths:
+        try:
+            data = read_regular_file(Path(path), max_bytes=DEFAULT_LIMITS.max_message_bytes,
+                                     what="message")
+        except UnsafeFile as exc:
+            _usage(f"{path}: {exc}")
+        messages.append(parse(data, envelope_only=True))
+    first = messages[0]
+    for path, message in zip(paths, messages, strict=True):
+        if (message.sender, message.receiver) != (first.sender, first.receiver):
+            _usage(f"{path}: goes from {message.sender} to {message.receiver}, but "
+                   f"{paths[0]} from {first.sender} to {first.receiver}: one sender, one "
+                   "receiver")
+    return messages
+
+
+async def send_messages(address: str, document: bytes, key: tuple[str, Any],
+                        messages: list[Message], *, trust: str | None,
+                        encodings: tuple[str, ...], expect_replies: bool,
+                        reply_timeout: float, as_json: bool,
+                        limits: ConnectionLimits | None = None) -> int:
+    """Send ``messages`` to the agent at ``address`` and print the replies; returns the
+    exit status. Raises :class:`CBCLError` (negotiation refused, a message refused
+    locally, the connection lost)."""
+    first = messages[0]
+    agent = Agent(first.sender, key=key, trust=trust, encodings=encodings,
+                  connection_limits=limits, reply_timeout=reply_timeout)
+    try:
+        link = await agent.connect(address, peer=first.receiver, descriptor=document)
+        for message in messages:
+            status = await _send_one(link, message, expect_replies, as_json)
+            if status:
+                return status
+        return 0
+    finally:
+        await agent.close()
+
+
+async def _send_one(link: Link, message: Message, expect_replies: bool, as_json: bool) -> int:
+    cid = message.conversation_id
+    conversation = None
+    if expect_replies:
+        conversation = link.conversation_for(cid) if cid is not None \
+            else link.expect_reply(message.message_id)
+    step = await link.send(message)
+    if (step is not None and step.finished) or conversation is None:
+        return 0
+    try:
+        reply = await conversation.next()
+    except ConversationClosed as exc:
+        print(escape_invisible(f"send: {exc.message}"), file=sys.stderr)
+        return 1 if exc.reason in ("no-reply", "closed", "error") \
+            else not_understood_exit(exc.reason)
+    print_message(reply, as_json)
+    sys.stdout.flush()
+    return 0
+
+
+def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
+    from ._cli_negotiate import _encodings, _signing_key, connection_limits
+
+    try:
+        parse_address(args.connect)
+    except ValueError as exc:
+        _usage(str(exc))
+    messages = _read_messages(args.messages)
+    with open(args.descriptor, "rb") as handle:
+        document = handle.read(DEFAULT_LIMITS.max_string_bytes + 1)
+    key = _signing_key(args.key, args.key_id)
+    encoding = "binary" if args.binary else args.encoding
+    try:
+        return asyncio.run(send_messages(
+            args.connect, document, key, messages, trust=args.trust,
+            encodings=_encodings(encoding), expect_replies=not args.no_reply,
+            reply_timeout=args.reply_timeout, as_json=args.json,
+            limits=connection_limits(args)))
+    except ConnectionLost as exc:
+        print(escape_invisible(f"send: {exc.one_line()}"), file=sys.stderr)
+        return 1
+
+
+def register(commands: Any, add_connection_options: Any) -> None:
+    """Add ``send`` to ``cbcl``'s sub-command action."""
+    p = commands.add_parser(
+        "send", help="send messages of a protocol to an agent; print its replies")
+    p.add_argument("messages", nargs="+", metavar="MESSAGE_FILE",
+                   help="one whole CBCL message (text) per file, sent in order")
+    p.add_argument("--connect", required=True, metavar="HOST:PORT",
+                   help="the peer: HOST:PORT or unix:PATH")
+    p.add_argument("--descriptor", required=True, metavar="SIGNED",
+                   help="the signed descriptor of the messages' protocol (offered if the "
+                        "peer does not hold it)")
+    p.add_argument("--key", required=True, metavar="KEY",
+                   help="Ed25519 private key that signs the transcript confirmation")
+    p.add_argument("--key-id", metavar="ID", help="key id of --key (default: file stem)")
+    p.add_argument("--trust", metavar="DIR",
+                   help="trust store for the peer: its transcript confirmation must be signed "
+                        "by a key here; without it the peer is not authenticated")
+    p.add_argument("--encoding", choices=("any", "text", "binary"), default="any",
+                   help="encodings to offer (default any: binary, then text)")
+    p.add_argument("--binary", action="store_true", help="the same as --encoding binary")
+    p.add_argument("--json", action="store_true", help="print replies as JSON (spec §7.2)")
+    p.add_argument("--no-reply", action="store_true",
+                   help="do not wait for replies")
+    p.add_argument("--reply-timeout", type=seconds(0.001, MAX_SECONDS),
+                   default=DEFAULT_REPLY_TIMEOUT, metavar="S",
+                   help=f"wait at most S for each reply: 0.001 to {MAX_SECONDS:g} "
+                        f"(default {DEFAULT_REPLY_TIMEOUT:g}; none: exit 1)")
+    add_connection_options(p)
+    p.set_defaults(handler=_cmd_send, file=None)
