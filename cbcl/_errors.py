@@ -148,14 +148,19 @@ class TrustError(CBCLError):
     ``message`` is deliberately uninformative (the same for every cause, e.g. ``"descriptor
     verification failed"``): it, or only the error's class, is what a peer may be told.
     ``reason`` holds the precise cause. ``str(error)`` and :meth:`one_line` are for the
-    local operator and logs, and show both: ``message (reason)``."""
+    local operator and logs, and show both: ``message (reason)``. ``cause`` names the
+    failure as data (``"rollback"``, ``"bad-signature"`` …; the table of
+    :mod:`cbcl._reasons` turns it into a wire code), ``None`` where the raise site did not
+    name one."""
 
     kind = "trust"
     exit_code = 6
 
-    def __init__(self, message: str = "verification failed", *, reason: str = "") -> None:
+    def __init__(self, message: str = "verification failed", *, reason: str = "",
+                 cause: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.cause = cause
 
     def __str__(self) -> str:
         return f"{self.message} ({self.reason})" if self.reason else self.message

@@ -1,4 +1,5 @@
-"""Reading a small local file that an operator (or an attacker with write access) placed.
+"""Reading a small local file that an operator (or an attacker with write access) placed,
+and writing one atomically (:func:`write_atomically`).
 
 :func:`read_regular_file` opens without blocking, checks the *open descriptor* (so nothing
 can be swapped in between a check and the read) and reads at most one byte more than
@@ -9,8 +10,10 @@ is a file over the cap, even one that grows while it is read. Symbolic links are
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 
 
 class UnsafeFile(ValueError):
@@ -61,3 +64,29 @@ def read_regular_file(path: str | os.PathLike[str], *, max_bytes: int, what: str
     if remaining <= 0:
         raise UnsafeFile(f"{what}: larger than {max_bytes} bytes")
     return b"".join(chunks)
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *,
+                     prefix: str = ".tmp-", suffix: str = "") -> None:
+    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never
+    a part: a temporary file in the same directory, flushed and synced, then renamed over
+    ``path``, and the directory synced where that is supported. Raises ``OSError``."""
+    target = os.fspath(path)
+    directory = os.path.dirname(target) or "."
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=suffix)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable where supported
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -8,11 +8,18 @@ keep the same :class:`HandshakeState` and advance it with every handshake messag
 received, named by *who sent it* (:data:`INITIATOR` or :data:`RESPONDER`) and its *kind*
 (the body's head: ``supports``, ``supported`` …).
 
-Rule 1: a message whose ``(state, sender, kind)`` has no row in :data:`TRANSITIONS` is a
-protocol error, and the machine moves to ``ERROR``.
-Rule 2: ``ERROR``, ``REJECTED`` and ``CLOSED`` are final; nothing leaves them. Every error
-anywhere in a session (a frame it cannot read, a replay, a transcript that does not match)
-moves it to ``ERROR`` through :meth:`HandshakeMachine.fail`.
+Three tables, one per kind of input, and the machine only looks rows up:
+
+* :data:`TRANSITIONS` — a message: ``(state, sender, kind) -> state``. A message with no
+  row is a protocol error, and the machine moves to :data:`ON_FAILURE`.
+* :data:`END_OF_STREAM` — the end of the stream: ``state -> state``, a row for every
+  state (CLOSED where the end is clean, ERROR elsewhere).
+* :data:`ON_FAILURE` — any error anywhere in a session (a frame it cannot read, a replay,
+  a transcript that does not match, a NOT-UNDERSTOOD) from any state: ERROR.
+
+The states of :data:`FINAL` (ERROR, REJECTED, CLOSED) have no message row: no message
+leaves them. The end of the stream takes REJECTED to CLOSED (the initiator was refused and
+the stream then ended: a clean end), and an error takes any state to ERROR.
 """
 
 from __future__ import annotations
@@ -56,10 +63,27 @@ TRANSITIONS: dict[tuple[HandshakeState, str, str], HandshakeState] = {
     (S.ESTABLISHED, RESPONDER, "message"): S.ESTABLISHED,
 }
 
-#: The end of the stream is clean only here (an initiator that was answered "unsupported"
-#: may also walk away without offering).
-CLOSABLE = frozenset({S.ESTABLISHED, S.UNSUPPORTED, S.REJECTED, S.CLOSED})
+#: The states no message leaves (:data:`TRANSITIONS` has no row from them).
 FINAL = frozenset({S.REJECTED, S.CLOSED, S.ERROR})
+
+#: The end of the stream, by state (§3). ESTABLISHED is clean only with no conversation
+#: open: the session, which knows conversations, fails first when one is. An initiator
+#: answered "unsupported" may walk away without offering.
+END_OF_STREAM: dict[HandshakeState, HandshakeState] = {
+    S.IDLE: S.ERROR,
+    S.ASKED: S.ERROR,
+    S.UNSUPPORTED: S.CLOSED,
+    S.OFFERED: S.ERROR,
+    S.AGREED: S.ERROR,
+    S.CONFIRMING: S.ERROR,
+    S.ESTABLISHED: S.CLOSED,
+    S.REJECTED: S.CLOSED,
+    S.CLOSED: S.CLOSED,
+    S.ERROR: S.ERROR,
+}
+
+#: Where any error, or a NOT-UNDERSTOOD, takes the machine from any state (§3).
+ON_FAILURE = S.ERROR
 
 #: The intent each handshake message is sent with.
 INTENTS = {
@@ -67,10 +91,6 @@ INTENTS = {
     "accepted": "ACCEPT", "rejected": "REJECT", "finished": "CONFIRM",
 }
 
-#: Reason codes a responder puts in ``(rejected :reason …)``, and a NOT-UNDERSTOOD carries.
-REJECT_REASONS = ("untrusted-signer", "bad-signature", "rollback", "equivocation", "expired",
-                  "grammar-refused", "limit", "digest-mismatch", "malformed",
-                  "no-common-encoding")
 ENCODINGS = ("text", "binary")
 
 
@@ -85,32 +105,33 @@ class HandshakeMachine:
 
     def expected(self) -> list[str]:
         """What may come next, as ``"kind from sender"`` phrases (for error messages)."""
-        return [f"({kind} …) from the {sender}" for (state, sender, kind) in TRANSITIONS
-                if state is self.state]
+        return self._phrases(self.state)
 
     def advance(self, sender: str, kind: str) -> HandshakeState:
-        """Take the row for ``(state, sender, kind)`` (rule 1: none is an error, and the
-        machine is then in ``ERROR``)."""
+        """Take the row of :data:`TRANSITIONS` for ``(state, sender, kind)``; none is a
+        :class:`ProtocolError`, and the machine is then in :data:`ON_FAILURE`."""
         if sender not in ROLES:
             raise ValueError(f"sender must be one of {ROLES}")
         target = TRANSITIONS.get((self.state, sender, kind))
         if target is None:
             before = self.state
-            self.state = S.ERROR
-            expected = ", ".join(
-                f"({k} …) from the {s}" for (st, s, k) in TRANSITIONS if st is before)
+            self.state = ON_FAILURE
+            expected = ", ".join(self._phrases(before))
             raise ProtocolError(f"({kind} …) from the {sender} is not allowed in state "
                                 f"{before.value} (expected: {expected or 'nothing'})")
         self.state = target
         return target
 
     def close(self) -> HandshakeState:
-        """The stream ended: clean in :data:`CLOSABLE` states, an error elsewhere."""
-        if self.state in (S.ESTABLISHED, S.UNSUPPORTED, S.CLOSED):
-            self.state = S.CLOSED
-        elif self.state is not S.REJECTED:
-            self.state = S.ERROR
+        """The stream ended: take the row of :data:`END_OF_STREAM`."""
+        self.state = END_OF_STREAM[self.state]
         return self.state
 
     def fail(self) -> None:
-        self.state = S.ERROR
+        """Something went wrong: move to :data:`ON_FAILURE`."""
+        self.state = ON_FAILURE
+
+    @staticmethod
+    def _phrases(state: HandshakeState) -> list[str]:
+        return [f"({kind} …) from the {sender}" for (st, sender, kind) in TRANSITIONS
+                if st is state]

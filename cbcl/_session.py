@@ -23,6 +23,11 @@ differ, and the handshake fails instead of settling on what the middleman chose.
 Any failure moves the session to ``ERROR``: a peer's fault raises
 :class:`RemoteProtocolError` (with a reason ``code``; a NOT-UNDERSTOOD carrying the code is
 then waiting in :meth:`Session.data_to_send`), a caller's fault :class:`LocalProtocolError`.
+
+This module is the session only: the events are in :mod:`._events`, the errors and the
+reason-code table in :mod:`._reasons`, the negotiation descriptor and its registry in
+:mod:`._bootstrap`, the handshake table in :mod:`._negotiation`. Their names are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -31,26 +36,37 @@ import hashlib
 import secrets
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from functools import lru_cache
-from importlib import resources
+from dataclasses import replace
 from typing import Any
 
 from ._api import check_outgoing, parse
+from ._bootstrap import (
+    NEGOTIATION,
+    negotiation_descriptor,
+    negotiation_registry,
+    not_understood_frame,
+)
 from ._codec import MAGIC, Decoder, Encoder
 from ._conversation import ConversationTracker, Step
-from ._errors import (
-    CBCLError,
-    ConversationError,
-    DescriptorError,
-    GrammarError,
-    LimitError,
-    MalformedError,
-    Position,
-    ProtocolError,
-    SchemaError,
-    TrustError,
-    UnknownProtocolError,
+from ._errors import CBCLError, LimitError, MalformedError, Position, TrustError
+from ._events import (
+    NEED_DATA,
+    NEED_WORK,
+    Accepted,
+    ConnectionClosed,
+    Established,
+    Event,
+    Finished,
+    NotUnderstood,
+    Offer,
+    ProtocolMessage,
+    Query,
+    Rejected,
+    Supported,
+    Unsupported,
+    Work,
+    _NeedData,
+    _NeedWork,
 )
 from ._framing import PREFIX_BYTES, frame, prefix_error
 from ._limits import DEFAULT_LIMITS, Limits
@@ -65,167 +81,17 @@ from ._negotiation import (
     HandshakeState,
 )
 from ._protocol import PreparedDescriptor, Protocol, Registry
+from ._reasons import (
+    NOT_UNDERSTOOD_CODES,
+    LocalProtocolError,
+    RemoteProtocolError,
+    error_code,
+    reject_reason,
+)
 from ._trust import read_signed_descriptor_unverified, sign_message
 from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 
-NEGOTIATION = Symbol(PROTOCOL_ID)
-_ANONYMOUS = URI("agent://anonymous")
-
-
-class _NeedData:
-    def __repr__(self) -> str:
-        return "NEED_DATA"
-
-
-#: Returned by :meth:`Session.next_event` when a whole frame has not arrived yet.
-NEED_DATA = _NeedData()
-
-
-class _NeedWork:
-    def __repr__(self) -> str:
-        return "NEED_WORK"
-
-
-#: Returned by :meth:`Session.next_event` of a session made with ``defer_work=True`` when
-#: it waits for :attr:`Session.pending_work` to be done (see :meth:`Session.complete_work`).
-NEED_WORK = _NeedWork()
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Work:
-    """Slow work a session needs done before it can go on: ``kind`` ``"offer"`` (verify
-    and compile an offered descriptor: :meth:`Registry.prepare`) or ``"record"`` (record
-    the accepted descriptor in the state directory, once the peer's Finished verified:
-    :meth:`Registry.record`). ``run()`` blocks; it may run in another thread (it reads the
-    registry and its caches, and changes neither). It returns the result to hand to
-    :meth:`Session.complete_work` or raises a :class:`CBCLError`, which is handed over
-    instead."""
-
-    kind: str
-    run: Callable[[], Any]
-
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """``(supports …)``: does the responder speak ``protocol`` with this ``digest``?
-    ``versions``: the versions the initiator can speak; ``encodings``: in preference order."""
-
-    protocol: str
-    digest: str
-    versions: tuple[int, ...]
-    encodings: tuple[str, ...] = ("binary", "text")
-
-
-@dataclass(frozen=True, slots=True)
-class Supported:
-    protocol: str
-    digest: str
-    version: int
-    encoding: str
-
-
-@dataclass(frozen=True, slots=True)
-class Unsupported:
-    """The responder does not hold that digest; ``known``: the versions of the id it holds."""
-
-    protocol: str
-    known: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Offer:
-    """The signed-descriptor document, offered by the initiator. ``digest`` (of its
-    payload) is filled in by :meth:`Session.send`."""
-
-    document: bytes
-    digest: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    """The responder verified, compiled and loaded the offer. ``signers`` (local only, the
-    responder's view) are the key ids that signed it."""
-
-    protocol: str
-    digest: str
-    version: int
-    encoding: str
-    signers: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """The responder refused the offer. ``reason`` is the wire code; ``detail`` is local
-    only (the responder's log line), never sent."""
-
-    reason: str
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """A transcript confirmation: ``sha256:`` of the labelled transcript hash."""
-
-    transcript: str
-
-
-@dataclass(frozen=True, slots=True)
-class Established:
-    """Both transcripts matched: ``protocol`` runs in ``encoding`` from now on."""
-
-    protocol: str
-    digest: str
-    version: int
-    encoding: str
-
-
-@dataclass(frozen=True, slots=True)
-class ProtocolMessage:
-    """A message of the agreed protocol; ``step`` is what its conversation did (``None``
-    when sending, or for a protocol without a conversation)."""
-
-    message: Message
-    step: Step | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether this message ended its conversation (a final state)."""
-        return self.step is not None and self.step.finished
-
-
-@dataclass(frozen=True, slots=True)
-class NotUnderstood:
-    """The peer could not use our message; ``reason`` is its code. The session is over."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionClosed:
-    """The stream ended (received), or we end it (sent)."""
-
-
-Event = (Query | Supported | Unsupported | Offer | Accepted | Rejected | Finished | Established
-         | ProtocolMessage | NotUnderstood | ConnectionClosed)
-
-
 # --------------------------------------------------------------------------- errors
-
-
-class RemoteProtocolError(ProtocolError):
-    """The peer broke the protocol. ``code`` is the reason sent in the NOT-UNDERSTOOD reply;
-    ``exit_code`` follows the underlying error (3 malformed, 4 limit, 6 trust, 7
-    conversation, 5 otherwise)."""
-
-    kind = "session"
-
-    def __init__(self, message: str, *, code: str, exit_code: int = 5) -> None:
-        super().__init__(message)
-        self.code = code
-        self.exit_code = exit_code  # type: ignore[misc]
 
 
 class _Refused(Exception):
@@ -235,96 +101,6 @@ class _Refused(Exception):
     def __init__(self, error: CBCLError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-class LocalProtocolError(ProtocolError):
-    """The caller asked the session to do something the protocol does not allow."""
-
-    kind = "session"
-
-
-# --------------------------------------------------------------------------- reasons
-
-
-def reject_reason(error: BaseException) -> str:
-    """The wire reason code for a refused offer (spec/negotiation.md §4)."""
-    if isinstance(error, TrustError):
-        reason = error.reason
-        if reason.startswith("rollback"):
-            return "rollback"
-        if reason.startswith("equivocation"):
-            return "equivocation"
-        if reason.startswith("expired"):
-            return "expired"
-        if "bad signature" in reason or "malformed signature" in reason \
-                or "base64" in reason or "malformed signed-descriptor" in reason:
-            return "bad-signature"
-        return "untrusted-signer"
-    if isinstance(error, GrammarError):
-        return "grammar-refused"
-    if isinstance(error, LimitError):
-        return "limit"
-    return "malformed"
-
-
-def _error_code(error: CBCLError) -> str:
-    """The NOT-UNDERSTOOD code for a message we could not use."""
-    if isinstance(error, RemoteProtocolError):
-        return error.code
-    if isinstance(error, LimitError):
-        return "limit"
-    if isinstance(error, TrustError):
-        return "bad-signature" if "bad signature" in error.reason else "untrusted-signer"
-    if isinstance(error, SchemaError):
-        return "schema"
-    if isinstance(error, ConversationError):
-        return "conversation"
-    if isinstance(error, UnknownProtocolError):
-        return "unknown-protocol"
-    if isinstance(error, (MalformedError, DescriptorError)):
-        return "malformed"
-    return "protocol"
-
-
-@lru_cache(maxsize=1)
-def negotiation_descriptor() -> bytes:
-    """The shipped cbcl-negotiation/v1 descriptor (package data of ``cbcl.grammars``)."""
-    return resources.files("cbcl.grammars").joinpath("cbcl-negotiation-v1.cbcl").read_bytes()
-
-
-@lru_cache(maxsize=1)
-def negotiation_registry() -> Registry:
-    """A registry holding only cbcl-negotiation/v1 (shipped, so trusted: compiled in this
-    process)."""
-    registry = Registry(isolate=False)
-    registry.load(negotiation_descriptor(), allow_unsigned=True)
-    return registry
-
-
-#: The codes a NOT-UNDERSTOOD carries (spec/negotiation.md §4).
-NOT_UNDERSTOOD_CODES = frozenset({
-    "malformed", "limit", "replay", "stale", "protocol", "unknown-protocol", "schema",
-    "conversation", "transcript-mismatch", "untrusted-signer", "bad-signature",
-    "digest-mismatch", "no-common-encoding", "rollback", "equivocation", "expired",
-    "grammar-refused", "closed", "timeout", "busy"})
-
-
-def not_understood_frame(code: str, *, now: int, message_id: str = "refusal-1",
-                         me: URI | None = None, peer: URI | None = None,
-                         conversation_id: str | None = None,
-                         in_reply_to: str | None = None) -> bytes:
-    """A framed cbcl-negotiation/v1 NOT-UNDERSTOOD carrying ``code``, built as a value
-    (parties default to ``agent://anonymous``): what an edge writes to a connection it
-    refuses before any session ran on it. Returns ``b""`` if a field cannot be written."""
-    try:
-        message = Message(
-            message_id=message_id, sender=me or _ANONYMOUS, receiver=peer or _ANONYMOUS,
-            intent=Intent.NOT_UNDERSTOOD, protocol=NEGOTIATION,
-            conversation_id=conversation_id, in_reply_to=in_reply_to, timestamp=now,
-            body=code)
-        return frame(message.canonical().encode())
-    except (TypeError, ValueError):  # pragma: no cover - every field is ours
-        return b""
 
 
 def finished_value(transcript_digest: bytes, sender: str) -> str:
@@ -641,7 +417,7 @@ class Session:
 
     def _fail(self, error: CBCLError, *, reply: bool = True) -> Any:
         self._machine.fail()
-        code = _error_code(error)
+        code = error_code(error)
         if reply:
             self._outbox += self._not_understood(code)
         if isinstance(error, RemoteProtocolError):
@@ -762,7 +538,8 @@ class Session:
             return self._receive_finished(message, values["transcript"], data)
         self._transcript.update(frame(data))
         self._machine.advance(self.peer_role, kind)
-        return getattr(self, f"_on_{kind}")(values, now)
+        handler: Callable[[dict[str, Any], int], Event] = getattr(self, f"_on_{kind}")
+        return handler(values, now)
 
     # responder side
 
@@ -922,7 +699,7 @@ class Session:
             trust.verify_message(message)
         elif self.require_signed_finished:
             raise TrustError("message verification failed",
-                             reason="the peer's (finished …) is not signed")
+                             reason="the peer's (finished …) is not signed", cause="unsigned")
         self._transcript.update(frame(data))
         self._machine.advance(self.peer_role, "finished")
         prepared = self._prepared
@@ -1085,7 +862,9 @@ class Session:
 
 
 __all__ = [
-    "NEED_DATA", "NEED_WORK", "Accepted", "ConnectionClosed", "Established", "Finished",
-    "LocalProtocolError", "NotUnderstood", "Offer", "ProtocolMessage", "Query", "Rejected",
-    "RemoteProtocolError", "Session", "Supported", "Unsupported", "Work",
+    "NEED_DATA", "NEED_WORK", "NEGOTIATION", "NOT_UNDERSTOOD_CODES", "Accepted",
+    "ConnectionClosed", "Established", "Event", "Finished", "LocalProtocolError",
+    "NotUnderstood", "Offer", "ProtocolMessage", "Query", "Rejected", "RemoteProtocolError",
+    "Session", "Supported", "Unsupported", "Work", "finished_value", "negotiation_descriptor",
+    "negotiation_registry", "not_understood_frame", "reject_reason",
 ]

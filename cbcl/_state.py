@@ -33,7 +33,6 @@ import math
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import TrustError
-from ._files import UnsafeFile, read_regular_file
+from ._files import UnsafeFile, read_regular_file, write_atomically
 from ._values import INT64_MAX
 
 #: The format written. :data:`FORMAT_V1` files (without ``keys``) are still read.
@@ -179,10 +178,10 @@ class StateStore:
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            raise TrustError(_FAILED, reason=f"state directory {self.directory}: "
+            raise TrustError(_FAILED, cause="state", reason=f"state directory {self.directory}: "
                              f"{exc.strerror or exc}") from None
         if not self.directory.is_dir():
-            raise TrustError(_FAILED, reason=f"state directory {self.directory}: "
+            raise TrustError(_FAILED, cause="state", reason=f"state directory {self.directory}: "
                              "not a directory")
         self._key = str(self.directory.resolve())
 
@@ -199,12 +198,13 @@ class StateStore:
         except UnsafeFile as exc:
             raise self._corrupt(path, str(exc).removeprefix(f"{path.name}: ")) from None
         except OSError as exc:
-            raise TrustError(_FAILED, reason=f"state {path}: {exc.strerror or exc}") from None
+            raise TrustError(_FAILED, cause="state",
+                             reason=f"state {path}: {exc.strerror or exc}") from None
         try:
             record = json.loads(data)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-            problem = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
-            raise self._corrupt(path, problem) from None
+            reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+            raise self._corrupt(path, reason) from None
         problem = _record_problem(record, protocol)
         if problem is not None:
             raise self._corrupt(path, problem)
@@ -213,7 +213,7 @@ class StateStore:
 
     @staticmethod
     def _corrupt(path: Path, problem: str) -> TrustError:
-        return TrustError(_FAILED, reason=f"state {path} is corrupt ({problem}); "
+        return TrustError(_FAILED, cause="state", reason=f"state {path} is corrupt ({problem}); "
                           "refusing rather than forgetting it")
 
     def update(self, protocol: str,
@@ -251,29 +251,11 @@ class StateStore:
     def _write(self, record: StateRecord, data: bytes | None = None) -> None:
         if data is None:
             data = _encode(record)
-        target = self.directory / file_name(record.protocol)
-        handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".tmp-",
-                                             suffix=".json")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-        with contextlib.suppress(OSError):  # make the rename durable where supported
-            directory = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+        write_atomically(self.directory / file_name(record.protocol), data, suffix=".json")
 
     def _timeout(self) -> TrustError:
-        return TrustError(_FAILED, reason=f"state directory {self.directory} is locked by "
-                          f"another writer (waited {self.lock_timeout:g} s)")
+        return TrustError(_FAILED, cause="state", reason=f"state directory {self.directory} "
+                          f"is locked by another writer (waited {self.lock_timeout:g} s)")
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -293,11 +275,12 @@ class StateStore:
                 descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
                                      | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             except OSError as exc:
-                raise TrustError(_FAILED, reason=f"state lock {path}: "
+                raise TrustError(_FAILED, cause="state", reason=f"state lock {path}: "
                                  f"{exc.strerror or exc}") from None
             try:
                 if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-                    raise TrustError(_FAILED, reason=f"state lock {path}: not a regular file")
+                    raise TrustError(_FAILED, cause="state",
+                                     reason=f"state lock {path}: not a regular file")
                 while True:
                     try:
                         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -484,10 +484,12 @@ class TrustStore:
         try:
             signed = read_signed_descriptor_unverified(document, limits=limits)
         except DescriptorError as exc:
-            raise TrustError(DESCRIPTOR_FAILED, reason=exc.message) from None
+            raise TrustError(DESCRIPTOR_FAILED, reason=exc.message,
+                             cause="malformed-signature") from None
         message = pae(DESCRIPTOR_PAYLOAD_TYPE, signed.payload)
         valid: dict[bytes, str] = {}  # raw key -> the first key id it verified under
         problems: list[str] = []
+        bad = False  # a trusted key id's signature did not verify
         for number, sig in enumerate(signed.signatures, 1):
             where = f"signature {number} ({_show(sig.key_id)})"
             raw_sig = _decode_signature(sig.value, where, DESCRIPTOR_FAILED)
@@ -502,26 +504,30 @@ class TrustStore:
                 self._keys[sig.key_id].verify(raw_sig, message)
             except InvalidSignature:
                 problems.append(f"{where}: bad signature")
+                bad = True
                 continue
             valid[raw_key] = sig.key_id
         detail = f" [{'; '.join(problems)}]" if problems else ""
+        cause = "bad-signature" if bad else "untrusted"
         if not valid:
             raise TrustError(DESCRIPTOR_FAILED,
-                             reason=f"no valid signature from a trusted key{detail}")
+                             reason=f"no valid signature from a trusted key{detail}",
+                             cause=cause)
         keys = set(valid)
         if not any(len(keys & self._distinct(rule.keys)) >= rule.threshold
                    for rule in self.policy.rules()):
             signers = ", ".join(repr(k) for k in sorted(valid.values()))
             raise TrustError(DESCRIPTOR_FAILED, reason=f"threshold not met: valid signatures "
                              f"from {len(keys)} distinct key(s) ({signers}) satisfy no policy "
-                             f"rule; the payload was not read{detail}")
+                             f"rule; the payload was not read{detail}", cause=cause)
         # Only now is the payload read as a descriptor.
         descriptor = read_descriptor(signed.payload, limits=limits)
         ident = str(descriptor.id)
         rule = self.policy.rule_for(ident)
         if rule is None:
             raise TrustError(DESCRIPTOR_FAILED,
-                             reason=f"the trust policy has no rule for {ident} and no default")
+                             reason=f"the trust policy has no rule for {ident} and no default",
+                             cause="untrusted")
         allowed = self._distinct(rule.keys)
         counted = keys & allowed
         if len(counted) < rule.threshold:
@@ -529,7 +535,7 @@ class TrustStore:
             parts = [f"threshold not met for {ident}: {len(counted)} of {rule.threshold} "
                      "distinct allowed keys"]
             parts += [f"key {k!r} is not allowed to sign {ident}" for k in refused]
-            raise TrustError(DESCRIPTOR_FAILED, reason="; ".join(parts) + detail)
+            raise TrustError(DESCRIPTOR_FAILED, reason="; ".join(parts) + detail, cause=cause)
         return VerifiedDescriptor(descriptor, tuple(sorted(valid[k] for k in counted)))
 
     # ----------------------------------------------------------------- messages
@@ -546,21 +552,24 @@ class TrustStore:
             raise TypeError("verify_message takes a cbcl.Message")
         signature = message.signature
         if signature is None:
-            raise TrustError(MESSAGE_FAILED, reason="unsigned message: signatures are required")
+            raise TrustError(MESSAGE_FAILED, reason="unsigned message: signatures are required",
+                             cause="unsigned")
         where = f"message signature ({_show(signature.key_id)})"
         raw_sig = _decode_signature(signature.value, where, MESSAGE_FAILED)
         key = self._keys.get(signature.key_id)
         if key is None:
-            raise TrustError(MESSAGE_FAILED, reason=f"{where}: unknown key id")
+            raise TrustError(MESSAGE_FAILED, reason=f"{where}: unknown key id",
+                             cause="untrusted")
         rule = self.policy.rule_for(str(message.protocol))
         if rule is not None and rule.message_keys is not None \
                 and self._raw[signature.key_id] not in self._distinct(rule.message_keys):
             raise TrustError(MESSAGE_FAILED, reason=f"{where}: key is not allowed to sign "
-                             f"{message.protocol} messages")
+                             f"{message.protocol} messages", cause="untrusted")
         try:
             key.verify(raw_sig, message.signing_bytes())
         except InvalidSignature:
-            raise TrustError(MESSAGE_FAILED, reason=f"{where}: bad signature") from None
+            raise TrustError(MESSAGE_FAILED, reason=f"{where}: bad signature",
+                             cause="bad-signature") from None
         return signature.key_id
 
 
@@ -569,15 +578,18 @@ def _decode_signature(text: str, where: str, failure: str) -> bytes:
     checked (length, alphabet, padding) before it is decoded."""
     if len(text) != 88:
         raise TrustError(failure, reason=f"{where}: malformed signature: expected 88 base64 "
-                         f"characters, found {len(text)}")
+                         f"characters, found {len(text)}", cause="malformed-signature")
     if not _SIGNATURE_TEXT.match(text):
-        raise TrustError(failure, reason=f"{where}: malformed signature: not standard base64")
+        raise TrustError(failure, reason=f"{where}: malformed signature: not standard base64",
+                         cause="malformed-signature")
     try:
         raw = base64.b64decode(text, validate=True)
     except binascii.Error:  # pragma: no cover - the pattern admits only valid base64
-        raise TrustError(failure, reason=f"{where}: malformed signature") from None
+        raise TrustError(failure, reason=f"{where}: malformed signature",
+                         cause="malformed-signature") from None
     if base64.b64encode(raw).decode("ascii") != text:
-        raise TrustError(failure, reason=f"{where}: malformed signature: non-canonical base64")
+        raise TrustError(failure, reason=f"{where}: malformed signature: non-canonical base64",
+                         cause="malformed-signature")
     return raw
 
 

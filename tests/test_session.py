@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import cbcl
 from cbcl._framing import frame
-from cbcl._negotiation import TRANSITIONS, HandshakeMachine, HandshakeState
+from cbcl._negotiation import (
+    END_OF_STREAM,
+    FINAL,
+    ON_FAILURE,
+    TRANSITIONS,
+    HandshakeMachine,
+    HandshakeState,
+)
 from cbcl._session import (
     NEED_DATA,
     Accepted,
@@ -137,6 +143,71 @@ def test_the_table_is_data_and_an_unknown_row_is_an_error() -> None:
         machine.advance("initiator", "supports")  # nothing leaves ERROR
 
 
+def _spec_section_3() -> list[list[str]]:
+    text = (ROOT / "spec" / "negotiation.md").read_text(encoding="utf-8")
+    section = text[text.index("## 3. States"):text.index("The descriptor's `(conversation")]
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ")][1:]  # no header
+
+
+def test_the_tables_are_section_3_of_the_spec() -> None:
+    messages, ends, failure = {}, {}, None
+    for state, event, sender, target in _spec_section_3():
+        after = HandshakeState[target.removesuffix(" (final)")]
+        if event == "end of stream":
+            names = [n.split(" (")[0] for n in state.split(", ")]
+            for name in names if names != ["any other"] else []:
+                ends[HandshakeState[name]] = after
+            if names == ["any other"]:
+                other = after
+        elif state == "any":
+            failure = after
+        elif event == "a message of the agreed protocol":
+            for role in ("initiator", "responder"):
+                messages[(HandshakeState[state], role, "message")] = after
+        else:
+            messages[(HandshakeState[state], sender, event)] = after
+    assert messages == TRANSITIONS
+    assert failure is ON_FAILURE
+    assert set(END_OF_STREAM) == set(HandshakeState)
+    for state, after in END_OF_STREAM.items():
+        # A state the spec does not name ends in ERROR, a final one stays what it is.
+        expected = ends.get(state, state if state in FINAL and state is not
+                            HandshakeState.REJECTED else other)
+        assert after is expected, state
+
+
+def test_no_message_leaves_a_final_state_and_the_machine_only_reads_tables() -> None:
+    assert not [row for row in TRANSITIONS if row[0] in FINAL]
+    assert all(END_OF_STREAM[state] in FINAL for state in FINAL)
+    for state in HandshakeState:
+        machine = HandshakeMachine()
+        machine.state = state
+        assert machine.close() is END_OF_STREAM[state]
+        machine.state = state
+        machine.fail()
+        assert machine.state is ON_FAILURE
+
+
+def test_rejected_then_the_end_of_the_stream_is_closed() -> None:
+    """spec/negotiation.md §3: the initiator was refused and the stream then ends: a clean
+    end, CLOSED, on both sides."""
+    pair = SessionPair(initiator(), responder())
+    pair.handshake(document=sign_descriptor(V2, [("stranger", OTHER_KEY)]))
+    assert pair.events["a"][-1] == Rejected("untrusted-signer")
+    assert pair.a.state is pair.b.state is HandshakeState.REJECTED
+    for side in (pair.a, pair.b):
+        side.receive_data(b"")
+        assert isinstance(side.next_event(now=NOW), ConnectionClosed)
+        assert side.state is HandshakeState.CLOSED
+    assert pair.a.data_to_send() == pair.b.data_to_send() == b""
+    # Closing from our side after a rejection is clean too.
+    pair = SessionPair(initiator(), responder())
+    pair.handshake(document=sign_descriptor(V2, [("stranger", OTHER_KEY)]))
+    assert pair.a.send(ConnectionClosed(), now=NOW) == b""
+    assert pair.a.state is HandshakeState.CLOSED
+
+
 # --------------------------------------------------------------------------- handshakes
 
 
@@ -222,16 +293,15 @@ def test_refused_offers_carry_a_reason_code(document: bytes, reason: str | None)
 
 
 def test_reject_reasons_map_every_refusal() -> None:
-    def trust(reason: str) -> cbcl.TrustError:
-        return cbcl.TrustError("descriptor verification failed", reason=reason)
+    def trust(cause: str, reason: str = "any wording at all") -> cbcl.TrustError:
+        return cbcl.TrustError("descriptor verification failed", reason=reason, cause=cause)
 
-    assert reject_reason(trust("rollback: x")) == "rollback"
-    assert reject_reason(trust("equivocation: x")) == "equivocation"
-    assert reject_reason(trust("expired: x")) == "expired"
-    assert reject_reason(trust("no valid signature [signature 1: bad signature]")) \
-        == "bad-signature"
-    assert reject_reason(trust("no valid signature [signature 1: unknown key id]")) \
-        == "untrusted-signer"
+    # The cause decides the code, never the wording of the reason.
+    assert reject_reason(trust("rollback")) == "rollback"
+    assert reject_reason(trust("equivocation")) == "equivocation"
+    assert reject_reason(trust("expired")) == "expired"
+    assert reject_reason(trust("bad-signature", "rollback: looks like one")) == "bad-signature"
+    assert reject_reason(trust("untrusted", "expired: looks like one")) == "untrusted-signer"
     assert reject_reason(cbcl.GrammarError("x")) == "grammar-refused"
     assert reject_reason(cbcl.LimitError("x", limit="max_depth", maximum=1)) == "limit"
     assert reject_reason(cbcl.DescriptorError("x")) == "malformed"
@@ -391,6 +461,24 @@ def test_an_unsigned_finished_is_refused_when_signatures_are_required() -> None:
     assert pair.b.state is HandshakeState.ERROR
 
 
+def test_a_finished_with_malformed_signature_text_is_bad_signature() -> None:
+    """spec/negotiation.md §4: malformed signature text is ``bad-signature``, in a
+    NOT-UNDERSTOOD to a Finished as in a rejected offer (one table decides both)."""
+    pair = SessionPair(initiator(), responder())
+    pair.feed(pair.b, pair.a.send(query(), now=NOW))
+    pair.feed(pair.a, pair.b.data_to_send())
+    pair.feed(pair.b, pair.a.send(Offer(SIGNED_V2), now=NOW))
+    pair.feed(pair.a, pair.b.data_to_send())
+    finished = pair.a.data_to_send()
+    changed = frame(re.sub(rb'\(signature "demo" "[^"]*"\)', b'(signature "demo" "abc")',
+                           finished[4:]))
+    assert changed != finished
+    with pytest.raises(RemoteProtocolError) as caught:
+        pair.feed(pair.b, changed)
+    assert caught.value.code == "bad-signature"
+    assert b'"bad-signature"' in pair.b.data_to_send()
+
+
 def test_a_middleman_who_recomputes_the_finished_is_caught_by_its_signature() -> None:
     """An unkeyed hash can be recomputed: the signature over A's Finished is what stops an
     active middleman who changed the question (here: stripped binary)."""
@@ -448,6 +536,20 @@ def tamper(data: bytes, how: str, where: int) -> bytes:
     return frame(payload)
 
 
+def only_the_message_id(original: bytes, changed: bytes) -> bool:
+    """Whether ``changed`` is ``original`` with another message id and nothing else. The
+    id of an unsigned Finished is outside the transcript (spec/negotiation.md §5) and only
+    the replay window reads it, so a middleman may change it without changing what is
+    agreed; every other change must keep the two sides from both reaching ESTABLISHED."""
+    try:
+        before = cbcl.parse(original[4:], envelope_only=True)
+        after = cbcl.parse(changed[4:], envelope_only=True)
+    except cbcl.CBCLError:
+        return False
+    return before.message_id != after.message_id \
+        and replace(before, message_id=after.message_id) == after
+
+
 class Handshake(RuleBasedStateMachine):
     """A and B negotiate through a middleman who may change any handshake frame."""
 
@@ -481,7 +583,7 @@ class Handshake(RuleBasedStateMachine):
         if how is not None:
             changed = tamper(data, how, where)
             if changed != data:
-                self.tampered = True
+                self.tampered = self.tampered or not only_the_message_id(data, changed)
                 data = changed
         if self.failed or to.state in (HandshakeState.ERROR, HandshakeState.REJECTED):
             return
