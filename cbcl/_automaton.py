@@ -21,9 +21,9 @@ whose states are LR stacks, one transition at a time:
   terminal: the literal-or-data decision is made once per stack and class, as part of the
   transition. ``LPAR`` maps to ``(next node, whole)``, where ``whole`` says that the list
   is a whole ``value`` which the walker may take without walking it (:func:`value_states`).
-* A missing transition is computed by the plain driver (:meth:`StackAutomaton.step`) and
-  remembered. The hot loop is ``node.get(cls)``, and ``automaton.step(node, cls)`` when
-  that is ``None``.
+* A missing transition is computed by the plain driver (:meth:`StackAutomaton.step`, the
+  twin on nodes of :func:`cbcl._kernel.feed`) and remembered. The hot loop is
+  ``node.get(cls)``, and ``automaton.step(node, cls)`` when that is ``None``.
 
 The automaton holds at most ``max_nodes`` stacks; when full it starts afresh (as RE2
 flushes its cache), so memory stays bounded and a hostile stream of unseen shapes costs
@@ -96,7 +96,7 @@ class StackAutomaton:
 
     def _push(self, node: Node, state: int) -> Node:
         children = node[_CHILDREN]
-        child = children.get(state)
+        child: Node | None = children.get(state)
         if child is None:
             if self._size >= self.max_nodes:
                 self.start = self._root()  # flush: walks under way keep their old nodes
@@ -120,6 +120,10 @@ class StackAutomaton:
         return result
 
     def _feed(self, node: Node, terminal: str) -> Any:
+        # The kernel's step (cbcl._kernel.feed, whole values included) walked on nodes
+        # rather than on a list: a twin kept for the miss path's speed (rebuilding the
+        # list stack costs each miss its depth). test_automaton checks it against the
+        # kernel.
         actions = self.tables.actions
         rules = self.tables.rules
         end_state = self.tables.end_state

@@ -23,7 +23,8 @@ each limit where it could be exceeded, steps the protocol's :class:`StackAutomat
 declines (returns ``None``, never raises) on anything else; its two hot loops have C twins
 in the optional extension ``cbcl._speedups``. The careful tier (:func:`_decode_tokens`)
 then walks the declined frame's tokens, checking every limit at the token that would
-exceed it and driving the LALR tables, and raises errors in the order the text path raises
+exceed it and driving the LALR tables with the recognition kernel (:mod:`._kernel`, which
+also words the refusal, as for text), and raises errors in the order the text path raises
 them: limits first (a grammar refusal is remembered while the rest of the frame is checked
 for limits), then the envelope, then the intent rules, then the grammar, then the schema.
 Byte offsets are computed only when an error is raised.
@@ -31,8 +32,7 @@ Byte offsets are computed only when an error is raised.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -46,35 +46,42 @@ from ._canonical import _decimal, canonical_value
 from ._errors import (
     BodyError,
     EnvelopeError,
-    LimitError,
     MalformedError,
     Position,
     ProtocolError,
     UnknownProtocolError,
 )
-from ._lalr import value_states
-from ._limits import DEFAULT_LIMITS, Limits
-from ._message import VERSION, Intent, Message, Signature
-from ._protocol import (
-    _ALWAYS_ADMITTED,
-    _ANY_VALUE,
-    _GENERAL_SHOWN,
-    Protocol,
-    Registry,
-    _expected_order,
+from ._kernel import (
+    ACCEPTED,
+    REFUSED as REFUSED_BY_GRAMMAR,
+    WHOLE,
+    body_refusal,
+    feed,
+    take_value,
+    terminal_of,
 )
-from ._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol
+from ._lalr import value_states
+from ._limits import DEFAULT_LIMITS, Budget, Limits
+from ._message import VERSION, Intent, Message, Signature
+from ._protocol import _ALWAYS_ADMITTED, Protocol, Registry
+from ._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
 from ._schema import check_schema
-from ._values import (
-    _NAME_RE,
-    _URI_RE,
-    INT64_MAX,
-    INT64_MIN,
-    URI,
-    Keyword,
-    Symbol,
-    Value,
-    is_name,
+from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ._vocabulary import (
+    CODE_DECIMAL,
+    CODE_INTEGER,
+    CODE_KEYWORD,
+    CODE_KINDS,
+    CODE_LPAR,
+    CODE_RPAR,
+    CODE_SYMBOL,
+    CODE_URI,
+    DECIMAL_RE,
+    FIRST_ENTRY,
+    MAX_DECIMAL_CHARS,
+    NAME_RE,
+    SYMBOL_RE,
+    URI_RE,
 )
 
 MAGIC = b"\xcbL"
@@ -84,9 +91,9 @@ DIGEST_BYTES = 32
 HEADER_BYTES = 4 + DIGEST_BYTES
 SHORT_HEADER_BYTES = 4 + 2
 
-# Token codes (positive msgpack integers).
-LPAR, RPAR, INTEGER, DECIMAL, SYMBOL, KEYWORD, URI_CODE = range(7)
-FIRST_ENTRY = 7
+# Token codes (positive msgpack integers; cbcl._vocabulary, mirrored by the C enum).
+LPAR, RPAR, INTEGER, DECIMAL = CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL
+SYMBOL, KEYWORD, URI_CODE = CODE_SYMBOL, CODE_KEYWORD, CODE_URI
 
 # Presence bits of the optional envelope fields, in envelope order.
 HAS_CONVERSATION_ID = 1
@@ -103,11 +110,10 @@ _INTENT_INDEX = {intent: index for index, intent in enumerate(INTENTS)}
 _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "in-reply-to"),
                    (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
                    (HAS_SIGNATURE, "signature"), (HAS_BODY, "body"))
-_VALUE_RULE = "cbcl_value"  # cbcl._subset.LARK_VALUE_RULE
 _KIND_CODES = {Symbol: SYMBOL, Keyword: KEYWORD, URI: URI_CODE}
 _DATA_TERMINALS = {Symbol: "SYMBOL", Keyword: "KEYWORD", URI: "URI"}
-_KIND_TERMINALS = {DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD", URI_CODE: "URI"}
-_MAX_DECIMAL_TEXT = 40
+_KIND_TERMINALS = {code: kind for code, kind in CODE_KINDS.items() if code != INTEGER}
+_MAX_DECIMAL_TEXT = MAX_DECIMAL_CHARS
 _new = str.__new__
 
 
@@ -125,11 +131,8 @@ class SymbolTable:
     #: Atom -> code.
     codes: dict[Value, int]
     #: Terminal -> the state shifting it enters when it can only start a whole ``value``
-    #: (empty if the grammar has no ``value``); see :func:`_value_states`.
+    #: (empty if the grammar has no ``value``); see :func:`cbcl._lalr.value_states`.
     value_states: dict[str, int]
-    #: Each rule's size and the nonterminal it makes, by rule number (for the driver).
-    rule_sizes: tuple[int, ...]
-    rule_origins: tuple[str, ...]
     #: Code -> (atom, its literal terminal), for the decoder's fast path.
     entries: dict[int, tuple[Value, str]]
 
@@ -140,16 +143,9 @@ class SymbolTable:
         return cls(protocol, digest_bytes(protocol.digest), atoms,  # type: ignore[arg-type]
                    tuple(terminal for _, terminal in pairs),
                    {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},
-                   _value_states(protocol.tables),
-                   tuple(rule.size for rule in protocol.tables.rules),
-                   tuple(rule.origin for rule in protocol.tables.rules),
+                   value_states(protocol.tables),
                    {FIRST_ENTRY + index: (atom, terminal)
                     for index, (atom, (_, terminal)) in enumerate(zip(atoms, pairs, strict=True))})
-
-
-def _value_states(tables: Any) -> dict[str, int]:
-    """See :func:`cbcl._lalr.value_states`."""
-    return value_states(tables)
 
 
 def digest_bytes(digest: str) -> bytes:
@@ -168,8 +164,13 @@ def _malformed(message: str, offset: int, error: type[MalformedError] = Malforme
     raise error(message, position=_at(offset))
 
 
-def _limit(message: str, name: str, maximum: int, offset: int) -> NoReturn:
-    raise LimitError(message, limit=name, maximum=maximum, position=_at(offset))
+def _located(offset: int) -> tuple[Position, None]:
+    return _at(offset), None
+
+
+def _limit(limits: Limits, name: str, offset: int, subject: str | None = None) -> NoReturn:
+    """Raise the :class:`LimitError` of limit ``name`` at byte ``offset``."""
+    Budget(limits, _located).exceeded(name, offset, subject)
 
 
 def _check_short_ids(short_ids: Mapping[int, str] | None) -> dict[int, str]:
@@ -270,7 +271,7 @@ class Encoder:
             _body_tokens(message.body, dict(table.codes), tokens)
         tokens[1] = present
         try:
-            packed = msgpack.packb(tokens)
+            packed: bytes = msgpack.packb(tokens)
         except UnicodeEncodeError:
             raise ValueError("a string holds a lone surrogate, not UTF-8 text") from None
         # ``tokens`` packs as one array; the frame holds its elements without the array
@@ -279,13 +280,11 @@ class Encoder:
         skip = 1 if first < 0xDC else (3 if first == 0xDC else 5)
         frame = header + packed[skip:]
         if self.validate and len(frame) > self.limits.max_message_bytes:
-            maximum = self.limits.max_message_bytes
-            raise LimitError(f"frame exceeds the limit of {maximum} bytes",
-                             limit="max_message_bytes", maximum=maximum)
+            Budget(self.limits, nowhere).exceeded("max_message_bytes", 0, "frame")
         return frame
 
 
-def _body_tokens(body: Value, codes: dict[Value, int], out: list[Any]) -> None:
+def _body_tokens(body: Value | list[Any], codes: dict[Value, int], out: list[Any]) -> None:
     """Append the tokens of ``body``; ``codes`` (the symbol table) grows with each
     symbol, keyword and URI written out in full."""
     append = out.append
@@ -293,7 +292,7 @@ def _body_tokens(body: Value, codes: dict[Value, int], out: list[Any]) -> None:
         _atom_tokens(body, codes, append)
         return
     append(LPAR)
-    stack = [iter(body)]
+    stack: list[Iterator[Any]] = [iter(body)]
     while stack:
         for item in stack[-1]:
             kind = type(item)
@@ -336,7 +335,7 @@ def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> None:
         canonical_value(item)  # raises TypeError/ValueError for a non-CBCL value
         for base in (Keyword, Symbol, URI, Decimal, int, str):  # a subclass of a CBCL type
             if isinstance(item, base):
-                _atom_tokens(base(item), codes, append)
+                _atom_tokens(base(item), codes, append)  # type: ignore[arg-type]  # an instance
                 return
         raise TypeError(f"{kind.__name__} is not a CBCL value type")  # pragma: no cover
 
@@ -405,8 +404,7 @@ class Decoder:
         limits = self.limits
         size = len(data)
         if size > limits.max_message_bytes:
-            _limit(f"frame exceeds the limit of {limits.max_message_bytes} bytes",
-                   "max_message_bytes", limits.max_message_bytes, 0)
+            _limit(limits, "max_message_bytes", 0, "frame")
         table, start = self._header(data)
         tokens = self._fast_unpack(data, start) if self._fast_unpack is not None else None
         if tokens is None:  # not built, or a frame it declines: msgpack reads it
@@ -561,14 +559,16 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
             if present & bit:
                 if index >= count:
                     return None
-                value = tokens[index]
+                value: Any = tokens[index]
                 index += 1
+                # (mypy narrows value to ``kind``'s declared type, object: the checks
+                # above make it a str or an int)
                 if type(value) is not kind:
                     return None
                 if kind is str:
-                    if not value or len(value) * 4 > max_string:
+                    if not value or len(value) * 4 > max_string:  # type: ignore[arg-type]
                         return None
-                elif not INT64_MIN <= value <= INT64_MAX:
+                elif not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
                     return None
                 fields[slot] = value
     signature = None
@@ -615,15 +615,15 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
     def take(index: int, kind: type, name: str, string: bool = True) -> Any:
         if index >= count:
             _malformed(f"truncated frame: it ends before the {name}", len(data))
-        token = tokens[index]
+        token: Any = tokens[index]
         if type(token) is not kind:
             _malformed(f"the {name} must be a msgpack "
                        f"{'string' if kind is str else 'integer'}, not "
                        f"{_kind_name(token)}", where(index))
-        if kind is str and string and len(token) * 4 > max_string and \
-                len(token.encode("utf-8")) > max_string:
-            _limit(f"string longer than {max_string} bytes", "max_string_bytes", max_string,
-                   where(index))
+        text: Any = token  # (narrowed to object by the type check above: a str here)
+        if kind is str and string and len(text) * 4 > max_string and \
+                len(text.encode("utf-8")) > max_string:
+            _limit(limits, "max_string_bytes", where(index))
         return token
 
     intent_index = take(0, int, "intent")
@@ -713,22 +713,18 @@ def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present:
         return
     fields = 5 + bin(present).count("1")
     if limits.max_depth < 2:
-        _limit(f"lists nested more than {limits.max_depth} deep", "max_depth",
-               limits.max_depth, where(2))
+        _limit(limits, "max_depth", where(2))
     items = max(1 + fields, 3 if present & HAS_SIGNATURE else 2)
     if items > limits.max_list_items:
-        _limit(f"more than {limits.max_list_items} items in one list", "max_list_items",
-               limits.max_list_items, where(0))
+        _limit(limits, "max_list_items", where(0))
     nodes = _envelope_nodes(present)
     if nodes > limits.max_nodes:
-        _limit(f"more than {limits.max_nodes} nodes in one document", "max_nodes",
-               limits.max_nodes, where(0))
+        _limit(limits, "max_nodes", where(0))
     names = [VERSION, "message-id", "sender", "receiver", "intent", intent.value, "protocol",
              str(protocol.id), *(name for bit, name in _OPTIONAL_NAMES if present & bit)]
     longest = max(map(len, names))
     if longest > limits.max_name_chars:
-        _limit(f"symbol longer than {limits.max_name_chars} characters", "max_name_chars",
-               limits.max_name_chars, where(0))
+        _limit(limits, "max_name_chars", where(0), "symbol")
     if len(_ENVELOPE_WITHIN_LIMITS) >= 4096:
         _ENVELOPE_WITHIN_LIMITS.clear()
     _ENVELOPE_WITHIN_LIMITS.add(key)
@@ -773,8 +769,6 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     """Read the body's tokens from ``index``: ``(body, next index, grammar refusal)``."""
     protocol = table.protocol
     tables = protocol.tables
-    actions = tables.actions
-    can_shift = tables.can_shift
     stack = [tables.start_state]
     grammar = governed
     refusal: BodyError | None = None
@@ -791,8 +785,6 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         max_nodes = len(tokens) + nodes  # every token is at most one node: cannot be over
     value_states = table.value_states
     in_value = 0  # the depth of the list of a value read without the tables, or 0
-    sizes = table.rule_sizes
-    origins = table.rule_origins
     max_string = limits.max_string_bytes
     max_name = limits.max_name_chars
     count = len(tokens)
@@ -810,8 +802,7 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         kind = type(token)
         if kind is str:
             if len(token) * 4 > max_string and len(token.encode("utf-8")) > max_string:
-                _limit(f"string longer than {max_string} bytes", "max_string_bytes",
-                       max_string, where(at))
+                _limit(limits, "max_string_bytes", where(at))
             value = token
             terminal = "STRING"
         elif kind is int:
@@ -820,10 +811,8 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                 if entry < static_count:
                     value = static_atoms[entry]
                     literal = static_terminals[entry]
-                    action = actions[stack[-1]].get(literal) if grammar else None
-                    terminal = literal if action is not None and (
-                        action >= 0 or can_shift(stack, literal)) \
-                        else _DATA_TERMINALS[type(value)]
+                    data = _DATA_TERMINALS[type(value)]
+                    terminal = terminal_of(tables, stack, literal, data) if grammar else data
                 else:
                     entry -= static_count
                     if entry >= len(learned):
@@ -833,16 +822,13 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
             elif token == LPAR:
                 nodes += 1
                 if nodes > max_nodes:
-                    _limit(f"more than {max_nodes} nodes in one document", "max_nodes",
-                           max_nodes, where(at))
+                    _limit(limits, "max_nodes", where(at))
                 depth += 1
                 if depth > max_depth:
-                    _limit(f"lists nested more than {limits.max_depth} deep", "max_depth",
-                           limits.max_depth, where(at))
+                    _limit(limits, "max_depth", where(at))
                 if items is not None:
                     if len(items) >= max_items:
-                        _limit(f"more than {max_items} items in one list", "max_list_items",
-                               max_items, where(at))
+                        _limit(limits, "max_list_items", where(at))
                     parents.append(items)
                 items = []
                 terminal = "LPAR"
@@ -898,58 +884,32 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         if terminal != "LPAR" and terminal != "RPAR":
             nodes += 1
             if nodes > max_nodes:
-                _limit(f"more than {max_nodes} nodes in one document", "max_nodes",
-                       max_nodes, where(at))
+                _limit(limits, "max_nodes", where(at))
             if items is not None:
                 if len(items) >= max_items:
-                    _limit(f"more than {max_items} items in one list", "max_list_items",
-                           max_items, where(at))
+                    _limit(limits, "max_list_items", where(at))
                 items.append(value)
         if grammar:
-            row = actions[stack[-1]]
-            action = row.get(terminal)
-            if action is None:
+            done = feed(tables, stack, terminal, whole=value_states)
+            if done == REFUSED_BY_GRAMMAR:
                 refusal = _refusal(protocol, stack, terminal, value, where(at))
                 grammar = False
-            elif action == value_states.get(terminal):
-                if terminal == "LPAR":  # a whole value: read it without the tables
-                    grammar = False
-                    in_value = depth
-                else:
-                    stack.append(row[_VALUE_RULE])
-            else:
-                while action < 0:
-                    size = sizes[~action]
-                    if size:
-                        del stack[-size:]
-                    stack.append(actions[stack[-1]][origins[~action]])
-                    action = actions[stack[-1]].get(terminal)
-                    if action is None:
-                        refusal = _refusal(protocol, stack, terminal, value, where(at))
-                        grammar = False
-                        break
-                else:
-                    stack.append(action)
+            elif done == WHOLE:  # a whole value: read it without the tables
+                grammar = False
+                in_value = depth
         elif in_value and depth < in_value:  # the value read without the tables ended
             in_value = 0
             grammar = True
-            stack.append(actions[stack[-1]][_VALUE_RULE])
+            take_value(tables, stack)
         if items is None:  # the body is complete
             break
-    if grammar:
-        while True:
-            action = actions[stack[-1]].get("$END")
-            if action is None or action >= 0:
-                refusal = _refusal(protocol, stack, "$END", None, where(index))
-                break
-            size = sizes[~action]
-            if size:
-                del stack[-size:]
-            stack.append(actions[stack[-1]][origins[~action]])
-            if stack[-1] == tables.end_state:
-                break
+    if grammar and feed(tables, stack, "$END") != ACCEPTED:
+        refusal = _refusal(protocol, stack, "$END", None, where(index))
     return value, index, refusal
 
+
+_NAME_MATCH = {SYMBOL: SYMBOL_RE.match, KEYWORD: NAME_RE.match}
+_URI_MATCH = URI_RE.match
 
 # Short decimals already validated, by text (bounded like _URIS). Longer ones, like most
 # numbers, seldom recur: kept, they would only fill the cache.
@@ -964,7 +924,7 @@ def _make_atom(code: int, text: Any) -> Value | None:
     if type(text) is not str:
         return None
     if code == DECIMAL:
-        if len(text) > _MAX_DECIMAL_TEXT or _DECIMAL_RE.fullmatch(text) is None:
+        if len(text) > _MAX_DECIMAL_TEXT or DECIMAL_RE.match(text) is None:
             return None
         value = Decimal(text)
         if len(text) <= 4:  # as the reader: short ones recur
@@ -985,7 +945,8 @@ _ATOM_CACHES: tuple[dict[str, Any] | None, ...] = (
 
 
 def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
-               nodes: int, governed: bool, build: Any = None) -> Value | None:
+               nodes: int, governed: bool,
+               build: Callable[..., Value | None] | None = None) -> Value | None:
     """The body read from ``tokens[index:]`` when it is canonical, within every limit,
     ends the frame and (if ``governed``) is accepted by the grammar; else ``None``, and
     :func:`_walk_body` reads the same tokens to raise the precise error.
@@ -1019,7 +980,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
     parents: list[list[Value]] = []
     items: list[Value] | None = None
     whole_at = 0  # the depth of a list taken as a whole value (the grammar waits), or 0
-    value: Any
+    value: Value
     cls: str
     tokens_left = iter(tokens)
     for _ in range(index):
@@ -1078,7 +1039,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                     if type(text) is not str or (
                             len(text) > max_name and token in (SYMBOL, KEYWORD)):
                         return None
-                    value = caches[token].get(text)  # type: ignore[union-attr]
+                    value = caches[token].get(text)
                     if value is None:
                         value = make_atom(token, text)
                         if value is None:
@@ -1113,24 +1074,44 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
     return value
 
 
+def _speedups_agree(build_body: Any, unpack: Any) -> bool:
+    """Whether the C twins read a known body as the Python twin does: the C enum of token
+    codes (``cbcl/_speedups.c``, which exports no constants) against :mod:`._vocabulary`.
+    Every code is used: each kind written in full, a static entry, a learned one."""
+    tokens: list[Any] = [LPAR, INTEGER, 5, DECIMAL, "1.5", SYMBOL, "a", KEYWORD, "k",
+                         URI_CODE, "a://b", "s", FIRST_ENTRY, FIRST_ENTRY + 1, RPAR]
+    literal = intern_symbol("cbcl-probe")
+    entries: dict[int, tuple[Value, str]] = {FIRST_ENTRY: (literal, "LIT_0")}
+
+    def run(build: Any) -> Any:
+        return build(tokens, 0, entries, {literal: FIRST_ENTRY}, _ATOM_CACHES, _make_atom,
+                     None, None, 8, 16, 64, 16, FIRST_ENTRY + 1, REFUSED, ACCEPT)
+
+    expected = run(_fast_body_loop)
+    assert expected is not None
+    frame = b"".join(msgpack.packb(token) for token in tokens)
+    return bool(run(build_body) == expected and unpack(frame, 0) == tokens)
+
+
 try:
-    from ._speedups import build_body as _build_body_c
-    from ._speedups import unpack as _unpack_c
+    from ._speedups import build_body as _build_body_c, unpack as _unpack_c
 except ImportError:  # not built: the Python twins run
     _build_body: Any = _fast_body_loop
     _unpack: Any = None
 else:
+    if not _speedups_agree(_build_body_c, _unpack_c):  # pragma: no cover - a stale build
+        raise ImportError("cbcl._speedups disagrees with cbcl._vocabulary's token codes "
+                          "(rebuild the extension)")
     _build_body = _build_body_c
     _unpack = _unpack_c
 
-_CODE_NAMES = {INTEGER: "INTEGER", DECIMAL: "DECIMAL", SYMBOL: "SYMBOL", KEYWORD: "KEYWORD",
-               URI_CODE: "URI"}
+_CODE_NAMES = CODE_KINDS
 
 
 def _decimal_value(text: str, where: Any, at: int) -> Decimal:
     if len(text) > _MAX_DECIMAL_TEXT:
         _malformed(f"decimal longer than {_MAX_DECIMAL_TEXT} characters", where(at))
-    if _DECIMAL_RE.fullmatch(text) is None:
+    if DECIMAL_RE.match(text) is None:
         _malformed(f"not a CBCL decimal: {text[:40]!r}", where(at))
     return Decimal(text)
 
@@ -1141,47 +1122,22 @@ def _named_atom(code: int, text: str, limits: Limits, where: Any, at: int) -> Va
             return URI(text)
         except ValueError:
             _malformed(f"not a CBCL URI: {text[:40]!r}", where(at))
-    valid = is_name(text) if code == SYMBOL else _is_keyword_name(text)
+    valid = _NAME_MATCH[code](text) is not None
     if not valid:
         _malformed(f"not a CBCL {_CODE_NAMES[code].lower()} name: {text[:40]!r}", where(at))
     if len(text) > limits.max_name_chars:
-        _limit(f"{_CODE_NAMES[code].lower()} longer than {limits.max_name_chars} characters",
-               "max_name_chars", limits.max_name_chars, where(at))
+        _limit(limits, "max_name_chars", where(at), _CODE_NAMES[code].lower())
     return str.__new__(Symbol if code == SYMBOL else Keyword, text)
 
 
-def _is_keyword_name(text: str) -> bool:
-    return _NAME_RE.match(text) is not None
-
-
-_NAME_MATCH = {
-    SYMBOL: re.compile(r"(?![+\-]?\.?[0-9])[A-Za-z+\-*/<>=!?_.]"
-                       r"[A-Za-z0-9+\-*/<>=!?_.@%&]*+\Z").match,
-    KEYWORD: re.compile(r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*+\Z").match,
-}
-_DECIMAL_RE = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
-_URI_MATCH = _URI_RE.match
 
 
 def _refusal(protocol: Protocol, stack: list[int], terminal: str, value: object,
              offset: int) -> BodyError:
-    """The :class:`BodyError` for ``terminal`` refused at ``stack`` (worded as text's)."""
-    tables = protocol.tables
-    acceptable = [t for t in tables.actions[stack[-1]]
-                  if (t.isupper() or t == "$END") and tables.can_shift_or_accept(stack, t)]
-    if set(acceptable) >= _ANY_VALUE:
-        acceptable = [t for t in acceptable if t not in _ANY_VALUE] + ["VALUE"]
-    expected = [protocol.shown.get(t, t) for t in sorted(acceptable, key=_expected_order)]
-    if terminal in ("LPAR", "RPAR", "$END"):
-        found = _GENERAL_SHOWN[terminal]
-    elif terminal.startswith("LIT_"):
-        found = protocol.shown[terminal]
-    else:
-        shown = canonical_value(value)  # type: ignore[arg-type]
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        found = f"{_GENERAL_SHOWN[terminal].split(' ', 1)[1]} {shown}"
-    return BodyError(f"the {protocol.id} grammar expected {' or '.join(expected)}, found "
-                     f"{found}", position=_at(offset), expected=tuple(expected))
+    """The :class:`BodyError` for ``terminal`` refused at ``stack`` (the kernel's wording,
+    as text's)."""
+    message, expected = body_refusal(protocol, stack, terminal, value)
+    return BodyError(message, position=_at(offset), expected=expected)
 
 
 # --------------------------------------------------------------------------- one-shot

@@ -21,12 +21,14 @@ When the tables hold no action for a token the input is refused with an
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, NoReturn
 
 from ._errors import CBCLError, EnvelopeError
-from ._lalr import Tables, build_lark
+from ._kernel import ACCEPTED, REFUSED, feed, terminal_of
+from ._lalr import Rule, Tables, build_lark
 from ._limits import Limits
 from ._message import VERSION, Intent, Message, Signature
 from ._reader import (
@@ -102,7 +104,7 @@ def _expected(tables: Tables, stack: list[int]) -> tuple[str, ...]:
     intents = [s for s in shown if s in INTENT_TERMINALS]
     if len(intents) > 3:
         shown = [s for s in shown if s not in INTENT_TERMINALS] + ["an intent"]
-    return tuple(sorted(set(shown), key=_ORDER.get))
+    return tuple(sorted(set(shown), key=lambda item: _ORDER.get(item, len(_ORDER))))
 
 
 # Expected items are listed in the envelope's own order.
@@ -168,28 +170,17 @@ def parse_envelope(text: str, limits: Limits) -> Message:
     return scan_envelope(text, limits).message
 
 
-def _feed(tables: Tables, stack: list[int], values: list[Any], terminal: str,
-          token: Any) -> Any:
-    """Feed one token to the tables: ``False`` if refused, ``True`` once shifted, or the
-    field dictionary when ``$END`` completes the message."""
-    actions = tables.actions
-    while True:
-        action = actions[stack[-1]].get(terminal)
-        if action is None:
-            return False
-        if action >= 0:
-            stack.append(action)
-            values.append(token)
-            return True
-        rule = tables.rules[~action]
+def _reducer(values: list[Any]) -> Callable[[Rule], None]:
+    """The kernel's ``reduce`` callback: replace a rule's children on ``values`` with what
+    :data:`_REDUCERS` makes of them."""
+
+    def reduce(rule: Rule) -> None:
         size = rule.size
         children = values[len(values) - size :]
-        del stack[len(stack) - size :]
         del values[len(values) - size :]
         values.append(_REDUCERS[rule.origin](children))
-        stack.append(actions[stack[-1]][rule.origin])
-        if terminal == "$END" and stack[-1] == tables.end_state:
-            return values[-1]
+
+    return reduce
 
 
 # The fields of the envelope in grammar order: (position, Message attribute, what it holds).
@@ -274,6 +265,7 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
     max_items = limits.max_list_items
     stack = [tables.start_state]
     values: list[Any] = []
+    reduce = _reducer(values)
     items = [0]  # elements seen in each open list (the outermost counts the document)
     pos = 0
     depth = 0
@@ -296,8 +288,7 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
             depth += 1
             nodes += 1
             if depth > max_depth:
-                limit(text, start, f"lists nested more than {max_depth} deep", "max_depth",
-                      max_depth)
+                limit(text, start, limits, "max_depth")
             pos = m.end()
         elif kind == RPAR:
             terminal = "RPAR"
@@ -314,10 +305,9 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
             value, pos, nodes = read_value_at(text, pos, limits, depth, nodes)
             terminal = ATOM_TERMINALS[type(value)]
             if terminal == "SYMBOL":
-                literal = LITERALS.get(value)  # type: ignore[call-overload]
-                if literal is not None and tables.can_shift(stack, literal):
-                    terminal = literal
-                else:
+                terminal = terminal_of(tables, stack, LITERALS.get(value),  # type: ignore[call-overload]
+                                       terminal)
+                if terminal == "SYMBOL":
                     protocol_at = start  # the only SYMBOL the envelope admits
             elif terminal == "STRING" and value == "" and previous in _ID_FIELDS:
                 fail(text, start, f"{_ID_FIELDS[previous]} must not be empty",
@@ -328,15 +318,15 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
         elif terminal != "$END":
             items[-1] += 1
             if items[-1] > max_items and len(items) > 1:
-                limit(text, start, f"more than {max_items} items in one list",
-                      "max_list_items", max_items)
+                limit(text, start, limits, "max_list_items")
             if terminal == "LPAR":
                 items.append(0)
-        result = _feed(tables, stack, values, terminal, value)
-        if result is False:
+        done = feed(tables, stack, terminal, reduce=reduce)
+        if done == REFUSED:
             _refuse(text, start, tables, stack, terminal, value)
-        if result is not True:
-            return Envelope(Message(**result), protocol_at, body_at)
+        if done == ACCEPTED:
+            return Envelope(Message(**values[-1]), protocol_at, body_at)
+        values.append(value)
 
 
 def _field(name: str) -> Any:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._vocabulary import VALUE_FIRST
+
 
 def build_lark(text: str, start: str = "start") -> Any:
     """A ``lark.Lark`` LALR(1) parser for grammar ``text`` whose terminals are all declared
@@ -127,7 +129,7 @@ class Tables:
 #: the helper that repeats it inside a list.
 VALUE_RULE = "cbcl_value"
 _VALUE_STAR = "_cbcl_value_star"
-_VALUE_FIRST = ("LPAR", "SYMBOL", "STRING", "INTEGER", "DECIMAL", "KEYWORD", "URI")
+_VALUE_FIRST = VALUE_FIRST
 _VALUE_STATES: dict[int, tuple[Tables, dict[str, int]]] = {}
 
 

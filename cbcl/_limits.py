@@ -1,9 +1,19 @@
 """Resource limits (draft §1.1). Every limit is a parameter; each is checked while reading,
-before the work it protects."""
+before the work it protects.
+
+Each tier checks a limit where its own loop can exceed it (inline, for speed), and every
+tier refuses through one :class:`Budget`: one wording per limit, and a position callback
+that turns the tier's index (a text index, or a binary token's byte offset) into the
+error's position and context.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import NoReturn
+
+from ._errors import LimitError, Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +59,40 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+#: How each limit is said when exceeded; ``{subject}`` is what exceeds it (for
+#: ``max_message_bytes`` a document or a frame, for ``max_name_chars`` a symbol or keyword).
+WORDING = {
+    "max_message_bytes": "{subject} exceeds the limit of {maximum} bytes",
+    "max_depth": "lists nested more than {maximum} deep",
+    "max_list_items": "more than {maximum} items in one list",
+    "max_nodes": "more than {maximum} nodes in one document",
+    "max_string_bytes": "string longer than {maximum} bytes",
+    "max_name_chars": "{subject} longer than {maximum} characters",
+}
+_SUBJECTS = {"max_message_bytes": "document", "max_name_chars": "symbol"}
+
+#: Where an index is: the error's position and context (either may be ``None``).
+Locate = Callable[[int], tuple[Position | None, str | None]]
+
+
+def limit_message(name: str, maximum: int, subject: str | None = None) -> str:
+    """The one wording of limit ``name`` (a :class:`Limits` field) exceeded."""
+    return WORDING[name].format(maximum=maximum, subject=subject or _SUBJECTS.get(name))
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The limits of one document and how to say where they are exceeded: ``locate``
+    maps the tier's index (text index, byte offset) to a position and a context."""
+
+    limits: Limits
+    locate: Locate
+
+    def exceeded(self, name: str, index: int, subject: str | None = None) -> NoReturn:
+        """Raise the :class:`LimitError` of limit ``name`` exceeded at ``index``."""
+        maximum = getattr(self.limits, name)
+        position, context = self.locate(index)
+        raise LimitError(limit_message(name, maximum, subject), limit=name, maximum=maximum,
+                         position=position, context=context)

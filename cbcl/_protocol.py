@@ -46,6 +46,7 @@ from ._compile import (
 )
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import BodyError, GrammarError, LimitError, ProtocolError, TrustError
+from ._kernel import GENERAL_SHOWN, REFUSED as REFUSED_BY_GRAMMAR, body_refusal, feed, terminal_of
 from ._lalr import Tables
 from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
@@ -67,15 +68,8 @@ from ._reader import (
 from ._schema import Schema, check_schema, compile_schema
 from ._state import StateRecord, StateStore
 from ._subset import GrammarLimits
-from ._trust import DESCRIPTOR_FAILED as _FAILED
-from ._trust import TrustStore, VerifiedDescriptor
+from ._trust import DESCRIPTOR_FAILED as _FAILED, TrustStore, VerifiedDescriptor
 from ._values import ATOM_TERMINALS, Keyword, Symbol, Value
-
-_GENERAL_SHOWN = {
-    "STRING": "a string", "INTEGER": "an integer", "DECIMAL": "a decimal",
-    "KEYWORD": "a keyword", "URI": "a URI", "SYMBOL": "a symbol", "LPAR": "'('",
-    "RPAR": "')'", "VALUE": "a value", "$END": "the end of the body",
-}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -117,7 +111,7 @@ class Protocol:
                       compiled: CompiledGrammar) -> Protocol:
         assert compiled.tables is not None
         atoms: dict[Value, str] = {}
-        shown = dict(_GENERAL_SHOWN)
+        shown = dict(GENERAL_SHOWN)
         for terminal, text in compiled.literals.items():
             if terminal in ("LPAR", "RPAR"):
                 continue
@@ -188,8 +182,6 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
     """Re-scan the body that starts at character ``body_at`` of ``text`` and raise a
     :class:`BodyError` at the first token the grammar refuses."""
     tables = protocol.tables
-    actions = tables.actions
-    rules = tables.rules
     stack = [tables.start_state]
     pos = body_at
     depth = 0
@@ -216,56 +208,14 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
                 value, pos, _ = read_value_at(text, pos, limits, 0, 0)
                 terminal = ATOM_TERMINALS[type(value)]
                 if terminal in ("SYMBOL", "KEYWORD"):
-                    literal = protocol.atoms.get(value)  # type: ignore[call-overload]
-                    if literal is not None and tables.can_shift(stack, literal):
-                        terminal = literal
+                    terminal = terminal_of(tables, stack, protocol.atoms.get(value),
+                                           terminal)
         started = True
-        while True:
-            action = actions[stack[-1]].get(terminal)
-            if action is None:
-                _refuse_body(protocol, text, start, stack, terminal, value)
-            if action >= 0:
-                stack.append(action)
-                break
-            rule = rules[~action]
-            if rule.size:
-                del stack[len(stack) - rule.size :]
-            stack.append(actions[stack[-1]][rule.origin])
-            if terminal == "$END" and stack[-1] == tables.end_state:
-                raise AssertionError("explain_body found no error")  # pragma: no cover
-
-
-_ANY_VALUE = frozenset({"STRING", "INTEGER", "DECIMAL", "KEYWORD", "URI", "SYMBOL", "LPAR"})
-_GENERAL_ORDER = {name: index for index, name in enumerate(_GENERAL_SHOWN)}
-
-
-def _expected_order(terminal: str) -> tuple[int, int]:
-    """Literals in the author's order (LIT_0, LIT_1 …), then the general terminals."""
-    if terminal.startswith("LIT_"):
-        return (0, int(terminal[4:]))
-    return (1, _GENERAL_ORDER.get(terminal, len(_GENERAL_ORDER)))
-
-
-def _refuse_body(protocol: Protocol, text: str, index: int, stack: list[int], terminal: str,
-                 value: object) -> NoReturn:
-    tables = protocol.tables
-    acceptable = [t for t in tables.actions[stack[-1]]
-                  if (t.isupper() or t == "$END") and tables.can_shift_or_accept(stack, t)]
-    if set(acceptable) >= _ANY_VALUE:  # every atom and '(' fit: say "a value"
-        acceptable = [t for t in acceptable if t not in _ANY_VALUE] + ["VALUE"]
-    expected = [protocol.shown.get(t, t) for t in sorted(acceptable, key=_expected_order)]
-    if terminal in ("LPAR", "RPAR", "$END"):
-        found = _GENERAL_SHOWN[terminal]
-    elif terminal in protocol.shown and terminal.startswith("LIT_"):
-        found = protocol.shown[terminal]
-    else:
-        from ._canonical import canonical_value
-
-        shown = canonical_value(value)  # type: ignore[arg-type]
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        found = f"{_GENERAL_SHOWN[terminal].split(' ', 1)[1]} {shown}"
-    fail(text, index, f"the {protocol.id} grammar expected {' or '.join(expected)}, found "
-         f"{found}", expected=tuple(expected), error=BodyError)
+        if feed(tables, stack, terminal) == REFUSED_BY_GRAMMAR:
+            message, expected = body_refusal(protocol, stack, terminal, value)
+            fail(text, start, message, expected=expected, error=BodyError)
+        if terminal == "$END":  # pragma: no cover - pass 2 refused this body
+            raise AssertionError("explain_body found no error")
 
 
 # --------------------------------------------------------------------------- the registry
@@ -629,17 +579,17 @@ class Registry:
         if descriptor.version < record.version:
             raise TrustError(_FAILED, reason=f"rollback: {ident} version "
                              f"{descriptor.version} is older than the accepted version "
-                             f"{record.version}")
+                             f"{record.version}", cause="rollback")
         if descriptor.version == record.version and descriptor.digest != record.digest:
             raise TrustError(_FAILED, reason=f"equivocation: {ident} version "
                              f"{descriptor.version} is {descriptor.digest}, but "
-                             f"{record.digest} was accepted for it")
+                             f"{record.digest} was accepted for it", cause="equivocation")
         if keys and record.keys and descriptor.digest != record.digest \
                 and self._binding_applies(ident) and not set(keys) & set(record.keys):
             raise TrustError(_FAILED, reason=f"key binding: {ident} is bound to the key(s) "
                              "that signed its first accepted descriptor, and none of them "
                              "signed this one (a (protocol …) rule in policy.cbcl decides "
-                             "otherwise)")
+                             "otherwise)", cause="key-binding")
 
     def _binding_applies(self, ident: str) -> bool:
         """Trust on first use governs ids the policy has no ``(protocol …)`` rule for."""
@@ -664,20 +614,20 @@ class Registry:
         if signed:
             if self.trust is None:
                 raise TrustError(_FAILED, reason="signed descriptor, but the registry has no "
-                                 "trust store to verify it (trust=…, --trust)")
+                                 "trust store to verify it (trust=…, --trust)", cause="untrusted")
             verified = self.trust.verify_descriptor(payload, limits=self.limits)
             descriptor, signers = verified.descriptor, verified.signers
             keys = tuple(sorted({fingerprint for fingerprint in map(
                 self.trust.fingerprint, signers) if fingerprint is not None}))
         elif not allow_unsigned:
             raise TrustError(_FAILED, reason="unsigned descriptor: it loads only with "
-                             "allow_unsigned=True (--allow-unsigned)")
+                             "allow_unsigned=True (--allow-unsigned)", cause="unsigned")
         else:
             descriptor = read_descriptor(payload, limits=self.limits)
         ident = str(descriptor.id)
         if descriptor.expires is not None and now >= descriptor.expires:
             raise TrustError(_FAILED, reason=f"expired: {ident} version {descriptor.version} "
-                             f"expired at {descriptor.expires}, now is {now}")
+                             f"expired at {descriptor.expires}, now is {now}", cause="expired")
         self._check_record(descriptor, keys, self._memory_record(descriptor.id))
         if self.state is not None:
             self._check_record(descriptor, keys, self.state.get(ident))

@@ -54,24 +54,23 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any, NoReturn
 
-from ._errors import LimitError, MalformedError, Position
-from ._limits import DEFAULT_LIMITS, Limits
-from ._values import (
-    INT64_MAX,
-    INT64_MIN,
+from ._errors import MalformedError, Position
+from ._limits import DEFAULT_LIMITS, Budget, Limits
+from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ._vocabulary import (
     INVISIBLE,
     MAX_DECIMAL_CHARS,
-    URI,
+    NAME,
+    NUMBER_GROUPS,
+    NUMBER_RE,
+    NUMBERLIKE_RE,
+    SYMBOL as SYMBOL_PATTERN,
     URI_PATTERN,
-    Keyword,
-    Symbol,
-    Value,
 )
 
 # Characters refused unescaped in strings (and everywhere else outside them): C0 and C1
 # controls, DEL, and the bidirectional embedding/override/isolate controls.
 _FORBIDDEN = "\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
-_NAME = r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*+"
 _DELIM = r"(?=[ \t\r\n();]|\Z)"
 
 # Group numbers (match.lastindex) of the token kinds. The alternatives are tried in order
@@ -87,12 +86,12 @@ TOKEN = re.compile(
     r"(?:"
     r"(\()"  # 1 LPAR
     r"|(\))"  # 2 RPAR
-    r"|:(" + _NAME + r")" + _DELIM +  # 3 KEYWORD (the name)
-    r"|(?![+\-]?\.?[0-9])(" + _NAME + r")" + _DELIM +  # 4 SYMBOL
+    r"|:(" + NAME + r")" + _DELIM +  # 3 KEYWORD (the name)
+    r"|(" + SYMBOL_PATTERN + r")" + _DELIM +  # 4 SYMBOL
     # 5 STRING: the raw text between the quotes. \u escapes of surrogates do not match.
     r'|"((?:[^"\\' + _FORBIDDEN + r"]++"
     r'|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+)"' + _DELIM +
-    r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?" + _DELIM +  # 6 INTEGER, 7 DECIMAL part
+    r"|" + NUMBER_GROUPS + _DELIM +  # 6 INTEGER, 7 DECIMAL part
     r"|(" + URI_PATTERN + r")"
     + _DELIM +  # 8 URI
     r"|(\Z)"  # 9 EOF
@@ -166,10 +165,15 @@ def fail(text: str, index: int, message: str, *,
                 expected=expected)
 
 
-def limit(text: str, index: int, message: str, name: str, maximum: int) -> NoReturn:
+def text_budget(text: str, limits: Limits) -> Budget:
+    """The :class:`Budget` of ``text``: its indexes are character indexes."""
+    return Budget(limits, lambda index: (position_of(text, index), context_of(text, index)))
+
+
+def limit(text: str, index: int, limits: Limits, name: str,
+          subject: str | None = None) -> NoReturn:
     """Raise :class:`LimitError` for limit ``name`` at character ``index`` of ``text``."""
-    raise LimitError(message, limit=name, maximum=maximum, position=position_of(text, index),
-                     context=context_of(text, index))
+    text_budget(text, limits).exceeded(name, index, subject)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -185,18 +189,18 @@ def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
     maximum = limits.max_message_bytes
     if isinstance(data, str):
         if len(data) > maximum:  # each character is at least one byte
-            _too_big(maximum)
+            _too_big(limits)
         try:
             size = len(data.encode("utf-8"))
         except UnicodeEncodeError as exc:
             fail(data, exc.start, "a lone surrogate is not valid UTF-8")
         if size > maximum:
-            _too_big(maximum)
+            _too_big(limits)
         return data
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"expected bytes or str, not {type(data).__name__}")
     if len(data) > maximum:
-        _too_big(maximum)
+        _too_big(limits)
     try:
         return bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -207,9 +211,13 @@ def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
                              context=context_of(good, len(good))) from None
 
 
-def _too_big(maximum: int) -> NoReturn:
-    raise LimitError(f"document exceeds the limit of {maximum} bytes",
-                     limit="max_message_bytes", maximum=maximum)
+def _too_big(limits: Limits) -> NoReturn:
+    Budget(limits, nowhere).exceeded("max_message_bytes", 0)
+
+
+def nowhere(index: int) -> tuple[None, None]:
+    """A :class:`Budget`'s ``locate`` for a refusal that has no position."""
+    return None, None
 
 
 # --------------------------------------------------------------------------- the reader
@@ -278,7 +286,7 @@ def intern_symbol(name: str, *, pin: bool = False) -> Symbol:
     value = _SYMBOLS.get(name)
     if value is None or pin:
         value = _intern(_SYMBOLS, _PINNED_SYMBOLS, Symbol, name, pin)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def intern_keyword(name: str, *, pin: bool = False) -> Keyword:
@@ -287,7 +295,7 @@ def intern_keyword(name: str, *, pin: bool = False) -> Keyword:
     value = _KEYWORDS.get(name)
     if value is None or pin:
         value = _intern(_KEYWORDS, _PINNED_KEYWORDS, Keyword, name, pin)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
@@ -312,7 +320,7 @@ def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     count = 0
     value: Value
     for m in TOKEN.finditer(text, pos):
-        kind = m.lastindex
+        kind: int = m.lastindex  # type: ignore[assignment]  # TOKEN always matches a group
         if kind == LPAR:
             count += 1
             if count > budget:
@@ -337,16 +345,14 @@ def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
             name = m.group(KEYWORD)
             if len(name) > max_name:
                 return None
-            value = keywords_get(name)
-            if value is None:
-                value = intern_keyword(name)
+            keyword = keywords_get(name)
+            value = keyword if keyword is not None else intern_keyword(name)
         elif kind == SYMBOL:
             name = m.group(SYMBOL)
             if len(name) > max_name:
                 return None
-            value = symbols_get(name)
-            if value is None:
-                value = intern_symbol(name)
+            symbol = symbols_get(name)
+            value = symbol if symbol is not None else intern_symbol(name)
         elif kind == STRING:
             value = m.group(STRING)
             if len(value) * 4 > max_string:
@@ -384,9 +390,9 @@ _ODD_SPACE = re.compile(
 # An atom of the split tier: TOKEN's atom alternatives, matched in full against a run the
 # split left between delimiters; the same order, and groups of the same meaning.
 _ATOM = re.compile(
-    r":(" + _NAME + r")"  # 1 keyword name
-    r"|(?![+\-]?\.?[0-9])(" + _NAME + r")"  # 2 symbol
-    r"|(-?[1-9][0-9]*+|-?0(?=\.)|0)(\.[0-9]++)?"  # 3 integer, 4 decimal part
+    r":(" + NAME + r")"  # 1 keyword name
+    r"|(" + SYMBOL_PATTERN + r")"  # 2 symbol
+    r"|" + NUMBER_GROUPS +  # 3 integer, 4 decimal part
     r"|(" + URI_PATTERN + r")"  # 5 URI
 )
 # The text between two quotes when its escapes are valid (TOKEN's STRING, less the check
@@ -419,7 +425,7 @@ def _atom(token: str, max_name: int) -> object | None:
     m = _ATOM.fullmatch(token)
     if m is None:
         return None
-    kind = m.lastindex
+    kind: int = m.lastindex  # type: ignore[assignment]  # one alternative always matches
     value: Value
     if kind == 2:
         if len(token) > max_name:
@@ -585,20 +591,18 @@ def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     stack: list[list[Value]] = []
     items: list[Value] | None = None
     for m in TOKEN.finditer(text, pos):
-        kind = m.lastindex
+        kind: int = m.lastindex  # type: ignore[assignment]  # TOKEN always matches a group
         nodes += 1
         if nodes > max_nodes and kind != RPAR and kind != EOF:
-            limit(text, m.start(kind), f"more than {max_nodes} nodes in one document",
-                  "max_nodes", max_nodes)
+            limit(text, m.start(kind), limits, "max_nodes")
         value: Value
         if kind == LPAR:
             depth += 1
             if depth > max_depth:
-                limit(text, m.start(kind), f"lists nested more than {max_depth} deep",
-                      "max_depth", max_depth)
+                limit(text, m.start(kind), limits, "max_depth")
             if items is not None:
                 if len(items) >= max_items:
-                    _too_many_items(text, m.start(kind), max_items)
+                    limit(text, m.start(kind), limits, "max_list_items")
                 stack.append(items)
             items = []
             continue
@@ -622,13 +626,11 @@ def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
                 # is at least one byte, so a raw text over 6x the limit is over it.
                 if len(raw) > 6 * max_string or len(
                         (value := unescape(raw)).encode("utf-8")) > max_string:
-                    limit(text, m.start(kind) - 1, f"string longer than {max_string} bytes",
-                          "max_string_bytes", max_string)
+                    limit(text, m.start(kind) - 1, limits, "max_string_bytes")
         elif kind == SYMBOL:
             value = m.group(SYMBOL)
             if len(value) > max_name:
-                limit(text, m.start(kind), f"symbol longer than {max_name} characters",
-                      "max_name_chars", max_name)
+                limit(text, m.start(kind), limits, "max_name_chars", "symbol")
             value = _new(Symbol, value)
         elif kind == INTEGER:
             token = m.group(INTEGER)
@@ -640,8 +642,7 @@ def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
         elif kind == KEYWORD:
             value = m.group(KEYWORD)
             if len(value) > max_name:
-                limit(text, m.start(kind) - 1, f"keyword longer than {max_name} characters",
-                      "max_name_chars", max_name)
+                limit(text, m.start(kind) - 1, limits, "max_name_chars", "keyword")
             value = _new(Keyword, value)
         elif kind == URI_TOKEN:
             value = _new(URI, m.group(URI_TOKEN))
@@ -662,13 +663,9 @@ def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
         if items is None:
             return value, m.end(), nodes
         if len(items) >= max_items:
-            _too_many_items(text, m.start(kind), max_items)
+            limit(text, m.start(kind), limits, "max_list_items")
         items.append(value)
     raise AssertionError("unreachable: TOKEN always matches")  # pragma: no cover
-
-
-def _too_many_items(text: str, index: int, max_items: int) -> NoReturn:
-    limit(text, index, f"more than {max_items} items in one list", "max_list_items", max_items)
 
 
 def expect_end(text: str, pos: int) -> None:
@@ -734,7 +731,6 @@ _NAME_START = frozenset(_LETTERS + "+-*/<>=!?_.")
 _NAME_CHARS = _NAME_START | frozenset("0123456789@%&")
 _RUN_END = re.compile(r"[ \t\r\n();\"]|\Z")
 _URI_PREFIX = re.compile(r"[a-z][a-z0-9+.\-]*://")
-_NUMBERLIKE = re.compile(r"[+\-]?\.?[0-9]")
 
 
 def _char_name(ch: str) -> str:
@@ -765,7 +761,7 @@ def diagnose(text: str, index: int) -> NoReturn:
     _refuse_special(text, index, ch)
     end = _RUN_END.search(text, index).start()  # type: ignore[union-attr]
     token = text[index:end]
-    if _NUMBERLIKE.match(token):
+    if NUMBERLIKE_RE.match(token):
         _diagnose_number(text, index, token)
     if token.startswith(":"):
         if len(token) == 1:
@@ -839,7 +835,7 @@ def _diagnose_number(text: str, index: int, token: str) -> NoReturn:
         fail(text, index, f"malformed number {token!r}: leading zeros are not allowed")
     if re.fullmatch(r"-?[0-9]+\.", token):
         fail(text, index, f"malformed number {token!r}: a decimal needs digits after '.'")
-    if re.fullmatch(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?", token):
+    if NUMBER_RE.match(token):
         _diagnose_delimiter(text, index + len(token), token)
     fail(text, index, f"malformed number {token!r} (no exponents, signs other than a "
          "leading '-', or other characters)")

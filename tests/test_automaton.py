@@ -5,25 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from strategies import mutate_tokens, values
-from test_protocol import SHIPPED, generator
-from test_protocol import _shared_registry as registry
+from test_protocol import SHIPPED, _shared_registry as registry, generator
 
 import cbcl
-from cbcl import Symbol
+from cbcl import Symbol, _kernel as kernel
 from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
-from cbcl._lalr import VALUE_RULE, value_states
+from cbcl._lalr import value_states
 from cbcl._protocol import Protocol, recognise_body
 from cbcl._values import ATOM_TERMINALS
 
 
 def plain_recognise(protocol: Protocol, body: Any) -> bool:
-    """The oracle: the LALR driver walking the tables directly, deciding each literal with
-    ``Tables.can_shift`` (pass 2 as it was before the automaton)."""
+    """The oracle: the kernel's LALR driver walking the tables directly, deciding each
+    literal with ``Tables.can_shift`` (pass 2 as it was before the automaton)."""
     tables = protocol.tables
-    actions = tables.actions
     whole = value_states(tables)
     stack = [tables.start_state]
     done = object()
@@ -37,29 +34,17 @@ def plain_recognise(protocol: Protocol, body: Any) -> bool:
         elif type(item) is tuple:
             terminal, child = "LPAR", item
         else:
-            terminal = ATOM_TERMINALS[type(item)]
-            literal = protocol.atoms.get(item)
-            if literal is not None and tables.can_shift(stack, literal):
-                terminal = literal
-        while True:
-            row = actions[stack[-1]]
-            action = row.get(terminal)
-            if action is None:
-                return False
-            if action >= 0:
-                if action == whole.get(terminal):
-                    stack.append(row[VALUE_RULE])
-                else:
-                    stack.append(action)
-                    if child is not None:
-                        pending.append(iter(child))
-                break
-            rule = tables.rules[~action]
-            if rule.size:
-                del stack[len(stack) - rule.size :]
-            stack.append(actions[stack[-1]][rule.origin])
-            if terminal == "$END" and stack[-1] == tables.end_state:
-                return True
+            terminal = kernel.terminal_of(tables, stack, protocol.atoms.get(item),
+                                          ATOM_TERMINALS[type(item)])
+        result = kernel.feed(tables, stack, terminal, whole=whole)
+        if result == kernel.REFUSED:
+            return False
+        if result == kernel.ACCEPTED:
+            return True
+        if result == kernel.WHOLE:
+            kernel.take_value(tables, stack)  # the list is one value: not walked
+        elif child is not None:
+            pending.append(iter(child))
     raise AssertionError("unreachable")
 
 

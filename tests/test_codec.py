@@ -10,8 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from strategies import mutate_tokens, values
 from test_protocol import DESCRIPTORS, EXAMPLES, SHIPPED, generator
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from hypothesis import example, given
-from hypothesis import strategies as st
+from hypothesis import example, given, strategies as st
 from strategies import messages, values
 
 import cbcl

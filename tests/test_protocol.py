@@ -12,8 +12,7 @@ from pathlib import Path
 
 import lark
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra.lark import from_lark
 from strategies import names
 
