@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import cbcl
-from cbcl._bench import RECORDS, compact_json, find_descriptors, generated, load_registry, plain
-from cbcl._bench import sizes as corpus_sizes
+from cbcl._bench import (
+    RECORDS,
+    compact_json,
+    find_descriptors,
+    generated,
+    load_registry,
+    plain,
+    sizes as corpus_sizes,
+)
 from cbcl._codec import Encoder
 
 

@@ -99,8 +99,7 @@ def _error_text(exc: BaseException) -> str:
 
 def cfp_body(rng: random.Random, task_id: str, now_ms: int) -> tuple[Any, ...]:
     """A varied, valid contract-net/v1 call for proposals."""
-    from cbcl._values import Keyword as K
-    from cbcl._values import Symbol as S
+    from cbcl._values import Keyword as K, Symbol as S
 
     params: list[Any] = []
     if rng.random() < 0.8:

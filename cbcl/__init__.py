@@ -1,23 +1,51 @@
 """CBCL: a protocol engine for S-expression messages between software agents.
 
-The public API is this module; everything in ``cbcl._*`` is private.
+This module holds what most programs need (``__all__``): reading, parsing, validating and
+writing messages, the binary form's one-shot calls, the registry, building bodies and
+descriptors, the agent and the session, and the errors. The rest is in public
+submodules, by layer: :mod:`cbcl.session` (the sans-io session and its events),
+:mod:`cbcl.net` (the agent, connections, servers and their limits), :mod:`cbcl.trust`,
+:mod:`cbcl.binary`, :mod:`cbcl.conversation` (machines, schemas, the evaluator),
+:mod:`cbcl.descriptor` and :mod:`cbcl.json_mapping`. Their names stay importable from here
+too, for code written before they moved. Everything in ``cbcl._*`` is private.
 """
 
 from ._agent import (
     Agent,
-    AgentConversation,
-    Context,
+    AgentConversation as AgentConversation,
+    Context as Context,
     ConversationClosed,
-    LearnedLibrary,
-    Link,
+    LearnedLibrary as LearnedLibrary,
+    Link as Link,
     NegotiationFailed,
-    load_handler,
+    load_handler as load_handler,
 )
-from ._api import canonical, parse, validate
-from ._authoring import build_descriptor, render_descriptor
-from ._codec import Decoder, Encoder, decode, encode
-from ._conversation import Conversation, ConversationTracker, Machine, Step, compile_machine
-from ._descriptor import ProtocolDescriptor, read_descriptor
+from ._api import (
+    canonical,
+    parse,
+    validate,
+)
+from ._authoring import (
+    build_descriptor,
+    render_descriptor as render_descriptor,
+)
+from ._codec import (
+    Decoder,
+    Encoder,
+    decode,
+    encode,
+)
+from ._conversation import (
+    Conversation as Conversation,
+    ConversationTracker as ConversationTracker,
+    Machine as Machine,
+    Step as Step,
+    compile_machine as compile_machine,
+)
+from ._descriptor import (
+    ProtocolDescriptor as ProtocolDescriptor,
+    read_descriptor as read_descriptor,
+)
 from ._errors import (
     BodyError,
     CBCLError,
@@ -35,166 +63,165 @@ from ._errors import (
     UnknownProtocolError,
     ViolationError,
 )
-from ._evaluator import evaluate
-from ._fields import Fields, FieldsError, FieldValue, as_value, body, keys
-from ._framing import FrameReader, frame
-from ._json import from_json, message_to_json, to_json
-from ._limits import Limits
-from ._message import VERSION, Intent, Message, Signature
-from ._protocol import CompileGate, PreparedDescriptor, Protocol, Registry
-from ._reader import read, read_all
-from ._schema import Schema, check_schema, compile_schema
+from ._evaluator import (
+    evaluate as evaluate,
+)
+from ._fields import (
+    Fields,
+    FieldsError,
+    FieldValue as FieldValue,
+    as_value,
+    body,
+    keys,
+)
+from ._framing import (
+    FrameReader as FrameReader,
+    frame as frame,
+)
+from ._json import (
+    from_json as from_json,
+    message_to_json as message_to_json,
+    to_json as to_json,
+)
+from ._limits import (
+    Limits,
+)
+from ._message import (
+    VERSION,
+    Intent,
+    Message,
+    Signature as Signature,
+)
+from ._protocol import (
+    CompileGate as CompileGate,
+    PreparedDescriptor as PreparedDescriptor,
+    Protocol as Protocol,
+    Registry,
+)
+from ._reader import (
+    read,
+    read_all,
+)
+from ._schema import (
+    Schema as Schema,
+    check_schema as check_schema,
+    compile_schema as compile_schema,
+)
 from ._session import (
-    NEED_DATA,
-    NEED_WORK,
-    Accepted,
-    ConnectionClosed,
-    Established,
-    Finished,
+    NEED_DATA as NEED_DATA,
+    NEED_WORK as NEED_WORK,
+    Accepted as Accepted,
+    ConnectionClosed as ConnectionClosed,
+    Established as Established,
+    Finished as Finished,
     LocalProtocolError,
-    NotUnderstood,
-    Offer,
-    ProtocolMessage,
-    Query,
-    Rejected,
+    NotUnderstood as NotUnderstood,
+    Offer as Offer,
+    ProtocolMessage as ProtocolMessage,
+    Query as Query,
+    Rejected as Rejected,
     RemoteProtocolError,
     Session,
-    Supported,
-    Unsupported,
-    Work,
+    Supported as Supported,
+    Unsupported as Unsupported,
+    Work as Work,
 )
 from ._transport import (
-    Connection,
-    ConnectionLimits,
+    Connection as Connection,
+    ConnectionLimits as ConnectionLimits,
     ConnectionLost,
-    Server,
-    ServerLimits,
-    WorkPool,
-    connect,
-    serve,
+    Server as Server,
+    ServerLimits as ServerLimits,
+    WorkPool as WorkPool,
+    connect as connect,
+    serve as serve,
 )
 from ._trust import (
-    DescriptorSignature,
-    Rule,
-    SignedDescriptor,
-    TrustPolicy,
+    DescriptorSignature as DescriptorSignature,
+    Rule as Rule,
+    SignedDescriptor as SignedDescriptor,
+    TrustPolicy as TrustPolicy,
     TrustStore,
-    VerifiedDescriptor,
+    VerifiedDescriptor as VerifiedDescriptor,
     load_private_key,
-    load_public_key,
-    read_signed_descriptor_unverified,
+    load_public_key as load_public_key,
+    read_signed_descriptor_unverified as read_signed_descriptor_unverified,
     sign_descriptor,
-    sign_message,
+    sign_message as sign_message,
 )
-from ._values import URI, Keyword, Symbol, Value
+from ._values import (
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "NEED_DATA",
-    "NEED_WORK",
+    # values and messages
     "URI",
     "VERSION",
-    "Accepted",
+    # agents and sessions
     "Agent",
-    "AgentConversation",
+    # errors
     "BodyError",
     "CBCLError",
-    "CompileGate",
-    "Connection",
-    "ConnectionClosed",
-    "ConnectionLimits",
     "ConnectionLost",
-    "Context",
-    "Conversation",
     "ConversationClosed",
     "ConversationError",
-    "ConversationTracker",
+    # the binary form, protocols and descriptors
     "Decoder",
     "DescriptorError",
-    "DescriptorSignature",
     "Encoder",
     "EnvelopeError",
-    "Established",
     "EvaluationError",
-    "FieldValue",
     "Fields",
     "FieldsError",
-    "Finished",
-    "FrameReader",
     "GrammarError",
     "Intent",
     "Keyword",
-    "LearnedLibrary",
     "LimitError",
     "Limits",
-    "Link",
     "LocalProtocolError",
-    "Machine",
     "MalformedError",
     "Message",
     "NegotiationFailed",
-    "NotUnderstood",
-    "Offer",
     "Position",
-    "PreparedDescriptor",
-    "Protocol",
-    "ProtocolDescriptor",
     "ProtocolError",
-    "ProtocolMessage",
-    "Query",
     "Registry",
-    "Rejected",
     "RemoteProtocolError",
-    "Rule",
-    "Schema",
     "SchemaError",
-    "Server",
-    "ServerLimits",
     "Session",
-    "Signature",
-    "SignedDescriptor",
-    "Step",
-    "Supported",
     "Symbol",
     "TrustError",
-    "TrustPolicy",
     "TrustStore",
     "UnknownProtocolError",
-    "Unsupported",
     "Value",
-    "VerifiedDescriptor",
     "ViolationError",
-    "Work",
-    "WorkPool",
     "__version__",
     "as_value",
     "body",
     "build_descriptor",
     "canonical",
-    "check_schema",
-    "compile_machine",
-    "compile_schema",
-    "connect",
     "decode",
     "encode",
-    "evaluate",
-    "frame",
-    "from_json",
     "keys",
-    "load_handler",
     "load_private_key",
-    "load_public_key",
-    "message_to_json",
     "parse",
     "read",
     "read_all",
-    "read_descriptor",
-    "read_signed_descriptor_unverified",
-    "render_descriptor",
-    "serve",
     "sign_descriptor",
-    "sign_message",
-    "to_json",
     "validate",
 ]
+
+# The layers, importable as cbcl.session, cbcl.net, … (names above stay here too).
+from . import (
+    binary as binary,
+    conversation as conversation,
+    descriptor as descriptor,
+    json_mapping as json_mapping,
+    net as net,
+    session as session,
+    trust as trust,
+)

@@ -33,11 +33,11 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._cli_common import escape_invisible, peer_text
 from ._errors import CBCLError
-from ._files import UnsafeFile, read_regular_file
+from ._files import UnsafeFile, read_regular_file, write_atomically
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent, Message
 from ._protocol import PreparedDescriptor, Protocol, Registry, compiled_size
@@ -68,6 +68,11 @@ from ._transport import (
 from ._trust import TrustStore, read_signed_descriptor_unverified
 from ._values import URI, Value
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ._conversation import Step
+
 #: What a handler may return: a reply (sent in the same conversation) or nothing.
 Reply = Message | None
 Handler = Callable[[Message, "Context"], Reply | Awaitable[Reply]]
@@ -89,6 +94,7 @@ class NegotiationFailed(CBCLError):
     def __init__(self, message: str, *, reason: str = "", exit_code: int = 6) -> None:
         super().__init__(message)
         self.reason = reason
+        # (per instance: CBCLError declares exit_code a ClassVar, one per class)
         self.exit_code = exit_code  # type: ignore[misc]
 
 
@@ -178,17 +184,7 @@ class LearnedLibrary:
         if path is None or path.exists():
             return
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".learned-")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(document)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+        write_atomically(path, document, prefix=".learned-")
 
     def _unsave(self, protocol: Protocol) -> None:
         path = self._path(protocol)
@@ -278,7 +274,7 @@ def load_handler(spec: str) -> Handler:
         target = getattr(target, part)
     if not callable(target):
         raise TypeError(f"{spec} is not callable")
-    return target  # type: ignore[no-any-return]
+    return cast("Handler", target)  # (a callable, as checked)
 
 
 # --------------------------------------------------------------------------- links
@@ -430,7 +426,7 @@ class Link:
         found = self._conversations.get(conversation_id)
         return found if found is not None else self.conversation(conversation_id)
 
-    async def send(self, message: Message) -> Any:
+    async def send(self, message: Message) -> Step | None:
         """Send one message of the agreed protocol (validated first, see
         :meth:`Session.send`); returns its conversation step, if any. Raises
         :class:`ConversationClosed` once the link is closed."""
@@ -664,7 +660,7 @@ class Agent:
     load.
     """
 
-    def __init__(self, name: URI | str, *, key: tuple[str, Any] | None = None,
+    def __init__(self, name: URI | str, *, key: tuple[str, Ed25519PrivateKey] | None = None,
                  trust: TrustStore | str | Path | None = None,
                  state: str | Path | None = None,
                  descriptors: Iterable[bytes | Protocol] = (),

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -50,6 +50,9 @@ from ._message import Message
 from ._protocol import _COMPILED, _OVERSIZED, _REFUSED, Registry
 from ._subset import read_grammar, to_lark
 from ._values import URI, Keyword, Symbol
+
+if TYPE_CHECKING:
+    import lark
 
 S, K = Symbol, Keyword
 
@@ -134,7 +137,7 @@ def generated(protocol: str, count: int, seed: int = 1) -> Message:
     else:  # pragma: no cover
         raise ValueError(protocol)
     return Message(message_id=f"m-{count}", sender=URI("agent://ops/inventory"),
-                   receiver=URI("agent://ops/planner"), intent=intent,  # type: ignore[arg-type]
+                   receiver=URI("agent://ops/planner"), intent=intent,
                    protocol=S(protocol[:-3] + "/v1"), conversation_id="stock-check-2026-11-30",
                    in_reply_to="rq-1", timestamp=1764502900000, body=body)
 
@@ -327,7 +330,7 @@ def lark_grammar(grammar_text: str) -> str:
             + literals + "\n" + _LARK_TERMINALS)
 
 
-def lark_parser(grammar_text: str) -> Any:
+def lark_parser(grammar_text: str) -> lark.Lark:
     import lark
 
     return lark.Lark(lark_grammar(grammar_text), parser="lalr", lexer="contextual")
@@ -564,8 +567,13 @@ def scaling(registry: Registry, targets: Iterable[int], *, rounds: int,
         message = generated("request-v1", count)
         text = canonical(message).encode()
         frame = encoder.encode(message)
-        times = compare({"text": lambda t=text: parse(t, registry=registry, limits=limits),
-                         "binary": lambda f=frame: decoder.decode(f)},
+        def parse_text(t: bytes = text) -> object:
+            return parse(t, registry=registry, limits=limits)
+
+        def decode_frame(f: bytes = frame) -> object:
+            return decoder.decode(f)
+
+        times = compare({"text": parse_text, "binary": decode_frame},
                         rounds=rounds, seconds=seconds)
         tracemalloc.start()
         parse(text, registry=registry, limits=limits)
@@ -584,7 +592,8 @@ def scaling(registry: Registry, targets: Iterable[int], *, rounds: int,
 
 def _worst(rows: dict[str, dict[str, Any]], key: str, size_classes: tuple[str, ...],
            lowest: bool = True) -> float:
-    values = [row[key] for name, row in rows.items() if name.rsplit("/", 1)[1] in size_classes]
+    values: list[float] = [row[key] for name, row in rows.items()
+                           if name.rsplit("/", 1)[1] in size_classes]
     return min(values) if lowest else max(values)
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from . import __version__
 from ._api import canonical, parse
@@ -43,6 +43,11 @@ from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._protocol import Registry
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ._trust import DescriptorSignature
 
 # The names other command modules have imported from here.
 _Parser, _positive, _read_file, _registry = Parser, positive, read_file, registry_from_args
@@ -118,12 +123,12 @@ def _cmd_keygen(args: argparse.Namespace, data: bytes) -> int:
     return EXIT_OK
 
 
-def _signing_keys(args: argparse.Namespace) -> list[tuple[str, object]]:
+def _signing_keys(args: argparse.Namespace) -> list[tuple[str, Ed25519PrivateKey]]:
     from ._trust import KEY_ID, load_private_key
 
     if len(args.key_id) > len(args.key):
         _usage_error(args, "more --key-id than --key")
-    signers: list[tuple[str, object]] = []
+    signers: list[tuple[str, Ed25519PrivateKey]] = []
     for index, path in enumerate(args.key):
         key_id = args.key_id[index] if index < len(args.key_id) else Path(path).stem
         if not KEY_ID.match(key_id):
@@ -143,14 +148,14 @@ def _cmd_descriptor_sign(args: argparse.Namespace, data: bytes) -> int:
     from ._trust import read_signed_descriptor_unverified, sign_descriptor
 
     signers = _signing_keys(args)
-    existing: tuple[object, ...] = ()
+    existing: tuple[DescriptorSignature, ...] = ()
     document = read(data, limits=args.limits)
     if type(document) is tuple and document and str(document[0]) == "signed-descriptor":
         # Co-signing: keep the signatures already there, sign the same payload.
         signed = read_signed_descriptor_unverified(data, limits=args.limits)
         data, existing = signed.payload, signed.signatures
     read_descriptor(data, limits=args.limits)  # never sign something that is not one
-    out = sign_descriptor(data, signers, existing=existing)  # type: ignore[arg-type]
+    out = sign_descriptor(data, signers, existing=existing)
     if args.output == "-":
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
@@ -212,7 +217,7 @@ def _cmd_sign_message(args: argparse.Namespace, data: bytes) -> int:
         _usage_error(args, "give exactly one --key")
     ((key_id, key),) = _signing_keys(args)
     message = parse_envelope(decode(data, args.limits), args.limits)
-    print(canonical(sign_message(message, key, key_id)))  # type: ignore[arg-type]
+    print(canonical(sign_message(message, key, key_id)))
     return EXIT_OK
 
 

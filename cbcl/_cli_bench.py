@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._cli_common import Commands
 
 
 def _cmd_bench(args: argparse.Namespace, data: bytes) -> int:
@@ -12,7 +15,7 @@ def _cmd_bench(args: argparse.Namespace, data: bytes) -> int:
     return execute(args)
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     """Add ``bench`` to ``commands`` (the ``add_subparsers`` action of the ``cbcl``
     parser)."""
     from ._bench import add_arguments

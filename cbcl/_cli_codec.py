@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Any
 
-from ._cli_common import MAX_DOCUMENT_BYTES, add_protocol_options, document_bytes, print_message
-from ._cli_common import registry_from_args as _registry
+from ._cli_common import (
+    MAX_DOCUMENT_BYTES,
+    Commands,
+    add_protocol_options,
+    document_bytes,
+    print_message,
+    registry_from_args as _registry,
+)
 from ._codec import Decoder, Encoder
 from ._errors import MalformedError
 from ._limits import DEFAULT_LIMITS
@@ -50,7 +55,7 @@ def _cmd_decode(args: argparse.Namespace, data: bytes) -> int:
     return 0
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     """Add ``encode`` and ``decode`` to ``commands`` (the ``add_subparsers`` action of the
     ``cbcl`` parser)."""
     e = commands.add_parser("encode", help="encode one message (text) as a binary frame")

@@ -9,8 +9,8 @@ import math
 import re
 import shlex
 import unicodedata
-from collections.abc import Callable
-from typing import BinaryIO, NoReturn
+from collections.abc import Callable, Iterable
+from typing import BinaryIO, NoReturn, TypeAlias, TypeVar, overload
 
 from ._errors import CBCLError, MalformedError
 from ._json import message_to_json
@@ -29,24 +29,40 @@ MAX_DOCUMENT_BYTES = 1 << 30
 #: The longest timeout any option accepts: one day (as the transport's own check).
 MAX_SECONDS = 86_400.0
 
+_N = TypeVar("_N")
+
 
 class Parser(argparse.ArgumentParser):
     """argparse that reports usage errors as one line and exits 2, naming the (sub)command
     whose arguments they are."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: None = None) -> tuple[argparse.Namespace, list[str]]: ...
+    @overload
+    def parse_known_args(self, args: Iterable[str] | None,
+                         namespace: _N) -> tuple[_N, list[str]]: ...
+    @overload
+    def parse_known_args(self, *, namespace: _N) -> tuple[_N, list[str]]: ...
+
+    def parse_known_args(self, args: Iterable[str] | None = None, namespace: _N | None = None
+                         ) -> tuple[_N | argparse.Namespace, list[str]]:
         # A subcommand's parser leaves the arguments it does not know to its parent, which
         # would report them under its own name ("usage: cbcl: unrecognized arguments"):
         # the parser that saw them reports them, as "usage: cbcl encode: …". (A subcommand
         # takes every argument after its name, so no parent could have used them.)
-        namespace, extras = super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error("unrecognized arguments: " + " ".join(extras))
-        return namespace, extras
+        return parsed, extras
 
     def error(self, message: str) -> NoReturn:
         # The message may quote the operator's argument: keep it one visible line.
         self.exit(EXIT_USAGE, f"usage: {self.prog}: {escape_invisible(message)}\n")
+
+
+#: The ``add_subparsers`` action a command module adds its commands to.
+Commands: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,20}")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
 
 from ._api import parse
 from ._canonical import canonical_value
 from ._cli_common import (
     INT64_MAX,
     MAX_DOCUMENT_BYTES,
+    Commands,
     Parser,
     add_protocol_options,
     binary_frame_hint,
@@ -128,7 +128,7 @@ def _now_for(args: argparse.Namespace, message: Message) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace, data: bytes) -> int:
-    functions: Any = None
+    functions: list[str] | None = None
     if args.functions is not None:
         names = args.functions.replace(",", " ").split()
         unknown = [n for n in names if n not in LIBRARY]
@@ -146,7 +146,7 @@ def _cmd_eval(args: argparse.Namespace, data: bytes) -> int:
     return EXIT_OK
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     """Add ``conversation check`` and ``eval`` to ``cbcl``'s sub-command action."""
     from ._limits import DEFAULT_LIMITS
 

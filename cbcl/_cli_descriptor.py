@@ -31,6 +31,7 @@ from ._cli_common import (
     EXIT_OK,
     INT64_MAX,
     MAX_DOCUMENT_BYTES,
+    Commands,
     document_bytes,
     escape_invisible,
     int_in,
@@ -40,8 +41,7 @@ from ._cli_common import (
 from ._descriptor import digest_of
 from ._errors import CBCLError
 from ._limits import DEFAULT_LIMITS
-from ._subset import GrammarLimits
-from ._subset import _decode as grammar_text
+from ._subset import GrammarLimits, _decode as grammar_text
 
 
 def _comment(text: str) -> str:
@@ -96,7 +96,7 @@ def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
     if signers:
         from ._trust import sign_descriptor
 
-        out = sign_descriptor(payload, signers)  # type: ignore[arg-type]
+        out = sign_descriptor(payload, signers)
     if args.output == "-":
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
@@ -277,7 +277,7 @@ def _cmd_new(args: argparse.Namespace, data: bytes) -> int:
     return EXIT_OK
 
 
-def register(descriptor_commands: Any) -> None:
+def register(descriptor_commands: Commands) -> None:
     """Add ``build`` and ``new`` to ``descriptor_commands`` (the ``add_subparsers`` action
     of ``cbcl descriptor``)."""
     build = descriptor_commands.add_parser(

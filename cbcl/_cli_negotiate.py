@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._agent import (
     REJECT_EXIT,
@@ -32,7 +32,7 @@ from ._agent import (
     not_understood_exit,
 )
 from ._canonical import canonical_value
-from ._cli_common import MAX_SECONDS, escape_invisible, int_in, seconds
+from ._cli_common import MAX_SECONDS, Commands, escape_invisible, int_in, seconds
 from ._errors import TrustError
 from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS, Limits
@@ -64,6 +64,9 @@ from ._transport import (
 )
 from ._trust import TrustStore, load_private_key, read_signed_descriptor_unverified
 from .demo import respond
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 EXIT_OK = 0
 SERVER_NAME = "agent://cbcl/serve"
@@ -161,7 +164,7 @@ class ServeConfig:
     trust: TrustStore
     state: str | Path
     name: str = SERVER_NAME
-    signing: tuple[str, Any] | None = None
+    signing: tuple[str, Ed25519PrivateKey] | None = None
     limits: Limits = DEFAULT_LIMITS
     connection: ConnectionLimits = field(default_factory=ConnectionLimits)
     server: ServerLimits = field(default_factory=ServerLimits)
@@ -230,7 +233,7 @@ def warm_up() -> None:
           registry=negotiation_registry())
 
 
-def _signing_key(path: str, key_id: str | None) -> tuple[str, Any]:
+def _signing_key(path: str, key_id: str | None) -> tuple[str, Ed25519PrivateKey]:
     with open(path, "rb") as handle:
         data = handle.read(1 << 16)
     try:
@@ -253,11 +256,11 @@ class Transcript:
         self.out(f"  {at:7.1f} ms  {who:6} {what}{sized}")
 
 
-async def run_initiator(address: str, document: bytes, key: tuple[str, Any], *,
+async def run_initiator(address: str, document: bytes, key: tuple[str, Ed25519PrivateKey], *,
                         encodings: tuple[str, ...], out: Callable[[str], None],
                         limits: ConnectionLimits | None = None, pace: float = 0.0,
                         peer: str = SERVER_NAME, me: str = CLIENT_NAME, tag: str = "1",
-                        server_log: Any = None, trust: str | Path | None = None,
+                        server_log: _ServerLog | None = None, trust: str | Path | None = None,
                         ) -> dict[str, float]:
     """Connect, negotiate the protocol of the signed ``document``, run its demo
     conversation, close. With ``trust`` (a trust directory), the peer's transcript
@@ -388,7 +391,7 @@ def _cmd_negotiate(args: argparse.Namespace, data: bytes) -> int:
     return EXIT_OK
 
 
-def _usage(args: argparse.Namespace, message: str) -> Any:
+def _usage(args: argparse.Namespace, message: str) -> NoReturn:
     print(escape_invisible(f"usage: cbcl {args.command}: {message}"), file=sys.stderr)
     raise SystemExit(2)
 
@@ -427,7 +430,7 @@ def _serve_command() -> list[str]:
     return [sys.executable, "-m", module, "serve"]
 
 
-def _demo_keys(directory: Path) -> tuple[Any, Path, Path, Path]:
+def _demo_keys(directory: Path) -> tuple[Ed25519PrivateKey, Path, Path, Path]:
     """Fresh keys for both agents: A's (``demo``), which B's trust store holds, and B's
     (``server``), which A's trust store holds. Returns A's key, B's trust directory, B's
     key file and A's trust directory."""
@@ -490,7 +493,8 @@ def run_demo(*, tamper: bool, out: Callable[[str], None]) -> int:
                                  started, client_trust))
 
 
-async def _demo(command: list[str], env: dict[str, str], document: bytes, key: Any,
+async def _demo(command: list[str], env: dict[str, str], document: bytes,
+                key: tuple[str, Ed25519PrivateKey],
                 tamper: bool, out: Callable[[str], None], started: float,
                 trust: Path | None = None) -> int:
     process = await asyncio.create_subprocess_exec(
@@ -511,7 +515,8 @@ async def _demo(command: list[str], env: dict[str, str], document: bytes, key: A
                                  ) from None
         address = first.rsplit(" on ", 1)[-1].split(" as ")[0]
         out(f"  B: {first}  (pid {process.pid})")
-        runs = [("text", ("text",), "cold: B compiles the grammar")]
+        runs: list[tuple[str, tuple[str, ...], str]] = [
+            ("text", ("text",), "cold: B compiles the grammar")]
         if not tamper:
             runs.append(("binary", ("binary", "text"),
                          "warm: a new session, the compiled grammar is cached"))
@@ -615,7 +620,7 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(**{_dest(o[0]): getattr(args, _dest(o[0])) for o in SERVER_OPTIONS})
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     """Add ``serve`` and ``negotiate`` to ``cbcl``'s sub-command action."""
     s = commands.add_parser(
         "serve", help="answer negotiations and run the shipped conversations as responder")
@@ -684,11 +689,11 @@ def main(argv: list[str] | None = None) -> int:
     from . import _cli
 
     original = _cli.build_parser
-    _cli.build_parser = lambda: _with(original)  # type: ignore[assignment]
+    _cli.build_parser = lambda: _with(original)
     try:
         return _cli.main(argv)
     finally:
-        _cli.build_parser = original  # type: ignore[assignment]
+        _cli.build_parser = original
 
 
 def _with(original: Callable[[], argparse.ArgumentParser]) -> argparse.ArgumentParser:

@@ -17,21 +17,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn
 
 from ._agent import Agent, ConversationClosed, Link, not_understood_exit
 from ._api import parse
-from ._cli_common import MAX_SECONDS, escape_invisible, print_message, seconds
+from ._cli_common import MAX_SECONDS, Commands, escape_invisible, print_message, seconds
 from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS
 from ._message import Message
 from ._transport import ConnectionLimits, ConnectionLost, parse_address
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 DEFAULT_REPLY_TIMEOUT = 10.0
 
 
-def _usage(message: str) -> Any:
+def _usage(message: str) -> NoReturn:
     print(escape_invisible(f"usage: cbcl send: {message}"), file=sys.stderr)
     raise SystemExit(2)
 
@@ -54,7 +58,7 @@ def _read_messages(paths: list[str]) -> list[Message]:
     return messages
 
 
-async def send_messages(address: str, document: bytes, key: tuple[str, Any],
+async def send_messages(address: str, document: bytes, key: tuple[str, Ed25519PrivateKey],
                         messages: list[Message], *, trust: str | None,
                         encodings: tuple[str, ...], expect_replies: bool,
                         reply_timeout: float, as_json: bool,
@@ -119,7 +123,8 @@ def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
         return 1
 
 
-def register(commands: Any, add_connection_options: Any) -> None:
+def register(commands: Commands,
+             add_connection_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add ``send`` to ``cbcl``'s sub-command action."""
     p = commands.add_parser(
         "send", help="send messages of a protocol to an agent; print its replies")

@@ -123,7 +123,7 @@ def from_data(data: Any) -> CompiledGrammar:
             return CompiledGrammar(verdict, report, None, literals)
         _expect(verdict == LALR1 and type(raw) is dict)
         actions, rules = raw["actions"], raw["rules"]
-        _expect(type(actions) is list and type(rules) is list and actions)
+        _expect(type(actions) is list and type(rules) is list and len(actions) > 0)
         state_count = len(actions)
         checked_rules: list[Rule] = []
         for rule in rules:

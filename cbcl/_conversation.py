@@ -33,11 +33,15 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING, cast
 
 from ._canonical import canonical_value
 from ._errors import ConversationError, DescriptorError, LimitError
 from ._message import Intent, Message
 from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value
+
+if TYPE_CHECKING:
+    from ._descriptor import ProtocolDescriptor
 
 CANCELLED = Symbol("cancelled")
 _SPECIAL = (Intent.NOT_UNDERSTOOD, Intent.CANCEL)
@@ -95,7 +99,7 @@ def _symbols(part: tuple[Value, ...], path: str, what: str) -> list[Symbol]:
     for i, item in enumerate(part[1:], 1):
         if type(item) is not Symbol:
             raise _bad(f"{what} are symbols, found {_show(item)}", f"{path}[{i}]")
-    return list(part[1:])  # type: ignore[arg-type]
+    return cast("list[Symbol]", list(part[1:]))  # (each checked just above)
 
 
 def compile_machine(section: Value, *, intents: Iterable[Intent] | None = None) -> Machine:
@@ -147,7 +151,8 @@ def compile_machine(section: Value, *, intents: Iterable[Intent] | None = None) 
         at = f"{paths['transitions']}[{i}]"
         if type(row) is not tuple or len(row) != 4 or any(type(x) is not Symbol for x in row):
             raise _bad("a transition is (STATE INTENT ROLE NEXT-STATE), four symbols", at)
-        state, intent_name, role, target = row  # type: ignore[misc]
+        # (checked just above: four symbols)
+        state, intent_name, role, target = cast("tuple[Symbol, Symbol, Symbol, Symbol]", row)
         try:
             intent = Intent(str(intent_name))
         except ValueError:
@@ -210,9 +215,9 @@ class Step:
 
 
 def _check_now(now: object) -> int:
-    if type(now) is not int or not INT64_MIN <= now <= INT64_MAX:  # type: ignore[operator]
+    if type(now) is not int or not INT64_MIN <= now <= INT64_MAX:
         raise TypeError("now must be an int of Unix milliseconds")
-    return now  # type: ignore[return-value]
+    return now
 
 
 def _describe(message: Message) -> str:
@@ -393,9 +398,9 @@ class ConversationTracker:
         for item in descriptors:
             descriptor = getattr(item, "descriptor", item)
             section = getattr(descriptor, "conversation", None)
-            if section is not None:
-                machines[descriptor.id] = compile_machine(  # type: ignore[attr-defined]
-                    section, intents=descriptor.intents)  # type: ignore[attr-defined]
+            if section is not None:  # (only a descriptor has a conversation section)
+                found = cast("ProtocolDescriptor", descriptor)
+                machines[found.id] = compile_machine(section, intents=found.intents)
         return cls(machines, max_open=max_open, forget_finished=forget_finished)
 
     def get(self, conversation_id: str, peer: URI | str) -> Conversation | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from ._errors import DescriptorError
 from ._limits import DEFAULT_LIMITS, Limits
@@ -23,6 +23,7 @@ _FIELDS: tuple[tuple[str, bool], ...] = (
     ("id", True), ("version", True), ("expires", False), ("intents", True),
     ("grammar", True), ("schema", False), ("conversation", False), ("functions", False),
 )
+_T = TypeVar("_T")
 _FIELD_ORDER = {name: index for index, (name, _) in enumerate(_FIELDS)}
 
 
@@ -127,31 +128,37 @@ def _check_sections(sections: dict[str, tuple[Value, ...]], intents: tuple[Inten
     from ._schema import compile_schema
 
     if "schema" in sections:
-        compile_schema(_section(sections, "schema"))
+        compile_schema(_section_of(sections, "schema"))
     if "conversation" in sections:
-        compile_machine(_section(sections, "conversation"), intents=intents)
+        compile_machine(_section_of(sections, "conversation"), intents=intents)
     if "functions" in sections:
-        read_functions(_section(sections, "functions"))
+        read_functions(_section_of(sections, "functions"))
 
 
-def _single(sections: dict[str, tuple[Value, ...]], name: str, kind: type, what: str) -> Any:
+def _single(sections: dict[str, tuple[Value, ...]], name: str, kind: type[_T],
+            what: str) -> _T:
     items = sections[name]
     if len(items) != 1 or type(items[0]) is not kind:
         raise _bad(f"({name} …) must hold exactly one value, {what}")
     return items[0]
 
 
-def _section(sections: dict[str, tuple[Value, ...]], name: str) -> Value | None:
-    if name not in sections:
-        return None
+def _section_of(sections: dict[str, tuple[Value, ...]], name: str) -> tuple[Value, ...]:
+    """The section ``name``, which ``sections`` holds, as read: ``(name …)``."""
     return (Symbol(name), *sections[name])
 
 
-def _show(value: object) -> str:
+def _section(sections: dict[str, tuple[Value, ...]], name: str) -> Value | None:
+    if name not in sections:
+        return None
+    return _section_of(sections, name)
+
+
+def _show(value: Value) -> str:
     from ._canonical import canonical_value
 
     try:
-        text = canonical_value(value)  # type: ignore[arg-type]
+        text = canonical_value(value)
     except (TypeError, ValueError):  # pragma: no cover - read values always print
         text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 from itertools import pairwise
+from typing import cast
 
 from ._canonical import canonical_value
 from ._errors import DescriptorError, EvaluationError, LimitError
@@ -82,15 +83,15 @@ def _dec(value: Decimal) -> Decimal:
 
 def _scaled(value: Number) -> tuple[int, int]:
     """``value`` as (n, scale) with value = n × 10^-scale, exactly (no context rounding)."""
-    if type(value) is int:
+    if isinstance(value, int):  # (a Number is an int or a Decimal, exactly)
         return value, 0
-    sign, digits, exponent = value.as_tuple()  # type: ignore[union-attr]
+    sign, digits, exponent = value.as_tuple()
     n = int("".join(map(str, digits)) or "0")
     if sign:
         n = -n
     if isinstance(exponent, int) and exponent >= 0:
         return n * 10**exponent, 0
-    return n, -exponent  # type: ignore[operator]
+    return n, -cast(int, exponent)  # (finite: never "n", "N" or "F")
 
 
 def _from_scaled(n: int, scale: int) -> Decimal:
@@ -102,18 +103,18 @@ def _numbers(args: list[Value]) -> list[Number]:
     for i, arg in enumerate(args, 1):
         if type(arg) is not int and type(arg) is not Decimal:
             raise _ArgError(f"expected a number, got {_kind(arg)}", i)
-    return args  # type: ignore[return-value]
+    return cast("list[Number]", args)  # (each checked above)
 
 
 def _integers(args: list[Value]) -> list[int]:
     for i, arg in enumerate(args, 1):
         if type(arg) is not int:
             raise _ArgError(f"expected an integer, got {_kind(arg)}", i)
-    return args  # type: ignore[return-value]
+    return cast("list[int]", args)  # (each checked above)
 
 
 def _exact(value: Number) -> Decimal:
-    return Decimal(value) if type(value) is int else value  # type: ignore[return-value]
+    return Decimal(value) if type(value) is int else cast(Decimal, value)
 
 
 def _binary(a: Number, b: Number, op: str) -> Number:
@@ -192,7 +193,7 @@ def _compare(args: list[Value], test: Callable[[Number, Number], bool]) -> Value
 
 def _same(a: Value, b: Value) -> bool:
     if type(a) in (int, Decimal) and type(b) in (int, Decimal):
-        return _exact(a) == _exact(b)  # type: ignore[arg-type]
+        return _exact(cast(Number, a)) == _exact(cast(Number, b))
     if type(a) is not type(b):
         return False
     return a == b if type(a) is not tuple else canonical_value(a) == canonical_value(b)
@@ -363,7 +364,7 @@ def _atom(value: Value) -> Value:
         raise ValueError(f"unbound symbol {value}: there are no variables (write a string, "
                          "or true/false)")
     if kind is int:
-        if not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
+        if not INT64_MIN <= cast(int, value) <= INT64_MAX:
             raise ValueError("integer outside int64")
         return value
     if kind is Decimal:
@@ -401,7 +402,7 @@ def evaluate(value: Value, *, functions: object = None, now: int | None = None,
     stack: list[_Frame] = []
     steps = 0
     node: Value = value
-    result: Value = None  # type: ignore[assignment]
+    result: Value  # (always set before `evaluating` turns False, which is when it is read)
     evaluating = True  # True: evaluate `node`; False: hand `result` to the top frame
 
     def fail(message: str, extra: int | None = None) -> EvaluationError:

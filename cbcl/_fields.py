@@ -46,7 +46,7 @@ import re
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeGuard, TypeVar
 
 from ._canonical import _decimal, canonical_value
 from ._errors import ViolationError
@@ -75,7 +75,7 @@ class FieldsError(ViolationError):
 # --------------------------------------------------------------------------- converting
 
 
-def _is_value(value: object) -> bool:
+def _is_value(value: object) -> TypeGuard[Value]:
     """True if ``value`` is a CBCL value already: exact types, lists as tuples, every atom
     in range. Builds nothing (the common case of :func:`check_value`)."""
     if type(value) is not tuple:
@@ -105,7 +105,8 @@ def _is_atom(value: Any) -> bool:
     if kind is str:
         return value.isascii() or _SURROGATE.search(value) is None
     if kind is int:
-        return INT64_MIN <= value <= INT64_MAX  # type: ignore[no-any-return]
+        fits: bool = INT64_MIN <= value <= INT64_MAX
+        return fits
     if kind is Decimal:
         return _decimal_fits(value)
     return kind is Symbol or kind is Keyword or kind is URI
@@ -161,7 +162,7 @@ def _atom(item: object, label: str, root: str, frames: list[tuple[Any, list[Valu
     kind = type(item)
     try:
         if kind is Symbol or kind is Keyword or kind is URI:
-            return item  # type: ignore[return-value]
+            return item  # type: ignore[return-value]  # (`kind`, by which mypy cannot narrow)
         if isinstance(item, (Symbol, Keyword, URI)):  # a subclass: the atom itself
             base = Symbol if isinstance(item, Symbol) else Keyword \
                 if isinstance(item, Keyword) else URI
@@ -226,7 +227,7 @@ def check_value(value: object, label: str = "value", root: str = "$") -> Value:
     what is not a CBCL value and ``ValueError`` for an atom out of range, each naming the
     place: ``{label} `{root}[2]`: …``."""
     if _is_value(value):
-        return value  # type: ignore[return-value]
+        return value
     return _convert(value, label, root)
 
 
@@ -341,8 +342,6 @@ def keys(*mappings: Mapping[str | Keyword, object], **fields: object) -> tuple[V
 
 # --------------------------------------------------------------------------- reading
 
-_MISSING: Any = object()
-
 
 def _kind(value: object) -> str:
     if type(value) is Fields:
@@ -352,9 +351,18 @@ def _kind(value: object) -> str:
                 type(value), type(value).__name__)
 
 
-def _shown(value: Value) -> str:
-    text = canonical_value(value)
+def _shown(value: FieldValue) -> str:
+    """A short text of ``value``; views (in a list the schema typed) as their lists."""
+    text = canonical_value(_raw(value))
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _raw(value: FieldValue) -> Value:
+    if type(value) is Fields:
+        return value.raw
+    if type(value) is tuple:
+        return tuple(_raw(item) for item in value)
+    return value  # type: ignore[return-value]  # an atom: a Value already
 
 
 def _name(name: object) -> str:
@@ -481,9 +489,9 @@ class Fields(Mapping[str, "FieldValue"]):
     def __getitem__(self, name: str | Keyword) -> FieldValue:
         """The field ``name`` (``KeyError`` if the list has none)."""
         key = _name(name)
-        found = self._cache.get(key, _MISSING)
-        if found is not _MISSING:
-            return found  # type: ignore[no-any-return]
+        found = self._cache.get(key)  # (a field's value is never None)
+        if found is not None:
+            return found
         index = self._index.get(key)
         if index is None:
             raise KeyError(key)
@@ -554,7 +562,7 @@ class Fields(Mapping[str, "FieldValue"]):
                               path=self._path) from None
         if type(found) is not kind:
             at = self._child(key)
-            shown = "" if type(found) is Fields else " " + _shown(found)  # type: ignore[arg-type]
+            shown = "" if type(found) is Fields else " " + _shown(found)
             raise FieldsError(f"{at}: expected {kind.__name__}, found {_kind(found)}{shown}",
                               path=at)
         return found

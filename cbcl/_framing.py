@@ -132,10 +132,7 @@ class FrameReader:
     def _check(self) -> None:
         if self._error is not None:
             error = self._error
-            raise type(error)(error.message, position=error.position, **_extra(error))
-
-
-def _extra(error: CBCLError) -> dict[str, object]:
-    if isinstance(error, LimitError):
-        return {"limit": error.limit, "maximum": error.maximum}
-    return {}
+            if isinstance(error, LimitError):
+                raise type(error)(error.message, limit=error.limit, maximum=error.maximum,
+                                  position=error.position)
+            raise type(error)(error.message, position=error.position)

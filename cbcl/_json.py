@@ -31,6 +31,7 @@ _TAGS = {"int", "decimal", "symbol", "keyword", "uri"}
 
 
 def _atom_to_json(value: Value) -> Any:
+    # (mypy does not narrow ``value`` by ``kind``: the ignores below stand for that.)
     kind = type(value)
     if kind is str:
         return value
@@ -39,11 +40,11 @@ def _atom_to_json(value: Value) -> Any:
             raise ValueError(f"integer {value} is outside the signed 64-bit range")
         return value if -JSON_SAFE_INT <= value <= JSON_SAFE_INT else {"int": str(value)}  # type: ignore[operator]
     if kind is Symbol:
-        return {"symbol": str.__str__(value)}  # type: ignore[arg-type]
+        return {"symbol": str.__str__(value)}
     if kind is Keyword:
-        return {"keyword": str.__str__(value)}  # type: ignore[arg-type]
+        return {"keyword": str.__str__(value)}
     if kind is URI:
-        return {"uri": str.__str__(value)}  # type: ignore[arg-type]
+        return {"uri": str.__str__(value)}
     if kind is Decimal:
         return {"decimal": canonical_value(value)}
     # Subclasses and odd types: canonical_value validates and raises the right error.

@@ -349,8 +349,8 @@ class _Compiled:
         self.grammar = grammar
         prods: list[tuple[str, tuple[str, ...], str | None]] = []
         seen: set[tuple[str, tuple[str, ...], str | None]] = set()
-        for p in grammar.productions:
-            key = (p.lhs, tuple(p.rhs), p.alias)
+        for production in grammar.productions:
+            key = (production.lhs, tuple(production.rhs), production.alias)
             if key not in seen:
                 seen.add(key)
                 prods.append(key)
@@ -383,9 +383,9 @@ class _Compiled:
         self.lhs: list[int] = [T]
         self.rhs: list[tuple[int, ...]] = [(self.start_nt,)]
         self.alias: list[str | None] = [None]
-        for lhs, rhs, alias in prods:
+        for lhs, rhs_names, alias in prods:
             syms = []
-            for name in rhs:
+            for name in rhs_names:
                 if name not in ids or name == _END_NAME:
                     raise GrammarError(f"{grammar.show(name)} (used by rule "
                                        f"{grammar.show(lhs)}) is not defined",
@@ -862,7 +862,7 @@ def _make_actions(g: _Compiled, raw: _RawConflict,
     out = []
     for n, (kind, t, items) in enumerate(raw.actions):
         shown = tuple(dict.fromkeys(g.show_item(i) for i in items))
-        example = ()
+        example: tuple[str, ...] = ()
         if examples and n in examples:
             example = tuple(g.show(x) for x in examples[n])
         out.append(Action(kind, g.show(t), shown, example))
@@ -915,7 +915,7 @@ class _Forest:
                         chart[j + 1].add((it + 1, o))
                 else:
                     waiting[j].setdefault(x, []).append((it, o))
-                    new = []
+                    new: list[tuple[int, int]] = []
                     if x not in predicted:
                         predicted.add(x)
                         new.extend((g.base[p], j) for p in g.prods_of[x])
@@ -1037,7 +1037,7 @@ class _Forest:
     def trees(self) -> tuple[object, object]:
         """Two distinct internal trees for the whole sentence (count() must be 2)."""
         root: _Node = (1, self.g.T, 0, len(self.words))
-        built: dict[tuple[_Node, int], object] = {}
+        built: dict[tuple[_Node, int], tuple[object, ...]] = {}
         stack: list[tuple[_Node, int]] = [(root, 1), (root, 2)]
         while stack:
             node, which = stack[-1]
@@ -1061,7 +1061,7 @@ class _Forest:
             stack.pop()
             parts = [built[d] for d in deps]
             if node[0] == 0:
-                built[(node, which)] = (*parts[0], parts[1]) if parts else ()  # type: ignore[misc]
+                built[(node, which)] = (*parts[0], parts[1]) if parts else ()
             else:
                 p = self.g.item_prod[opt[0][1]]
                 built[(node, which)] = ("N", p, parts[0])

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 from ._canonical import canonical_value
 from ._errors import UnknownProtocolError
 from ._fields import _SURROGATE, Fields, FieldsError, check_value
-from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value
+from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
 
 if TYPE_CHECKING:
     from ._protocol import Registry
@@ -94,6 +94,19 @@ class Message:
     signature: Signature | None = None
 
     version: ClassVar[str] = VERSION
+
+    if TYPE_CHECKING:
+        # What the generated ``__init__`` accepts: ``__post_init__`` converts ``sender``,
+        # ``receiver``, ``intent``, ``protocol`` and ``body`` to the fields' types, so a
+        # field's declared type is what reading it gives, this what constructing takes.
+        # Declared for the type checker only: at run time the dataclass's own ``__init__``
+        # is the one (and ``_trusted``, the parsers' path, bypasses it).
+        def __init__(self, *, message_id: str, sender: URI | str, receiver: URI | str,
+                     intent: Intent | str, protocol: Symbol | str,
+                     conversation_id: str | None = None, in_reply_to: str | None = None,
+                     reply_by: int | None = None, timestamp: int | None = None,
+                     body: ValueInput | None = None,
+                     signature: Signature | None = None) -> None: ...
 
     def __post_init__(self) -> None:
         _check_id("message_id", self.message_id)

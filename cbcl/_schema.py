@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from operator import is_
-from typing import Any, Union
+from typing import Any, TypeAlias, Union, cast
 
 from ._canonical import canonical_value
 from ._errors import DescriptorError, SchemaError
@@ -278,13 +278,16 @@ def _compile_type(value: Value, where: str, depth: int) -> SchemaType:
     name = str(value[0])
     if name in _ATOM_KINDS:
         opts = _options(value[1:], _OPTIONS[name], where, 1)
-        low, high = opts.get("min"), opts.get("max")
         numeric = (int,) if name == "integer" else (int, Decimal)
-        for key, bound in (("min", low), ("max", high)):
+        for key in ("min", "max"):
+            bound = opts.get(key)
             if bound is not None and type(bound) not in numeric:
                 raise _Bad(f":{key} of {name} must be " + ("an integer" if name == "integer"
                                                             else "a number"), where)
-        if low is not None and high is not None and low > high:  # type: ignore[operator]
+        # (each checked just above)
+        low = cast("int | Decimal | None", opts.get("min"))
+        high = cast("int | Decimal | None", opts.get("max"))
+        if low is not None and high is not None and low > high:
             raise _Bad(":min is greater than :max", where)
         lo_len = _length(opts["min-length"], where) if "min-length" in opts else None
         hi_len = _length(opts["max-length"], where) if "max-length" in opts else None
@@ -293,7 +296,7 @@ def _compile_type(value: Value, where: str, depth: int) -> SchemaType:
         scheme = opts.get("scheme")
         if scheme is not None and type(scheme) is not Symbol:
             raise _Bad(":scheme is a symbol such as agent", where)
-        return AtomType(name, low, high, lo_len, hi_len,  # type: ignore[arg-type]
+        return AtomType(name, low, high, lo_len, hi_len,
                         None if scheme is None else str(scheme))
     if name == "one-of":
         items = value[1:]
@@ -311,20 +314,20 @@ def _compile_type(value: Value, where: str, depth: int) -> SchemaType:
     if name == "list-of":
         if len(value) < 2:
             raise _Bad("list-of needs an element type", where)
-        item = _compile_type(value[1], f"{where}[1]", depth + 1)
+        element = _compile_type(value[1], f"{where}[1]", depth + 1)
         opts = _options(value[2:], ("min-length", "max-length"), where, 2)
         lo_len = _length(opts["min-length"], where) if "min-length" in opts else None
         hi_len = _length(opts["max-length"], where) if "max-length" in opts else None
         if lo_len is not None and hi_len is not None and lo_len > hi_len:
             raise _Bad(":min-length is greater than :max-length", where)
-        return ListOf(item, lo_len, hi_len)
+        return ListOf(element, lo_len, hi_len)
     if name == "keys":
         return _compile_keys(value[1:], where, 1, depth)
     if name == "record":
         heads: list[Symbol] = []
         i = 1
-        while i < len(value) and type(value[i]) is Symbol:
-            heads.append(value[i])  # type: ignore[arg-type]
+        while i < len(value) and type(head := value[i]) is Symbol:
+            heads.append(head)
             i += 1
         if not heads:
             raise _Bad("a record starts with its head symbol(s): (record task …)", where)
@@ -346,7 +349,7 @@ def _compile_keys(items: tuple[Value, ...], where: str, offset: int, depth: int)
         if type(item) is not tuple or len(item) not in (2, 3) or type(item[0]) is not Keyword:
             raise _Bad("expected a field (:key TYPE) or (:key TYPE required), or (else TYPE)",
                        at)
-        key: Keyword = item[0]  # type: ignore[assignment]
+        key: Keyword = item[0]
         if key in fields:
             raise _Bad(f"key {key.text} is listed twice", at)
         if len(item) == 3:
@@ -417,6 +420,8 @@ def _atom_problem(t: AtomType, value: Value) -> str | None:
         return f"expected {t.describe()}, found {_kind(value)} {_found(value)}"
     if t.kind == "boolean" and value not in _BOOLEANS:
         return f"expected a boolean (true or false), found {_found(value)}"
+    # Below, ``value`` is of one of ``kinds`` (a number, a string …), which mypy cannot
+    # narrow by: the ignores stand for that.
     if t.low is not None and value < t.low:  # type: ignore[operator]
         return f"{_found(value)} is below the minimum {_show(t.low)}"
     if t.high is not None and value > t.high:  # type: ignore[operator]
@@ -489,7 +494,7 @@ class _Pairs:
         self.first: tuple[Any, _Field | None] = (_NOT_A_VALUE, None)
         self.other: _Spec | None = None
         self.required = 0
-        self.open: Callable[[Value], bool] | None = None
+        self.open: Callable[[tuple[Value, ...]], bool] | None = None
         if not isinstance(keys, Keys) or (heads is not None and (
                 not heads or not all(type(h) is Symbol for h in heads))):
             return
@@ -514,17 +519,17 @@ class _Pairs:
             self.open = _any_keys(self.heads)
 
 
-def _any_keys(heads: tuple[Symbol, ...]) -> Callable[[Value], bool]:
+def _any_keys(heads: tuple[Symbol, ...]) -> Callable[[tuple[Value, ...]], bool]:
     """A predicate: a list that starts with ``heads`` (symbols as the reader shares them)
     and continues with distinct keywords, each followed by any value."""
     start, head = len(heads), _sole_head(heads)
 
-    def check(items: Value) -> bool:
-        n = len(items)  # type: ignore[arg-type]
-        if (start and (n < start or (items[0] is not head  # type: ignore[index]
+    def check(items: tuple[Value, ...]) -> bool:
+        n = len(items)
+        if (start and (n < start or (items[0] is not head
                                      and not _has_heads(items, heads)))) or (n - start) % 2:
             return False
-        keys = items[start::2]  # type: ignore[index]
+        keys = items[start::2]
         for key in keys:
             if type(key) is not Keyword:
                 return False
@@ -566,12 +571,12 @@ def _spec_of(t: SchemaType) -> _Spec:
         values = t.values
         if all(type(v) is not tuple for v in values):
             try:
-                pairs = frozenset((type(v), v) for v in values)
+                members = frozenset((type(v), v) for v in values)
             except TypeError:
                 pass
             else:  # (the types first: a body's list is never hashed)
                 return (frozenset(type(v) for v in values), _TESTED,
-                        lambda value: (type(value), value) in pairs, None)
+                        lambda value: (type(value), value) in members, None)
         return None, _TESTED, lambda value: _one_of(t, value), None
     if isinstance(t, ListOf):
         return _TUPLE, _LISTED, None, t
@@ -642,21 +647,24 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
         if (n - start) % 2:
             return False
         # The field the schema lists first, then the one it lists after the last key.
+        # (Below, the spec, `how`, says what `value` is, which mypy cannot narrow by; the
+        # ignores stand for that, on the hot path where a cast would cost a call.)
         expected, following = pairs.first
         others: set[Keyword] | None = None
         seen = 0  # the bits of the fields seen
         for i in range(start, n, 2):
             key = items[i]
             if key is expected:  # (the reader shares keywords)
-                bit, kinds, how, a, b, expected, following = following
+                # (never None: ``expected`` is a key only while a field follows)
+                bit, kinds, how, a, b, expected, following = following  # type: ignore[misc]
             elif type(key) is not Keyword:  # (before hashing it)
                 return False
-            elif (entry := pairs.table.get(key)) is not None:  # type: ignore[call-overload]
+            elif (entry := pairs.table.get(key)) is not None:
                 bit, kinds, how, a, b, expected, following = entry
             elif pairs.other is not None and (others is None or key not in others):
                 if others is None:
                     others = set()
-                others.add(key)  # type: ignore[arg-type]
+                others.add(key)
                 kinds, how, a, b = pairs.other
                 bit = 0
             else:  # not allowed, or repeated
@@ -672,10 +680,10 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                     if len(value) not in a:  # type: ignore[arg-type]
                         return False
                 elif how == _BETWEEN:
-                    if value < a or value > b:  # type: ignore[operator]
+                    if value < a or value > b:
                         return False
                 elif how == _AT_LEAST:
-                    if value < a:  # type: ignore[operator]
+                    if value < a:
                         return False
                 elif how == _KEYED:
                     keyed.append((b, value))  # type: ignore[arg-type]
@@ -684,7 +692,7 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                         return False
                 elif how == _LISTED:
                     lists.append((b, value))  # type: ignore[arg-type]
-                elif value > b:  # type: ignore[operator]  # (_AT_MOST)
+                elif value > b:  # (_AT_MOST)
                     return False
         if seen & pairs.required != pairs.required:
             return False
@@ -696,7 +704,7 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
             if ((t.min_length is not None and n < t.min_length)
                     or (t.max_length is not None and n > t.max_length)):
                 return False
-            kinds, how, a, b = t._item
+            kinds, how, a, b = t._item  # (the ignores below: as in the loop above)
             if kinds is None and not how:
                 continue
             for value in items:
@@ -707,10 +715,10 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                         if len(value) not in a:  # type: ignore[arg-type]
                             return False
                     elif how == _BETWEEN:
-                        if value < a or value > b:  # type: ignore[operator]
+                        if value < a or value > b:
                             return False
                     elif how == _AT_LEAST:
-                        if value < a:  # type: ignore[operator]
+                        if value < a:
                             return False
                     elif how == _KEYED:
                         keyed.append((b, value))  # type: ignore[arg-type]
@@ -719,7 +727,7 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                             return False
                     elif how == _LISTED:
                         lists.append((b, value))  # type: ignore[arg-type]
-                    elif value > b:  # type: ignore[operator]  # (_AT_MOST)
+                    elif value > b:  # (_AT_MOST)
                         return False
         pairs, items = keyed.pop()
 
@@ -729,13 +737,13 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
 # A path is built only when a check fails: while checking, it is the root text or a
 # (parent, segment) pair, where a segment is a Keyword ([:key]), an int ([i]) or a Symbol
 # (.head).
-Path = Union[str, tuple]  # noqa: UP007
+Path: TypeAlias = "str | tuple[Path, Keyword | int | Symbol]"
 
 
 def path_text(path: Path) -> str:
     """The text of a lazy path: ``$.body.task[:resources][:cpu]``."""
     segments: list[str] = []
-    while type(path) is tuple:
+    while isinstance(path, tuple):
         path, segment = path
         if type(segment) is Keyword:
             segments.append(f"[{segment.text}]")
@@ -743,7 +751,7 @@ def path_text(path: Path) -> str:
             segments.append(f".{segment}")
         else:
             segments.append(f"[{segment}]")
-    return path + "".join(reversed(segments))  # type: ignore[operator]
+    return path + "".join(reversed(segments))
 
 
 def _fail(message: str, *, path: Path) -> SchemaError:
@@ -830,6 +838,7 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
     if record is None:
         return
     try:
+        # (a tuple: record_for found its heads; no cast, a call, on the decoders' path)
         valid = _valid(record, body)  # type: ignore[arg-type]
     except Exception:  # an odd value or hand-built type: the explaining pass raises it
         valid = False  # in its place in reading order

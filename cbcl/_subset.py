@@ -38,6 +38,7 @@ Recursion appears only in the tree walkers of steps 3 and 4, whose depth is boun
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -278,14 +279,14 @@ def _refuse(message: str, position: Position, text: str) -> GrammarError:
 class _Token(NamedTuple):
     kind: str  # "name" "lit" "nl" "eof" "->" or one character of _PUNCTUATION
     value: str
-    index: int
+    at: int  # the index in the text (not ``index``, which would shadow tuple.index)
     line: int
     line_start: int
     extra: int
 
     @property
     def position(self) -> Position:
-        return Position(self.line, self.index - self.line_start + 1, self.index + self.extra)
+        return Position(self.line, self.at - self.line_start + 1, self.at + self.extra)
 
 
 def _literal_problem(text: str) -> str | None:
@@ -363,6 +364,7 @@ class _Scanner:
             elif c == '"':
                 return self._literal(i)
             elif c in _IDENT_START:
+                # (the pattern is a `*`: it always matches)
                 end = _IDENT_REST_RE.match(text, i + 1).end()  # type: ignore[union-attr]
                 self.i = end
                 return _Token("name", text[i:end], i, self.line, self.line_start, self.extra)
@@ -533,7 +535,7 @@ class _Parser:
         inline = False
         if token.kind == "?":
             name_token = self.scanner.next()
-            if name_token.kind != "name" or name_token.index != token.index + 1:
+            if name_token.kind != "name" or name_token.at != token.at + 1:
                 raise self.fail("expected a rule name right after '?'", token.position)
             inline, token = True, name_token
         if token.kind != "name":
@@ -612,7 +614,7 @@ class _Parser:
                 if not can_repeat:
                     raise self.fail(f"'{kind}' must follow a name, literal or group (one "
                                     f"operator per item)", token.position)
-                nxt = token.index + 1
+                nxt = token.at + 1
                 if kind == "?" and nxt < len(text) and text[nxt] in _IDENT_START:
                     raise self.fail("'?' directly before a name is a rule modifier; write "
                                     "'x? y' with a space", token.position)
@@ -1080,8 +1082,8 @@ def to_lark(source: GrammarSource, *, prefix: str = "p_") -> LarkGrammar:
         for alt in rule.alternatives:
             if alt.alias is not None:
                 rule_names.setdefault(prefix + alt.alias, alt.alias)
-    seen: set[str] = set()
-    clashes = sorted({n for n in map(lark_name, order) if n in seen or seen.add(n)})
+    uses = Counter(map(lark_name, order))
+    clashes = sorted(n for n, count in uses.items() if count > 1)
     if expansion.value_used:
         clashes += sorted(n for n in rule_names if n in (LARK_VALUE_RULE, _LARK_VALUE_STAR))
     if clashes:

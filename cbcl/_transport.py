@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from ._errors import CBCLError, LimitError
 from ._negotiation import FINAL, HandshakeState
@@ -292,6 +292,7 @@ class Connection:
                 continue
             if event is not NEED_DATA:
                 await self.flush()
+                # (neither NEED_WORK nor NEED_DATA: sentinels mypy cannot narrow by `is`)
                 return event  # type: ignore[return-value]
             await self.flush()
             data = await self._read()
@@ -349,7 +350,7 @@ class Connection:
             return b""  # a reset is an end of stream the session judges
         return b""  # pragma: no cover - _time_out raises
 
-    async def _time_out(self, why: str) -> Any:
+    async def _time_out(self, why: str) -> NoReturn:
         with contextlib.suppress(ConnectionLost):
             await self._write(self.session.refuse("timeout"))
         raise ConnectionLost(f"{why} in state {self.session.state.value}", code="timeout")

@@ -23,6 +23,7 @@ through a private fast path because it has already validated the text.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import TypeAlias
 
@@ -48,7 +49,7 @@ class _Atom(str):
     __slots__ = ()
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and str.__eq__(self, other)  # type: ignore[arg-type]
+        return type(other) is type(self) and str.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
@@ -118,6 +119,9 @@ class URI(_Atom):
 
 
 Value: TypeAlias = "str | int | Decimal | Symbol | Keyword | URI | tuple[Value, ...]"
+#: What converts to a :data:`Value` (as :func:`cbcl.as_value` does): a value, or a list or
+#: tuple of such (a ``list`` becomes a ``tuple``; a ``bool`` is refused at run time).
+ValueInput: TypeAlias = "Value | Sequence[ValueInput]"
 
 
 #: The terminal of the descriptor grammars (and the envelope) that each atom type reads as.

@@ -13,8 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from strategies import strings, symbols
 
 import cbcl

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import cbcl

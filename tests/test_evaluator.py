@@ -9,8 +9,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import cbcl
 from cbcl import DescriptorError, EvaluationError, LimitError, Symbol

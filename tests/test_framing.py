@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from cbcl import CBCLError, LimitError, MalformedError
 from cbcl._framing import FrameReader, frame

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import lark
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from cbcl._cfg import Grammar, Production
 from cbcl._errors import GrammarError

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 from strategies import atoms, decimals, integers, messages, strings, symbols, uris
 from test_protocol import DESCRIPTORS, EXAMPLES, SHIPPED
 
@@ -746,3 +745,16 @@ def test_readme_snippet(registry: Registry) -> None:
     assert fields["bid"]["price"] == Decimal("12.50")  # type: ignore[index]
     assert fields.require("bid", cbcl.Fields).require("currency", cbcl.Symbol) == \
         cbcl.Symbol("EUR")
+
+
+def test_require_names_a_list_of_views_in_its_error() -> None:
+    # A list-of records reads as views; a wrong-type require shows the list, as values.
+    from cbcl._schema import compile_schema
+
+    schema = compile_schema(cbcl.read(
+        b"(schema (record order (:items (list-of (record item (:n integer required))) "
+        b"required)))"))
+    view = cbcl.Fields(cbcl.read(b"(order :items ((item :n 1) (item :n 2)))"), schema=schema)
+    with pytest.raises(cbcl.FieldsError, match=r"expected str, found a list "
+                                                r"\(\(item :n 1\) \(item :n 2\)\)"):
+        view.require("items", str)

@@ -4,8 +4,7 @@ and symbols."""
 from __future__ import annotations
 
 import sexpdata
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from strategies import integers, symbols
 
 import cbcl

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import lark
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from lark.lexer import Lexer, Token
 
 from cbcl._cfg import Grammar, Production

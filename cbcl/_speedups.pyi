@@ -1,0 +1,44 @@
+"""Types of the optional C accelerator ``cbcl/_speedups.c``: the C twins of the binary
+decoder's fast path (``cbcl._codec``). Both functions take positional arguments only
+(``METH_VARARGS``), raise nothing for anything in their input and return ``None`` when the
+careful Python decoder must read the frame again."""
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from _typeshed import ReadableBuffer
+
+from ._values import Value
+
+# A node of a protocol's StackAutomaton (cbcl/_automaton.py): an exact dict holding the
+# node's reserved keys (its stack) and its transitions by token class, whose values are
+# nodes, ``(node, whole)`` pairs and the automaton's outcomes alike.
+_Node = TypeVar("_Node", bound=dict[Any, Any])
+
+def unpack(data: ReadableBuffer, start: int, /) -> list[int | str] | None:
+    """The ints and strs of a frame's msgpack tokens from ``data[start:]`` (twin of
+    msgpack's ``Unpacker``), or ``None`` for anything outside the subset a frame holds."""
+
+def build_body(
+    tokens: list[int | str],
+    index: int,
+    entries: dict[int, tuple[Value, str]],
+    codes: dict[Value, int],
+    caches: tuple[dict[str, Value] | None, ...],
+    make_atom: Callable[[int, str], Value | None],
+    start: _Node | None,
+    step: Callable[[_Node, str], object],
+    max_depth: int,
+    max_items: int,
+    max_string: int,
+    max_name: int,
+    next_code: int,
+    refused: object,
+    accept: object,
+    /,
+) -> Value | None:
+    """The body read from ``tokens[index:]`` (twin of ``cbcl._codec._fast_body_loop``), or
+    ``None``. ``caches`` holds one entry per token code below the first table entry (a
+    dict for DECIMAL, SYMBOL, KEYWORD and URI); ``start`` is the automaton's start node,
+    or ``None`` when the grammar is not run; ``refused`` and ``accept`` are the outcomes
+    ``step`` returns, compared by identity."""
