@@ -22,25 +22,24 @@ through a private fast path because it has already validated the text.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import TypeAlias
 
+# The lexical rules are the vocabulary's, defined once there (re-exported: other modules
+# import these names from here).
+from ._vocabulary import (
+    INVISIBLE as INVISIBLE,
+    MAX_DECIMAL_CHARS as MAX_DECIMAL_CHARS,
+    NAME_RE as _NAME_RE,
+    NUMBERLIKE_RE as _NUMBERLIKE_RE,
+    URI_PATTERN as URI_PATTERN,
+    URI_RE as _URI_RE,
+    URI_REST_EXCLUDES as URI_REST_EXCLUDES,
+)
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-MAX_DECIMAL_CHARS = 40
-
-_NAME_RE = re.compile(r"[A-Za-z+\-*/<>=!?_.][A-Za-z0-9+\-*/<>=!?_.@%&]*\Z")
-# A token that starts like a number is a number or an error, never a symbol.
-_NUMBERLIKE_RE = re.compile(r"[+\-]?\.?[0-9]")
-# Characters a URI's rest excludes: space and controls, delimiters, bidirectional controls,
-# and invisible characters (Unicode spaces, zero-width and directional marks, separators,
-# BOM) that would let two URIs look alike.
-INVISIBLE = "\u00a0\u061c\u1680\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff"
-URI_REST_EXCLUDES = "\x00-\x20\x7f-\x9f()\";\u2066-\u2069" + INVISIBLE
-URI_PATTERN = r"[a-z][a-z0-9+.\-]*+://[^" + URI_REST_EXCLUDES + r"]++"
-_URI_RE = re.compile(URI_PATTERN + r"\Z")
 
 
 class _Atom(str):

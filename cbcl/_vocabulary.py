@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import re
 
-# The URI pattern and the decimal size are the value model's (cbcl._values, which should
-# in turn take NAME_RE from here: it still spells its own).
-from ._values import (
-    INVISIBLE as INVISIBLE,
-    MAX_DECIMAL_CHARS as MAX_DECIMAL_CHARS,
-    URI_PATTERN as URI_PATTERN,
-    URI_REST_EXCLUDES as URI_REST_EXCLUDES,
-)
+#: The longest DECIMAL, in characters written out.
+MAX_DECIMAL_CHARS = 40
+# Characters a URI's rest excludes: space and controls, delimiters, bidirectional controls,
+# and invisible characters (Unicode spaces, zero-width and directional marks, separators,
+# BOM) that would let two URIs look alike.
+INVISIBLE = "\u00a0\u061c\u1680\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff"
+URI_REST_EXCLUDES = "\x00-\x20\x7f-\x9f()\";\u2066-\u2069" + INVISIBLE
+#: A URI: a scheme, ``://``, then at least one character that is not excluded.
+URI_PATTERN = r"[a-z][a-z0-9+.\-]*+://[^" + URI_REST_EXCLUDES + r"]++"
 
 # --------------------------------------------------------------------------- atoms (draft §1)
 

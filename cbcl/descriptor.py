@@ -4,8 +4,9 @@
 from ._authoring import build_descriptor, render_descriptor
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._protocol import CompileGate, PreparedDescriptor, Protocol, Registry
+from ._subset import GrammarLimits
 
 __all__ = [
-    "CompileGate", "PreparedDescriptor", "Protocol", "ProtocolDescriptor", "Registry",
-    "build_descriptor", "read_descriptor", "render_descriptor",
+    "CompileGate", "GrammarLimits", "PreparedDescriptor", "Protocol", "ProtocolDescriptor",
+    "Registry", "build_descriptor", "read_descriptor", "render_descriptor",
 ]

@@ -21,12 +21,13 @@ from ._events import (
     Unsupported,
     Work,
 )
+from ._negotiation import HandshakeState
 from ._reasons import NOT_UNDERSTOOD_CODES, LocalProtocolError, RemoteProtocolError
 from ._session import Session
 
 __all__ = [
     "NEED_DATA", "NEED_WORK", "NOT_UNDERSTOOD_CODES", "Accepted", "ConnectionClosed",
-    "Established", "Event", "Finished", "LocalProtocolError", "NotUnderstood", "Offer",
-    "ProtocolMessage", "Query", "Rejected", "RemoteProtocolError", "Session", "Supported",
-    "Unsupported", "Work",
+    "Established", "Event", "Finished", "HandshakeState", "LocalProtocolError",
+    "NotUnderstood", "Offer", "ProtocolMessage", "Query", "Rejected", "RemoteProtocolError",
+    "Session", "Supported", "Unsupported", "Work",
 ]

@@ -17,7 +17,8 @@ _WORDS = ["a", "PROPOSE", "-", "+", "-a", "-1", "+.5", ".5", ".a", "a.b", "a@b",
 
 @pytest.mark.parametrize("word", _WORDS)
 def test_the_vocabulary_agrees_with_the_value_model(word: str) -> None:
-    # cbcl._values still spells its own NAME pattern: the two must say the same.
+    # cbcl._values takes its patterns from the vocabulary: one definition, one answer.
+    assert _NAME_RE is _vocabulary.NAME_RE and _URI_RE is _vocabulary.URI_RE
     assert (_vocabulary.NAME_RE.match(word) is not None) == (_NAME_RE.match(word) is not None)
     assert (_vocabulary.SYMBOL_RE.match(word) is not None) == is_name(word)
     uri = f"agent://{word}"
