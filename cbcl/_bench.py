@@ -47,7 +47,7 @@ from ._codec import Decoder, Encoder
 from ._json import message_to_json
 from ._limits import Limits
 from ._message import Message
-from ._protocol import _COMPILED, _OVERSIZED, _REFUSED, Registry
+from ._protocol import DEFAULT_GRAMMAR_CACHE, Registry
 from ._subset import read_grammar, to_lark
 from ._values import URI, Keyword, Symbol
 
@@ -519,9 +519,7 @@ def load_times(payload: bytes, repeat: int) -> dict[str, float]:
     grammar from the disk cache, nothing in memory), hot (in-memory LRU); milliseconds."""
 
     def forget() -> None:
-        _COMPILED.clear()
-        _REFUSED.clear()
-        _OVERSIZED.clear()
+        DEFAULT_GRAMMAR_CACHE.clear()
 
     def cold() -> None:
         forget()

@@ -314,12 +314,34 @@ DEFAULT_MAX_COMPILED_BYTES = 16 << 20
 #: grammar we refused again.
 REFUSED_CACHE_ENTRIES = 1024
 
-# Process-wide: compiled grammars are immutable and shared by every registry.
-_COMPILED = _LRU(COMPILED_CACHE_BYTES, compiled_size)
-_REFUSED = _LRU(REFUSED_CACHE_ENTRIES)
-# Sizes of compiled grammars found too large: each registry judges them by its own
-# max_compiled_bytes, so they are not verdicts for _REFUSED.
-_OVERSIZED = _LRU(REFUSED_CACHE_ENTRIES)
+class GrammarCache:
+    """What the registries that share it know of grammars, in memory: the compiled ones
+    (the least recently used dropped past ``max_bytes``, by :func:`compiled_size`), the
+    refused ones (``max_refused``, each a short error, so a peer cannot make us analyse a
+    grammar we refused again), and the sizes of those found too large (each registry
+    judges them by its own ``max_compiled_bytes``, so they are not verdicts). Compiled
+    grammars are immutable, so one cache may serve every registry of a process: by default
+    they share :data:`DEFAULT_GRAMMAR_CACHE`; give a registry its own to keep it apart.
+    Thread-safe."""
+
+    def __init__(self, *, max_bytes: int = COMPILED_CACHE_BYTES,
+                 max_refused: int = REFUSED_CACHE_ENTRIES) -> None:
+        for name, value in (("max_bytes", max_bytes), ("max_refused", max_refused)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int")
+        self.compiled = _LRU(max_bytes, compiled_size)
+        self.refused = _LRU(max_refused)
+        self.oversized = _LRU(max_refused)
+
+    def clear(self) -> None:
+        """Forget everything (as if in a new process; the disk cache stays)."""
+        self.compiled.clear()
+        self.refused.clear()
+        self.oversized.clear()
+
+
+#: The cache every registry shares unless given its own (``Registry(grammar_cache=…)``).
+DEFAULT_GRAMMAR_CACHE = GrammarCache()
 
 
 class CompileGate:
@@ -389,11 +411,12 @@ class Registry:
     that compiles a grammar; ``isolate=False`` compiles in this process instead (for tools
     that run on trusted grammars only). ``max_compiled_bytes``: a compiled grammar whose
     tables would take more memory than this (estimated by :func:`compiled_size`) is refused
-    (:class:`GrammarError`); compiled grammars are cached for the whole process up to
-    :data:`COMPILED_CACHE_BYTES`. ``compile_gate``: a :class:`CompileGate` shared by the
-    registries of one server, held while a grammar compiles (a grammar found in a cache
-    needs none); a compile it refuses, or that gets no slot within ``compile_wait``
-    seconds, raises :class:`LimitError`.
+    (:class:`GrammarError`); compiled (and refused) grammars are kept in ``grammar_cache``,
+    a :class:`GrammarCache` (default :data:`DEFAULT_GRAMMAR_CACHE`, shared by every
+    registry of the process, up to :data:`COMPILED_CACHE_BYTES`). ``compile_gate``: a
+    :class:`CompileGate` shared by the registries of one server, held while a grammar
+    compiles (a grammar found in a cache needs none); a compile it refuses, or that gets
+    no slot within ``compile_wait`` seconds, raises :class:`LimitError`.
 
     A registry may be read from several threads while one thread prepares a descriptor
     (:meth:`prepare`); :meth:`install` and :meth:`record` belong to one thread at a time.
@@ -411,9 +434,13 @@ class Registry:
                  compile_memory: int = DEFAULT_MEMORY, isolate: bool = True,
                  max_compiled_bytes: int = DEFAULT_MAX_COMPILED_BYTES,
                  compile_gate: CompileGate | None = None,
-                 compile_wait: float = 60.0) -> None:
+                 compile_wait: float = 60.0,
+                 grammar_cache: GrammarCache | None = None) -> None:
         if type(max_compiled_bytes) is not int or max_compiled_bytes < 1:
             raise ValueError("max_compiled_bytes must be a positive int")
+        if grammar_cache is not None and not isinstance(grammar_cache, GrammarCache):
+            raise TypeError("grammar_cache must be a cbcl.descriptor.GrammarCache")
+        self.grammar_cache = DEFAULT_GRAMMAR_CACHE if grammar_cache is None else grammar_cache
         self.max_compiled_bytes = max_compiled_bytes
         self.compile_gate = compile_gate
         self.compile_wait = compile_wait
@@ -646,14 +673,14 @@ class Registry:
         """:meth:`compiled`, and where it came from: ``compiled``, ``memory cache`` or
         ``disk cache``. Raises as :meth:`compiled`."""
         key = _cache_key(grammar, self.grammar_limits)
-        refused = _REFUSED.recall(key)
+        refused = self.grammar_cache.refused.recall(key)
         if refused is not None:
             raise GrammarError(refused.message, verdict=refused.verdict,
                                position=refused.position, context=refused.context)
-        oversized = _OVERSIZED.recall(key)
+        oversized = self.grammar_cache.oversized.recall(key)
         if oversized is not None and oversized > self.max_compiled_bytes:
             raise self._too_large(oversized)
-        cached = _COMPILED.recall_sized(key)
+        cached = self.grammar_cache.compiled.recall_sized(key)
         if cached is not None:
             hit, hit_size = cached
             if hit_size > self.max_compiled_bytes:
@@ -672,21 +699,21 @@ class Registry:
             try:
                 compiled = self._compile_gated(key, grammar)
             except GrammarError as exc:
-                _REFUSED.remember(key, exc)
+                self.grammar_cache.refused.remember(key, exc)
                 raise
             if compiled.verdict != LALR1:
                 error = GrammarError(f"grammar is not loadable: {compiled.verdict}\n"
                                      f"{compiled.report}", verdict=compiled.verdict)
-                _REFUSED.remember(key, error)
+                self.grammar_cache.refused.remember(key, error)
                 raise error
             fresh = True
         size = compiled_size(compiled)
         if size > self.max_compiled_bytes:
-            _OVERSIZED.remember(key, size)
+            self.grammar_cache.oversized.remember(key, size)
             raise self._too_large(size)
         if fresh and self.disk is not None:
             self.disk.put(key, to_data(compiled))
-        _COMPILED.remember(key, compiled, size)
+        self.grammar_cache.compiled.remember(key, compiled, size)
         return compiled, "compiled" if fresh else "disk cache"
 
     def _too_large(self, size: int) -> GrammarError:
@@ -701,11 +728,12 @@ class Registry:
             if self._abandoned:
                 raise LimitError("the compile was abandoned: nobody waits for it",
                                  limit="abandoned", maximum=0)
-            refused = _REFUSED.recall(key)  # another thread may have finished it meanwhile
+            # Another thread may have finished it meanwhile.
+            refused = self.grammar_cache.refused.recall(key)
             if refused is not None:
                 raise GrammarError(refused.message, verdict=refused.verdict,
                                    position=refused.position, context=refused.context)
-            done: CompiledGrammar | None = _COMPILED.recall(key)
+            done: CompiledGrammar | None = self.grammar_cache.compiled.recall(key)
             return done if done is not None else self._compile(grammar)
 
     def _compile(self, grammar: str) -> CompiledGrammar:

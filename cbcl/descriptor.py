@@ -3,10 +3,18 @@
 
 from ._authoring import build_descriptor, render_descriptor
 from ._descriptor import ProtocolDescriptor, read_descriptor
-from ._protocol import CompileGate, PreparedDescriptor, Protocol, Registry
+from ._protocol import (
+    DEFAULT_GRAMMAR_CACHE,
+    CompileGate,
+    GrammarCache,
+    PreparedDescriptor,
+    Protocol,
+    Registry,
+)
 from ._subset import GrammarLimits
 
 __all__ = [
-    "CompileGate", "GrammarLimits", "PreparedDescriptor", "Protocol", "ProtocolDescriptor",
-    "Registry", "build_descriptor", "read_descriptor", "render_descriptor",
+    "DEFAULT_GRAMMAR_CACHE", "CompileGate", "GrammarCache", "GrammarLimits",
+    "PreparedDescriptor", "Protocol", "ProtocolDescriptor", "Registry", "build_descriptor",
+    "read_descriptor", "render_descriptor",
 ]

@@ -13,7 +13,8 @@ import cbcl
 
 LAYERS = ("session", "net", "trust", "binary", "conversation", "descriptor", "json_mapping")
 #: Names new in a layer, never at the top level (nothing written before needs them there).
-ONLY_IN_LAYERS = {"NOT_UNDERSTOOD_CODES", "Event", "HandshakeState", "GrammarLimits"}
+ONLY_IN_LAYERS = {"NOT_UNDERSTOOD_CODES", "Event", "HandshakeState", "GrammarLimits",
+                  "GrammarCache", "DEFAULT_GRAMMAR_CACHE"}
 ROOT = Path(__file__).parent.parent
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

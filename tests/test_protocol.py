@@ -330,7 +330,7 @@ def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
 
     payload = GOOD.replace('"body: SYMBOL"', '"body: \\"(\\" STRING INTEGER \\")\\""').encode()
     Registry(cache_dir=tmp_path).load(payload, allow_unsigned=True)
-    _protocol._COMPILED.clear()  # as if in a new process: only the disk remains
+    _protocol.DEFAULT_GRAMMAR_CACHE.clear()  # as if in a new process: only the disk remains
     monkeypatch.setattr(Registry, "_compile", lambda *_: pytest.fail("recompiled"))
     reg = Registry(cache_dir=tmp_path)
     reg.load(payload, allow_unsigned=True)
@@ -351,7 +351,7 @@ def test_tampered_cache_entries_are_recompiled(tmp_path: Path,
     (entry,) = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
     blob = entry.read_bytes()
     entry.write_bytes(blob.replace(b'"start":', b'"start": ', 1))  # body no longer matches
-    _protocol._COMPILED.clear()
+    _protocol.DEFAULT_GRAMMAR_CACHE.clear()
     calls = []
     original = Registry._compile
     monkeypatch.setattr(Registry, "_compile",

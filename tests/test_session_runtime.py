@@ -293,7 +293,7 @@ def test_a_compiled_grammar_over_max_compiled_bytes_is_refused() -> None:
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)  # same grammar: the size decides
     # Compiled afresh too (no cache in memory), the size refuses it …
-    cbcl._protocol._COMPILED.clear()
+    cbcl._protocol.DEFAULT_GRAMMAR_CACHE.clear()
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)
     # … and that refusal is this registry's limit, not a verdict for every registry.
@@ -394,3 +394,43 @@ def test_an_abandoned_compile_stops_and_is_not_remembered_as_refused() -> None:
         registry.compiled(grammar)
     # Not a verdict on the grammar: another registry compiles it.
     assert cbcl.Registry(disk_cache=False).compiled(grammar).verdict == "LALR(1)"
+
+
+def test_a_grammar_cache_is_an_object_registries_share_or_keep_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cbcl.descriptor import DEFAULT_GRAMMAR_CACHE, GrammarCache
+
+    compiles = []
+    original = cbcl.Registry._compile
+
+    def counting(self: cbcl.Registry, grammar: str) -> object:
+        compiles.append(grammar)
+        return original(self, grammar)
+
+    monkeypatch.setattr(cbcl.Registry, "_compile", counting)
+    payload = version(7, b"  ")
+    # Two registries on one cache: the second finds the first's compile.
+    shared = GrammarCache()
+    for _ in range(2):
+        registry = cbcl.Registry(disk_cache=False, isolate=False, grammar_cache=shared)
+        registry.load(payload, allow_unsigned=True)
+    assert len(compiles) == 1 and len(shared.compiled) == 1
+    # A registry with a cache of its own compiles for itself; the default cache is apart.
+    apart = cbcl.Registry(disk_cache=False, isolate=False, grammar_cache=GrammarCache())
+    apart.load(payload, allow_unsigned=True)
+    assert len(compiles) == 2
+    assert cbcl.Registry().grammar_cache is DEFAULT_GRAMMAR_CACHE
+    # Its byte bound: a grammar of exactly max_bytes is kept, one byte less and it is not.
+    size = compiled_size(apart.compiled(apart.get("contract-net/v1").descriptor.grammar))
+    exact = GrammarCache(max_bytes=size)
+    cbcl.Registry(disk_cache=False, isolate=False, grammar_cache=exact).load(
+        payload, allow_unsigned=True)
+    assert len(exact.compiled) == 1 and exact.compiled.used == size
+    short = GrammarCache(max_bytes=size - 1)
+    cbcl.Registry(disk_cache=False, isolate=False, grammar_cache=short).load(
+        payload, allow_unsigned=True)
+    assert len(short.compiled) == 0
+    with pytest.raises(ValueError):
+        GrammarCache(max_bytes=0)
+    with pytest.raises(TypeError):
+        cbcl.Registry(grammar_cache=object())  # type: ignore[arg-type]
