@@ -14,7 +14,7 @@ An action is an ``int``: ``n >= 0`` shifts (or, for a nonterminal, goes) to stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._vocabulary import VALUE_FIRST
@@ -60,6 +60,9 @@ class Tables:
     rules: tuple[Rule, ...]
     start_state: int
     end_state: int
+    #: :func:`value_states` of these tables, found once (not part of their value).
+    _value_states: dict[str, int] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     @classmethod
     def from_lark(cls, parser: Any, start: str = "start") -> Tables:
@@ -130,22 +133,21 @@ class Tables:
 VALUE_RULE = "cbcl_value"
 _VALUE_STAR = "_cbcl_value_star"
 _VALUE_FIRST = VALUE_FIRST
-_VALUE_STATES: dict[int, tuple[Tables, dict[str, int]]] = {}
 
 
 def value_states(tables: Tables) -> dict[str, int]:
     """The states of the generated ``value`` rule (``cbcl_value: LPAR _cbcl_value_star RPAR
     | SYMBOL | …``) that a value's first token enters, by terminal (empty if the grammar
-    has no ``value``). Cached per tables.
+    has no ``value``). Found once, and kept by the tables.
 
     An LALR state is identified by its core, so where shifting a token from state S enters
     one of these states, every item of S that can take the token is the start of a whole
     ``value``: a driver may then take the value without walking the tables through it and
     take the ``value`` goto from S. States are found by their contents, never by number
     (lark's numbering is not stable)."""
-    cached = _VALUE_STATES.get(id(tables))
-    if cached is not None and cached[0] is tables:
-        return cached[1]
+    cached = tables._value_states
+    if cached is not None:
+        return cached
     actions = tables.actions
     after_lpar = [state for state, row in enumerate(actions) if _VALUE_STAR in row]
     states: dict[str, int] = {}
@@ -154,7 +156,5 @@ def value_states(tables: Tables) -> dict[str, int]:
         states = {terminal: row[terminal] for terminal in _VALUE_FIRST if terminal in row}
         if len(states) != len(_VALUE_FIRST) or states["LPAR"] != after_lpar[0]:
             states = {}  # pragma: no cover - not the generated value rule
-    if len(_VALUE_STATES) >= 512:
-        _VALUE_STATES.clear()
-    _VALUE_STATES[id(tables)] = (tables, states)
+    object.__setattr__(tables, "_value_states", states)  # frozen: set once, derived
     return states
