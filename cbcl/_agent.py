@@ -576,9 +576,9 @@ class Link:
         if handler is None:
             return
         try:
-            async with asyncio.timeout(self.agent.handler_timeout):
-                answer = handler(message, Context(message, link=self))
-                if inspect.isawaitable(answer):
+            answer = handler(message, Context(message, link=self))
+            if inspect.isawaitable(answer):  # (a plain function cannot be interrupted)
+                async with asyncio.timeout(self.agent.handler_timeout):
                     answer = await answer
         except TimeoutError:
             self.log(f"the handler did not answer within {self.agent.handler_timeout:g} s")
@@ -649,7 +649,7 @@ class Agent:
     intent of that protocol); ``handler`` is the fallback for everything else. A handler is
     ``handler(message, context) -> Message | None`` (or a coroutine function); a returned
     message is sent as the reply. Each link runs its handlers one at a time, in the order the
-    messages came, each within ``handler_timeout`` seconds. ``reply_timeout``: how long
+    messages came; a coroutine handler is cancelled after ``handler_timeout`` seconds. ``reply_timeout``: how long
     :meth:`AgentConversation.send` waits for a reply by default.
 
     Limits: ``limits`` for every message, ``connection_limits`` per connection,
