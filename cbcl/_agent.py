@@ -649,8 +649,9 @@ class Agent:
     intent of that protocol); ``handler`` is the fallback for everything else. A handler is
     ``handler(message, context) -> Message | None`` (or a coroutine function); a returned
     message is sent as the reply. Each link runs its handlers one at a time, in the order the
-    messages came; a coroutine handler is cancelled after ``handler_timeout`` seconds. ``reply_timeout``: how long
-    :meth:`AgentConversation.send` waits for a reply by default.
+    messages came; a coroutine handler is cancelled after ``handler_timeout`` seconds.
+    ``reply_timeout``: how long :meth:`AgentConversation.send` waits for a reply by
+    default.
 
     Limits: ``limits`` for every message, ``connection_limits`` per connection,
     ``server_limits`` for :meth:`serve`; ``max_learned`` protocol ids and
