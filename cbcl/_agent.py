@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ._cli_common import escape_invisible, peer_text
+from ._descriptor import ProtocolDescriptor
 from ._errors import CBCLError
 from ._files import UnsafeFile, read_regular_file, write_atomically
 from ._limits import DEFAULT_LIMITS, Limits
@@ -143,7 +144,8 @@ class LearnedLibrary:
     def protocols(self) -> list[Protocol]:
         return [protocol for protocol, _ in self._entries.values()]
 
-    def knows(self, protocol: Protocol) -> bool:
+    def knows(self, protocol: Protocol | ProtocolDescriptor) -> bool:
+        """Whether this library holds ``protocol`` (its id, with this digest)."""
         entry = self._entries.get(str(protocol.id))
         return entry is not None and entry[0].digest == protocol.digest
 
@@ -373,10 +375,18 @@ class Link:
         self.established: asyncio.Future[Established] = \
             asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.protocol: Protocol | None = None
-        self.encoding: str | None = None
         #: The task taking this link's events, for a link opened by :meth:`Agent.connect`.
         self.task: asyncio.Task[str] | None = None
+
+    @property
+    def protocol(self) -> Protocol | None:
+        """The protocol agreed on this link (``None`` before)."""
+        return self.session.protocol
+
+    @property
+    def encoding(self) -> str | None:
+        """The encoding agreed on this link (``None`` before)."""
+        return self.session.encoding
 
     @property
     def me(self) -> URI:
@@ -541,7 +551,6 @@ class Link:
 
     def _on_established(self, event: Established) -> None:
         session = self.session
-        self.protocol, self.encoding = session.protocol, event.encoding
         self.log(f"established {peer_text(event.protocol, 64)} in "
                  f"{peer_text(event.encoding, 16)}")
         protocol = session.protocol
@@ -791,10 +800,7 @@ class Agent:
 
     def _vet(self, peer: str, prepared: PreparedDescriptor) -> None:
         # A protocol the agent already learned is no new burden: only new ones count.
-        ident = str(prepared.descriptor.id)
-        known = any(str(p.id) == ident and p.digest == prepared.descriptor.digest
-                    for p in self.learned.protocols())
-        if not known:
+        if not self.learned.knows(prepared.descriptor):
             self._learned_per_peer.vet(peer, prepared)
 
     async def connect(self, address: str, *, peer: URI | str, descriptor: bytes,

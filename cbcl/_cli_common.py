@@ -8,6 +8,7 @@ import json
 import math
 import re
 import shlex
+import sys
 import unicodedata
 from collections.abc import Callable, Iterable
 from typing import BinaryIO, NoReturn, TypeAlias, TypeVar, overload
@@ -259,6 +260,12 @@ def peer_text(value: object, limit: int = 80, *, tail: int = 0) -> str:
     """A value that came from a peer, for one log line: :func:`escape_invisible` with
     ``quote=True``, at most ``limit`` characters and ``…`` (keeping the last ``tail``)."""
     return escape_invisible(str(value), quote=True, limit=limit, tail=tail)
+
+
+def usage_error(command: str, message: str) -> NoReturn:
+    """Print ``usage: cbcl COMMAND: MESSAGE`` (one escaped line) and exit 2."""
+    print(escape_invisible(f"usage: cbcl {command}: {message}"), file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
 
 
 def print_message(message: Message, as_json: bool) -> None:

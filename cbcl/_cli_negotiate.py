@@ -32,7 +32,7 @@ from ._agent import (
     not_understood_exit,
 )
 from ._canonical import canonical_value
-from ._cli_common import MAX_SECONDS, Commands, escape_invisible, int_in, seconds
+from ._cli_common import MAX_SECONDS, Commands, escape_invisible, int_in, seconds, usage_error
 from ._errors import TrustError
 from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS, Limits
@@ -392,8 +392,7 @@ def _cmd_negotiate(args: argparse.Namespace, data: bytes) -> int:
 
 
 def _usage(args: argparse.Namespace, message: str) -> NoReturn:
-    print(escape_invisible(f"usage: cbcl {args.command}: {message}"), file=sys.stderr)
-    raise SystemExit(2)
+    usage_error(args.command, message)
 
 
 # --------------------------------------------------------------------------- the demo

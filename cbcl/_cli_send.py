@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ._agent import Agent, ConversationClosed, Link, not_understood_exit
 from ._api import parse
-from ._cli_common import MAX_SECONDS, Commands, escape_invisible, print_message, seconds
+from ._cli_common import (
+    MAX_SECONDS,
+    Commands,
+    escape_invisible,
+    print_message,
+    seconds,
+    usage_error,
+)
 from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS
 from ._message import Message
@@ -36,8 +43,7 @@ DEFAULT_REPLY_TIMEOUT = 10.0
 
 
 def _usage(message: str) -> NoReturn:
-    print(escape_invisible(f"usage: cbcl send: {message}"), file=sys.stderr)
-    raise SystemExit(2)
+    usage_error("send", message)
 
 
 def _read_messages(paths: list[str]) -> list[Message]:

@@ -5,11 +5,12 @@ restarts), and ends that are events, never stray exceptions. Real agents on loop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from cbcl._agent import (
     Context,
     ConversationClosed,
     LearnedLibrary,
+    Link,
     NegotiationFailed,
     load_handler,
 )
@@ -83,6 +85,19 @@ def server_agent(keys: Keys, log: list[str], **options: Any) -> Agent:
     return Agent(SERVER, key=keys.pair, trust=keys.store, log=log.append, **options)
 
 
+@contextlib.asynccontextmanager
+async def linked(keys: Keys, server: Agent) -> AsyncIterator[Link]:
+    """``server`` serving on loopback and a client agent's established link to it, with
+    contract-net/v1; both agents closed after, whatever happened."""
+    client = Agent(CLIENT, key=keys.pair, trust=keys.store)
+    try:
+        yield await client.connect(await address_of(server), peer=SERVER,
+                                   descriptor=keys.signed)
+    finally:
+        await client.close()
+        await server.close()
+
+
 async def address_of(agent: Agent) -> str:
     server = await agent.serve("127.0.0.1:0")
     host, port = server.sockets[0].getsockname()[:2]
@@ -108,10 +123,7 @@ def test_a_handler_answers_and_the_conversation_returns_the_reply(keys: Keys) ->
     async def body() -> None:
         server = server_agent(keys, log)
         server.on("contract-net/v1", "CFP")(bidder)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             assert str(link.protocol.id) == "contract-net/v1"  # type: ignore[union-attr]
             conversation = link.conversation()
             reply = await conversation.send(Intent.CFP, CFP_BODY)
@@ -124,9 +136,6 @@ def test_a_handler_answers_and_the_conversation_returns_the_reply(keys: Keys) ->
                 await conversation.send(Intent.ACCEPT, read(b'(accept-proposal :task-id "t-1")'),
                                         timeout=0.3)
             assert caught.value.reason == "no-reply"
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)
     assert any("sent \"reply-1\" PROPOSE" in line for line in log), log
@@ -168,17 +177,11 @@ def test_an_async_handler_and_a_failing_one(keys: Keys) -> None:
     async def body() -> None:
         server = server_agent(keys, log)
         server.on("contract-net/v1", "CFP")(flaky)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             with pytest.raises(ConversationClosed):
                 await link.conversation().send(Intent.CFP, CFP_BODY, timeout=0.3)
             reply = await link.conversation().send(Intent.CFP, CFP_BODY)  # the link lives on
             assert reply is not None and reply.intent is Intent.PROPOSE
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)
     failed = [line for line in log if "the handler failed" in line]
@@ -194,19 +197,13 @@ def test_a_slow_handler_is_cut_off_at_its_deadline(keys: Keys) -> None:
 
     async def body() -> None:
         server = server_agent(keys, log, handler=slow, handler_timeout=0.2)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             started = time.monotonic()
             with pytest.raises(ConversationClosed) as caught:
                 await link.conversation().send(Intent.CFP, CFP_BODY, timeout=1.0)
             assert caught.value.reason == "no-reply"
             assert time.monotonic() - started < 2.0
             await wait_for_line(log, "did not answer within 0.2 s")
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)
 
@@ -216,16 +213,10 @@ def test_a_handler_that_returns_no_message_is_logged(keys: Keys) -> None:
 
     async def body() -> None:
         server = server_agent(keys, log, handler=lambda m, c: "PROPOSE")
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             conversation = link.conversation()
             await conversation.send(Intent.CFP, CFP_BODY, expect_reply=False)
             await wait_for_line(log, "the handler returned str, not a Message")
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)
 
@@ -265,14 +256,8 @@ def test_learned_protocols_survive_a_restart_and_are_verified_again(
 
     async def learn() -> None:
         server = server_agent(keys, first, state=state, handler=bidder)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             await link.close()
-        finally:
-            await client.close()
-            await server.close()
 
     async def come_back() -> None:
         server = server_agent(keys, second, state=state, handler=bidder)
@@ -335,10 +320,7 @@ def test_closing_in_the_middle_of_a_conversation_is_an_event_on_both_sides(
 
     async def body() -> None:
         server = server_agent(keys, log, handler=bidder)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             conversation = link.conversation("job-7")
             assert await conversation.send(Intent.CFP, CFP_BODY) is not None
             await link.close()  # the conversation is in state "proposed"
@@ -347,9 +329,6 @@ def test_closing_in_the_middle_of_a_conversation_is_an_event_on_both_sides(
                 await conversation.next()
             assert caught.value.reason == "closed"
             await wait_for_line(log, 'conversation "job-7" (in state proposed) unfinished')
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)  # and nothing reached asyncio's "unhandled exception" handler
 
@@ -360,18 +339,12 @@ def test_the_server_going_away_ends_the_waiting_conversation(keys: Keys) -> None
 
     async def body() -> None:
         server = server_agent(keys, [], handler=never)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             with pytest.raises(ConversationClosed) as caught:
                 await link.conversation().send(Intent.CFP, CFP_BODY, timeout=5)
             assert caught.value.reason not in ("no-reply",)
             with pytest.raises(ConversationClosed):
                 await link.conversation().send(Intent.CFP, CFP_BODY)
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)
 
@@ -536,10 +509,7 @@ def test_messages_the_protocol_refuses_never_leave_either_side(keys: Keys) -> No
 
     async def body() -> None:
         server = server_agent(keys, log, handler=wrong)
-        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
-        try:
-            link = await client.connect(await address_of(server), peer=SERVER,
-                                        descriptor=keys.signed)
+        async with linked(keys, server) as link:
             conversation = link.conversation()
             with pytest.raises(cbcl.BodyError):  # ours: :deadline must be an integer
                 await conversation.send(Intent.CFP, read(
@@ -552,9 +522,6 @@ def test_messages_the_protocol_refuses_never_leave_either_side(keys: Keys) -> No
                 await conversation.send(Intent.CFP, CFP_BODY, timeout=0.5)
             assert caught.value.reason == "no-reply"
             await wait_for_line(log, "our reply was not sent: body")
-        finally:
-            await client.close()
-            await server.close()
 
     run(body)
     assert not any("the peer did not understand" in line for line in log), log

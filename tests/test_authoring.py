@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
 import shlex
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from types import ModuleType
 
 import pytest
 from hypothesis import given, strategies as st
+from shell_env import user_shell_env
 from strategies import strings, symbols
 
 import cbcl
@@ -473,20 +473,12 @@ def test_new_names_files_after_the_id(capsys: pytest.CaptureFixture[str],
 @pytest.mark.slow
 def test_new_readme_runs_verbatim_in_a_shell(tmp_path: Path) -> None:
     """The README's commands, as a user would paste them, with ``cbcl`` this Python's."""
-    bin_dir = tmp_path / "bin"  # `cbcl` is this Python's, a program (so `kill %1` stops it)
-    bin_dir.mkdir()
-    (bin_dir / "cbcl").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m cbcl "
-                                  "\"$@\"\n")
-    (bin_dir / "cbcl").chmod(0o755)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    cbcl_shim = ""
+    env = user_shell_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "cache"))
     subprocess.run([sys.executable, "-m", "cbcl", "descriptor", "new", "auction/v1"],
                    cwd=tmp_path, env=env, check=True, capture_output=True)
     readme = (tmp_path / "auction-v1.README.txt").read_text()
     # Every command, the server started in the background and the sample sent to it.
-    script = cbcl_shim + "set -e\n" + "\n".join(readme_commands(readme)) + \
-        "\nkill %1\nwait || true\n"
+    script = "set -e\n" + "\n".join(readme_commands(readme)) + "\nkill %1\nwait || true\n"
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env,
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import re
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shell_env import user_shell_env
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -73,24 +73,12 @@ def test_grammar_check_example_runs_as_shown(capsys) -> None:  # type: ignore[no
         assert missing == [], f"{command}: not printed in this order: {missing}"
 
 
-def _venv_env(tmp_path: Path) -> dict[str, str]:
-    """The environment of a shell in which ``cbcl`` and ``python`` are this interpreter's
-    (what ``. .venv/bin/activate`` gives a user)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "cbcl").write_text(f"#!/bin/sh\nexec {sys.executable} -m cbcl \"$@\"\n")
-    (bin_dir / "cbcl").chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
-    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(ROOT)}
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_your_own_protocol_in_five_minutes_from_the_shell(tmp_path: Path) -> None:
     script = _marked("five-minutes-cli")
     done = subprocess.run(["bash", "-euc", script + "\nkill %1\nwait\n"], cwd=tmp_path,
-                          env=_venv_env(tmp_path), capture_output=True, text=True,
+                          env=user_shell_env(tmp_path), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr + done.stdout
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("(CBCL/1.0")]
@@ -104,7 +92,7 @@ def test_your_own_protocol_in_five_minutes_from_the_shell(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_your_own_protocol_in_five_minutes_from_python(tmp_path: Path) -> None:
-    env = _venv_env(tmp_path)
+    env = user_shell_env(tmp_path)
     made = subprocess.run(
         ["bash", "-euc", "cbcl descriptor new auction/v1 --dir auction && cd auction && "
          "cbcl keygen --out my-key && mkdir -p trust && cp my-key.pub trust/"],
