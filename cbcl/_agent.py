@@ -82,8 +82,6 @@ Handler = Callable[[Message, "Context"], Reply | Awaitable[Reply]]
 REJECT_EXIT = {"limit": 4, "grammar-refused": 5, "malformed": 5, "no-common-encoding": 5}
 
 LEARNED_DIR = "learned"
-#: Replies awaited at once on one link for messages sent without a conversation-id.
-MAX_REPLY_WAITERS = 1024
 
 
 class NegotiationFailed(CBCLError):
@@ -330,6 +328,7 @@ class AgentConversation:
         step = await link.send(message)
         if step is not None and step.finished:
             self.finished = True
+            link._forget(self)
             return None
         if not expect_reply:
             return None
@@ -368,7 +367,8 @@ class Link:
         self.tag = f"{tag}[{number}]"
         self._ids = itertools.count(1)
         self._id_prefix = "reply" if tag == "serve" else f"m-{secrets.token_hex(4)}"
-        self._conversations: dict[str, AgentConversation] = {}
+        # Each bounded by the agent's ``server_limits.max_conversations`` (see _keep).
+        self._conversations: OrderedDict[str, AgentConversation] = OrderedDict()
         #: Waiters for the reply to a message sent without a conversation-id, by its id.
         self._replies: OrderedDict[str, AgentConversation] = OrderedDict()
         self._offer: bytes | None = None
@@ -412,24 +412,39 @@ class Link:
 
     def conversation(self, conversation_id: str | None = None) -> AgentConversation:
         """A new conversation (a fresh id unless ``conversation_id``). Raises
-        ``ValueError`` for an id already in use on this link."""
+        ``ValueError`` for an id already in use on this link. At most the agent's
+        ``server_limits.max_conversations`` are open on a link: one more ends the oldest
+        (a wait in it raises :class:`ConversationClosed` ``no-reply``)."""
         cid = conversation_id or f"c-{secrets.token_hex(6)}"
         if cid in self._conversations:
             raise ValueError(f"conversation {cid!r} is already open on this link")
         conversation = AgentConversation(self, cid)
-        self._conversations[cid] = conversation
+        self._keep(self._conversations, cid, conversation)
         return conversation
 
     def expect_reply(self, message_id: str) -> AgentConversation:
         """A waiter for the peer's message ``in-reply-to`` ``message_id`` (for a message
         sent without a conversation-id); :meth:`AgentConversation.next` returns it. At most
-        :data:`MAX_REPLY_WAITERS` wait at once (the oldest is ended with ``no-reply``)."""
+        ``server_limits.max_conversations`` wait at once (see :meth:`conversation`)."""
         waiter = AgentConversation(self, f"reply to {message_id}")
-        self._replies[message_id] = waiter
-        while len(self._replies) > MAX_REPLY_WAITERS:
-            _, dropped = self._replies.popitem(last=False)
-            dropped._end("no-reply")
+        self._keep(self._replies, message_id, waiter)
         return waiter
+
+    def _keep(self, table: OrderedDict[str, AgentConversation], key: str,
+              waiter: AgentConversation) -> None:
+        """Put ``waiter`` in ``table``, which holds at most the agent's
+        ``server_limits.max_conversations``: beyond that the oldest is ended with
+        ``no-reply`` (a protocol without a conversation machine never says that one is
+        over, so nothing else would ever drop it)."""
+        table[key] = waiter
+        while len(table) > self.agent.server_limits.max_conversations:
+            _, dropped = table.popitem(last=False)
+            dropped._end("no-reply")
+
+    def _forget(self, conversation: AgentConversation) -> None:
+        """Drop a finished conversation (its final message went either way)."""
+        if self._conversations.get(conversation.id) is conversation:
+            del self._conversations[conversation.id]
 
     def conversation_for(self, conversation_id: str) -> AgentConversation:
         """The open conversation ``conversation_id`` of this link, made if new."""
@@ -574,7 +589,7 @@ class Link:
         if waiting is not None:
             waiting._deliver(message, event.finished)
             if event.finished:
-                del self._conversations[waiting.id]
+                self._forget(waiting)
             return
         if message.in_reply_to is not None:
             answered = self._replies.pop(message.in_reply_to, None)

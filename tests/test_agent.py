@@ -525,3 +525,38 @@ def test_messages_the_protocol_refuses_never_leave_either_side(keys: Keys) -> No
 
     run(body)
     assert not any("the peer did not understand" in line for line in log), log
+
+
+def test_open_conversations_on_a_link_are_bounded(keys: Keys) -> None:
+    from cbcl._transport import ServerLimits
+
+    async def body() -> None:
+        server = server_agent(keys, [], handler=bidder)
+        client = Agent(CLIENT, key=keys.pair, trust=keys.store,
+                       server_limits=ServerLimits(max_conversations=2))
+        try:
+            link = await client.connect(await address_of(server), peer=SERVER,
+                                        descriptor=keys.signed)
+            first, second = link.conversation(), link.conversation()
+            assert first.ended is None and second.ended is None  # N open: kept
+            third = link.conversation()  # N+1: the oldest is ended
+            assert first.ended == "no-reply" and second.ended is None and third.ended is None
+            with pytest.raises(ConversationClosed) as caught:
+                await first.next(timeout=5)
+            assert caught.value.reason == "no-reply"
+            # The same bound holds for replies awaited without a conversation-id.
+            waiters = [link.expect_reply(f"m-{n}") for n in range(3)]
+            assert [w.ended for w in waiters] == ["no-reply", None, None]
+            # A conversation that ends is dropped, so it takes no place.
+            reply = await second.send(Intent.CFP, CFP_BODY)
+            assert reply is not None
+            rejected = await second.send(Intent.REJECT, read(
+                b'(reject-proposal :task-id "t-1")'))
+            assert rejected is None and second.finished
+            fourth = link.conversation()
+            assert third.ended is None and fourth.ended is None
+        finally:
+            await client.close()
+            await server.close()
+
+    run(body)
