@@ -148,7 +148,7 @@ class Peer:
         self.trust = TrustStore.from_directory(trust_dir)
 
     def session(self, me: str) -> Any:
-        from cbcl._protocol import Registry
+        from cbcl._registry import Registry
         from cbcl._session import Session
 
         registry = Registry(disk_cache=True, trust=self.trust)

@@ -177,7 +177,7 @@ async def cbcl_connect(address: str, document: bytes, payload: bytes, key: Any,
                        trust_dir: Path, encoding: str) -> tuple[Any, Any, float]:
     """Negotiate request/v1 in ``encoding``; returns the connection, the protocol id and
     the handshake time (ms)."""
-    from cbcl._protocol import Registry
+    from cbcl._registry import Registry
     from cbcl._session import (
         ConnectionClosed,
         Established,
@@ -385,7 +385,7 @@ def check_pool(cbcl_pool: list[tuple[Any, ...]], json_pool: list[dict[str, Any]]
     pool holds no duplicates."""
     from cbcl._api import canonical, parse
     from cbcl._message import Intent, Message
-    from cbcl._protocol import Registry
+    from cbcl._registry import Registry
 
     registry = Registry(disk_cache=True)
     protocol = registry.load(files["payload"], allow_unsigned=True)

@@ -92,15 +92,15 @@ from ._message import (
     Message,
     Signature as Signature,
 )
-from ._protocol import (
-    CompileGate as CompileGate,
-    PreparedDescriptor as PreparedDescriptor,
-    Protocol as Protocol,
-    Registry,
-)
+from ._protocol import Protocol as Protocol
 from ._reader import (
     read,
     read_all,
+)
+from ._registry import (
+    CompileGate as CompileGate,
+    PreparedDescriptor as PreparedDescriptor,
+    Registry,
 )
 from ._schema import (
     Schema as Schema,

@@ -41,7 +41,8 @@ from ._errors import CBCLError
 from ._files import UnsafeFile, read_regular_file, write_atomically
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent, Message
-from ._protocol import PreparedDescriptor, Protocol, Registry, compiled_size
+from ._protocol import Protocol
+from ._registry import PreparedDescriptor, Registry, compiled_size
 from ._session import (
     Accepted,
     ConnectionClosed,

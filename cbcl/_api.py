@@ -11,8 +11,10 @@ from ._envelope import parse_envelope, scan_envelope
 from ._errors import UnknownProtocolError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message
-from ._protocol import Protocol, Registry, check_intent_and_body, explain_body
+from ._pass2 import check_intent_and_body, explain_body
+from ._protocol import Protocol
 from ._reader import context_of, decode, position_of
+from ._registry import Registry
 from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 
 

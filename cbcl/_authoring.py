@@ -91,7 +91,7 @@ def check_grammar(text: str, limits: GrammarLimits | None = None) -> None:
     Raises ``TypeError`` for a non-string, :class:`GrammarError` for a refused grammar (for
     one that is not LALR(1), ``context`` holds the checker's report) and
     :class:`LimitError` as the registry does."""
-    from ._protocol import Registry
+    from ._registry import Registry
 
     if not isinstance(text, str):
         raise TypeError(f"a grammar is a str, not {type(text).__name__}")

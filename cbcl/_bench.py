@@ -47,7 +47,7 @@ from ._codec import Decoder, Encoder
 from ._json import message_to_json
 from ._limits import Limits
 from ._message import Message
-from ._protocol import DEFAULT_GRAMMAR_CACHE, Registry
+from ._registry import DEFAULT_GRAMMAR_CACHE, Registry
 from ._subset import read_grammar, to_lark
 from ._values import URI, Keyword, Symbol
 

@@ -10,7 +10,7 @@ from importlib import resources
 from ._framing import frame
 from ._message import Intent, Message
 from ._negotiation import PROTOCOL_ID
-from ._protocol import Registry
+from ._registry import Registry
 from ._values import URI, Symbol
 
 NEGOTIATION = Symbol(PROTOCOL_ID)

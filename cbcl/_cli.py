@@ -42,7 +42,7 @@ from ._cli_descriptor import register as register_descriptor
 from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
 from ._limits import DEFAULT_LIMITS, Limits
-from ._protocol import Registry
+from ._registry import Registry
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -17,7 +17,7 @@ from ._errors import CBCLError, MalformedError
 from ._json import message_to_json
 from ._limits import Limits
 from ._message import Message
-from ._protocol import Registry
+from ._registry import Registry
 
 EXIT_OK = 0
 EXIT_USAGE = 2

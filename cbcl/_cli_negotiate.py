@@ -37,8 +37,9 @@ from ._errors import TrustError
 from ._files import UnsafeFile, read_regular_file
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent, Message
-from ._protocol import Protocol, Registry
+from ._protocol import Protocol
 from ._reader import read
+from ._registry import Registry
 from ._session import (
     Accepted,
     ConnectionClosed,

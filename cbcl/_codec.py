@@ -63,8 +63,10 @@ from ._kernel import (
 from ._lalr import value_states
 from ._limits import DEFAULT_LIMITS, Budget, Limits
 from ._message import VERSION, Intent, Message, Signature
-from ._protocol import _ALWAYS_ADMITTED, Protocol, Registry
+from ._pass2 import _ALWAYS_ADMITTED
+from ._protocol import Protocol
 from ._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
+from ._registry import Registry
 from ._schema import check_schema
 from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 from ._vocabulary import (

@@ -12,7 +12,7 @@ from ._fields import _SURROGATE, Fields, FieldsError, check_value
 from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
 
 if TYPE_CHECKING:
-    from ._protocol import Registry
+    from ._registry import Registry
 
 VERSION = "CBCL/1.0"
 _new = object.__new__

@@ -80,7 +80,7 @@ from ._negotiation import (
     HandshakeMachine,
     HandshakeState,
 )
-from ._protocol import PreparedDescriptor, Protocol, Registry
+from ._protocol import Protocol
 from ._reasons import (
     NOT_UNDERSTOOD_CODES,
     LocalProtocolError,
@@ -88,6 +88,7 @@ from ._reasons import (
     error_code,
     reject_reason,
 )
+from ._registry import PreparedDescriptor, Registry
 from ._trust import read_signed_descriptor_unverified, sign_message
 from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 

@@ -41,7 +41,7 @@ from typing import Any, NoReturn
 
 from ._errors import CBCLError, LimitError
 from ._negotiation import FINAL, HandshakeState
-from ._protocol import CompileGate, PreparedDescriptor
+from ._registry import CompileGate, PreparedDescriptor
 from ._session import (
     NEED_DATA,
     NEED_WORK,

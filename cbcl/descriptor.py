@@ -3,12 +3,12 @@
 
 from ._authoring import build_descriptor, render_descriptor
 from ._descriptor import ProtocolDescriptor, read_descriptor
-from ._protocol import (
+from ._protocol import Protocol
+from ._registry import (
     DEFAULT_GRAMMAR_CACHE,
     CompileGate,
     GrammarCache,
     PreparedDescriptor,
-    Protocol,
     Registry,
 )
 from ._subset import GrammarLimits

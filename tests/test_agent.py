@@ -28,8 +28,8 @@ from cbcl._agent import (
     load_handler,
 )
 from cbcl._message import Intent, Message
-from cbcl._protocol import Registry, compiled_size
 from cbcl._reader import read
+from cbcl._registry import Registry, compiled_size
 from cbcl._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
 from cbcl._values import Keyword, Symbol
 

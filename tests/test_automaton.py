@@ -13,7 +13,8 @@ import cbcl
 from cbcl import Symbol, _kernel as kernel
 from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl._lalr import value_states
-from cbcl._protocol import Protocol, recognise_body
+from cbcl._pass2 import recognise_body
+from cbcl._protocol import Protocol
 from cbcl._values import ATOM_TERMINALS
 
 

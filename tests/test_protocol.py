@@ -19,7 +19,7 @@ from strategies import names
 import cbcl
 from cbcl import BodyError, DescriptorError, GrammarError, ProtocolError, Registry, TrustError
 from cbcl._compile import compile_grammar, compile_guarded, from_data, to_data
-from cbcl._protocol import recognise_body
+from cbcl._pass2 import recognise_body
 from cbcl._subset import read_grammar, to_lark
 
 ROOT = Path(__file__).parent.parent
@@ -326,11 +326,11 @@ def test_negative_cache_refuses_without_recompiling(tmp_path: Path,
 
 def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from cbcl import _protocol
+    from cbcl import _registry
 
     payload = GOOD.replace('"body: SYMBOL"', '"body: \\"(\\" STRING INTEGER \\")\\""').encode()
     Registry(cache_dir=tmp_path).load(payload, allow_unsigned=True)
-    _protocol.DEFAULT_GRAMMAR_CACHE.clear()  # as if in a new process: only the disk remains
+    _registry.DEFAULT_GRAMMAR_CACHE.clear()  # as if in a new process: only the disk remains
     monkeypatch.setattr(Registry, "_compile", lambda *_: pytest.fail("recompiled"))
     reg = Registry(cache_dir=tmp_path)
     reg.load(payload, allow_unsigned=True)
@@ -345,13 +345,13 @@ def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
 
 def test_tampered_cache_entries_are_recompiled(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from cbcl import _protocol
+    from cbcl import _registry
 
     Registry(cache_dir=tmp_path).load(GOOD.encode(), allow_unsigned=True)
     (entry,) = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
     blob = entry.read_bytes()
     entry.write_bytes(blob.replace(b'"start":', b'"start": ', 1))  # body no longer matches
-    _protocol.DEFAULT_GRAMMAR_CACHE.clear()
+    _registry.DEFAULT_GRAMMAR_CACHE.clear()
     calls = []
     original = Registry._compile
     monkeypatch.setattr(Registry, "_compile",

@@ -354,7 +354,7 @@ def test_a_slow_compile_delays_no_one_and_the_queue_is_bounded(tmp_path: Path) -
     # grammars (which the in-process server shares) is then emptied, so the server's
     # compiles are cold.
     registries = {salt: initiator_registry(document) for salt, document in documents.items()}
-    cbcl._protocol.DEFAULT_GRAMMAR_CACHE.clear()
+    cbcl._registry.DEFAULT_GRAMMAR_CACHE.clear()
 
     async def scenario() -> None:
         caps = ServerLimits(compile_workers=1, compile_queue=0)

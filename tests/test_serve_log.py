@@ -25,8 +25,8 @@ from cbcl._cli_negotiate import (
     start_serving,
 )
 from cbcl._message import Intent, Message
-from cbcl._protocol import Registry
 from cbcl._reader import read
+from cbcl._registry import Registry
 from cbcl._session import (
     Accepted,
     ConnectionClosed,

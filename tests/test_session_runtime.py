@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
 from cbcl._negotiation import HandshakeState
-from cbcl._protocol import _LRU, CompileGate, compiled_size
+from cbcl._registry import _LRU, CompileGate, compiled_size
 from cbcl._session import (
     NEED_DATA,
     NEED_WORK,
@@ -293,7 +293,7 @@ def test_a_compiled_grammar_over_max_compiled_bytes_is_refused() -> None:
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)  # same grammar: the size decides
     # Compiled afresh too (no cache in memory), the size refuses it …
-    cbcl._protocol.DEFAULT_GRAMMAR_CACHE.clear()
+    cbcl._registry.DEFAULT_GRAMMAR_CACHE.clear()
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)
     # … and that refusal is this registry's limit, not a verdict for every registry.
