@@ -32,6 +32,7 @@ Byte offsets are computed only when an error is raised.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -360,6 +361,11 @@ class Decoder:
     def __init__(self, registry: Registry, *, limits: Limits | None = None,
                  short_ids: Mapping[int, str] | None = None, pure_python: bool = False,
                  require_signatures: bool = False) -> None:
+        self._setup(registry, limits, short_ids, pure_python, require_signatures, False)
+
+    def _setup(self, registry: Registry, limits: Limits | None,
+               short_ids: Mapping[int, str] | None, pure_python: bool,
+               require_signatures: bool, one_shot: bool) -> None:
         if not isinstance(registry, Registry):
             raise TypeError("registry must be a cbcl.Registry")
         limits = DEFAULT_LIMITS if limits is None else limits
@@ -375,14 +381,18 @@ class Decoder:
         # cbcl._speedups, when built, runs the fast path, except under pure_python=True.
         self._fast_unpack = None if pure_python else _unpack
         self._build_body = _fast_body_loop if pure_python else _build_body
-        self._by_digest: dict[bytes, SymbolTable] = {}
+        # This decoder's own symbol tables and atom memos; the one-shot decode()'s are
+        # shared, one per registry (_one_shot_memos).
+        self._memos = _one_shot_memos(registry) if one_shot else _Memos()
 
     def _table(self, digest: bytes, offset: int) -> SymbolTable:
-        table = self._by_digest.get(digest)
+        memos = self._memos
+        table = memos.by_digest.get(digest)
         if table is not None and self.registry.get(table.protocol.id) is table.protocol:
             return table
-        self._by_digest = {t.digest: t for t in map(SymbolTable.of, self.registry.protocols())}
-        table = self._by_digest.get(digest)
+        memos.by_digest = by_digest = {
+            t.digest: t for t in map(SymbolTable.of, self.registry.protocols())}
+        table = by_digest.get(digest)
         if table is None:
             name = "sha256:" + digest.hex()
             raise UnknownProtocolError(
@@ -411,7 +421,7 @@ class Decoder:
         tokens = self._fast_unpack(data, start) if self._fast_unpack is not None else None
         if tokens is None:  # not built, or a frame it declines: msgpack reads it
             tokens = self._tokens(data, start)
-        message = _fast_message(table, tokens, limits, self._build_body)
+        message = _fast_message(table, tokens, limits, self._build_body, self._memos)
         if message is None:
             message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
         trust = self.registry.trust
@@ -510,30 +520,100 @@ _OPTIONAL_FIELDS = ((HAS_CONVERSATION_ID, str), (HAS_IN_REPLY_TO, str), (HAS_REP
                     (HAS_TIMESTAMP, int))
 
 
-# Agents' URIs already validated, by text: senders and receivers recur in every message.
-# Bounded: emptied when full, so a flood of URIs cannot keep later ones out for good.
-_URIS: dict[str, URI] = {}
-_URIS_MAX = 4096
+#: How many atoms of each kind (URIs, short decimals) one decoder remembers.
+MEMO_ENTRIES = 1024
+#: The longest text a decoder remembers an atom by (longer ones are validated each time:
+#: few recur, and kept they would hold up to MEMO_ENTRIES frames' worth of bytes).
+MEMO_CHARS = 128
 
 
-def _known_uri(text: str) -> URI | None:
-    """The :class:`URI` spelled ``text``, or ``None`` if it is not one (kept in
-    :data:`_URIS`)."""
-    if _URI_MATCH(text) is None:
-        return None
-    uri = _new(URI, text)
-    if len(_URIS) >= _URIS_MAX:
-        _URIS.clear()  # (in place: _ATOM_CACHES holds this dict)
-    _URIS[text] = uri
-    return uri
+class _Memos:
+    """What one :class:`Decoder` remembers between frames, owned by it (the one-shot
+    :func:`decode` shares one per registry, :func:`_one_shot_memos`): its symbol tables
+    by digest (rebuilt from the registry when it changes, so at most one per loaded
+    protocol) and the atoms written in full it has validated already, by text: URIs
+    (senders and receivers recur in every message) and short decimals. Each atom memo
+    holds at most :data:`MEMO_ENTRIES` texts of at most :data:`MEMO_CHARS` characters,
+    and is emptied when full, so a flood of atoms cannot keep later ones out for good.
+    A memo only saves validating again: a text maps to the same immutable value whether it
+    is found or made, so what is remembered is never observable (and sharing one between
+    threads is safe under the GIL: each step is one dict operation). Symbols and keywords
+    are the reader's process-wide intern tables (``cbcl._reader._SYMBOLS``), shared so a
+    frame's atoms are the very objects of the grammars' tables."""
+
+    __slots__ = ("by_digest", "caches", "decimals", "entries", "make_atom", "uris")
+
+    def __init__(self) -> None:
+        self.entries = MEMO_ENTRIES
+        self.by_digest: dict[bytes, SymbolTable] = {}
+        self.uris: dict[str, URI] = {}
+        self.decimals: dict[str, Decimal] = {}
+        #: By token code, the atoms already made of each kind written in full, by text:
+        #: what the fast path (and its C twin, cbcl._speedups.build_body) looks in first.
+        self.caches: tuple[dict[str, Any] | None, ...] = (
+            None, None, None, self.decimals, _SYMBOLS, _KEYWORDS, self.uris)
+        #: The fast path's make_atom, bound once (the C twin calls it on a miss).
+        self.make_atom: Callable[[int, Any], Value | None] = self._make_atom
+
+    def uri(self, text: str) -> URI | None:
+        """The :class:`URI` spelled ``text``, or ``None`` if it is not one (remembered)."""
+        if _URI_MATCH(text) is None:
+            return None
+        uri = _new(URI, text)
+        if len(text) <= MEMO_CHARS:
+            uris = self.uris
+            if len(uris) >= self.entries:
+                uris.clear()  # (in place: self.caches holds this dict)
+            uris[text] = uri
+        return uri
+
+    def _make_atom(self, code: int, text: Any) -> Value | None:
+        """The atom written in full as kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI) and
+        ``text``, or ``None`` if it is not valid. Symbols and keywords are interned, URIs
+        and short decimals remembered here: the fast path looks in :attr:`caches` first.
+        Name limits are the caller's."""
+        if type(text) is not str:
+            return None
+        if code == DECIMAL:
+            if len(text) > _MAX_DECIMAL_TEXT or DECIMAL_RE.match(text) is None:
+                return None
+            value = Decimal(text)
+            if len(text) <= 4:  # as the reader: short ones recur, longer ones seldom
+                decimals = self.decimals
+                if len(decimals) >= self.entries:
+                    decimals.clear()
+                decimals[text] = value
+            return value
+        if code == URI_CODE:
+            return self.uri(text)
+        if _NAME_MATCH[code](text) is None:
+            return None
+        return intern_symbol(text) if code == SYMBOL else intern_keyword(text)
+
+
+# The one-shot decode()'s memos, one per registry, dropped with it (a _Memos holds no
+# reference to its registry, so this never keeps one alive).
+_ONE_SHOT: weakref.WeakKeyDictionary[Registry, _Memos] = weakref.WeakKeyDictionary()
+
+
+def _one_shot_memos(registry: Registry) -> _Memos:
+    """The memos the one-shot :func:`decode` shares for ``registry``: its symbol tables
+    are built once, not per call (nor per loaded protocol per call)."""
+    memos = _ONE_SHOT.get(registry)
+    if memos is None:
+        memos = _ONE_SHOT.setdefault(registry, _Memos())  # (one wins a race)
+    return memos
 
 
 def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
-                  build: Any = None) -> Message | None:
+                  build: Any = None, memos: _Memos | None = None) -> Message | None:
     """The message of a frame that is well formed, within every limit and accepted by
     its protocol's grammar, or ``None``: then :func:`_decode_tokens` decodes the same
     tokens with every check in order, to raise the precise error. Only the schema, the
-    last check, raises here (:class:`SchemaError`), exactly as there."""
+    last check, raises here (:class:`SchemaError`), exactly as there. ``memos``: the
+    decoder's (fresh ones when ``None``)."""
+    if memos is None:
+        memos = _Memos()
     count = len(tokens)
     if count < 5:
         return None
@@ -546,8 +626,9 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
     max_string = limits.max_string_bytes
     if len(message_id) * 4 > max_string:
         return None
-    sender_uri = _URIS.get(sender) or _known_uri(sender)
-    receiver_uri = _URIS.get(receiver) or _known_uri(receiver)
+    uris = memos.uris
+    sender_uri = uris.get(sender) or memos.uri(sender)
+    receiver_uri = uris.get(receiver) or memos.uri(receiver)
     if sender_uri is None or receiver_uri is None:
         return None
     intent = INTENTS[intent_index]
@@ -587,7 +668,7 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
     body: Any = None
     if present & HAS_BODY:
         body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present], governed,
-                          build or _build_body)
+                          build or _build_body, memos)
         if body is None:
             return None
     elif index != count:
@@ -727,12 +808,21 @@ def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present:
     longest = max(map(len, names))
     if longest > limits.max_name_chars:
         _limit(limits, "max_name_chars", where(0), "symbol")
-    if len(_ENVELOPE_WITHIN_LIMITS) >= 4096:
+    if len(_ENVELOPE_WITHIN_LIMITS) >= _ENVELOPE_WITHIN_LIMITS_MAX:
         _ENVELOPE_WITHIN_LIMITS.clear()
     _ENVELOPE_WITHIN_LIMITS.add(key)
 
 
+# The envelopes found within their limits, by (limits, protocol id, intent, presence
+# bits). A process-wide memo (spec/cbcl-1.0.md, "Process-wide memos"): the key is all
+# envelope_limits() reads (a frozen Limits, the id's text, the intent, the fields
+# present), so its answer is a function of the key alone, the same remembered or not;
+# only a pass is kept (a refusal raises each time). The fast path declines an envelope
+# not found here, and the careful one checks and adds it: what is remembered changes which
+# tier decodes a frame, never the result. At most _ENVELOPE_WITHIN_LIMITS_MAX keys,
+# emptied when full.
 _ENVELOPE_WITHIN_LIMITS: set[tuple[Limits, Symbol, Intent, int]] = set()
+_ENVELOPE_WITHIN_LIMITS_MAX = 4096
 
 
 def _envelope_nodes(present: int) -> int:
@@ -913,42 +1003,10 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
 _NAME_MATCH = {SYMBOL: SYMBOL_RE.match, KEYWORD: NAME_RE.match}
 _URI_MATCH = URI_RE.match
 
-# Short decimals already validated, by text (bounded like _URIS). Longer ones, like most
-# numbers, seldom recur: kept, they would only fill the cache.
-_DECIMALS: dict[str, Decimal] = {}
-
-
-def _make_atom(code: int, text: Any) -> Value | None:
-    """The atom written in full as kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI) and
-    ``text``, or ``None`` if it is not valid. Symbols and keywords are interned, URIs and
-    short decimals kept in :data:`_URIS` and :data:`_DECIMALS`: the
-    fast path looks there first (:data:`_ATOM_CACHES`). Name limits are the caller's."""
-    if type(text) is not str:
-        return None
-    if code == DECIMAL:
-        if len(text) > _MAX_DECIMAL_TEXT or DECIMAL_RE.match(text) is None:
-            return None
-        value = Decimal(text)
-        if len(text) <= 4:  # as the reader: short ones recur
-            if len(_DECIMALS) >= _URIS_MAX:
-                _DECIMALS.clear()
-            _DECIMALS[text] = value
-        return value
-    if code == URI_CODE:
-        return _known_uri(text)
-    if _NAME_MATCH[code](text) is None:
-        return None
-    return intern_symbol(text) if code == SYMBOL else intern_keyword(text)
-
-
-#: By token code, the atoms already made of each kind written in full, by text.
-_ATOM_CACHES: tuple[dict[str, Any] | None, ...] = (
-    None, None, None, _DECIMALS, _SYMBOLS, _KEYWORDS, _URIS)
-
-
 def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
                nodes: int, governed: bool,
-               build: Callable[..., Value | None] | None = None) -> Value | None:
+               build: Callable[..., Value | None] | None = None,
+               memos: _Memos | None = None) -> Value | None:
     """The body read from ``tokens[index:]`` when it is canonical, within every limit,
     ends the frame and (if ``governed``) is accepted by the grammar; else ``None``, and
     :func:`_walk_body` reads the same tokens to raise the precise error.
@@ -962,8 +1020,10 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         return None
     automaton = table.protocol.automaton
     start = automaton.start if governed else None
+    if memos is None:
+        memos = _Memos()
     return (build or _build_body)(
-        tokens, index, table.entries, table.codes, _ATOM_CACHES, _make_atom, start,
+        tokens, index, table.entries, table.codes, memos.caches, memos.make_atom, start,
         automaton.step, limits.max_depth - 2,  # the envelope and the (body …) list are open
         limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
         FIRST_ENTRY + len(table.entries), REFUSED, ACCEPT)
@@ -1086,8 +1146,10 @@ def _speedups_agree(build_body: Any, unpack: Any) -> bool:
     entries: dict[int, tuple[Value, str]] = {FIRST_ENTRY: (literal, "LIT_0")}
 
     def run(build: Any) -> Any:
-        return build(tokens, 0, entries, {literal: FIRST_ENTRY}, _ATOM_CACHES, _make_atom,
-                     None, None, 8, 16, 64, 16, FIRST_ENTRY + 1, REFUSED, ACCEPT)
+        memos = _Memos()
+        return build(tokens, 0, entries, {literal: FIRST_ENTRY}, memos.caches,
+                     memos.make_atom, None, None, 8, 16, 64, 16, FIRST_ENTRY + 1, REFUSED,
+                     ACCEPT)
 
     expected = run(_fast_body_loop)
     assert expected is not None
@@ -1154,6 +1216,10 @@ def encode(message: Message, *, registry: Registry, validate: bool = True,
 
 def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
            limits: Limits | None = None) -> Message:
-    """Decode and recognise one binary frame (see :class:`Decoder`)."""
-    return Decoder(registry, limits=limits).decode(data)
+    """Decode and recognise one binary frame (see :class:`Decoder`; reuse one for many
+    frames). The symbol tables and memos are those of a default decoder of ``registry``,
+    kept while the registry lives: a call does not build one table per loaded protocol."""
+    decoder = Decoder.__new__(Decoder)
+    decoder._setup(registry, limits, None, False, False, True)
+    return decoder.decode(data)
 

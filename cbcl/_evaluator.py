@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import lru_cache
 from itertools import pairwise
 from typing import cast
 
@@ -293,11 +292,6 @@ def _kind(value: object) -> str:
             Keyword: "a keyword", URI: "a URI"}.get(type(value), type(value).__name__)
 
 
-@lru_cache(maxsize=256)
-def _allowed_from_text(names: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(names)
-
-
 def read_functions(section: Value) -> frozenset[str]:
     """The function names of a ``(functions NAME …)`` section, checked: each a symbol that
     names a library function, none repeated. Raises :class:`DescriptorError`."""
@@ -314,7 +308,7 @@ def read_functions(section: Value) -> frozenset[str]:
         if str(item) in names:
             raise DescriptorError(f"descriptor: (functions …) names {item} twice")
         names.append(str(item))
-    return _allowed_from_text(tuple(names))
+    return frozenset(names)  # (not memoized: a descriptor's section is read once)
 
 
 def _allowed(functions: object) -> frozenset[str]:

@@ -247,7 +247,14 @@ def as_value(value: object) -> Value:
 
 # --------------------------------------------------------------------------- building
 
-_PYTHON_KEYS: dict[str, Keyword] = {}  # keyword-argument name -> its shared keyword
+# Keyword-argument name -> its shared keyword. A process-wide memo (spec/cbcl-1.0.md,
+# "Process-wide memos"): the key is the argument's own name, the value the immutable
+# keyword it denotes (as interned), the same whether found or made; a name that is not a
+# keyword raises each time. At most _PYTHON_KEYS_MAX names of at most _PYTHON_KEY_CHARS
+# characters, emptied when full.
+_PYTHON_KEYS: dict[str, Keyword] = {}
+_PYTHON_KEYS_MAX = 4096
+_PYTHON_KEY_CHARS = 128
 
 
 def _python_key(name: str) -> Keyword:
@@ -261,9 +268,11 @@ def _python_key(name: str) -> Keyword:
         key = Keyword(text.replace("_", "-"))
     except ValueError as exc:
         raise ValueError(f"body field name {name!r}: {exc}") from None
-    if len(_PYTHON_KEYS) >= 4096:
-        _PYTHON_KEYS.clear()
-    found = _PYTHON_KEYS[name] = intern_keyword(str.__str__(key))
+    found = intern_keyword(str.__str__(key))
+    if len(name) <= _PYTHON_KEY_CHARS:
+        if len(_PYTHON_KEYS) >= _PYTHON_KEYS_MAX:
+            _PYTHON_KEYS.clear()
+        _PYTHON_KEYS[name] = found
     return found
 
 

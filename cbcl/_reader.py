@@ -259,6 +259,17 @@ def _read_tokens(text: str, pos: int, limits: Limits, depth: int, nodes: int,
 # finding a name here also validates it. Bounded: when full, a table is emptied down to
 # its pinned names (the grammars' and schemas' literals), so names a peer floods it with
 # cannot keep later names out for good.
+#
+# Process-wide ON PURPOSE (spec/cbcl-1.0.md, "Process-wide memos"): interning is an
+# identity shared by every owner of atoms. The atoms the text reader and the binary
+# decoder (whose fast path is handed these very dicts) return must be the objects that
+# keyed the tables built from grammars and schemas (Protocol.atoms, the codec's symbol
+# tables, compiled schemas), and compiled grammars are shared between registries (the
+# process-wide grammar cache): a table per registry or decoder would give one name
+# several objects, and every lookup by identity would miss. Safe: an interned atom is an
+# immutable value equal to any other of its name, equality is the fallback of every
+# lookup, so a flushed table costs speed, never a different answer; the pinned names stay
+# through flushes (at most _INTERN_MAX // 2 of them).
 _INTERN_MAX = 8192
 _SYMBOLS: dict[str, Symbol] = {}
 _KEYWORDS: dict[str, Keyword] = {}
@@ -406,6 +417,14 @@ _QUOTE = object()
 # every max_name_chars of at least _CACHED_CHARS (a smaller one is checked per document).
 # Names and URIs are kept, and numbers of up to 4 characters: longer numbers seldom recur
 # between messages, and would only churn the cache. Emptied when full.
+#
+# A process-wide memo (spec/cbcl-1.0.md, "Process-wide memos"), kept so because the text
+# path (cbcl.parse, decode) has no object to own it and because it is a pure memo: the
+# key is the token's own text, the value the immutable atom that text denotes (a symbol
+# or keyword as interned, a URI, an int, a short Decimal), the same whether found or made;
+# no limit enters the value (names are checked against max_name_chars by the callers).
+# At most _CACHE_MAX entries of at most _CACHED_CHARS characters. Under threads a reader
+# may miss while another empties it, and then makes the same value.
 _CACHED_CHARS = 128
 _CACHE_MAX = 8192
 _CACHE: dict[str, object] = {}

@@ -42,6 +42,7 @@ Checking a body (:func:`check_schema`) takes one pass, or two when the body is r
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -368,13 +369,28 @@ def compile_schema(section: Value) -> Schema:
     cached = _CACHE.get(key)
     if cached is None:
         cached = _compile(section)
-        if len(_CACHE) >= 128:
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = cached
+        if len(key) <= _CACHE_CHARS:
+            with _CACHE_LOCK:  # (the eviction iterates: one thread at a time)
+                while len(_CACHE) >= _CACHE_MAX:
+                    del _CACHE[next(iter(_CACHE))]  # the oldest first
+                _CACHE[key] = cached
     return cached
 
 
+# Compiled schemas by the canonical text of their section: the descriptor's checks, its
+# protocol and every check_schema() given a section as read compile the same section.
+# A process-wide memo (spec/cbcl-1.0.md, "Process-wide memos"): the key is the whole
+# section's canonical text, which determines the section exactly, and a Schema is
+# immutable once built (its derived tables are never changed), so a schema found is one
+# compiling again would give, equal and interchangeable (only a valid section is kept:
+# a malformed one raises each time). Its shared atoms are pinned in the reader's intern
+# tables when first built, and pins are kept for good. At most _CACHE_MAX schemas, the
+# oldest dropped first, each of a section of at most _CACHE_CHARS characters (larger
+# ones are compiled each time), so it holds at most a few MiB.
+_CACHE_MAX = 128
+_CACHE_CHARS = 1 << 15
 _CACHE: dict[str, Schema] = {}
+_CACHE_LOCK = threading.Lock()
 
 
 def _compile(section: Value) -> Schema:

@@ -24,7 +24,9 @@
  * is always held by a strong reference: step may flush the automaton, after which only
  * the walk keeps its nodes alive. An atom written in full is looked up in its kind's
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
- * decimals); only a miss calls make_atom, the Python function that validates it.
+ * decimals); only a miss calls make_atom, the Python function that validates it. The
+ * caches and make_atom are the calling decoder's own (cbcl._codec._Memos), passed with
+ * each call: this module keeps no state but its interned token-class strings.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -39,6 +39,9 @@ def build_body(
 ) -> Value | None:
     """The body read from ``tokens[index:]`` (twin of ``cbcl._codec._fast_body_loop``), or
     ``None``. ``caches`` holds one entry per token code below the first table entry (a
-    dict for DECIMAL, SYMBOL, KEYWORD and URI); ``start`` is the automaton's start node,
+    dict for DECIMAL, SYMBOL, KEYWORD and URI): the calling decoder's memos
+    (``cbcl._codec._Memos.caches``, the reader's intern tables for symbols and keywords),
+    read only; ``make_atom`` validates a miss and may add it to them (its
+    ``_Memos.make_atom``). ``start`` is the automaton's start node,
     or ``None`` when the grammar is not run; ``refused`` and ``accept`` are the outcomes
     ``step`` returns, compared by identity."""

@@ -656,15 +656,15 @@ def test_the_fast_path_takes_the_shipped_examples(registry: Registry) -> None:
 def test_known_uris_are_validated_once_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from cbcl import _codec
 
-    monkeypatch.setattr(_codec, "_URIS", {})
-    monkeypatch.setattr(_codec, "_URIS_MAX", 2)
-    assert _codec._known_uri("agent://a") == cbcl.URI("agent://a")
-    assert _codec._known_uri("not a uri") is None and "not a uri" not in _codec._URIS
-    assert _codec._known_uri("agent://b") is not None
-    assert list(_codec._URIS) == ["agent://a", "agent://b"]
-    assert type(_codec._URIS["agent://a"]) is cbcl.URI
-    assert _codec._known_uri("agent://c") == cbcl.URI("agent://c")  # full: emptied first
-    assert list(_codec._URIS) == ["agent://c"]
+    monkeypatch.setattr(_codec, "MEMO_ENTRIES", 2)
+    memos = _codec._Memos()  # a decoder's own (tests/test_caches.py has the rest)
+    assert memos.uri("agent://a") == cbcl.URI("agent://a")
+    assert memos.uri("not a uri") is None and "not a uri" not in memos.uris
+    assert memos.uri("agent://b") is not None
+    assert list(memos.uris) == ["agent://a", "agent://b"]
+    assert type(memos.uris["agent://a"]) is cbcl.URI
+    assert memos.uri("agent://c") == cbcl.URI("agent://c")  # full: emptied first
+    assert list(memos.uris) == ["agent://c"]
 
 
 # --------------------------------------------------------------------------- the accelerator
