@@ -59,5 +59,6 @@ def test_peer_sexpdata(benchmark, name: str) -> None:  # type: ignore[no-untyped
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.endswith("/large")])
 def test_peer_lark(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
     case = CASES[name]
-    parser = lark_parser(REGISTRY.get(case.protocol[:-3] + "/v1").descriptor.grammar)
+    descriptor = REGISTRY.get(case.protocol[:-3] + "/v1").descriptor
+    parser = lark_parser(descriptor.grammar, descriptor.start_rules)
     benchmark(parser.parse, case.text.decode())

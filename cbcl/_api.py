@@ -58,7 +58,8 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
             protocol=str(message.protocol), position=position_of(text, at),
             context=context_of(text, at))
     if check_intent_and_body(protocol, message) is False:
-        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits)
+        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
+                     message.intent)
     return message
 
 
@@ -122,7 +123,8 @@ def _check_body(protocol: Protocol, message: Message, limits: Limits) -> None:
     """Pass 2, as :func:`parse` runs it; a refused body is explained on its text."""
     if check_intent_and_body(protocol, message) is False:
         text = message.canonical()
-        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits)
+        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
+                     message.intent)
 
 
 def _check_limits(message: Message, limits: Limits) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import TypeAlias
 
 from ._canonical import canonical_value, quote
-from ._descriptor import ProtocolDescriptor, read_descriptor
+from ._descriptor import BODY_RULE, ProtocolDescriptor, read_descriptor
 from ._errors import DescriptorError, GrammarError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent
@@ -61,32 +61,48 @@ def protocol_id(value: object) -> Symbol:
     return value if type(value) is Symbol else Symbol(value)
 
 
+_RULE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
 def intents_of(intents: str | Iterable[str]) -> tuple[Intent, ...]:
-    """The intents named by ``intents``: an iterable of names (or :class:`Intent`), or one
-    string of names separated by spaces. Raises ``TypeError`` for a name that is not a
-    string, and :class:`DescriptorError` for an unknown intent, one listed twice, or none."""
+    """The intents named by ``intents`` (see :func:`intent_entries`), without their start
+    rules. Raises as :func:`intent_entries`."""
+    return tuple(intent for intent, _ in intent_entries(intents))
+
+
+def intent_entries(intents: str | Iterable[str]) -> tuple[tuple[Intent, str], ...]:
+    """The intents named by ``intents``, each with its start rule: an iterable of names
+    (or :class:`Intent`), or one string of names separated by spaces; a name may carry its
+    start rule as ``NAME=rule`` (``ACCEPT=award``), else the rule is ``body``. Raises
+    ``TypeError`` for a name that is not a string, and :class:`DescriptorError` for an
+    unknown intent, one listed twice, a start rule that is not a rule name, or none."""
     names = intents.split() if isinstance(intents, str) else list(intents)
-    result: list[Intent] = []
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(f"an intent is a str, not {type(name).__name__}")
+    result: list[tuple[Intent, str]] = []
+    for entry in names:
+        if not isinstance(entry, str):
+            raise TypeError(f"an intent is a str, not {type(entry).__name__}")
+        name, _, rule = str(entry.value if isinstance(entry, Intent) else entry).partition("=")
+        rule = rule or BODY_RULE
         try:
             intent = Intent(name)
         except ValueError:
             raise _bad(f"unknown intent {name!r} (known: "
                        + " ".join(i.value for i in Intent) + ")") from None
-        if intent in result:
+        if any(intent == seen for seen, _ in result):
             raise _bad(f"intent {intent.value} is listed twice")
-        result.append(intent)
+        if _RULE_NAME.match(rule) is None:
+            raise _bad(f"{rule!r} is not a rule name ([a-z][a-z0-9_]*) for {intent.value}")
+        result.append((intent, rule))
     if not result:
         raise _bad("a descriptor lists at least one intent")
     return tuple(result)
 
 
-def check_grammar(text: str, limits: GrammarLimits | None = None) -> None:
-    """Check ``text`` as a loading registry does: in the subset, within ``limits``,
-    LALR(1), its tables within the default size. The compiled tables are kept in this
-    process's cache, so loading the descriptor afterwards does not compile it again.
+def check_grammar(text: str, limits: GrammarLimits | None = None, *,
+                  starts: tuple[str, ...] = (BODY_RULE,)) -> None:
+    """Check ``text`` with the start rules ``starts`` as a loading registry does: in the
+    subset, within ``limits``, LALR(1), its tables within the default size. The compiled
+    tables are kept in this process's cache, so loading the descriptor afterwards does not
+    compile it again.
 
     Raises ``TypeError`` for a non-string, :class:`GrammarError` for a refused grammar (for
     one that is not LALR(1), ``context`` holds the checker's report) and
@@ -97,7 +113,7 @@ def check_grammar(text: str, limits: GrammarLimits | None = None) -> None:
         raise TypeError(f"a grammar is a str, not {type(text).__name__}")
     registry = Registry(disk_cache=False, isolate=False, grammar_limits=limits)
     try:
-        registry.compiled(text)
+        registry.compiled(text, starts=starts)
     except GrammarError as exc:
         first, _, report = exc.message.partition("\n")
         if not report:
@@ -165,16 +181,19 @@ def comment_lines(comment: str | None) -> str:
     return "".join(f"; {line}\n" if line else ";\n" for line in lines)
 
 
-def _layout(ident: str, version: int, expires: int | None, intents: Iterable[Intent],
-            grammar: str, sections: Iterable[Value], comment: str | None) -> bytes:
+def _layout(ident: str, version: int, expires: int | None,
+            intents: Iterable[tuple[Intent, str]], grammar: str, sections: Iterable[Value],
+            comment: str | None) -> bytes:
     """The descriptor's text in the authoring layout (the module docstring)."""
+    listed = " ".join(intent.value if rule == BODY_RULE else f"({intent.value} {rule})"
+                      for intent, rule in intents)
     return (
         f"{comment_lines(comment)}"
         f"(protocol-descriptor\n"
         f"  (id {ident})\n"
         f"  (version {version})\n"
         + (f"  (expires {expires})\n" if expires is not None else "")
-        + f"  (intents {' '.join(intent.value for intent in intents)})\n"
+        + f"  (intents {listed})\n"
         f"  (grammar {quote(grammar)})"
         + "".join(f"\n  {canonical_value(section)}" for section in sections)
         + ")\n"
@@ -212,16 +231,17 @@ def build_descriptor(id: str, version: int, intents: str | Iterable[str], gramma
     ident = protocol_id(id)
     version = _integer("version", version)
     expires = None if expires is None else _integer("expires", expires)
-    governed = intents_of(intents)
-    check_grammar(grammar, grammar_limits)
+    entries = intent_entries(intents)
+    governed = tuple(intent for intent, _ in entries)
+    check_grammar(grammar, grammar_limits, starts=tuple(dict.fromkeys(r for _, r in entries)))
     sections = [section_value(name, source, intents=governed, limits=limits)
                 for name, source in zip(SECTIONS, (schema, conversation, functions),
                                         strict=True) if source is not None]
-    payload = _layout(ident, version, expires, governed, grammar, sections, comment)
+    payload = _layout(ident, version, expires, entries, grammar, sections, comment)
     built = read_descriptor(payload, limits=limits)
-    wanted = (ident, version, expires, governed, grammar,
+    wanted = (ident, version, expires, entries, grammar,
               [canonical_value(section) for section in sections])
-    got = (built.id, built.version, built.expires, built.intents, built.grammar,
+    got = (built.id, built.version, built.expires, tuple(built.starts.items()), built.grammar,
            [canonical_value(section) for section in
             (built.schema, built.conversation, built.functions) if section is not None])
     if got != wanted:  # pragma: no cover - the layout cannot mean anything else
@@ -243,5 +263,5 @@ def render_descriptor(descriptor: ProtocolDescriptor, *, comment: str | None = N
                         f"{type(descriptor).__name__}")
     sections = [section for section in (descriptor.schema, descriptor.conversation,
                                          descriptor.functions) if section is not None]
-    return _layout(descriptor.id, descriptor.version, descriptor.expires, descriptor.intents,
-                   descriptor.grammar, sections, comment)
+    return _layout(descriptor.id, descriptor.version, descriptor.expires,
+                   tuple(descriptor.starts.items()), descriptor.grammar, sections, comment)

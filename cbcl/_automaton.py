@@ -25,6 +25,10 @@ whose states are LR stacks, one transition at a time:
   twin on nodes of :func:`cbcl._kernel.feed`) and remembered. The hot loop is
   ``node.get(cls)``, and ``automaton.step(node, cls)`` when that is ``None``.
 
+A keyword set's mask (:mod:`cbcl._kernel`) is part of the stack: the node of a state a
+set's goto entered carries the mask of the members given so far, and is hash-consed by
+``(state, mask)``, so a transition stays a pure function of the node and the class.
+
 The automaton holds at most ``max_nodes`` stacks; when full it starts afresh (as RE2
 flushes its cache), so memory stays bounded and a hostile stream of unseen shapes costs
 each token a plain driver step plus bookkeeping. Results never depend on what is cached:
@@ -57,6 +61,7 @@ REFUSED: Any = _Outcome("REFUSED")
 _STATE = object()
 _PARENT = object()
 _CHILDREN = object()
+_MARK = object()
 
 #: A node is a dict: reserved keys (its stack) plus its transitions.
 Node = dict[Any, Any]
@@ -94,14 +99,17 @@ class StackAutomaton:
         """How many stacks are held now."""
         return self._size
 
-    def _push(self, node: Node, state: int) -> Node:
+    def _push(self, node: Node, state: int, mark: int = 0) -> Node:
         children = node[_CHILDREN]
-        child: Node | None = children.get(state)
+        key: Any = state if not mark else (state, mark)
+        child: Node | None = children.get(key)
         if child is None:
             if self._size >= self.max_nodes:
                 self.start = self._root()  # flush: walks under way keep their old nodes
             self._size += 1
-            child = children[state] = {_STATE: state, _PARENT: node, _CHILDREN: {}}
+            child = children[key] = {_STATE: state, _PARENT: node, _CHILDREN: {}}
+            if mark:
+                child[_MARK] = mark
         return child
 
     def terminal(self, node: Node, cls: str) -> str:
@@ -127,8 +135,21 @@ class StackAutomaton:
         actions = self.tables.actions
         rules = self.tables.rules
         end_state = self.tables.end_state
+        sets = self.tables.keyword_sets
+        set_rules = self.tables.set_rules
         lpar = terminal == "LPAR"
         while True:
+            if sets:
+                spec = sets.get(node[_STATE])
+                if spec is not None:
+                    seen = node.get(_MARK, 0)
+                    bit = spec.bits.get(terminal)
+                    if bit is not None:
+                        if seen & bit:
+                            return REFUSED
+                        node = self._push(node[_PARENT], node[_STATE], seen | bit)
+                    elif spec.required & ~seen:
+                        return (REFUSED, False) if lpar else REFUSED
             row = actions[node[_STATE]]
             action = row.get(terminal)
             if action is None:
@@ -140,11 +161,24 @@ class StackAutomaton:
                 after = self._push(node, action)
                 return (after, False) if lpar else after
             rule = rules[~action]
+            mark = 0
             for _ in range(rule.size):
+                mark = node.get(_MARK, 0)  # the deepest popped: a set's own node
                 node = node[_PARENT]
-            node = self._push(node, actions[node[_STATE]][rule.origin])
+            node = self._push(node, actions[node[_STATE]][rule.origin],
+                              mark if rule.origin in set_rules else 0)
             if terminal == "$END" and node[_STATE] == end_state:
                 return ACCEPT
+
+    @staticmethod
+    def marks(node: Node) -> dict[int, int]:
+        """The keyword sets' masks of the stack ``node`` stands for, by depth."""
+        found: list[int] = []
+        while node is not None:
+            found.append(node.get(_MARK, 0))
+            node = node[_PARENT]
+        found.reverse()
+        return {depth: mark for depth, mark in enumerate(found) if mark}
 
     @staticmethod
     def stack(node: Node) -> list[int]:

@@ -317,23 +317,40 @@ e_signature: "(" "signature" STRING STRING ")"
 """
 
 
-def lark_grammar(grammar_text: str) -> str:
+def lark_grammar(grammar_text: str, starts: tuple[str, ...] = ("body",)) -> str:
     """A plain lark grammar for whole messages of a protocol: the envelope, then the body
     grammar CBCL generates for lark (its declared terminals given their literal text or a
-    regex for the CBCL atom)."""
-    generated = to_lark(read_grammar(grammar_text))
+    regex for the CBCL atom). With several start rules a body may be any of them (lark
+    does not see the intent); a keyword set is its BNF, any order and any number of
+    times (lark cannot count)."""
+    generated = to_lark(read_grammar(grammar_text, starts=starts))
+    start = generated.start
     lines = [line for line in generated.text.splitlines()
              if not line.startswith(("%declare", "//"))]
+    if generated.start_terminals:
+        start = "cbcl_any_start"
+        choices = " | ".join(f"p_{rule}" for rule in generated.start_terminals)
+        kept, skipping = [f"{start}: {choices}"], False
+        for line in lines:
+            if line.startswith(generated.start + ":"):
+                skipping = True
+            elif skipping and line.startswith("    |"):
+                continue
+            else:
+                skipping = False
+            if not skipping:
+                kept.append(line)
+        lines = kept
     literals = "\n".join(f'{name}: "{text}"' for name, text in generated.literals.items()
                          if name not in ("LPAR", "RPAR"))
-    return (_LARK_ENVELOPE.replace("{start}", generated.start) + "\n".join(lines) + "\n"
+    return (_LARK_ENVELOPE.replace("{start}", start) + "\n".join(lines) + "\n"
             + literals + "\n" + _LARK_TERMINALS)
 
 
-def lark_parser(grammar_text: str) -> lark.Lark:
+def lark_parser(grammar_text: str, starts: tuple[str, ...] = ("body",)) -> lark.Lark:
     import lark
 
-    return lark.Lark(lark_grammar(grammar_text), parser="lalr", lexer="contextual")
+    return lark.Lark(lark_grammar(grammar_text, starts), parser="lalr", lexer="contextual")
 
 
 # --------------------------------------------------------------------------- timing
@@ -379,7 +396,7 @@ def throughput(cases: list[Case], registry: Registry, descriptors: Path, *, roun
     # (msgspec and pydantic encode without checking again); validate=True adds pass 2.
     encoder = Encoder(registry, validate=False)
     decoder = Decoder(registry)
-    larks = {protocol: lark_parser(_grammar_of(registry, protocol)) for protocol in PROTOCOLS}
+    larks = {protocol: lark_parser(*_grammar_of(registry, protocol)) for protocol in PROTOCOLS}
     peers_json = _json_peers()
     out: dict[str, dict[str, Any]] = {}
     for case in cases:
@@ -443,10 +460,10 @@ def _contenders(case: Case, registry: Registry, encoder: Encoder, decoder: Decod
     return functions
 
 
-def _grammar_of(registry: Registry, protocol: str) -> str:
+def _grammar_of(registry: Registry, protocol: str) -> tuple[str, tuple[str, ...]]:
     found = registry.get(protocol[:-3] + "/v1")
     assert found is not None
-    return found.descriptor.grammar
+    return found.descriptor.grammar, found.descriptor.start_rules
 
 
 def _json_peers() -> dict[str, Any]:

@@ -82,14 +82,17 @@ def _cmd_grammar_check(args: argparse.Namespace, data: bytes) -> int:
     is_descriptor = head is not None and head.lastindex == 1 and data[head.end():].lstrip(
         ).startswith(b"protocol-descriptor")
     try:
-        grammar: str | bytes = read_descriptor(data, limits=args.limits).grammar \
-            if is_descriptor else data
+        starts: tuple[str, ...] = ("body",)
+        grammar: str | bytes = data
+        if is_descriptor:
+            descriptor = read_descriptor(data, limits=args.limits)
+            grammar, starts = descriptor.grammar, descriptor.start_rules
         if isinstance(grammar, bytes) and not _is_utf8(grammar):
             from ._subset import read_grammar
 
             read_grammar(grammar)  # refuses it, with the position of the first bad byte
         compiled = compile_guarded(grammar.decode("utf-8") if isinstance(grammar, bytes)
-                                   else grammar)
+                                   else grammar, starts=starts)
     except GrammarError as exc:
         print("rejected")
         print(exc.one_line())
@@ -189,7 +192,7 @@ def _cmd_descriptor_inspect(args: argparse.Namespace, data: bytes) -> int:
         signatures = [repr(sig.key_id) for sig in signed.signatures]
     descriptor = read_descriptor(payload, limits=args.limits)
     try:
-        rules = read_grammar(descriptor.grammar).rules
+        rules = read_grammar(descriptor.grammar, starts=descriptor.start_rules).rules
         grammar = f"{len(rules)} rules: " + " ".join(rule.name for rule in rules)
     except CBCLError as exc:
         grammar = f"refused ({exc.one_line()})"
@@ -200,7 +203,8 @@ def _cmd_descriptor_inspect(args: argparse.Namespace, data: bytes) -> int:
         f"expires: {'never' if descriptor.expires is None else descriptor.expires}",
         f"digest: {descriptor.digest}",
         f"signatures: {' '.join(signatures) if signatures else 'none (unsigned)'}",
-        f"intents: {' '.join(intent.value for intent in descriptor.intents)}",
+        "intents: " + " ".join(intent.value if rule == "body" else f"{intent.value}={rule}"
+                               for intent, rule in descriptor.starts.items()),
         f"grammar: {len(descriptor.grammar.encode('utf-8'))} bytes, {grammar}",
     ]
     for line in lines:

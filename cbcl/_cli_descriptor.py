@@ -23,7 +23,7 @@ from ._authoring import (
     build_descriptor,
     check_grammar,
     comment_lines,
-    intents_of,
+    intent_entries,
     protocol_id,
     section_value,
 )
@@ -72,13 +72,15 @@ def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
     with _about("--id"):
         ident = protocol_id(args.id)
     with _about("--intents"):
-        intents = intents_of(" ".join(args.intents))  # "A B" counts as A B
+        entries = intent_entries(" ".join(args.intents))  # "A B" counts as A B
+        intents = tuple(intent for intent, _ in entries)
     grammar_limits = GrammarLimits()
     with _about(args.grammar):
         with open(args.grammar, "rb") as handle:
             raw = handle.read(grammar_limits.max_text_bytes + 1)
         grammar = grammar_text(raw, grammar_limits)
-        check_grammar(grammar, grammar_limits)
+        check_grammar(grammar, grammar_limits,
+                      starts=tuple(dict.fromkeys(rule for _, rule in entries)))
     sections: dict[str, Any] = {}
     for name in SECTIONS:
         path = getattr(args, name)
@@ -89,7 +91,8 @@ def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
     signers = _signing_keys(args) if args.key else []
     with _about("the built descriptor"):  # over --max-message-bytes as a whole
         payload = build_descriptor(
-            ident, args.version, intents, grammar, expires=args.expires,
+            ident, args.version, [f"{i.value}={r}" for i, r in entries], grammar,
+            expires=args.expires,
             comment="\n".join(args.comment) if args.comment else None, limits=args.limits,
             grammar_limits=grammar_limits, **sections)
     out = payload
@@ -289,8 +292,9 @@ def register(descriptor_commands: Commands) -> None:
                        help=f"the descriptor version, 0 to {INT64_MAX}")
     build.add_argument("--grammar", required=True, metavar="FILE",
                        help="the body grammar (spec §4), e.g. auction-v1.lark")
-    build.add_argument("--intents", required=True, nargs="+", metavar="INTENT",
-                       help="the intents whose bodies the grammar governs")
+    build.add_argument("--intents", required=True, nargs="+", metavar="INTENT[=RULE]",
+                       help="the intents whose bodies the grammar governs, each with its "
+                            "start rule as INTENT=rule (default: body)")
     for name in SECTIONS:
         build.add_argument(f"--{name}", metavar="FILE",
                            help=f"a ({name} …) section file")

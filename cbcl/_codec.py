@@ -64,7 +64,7 @@ from ._kernel import (
 from ._lalr import value_states
 from ._limits import DEFAULT_LIMITS, Budget, Limits
 from ._message import VERSION, Intent, Message, Signature
-from ._pass2 import _ALWAYS_ADMITTED
+from ._pass2 import _ALWAYS_ADMITTED, start_node, start_stack
 from ._protocol import Protocol
 from ._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
 from ._registry import Registry
@@ -667,8 +667,8 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
     governed = intent in protocol.governed
     body: Any = None
     if present & HAS_BODY:
-        body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present], governed,
-                          build or _build_body, memos)
+        body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present],
+                          intent if governed else None, build or _build_body, memos)
         if body is None:
             return None
     elif index != count:
@@ -744,8 +744,8 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
     refusal: BodyError | None = None
     if present & HAS_BODY:
         nodes = _envelope_nodes(present)
-        body, index, refusal = _walk_body(table, tokens, index, limits, nodes, governed,
-                                          where, len(data))
+        body, index, refusal = _walk_body(table, tokens, index, limits, nodes,
+                                          intent if governed else None, where, len(data))
     if index != count:
         _malformed("unexpected data after the end of the message", where(index))
 
@@ -856,14 +856,21 @@ def _kind_name(token: object) -> str:
 
 
 def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
-               nodes: int, governed: bool, where: Any, end: int,
+               nodes: int, governed: Intent | None, where: Any, end: int,
                ) -> tuple[Value, int, BodyError | None]:
-    """Read the body's tokens from ``index``: ``(body, next index, grammar refusal)``."""
+    """Read the body's tokens from ``index``: ``(body, next index, grammar refusal)``,
+    judged by the grammar from the start rule of ``governed``, the intent (``None``: a
+    body the grammar does not govern)."""
     protocol = table.protocol
     tables = protocol.tables
-    stack = [tables.start_state]
-    grammar = governed
+    stack = start_stack(protocol, governed) if governed is not None else [tables.start_state]
+    marks: dict[int, int] = {}  # the keyword sets' masks (cbcl._kernel)
+    shown_intent = None if governed is None else governed.value
+    grammar = governed is not None and bool(stack)
     refusal: BodyError | None = None
+    if governed is not None and not stack:  # pragma: no cover - Protocol checks the rules
+        refusal = BodyError(f"the {protocol.id} grammar has no start rule for "
+                            f"{shown_intent} bodies", position=_at(where(index)))
     static_atoms = table.atoms
     static_terminals = table.terminals
     static_count = len(static_atoms)
@@ -982,9 +989,10 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
                     _limit(limits, "max_list_items", where(at))
                 items.append(value)
         if grammar:
-            done = feed(tables, stack, terminal, whole=value_states)
+            done = feed(tables, stack, terminal, whole=value_states, marks=marks)
             if done == REFUSED_BY_GRAMMAR:
-                refusal = _refusal(protocol, stack, terminal, value, where(at))
+                refusal = _refusal(protocol, stack, terminal, value, where(at), marks,
+                                   shown_intent)
                 grammar = False
             elif done == WHOLE:  # a whole value: read it without the tables
                 grammar = False
@@ -995,8 +1003,8 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
             take_value(tables, stack)
         if items is None:  # the body is complete
             break
-    if grammar and feed(tables, stack, "$END") != ACCEPTED:
-        refusal = _refusal(protocol, stack, "$END", None, where(index))
+    if grammar and feed(tables, stack, "$END", marks=marks) != ACCEPTED:
+        refusal = _refusal(protocol, stack, "$END", None, where(index), marks, shown_intent)
     return value, index, refusal
 
 
@@ -1004,11 +1012,12 @@ _NAME_MATCH = {SYMBOL: SYMBOL_RE.match, KEYWORD: NAME_RE.match}
 _URI_MATCH = URI_RE.match
 
 def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits,
-               nodes: int, governed: bool,
+               nodes: int, governed: Intent | None,
                build: Callable[..., Value | None] | None = None,
                memos: _Memos | None = None) -> Value | None:
     """The body read from ``tokens[index:]`` when it is canonical, within every limit,
-    ends the frame and (if ``governed``) is accepted by the grammar; else ``None``, and
+    ends the frame and (if ``governed``, the intent, is not ``None``) is accepted by the
+    grammar from that intent's start rule; else ``None``, and
     :func:`_walk_body` reads the same tokens to raise the precise error.
 
     The hot loop of decoding, run by ``build``: ``cbcl._speedups.build_body`` when that
@@ -1019,7 +1028,9 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     if nodes + len(tokens) - index > limits.max_nodes:  # a token is at most one node
         return None
     automaton = table.protocol.automaton
-    start = automaton.start if governed else None
+    start = start_node(table.protocol, governed) if governed is not None else None
+    if start is REFUSED:
+        return None
     if memos is None:
         memos = _Memos()
     return (build or _build_body)(
@@ -1197,10 +1208,10 @@ def _named_atom(code: int, text: str, limits: Limits, where: Any, at: int) -> Va
 
 
 def _refusal(protocol: Protocol, stack: list[int], terminal: str, value: object,
-             offset: int) -> BodyError:
-    """The :class:`BodyError` for ``terminal`` refused at ``stack`` (the kernel's wording,
-    as text's)."""
-    message, expected = body_refusal(protocol, stack, terminal, value)
+             offset: int, marks: dict[int, int], intent: str | None) -> BodyError:
+    """The :class:`BodyError` for ``terminal`` refused at ``stack`` and ``marks`` in a
+    body of ``intent`` (the kernel's wording, as text's)."""
+    message, expected = body_refusal(protocol, stack, terminal, value, marks, intent)
     return BodyError(message, position=_at(offset), expected=expected)
 
 

@@ -35,7 +35,7 @@ from ._lr import LALR1, analyse
 from ._subset import GrammarLimits, read_grammar, to_cfg, to_lark
 
 #: Bumped whenever the compiled form changes meaning; part of every cache key.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_TIMEOUT = 20.0
 DEFAULT_MEMORY = 1 << 30  # bytes of address space for the worker
 
@@ -51,19 +51,21 @@ class CompiledGrammar:
     literals: dict[str, str]
 
 
-def compile_grammar(text: str, limits: GrammarLimits | None = None) -> CompiledGrammar:
-    """Check and compile ``text`` in this process.
+def compile_grammar(text: str, limits: GrammarLimits | None = None, *,
+                    starts: tuple[str, ...] = ("body",)) -> CompiledGrammar:
+    """Check and compile ``text`` in this process, with the start rules ``starts``.
 
     Raises :class:`GrammarError` (verdict ``rejected``) for text outside the subset, over a
     limit or over an analysis budget. A grammar that is read but not LALR(1) is returned
     with its verdict and report and no tables.
     """
-    source = read_grammar(text, limits=limits)
+    source = read_grammar(text, limits=limits, starts=starts)
     report = analyse(to_cfg(source))
     if report.verdict != LALR1:
         return CompiledGrammar(report.verdict, report.render(), None, {})
     generated = to_lark(source)
     tables = Tables.from_lark(_build_lark(generated.text, generated.start), generated.start)
+    tables = tables.with_grammar(generated.keyword_sets, generated.start_terminals)
     return CompiledGrammar(report.verdict, report.render(), tables, dict(generated.literals))
 
 
@@ -93,6 +95,11 @@ def to_data(compiled: CompiledGrammar) -> dict[str, Any]:
             "rules": [[r.origin, r.size, r.alias] for r in tables.rules],
             "start": tables.start_state,
             "end": tables.end_state,
+            "keyword_sets": {spec.rule: [[terminal, not spec.required & bit, keyword]
+                                         for (terminal, bit), keyword
+                                         in zip(spec.bits.items(), spec.keywords, strict=True)]
+                             for spec in tables.keyword_sets.values()},
+            "starts": dict(tables.start_terminals),
         },
     }
 
@@ -146,10 +153,23 @@ def from_data(data: Any) -> CompiledGrammar:
         _expect(0 <= start < state_count and 0 <= end < state_count)
         # Every reduction must have somewhere to go.
         _expect(all(rule.origin in symbols for rule in checked_rules))
-    except (_Invalid, KeyError, TypeError):
+        sets, starts = raw["keyword_sets"], raw["starts"]
+        _expect(type(sets) is dict and type(starts) is dict)
+        members: dict[str, list[tuple[str, bool, str]]] = {}
+        for rule, listed in sets.items():
+            _expect(type(listed) is list and 0 < len(listed) <= 4096)
+            for member in listed:
+                _expect(type(member) is list and len(member) == 3)
+                terminal, optional, keyword = member
+                _expect(type(terminal) is str and type(optional) is bool
+                        and type(keyword) is str)
+            members[rule] = [(t, o, k) for t, o, k in listed]
+        _expect(all(type(k) is str and type(v) is str for k, v in starts.items()))
+        tables = Tables(tuple(actions), tuple(checked_rules), start, end).with_grammar(
+            members, starts)
+    except (_Invalid, KeyError, TypeError, ValueError):
         raise ValueError("not a valid compiled grammar") from None
-    return CompiledGrammar(verdict, report, Tables(tuple(actions), tuple(checked_rules),
-                                                   start, end), literals)
+    return CompiledGrammar(verdict, report, tables, literals)
 
 
 # --------------------------------------------------------------------------- the guard
@@ -168,6 +188,7 @@ _WORKER_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
 
 
 def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
+                    starts: tuple[str, ...] = ("body",),
                     timeout: float = DEFAULT_TIMEOUT, memory: int = DEFAULT_MEMORY,
                     cancelled: Callable[[], bool] | None = None) -> CompiledGrammar:
     """:func:`compile_grammar` in a worker process limited to ``timeout`` seconds of CPU
@@ -181,7 +202,8 @@ def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
     cancelled (not a verdict on the grammar, so never remembered as one).
     """
     limits = GrammarLimits() if limits is None else limits
-    request = json.dumps({"grammar": text, "limits": _limits_data(limits), "memory": memory,
+    request = json.dumps({"grammar": text, "limits": _limits_data(limits),
+                          "starts": list(starts), "memory": memory,
                           "cpu_seconds": max(1, math.ceil(timeout))}).encode()
     worker = subprocess.Popen([sys.executable, "-I", "-c", _WORKER_BOOT, _PACKAGE_ROOT],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,

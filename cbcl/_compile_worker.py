@@ -26,7 +26,8 @@ def main() -> int:
     from ._subset import GrammarLimits
 
     try:
-        compiled = compile_grammar(request["grammar"], GrammarLimits(**request["limits"]))
+        compiled = compile_grammar(request["grammar"], GrammarLimits(**request["limits"]),
+                                   starts=tuple(request["starts"]))
     except GrammarError as exc:
         position = exc.position
         reply = {"error": {

@@ -9,6 +9,7 @@ bytes (a comment, a space) are different descriptors.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,6 +26,9 @@ _FIELDS: tuple[tuple[str, bool], ...] = (
 )
 _T = TypeVar("_T")
 _FIELD_ORDER = {name: index for index, (name, _) in enumerate(_FIELDS)}
+#: The start rule of an intent listed without one.
+BODY_RULE = "body"
+_RULE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
 def digest_of(payload: bytes) -> str:
@@ -37,7 +41,9 @@ class ProtocolDescriptor:
     """A protocol descriptor as read (nothing about it is trusted yet).
 
     ``schema``, ``conversation`` and ``functions`` hold their sections as read (the
-    ``(schema …)`` list itself), or ``None``.
+    ``(schema …)`` list itself), or ``None``. ``intent_rules`` holds the intents listed
+    with a start rule (``(ACCEPT award)``), in order; every other intent's body starts at
+    ``body``.
     """
 
     id: Symbol
@@ -49,10 +55,22 @@ class ProtocolDescriptor:
     conversation: Value | None
     functions: Value | None
     digest: str
+    intent_rules: tuple[tuple[Intent, str], ...] = ()
 
     def governs(self, intent: Intent) -> bool:
         """Whether messages with ``intent`` have their body judged by this grammar."""
         return intent in self.intents
+
+    @property
+    def starts(self) -> dict[Intent, str]:
+        """Every governed intent -> the rule its body is recognised from."""
+        explicit = dict(self.intent_rules)
+        return {intent: explicit.get(intent, BODY_RULE) for intent in self.intents}
+
+    @property
+    def start_rules(self) -> tuple[str, ...]:
+        """The distinct start rules, in the order the intents first name them."""
+        return tuple(dict.fromkeys(self.starts.values()))
 
 
 def _bad(message: str) -> DescriptorError:
@@ -99,16 +117,27 @@ def read_descriptor(payload: bytes, *, limits: Limits | None = None) -> Protocol
     expires = _single(sections, "expires", int, "an integer") if "expires" in sections \
         else None
     intents: list[Intent] = []
-    for item in sections["intents"]:
+    rules: list[tuple[Intent, str]] = []
+    for entry in sections["intents"]:
+        item: Value = entry
+        rule = None
+        if isinstance(entry, tuple) and len(entry) == 2 and type(entry[1]) is Symbol:
+            item, rule = entry[0], str(entry[1])
+            if _RULE_NAME.match(rule) is None:
+                raise _bad(f"(intents …) names the start rule {_show(Symbol(rule))}, which "
+                           "is not a rule name ([a-z][a-z0-9_]*)")
         try:
             intent = Intent(str(item)) if type(item) is Symbol else None
         except ValueError:
             intent = None
         if intent is None:
-            raise _bad(f"(intents …) holds {_show(item)}, which is not an intent")
+            raise _bad(f"(intents …) holds {_show(item)}, which is not an intent or "
+                       "(INTENT rule)")
         if intent in intents:
             raise _bad(f"(intents …) lists {intent.value} twice")
         intents.append(intent)
+        if rule is not None and rule != BODY_RULE:
+            rules.append((intent, rule))
     if not intents:
         raise _bad("(intents …) must list at least one intent")
     grammar = _single(sections, "grammar", str, "a string")
@@ -117,6 +146,7 @@ def read_descriptor(payload: bytes, *, limits: Limits | None = None) -> Protocol
         id=ident, version=version, expires=expires, intents=tuple(intents), grammar=grammar,
         schema=_section(sections, "schema"), conversation=_section(sections, "conversation"),
         functions=_section(sections, "functions"), digest=digest_of(payload),
+        intent_rules=tuple(rules),
     )
 
 

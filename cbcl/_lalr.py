@@ -14,7 +14,9 @@ An action is an ``int``: ``n >= 0`` shifts (or, for a nonterminal, goes) to stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from ._vocabulary import VALUE_FIRST
@@ -53,6 +55,31 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class KeywordSet:
+    """What a driver keeps for one keyword set (``(":a" X & [":b" Y])``): the tables let
+    its members come in any order and any number of times; the driver refuses a member
+    given twice when its keyword arrives, and a required one missing when the set ends.
+
+    ``bits`` maps each member's keyword terminal to its bit; ``required`` is the mask of
+    the required members; ``keywords[i]`` is the text of the member with bit ``1 << i``.
+    """
+
+    rule: str
+    bits: Mapping[str, int]
+    required: int
+    keywords: tuple[str, ...]
+
+    def missing(self, seen: int) -> tuple[str, ...]:
+        """The required keywords not in ``seen``, in the author's order."""
+        return tuple(k for i, k in enumerate(self.keywords)
+                     if self.required >> i & 1 and not seen >> i & 1)
+
+
+_NO_SETS: Mapping[int, KeywordSet] = MappingProxyType({})
+_NO_STARTS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class Tables:
     """LALR(1) action/goto tables: ``actions[state][symbol] -> int`` (see module doc)."""
 
@@ -60,6 +87,13 @@ class Tables:
     rules: tuple[Rule, ...]
     start_state: int
     end_state: int
+    #: The keyword sets, by every state a set's goto enters (the state in which its next
+    #: member or what follows it is read): see :class:`KeywordSet`.
+    keyword_sets: Mapping[int, KeywordSet] = field(default_factory=lambda: _NO_SETS)
+    #: The keyword-set rules (their ``S -> ε`` starts a set's record).
+    set_rules: frozenset[str] = frozenset()
+    #: Start rule -> the terminal a driver feeds first to choose it (empty: one start).
+    start_terminals: Mapping[str, str] = field(default_factory=lambda: _NO_STARTS)
     #: :func:`value_states` of these tables, found once (not part of their value).
     _value_states: dict[str, int] | None = field(default=None, init=False, repr=False,
                                                  compare=False)
@@ -86,6 +120,35 @@ class Tables:
                     encoded[symbol] = ~index
         return cls(tuple(actions), tuple(rules), table.start_states[start],
                    table.end_states[start])
+
+    def with_grammar(self, keyword_sets: Mapping[str, Iterable[tuple[str, bool, str]]],
+                     start_terminals: Mapping[str, str]) -> Tables:
+        """These tables with the keyword sets (rule -> (terminal, optional, keyword) per
+        member) and start terminals of their grammar. Raises ``ValueError`` for a set
+        whose rule or member terminals the tables do not know."""
+        by_state: dict[int, KeywordSet] = {}
+        for rule, members in keyword_sets.items():
+            listed = list(members)
+            spec = KeywordSet(rule, MappingProxyType({t: 1 << i for i, (t, _, _) in
+                                                      enumerate(listed)}),
+                              sum(1 << i for i, (_, optional, _) in enumerate(listed)
+                                  if not optional),
+                              tuple(k for _, _, k in listed))
+            if len(spec.bits) != len(listed):
+                raise ValueError(f"keyword set {rule} repeats a member")
+            targets = [row[rule] for row in self.actions if rule in row]
+            if not targets:
+                raise ValueError(f"keyword set {rule} is not in the tables")
+            for state in targets:
+                if state in by_state or not all(t in self.actions[state] for t in spec.bits):
+                    raise ValueError(f"keyword set {rule} does not match the tables")
+                by_state[state] = spec
+        for terminal in start_terminals.values():
+            if terminal not in self.actions[self.start_state]:
+                raise ValueError(f"start terminal {terminal} is not in the tables")
+        return replace(self, keyword_sets=MappingProxyType(by_state),
+                       set_rules=frozenset(keyword_sets),
+                       start_terminals=MappingProxyType(dict(start_terminals)))
 
     def can_shift(self, stack: list[int], terminal: str) -> bool:
         """Whether ``terminal`` would be shifted from ``stack`` after the reductions it

@@ -40,15 +40,48 @@ from ._schema import check_schema
 from ._values import ATOM_TERMINALS, Keyword, Symbol, Value
 
 
-def recognise_body(protocol: Protocol, body: Value) -> bool:
-    """Whether the protocol's grammar accepts ``body`` (a value already read under limits).
-    Iterative: no recursion on the body's depth. Each token is one transition of the
-    protocol's :class:`StackAutomaton`; where the grammar takes any ``value``, a whole list
-    is taken at once (:func:`cbcl._lalr.value_states`): it has been read, and any value is one."""
+def start_node(protocol: Protocol, intent: Intent | None) -> Any:
+    """The automaton node a body of ``intent`` starts from: the start node, or, where the
+    descriptor gives intents start rules of their own, the node after the start terminal
+    of ``intent``'s rule (``body`` for ``None``: a caller that does not know the intent)."""
+    automaton = protocol.automaton
+    node = automaton.start
+    if protocol.entries:
+        terminal = protocol.entries.get(intent) if intent is not None else None
+        if terminal is None:
+            terminal = protocol.tables.start_terminals.get("body")
+        if terminal is None:
+            return REFUSED
+        found = node.get(terminal)
+        node = found if found is not None else automaton.step(node, terminal)
+    return node
+
+
+def start_stack(protocol: Protocol, intent: Intent | None) -> list[int]:
+    """:func:`start_node` as a kernel stack (``[]`` where there is no rule to start at)."""
+    tables = protocol.tables
+    stack = [tables.start_state]
+    if protocol.entries:
+        terminal = protocol.entries.get(intent) if intent is not None else None
+        if terminal is None:
+            terminal = tables.start_terminals.get("body")
+        if terminal is None or feed(tables, stack, terminal) == REFUSED_BY_GRAMMAR:
+            return []
+    return stack
+
+
+def recognise_body(protocol: Protocol, body: Value, intent: Intent | None = None) -> bool:
+    """Whether the protocol's grammar accepts ``body`` (a value already read under limits)
+    as the body of an ``intent`` message. Iterative: no recursion on the body's depth.
+    Each token is one transition of the protocol's :class:`StackAutomaton`; where the
+    grammar takes any ``value``, a whole list is taken at once
+    (:func:`cbcl._lalr.value_states`): it has been read, and any value is one."""
     automaton = protocol.automaton
     step = automaton.step
     classes = protocol.atoms
-    node = automaton.start
+    node = start_node(protocol, intent)
+    if node is REFUSED:
+        return False
     pending: list[Any] = []
     items: Any = iter((body,))
     while True:
@@ -91,11 +124,17 @@ def recognise_body(protocol: Protocol, body: Value) -> bool:
     return found is ACCEPT
 
 
-def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) -> NoReturn:
-    """Re-scan the body that starts at character ``body_at`` of ``text`` and raise a
-    :class:`BodyError` at the first token the grammar refuses."""
+def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits,
+                 intent: Intent | None = None) -> NoReturn:
+    """Re-scan the body of an ``intent`` message that starts at character ``body_at`` of
+    ``text`` and raise a :class:`BodyError` at the first token the grammar refuses."""
     tables = protocol.tables
-    stack = [tables.start_state]
+    stack = start_stack(protocol, intent)
+    marks: dict[int, int] = {}
+    shown_intent = None if intent is None else intent.value
+    if not stack:  # pragma: no cover - the descriptor gives every governed intent a rule
+        fail(text, body_at, f"the {protocol.id} grammar has no rule for "
+             f"{shown_intent} bodies", error=BodyError)
     pos = body_at
     depth = 0
     started = False
@@ -124,8 +163,9 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits) ->
                     terminal = terminal_of(tables, stack, protocol.atoms.get(value),
                                            terminal)
         started = True
-        if feed(tables, stack, terminal) == REFUSED_BY_GRAMMAR:
-            message, expected = body_refusal(protocol, stack, terminal, value)
+        if feed(tables, stack, terminal, marks=marks) == REFUSED_BY_GRAMMAR:
+            message, expected = body_refusal(protocol, stack, terminal, value, marks,
+                                             shown_intent)
             fail(text, start, message, expected=expected, error=BodyError)
         if terminal == "$END":  # pragma: no cover - pass 2 refused this body
             raise AssertionError("explain_body found no error")
@@ -160,7 +200,7 @@ def check_intent_and_body(protocol: Protocol, message: Message) -> bool | None:
                             f"messages (it governs {governed})")
     if message.body is None:
         raise BodyError(f"{descriptor.id} requires a body for {message.intent.value}")
-    if not recognise_body(protocol, message.body):
+    if not recognise_body(protocol, message.body, message.intent):
         return False
     if protocol.schema is not None:
         check_schema(protocol.schema, message.body)

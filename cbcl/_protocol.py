@@ -43,9 +43,18 @@ class Protocol:
     automaton: StackAutomaton = field(init=False)
     #: The intents whose bodies the grammar judges, as a set.
     governed: frozenset[Intent] = field(init=False)
+    #: Intent -> the start terminal fed before its body (empty: one start rule for all).
+    entries: dict[Intent, str] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "governed", frozenset(self.descriptor.intents))
+        terminals = self.tables.start_terminals
+        starts = self.descriptor.starts
+        if terminals and not all(rule in terminals for rule in starts.values()):
+            raise ValueError("the tables were not compiled for this descriptor's start rules")
+        object.__setattr__(self, "entries", {intent: terminals[rule]
+                                             for intent, rule in starts.items()}
+                           if terminals else {})
         literals = {terminal: "KEYWORD" if type(atom) is Keyword else "SYMBOL"
                     for atom, terminal in self.atoms.items()}
         object.__setattr__(self, "automaton", StackAutomaton(self.tables, literals))
@@ -57,6 +66,11 @@ class Protocol:
     @property
     def digest(self) -> str:
         return self.descriptor.digest
+
+    @property
+    def per_intent(self) -> bool:
+        """Whether some intent's body starts at a rule of its own (not ``body``)."""
+        return bool(self.descriptor.intent_rules)
 
     @classmethod
     def from_compiled(cls, descriptor: ProtocolDescriptor,

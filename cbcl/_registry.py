@@ -45,19 +45,19 @@ from ._reader import (
     read,
 )
 from ._state import StateRecord, StateStore
-from ._subset import GrammarLimits
+from ._subset import GrammarLimits, check_starts
 from ._trust import DESCRIPTOR_FAILED as _FAILED, TrustStore, VerifiedDescriptor
 from ._values import Symbol
 
 
-def _cache_key(grammar: str, limits: GrammarLimits) -> str:
+def _cache_key(grammar: str, limits: GrammarLimits, starts: tuple[str, ...]) -> str:
     import lark
 
     from . import __version__
 
     fingerprint = hashlib.sha256(grammar.encode("utf-8")).hexdigest()
     return (f"cbcl-grammar/{FORMAT_VERSION} cbcl={__version__} lark={lark.__version__} "
-            f"limits={limits} grammar=sha256:{fingerprint}")
+            f"limits={limits} starts={','.join(starts)} grammar=sha256:{fingerprint}")
 
 
 class _LRU:
@@ -357,7 +357,8 @@ class Registry:
         slow half of loading, safe to run in a worker thread while the registry is used
         elsewhere. Finish with :meth:`record` and :meth:`install`. Raises as :meth:`load`."""
         descriptor, signers, keys = self._admit(payload, allow_unsigned, now)
-        compiled, source = self.compiled_from(descriptor.grammar)
+        compiled, source = self.compiled_from(descriptor.grammar,
+                                              starts=descriptor.start_rules)
         return PreparedDescriptor(descriptor, signers, keys, compiled, source)
 
     def record(self, prepared: PreparedDescriptor) -> None:
@@ -489,19 +490,24 @@ class Registry:
             self._check_record(descriptor, keys, self.state.get(ident))
         return descriptor, signers, keys
 
-    def compiled(self, grammar: str) -> CompiledGrammar:
-        """The compiled form of an LALR(1) grammar, from a cache or compiled now.
+    def compiled(self, grammar: str, *, starts: tuple[str, ...] = ("body",)
+                 ) -> CompiledGrammar:
+        """The compiled form of an LALR(1) grammar with the start rules ``starts``, from a
+        cache or compiled now.
 
         Raises :class:`GrammarError` when the grammar is refused, compiled tables over
         ``max_compiled_bytes`` included (both remembered, so the same grammar is refused at
         once next time). Safe to call from several threads.
         """
-        return self.compiled_from(grammar)[0]
+        return self.compiled_from(grammar, starts=starts)[0]
 
-    def compiled_from(self, grammar: str) -> tuple[CompiledGrammar, str]:
+    def compiled_from(self, grammar: str, *, starts: tuple[str, ...] = ("body",)
+                      ) -> tuple[CompiledGrammar, str]:
         """:meth:`compiled`, and where it came from: ``compiled``, ``memory cache`` or
-        ``disk cache``. Raises as :meth:`compiled`."""
-        key = _cache_key(grammar, self.grammar_limits)
+        ``disk cache``. Raises as :meth:`compiled`, and ``ValueError`` for ``starts`` that
+        are not distinct rule names."""
+        starts = check_starts(starts)
+        key = _cache_key(grammar, self.grammar_limits, starts)
         refused = self.grammar_cache.refused.recall(key)
         if refused is not None:
             raise GrammarError(refused.message, verdict=refused.verdict,
@@ -526,7 +532,7 @@ class Registry:
                     compiled = None
         if compiled is None:
             try:
-                compiled = self._compile_gated(key, grammar)
+                compiled = self._compile_gated(key, grammar, starts)
             except GrammarError as exc:
                 self.grammar_cache.refused.remember(key, exc)
                 raise
@@ -549,10 +555,11 @@ class Registry:
         return GrammarError(f"the compiled grammar would take about {size} bytes; the "
                             f"limit is {self.max_compiled_bytes}", verdict="rejected")
 
-    def _compile_gated(self, key: str, grammar: str) -> CompiledGrammar:
+    def _compile_gated(self, key: str, grammar: str, starts: tuple[str, ...]
+                       ) -> CompiledGrammar:
         gate = self.compile_gate
         if gate is None:
-            return self._compile(grammar)
+            return self._compile(grammar, starts)
         with gate.slot(self.compile_wait):
             if self._abandoned:
                 raise LimitError("the compile was abandoned: nobody waits for it",
@@ -563,12 +570,13 @@ class Registry:
                 raise GrammarError(refused.message, verdict=refused.verdict,
                                    position=refused.position, context=refused.context)
             done: CompiledGrammar | None = self.grammar_cache.compiled.recall(key)
-            return done if done is not None else self._compile(grammar)
+            return done if done is not None else self._compile(grammar, starts)
 
-    def _compile(self, grammar: str) -> CompiledGrammar:
+    def _compile(self, grammar: str, starts: tuple[str, ...]) -> CompiledGrammar:
         if self.isolate:
-            return compile_guarded(grammar, self.grammar_limits, timeout=self.compile_timeout,
+            return compile_guarded(grammar, self.grammar_limits, starts=starts,
+                                   timeout=self.compile_timeout,
                                    cancelled=lambda: self._abandoned,
                                    memory=self.compile_memory)
-        return compile_grammar(grammar, self.grammar_limits)
+        return compile_grammar(grammar, self.grammar_limits, starts=starts)
 

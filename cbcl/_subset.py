@@ -57,11 +57,14 @@ __all__ = [
     "GrammarSource",
     "Group",
     "Item",
+    "KeywordMember",
+    "KeywordSet",
     "LarkGrammar",
     "Literal",
     "Reference",
     "Repeat",
     "Rule",
+    "SetMember",
     "read_grammar",
     "to_cfg",
     "to_lark",
@@ -70,8 +73,13 @@ __all__ = [
 #: The general terminals a descriptor grammar may name.
 BASE_TERMINAL_NAMES: tuple[str, ...] = ("SYMBOL", "STRING", "INTEGER", "DECIMAL", "KEYWORD",
                                         "URI")
-#: Every base name: the general terminals and ``value`` (any CBCL value).
-BASE_NAMES: frozenset[str] = frozenset(BASE_TERMINAL_NAMES) | {"value"}
+#: ``NUMBER`` matches an ``INTEGER`` or a ``DECIMAL`` (it is expanded to a helper rule).
+NUMBER = "NUMBER"
+#: Every base name: the general terminals, ``NUMBER`` and ``value`` (any CBCL value).
+BASE_NAMES: frozenset[str] = frozenset(BASE_TERMINAL_NAMES) | {"value", NUMBER}
+#: The prefix of the terminal that selects a start rule when a grammar has several
+#: (``START_AWARD`` for ``award``); fed before a body's first token.
+START_TERMINAL_PREFIX = "START_"
 #: The lark rule that :func:`to_lark` emits for the base name ``value``.
 LARK_VALUE_RULE = "cbcl_value"
 _LARK_VALUE_STAR = "_cbcl_value_star"
@@ -82,6 +90,8 @@ MAX_GROUP_DEPTH_CEILING = 100
 _START = "body"
 _VALUE = "value"
 _VALUE_STAR = "__value_star"
+_NUMBER_RULE = "__number"
+_MULTI_START = "__start"
 _LPAR, _RPAR = "LPAR", "RPAR"
 
 _LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -95,7 +105,7 @@ _PREFIX_RE = re.compile(r"(?:[a-z][a-z0-9_]*)?\Z")
 # Characters refused even inside comments: C0/C1 controls other than HT, and the bidi
 # controls of draft §1 (a comment is where a "trojan source" reordering would hide).
 _COMMENT_FORBIDDEN_RE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_PUNCTUATION = frozenset(":|()[]*+?")
+_PUNCTUATION = frozenset(":|&()[]*+?")
 
 
 # --------------------------------------------------------------------------------------
@@ -115,7 +125,9 @@ class GrammarLimits:
     * ``max_productions`` (4,096): BNF productions after EBNF expansion (each alternative,
       and the helper productions of every ``?``, ``*``, ``+``, ``[ ]`` and multi-alternative
       group, plus nine for ``value`` when used), checked as each production is made.
-      Expansion is linear, so this bounds the LR analyser's input, not the reader's work.
+      Expansion is linear, so this bounds the LR analyser's input, not the reader's work;
+    * ``max_set_members`` (32): members of one keyword set (``(":a" X & ":b" Y)``),
+      checked as each member is read.
 
     Raises ``ValueError`` (at construction) for a limit that is not a positive ``int`` or a
     depth above the ceiling.
@@ -126,10 +138,11 @@ class GrammarLimits:
     max_group_depth: int = 16
     max_literal_chars: int = 64
     max_productions: int = 4_096
+    max_set_members: int = 32
 
     def __post_init__(self) -> None:
         for name in ("max_text_bytes", "max_rules", "max_group_depth", "max_literal_chars",
-                     "max_productions"):
+                     "max_productions", "max_set_members"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"GrammarLimits.{name} must be a positive int, got {value!r}")
@@ -184,7 +197,27 @@ class Repeat:
     position: Position
 
 
-Item = Literal | Reference | Group | Repeat
+@dataclass(frozen=True, slots=True)
+class KeywordMember:
+    """One member of a keyword set: ``keyword`` (the literal's text, ``":amount"``) and the
+    one item after it; ``optional`` when written ``[":k" X]`` or ``(":k" X)?``."""
+
+    keyword: str
+    item: Item
+    optional: bool
+    position: Position
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordSet:
+    """``(":a" X & ":b" Y & [":c" Z])``: its members in any order, each at most once, every
+    required member exactly once. Members start with distinct keywords."""
+
+    members: tuple[KeywordMember, ...]
+    position: Position
+
+
+Item = Literal | Reference | Group | Repeat | KeywordSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +249,14 @@ class GrammarSource:
 
     rules: tuple[Rule, ...]
     limits: GrammarLimits = _DEFAULT_LIMITS
-    start: str = _START
+    #: The start rules, in order (``("body",)`` unless a descriptor names others).
+    starts: tuple[str, ...] = (_START,)
+
+    @property
+    def start(self) -> str:
+        """The start symbol of the BNF expansion: the only start rule, or a helper that
+        chooses among several by a leading ``START_<RULE>`` terminal."""
+        return self.starts[0] if len(self.starts) == 1 else _MULTI_START
 
     def rule(self, name: str) -> Rule:
         """The rule called ``name``; raises ``KeyError`` if there is none."""
@@ -241,6 +281,10 @@ class LarkGrammar:
     literals: Mapping[str, str]
     value_rule: str | None = None
     rule_names: Mapping[str, str] = field(default_factory=dict)
+    #: Keyword-set rule (its lark name) -> its members.
+    keyword_sets: Mapping[str, tuple[SetMember, ...]] = field(default_factory=dict)
+    #: Start rule -> the terminal that selects it (empty with a single start rule).
+    start_terminals: Mapping[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------
@@ -491,6 +535,7 @@ class _Frame:
     alternatives: list[Alternative]
     items: list[Item]
     separator: Position  # where the current alternative began (after ":", "|" or opener)
+    joiner: str = ""  # "|" or "&" once the group has used one
 
 
 _CLOSERS = {"(": ")", "[": "]"}
@@ -604,9 +649,17 @@ class _Parser:
                 _close_alternative(frame, None)
                 if all(not alt.items for alt in frame.alternatives):
                     raise self.fail("empty group", frame.position)
-                group = Group(tuple(frame.alternatives), frame.opener == "[", frame.position)
-                if group.optional or len(group.alternatives) > 1:
-                    self.count(group.optional + len(group.alternatives), token.position)
+                group: Item
+                if frame.joiner == "&":
+                    if frame.opener == "[":
+                        raise self.fail("a keyword set cannot be optional as a whole; make "
+                                        "its members optional with [ ]", frame.position)
+                    group = self.keyword_set(frame)
+                else:
+                    group = Group(tuple(frame.alternatives), frame.opener == "[",
+                                  frame.position)
+                    if group.optional or len(group.alternatives) > 1:
+                        self.count(group.optional + len(group.alternatives), token.position)
                 frame = stack.pop()
                 frame.items.append(group)
                 can_repeat = True
@@ -619,12 +672,36 @@ class _Parser:
                     raise self.fail("'?' directly before a name is a rule modifier; write "
                                     "'x? y' with a space", token.position)
                 last = frame.items[-1]
+                if isinstance(last, KeywordSet):
+                    raise self.fail(f"'{kind}' cannot follow a keyword set: its members "
+                                    f"already come in any order; make a member optional "
+                                    f"with [ ]", token.position)
                 frame.items[-1] = Repeat(last, kind, last.position)
                 self.count(1, token.position)
+                can_repeat = False
+            elif kind == "&":
+                if not stack:
+                    raise self.fail("a keyword set (\":a\" X & \":b\" Y) must be written "
+                                    "in parentheses", token.position)
+                if frame.joiner == "|":
+                    raise self.fail("'&' and '|' cannot be mixed in one group; put the "
+                                    "alternatives in a group of their own", token.position)
+                frame.joiner = "&"
+                _close_alternative(frame, None)
+                if len(frame.alternatives) >= self.limits.max_set_members:
+                    raise self.fail(f"a keyword set with more than "
+                                    f"{self.limits.max_set_members} members "
+                                    f"(max_set_members)", token.position)
+                frame.separator = token.position
                 can_repeat = False
             elif kind == "|":
                 if not stack:
                     self.count(1, token.position)
+                elif frame.joiner == "&":
+                    raise self.fail("'&' and '|' cannot be mixed in one group; put the "
+                                    "alternatives in a group of their own", token.position)
+                else:
+                    frame.joiner = "|"
                 _close_alternative(frame, alias)
                 frame.separator = token.position
                 alias = None
@@ -653,6 +730,38 @@ class _Parser:
                                 token.position)
             else:  # pragma: no cover - the scanner yields no other kind
                 raise self.fail(f"unexpected {_describe(token)}", token.position)
+
+    def keyword_set(self, frame: _Frame) -> KeywordSet:
+        """The keyword set whose members ``frame``'s alternatives hold."""
+        members: list[KeywordMember] = []
+        seen: dict[str, Position] = {}
+        for alt in frame.alternatives:
+            member = self.member(alt)
+            first = seen.get(member.keyword)
+            if first is not None:
+                raise self.fail(f'"{member.keyword}" starts two members of one keyword set '
+                                f"(first at {first})", member.position)
+            seen[member.keyword] = member.position
+            members.append(member)
+        self.count(len(members) + 1, frame.position)
+        return KeywordSet(tuple(members), frame.position)
+
+    def member(self, alt: Alternative) -> KeywordMember:
+        """One member: ``":k" X``, ``[":k" X]`` or ``(":k" X)?``."""
+        items, optional = alt.items, False
+        if len(items) == 1:
+            only = items[0]
+            if (isinstance(only, Group) and only.optional and len(only.alternatives) == 1):
+                items, optional = only.alternatives[0].items, True
+            elif (isinstance(only, Repeat) and only.op == "?" and isinstance(only.item, Group)
+                  and not only.item.optional and len(only.item.alternatives) == 1):
+                items, optional = only.item.alternatives[0].items, True
+        if (len(items) != 2 or not isinstance(items[0], Literal) or not items[0].is_keyword
+                or isinstance(items[1], (Repeat, KeywordSet))):
+            raise self.fail('each member of a keyword set is a keyword literal followed by '
+                            'one item (":key" ITEM), optionally in [ ]; repeat an item '
+                            'inside a group: ":key" (ITEM*)', alt.position)
+        return KeywordMember(items[0].text, items[1], optional, alt.position)
 
     def atom(self, token: _Token) -> Item:
         if token.kind == "lit":
@@ -726,6 +835,18 @@ class _Expansion:
     literals: Mapping[str, str]  # literal text -> terminal name, in order of appearance
     display: Mapping[str, str]  # synthetic nonterminal -> author text
     value_used: bool
+    #: Keyword-set nonterminal -> its members: (keyword terminal, optional, keyword text).
+    keyword_sets: Mapping[str, tuple[SetMember, ...]]
+    #: Start rule -> the terminal that selects it (empty with a single start rule).
+    start_terminals: Mapping[str, str]
+
+
+class SetMember(NamedTuple):
+    """A keyword-set member as the tables need it."""
+
+    terminal: str  # the keyword literal's terminal (LIT_<n>)
+    optional: bool
+    keyword: str  # its text, ":amount"
 
 
 def _render(item: Item) -> str:
@@ -736,6 +857,11 @@ def _render(item: Item) -> str:
         return item.name
     if isinstance(item, Repeat):
         return _render(item.item) + item.op
+    if isinstance(item, KeywordSet):
+        return "(" + " & ".join(
+            (f"[{_render(Literal(m.keyword, m.position))} {_render(m.item)}]" if m.optional
+             else f"{_render(Literal(m.keyword, m.position))} {_render(m.item)}")
+            for m in item.members) + ")"
     inner = " | ".join(" ".join(_render(i) for i in alt.items) for alt in item.alternatives)
     return f"[{inner}]" if item.optional else f"({inner})"
 
@@ -749,12 +875,21 @@ class _Expander:
         self.literals: dict[str, str] = {}
         self.display: dict[str, str] = {}
         self.value_used = False
+        self.number_used = False
+        self.keyword_sets: dict[str, tuple[SetMember, ...]] = {}
+        self.start_terminals: dict[str, str] = {}
         self.rule_name = ""
         self.counter = 0
         self.pending: list[Production] = []
         self.where = Position(1, 1, 0)
 
     def run(self) -> _Expansion:
+        starts = self.source.starts
+        if len(starts) > 1:
+            for start in starts:
+                terminal = START_TERMINAL_PREFIX + start.upper()
+                self.start_terminals[start] = terminal
+                self.add(self.productions, Production(_MULTI_START, (terminal, start)))
         for rule in self.source.rules:
             self.rule_name, self.counter, self.pending = rule.name, 0, []
             for alt in rule.alternatives:
@@ -769,8 +904,14 @@ class _Expander:
             self.add(self.productions, Production(_VALUE_STAR, ()))
             self.add(self.productions, Production(_VALUE_STAR, (_VALUE_STAR, _VALUE)))
             self.display[_VALUE_STAR] = "value*"
+        if self.number_used:
+            self.add(self.productions, Production(_NUMBER_RULE, ("INTEGER",)))
+            self.add(self.productions, Production(_NUMBER_RULE, ("DECIMAL",)))
+            self.display[_NUMBER_RULE] = NUMBER
         return _Expansion(tuple(self.productions), MappingProxyType(self.literals),
-                          MappingProxyType(self.display), self.value_used)
+                          MappingProxyType(self.display), self.value_used,
+                          MappingProxyType(self.keyword_sets),
+                          MappingProxyType(self.start_terminals))
 
     def add(self, target: list[Production], production: Production) -> None:
         if len(self.productions) + len(self.pending) >= self.limit:
@@ -796,7 +937,25 @@ class _Expander:
         elif isinstance(item, Reference):
             if item.name == _VALUE:
                 self.value_used = True
+            elif item.name == NUMBER:
+                self.number_used = True
+                out.append(_NUMBER_RULE)
+                return
             out.append(item.name)
+        elif isinstance(item, KeywordSet):
+            # S -> ε | S ":k" X | ... : any order and any count; "each at most once, the
+            # required ones once" is kept by the drivers (cbcl._kernel), not the tables.
+            name = self.synthetic("set", item)
+            self.add(self.pending, Production(name, ()))
+            members: list[SetMember] = []
+            for member in item.members:
+                terminal = self.terminal(member.keyword)
+                produced = [name, terminal]
+                self.item(member.item, produced)
+                self.add(self.pending, Production(name, tuple(produced)))
+                members.append(SetMember(terminal, member.optional, member.keyword))
+            self.keyword_sets[name] = tuple(members)
+            out.append(name)
         elif isinstance(item, Group):
             if not item.optional and len(item.alternatives) == 1:
                 out.extend(self.sequence(item.alternatives[0].items))
@@ -857,6 +1016,9 @@ def _walk(items: tuple[Item, ...]) -> Iterator[Item]:
         yield item
         if isinstance(item, Repeat):
             yield from _walk((item.item,))
+        elif isinstance(item, KeywordSet):
+            for member in item.members:
+                yield from _walk((member.item,))
         elif isinstance(item, Group):
             for alt in item.alternatives:
                 yield from _walk(alt.items)
@@ -869,9 +1031,10 @@ def _names(names: list[str]) -> str:
 
 def _check(source: GrammarSource, text: str) -> None:
     rules = {rule.name: rule for rule in source.rules}
-    if _START not in rules:
-        raise _refuse(f"the grammar has no {_START} rule (the start rule)",
-                      Position(1, 1, 0), text)
+    for start in source.starts:
+        if start not in rules:
+            raise _refuse(f"the grammar has no {_clip(start)} rule (a start rule)",
+                          Position(1, 1, 0), text)
     undefined: dict[str, Position] = {}
     for rule in source.rules:
         for alt in rule.alternatives:
@@ -890,11 +1053,13 @@ def _check(source: GrammarSource, text: str) -> None:
     if dead:
         raise _refuse(f"rule{'s' if len(dead) > 1 else ''} {_names(dead)} can never derive a "
                       f"finite input (unproductive)", rules[dead[0]].position, text)
-    reachable = _reachable(expansion.productions, nonterminals)
+    reachable = _reachable(expansion.productions, nonterminals, source.start)
     unused = [rule.name for rule in source.rules if rule.name not in reachable]
     if unused:
+        where = (source.starts[0] if len(source.starts) == 1
+                 else "any start rule (" + _names(list(source.starts)) + ")")
         raise _refuse(f"rule{'s' if len(unused) > 1 else ''} {_names(unused)} cannot be "
-                      f"reached from {_START} (unreachable)", rules[unused[0]].position, text)
+                      f"reached from {where} (unreachable)", rules[unused[0]].position, text)
 
 
 def _productive(productions: tuple[Production, ...], nonterminals: set[str]) -> set[str]:
@@ -922,12 +1087,13 @@ def _productive(productions: tuple[Production, ...], nonterminals: set[str]) -> 
     return productive
 
 
-def _reachable(productions: tuple[Production, ...], nonterminals: set[str]) -> set[str]:
+def _reachable(productions: tuple[Production, ...], nonterminals: set[str],
+               start: str) -> set[str]:
     by_lhs: dict[str, list[Production]] = {}
     for production in productions:
         by_lhs.setdefault(production.lhs, []).append(production)
-    seen = {_START}
-    work = [_START]
+    seen = {start}
+    work = [start]
     while work:
         for production in by_lhs.get(work.pop(), ()):
             for symbol in production.rhs:
@@ -985,7 +1151,8 @@ def _bad_utf8(data: bytes, offset: int, message: str) -> GrammarError:
     return GrammarError(message, verdict="rejected", position=_position_at_byte(data, offset))
 
 
-def read_grammar(text: str | bytes, *, limits: GrammarLimits | None = None) -> GrammarSource:
+def read_grammar(text: str | bytes, *, limits: GrammarLimits | None = None,
+                 starts: tuple[str, ...] = (_START,)) -> GrammarSource:
     """Read and validate a descriptor grammar (draft §4) without compiling anything.
 
     Accepts exactly the subset: rules and ``?rules``, ``|``, ``( )``, ``[ ]``, postfix
@@ -994,21 +1161,40 @@ def read_grammar(text: str | bytes, *, limits: GrammarLimits | None = None) -> G
     comments. Empty alternatives (epsilon) are allowed, empty groups are not. Layout follows
     lark: a rule ends at a line break unless the next line continues it with ``|``.
 
-    The grammar must define ``body``; every rule must be defined once, be productive and be
-    reachable from ``body`` (an unreachable rule cannot affect any message and is almost
+    Keyword sets ``(":a" X & [":b" Y])`` match their members in any order (see
+    :class:`KeywordSet`); ``NUMBER`` matches an ``INTEGER`` or a ``DECIMAL``.
+
+    The grammar must define every rule of ``starts`` (``body`` unless the descriptor names
+    per-intent start rules); every rule must be defined once, be productive and be
+    reachable from a start rule (an unreachable rule cannot affect any message and is almost
     always a mistake, so it is refused rather than ignored).
 
     Raises :class:`GrammarError` (verdict ``"rejected"``, with the position of the offending
     character and a context snippet) for anything outside the subset, invalid UTF-8, or a
-    limit exceeded, and ``TypeError`` if ``text`` is neither ``str`` nor ``bytes``.
+    limit exceeded; ``TypeError`` if ``text`` is neither ``str`` nor ``bytes``, and
+    ``ValueError`` if ``starts`` is empty, repeats a name or holds one that is not a rule
+    name.
     """
     limits = _DEFAULT_LIMITS if limits is None else limits
     if not isinstance(limits, GrammarLimits):
         raise TypeError(f"limits must be GrammarLimits, got {type(limits).__name__}")
+    starts = check_starts(starts)
     decoded = _decode(text, limits)
-    source = GrammarSource(_Parser(decoded, limits).rules(), limits)
+    source = GrammarSource(_Parser(decoded, limits).rules(), limits, starts)
     _check(source, decoded)
     return source
+
+
+def check_starts(starts: tuple[str, ...]) -> tuple[str, ...]:
+    """``starts`` as a tuple of distinct rule names; raises ``ValueError`` otherwise."""
+    if not isinstance(starts, tuple) or not starts:
+        raise ValueError("starts must be a non-empty tuple of rule names")
+    if len(set(starts)) != len(starts):
+        raise ValueError("starts names a rule twice")
+    for start in starts:
+        if not isinstance(start, str) or _rule_name_problem(start, "rule") is not None:
+            raise ValueError(f"{start!r} is not a rule name")
+    return starts
 
 
 def to_cfg(source: GrammarSource) -> Grammar:
@@ -1036,7 +1222,9 @@ def to_cfg(source: GrammarSource) -> Grammar:
     for terminal, literal in ((_LPAR, "("), (_RPAR, ")")):
         if terminal in terminals:
             display[terminal] = f'"{literal}"'
-    return Grammar(start=_START, productions=expansion.productions,
+    for start, terminal in expansion.start_terminals.items():
+        display[terminal] = f"<{start}>"
+    return Grammar(start=source.start, productions=expansion.productions,
                    terminals=frozenset(terminals), synthetic=frozenset(expansion.display),
                    display=MappingProxyType(display), overlaps=MappingProxyType(overlaps))
 
@@ -1060,6 +1248,8 @@ def to_lark(source: GrammarSource, *, prefix: str = "p_") -> LarkGrammar:
     inline = {rule.name for rule in source.rules if rule.inline}
 
     def lark_name(name: str) -> str:
+        if name == _MULTI_START:
+            return prefix + "_start"
         if name == _VALUE:
             return LARK_VALUE_RULE
         if name == _VALUE_STAR:
@@ -1093,7 +1283,8 @@ def to_lark(source: GrammarSource, *, prefix: str = "p_") -> LarkGrammar:
     for literal, terminal in expansion.literals.items():
         literals[terminal] = literal
     lines = ["// Generated by cbcl._subset.to_lark from a descriptor grammar.",
-             "%declare " + " ".join((*BASE_TERMINAL_NAMES, *literals))]
+             "%declare " + " ".join((*BASE_TERMINAL_NAMES, *literals,
+                                     *expansion.start_terminals.values()))]
     for name in order:
         head = ("?" if name in inline else "") + lark_name(name) + ":"
         for k, production in enumerate(by_lhs[name]):
@@ -1101,7 +1292,11 @@ def to_lark(source: GrammarSource, *, prefix: str = "p_") -> LarkGrammar:
             if production.alias is not None:
                 words += ["->", prefix + production.alias]
             lines.append(" ".join([head if k == 0 else "    |", *words]))
-    return LarkGrammar(text="\n".join(lines) + "\n", start=lark_name(_START),
+    return LarkGrammar(text="\n".join(lines) + "\n", start=lark_name(source.start),
                        literals=MappingProxyType(literals),
                        value_rule=LARK_VALUE_RULE if expansion.value_used else None,
-                       rule_names=MappingProxyType(rule_names))
+                       rule_names=MappingProxyType(rule_names),
+                       keyword_sets=MappingProxyType({
+                           lark_name(name): members
+                           for name, members in expansion.keyword_sets.items()}),
+                       start_terminals=expansion.start_terminals)

@@ -27,11 +27,14 @@ from cbcl._trust import load_private_key, sign_descriptor
 HERE = Path(__file__).resolve().parent
 EXAMPLE_KEY = HERE / "keys" / "cbcl-example.key"
 
-# name: (protocol id, version, intents whose bodies the grammar governs)
+# name: (protocol id, version, intents whose bodies the grammar governs, with their start
+# rules as INTENT=rule where they have one)
 SHIPPED = {
     "task-assignment-v1": ("task-assignment/v1", 1, "PROPOSE"),
-    "contract-net-v1": ("contract-net/v1", 1, "CFP PROPOSE REFUSE ACCEPT REJECT INFORM FAILURE"),
-    "request-v1": ("request/v1", 1, "REQUEST AGREE REFUSE FAILURE INFORM"),
+    "contract-net-v1": ("contract-net/v1", 1, "CFP=cfp PROPOSE=proposal REFUSE=refusal "
+                        "ACCEPT=acceptance REJECT=rejection INFORM=done FAILURE=failure"),
+    "request-v1": ("request/v1", 1, "REQUEST=request AGREE=agree REFUSE=refuse "
+                   "FAILURE=failure INFORM"),
     "canon-a-v1": ("canon-a/v1", 1, "QUERY REQUEST INFORM REFUSE FAILURE"),
     "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
                             "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),

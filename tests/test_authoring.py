@@ -214,7 +214,9 @@ def descriptors(draw: st.DrawFn) -> cbcl.ProtocolDescriptor:
         expires=draw(st.none() | st.integers(0, 2**63 - 1)), intents=tuple(intents),
         grammar=draw(strings), digest="sha256:unknown",
         schema=draw(st.sampled_from([base.schema, None])),
-        functions=draw(st.sampled_from([base.functions, None])))
+        functions=draw(st.sampled_from([base.functions, None])),
+        intent_rules=tuple((intent, rule) for intent in intents
+                           for listed, rule in base.intent_rules if listed == intent))
 
 
 @given(descriptors(), comments)

@@ -13,17 +13,21 @@ import cbcl
 from cbcl import Symbol, _kernel as kernel
 from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl._lalr import value_states
-from cbcl._pass2 import recognise_body
+from cbcl._pass2 import recognise_body, start_node, start_stack
 from cbcl._protocol import Protocol
 from cbcl._values import ATOM_TERMINALS
 
 
-def plain_recognise(protocol: Protocol, body: Any) -> bool:
+def plain_recognise(protocol: Protocol, body: Any, intent: cbcl.Intent | None = None) -> bool:
     """The oracle: the kernel's LALR driver walking the tables directly, deciding each
-    literal with ``Tables.can_shift`` (pass 2 as it was before the automaton)."""
+    literal with ``Tables.can_shift`` (pass 2 as it was before the automaton), keeping
+    the keyword sets' marks, from ``intent``'s start rule."""
     tables = protocol.tables
     whole = value_states(tables)
-    stack = [tables.start_state]
+    stack = start_stack(protocol, intent)
+    if not stack:
+        return False
+    marks: dict[int, int] = {}
     done = object()
     pending: list[Any] = [iter((body,))]
     while pending:
@@ -37,7 +41,7 @@ def plain_recognise(protocol: Protocol, body: Any) -> bool:
         else:
             terminal = kernel.terminal_of(tables, stack, protocol.atoms.get(item),
                                           ATOM_TERMINALS[type(item)])
-        result = kernel.feed(tables, stack, terminal, whole=whole)
+        result = kernel.feed(tables, stack, terminal, whole=whole, marks=marks)
         if result == kernel.REFUSED:
             return False
         if result == kernel.ACCEPTED:
@@ -71,9 +75,10 @@ def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
             body = cbcl.read(text)
         except cbcl.CBCLError:
             body = data.draw(values)
-        expected = plain_recognise(protocol, body)
-        assert recognise_body(protocol, body) is expected
-        assert recognise_body(protocol, body) is expected  # again, from remembered steps
+        intent = protocol.descriptor.intents[0]  # the intent whose bodies are generated
+        expected = plain_recognise(protocol, body, intent)
+        assert recognise_body(protocol, body, intent) is expected
+        assert recognise_body(protocol, body, intent) is expected  # again, remembered
         assert protocol.automaton.size <= max_nodes
     finally:
         object.__setattr__(protocol, "automaton", StackAutomaton(protocol.tables, literals))
@@ -91,16 +96,17 @@ def test_a_known_shape_builds_no_new_stacks(tmp_path_factory: Any) -> None:
     object.__setattr__(protocol, "automaton", automaton)
     try:
         assert recognise_body(protocol, cbcl.read(
-            '(cfp :task (task :id "t-1" :action render) :deadline 5)'))
+            '(cfp :task (task :id "t-1" :action render) :deadline 5)'), cbcl.Intent.CFP)
         grown = automaton.size
         assert grown > 1
         # Other data, the same shape: every step is remembered.
         assert recognise_body(protocol, cbcl.read(
-            '(cfp :task (task :id "other" :action paint) :deadline 99)'))
+            '(cfp :task (task :id "other" :action paint) :deadline 99)'), cbcl.Intent.CFP)
         assert automaton.size == grown
         # A new shape (an optional field) adds stacks.
         assert recognise_body(protocol, cbcl.read(
-            '(cfp :task (task :id "other" :action paint) :deadline 99 :round 2)'))
+            '(cfp :task (task :id "other" :action paint) :deadline 99 :round 2)'),
+            cbcl.Intent.CFP)
         assert automaton.size > grown
     finally:
         object.__setattr__(protocol, "automaton", original)
@@ -111,7 +117,7 @@ def test_transitions_are_remembered_per_stack_and_class(tmp_path_factory: Any) -
     assert protocol is not None
     classes = protocol.atoms
     automaton = protocol.automaton
-    start = automaton.start
+    start = start_node(protocol, cbcl.Intent.CFP)  # after the CFP start rule's terminal
     cfp = classes[cbcl.read("cfp")]  # the literal spelled by the symbol cfp
     node, whole = automaton.step(start, "LPAR")
     assert not whole and start["LPAR"] == (node, False)
@@ -130,14 +136,15 @@ def test_end_is_accepted_only_after_a_whole_body(tmp_path_factory: Any) -> None:
     protocol = registry(tmp_path_factory).get("request/v1")
     assert protocol is not None
     automaton = protocol.automaton
-    node = automaton.start
-    for cls in ("LPAR", "LIT_6", "LIT_7", "STRING", "RPAR"):  # (agree :action-id "a")
+    node = start_node(protocol, cbcl.Intent.AGREE)
+    agree, action_id = protocol.atoms[cbcl.read("agree")], protocol.atoms[cbcl.read(":action-id")]
+    for cls in ("LPAR", agree, action_id, "STRING", "RPAR"):  # (agree :action-id "a")
         assert automaton.step(automaton.start, "$END") is REFUSED
         found = automaton.step(node, cls)
         node = found[0] if cls == "LPAR" else found
         assert node is not REFUSED
     assert automaton.step(node, "$END") is ACCEPT
-    assert recognise_body(protocol, cbcl.read('(agree :action-id "a")'))
+    assert recognise_body(protocol, cbcl.read('(agree :action-id "a")'), cbcl.Intent.AGREE)
 
 
 def test_memory_stays_bounded_under_unseen_shapes(tmp_path_factory: Any) -> None:

@@ -53,8 +53,8 @@ def test_lark_peer_accepts_what_cbcl_accepts() -> None:
     directory = _bench.find_descriptors()
     registry = _bench.load_registry(directory)
     for case in _bench.build_corpus(directory, registry, ("small", "medium")):
-        grammar = registry.get(case.protocol[:-3] + "/v1").descriptor.grammar
-        _bench.lark_parser(grammar).parse(case.text.decode())
+        descriptor = registry.get(case.protocol[:-3] + "/v1").descriptor
+        _bench.lark_parser(descriptor.grammar, descriptor.start_rules).parse(case.text.decode())
 
 
 def test_command_without_descriptors(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -286,7 +286,8 @@ def test_finished_conversations_are_dropped_and_cannot_be_replayed() -> None:
 def test_a_compiled_grammar_over_max_compiled_bytes_is_refused() -> None:
     registry = cbcl.Registry(disk_cache=False, isolate=False)
     protocol = registry.load(V1, allow_unsigned=True)
-    size = compiled_size(registry.compiled(protocol.descriptor.grammar))
+    size = compiled_size(registry.compiled(protocol.descriptor.grammar,
+                                          starts=protocol.descriptor.start_rules))
     exact = cbcl.Registry(disk_cache=False, isolate=False, max_compiled_bytes=size)
     assert exact.load(V1, allow_unsigned=True).digest == protocol.digest
     short = cbcl.Registry(disk_cache=False, isolate=False, max_compiled_bytes=size - 1)
@@ -403,9 +404,9 @@ def test_a_grammar_cache_is_an_object_registries_share_or_keep_apart(
     compiles = []
     original = cbcl.Registry._compile
 
-    def counting(self: cbcl.Registry, grammar: str) -> object:
+    def counting(self: cbcl.Registry, grammar: str, starts: tuple[str, ...]) -> object:
         compiles.append(grammar)
-        return original(self, grammar)
+        return original(self, grammar, starts)
 
     monkeypatch.setattr(cbcl.Registry, "_compile", counting)
     payload = version(7, b"  ")
@@ -421,7 +422,8 @@ def test_a_grammar_cache_is_an_object_registries_share_or_keep_apart(
     assert len(compiles) == 2
     assert cbcl.Registry().grammar_cache is DEFAULT_GRAMMAR_CACHE
     # Its byte bound: a grammar of exactly max_bytes is kept, one byte less and it is not.
-    size = compiled_size(apart.compiled(apart.get("contract-net/v1").descriptor.grammar))
+    net = apart.get("contract-net/v1").descriptor
+    size = compiled_size(apart.compiled(net.grammar, starts=net.start_rules))
     exact = GrammarCache(max_bytes=size)
     cbcl.Registry(disk_cache=False, isolate=False, grammar_cache=exact).load(
         payload, allow_unsigned=True)
