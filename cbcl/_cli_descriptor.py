@@ -1,9 +1,10 @@
-"""The ``cbcl descriptor build`` and ``cbcl descriptor new`` subcommands (spec §6.7).
+"""The ``cbcl descriptor build``, ``new`` and ``diff`` subcommands (spec §6.7).
 
 ``build`` puts a descriptor together from readable files with
 :func:`cbcl.build_descriptor`, checking each file on its own so that an error names it;
-``new`` writes a starting set of files that ``build`` builds as they are. :func:`register`
-adds both beside ``descriptor sign/verify/inspect``.
+``new`` writes a starting set of files that ``build`` builds as they are; ``diff`` says
+whether one version of a descriptor is compatible with another (spec/compatibility.md).
+:func:`register` adds them beside ``descriptor sign/verify/inspect``.
 """
 
 from __future__ import annotations
@@ -280,6 +281,38 @@ def _cmd_new(args: argparse.Namespace, data: bytes) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- descriptor diff
+
+
+def _descriptor_payload(path: str, limits: Any) -> bytes:
+    """The descriptor bytes in ``path``: the file, or a signed descriptor's payload (its
+    signatures are not verified: ``diff`` compares contents, and trusts nothing)."""
+    from ._reader import read
+    from ._trust import read_signed_descriptor_unverified
+
+    data = read_file(path, limits)
+    document = read(data, limits=limits)
+    if type(document) is tuple and document and str(document[0]) == "signed-descriptor":
+        return read_signed_descriptor_unverified(data, limits=limits).payload
+    return data
+
+
+def _cmd_diff(args: argparse.Namespace, data: bytes) -> int:
+    from ._compat import diff_descriptors
+    from ._descriptor import read_descriptor
+
+    descriptors = []
+    for path in (args.old, args.new):
+        with _about(path):
+            descriptors.append(read_descriptor(_descriptor_payload(path, args.limits),
+                                               limits=args.limits))
+    with _about(f"{args.old} -> {args.new}"):
+        report = diff_descriptors(descriptors[0], descriptors[1], mode=args.mode)
+    for line in report.render().splitlines():  # (a witness string may hold anything)
+        print(escape_invisible(line))
+    return report.exit_code
+
+
 def register(descriptor_commands: Commands) -> None:
     """Add ``build`` and ``new`` to ``descriptor_commands`` (the ``add_subparsers`` action
     of ``cbcl descriptor``)."""
@@ -322,3 +355,17 @@ def register(descriptor_commands: Commands) -> None:
     new.add_argument("--dir", default=".", metavar="DIR",
                      help="where to write the files (made if missing; default: here)")
     new.set_defaults(handler=_cmd_new, file=None)
+
+    diff = descriptor_commands.add_parser(
+        "diff", help="whether NEW accepts every body OLD accepts (or the reverse, or both): "
+                     "compatible, breaking (with witnesses) or unknown; exit 0 or 5")
+    diff.add_argument("old", metavar="OLD", help="the descriptor before (signed or not)")
+    diff.add_argument("new", metavar="NEW", help="the descriptor after (signed or not)")
+    diff.add_argument("--mode", choices=("backward", "forward", "full"), default="backward",
+                      help="backward: NEW accepts all OLD accepts (default); forward: OLD "
+                           "accepts all NEW accepts; full: both")
+    diff.add_argument("--max-message-bytes", type=document_bytes, metavar="N",
+                      default=DEFAULT_LIMITS.max_message_bytes,
+                      help=f"document size limit, 1 to {MAX_DOCUMENT_BYTES} "
+                           f"(default {DEFAULT_LIMITS.max_message_bytes})")
+    diff.set_defaults(handler=_cmd_diff, file=None)
