@@ -82,7 +82,8 @@ def _cmd_grammar_check(args: argparse.Namespace, data: bytes) -> int:
     is_descriptor = head is not None and head.lastindex == 1 and data[head.end():].lstrip(
         ).startswith(b"protocol-descriptor")
     try:
-        starts: tuple[str, ...] = ("body",)
+        starts: tuple[str, ...] = ("body",) if args.start is None \
+            else tuple(dict.fromkeys(args.start))
         grammar: str | bytes = data
         if is_descriptor:
             descriptor = read_descriptor(data, limits=args.limits)
@@ -296,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = grammar_commands.add_parser(
         "check", help="check a grammar (or a descriptor's grammar); exit 0 only for LALR(1)")
     check.add_argument("file", nargs="?", default="-", help="grammar or descriptor file")
+    check.add_argument("--start", nargs="+", metavar="RULE", default=None,
+                       help="the start rules of grammar text (default: body; a "
+                            "descriptor's come from its intents)")
     check.set_defaults(handler=_cmd_grammar_check)
 
     for sub in (p, c, check, sign, verify, inspect, m):

@@ -117,24 +117,28 @@ def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
 
 #: The intents of the starting protocol: a buyer asks (REQUEST), a seller offers (INFORM)
 #: or declines (REFUSE).
-STARTER_INTENTS = ("REQUEST", "INFORM", "REFUSE")
+STARTER_INTENTS = ("REQUEST=ask", "INFORM=offer", "REFUSE=decline")
+#: Their start rules, for ``grammar check --start``.
+STARTER_RULES = ("ask", "offer", "decline")
 
 _GRAMMAR = """\
 // {id}: the body grammar (spec/cbcl-1.0.md §4, a subset of lark's EBNF).
 // Written by `cbcl descriptor new` as a start: edit it, then check it with
 //   cbcl grammar check {name}.lark
 // A body is one CBCL value. Quoted text is a literal: "(" and ")" open and close a list,
-// "ask" is the symbol ask, ":item" the keyword :item. STRING INTEGER DECIMAL SYMBOL
-// KEYWORD URI match one atom of that kind; value matches any value. [x] is optional,
-// x* repeats, x | y is a choice; the start rule is body.
-body: ask | offer | decline
+// "ask" is the symbol ask, ":item" the keyword :item. STRING INTEGER DECIMAL NUMBER
+// SYMBOL KEYWORD URI match one atom of that kind (NUMBER: an integer or a decimal);
+// value matches any value. [x] is optional, x* repeats, x | y is a choice. Members
+// joined by & (":k" x & ":j" y) come in any order, each once; one in [ ] is optional.
+// Each intent's body starts at its own rule: the descriptor's intents say which
+// (REQUEST=ask INFORM=offer REFUSE=decline).
 
-// (ask :item "lamp" :quantity 2), optionally with :note "..."
-ask: "(" "ask" ":item" STRING ":quantity" INTEGER [":note" STRING] ")"
+// (ask :item "lamp" :quantity 2), optionally with :note "...", in any order
+ask: "(" "ask" (":item" STRING & ":quantity" INTEGER & [":note" STRING]) ")"
 // (offer :item "lamp" :price 12.50 :currency EUR)
-offer: "(" "offer" ":item" STRING ":price" DECIMAL ":currency" SYMBOL ")"
+offer: "(" "offer" (":item" STRING & ":price" NUMBER & ":currency" SYMBOL) ")"
 // (decline :item "lamp" :reason "out of stock")
-decline: "(" "decline" ":item" STRING ":reason" STRING ")"
+decline: "(" "decline" (":item" STRING & ":reason" STRING) ")"
 """
 
 _SCHEMA = """\
@@ -147,7 +151,7 @@ _SCHEMA = """\
     (:note (string :max-length 1024)))
   (record offer
     (:item (string :min-length 1 :max-length 128) required)
-    (:price (decimal :min 0.0) required)
+    (:price (number :min 0) required)
     (:currency (one-of EUR USD GBP) required))
   (record decline
     (:item (string :min-length 1 :max-length 128) required)
@@ -228,7 +232,7 @@ def starter_commands(ident: str, name: str) -> list[str]:
     starting files (in the directory that holds them)."""
     q = shlex.quote
     return [
-        f"cbcl grammar check {q(name + '.lark')}",
+        f"cbcl grammar check {q(name + '.lark')} --start {' '.join(STARTER_RULES)}",
         f"cbcl descriptor build --id {q(ident)} --version 1 --grammar {q(name + '.lark')} \\\n"
         f"    --intents {' '.join(STARTER_INTENTS)} --schema {q(name + '.schema.cbcl')} "
         f"-o {q(name + '.cbcl')}",

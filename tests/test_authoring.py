@@ -435,10 +435,14 @@ def test_new_then_build_sign_parse(capsys: pytest.CaptureFixture[str], tmp_path:
     descriptor = cbcl.read_descriptor((directory / "auction-v1.cbcl").read_bytes())
     assert descriptor.schema is not None and descriptor.id == cbcl.Symbol("auction/v1")
     # The starting schema is in force: a body against it is refused (exit 7), and the
-    # grammar too (exit 3).
-    for body, wanted in (('(ask :item "lamp" :quantity 0)', 7), ('(ask :item "lamp")', 3),
-                         ('(offer :item "lamp" :price 12.50 :currency EUR)', 0)):
-        (directory / "m.cbcl").write_bytes(message(body, "REQUEST"))
+    # grammar too (exit 3), which takes keyword arguments in any order and each intent's
+    # own body only.
+    offer = '(offer :currency EUR :item "lamp" :price 12)'
+    for body, intent, wanted in (('(ask :item "lamp" :quantity 0)', "REQUEST", 7),
+                                 ('(ask :item "lamp")', "REQUEST", 3),
+                                 ('(ask :quantity 2 :item "lamp")', "REQUEST", 0),
+                                 (offer, "REQUEST", 3), (offer, "INFORM", 0)):
+        (directory / "m.cbcl").write_bytes(message(body, intent))
         code, _, err = run(capsys, "parse", "m.cbcl", "--descriptor", "auction-v1.signed.cbcl",
                            "--trust", "trust")
         assert code == wanted, err
