@@ -23,7 +23,6 @@ from ._cli_codec import register as register_codec
 from ._cli_common import (
     EXIT_INTERNAL,
     EXIT_OK,
-    EXIT_USAGE,
     MAX_DOCUMENT_BYTES,
     Parser,
     add_protocol_options,
@@ -36,6 +35,7 @@ from ._cli_common import (
     read_file,
     read_input,
     registry_from_args,
+    usage_error,
 )
 from ._cli_conversation import register as register_conversation
 from ._cli_descriptor import register as register_descriptor
@@ -105,8 +105,7 @@ def _cmd_grammar_check(args: argparse.Namespace, data: bytes) -> int:
 
 
 def _usage_error(args: argparse.Namespace, message: str) -> NoReturn:
-    print(f"usage: cbcl {args.command}: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_USAGE)
+    usage_error(args.command, message)  # one escaped line: a message may quote a file name
 
 
 def _cmd_keygen(args: argparse.Namespace, data: bytes) -> int:
@@ -136,7 +135,7 @@ def _signing_keys(args: argparse.Namespace) -> list[tuple[str, Ed25519PrivateKey
     for index, path in enumerate(args.key):
         key_id = args.key_id[index] if index < len(args.key_id) else Path(path).stem
         if not KEY_ID.match(key_id):
-            _usage_error(args, f"{key_id!r} is not a key id (use --key-id)")
+            _usage_error(args, f"{key_id} is not a key id (use --key-id)")
         with open(path, "rb") as handle:
             data = handle.read(1 << 16)
         try:

@@ -128,3 +128,15 @@ def test_json_output_escapes_bidi_controls(monkeypatch: pytest.MonkeyPatch,
     assert code == 0
     assert "\u202e" not in out and "\x07" not in out
     assert json.loads(out)["body"] == "abc\u202edef\u0007"
+
+
+def test_usage_errors_quoting_a_file_name_are_one_escaped_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    key = tmp_path / "evil\u202e\nname.key"  # a key id made from a hostile file name
+    key.write_bytes(b"")
+    with pytest.raises(SystemExit) as stopped:
+        main(["descriptor", "sign", str(EXAMPLE), "--key", str(key), "-o", str(tmp_path / "o")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\u202e" not in err
+    assert "is not a key id" in err and "\\u202e" in err.lower()
