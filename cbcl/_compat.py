@@ -65,6 +65,7 @@ from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 from ._canonical import canonical_value
+from ._compile import CompiledGrammar
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._errors import CBCLError, GrammarError
 from ._limits import DEFAULT_LIMITS
@@ -86,6 +87,7 @@ from ._schema import (
 from ._subset import (
     NUMBER,
     Alternative,
+    GrammarLimits,
     GrammarSource,
     Group,
     Item,
@@ -108,6 +110,7 @@ __all__ = [
     "UNKNOWN",
     "CompatLimits",
     "CompatReport",
+    "Compile",
     "Witness",
     "diff_descriptors",
     "generate_bodies",
@@ -118,6 +121,8 @@ BACKWARD, FORWARD, FULL = "backward", "forward", "full"
 MODES = (BACKWARD, FORWARD, FULL)
 #: Exit status of ``cbcl descriptor diff`` for each verdict.
 EXIT_CODES = {COMPATIBLE: 0, BREAKING: 5, UNKNOWN: 5}
+#: How :func:`diff_descriptors` gets a descriptor's compiled grammar (``compile=``).
+Compile = Callable[[ProtocolDescriptor], CompiledGrammar]
 
 
 @dataclass(frozen=True, slots=True)
@@ -1286,28 +1291,55 @@ def _as_descriptor(value: ProtocolDescriptor | bytes) -> ProtocolDescriptor:
     raise TypeError(f"expected a ProtocolDescriptor or its bytes, got {type(value).__name__}")
 
 
-def _side(descriptor: ProtocolDescriptor) -> _Side:
-    source = read_grammar(descriptor.grammar, starts=descriptor.start_rules)
+def _side(descriptor: ProtocolDescriptor, grammar_limits: GrammarLimits | None) -> _Side:
+    source = read_grammar(descriptor.grammar, limits=grammar_limits,
+                          starts=descriptor.start_rules)
     schema = None if descriptor.schema is None else compile_schema(descriptor.schema)
     return _Side(descriptor, source, schema)
 
 
 class _Checker:
-    """The real recognisers of one side, compiled on first use (for re-checks)."""
+    """The real recognisers of one side, compiled on first use (for re-checks) by
+    ``compile`` (default: :func:`~cbcl._compile.compile_grammar`, in this process)."""
 
-    def __init__(self, descriptor: ProtocolDescriptor) -> None:
+    def __init__(self, descriptor: ProtocolDescriptor, compile: Compile | None = None,
+                 grammar_limits: GrammarLimits | None = None) -> None:
         self.descriptor = descriptor
         self.protocol: Any = None
+        self.compile = compile
+        self.grammar_limits = grammar_limits
+        self._compiled: CompiledGrammar | None = None
+
+    def compiled(self) -> CompiledGrammar:
+        if self._compiled is None:
+            if self.compile is not None:
+                compiled = self.compile(self.descriptor)
+                if not isinstance(compiled, CompiledGrammar):
+                    raise TypeError("compile must return a CompiledGrammar")
+            else:
+                from ._compile import compile_grammar
+
+                compiled = compile_grammar(self.descriptor.grammar, self.grammar_limits,
+                                           starts=self.descriptor.start_rules)
+            self._compiled = compiled
+        return self._compiled
+
+    def lr_verdict(self, source: GrammarSource) -> str:
+        """The grammar's LR verdict: the compiled grammar's with ``compile``, else the
+        analysis alone (cheaper than compiling, in this process)."""
+        if self.compile is not None:
+            return self.compiled().verdict
+        try:
+            return analyse(to_cfg(source)).verdict
+        except GrammarError as exc:  # over an analysis budget
+            return f"not analysed ({exc.message})"
 
     def accepts(self, intent: Intent, body: Value) -> bool:
         from ._pass2 import check_intent_and_body
         from ._protocol import Protocol
 
         if self.protocol is None:
-            from ._compile import compile_grammar
-
-            compiled = compile_grammar(self.descriptor.grammar,
-                                       starts=self.descriptor.start_rules)
+            compiled = self.compiled()
             if compiled.tables is None:
                 raise _Unknown(f"the grammar of {self.descriptor.id} version "
                                f"{self.descriptor.version} is {compiled.verdict}, not "
@@ -1334,26 +1366,46 @@ def _readable(body: Value) -> Value | None:
 
 def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | bytes, *,
                      mode: str = BACKWARD, limits: CompatLimits | None = None,
-                     ) -> CompatReport:
+                     compile: Compile | None = None,
+                     grammar_limits: GrammarLimits | None = None) -> CompatReport:
     """Compare two descriptors (read, or their exact bytes) for ``mode``: ``backward``
     (NEW accepts every body OLD accepts, intent by intent), ``forward`` (the reverse) or
     ``full`` (both).
 
+    ``compile``: how a descriptor's grammar is compiled for the recognisers that re-check
+    witnesses (called at most once per side, with the descriptor; it returns a
+    :class:`~cbcl._compile.CompiledGrammar` or raises). By default both grammars are
+    compiled in this process, when a re-check needs them — right for the caller's own
+    files (``cbcl descriptor diff``). A registry passes its guarded, cached compile
+    (:meth:`Registry.compiled`): then both grammars are compiled through it *before*
+    anything else reads them, their LR verdicts are the compiled ones, and no grammar is
+    analysed in this process unless ``compile`` has accepted it. ``grammar_limits`` bound
+    the grammars as they are read (default :class:`GrammarLimits`).
+
     Returns a :class:`CompatReport`: ``compatible`` only with a proof, ``breaking`` with a
     re-checked witness per failing intent, or ``unknown`` with the reasons and the bounded
     search made. Raises :class:`DescriptorError` or :class:`GrammarError` for a descriptor
-    or grammar that cannot be read, ``ValueError`` for an unknown mode and ``TypeError``
-    for arguments of the wrong type.
+    or grammar that cannot be read, whatever ``compile`` raises, ``ValueError`` for an
+    unknown mode and ``TypeError`` for arguments of the wrong type.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     limits = CompatLimits() if limits is None else limits
     if not isinstance(limits, CompatLimits):
         raise TypeError(f"limits must be CompatLimits, got {type(limits).__name__}")
+    if compile is not None and not callable(compile):
+        raise TypeError("compile must be a function of a ProtocolDescriptor")
+    if grammar_limits is not None and not isinstance(grammar_limits, GrammarLimits):
+        raise TypeError(f"grammar_limits must be GrammarLimits, got "
+                        f"{type(grammar_limits).__name__}")
     old_d, new_d = _as_descriptor(old), _as_descriptor(new)
-    sides = [_side(old_d), _side(new_d)]
+    checkers = [_Checker(old_d, compile, grammar_limits),
+                _Checker(new_d, compile, grammar_limits)]
+    if compile is not None:
+        for checker in checkers:  # the guarded compile sees each grammar first
+            checker.compiled()
+    sides = [_side(old_d, grammar_limits), _side(new_d, grammar_limits)]
     changes = tuple(_changes(sides[0], sides[1]))
-    checkers = [_Checker(old_d), _Checker(new_d)]
     directions = [(0, 1)] if mode == BACKWARD else [(1, 0)] if mode == FORWARD \
         else [(0, 1), (1, 0)]
     try:
@@ -1368,11 +1420,9 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
             return CompatReport(BREAKING, mode, changes, tuple(found), (), None)
         return CompatReport(UNKNOWN, mode, changes, (), (reason,), search)
     if not witnesses:
-        for side in sides:  # the model of §4.3 (no literal/terminal overlap) must hold
-            try:
-                lr_verdict = analyse(to_cfg(side.source)).verdict
-            except GrammarError as exc:  # over an analysis budget
-                lr_verdict = f"not analysed ({exc.message})"
+        for side, checker in zip(sides, checkers, strict=True):
+            # The model of §4.3 (no literal/terminal overlap) must hold.
+            lr_verdict = checker.lr_verdict(side.source)
             if lr_verdict != LALR1:
                 d = side.descriptor
                 return CompatReport(UNKNOWN, mode, changes, (), (

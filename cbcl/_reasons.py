@@ -74,7 +74,9 @@ REASONS: tuple[Reason, ...] = (
            rejects=True),
     Reason("no-common-encoding", "none of the initiator's encodings is spoken here",
            rejects=True),
-    Reason("rollback", "a version older than the one accepted", causes=("rollback",),
+    Reason("rollback", "a version older than the one accepted, or a newer one not proved "
+           "compatible with it as the trust policy requires", causes=("rollback",
+                                                                      "incompatible"),
            rejects=True),
     Reason("equivocation", "the accepted version under another digest",
            causes=("equivocation",), rejects=True),

@@ -19,10 +19,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._cache import DiskCache, default_cache_dir
 from ._compile import (
@@ -35,8 +35,8 @@ from ._compile import (
     from_data,
     to_data,
 )
-from ._descriptor import ProtocolDescriptor, read_descriptor
-from ._errors import GrammarError, LimitError, TrustError
+from ._descriptor import ProtocolDescriptor, digest_of, read_descriptor
+from ._errors import CBCLError, GrammarError, LimitError, TrustError
 from ._lalr import Tables
 from ._limits import DEFAULT_LIMITS, Limits
 from ._lr import LALR1
@@ -48,6 +48,9 @@ from ._state import StateRecord, StateStore
 from ._subset import GrammarLimits, check_starts
 from ._trust import DESCRIPTOR_FAILED as _FAILED, TrustStore, VerifiedDescriptor
 from ._values import Symbol
+
+if TYPE_CHECKING:
+    from ._compat import CompatLimits
 
 
 def _cache_key(grammar: str, limits: GrammarLimits, starts: tuple[str, ...]) -> str:
@@ -109,6 +112,12 @@ class _LRU:
             self.used = 0
 
 
+def _peer(text: str, limit: int = 120) -> str:
+    """Text from a peer's descriptor, for a log line: clipped, then quoted with every
+    character a terminal would not show as itself escaped (``repr``)."""
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
 def _system_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -161,12 +170,16 @@ class GrammarCache:
         self.compiled = _LRU(max_bytes, compiled_size)
         self.refused = _LRU(max_refused)
         self.oversized = _LRU(max_refused)
+        # Compatibility verdicts (spec/trust.md §6.1), by mode, both digests and the
+        # limits: a function of those alone, so a refused update is refused again at once.
+        self.verdicts = _LRU(max_refused)
 
     def clear(self) -> None:
         """Forget everything (as if in a new process; the disk cache stays)."""
         self.compiled.clear()
         self.refused.clear()
         self.oversized.clear()
+        self.verdicts.clear()
 
 
 #: The cache every registry shares unless given its own (``Registry(grammar_cache=…)``).
@@ -211,16 +224,23 @@ class CompileGate:
 @dataclass(frozen=True, slots=True)
 class PreparedDescriptor:
     """A descriptor that passed every check of :meth:`Registry.prepare` — signatures,
-    policy, key binding, expiry, rollback, equivocation, its grammar compiled — and is
-    neither registered nor recorded yet. ``signers``: the key ids that signed it (empty for
-    an unsigned one); ``keys``: those keys' fingerprints; ``source``: where the compiled
-    grammar came from (``compiled``, ``memory cache`` or ``disk cache``)."""
+    policy, key binding, expiry, rollback, equivocation, its grammar compiled, the
+    compatibility the policy requires — and is neither registered nor recorded yet.
+    ``signers``: the key ids that signed it (empty for an unsigned one); ``keys``: those
+    keys' fingerprints; ``source``: where the compiled grammar came from (``compiled``,
+    ``memory cache`` or ``disk cache``); ``payload``: the descriptor's exact bytes
+    (recorded with it); ``checked``: the digests of the accepted
+    descriptors it was found compatible with, as the policy requires (spec/trust.md
+    §6.1), so :meth:`Registry.record` compares again only against a record that changed
+    since."""
 
     descriptor: ProtocolDescriptor
     signers: tuple[str, ...]
     keys: tuple[str, ...]
     compiled: CompiledGrammar
     source: str = "compiled"
+    payload: bytes = b""
+    checked: frozenset[str] = frozenset()
 
 
 class Registry:
@@ -247,6 +267,10 @@ class Registry:
     compiles (a grammar found in a cache needs none); a compile it refuses, or that gets
     no slot within ``compile_wait`` seconds, raises :class:`LimitError`.
 
+    ``compat_limits`` (a :class:`~cbcl._compat.CompatLimits`, default its defaults) bound
+    the comparison a trust policy's ``(compatibility MODE)`` asks for (spec/trust.md §6.1):
+    an update the comparison cannot prove compatible within them is refused.
+
     A registry may be read from several threads while one thread prepares a descriptor
     (:meth:`prepare`); :meth:`install` and :meth:`record` belong to one thread at a time.
 
@@ -264,9 +288,15 @@ class Registry:
                  max_compiled_bytes: int = DEFAULT_MAX_COMPILED_BYTES,
                  compile_gate: CompileGate | None = None,
                  compile_wait: float = 60.0,
-                 grammar_cache: GrammarCache | None = None) -> None:
+                 grammar_cache: GrammarCache | None = None,
+                 compat_limits: CompatLimits | None = None) -> None:
+        from ._compat import CompatLimits
+
         if type(max_compiled_bytes) is not int or max_compiled_bytes < 1:
             raise ValueError("max_compiled_bytes must be a positive int")
+        if compat_limits is not None and not isinstance(compat_limits, CompatLimits):
+            raise TypeError("compat_limits must be a cbcl._compat.CompatLimits")
+        self.compat_limits = CompatLimits() if compat_limits is None else compat_limits
         if grammar_cache is not None and not isinstance(grammar_cache, GrammarCache):
             raise TypeError("grammar_cache must be a cbcl.descriptor.GrammarCache")
         self.grammar_cache = DEFAULT_GRAMMAR_CACHE if grammar_cache is None else grammar_cache
@@ -286,7 +316,10 @@ class Registry:
             self.trust = TrustStore.from_directory(trust, limits=self.limits)
         else:
             raise TypeError("trust must be a cbcl.TrustStore or a directory path")
-        self.state = None if state_dir is None else StateStore(state_dir)
+        # A record holds the accepted descriptor, which this registry read under
+        # max_message_bytes: that bounds it.
+        self.state = None if state_dir is None else StateStore(
+            state_dir, max_descriptor_bytes=self.limits.max_message_bytes)
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a function returning Unix time in milliseconds")
         self._clock = clock or _system_clock_ms
@@ -324,13 +357,15 @@ class Registry:
         highest version accepted for its id (in memory and in ``state_dir``), must not be
         that version under another digest, and — for an id the trust policy names no rule
         for — must be signed by a key the id is bound to (trust on first use, spec/trust.md
-        §6). Its grammar is then checked and compiled (or taken from a cache); only when
+        §6). Its grammar is then checked and compiled (or taken from a cache) and, when the
+        policy's rule for the id has ``(compatibility MODE)``, the descriptor must be proved
+        compatible in that mode with the one accepted before it (§6.1); only when
         everything has passed are the state file and the registry updated. Loading the
         accepted version again is a no-op.
 
         Raises :class:`TrustError` (``"descriptor verification failed"``, the cause in
-        ``reason``) for a signature, policy, binding, rollback, expiry or equivocation
-        refusal, or an unsigned descriptor without the opt-in;
+        ``reason``) for a signature, policy, binding, rollback, expiry, equivocation or
+        compatibility refusal, or an unsigned descriptor without the opt-in;
         :class:`MalformedError`/:class:`LimitError` for its text; :class:`DescriptorError`
         for its structure (a verified payload that is not a descriptor included);
         :class:`GrammarError` for a grammar that is refused. After any refusal the registry
@@ -349,38 +384,64 @@ class Registry:
         recording anything. Returns the descriptor and the key ids that signed it (empty for
         an unsigned one). Raises as :meth:`load`."""
         prepared = self.prepare(payload, allow_unsigned=allow_unsigned, now=now)
-        return VerifiedDescriptor(prepared.descriptor, prepared.signers)
+        return VerifiedDescriptor(prepared.descriptor, prepared.signers, prepared.payload)
 
     def prepare(self, payload: bytes, *, allow_unsigned: bool = False,
                 now: int | None = None) -> PreparedDescriptor:
         """Every check of :meth:`load`, the grammar compiled, and nothing changed: the
         slow half of loading, safe to run in a worker thread while the registry is used
         elsewhere. Finish with :meth:`record` and :meth:`install`. Raises as :meth:`load`."""
-        descriptor, signers, keys = self._admit(payload, allow_unsigned, now)
+        descriptor, signers, keys, raw = self._admit(payload, allow_unsigned, now)
         compiled, source = self.compiled_from(descriptor.grammar,
                                               starts=descriptor.start_rules)
-        return PreparedDescriptor(descriptor, signers, keys, compiled, source)
+        checked: frozenset[str] = frozenset()
+        if self._compat_mode(str(descriptor.id)) is not None:  # after the guarded compile
+            # Read the records again: another writer may have replaced one since _admit,
+            # and a newer version there is a rollback, not an incompatibility.
+            self._check_record(descriptor, keys, self._memory_record(descriptor.id))
+            accepted = [p.descriptor for p in (self._protocols.get(descriptor.id),)
+                        if p is not None]
+            if self.state is not None:
+                record = self.state.get(str(descriptor.id))
+                self._check_record(descriptor, keys, record)
+                stored = self._stored_descriptor(record)
+                if stored is not None:
+                    accepted.append(stored)
+            checked = self._check_compatible(descriptor, accepted)
+        return PreparedDescriptor(descriptor, signers, keys, compiled, source, raw, checked)
 
     def record(self, prepared: PreparedDescriptor) -> None:
         """Record ``prepared`` as accepted in the state directory (nothing without one).
         Under the state lock the current record is read again and the rollback,
         equivocation and key-binding decisions are taken once more against it, so two
         sessions (or processes) recording different versions at once cannot leave the
-        older one recorded. Raises :class:`TrustError` when that decision refuses, or the
-        lock cannot be had; the state is then unchanged."""
+        older one recorded. So is the compatibility the policy requires (spec/trust.md
+        §6.1), against the accepted descriptor on record, unless :meth:`prepare` already
+        compared with that very descriptor (a record replaced meanwhile is compared under
+        the lock). The record keeps the descriptor's exact bytes; the accepted version
+        again adds them to a record written without them. Raises :class:`TrustError` when
+        a decision refuses, or the lock cannot be had; the state is then unchanged."""
         if not isinstance(prepared, PreparedDescriptor):
             raise TypeError("record takes what Registry.prepare returned")
         descriptor = prepared.descriptor
         ident = str(descriptor.id)
         if self.state is None:
             return
+        raw = prepared.payload if type(prepared.payload) is bytes \
+            and digest_of(prepared.payload) == descriptor.digest else None
 
         def decide(stored: StateRecord | None) -> StateRecord | None:
             self._check_record(descriptor, prepared.keys, stored)
             if stored is not None and stored.version == descriptor.version:
+                if stored.descriptor is None and raw is not None:
+                    return replace(stored, descriptor=raw)  # an older record: add the bytes
                 return stored  # the accepted version again: nothing to write
+            if self._compat_mode(ident) is not None:
+                accepted = self._stored_descriptor(stored)
+                if accepted is not None:
+                    self._check_compatible(descriptor, [accepted], prepared.checked)
             bound = stored.keys if stored is not None and stored.keys else prepared.keys
-            return StateRecord(ident, descriptor.version, descriptor.digest, bound)
+            return StateRecord(ident, descriptor.version, descriptor.digest, bound, raw)
 
         self.state.update(ident, decide)
 
@@ -395,6 +456,8 @@ class Registry:
         if current is not None and current.digest == descriptor.digest:
             return current
         self._check_record(descriptor, prepared.keys, self._memory_record(descriptor.id))
+        if current is not None and self._compat_mode(str(descriptor.id)) is not None:
+            self._check_compatible(descriptor, [current.descriptor], prepared.checked)
         protocol = Protocol.from_compiled(descriptor, prepared.compiled)
         self._protocols[descriptor.id] = protocol
         if prepared.keys and str(descriptor.id) not in self._bindings:
@@ -418,6 +481,8 @@ class Registry:
         if current is protocol:
             return
         self._check_record(protocol.descriptor, (), self._memory_record(protocol.id))
+        if current is not None and self._compat_mode(str(protocol.id)) is not None:
+            self._check_compatible(protocol.descriptor, [current.descriptor])
         self._protocols[protocol.id] = protocol
 
     def _memory_record(self, ident: Symbol) -> StateRecord | None:
@@ -448,14 +513,90 @@ class Registry:
                              "signed this one (a (protocol …) rule in policy.cbcl decides "
                              "otherwise)", cause="key-binding")
 
+    def _compat_mode(self, ident: str) -> str | None:
+        """The compatibility mode the trust policy requires for ``ident``, or ``None``."""
+        return None if self.trust is None else self.trust.policy.compatibility_for(ident)
+
+    def _stored_descriptor(self, record: StateRecord | None) -> ProtocolDescriptor | None:
+        """The accepted descriptor a state record holds (``None``: no record, or one
+        written without the bytes). Its bytes have the record's digest (checked when it was
+        read); one that no longer reads under this registry's limits, or is of another id,
+        cannot be compared with, so the update is refused."""
+        if record is None or record.descriptor is None:
+            return None
+        try:
+            descriptor = read_descriptor(record.descriptor, limits=self.limits)
+        except CBCLError as exc:
+            problem = exc.one_line()
+        else:
+            if str(descriptor.id) == record.protocol:
+                return descriptor
+            problem = f"it is a descriptor of {descriptor.id}"
+        raise TrustError(_FAILED, reason=f"incompatible: {record.protocol} version "
+                         f"{record.version} on record cannot be compared with "
+                         f"({_peer(problem)}); the update is refused", cause="incompatible")
+
+    def _check_compatible(self, descriptor: ProtocolDescriptor,
+                          accepted: Iterable[ProtocolDescriptor],
+                          skip: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Refuse ``descriptor`` unless it is proved compatible, in the mode the policy
+        requires for its id, with each accepted descriptor (but those whose digest is in
+        ``skip``, already compared, and itself). Returns the digests compared with, and
+        ``skip``. The comparison compiles grammars through :meth:`compiled` (guarded,
+        cached) and is bounded by ``compat_limits``; its verdict is remembered in the
+        grammar cache, so the same update is refused again at once."""
+        from ._compat import COMPATIBLE, diff_descriptors
+
+        ident = str(descriptor.id)
+        mode = self._compat_mode(ident)
+        checked = set(skip)
+        if mode is None:
+            return frozenset(checked)
+        for old in accepted:
+            if old.digest == descriptor.digest or old.digest in checked:
+                continue
+            key = (f"{mode} {old.digest} {descriptor.digest} {self.compat_limits!r} "
+                   f"{self.grammar_limits!r}")
+            verdict: tuple[str, str] | None = self.grammar_cache.verdicts.recall(key)
+            if verdict is None:
+                try:
+                    report = diff_descriptors(
+                        old, descriptor, mode=mode, limits=self.compat_limits,
+                        compile=lambda d: self.compiled(d.grammar, starts=d.start_rules),
+                        grammar_limits=self.grammar_limits)
+                except GrammarError as exc:  # the accepted grammar, refused here now
+                    verdict = ("unknown", "a grammar cannot be compiled here: "
+                               + _peer(exc.one_line()))
+                else:
+                    if report.witnesses:
+                        w = report.witnesses[0]
+                        by, not_by = (old, descriptor) if w.accepted_by == "old" \
+                            else (descriptor, old)
+                        detail = (f"witness {w.intent.value}: accepted by version "
+                                  f"{by.version}, refused by version {not_by.version}: "
+                                  f"{_peer(w.text)}")
+                    else:
+                        detail = _peer(report.reasons[0]) if report.reasons else ""
+                    verdict = (report.verdict, detail)
+                    self.grammar_cache.verdicts.remember(key, verdict)
+            if verdict[0] != COMPATIBLE:
+                raise TrustError(_FAILED, reason=f"incompatible: {ident} version "
+                                 f"{descriptor.version} is not proved {mode} compatible "
+                                 f"with the accepted version {old.version}, as the trust "
+                                 f"policy requires ({verdict[0]}; {verdict[1]})",
+                                 cause="incompatible")
+            checked.add(old.digest)
+        return frozenset(checked)
+
     def _binding_applies(self, ident: str) -> bool:
         """Trust on first use governs ids the policy has no ``(protocol …)`` rule for."""
         return self.trust is None or ident not in self.trust.policy.protocols
 
     def _admit(self, payload: bytes, allow_unsigned: bool, now: int | None,
-               ) -> tuple[ProtocolDescriptor, tuple[str, ...], tuple[str, ...]]:
+               ) -> tuple[ProtocolDescriptor, tuple[str, ...], tuple[str, ...], bytes]:
         """Signatures, policy, expiry, rollback, equivocation and key binding: everything
-        but the grammar. Changes nothing."""
+        but the grammar and compatibility. Changes nothing. Returns the descriptor, its
+        signers, their fingerprints and the descriptor's exact bytes."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"a descriptor is bytes, not {type(payload).__name__}")
         if now is None:
@@ -473,14 +614,14 @@ class Registry:
                 raise TrustError(_FAILED, reason="signed descriptor, but the registry has no "
                                  "trust store to verify it (trust=…, --trust)", cause="untrusted")
             verified = self.trust.verify_descriptor(payload, limits=self.limits)
-            descriptor, signers = verified.descriptor, verified.signers
+            descriptor, signers, raw = verified.descriptor, verified.signers, verified.payload
             keys = tuple(sorted({fingerprint for fingerprint in map(
                 self.trust.fingerprint, signers) if fingerprint is not None}))
         elif not allow_unsigned:
             raise TrustError(_FAILED, reason="unsigned descriptor: it loads only with "
                              "allow_unsigned=True (--allow-unsigned)", cause="unsigned")
         else:
-            descriptor = read_descriptor(payload, limits=self.limits)
+            descriptor, raw = read_descriptor(payload, limits=self.limits), payload
         ident = str(descriptor.id)
         if descriptor.expires is not None and now >= descriptor.expires:
             raise TrustError(_FAILED, reason=f"expired: {ident} version {descriptor.version} "
@@ -488,7 +629,7 @@ class Registry:
         self._check_record(descriptor, keys, self._memory_record(descriptor.id))
         if self.state is not None:
             self._check_record(descriptor, keys, self.state.get(ident))
-        return descriptor, signers, keys
+        return descriptor, signers, keys, raw
 
     def compiled(self, grammar: str, *, starts: tuple[str, ...] = ("body",)
                  ) -> CompiledGrammar:

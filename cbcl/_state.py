@@ -1,5 +1,6 @@
-"""Trusted state: per protocol id, the highest descriptor version accepted, its digest and
-the fingerprints of the keys bound to the id by trust on first use (spec/trust.md §6).
+"""Trusted state: per protocol id, the highest descriptor version accepted, its digest, its
+exact bytes and the fingerprints of the keys bound to the id by trust on first use
+(spec/trust.md §6).
 
 Theory of operation
 -------------------
@@ -12,8 +13,11 @@ A file that cannot be read or does not hold a valid record refuses every load of
 protocol id: deleting state is how an attacker would re-open rollback, so an unreadable
 record never reads as "no record". Only a missing file is "no record". A record is read
 with :func:`read_regular_file` (a FIFO or device never blocks or floods the reader) and
-capped at :data:`MAX_STATE_FILE_BYTES`, so hostile content gives a ``TrustError``, never a
-``MemoryError`` or ``RecursionError``.
+capped at :func:`state_file_cap` of the store's ``max_descriptor_bytes`` (the accepted
+descriptor, base64, plus :data:`MAX_RECORD_BYTES` for the rest), so hostile content gives a
+``TrustError``, never a ``MemoryError`` or ``RecursionError``. The descriptor's bytes are
+kept so a compatibility policy can compare the next version with them (spec/trust.md §6.1);
+they are checked against the record's digest whenever the record is read.
 
 Writers take turns: :meth:`StateStore.update` and :meth:`StateStore.put` hold a
 process-wide ``threading.Lock`` for the directory (threads) and an exclusive ``flock`` on
@@ -25,8 +29,11 @@ a record another writer has since replaced.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import json
 import math
@@ -42,13 +49,16 @@ from typing import Any
 
 from ._errors import TrustError
 from ._files import UnsafeFile, read_regular_file, write_atomically
+from ._limits import DEFAULT_LIMITS
 from ._values import INT64_MAX
 
-#: The format written. :data:`FORMAT_V1` files (without ``keys``) are still read.
-FORMAT = "cbcl-state/2"
+#: The format written. :data:`FORMAT_V2` files (without ``descriptor``) and
+#: :data:`FORMAT_V1` files (without ``keys`` either) are still read.
+FORMAT = "cbcl-state/3"
+FORMAT_V2 = "cbcl-state/2"
 FORMAT_V1 = "cbcl-state/1"
-#: A state file larger than this is corrupt.
-MAX_STATE_FILE_BYTES = 4096
+#: A record's bytes other than its descriptor's base64 are at most this many.
+MAX_RECORD_BYTES = 4096
 #: At most this many key fingerprints are bound to one protocol id.
 MAX_BOUND_KEYS = 16
 #: The lock file, in the state directory.
@@ -59,7 +69,20 @@ _POLL_SECONDS = 0.005  # between non-blocking flock attempts
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
 _FAILED = "descriptor verification failed"
-_FIELDS = frozenset({"digest", "format", "keys", "protocol", "version"})
+_FIELDS_V2 = frozenset({"digest", "format", "keys", "protocol", "version"})
+_FIELDS = _FIELDS_V2 | {"descriptor"}
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\Z")
+
+
+def state_file_cap(max_descriptor_bytes: int) -> int:
+    """The largest state file a store reads whose descriptors are at most
+    ``max_descriptor_bytes``: :data:`MAX_RECORD_BYTES` plus the length of their base64."""
+    return MAX_RECORD_BYTES + 4 * ((max_descriptor_bytes + 2) // 3)
+
+
+#: A state file larger than this is corrupt, for a store with the default
+#: ``max_descriptor_bytes`` (the reader's default ``max_message_bytes``, 1 MiB).
+MAX_STATE_FILE_BYTES = state_file_cap(DEFAULT_LIMITS.max_message_bytes)
 
 # One threading.Lock per resolved state directory, for every StateStore of this process.
 _thread_locks: dict[str, threading.Lock] = {}
@@ -79,14 +102,17 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @dataclass(frozen=True, slots=True)
 class StateRecord:
-    """The highest version of ``protocol`` accepted so far, that version's digest, and the
+    """The highest version of ``protocol`` accepted so far, that version's digest, the
     fingerprints (``sha256:`` + 64 hex, sorted, distinct, at most :data:`MAX_BOUND_KEYS`)
-    of the keys bound to ``protocol`` by trust on first use (``()``: none)."""
+    of the keys bound to ``protocol`` by trust on first use (``()``: none), and that
+    version's exact bytes (``descriptor``, whose SHA-256 is ``digest``; ``None`` when not
+    known: a record written before cbcl-state/3)."""
 
     protocol: str
     version: int
     digest: str
     keys: tuple[str, ...] = ()
+    descriptor: bytes | None = None
 
 
 def file_name(protocol: str) -> str:
@@ -108,14 +134,26 @@ def _keys_problem(keys: object) -> str | None:
     return None
 
 
-def _record_problem(record: Any, protocol: str) -> str | None:
+def _decode_descriptor(text: str) -> bytes | None:
+    """The bytes of canonical standard base64 ``text``, or ``None``."""
+    if not _BASE64.match(text):
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error:  # pragma: no cover - the pattern admits only valid base64
+        return None
+    return raw if base64.b64encode(raw).decode("ascii") == text else None
+
+
+def _record_problem(record: Any, protocol: str, max_descriptor_bytes: int) -> str | None:
     """Why a decoded JSON value is not a valid record for ``protocol``, or ``None``."""
     if not isinstance(record, dict):
         return "not a state record"
     form = record.get("format")
-    if form == FORMAT:
-        if set(record) != _FIELDS:
-            return f"a {FORMAT} record has exactly the fields {', '.join(sorted(_FIELDS))}"
+    fields = _FIELDS if form == FORMAT else _FIELDS_V2 if form == FORMAT_V2 else None
+    if fields is not None:
+        if set(record) != fields:
+            return f"a {form} record has exactly the fields {', '.join(sorted(fields))}"
         problem = _keys_problem(record["keys"])
         if problem is not None:
             return problem
@@ -129,25 +167,45 @@ def _record_problem(record: Any, protocol: str) -> str | None:
     digest = record.get("digest")
     if not isinstance(digest, str) or not _DIGEST.match(digest):
         return "digest is not sha256: and 64 lowercase hex digits"
+    text = record.get("descriptor")
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        return "descriptor is not a string or null"
+    if len(text) > 4 * ((max_descriptor_bytes + 2) // 3):
+        return f"descriptor is over {max_descriptor_bytes} bytes"
+    raw = _decode_descriptor(text)
+    if raw is None:
+        return "descriptor is not canonical standard base64"
+    if len(raw) > max_descriptor_bytes:
+        return f"descriptor is over {max_descriptor_bytes} bytes"
+    if "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
+        return "descriptor does not have the record's digest"
     return None
 
 
-def _encode(record: StateRecord) -> bytes:
+def _encode(record: StateRecord, max_descriptor_bytes: int) -> bytes:
     """The file content for ``record``. Raises ``ValueError`` for a record that would not
     read back (so a bad record never bricks its protocol id)."""
     if not isinstance(record, StateRecord):
         raise TypeError("a state record is a cbcl StateRecord")
     if type(record.keys) is not tuple:
         raise ValueError("not a valid state record: keys must be a tuple")
-    value = {"digest": record.digest, "format": FORMAT, "keys": list(record.keys),
-             "protocol": record.protocol, "version": record.version}
+    if record.descriptor is not None and type(record.descriptor) is not bytes:
+        raise ValueError("not a valid state record: descriptor must be bytes or None")
+    text = None if record.descriptor is None \
+        else base64.b64encode(record.descriptor).decode("ascii")
+    value = {"descriptor": text, "digest": record.digest, "format": FORMAT,
+             "keys": list(record.keys), "protocol": record.protocol,
+             "version": record.version}
     problem = None if type(record.protocol) is str else "protocol is not a str"
-    problem = problem or _record_problem(value, record.protocol)
+    problem = problem or _record_problem(value, record.protocol, max_descriptor_bytes)
     if problem is not None:
         raise ValueError(f"not a valid state record: {problem}")
     data = json.dumps(value, sort_keys=True).encode("utf-8") + b"\n"
-    if len(data) > MAX_STATE_FILE_BYTES:
-        raise ValueError(f"not a valid state record: over {MAX_STATE_FILE_BYTES} bytes")
+    cap = state_file_cap(max_descriptor_bytes)
+    if len(data) > cap:
+        raise ValueError(f"not a valid state record: over {cap} bytes")
     return data
 
 
@@ -163,17 +221,26 @@ class StateStore:
     """The state directory, created (mode 0700) if it does not exist.
 
     ``lock_timeout``: seconds a writer waits for the lock (:meth:`update`, :meth:`put`)
-    before giving up, default :data:`DEFAULT_LOCK_TIMEOUT`. Raises :class:`TrustError` when
-    the directory cannot be created or is not a directory, ``ValueError`` for a
-    ``lock_timeout`` that is not a finite number ``>= 0``.
+    before giving up, default :data:`DEFAULT_LOCK_TIMEOUT`. ``max_descriptor_bytes``: the
+    largest descriptor a record holds (a registry passes its reader's
+    ``max_message_bytes``, which bounds every descriptor it reads; default 1 MiB); a state
+    file over :func:`state_file_cap` of it is corrupt. Raises :class:`TrustError` when the
+    directory cannot be created or is not a directory, ``ValueError`` for a
+    ``lock_timeout`` that is not a finite number ``>= 0`` or a ``max_descriptor_bytes``
+    that is not a positive int.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *,
-                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                 max_descriptor_bytes: int = DEFAULT_LIMITS.max_message_bytes) -> None:
         if type(lock_timeout) not in (int, float) or not math.isfinite(lock_timeout) \
                 or lock_timeout < 0:
             raise ValueError("lock_timeout must be a finite number of seconds >= 0")
+        if type(max_descriptor_bytes) is not int or max_descriptor_bytes < 1:
+            raise ValueError("max_descriptor_bytes must be a positive int")
         self.lock_timeout = float(lock_timeout)
+        self.max_descriptor_bytes = max_descriptor_bytes
+        self.max_file_bytes = state_file_cap(max_descriptor_bytes)
         self.directory = Path(directory)
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -188,11 +255,12 @@ class StateStore:
     def get(self, protocol: str) -> StateRecord | None:
         """The record for ``protocol``, or ``None`` if there is no file for it. Takes no
         lock. Raises :class:`TrustError` for a record that exists but cannot be trusted (not
-        a regular file, over :data:`MAX_STATE_FILE_BYTES`, not JSON, nested too deep, not a
-        valid record for ``protocol``) or cannot be read."""
+        a regular file, over ``max_file_bytes``, not JSON, nested too deep, not a valid
+        record for ``protocol``, a descriptor whose SHA-256 is not the digest) or cannot be
+        read."""
         path = self.directory / file_name(protocol)
         try:
-            data = read_regular_file(path, max_bytes=MAX_STATE_FILE_BYTES, what=path.name)
+            data = read_regular_file(path, max_bytes=self.max_file_bytes, what=path.name)
         except FileNotFoundError:
             return None
         except UnsafeFile as exc:
@@ -205,11 +273,13 @@ class StateStore:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
             reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
             raise self._corrupt(path, reason) from None
-        problem = _record_problem(record, protocol)
+        problem = _record_problem(record, protocol, self.max_descriptor_bytes)
         if problem is not None:
             raise self._corrupt(path, problem)
+        text = record.get("descriptor")
         return StateRecord(protocol, record["version"], record["digest"],
-                           tuple(record.get("keys", ())))
+                           tuple(record.get("keys", ())),
+                           None if text is None else base64.b64decode(text))
 
     @staticmethod
     def _corrupt(path: Path, problem: str) -> TrustError:
@@ -242,7 +312,7 @@ class StateStore:
         lock is not had within ``lock_timeout``, ``ValueError`` for an invalid record; on an
         ``OSError`` the old file is untouched, the temporary file removed, and it
         propagates."""
-        data = _encode(record)
+        data = _encode(record, self.max_descriptor_bytes)
         with self._locked():
             self._write(record, data)
 
@@ -250,7 +320,7 @@ class StateStore:
 
     def _write(self, record: StateRecord, data: bytes | None = None) -> None:
         if data is None:
-            data = _encode(record)
+            data = _encode(record, self.max_descriptor_bytes)
         write_atomically(self.directory / file_name(record.protocol), data, suffix=".json")
 
     def _timeout(self) -> TrustError:

@@ -62,6 +62,8 @@ MAX_KEY_FILE_BYTES = 16 * 1024
 MAX_POLICY_BYTES = 256 * 1024
 #: Key ids: file stems and policy names. ASCII, no leading dot, at most 128 characters.
 KEY_ID = re.compile(r"[A-Za-z0-9_@+\-][A-Za-z0-9_@+.\-]{0,127}\Z")
+#: The values of a ``(compatibility MODE)`` clause (``cbcl._compat.MODES``).
+COMPATIBILITY_MODES = ("backward", "forward", "full")
 # Standard base64 of exactly 64 bytes: 86 characters, then "==".
 _SIGNATURE_TEXT = re.compile(r"[A-Za-z0-9+/]{86}==\Z")
 
@@ -216,12 +218,20 @@ def public_key_pem(key: Ed25519PublicKey) -> bytes:
 @dataclass(frozen=True, slots=True)
 class Rule:
     """Who may sign: ``keys`` (key ids; ``None`` means every key in the store), how many
-    distinct ones must (``threshold``), and which keys may sign messages
-    (``message_keys``; ``None`` means every key in the store)."""
+    distinct ones must (``threshold``), which keys may sign messages (``message_keys``;
+    ``None`` means every key in the store), and how a new version must be compatible with
+    the version accepted before it (``compatibility``: ``"backward"``, ``"forward"``,
+    ``"full"``, or ``None`` for no requirement; spec/trust.md §6.1)."""
 
     keys: frozenset[str] | None = None
     threshold: int = 1
     message_keys: frozenset[str] | None = None
+    compatibility: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compatibility is not None and self.compatibility not in COMPATIBILITY_MODES:
+            raise ValueError(f"compatibility must be one of {', '.join(COMPATIBILITY_MODES)} "
+                             f"or None, got {self.compatibility!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +249,11 @@ class TrustPolicy:
 
     def rule_for(self, protocol_id: str) -> Rule | None:
         return self.protocols.get(protocol_id, self.default)
+
+    def compatibility_for(self, protocol_id: str) -> str | None:
+        """The compatibility mode the rule for ``protocol_id`` requires, or ``None``."""
+        rule = self.rule_for(protocol_id)
+        return None if rule is None else rule.compatibility
 
     def rules(self) -> tuple[Rule, ...]:
         listed = tuple(self.protocols.values())
@@ -286,10 +301,10 @@ def _read_rule(clauses: tuple[Value, ...], where: str, *, need_keys: bool) -> Ru
     found: dict[str, tuple[Value, ...]] = {}
     for clause in clauses:
         if type(clause) is not tuple or not clause or type(clause[0]) is not Symbol:
-            raise _policy_error(f"{where}: expected (keys …), (threshold N) or "
-                                "(message-keys …)")
+            raise _policy_error(f"{where}: expected (keys …), (threshold N), "
+                                "(message-keys …) or (compatibility MODE)")
         name = str(clause[0])
-        if name not in ("keys", "threshold", "message-keys"):
+        if name not in ("keys", "threshold", "message-keys", "compatibility"):
             raise _policy_error(f"{where}: unknown clause ({name} …)")
         if name in found:
             raise _policy_error(f"{where}: ({name} …) is given twice")
@@ -303,10 +318,19 @@ def _read_rule(clauses: tuple[Value, ...], where: str, *, need_keys: bool) -> Ru
             raise _policy_error(f"{where}: (threshold N) needs one integer from 1 to "
                                 f"{MAX_SIGNATURES}")
         threshold = items[0]
+    compatibility = None
+    if "compatibility" in found:
+        items = found["compatibility"]
+        if len(items) != 1 or type(items[0]) is not Symbol \
+                or str(items[0]) not in COMPATIBILITY_MODES:
+            raise _policy_error(f"{where}: (compatibility MODE) needs one of "
+                                f"{', '.join(COMPATIBILITY_MODES)}")
+        compatibility = str(items[0])
     return Rule(keys=_key_ids(found["keys"], where) if "keys" in found else None,
                 threshold=threshold,
                 message_keys=_key_ids(found["message-keys"], where)
-                if "message-keys" in found else None)
+                if "message-keys" in found else None,
+                compatibility=compatibility)
 
 
 def _key_ids(items: tuple[Value, ...], where: str) -> frozenset[str]:
@@ -357,10 +381,12 @@ class SignedDescriptor:
 @dataclass(frozen=True, slots=True)
 class VerifiedDescriptor:
     """A descriptor whose signatures met the policy: ``signers`` are the key ids of the
-    distinct allowed keys that signed it, sorted."""
+    distinct allowed keys that signed it, sorted; ``payload``, the descriptor's exact bytes
+    (whose digest is ``descriptor.digest``; empty when not given)."""
 
     descriptor: ProtocolDescriptor
     signers: tuple[str, ...]
+    payload: bytes = b""
 
 
 class TrustStore:
@@ -536,7 +562,8 @@ class TrustStore:
                      "distinct allowed keys"]
             parts += [f"key {k!r} is not allowed to sign {ident}" for k in refused]
             raise TrustError(DESCRIPTOR_FAILED, reason="; ".join(parts) + detail, cause=cause)
-        return VerifiedDescriptor(descriptor, tuple(sorted(valid[k] for k in counted)))
+        return VerifiedDescriptor(descriptor, tuple(sorted(valid[k] for k in counted)),
+                                  signed.payload)
 
     # ----------------------------------------------------------------- messages
 

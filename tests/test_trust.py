@@ -126,8 +126,9 @@ def test_signed_descriptor_loads_and_is_recorded(world: World) -> None:
     assert protocol is not None and protocol.descriptor.version == 2
     record = json.loads((world.state / "p%2Fv1.json").read_text())
     alice = world.registry.trust.fingerprint("alice")
-    assert record == {"format": "cbcl-state/2", "protocol": "p/v1", "version": 2,
-                      "digest": protocol.digest, "keys": [alice]}  # bound to its signer
+    assert record == {"format": "cbcl-state/3", "protocol": "p/v1", "version": 2,
+                      "digest": protocol.digest, "keys": [alice],  # bound to its signer
+                      "descriptor": base64.b64encode(descriptor()).decode()}  # exact bytes
     names = sorted(p.name for p in world.state.iterdir())
     assert names == [".lock", "p%2Fv1.json"]  # the lock file, and no temp files left
     # The same descriptor again is a no-op; a newer one replaces it and moves the state.

@@ -36,6 +36,7 @@ DEV_ZERO = Path("/dev/zero")
 needs_dev_zero = pytest.mark.skipif(not DEV_ZERO.exists(), reason="no /dev/zero")
 needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
 DIGEST = "sha256:" + "ab" * 32
+OMIT = object()  # a field record_json leaves out
 
 
 def private(name: str) -> Ed25519PrivateKey:
@@ -250,23 +251,33 @@ def corrupt(store: StateStore, fragment: str = "", protocol: str = "p/v1") -> No
 
 
 def record_json(**fields: object) -> bytes:
-    value: dict[str, object] = {"digest": DIGEST, "format": FORMAT, "keys": [],
-                                "protocol": "p/v1", "version": 3}
+    value: dict[str, object] = {"descriptor": None, "digest": DIGEST, "format": FORMAT,
+                                "keys": [], "protocol": "p/v1", "version": 3}
     value.update(fields)
-    return json.dumps({k: v for k, v in value.items() if v is not None}).encode()
+    return json.dumps({k: v for k, v in value.items() if v is not OMIT}).encode()
 
 
-def test_keys_round_trip_and_format_2(tmp_path: Path) -> None:
+def test_keys_round_trip_and_format_3(tmp_path: Path) -> None:
     store, path = state_file(tmp_path)
     keys = tuple(sorted("sha256:" + hashlib.sha256(bytes([i])).hexdigest()
                         for i in range(MAX_BOUND_KEYS)))
     store.put(StateRecord("p/v1", 3, DIGEST, keys))
     assert store.get("p/v1") == StateRecord("p/v1", 3, DIGEST, keys)
-    assert json.loads(path.read_bytes()) == {"digest": DIGEST, "format": "cbcl-state/2",
-                                             "keys": list(keys), "protocol": "p/v1",
-                                             "version": 3}
+    assert json.loads(path.read_bytes()) == {"descriptor": None, "digest": DIGEST,
+                                             "format": "cbcl-state/3", "keys": list(keys),
+                                             "protocol": "p/v1", "version": 3}
     store.put(StateRecord("p/v1", 4, DIGEST))
     assert store.get("p/v1") == StateRecord("p/v1", 4, DIGEST, ())
+
+
+def test_format_2_is_still_read(tmp_path: Path) -> None:
+    store, path = state_file(tmp_path)
+    keys = ["sha256:" + "cd" * 32]
+    path.write_text(json.dumps({"digest": DIGEST, "format": "cbcl-state/2", "keys": keys,
+                                "protocol": "p/v1", "version": 7}))
+    assert store.get("p/v1") == StateRecord("p/v1", 7, DIGEST, tuple(keys), None)
+    path.write_bytes(record_json(format="cbcl-state/2"))  # a descriptor field: not format 2
+    corrupt(store, "exactly the fields")
 
 
 def test_format_1_is_still_read(tmp_path: Path) -> None:
@@ -301,9 +312,11 @@ def test_sixteen_keys_are_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("content", "fragment"), [
-    (record_json(keys=None), "exactly the fields"),
+    (record_json(keys=OMIT), "exactly the fields"),
+    (record_json(descriptor=OMIT), "exactly the fields"),
     (record_json(extra=1), "exactly the fields"),
-    (record_json(format="cbcl-state/3"), "unknown format"),
+    (record_json(format="cbcl-state/4"), "unknown format"),
+    (record_json(format=["cbcl-state/3"]), "unknown format"),
     (record_json(protocol="q/v1"), "not a state record for this protocol id"),
     (record_json(version=-1), "version"),
     (record_json(version=2**63), "version"),
@@ -331,7 +344,7 @@ def test_state_file_size_cap_is_exact(tmp_path: Path) -> None:
 
 def test_deeply_nested_state_is_corrupt_not_a_recursion_error(tmp_path: Path) -> None:
     store, path = state_file(tmp_path)
-    path.write_bytes(b"[" * 100_000)
+    path.write_bytes(b"[" * (MAX_STATE_FILE_BYTES + 1))
     corrupt(store, "larger than")
     # Within the size cap, nesting deep enough to exhaust the JSON decoder's recursion.
     path.write_bytes(b"[" * (MAX_STATE_FILE_BYTES // 2) + b"]" * (MAX_STATE_FILE_BYTES // 2))
