@@ -31,7 +31,7 @@ from ._errors import DescriptorError, GrammarError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent
 from ._reader import read
-from ._subset import GrammarLimits
+from ._subset import GrammarLimits, rule_name_problem
 from ._values import INT64_MAX, Symbol, Value, is_name
 
 #: The optional sections, in the descriptor's field order.
@@ -89,7 +89,7 @@ def intent_entries(intents: str | Iterable[str]) -> tuple[tuple[Intent, str], ..
                        + " ".join(i.value for i in Intent) + ")") from None
         if any(intent == seen for seen, _ in result):
             raise _bad(f"intent {intent.value} is listed twice")
-        if _RULE_NAME.match(rule) is None:
+        if _RULE_NAME.match(rule) is None or rule_name_problem(rule) is not None:
             raise _bad(f"{rule!r} is not a rule name ([a-z][a-z0-9_]*) for {intent.value}")
         result.append((intent, rule))
     if not result:

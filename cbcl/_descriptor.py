@@ -17,6 +17,7 @@ from ._errors import DescriptorError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Intent
 from ._reader import read
+from ._subset import rule_name_problem
 from ._values import INT64_MAX, Symbol, Value
 
 # The fields of a descriptor, in order, and whether each is required.
@@ -123,9 +124,9 @@ def read_descriptor(payload: bytes, *, limits: Limits | None = None) -> Protocol
         rule = None
         if isinstance(entry, tuple) and len(entry) == 2 and type(entry[1]) is Symbol:
             item, rule = entry[0], str(entry[1])
-            if _RULE_NAME.match(rule) is None:
+            if _RULE_NAME.match(rule) is None or rule_name_problem(rule) is not None:
                 raise _bad(f"(intents …) names the start rule {_show(Symbol(rule))}, which "
-                           "is not a rule name ([a-z][a-z0-9_]*)")
+                           "is not a rule name ([a-z][a-z0-9_]*, not a base name)")
         try:
             intent = Intent(str(item)) if type(item) is Symbol else None
         except ValueError:

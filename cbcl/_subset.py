@@ -1185,6 +1185,12 @@ def read_grammar(text: str | bytes, *, limits: GrammarLimits | None = None,
     return source
 
 
+def rule_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a rule (a base name, ``_``-prefixed, not
+    ``[a-z][a-z0-9_]*``), or ``None``."""
+    return _rule_name_problem(name, "rule")
+
+
 def check_starts(starts: tuple[str, ...]) -> tuple[str, ...]:
     """``starts`` as a tuple of distinct rule names; raises ``ValueError`` otherwise."""
     if not isinstance(starts, tuple) or not starts:

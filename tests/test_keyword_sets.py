@@ -238,8 +238,9 @@ def test_a_descriptor_naming_an_undefined_start_rule_is_refused() -> None:
     with pytest.raises(GrammarError, match="no missing rule"):
         reg.load(descriptor('body: "x"\n', "(PROPOSE missing) REJECT", "broken/v1"),
                  allow_unsigned=True)
-    with pytest.raises(cbcl.DescriptorError, match="not a rule name"):
-        cbcl.read_descriptor(descriptor('body: "x"\n', "(PROPOSE Bad)", "broken/v1"))
+    for bad in ("Bad", "value", "_x"):  # value: a base name (found by fuzzing the grammar)
+        with pytest.raises(cbcl.DescriptorError, match="not a rule name"):
+            cbcl.read_descriptor(descriptor('body: "x"\n', f"(PROPOSE {bad})", "broken/v1"))
 
 
 def test_one_start_rule_for_every_intent_needs_no_start_terminal() -> None:

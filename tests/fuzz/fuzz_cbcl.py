@@ -25,6 +25,7 @@ ever again); a ``now`` outside int64 may also be refused, before anything change
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -341,6 +342,23 @@ class SessionKit:
                       size | 0x40 * defer_work | 0x80 * eof])
 
 
+_RULE_HEAD = re.compile(r"^\??([a-z][a-z0-9_]*):", re.M)
+_WORD = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def _unreferenced_rules(text: str) -> tuple[str, ...]:
+    """The rules no other rule names: the start rules a descriptor would give this text
+    (at most 16, so the check stays cheap)."""
+    from cbcl._subset import rule_name_problem
+
+    text = re.sub(r"//[^\n]*", " ", text)
+    heads = list(dict.fromkeys(_RULE_HEAD.findall(text)))
+    bodies = _RULE_HEAD.sub(" ", text)
+    used = set(_WORD.findall(re.sub(r'"[^"\n]*"', " ", bodies)))
+    return tuple(name for name in heads
+                 if name not in used and rule_name_problem(name) is None)[:16]
+
+
 def _setup() -> dict[str, Callable[[bytes], None]]:
     import cbcl
     from cbcl._compile import compile_grammar
@@ -422,6 +440,10 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
             return
         with contextlib.suppress(cbcl.CBCLError):
             compile_grammar(text, small)
+        starts = _unreferenced_rules(text)  # per-intent grammars have no body rule
+        if starts and starts != ("body",):
+            with contextlib.suppress(cbcl.CBCLError):
+                compile_grammar(text, small, starts=starts)
 
     kit = SessionKit()
     return {"reader": reader, "envelope": envelope, "body": body, "decoder": decoder,
