@@ -39,6 +39,7 @@ from ._cli_common import (
 )
 from ._cli_conversation import register as register_conversation
 from ._cli_descriptor import register as register_descriptor
+from ._cli_llm import register as register_llm, with_hint
 from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
 from ._limits import DEFAULT_LIMITS, Limits
@@ -243,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--envelope-only", action="store_true",
                    help="stop after pass 1 (the envelope); do not judge the body")
     p.add_argument("--json", action="store_true", help="print the message as JSON")
-    p.set_defaults(handler=_cmd_parse)
+    p.add_argument("--hint", action="store_true",
+                   help="after an error line, print how to fix the message (stderr)")
+    p.set_defaults(handler=with_hint(_cmd_parse))
 
     c = commands.add_parser("canon", help="print the canonical form of one value")
     c.add_argument("file", nargs="?", default="-", help="input file, or - for stdin")
@@ -310,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_conversation(commands)
     register_negotiate(commands)
     register_bench(commands)
+    register_llm(commands)
     return parser
 
 

@@ -33,7 +33,7 @@ Byte offsets are computed only when an error is raised.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -52,6 +52,7 @@ from ._errors import (
     ProtocolError,
     UnknownProtocolError,
 )
+from ._hints import body_hint, heads_of_lists
 from ._kernel import (
     ACCEPTED,
     REFUSED as REFUSED_BY_GRAMMAR,
@@ -775,8 +776,11 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
             raise ProtocolError(f"{descriptor.id} does not govern {intent.value} messages "
                                 f"(it governs {governs})", position=_at(start))
     elif body is None:
-        raise BodyError(f"{descriptor.id} requires a body for {intent.value}",
-                        position=_at(start))
+        missing = BodyError(f"{descriptor.id} requires a body for {intent.value}",
+                            position=_at(start))
+        missing.hint_material = body_hint(protocol, (), "$END", None, None, intent.value,
+                                          (), False)
+        raise missing
     if refusal is not None:
         raise refusal
     if protocol.schema is not None and governed:  # pass 3 where the protocol has a schema
@@ -992,7 +996,7 @@ def _walk_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
             done = feed(tables, stack, terminal, whole=value_states, marks=marks)
             if done == REFUSED_BY_GRAMMAR:
                 refusal = _refusal(protocol, stack, terminal, value, where(at), marks,
-                                   shown_intent)
+                                   shown_intent, _open_lists(parents, items, terminal, value))
                 grammar = False
             elif done == WHOLE:  # a whole value: read it without the tables
                 grammar = False
@@ -1208,11 +1212,29 @@ def _named_atom(code: int, text: str, limits: Limits, where: Any, at: int) -> Va
 
 
 def _refusal(protocol: Protocol, stack: list[int], terminal: str, value: object,
-             offset: int, marks: dict[int, int], intent: str | None) -> BodyError:
+             offset: int, marks: dict[int, int], intent: str | None,
+             lists: Sequence[Sequence[object]] = ()) -> BodyError:
     """The :class:`BodyError` for ``terminal`` refused at ``stack`` and ``marks`` in a
-    body of ``intent`` (the kernel's wording, as text's)."""
+    body of ``intent`` (the kernel's wording, as text's), inside the open ``lists``
+    (outermost first), with the material of its hint (:mod:`cbcl._hints`)."""
     message, expected = body_refusal(protocol, stack, terminal, value, marks, intent)
-    return BodyError(message, position=_at(offset), expected=expected)
+    error = BodyError(message, position=_at(offset), expected=expected)
+    heads, at_head = heads_of_lists(lists, terminal)
+    error.hint_material = body_hint(protocol, stack, terminal, value, marks, intent, heads,
+                                    at_head)
+    return error
+
+
+def _open_lists(parents: list[list[Value]], items: list[Value] | None, terminal: str,
+                value: object) -> list[Sequence[object]]:
+    """The lists open around a refused token, as the body walk keeps them: a ``(`` has
+    opened ``items`` already (not around it), a ``)`` has closed ``value`` (around it)."""
+    if terminal == "LPAR":
+        return list(parents)
+    lists: list[Sequence[object]] = [*parents, *(() if items is None else (items,))]
+    if terminal == "RPAR" and type(value) is tuple:
+        lists.append(value)
+    return lists
 
 
 # --------------------------------------------------------------------------- one-shot

@@ -27,6 +27,7 @@ from importlib import resources
 from typing import Any, NoReturn
 
 from ._errors import CBCLError, EnvelopeError
+from ._hints import EnvelopeHint
 from ._kernel import ACCEPTED, REFUSED, feed, terminal_of
 from ._lalr import Rule, Tables, build_lark
 from ._limits import Limits
@@ -37,9 +38,11 @@ from ._reader import (
     LPAR,
     RPAR,
     TOKEN,
+    context_of,
     diagnose,
     fail,
     limit,
+    position_of,
     read_value_at,
     token_start,
 )
@@ -131,7 +134,10 @@ def _refuse(text: str, index: int, tables: Tables, stack: list[int], terminal: s
         else:
             message += (f" (field {value} is out of order or repeated, or a required field "
                         "before it is missing)")
-    fail(text, index, message, expected=expected, error=EnvelopeError)
+    error = EnvelopeError(message, position=position_of(text, index),
+                          context=context_of(text, index), expected=expected)
+    error.hint_material = EnvelopeHint(found)
+    raise error
 
 
 _ID_FIELDS = {"MESSAGE_ID": "message-id", "CONVERSATION_ID": "conversation-id",

@@ -52,6 +52,16 @@ class CBCLError(Exception):
     def offset(self) -> int | None:
         return self.position.offset if self.position else None
 
+    def hint(self) -> str:
+        """A short instruction, for the author of the input (a person or a model), on how to
+        fix it: where (line:column and the context), what was found, what is accepted there
+        (for a body, in its grammar's terms, with a template of the enclosing list; for an
+        envelope, the envelope's template). Computed when asked, never when raised; every
+        piece of the input in it is escaped (:mod:`cbcl._hints`)."""
+        from ._hints import render_hint
+
+        return render_hint(self)
+
     def one_line(self) -> str:
         """``kind line:column: message`` (or ``kind: message`` without a position). A
         message that already begins with ``kind: `` (as descriptor problems do, so that
@@ -76,6 +86,11 @@ class MalformedError(CBCLError, ValueError):
                  context: str | None = None, expected: tuple[str, ...] = ()) -> None:
         super().__init__(message, position=position, context=context)
         self.expected = expected
+
+    #: What :meth:`hint` needs beyond the error's fields, attached where a grammar refused
+    #: the input (pass 1, pass 2, the binary decoder): a :class:`cbcl._hints.BodyHint` or
+    #: :class:`cbcl._hints.EnvelopeHint`; ``None`` elsewhere.
+    hint_material: object = None
 
 
 class EnvelopeError(MalformedError):

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from ._automaton import ACCEPT, REFUSED
 from ._errors import BodyError, ProtocolError
+from ._hints import UNREAD, body_hint
 from ._kernel import REFUSED as REFUSED_BY_GRAMMAR, body_refusal, feed, terminal_of
 from ._limits import Limits
 from ._message import Intent, Message
@@ -31,8 +32,10 @@ from ._reader import (
     LPAR,
     RPAR,
     TOKEN,
+    context_of,
     diagnose,
     fail,
+    position_of,
     read_value_at,
     token_start,
 )
@@ -138,6 +141,7 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits,
     pos = body_at
     depth = 0
     started = False
+    heads: list[object] = []  # the first element of each open list, for the hint
     while True:
         value: object = None
         if started and depth == 0:
@@ -166,7 +170,19 @@ def explain_body(protocol: Protocol, text: str, body_at: int, limits: Limits,
         if feed(tables, stack, terminal, marks=marks) == REFUSED_BY_GRAMMAR:
             message, expected = body_refusal(protocol, stack, terminal, value, marks,
                                              shown_intent)
-            fail(text, start, message, expected=expected, error=BodyError)
+            error = BodyError(message, position=position_of(text, start),
+                              context=context_of(text, start), expected=expected)
+            at_head = bool(heads) and heads[-1] is UNREAD and \
+                terminal not in ("LPAR", "RPAR", "$END")
+            error.hint_material = body_hint(protocol, stack, terminal, value, marks,
+                                            shown_intent, heads, at_head)
+            raise error
+        if heads and heads[-1] is UNREAD:
+            heads[-1] = value
+        if terminal == "LPAR":
+            heads.append(UNREAD)
+        elif terminal == "RPAR":
+            heads.pop()
         if terminal == "$END":  # pragma: no cover - pass 2 refused this body
             raise AssertionError("explain_body found no error")
 
@@ -199,7 +215,10 @@ def check_intent_and_body(protocol: Protocol, message: Message) -> bool | None:
         raise ProtocolError(f"{descriptor.id} does not govern {message.intent.value} "
                             f"messages (it governs {governed})")
     if message.body is None:
-        raise BodyError(f"{descriptor.id} requires a body for {message.intent.value}")
+        error = BodyError(f"{descriptor.id} requires a body for {message.intent.value}")
+        error.hint_material = body_hint(protocol, (), "$END", None, None,
+                                        message.intent.value, (), False)
+        raise error
     if not recognise_body(protocol, message.body, message.intent):
         return False
     if protocol.schema is not None:

@@ -1,0 +1,125 @@
+"""Prompts (issue 16): the system-prompt section for a protocol — the envelope, each body
+shape from the grammar, and examples every one of which ``cbcl.parse`` accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_keyword_sets import AUCTION, descriptor
+
+import cbcl
+from cbcl import Intent, Registry
+from cbcl._cli import main
+from cbcl._prompt import render_prompt
+
+ROOT = Path(__file__).parent.parent
+SHIPPED = sorted(p for p in (ROOT / "descriptors").glob("*.cbcl")
+                 if not p.name.endswith(".signed.cbcl"))
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    reg = Registry(disk_cache=False, isolate=False)
+    for path in SHIPPED:
+        reg.load(path.read_bytes(), allow_unsigned=True)
+    reg.load(descriptor(AUCTION), allow_unsigned=True)
+    return reg
+
+
+def examples_of(prompt: str) -> list[str]:
+    block = prompt.split("```cbcl\n", 1)[1].split("\n```", 1)[0]
+    return block.splitlines()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_example_is_accepted(registry: Registry, path: Path) -> None:
+    protocol = registry.get(cbcl.read_descriptor(path.read_bytes()).id)
+    assert protocol is not None
+    prompt = render_prompt(protocol, registry=registry, count=2)
+    texts = examples_of(prompt)
+    assert texts
+    intents = set()
+    for text in texts:
+        message = cbcl.parse(text, registry=registry)
+        assert message.protocol == protocol.id
+        intents.add(message.intent)
+    assert intents == set(protocol.descriptor.intents)  # an example for every intent
+    assert render_prompt(protocol, registry=registry, count=2) == prompt  # deterministic
+
+
+def test_body_shapes_are_rendered_from_the_grammar(registry: Registry) -> None:
+    protocol = registry.get(cbcl.Symbol("contract-net/v1"))
+    assert protocol is not None
+    prompt = render_prompt(protocol, registry=registry)
+    assert "- PROPOSE: (proposal :task-id STRING :bid <bid> [:valid-until INTEGER])" in prompt
+    assert "- <bid> is: (bid :price NUMBER :currency SYMBOL [:eta INTEGER])" in prompt
+    assert "- <reason> is: busy | unqualified | deadline-too-short | (other STRING)" in prompt
+    assert "- <params> is: ({KEYWORD VALUE}*)" in prompt
+    assert "may come in any order, each at most once" in prompt
+    assert "(CBCL/1.0\n  (message-id STRING)" in prompt
+    assert '- CANCEL: no body, or a reason STRING ("why").' in prompt
+
+
+def test_one_intent(registry: Registry) -> None:
+    protocol = registry.get(cbcl.Symbol("auction/v1"))
+    assert protocol is not None
+    prompt = render_prompt(protocol, registry=registry, intent=Intent.PROPOSE, count=3)
+    assert "- PROPOSE: (bid :item STRING :amount NUMBER :bidder URI [:note STRING])" in prompt
+    assert "ACCEPT:" not in prompt
+    texts = examples_of(prompt)
+    assert 1 <= len(texts) <= 3
+    assert all(cbcl.parse(t, registry=registry).intent == Intent.PROPOSE for t in texts)
+    with pytest.raises(ValueError, match="does not govern QUERY"):
+        render_prompt(protocol, registry=registry, intent=Intent.QUERY)
+
+
+def test_shared_start_rule_lists_its_forms(registry: Registry) -> None:
+    protocol = registry.get(cbcl.Symbol("canon-a/v1"))
+    assert protocol is not None
+    prompt = render_prompt(protocol, registry=registry)
+    assert "- QUERY, REQUEST, INFORM, REFUSE, FAILURE: one of\n  - (query weather" in prompt
+    heads = {str(cbcl.parse(t, registry=registry).body[0])  # type: ignore[index]
+             for t in examples_of(prompt)}
+    assert len(heads) >= 3  # examples of several forms, not one
+
+
+def test_cli_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    signed = ROOT / "descriptors" / "contract-net-v1.signed.cbcl"
+    assert main(["prompt", str(signed), "--intent", "CFP", "--examples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## Messages: CBCL/1.0, protocol contract-net/v1\n")
+    assert "- CFP: (cfp :task <task> :deadline INTEGER [:round INTEGER])" in out
+    assert out.endswith("```\n")
+    with pytest.raises(SystemExit) as caught:
+        main(["prompt", str(signed), "--intent", "BOGUS"])
+    assert caught.value.code == 2
+    with pytest.raises(SystemExit) as caught:
+        main(["prompt", str(signed), "--intent", "QUERY"])
+    assert caught.value.code == 2
+    assert "does not govern QUERY" in capsys.readouterr().err
+
+
+def test_cli_extract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    text = ('Sure:\n```cbcl\n(CBCL/1.0 (message-id "m-1") (sender agent://a) (receiver '
+            "agent://b) (intent ACCEPT) (protocol contract-net/v1) (body (accept-proposal "
+            ':task-id "t-1")))\n```\n')
+    source = tmp_path / "out.txt"
+    source.write_text(text)
+    options = ["--descriptor", str(ROOT / "descriptors" / "contract-net-v1.cbcl"),
+               "--allow-unsigned"]
+    assert main(["extract", str(source), *options]) == 0
+    assert capsys.readouterr().out.startswith('(CBCL/1.0 (message-id "m-1")')
+    assert main(["extract", str(source), "--json", *options]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert text[record["start"]:record["end"]] == record["text"]
+    assert [d["kind"] for d in record["dropped"]] == ["prose", "fence", "fence"]
+    source.write_text(text.replace(":task-id", ":taskId"))
+    assert main(["extract", str(source), "--hint", *options]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("body 3:")
+    assert "Write :task-id, not :taskId" in err
+    assert main(["extract", str(source), *options]) == 3
+    assert capsys.readouterr().err.count("\n") == 1
