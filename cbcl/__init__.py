@@ -6,9 +6,13 @@ descriptors, the agent and the session, and the errors. The rest is in public
 submodules, by layer: :mod:`cbcl.session` (the sans-io session and its events),
 :mod:`cbcl.net` (the agent, connections, servers and their limits), :mod:`cbcl.trust`,
 :mod:`cbcl.binary`, :mod:`cbcl.conversation` (machines, schemas, the evaluator),
-:mod:`cbcl.descriptor` and :mod:`cbcl.json_mapping`. Their names stay importable from here
-too, for code written before they moved. Everything in ``cbcl._*`` is private.
+:mod:`cbcl.descriptor`, :mod:`cbcl.json_mapping` and :mod:`cbcl.llm` (exports for
+constrained decoding, extraction, prompts; imported when first used). Their names stay
+importable from here too, for code written before they moved. Everything in ``cbcl._*`` is
+private.
 """
+
+from typing import Any as _Any
 
 from ._agent import (
     Agent,
@@ -206,6 +210,7 @@ __all__ = [
     "canonical",
     "decode",
     "encode",
+    "extract",
     "keys",
     "load_private_key",
     "parse",
@@ -225,3 +230,17 @@ from . import (
     session as session,
     trust as trust,
 )
+
+
+def __getattr__(name: str) -> _Any:
+    """``cbcl.llm`` and ``cbcl.extract``, imported when first used: the grammar exporters
+    take as long to import as the rest of the package does."""
+    if name == "llm":
+        import importlib
+
+        return importlib.import_module("cbcl.llm")  # (sets cbcl.llm: no second call)
+    if name == "extract":
+        from ._extract import extract
+
+        return extract
+    raise AttributeError(f"module 'cbcl' has no attribute {name!r}")

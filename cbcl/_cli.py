@@ -39,6 +39,7 @@ from ._cli_common import (
 )
 from ._cli_conversation import register as register_conversation
 from ._cli_descriptor import register as register_descriptor
+from ._cli_export import register as register_export
 from ._cli_llm import register as register_llm, with_hint
 from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
@@ -303,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the start rules of grammar text (default: body; a "
                             "descriptor's come from its intents)")
     check.set_defaults(handler=_cmd_grammar_check)
+    register_export(grammar_commands)
 
     for sub in (p, c, check, sign, verify, inspect, m):
         sub.add_argument("--max-message-bytes", type=document_bytes, metavar="N",

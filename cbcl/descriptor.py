@@ -1,7 +1,8 @@
-"""Protocol descriptors: reading, authoring, and the loaded protocols a registry holds
-(spec/cbcl-1.0.md §3, §6.7)."""
+"""Protocol descriptors: reading, authoring, comparing versions (spec/compatibility.md), and
+the loaded protocols a registry holds (spec/cbcl-1.0.md §3, §6.7)."""
 
 from ._authoring import build_descriptor, render_descriptor
+from ._compat import CompatLimits, CompatReport, diff_descriptors
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._protocol import Protocol
 from ._registry import (
@@ -14,7 +15,18 @@ from ._registry import (
 from ._subset import GrammarLimits
 
 __all__ = [
-    "DEFAULT_GRAMMAR_CACHE", "CompileGate", "GrammarCache", "GrammarLimits",
-    "PreparedDescriptor", "Protocol", "ProtocolDescriptor", "Registry", "build_descriptor",
-    "read_descriptor", "render_descriptor",
+    "DEFAULT_GRAMMAR_CACHE",
+    "CompatLimits",
+    "CompatReport",
+    "CompileGate",
+    "GrammarCache",
+    "GrammarLimits",
+    "PreparedDescriptor",
+    "Protocol",
+    "ProtocolDescriptor",
+    "Registry",
+    "build_descriptor",
+    "diff_descriptors",
+    "read_descriptor",
+    "render_descriptor",
 ]

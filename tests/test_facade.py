@@ -11,10 +11,15 @@ import pytest
 
 import cbcl
 
-LAYERS = ("session", "net", "trust", "binary", "conversation", "descriptor", "json_mapping")
+LAYERS = ("session", "net", "trust", "binary", "conversation", "descriptor", "json_mapping",
+          "llm")
 #: Names new in a layer, never at the top level (nothing written before needs them there).
 ONLY_IN_LAYERS = {"NOT_UNDERSTOOD_CODES", "Event", "HandshakeState", "GrammarLimits",
-                  "GrammarCache", "DEFAULT_GRAMMAR_CACHE"}
+                  "GrammarCache", "DEFAULT_GRAMMAR_CACHE", "CompatLimits", "CompatReport",
+                  "diff_descriptors", "EXPORT_FORMATS", "EXTRACT_INPUT_FACTOR",
+                  "KEYWORD_SET_CAP", "STRING_LENGTH_CAP", "DroppedSpan", "Extracted",
+                  "GrammarExport", "export_grammar", "export_json_schema", "generate_bodies",
+                  "generate_messages", "render_prompt"}
 ROOT = Path(__file__).parent.parent
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

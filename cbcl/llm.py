@@ -1,0 +1,22 @@
+"""CBCL for language models (spec/llm.md): grammar exports for constrained decoding, messages
+generated from a protocol's grammar, extraction of messages from model output, and the
+system-prompt section that teaches a model a protocol. Repair hints are on every error
+(:meth:`cbcl.CBCLError.hint`)."""
+
+from ._export import (
+    FORMATS as EXPORT_FORMATS,
+    KEYWORD_SET_CAP,
+    STRING_LENGTH_CAP,
+    GrammarExport,
+    export_grammar,
+    export_json_schema,
+)
+from ._extract import INPUT_FACTOR as EXTRACT_INPUT_FACTOR, DroppedSpan, Extracted, extract
+from ._generate import generate_bodies, generate_messages
+from ._prompt import render_prompt
+
+__all__ = [
+    "EXPORT_FORMATS", "EXTRACT_INPUT_FACTOR", "KEYWORD_SET_CAP", "STRING_LENGTH_CAP",
+    "DroppedSpan", "Extracted", "GrammarExport", "export_grammar", "export_json_schema",
+    "extract", "generate_bodies", "generate_messages", "render_prompt",
+]
