@@ -551,6 +551,7 @@ class Link:
                     self.established.set_exception(NegotiationFailed(
                         f"the peer did not understand: {event.reason}", reason=event.reason,
                         exit_code=not_understood_exit(event.reason)))
+                    self.established.exception()  # retrieved: a served link awaits nothing
                 return event.reason
             elif isinstance(event, ConnectionClosed):
                 self.log("closed")
@@ -563,6 +564,7 @@ class Link:
             self.established.set_exception(NegotiationFailed(
                 f"the peer rejected the offer: {event.reason}", reason=event.reason,
                 exit_code=REJECT_EXIT.get(event.reason, 6)))
+            self.established.exception()  # retrieved: awaiting it is optional
         return event.reason
 
     def _on_established(self, event: Established) -> None:

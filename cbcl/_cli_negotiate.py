@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -64,6 +64,7 @@ from ._transport import (
     parse_address,
 )
 from ._trust import TrustStore, load_private_key, read_signed_descriptor_unverified
+from ._values import URI
 from .demo import respond
 
 if TYPE_CHECKING:
@@ -131,11 +132,38 @@ def _load_dir(registry: Registry, directory: str | None, limits: Limits) -> list
     return protocols
 
 
+def nats_servers(args: argparse.Namespace) -> str:
+    """``--nats URL[,URL…]`` checked: every URL ``nats://``, ``tls://`` (or ``ws://``,
+    ``wss://``) with a host and port. A usage error otherwise."""
+    urls = [u.strip() for u in args.nats.split(",")]
+    for url in urls:
+        scheme, sep, rest = url.partition("://")
+        host, colon, port = rest.rpartition(":")
+        if not sep or scheme not in ("nats", "tls", "ws", "wss") or not host \
+                or not colon or not port.isdigit() or not 0 < int(port) < 65536:
+            _usage(args, f"--nats: expected nats://HOST:PORT[,nats://HOST:PORT…], not "
+                         f"{url!r}")
+    return ",".join(urls)
+
+
+def _one_edge(args: argparse.Namespace, option: str) -> None:
+    given = [name for name, value in ((option, getattr(args, option[2:])),
+                                      ("--nats", args.nats)) if value]
+    if len(given) != 1:
+        _usage(args, f"give {option} or --nats (one of them)")
+
+
 def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
-    try:
-        parse_address(args.listen)
-    except ValueError as exc:
-        _usage(args, str(exc))
+    _one_edge(args, "--listen")
+    if args.nats:
+        nats_servers(args)
+    else:
+        if args.durable:
+            _usage(args, "--durable goes with --nats")
+        try:
+            parse_address(args.listen)
+        except ValueError as exc:
+            _usage(args, str(exc))
     limits = Limits(max_message_bytes=args.max_frame_bytes)
     store = TrustStore.from_directory(args.trust, limits=limits)
     warm_up()
@@ -152,9 +180,10 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
         preload = _load_dir(Registry(trust=store, state_dir=state, limits=limits),
                             args.descriptors, limits)
         return asyncio.run(_serve_main(args, ServeConfig(
-            listen=args.listen, trust=store, state=state, name=args.name, signing=signing,
-            limits=limits, connection=connection_limits(args), server=server_limits(args),
-            preload=tuple(preload), handler=handler)))
+            listen=args.listen or "", trust=store, state=state, name=args.name,
+            signing=signing, limits=limits, connection=connection_limits(args),
+            server=server_limits(args), preload=tuple(preload), handler=handler,
+            nats=nats_servers(args) if args.nats else None, durable=args.durable)))
 
 
 @dataclass(frozen=True)
@@ -171,6 +200,9 @@ class ServeConfig:
     server: ServerLimits = field(default_factory=ServerLimits)
     preload: tuple[Protocol, ...] = ()
     handler: Handler | None = None
+    #: ``--nats``: serve on this NATS server or cluster instead of ``listen``.
+    nats: str | None = None
+    durable: bool = False
 
 
 async def start_serving(config: ServeConfig, say: Callable[[str], None]) -> Server:
@@ -204,6 +236,8 @@ def listening_address(server: Server, listen: str) -> str:
 
 
 async def _serve_main(args: argparse.Namespace, config: ServeConfig) -> int:
+    if config.nats is not None:
+        return await _serve_nats(config)
     server = await start_serving(config, _say)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -216,6 +250,45 @@ async def _serve_main(args: argparse.Namespace, config: ServeConfig) -> int:
     finally:
         server.close()  # removes the unix socket it created, and only that one
         await server.wait_closed()
+    _say("serve: stopped")
+    return EXIT_OK
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _serve_nats(config: ServeConfig) -> int:
+    """``cbcl serve --nats``: the same agent, on the agent's NATS subject (and, with
+    ``--durable``, its JetStream stream)."""
+    from ._nats import NatsBus
+
+    agent = Agent(config.name, key=config.signing, trust=config.trust, state=config.state,
+                  descriptors=config.preload, limits=config.limits,
+                  connection_limits=config.connection, server_limits=config.server,
+                  handler=config.handler or respond, log=_say)
+    stop = _stop_event()
+    try:
+        bus = await NatsBus.connect(agent, config.nats or "")
+    except BaseException:
+        await agent.close()
+        raise
+    try:
+        await bus.serve()
+        if config.durable:
+            await bus.enable_durable()
+        durable = f", durable on {bus.durable_subject(agent.name)}" if config.durable else ""
+        _say(f"serve: listening on NATS {config.nats} as {config.name} (subject "
+             f"{bus.agent_subject(agent.name)}{durable})")
+        await stop.wait()
+    finally:
+        await bus.close()
+        await agent.close()
     _say("serve: stopped")
     return EXIT_OK
 
@@ -262,10 +335,13 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Ed25519Pr
                         limits: ConnectionLimits | None = None, pace: float = 0.0,
                         peer: str = SERVER_NAME, me: str = CLIENT_NAME, tag: str = "1",
                         server_log: _ServerLog | None = None, trust: str | Path | None = None,
+                        opener: Callable[[Session], Awaitable[Connection]] | None = None,
                         ) -> dict[str, float]:
     """Connect, negotiate the protocol of the signed ``document``, run its demo
     conversation, close. With ``trust`` (a trust directory), the peer's transcript
-    confirmation must be signed by a key in it. Returns timings (ms). Raises
+    confirmation must be signed by a key in it. ``opener`` makes the connection for the
+    session (default: a TCP or unix-socket connection to ``address``; ``cbcl negotiate
+    --nats`` passes a NATS one). Returns timings (ms). Raises
     :class:`NegotiationFailed` when the peer rejects the offer, and
     :class:`RemoteProtocolError`/:class:`ConnectionLost`."""
     payload = read_signed_descriptor_unverified(document).payload
@@ -277,7 +353,8 @@ async def run_initiator(address: str, document: bytes, key: tuple[str, Ed25519Pr
                       max_frame_bytes=(limits or ConnectionLimits()).max_frame_bytes)
     started = time.perf_counter()
     show = Transcript(out, started)
-    connection = await connect(address, session, limits=limits)
+    connection = await (opener(session) if opener is not None
+                        else connect(address, session, limits=limits))
     timings: dict[str, float] = {}
     try:
         size = await connection.send(Query(str(protocol.id), protocol.digest,
@@ -376,20 +453,57 @@ def _cmd_negotiate(args: argparse.Namespace, data: bytes) -> int:
         return run_demo(tamper=args.tamper, out=_say)
     if args.tamper:
         _usage(args, "--tamper goes with --demo")
-    if not (args.connect and args.descriptor and args.key):
-        _usage(args, "give --connect HOST:PORT, --descriptor SIGNED and --key KEY (or --demo)")
-    try:
-        parse_address(args.connect)
-    except ValueError as exc:
-        _usage(args, str(exc))
+    if not ((args.connect or args.nats) and args.descriptor and args.key):
+        _usage(args, "give --connect HOST:PORT (or --nats URL), --descriptor SIGNED and --key "
+                     "KEY (or --demo)")
+    _one_edge(args, "--connect")
+    if args.nats:
+        servers = nats_servers(args)
+        try:
+            peer = str(URI(args.to or SERVER_NAME))
+        except ValueError:
+            _usage(args, f"--to: not an agent URI: {args.to!r}")
+    else:
+        if args.to is not None:
+            _usage(args, "--to goes with --nats (over TCP the peer is --connect)")
+        try:
+            parse_address(args.connect)
+        except ValueError as exc:
+            _usage(args, str(exc))
     with open(args.descriptor, "rb") as handle:
         document = handle.read(DEFAULT_LIMITS.max_string_bytes + 1)
     key = _signing_key(args.key, args.key_id)
+    options: dict[str, Any] = {"encodings": _encodings(args.encoding), "out": _say,
+                               "pace": args.pace / 1000, "limits": connection_limits(args),
+                               "trust": args.trust}
+    if args.nats:
+        _say(f"negotiate: {CLIENT_NAME} -> {peer} over NATS {servers}")
+        asyncio.run(_negotiate_nats(servers, peer, document, key, options))
+        return EXIT_OK
     _say(f"negotiate: {CLIENT_NAME} -> {args.connect}")
-    asyncio.run(run_initiator(args.connect, document, key, encodings=_encodings(args.encoding),
-                              out=_say, pace=args.pace / 1000,
-                              limits=connection_limits(args), trust=args.trust))
+    asyncio.run(run_initiator(args.connect, document, key, **options))
     return EXIT_OK
+
+
+async def _negotiate_nats(servers: str, peer: str, document: bytes,
+                          key: tuple[str, Ed25519PrivateKey], options: dict[str, Any]) -> None:
+    from ._nats import NatsBus
+
+    agent = Agent(CLIENT_NAME, key=key, connection_limits=options["limits"])
+    try:
+        bus = await NatsBus.connect(agent, servers)
+    except BaseException:
+        await agent.close()
+        raise
+
+    async def opener(session: Session) -> Connection:
+        return bus.open_connection(session, peer)
+
+    try:
+        await run_initiator("", document, key, peer=peer, opener=opener, **options)
+    finally:
+        await bus.close()
+        await agent.close()
 
 
 def _usage(args: argparse.Namespace, message: str) -> NoReturn:
@@ -624,9 +738,16 @@ def register(commands: Commands) -> None:
     """Add ``serve`` and ``negotiate`` to ``cbcl``'s sub-command action."""
     s = commands.add_parser(
         "serve", help="answer negotiations and run the shipped conversations as responder")
-    s.add_argument("--listen", required=True, metavar="HOST:PORT",
+    s.add_argument("--listen", metavar="HOST:PORT",
                    help="address to listen on: HOST:PORT (port 0: any free port) or "
-                        "unix:PATH")
+                        "unix:PATH (or --nats)")
+    s.add_argument("--nats", metavar="URL",
+                   help="serve on a NATS server or cluster instead: nats://HOST:PORT, "
+                        "several comma-separated (spec/nats.md); the agent's subject is "
+                        "made from --name")
+    s.add_argument("--durable", action="store_true",
+                   help="with --nats: also take durable messages from this agent's "
+                        "JetStream stream (made if missing)")
     s.add_argument("--trust", required=True, metavar="DIR",
                    help="trust store that decides which offered descriptors load")
     s.add_argument("--descriptors", metavar="DIR",
@@ -650,6 +771,10 @@ def register(commands: Commands) -> None:
     n.add_argument("--tamper", action="store_true",
                    help="with --demo: break the offer's signature (the peer rejects; exit 6)")
     n.add_argument("--connect", metavar="HOST:PORT", help="the peer: HOST:PORT or unix:PATH")
+    n.add_argument("--nats", metavar="URL",
+                   help="reach the peer over NATS instead: nats://HOST:PORT[,…]")
+    n.add_argument("--to", metavar="URI",
+                   help=f"with --nats: the peer agent's name (default {SERVER_NAME})")
     n.add_argument("--descriptor", metavar="SIGNED", help="the signed descriptor to offer")
     n.add_argument("--trust", metavar="DIR",
                    help="trust store for the peer: its transcript confirmation must be signed "

@@ -19,7 +19,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._agent import Agent, ConversationClosed, Link, not_understood_exit
 from ._api import parse
@@ -68,22 +68,49 @@ async def send_messages(address: str, document: bytes, key: tuple[str, Ed25519Pr
                         messages: list[Message], *, trust: str | None,
                         encodings: tuple[str, ...], expect_replies: bool,
                         reply_timeout: float, as_json: bool,
-                        limits: ConnectionLimits | None = None) -> int:
-    """Send ``messages`` to the agent at ``address`` and print the replies; returns the
-    exit status. Raises :class:`CBCLError` (negotiation refused, a message refused
-    locally, the connection lost)."""
+                        limits: ConnectionLimits | None = None, nats: str | None = None,
+                        durable: bool = False) -> int:
+    """Send ``messages`` to the agent at ``address`` (or, with ``nats``, to the agent
+    named by their receiver on that NATS server or cluster; with ``durable`` too, into its
+    JetStream stream, without a handshake) and print the replies; returns the exit
+    status. Raises :class:`CBCLError` (negotiation refused, a message refused locally,
+    the connection lost)."""
     first = messages[0]
     agent = Agent(first.sender, key=key, trust=trust, encodings=encodings,
                   connection_limits=limits, reply_timeout=reply_timeout)
+    bus = None
     try:
-        link = await agent.connect(address, peer=first.receiver, descriptor=document)
+        if nats is not None:
+            from ._nats import NatsBus
+
+            bus = await NatsBus.connect(agent, nats)
+            if durable:
+                return await _send_durable(bus, messages, document)
+            link = await bus.open_link(first.receiver, descriptor=document)
+        else:
+            link = await agent.connect(address, peer=first.receiver, descriptor=document)
         for message in messages:
             status = await _send_one(link, message, expect_replies, as_json)
             if status:
                 return status
         return 0
     finally:
+        if bus is not None:
+            await bus.close()
         await agent.close()
+
+
+async def _send_durable(bus: Any, messages: list[Message], document: bytes) -> int:
+    for message in messages:
+        try:
+            duplicate = await bus.send_durable(message, descriptor=document)
+        except ValueError as exc:
+            _usage(str(exc))
+        again = " (the server had it already: dropped as a duplicate)" if duplicate else ""
+        print(escape_invisible(f'send: "{message.message_id}" stored for '
+                               f"{message.receiver}{again}"))
+        sys.stdout.flush()
+    return 0
 
 
 async def _send_one(link: Link, message: Message, expect_replies: bool, as_json: bool) -> int:
@@ -107,13 +134,23 @@ async def _send_one(link: Link, message: Message, expect_replies: bool, as_json:
 
 
 def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
-    from ._cli_negotiate import _encodings, _signing_key, connection_limits
+    from ._cli_negotiate import _encodings, _signing_key, connection_limits, nats_servers
 
-    try:
-        parse_address(args.connect)
-    except ValueError as exc:
-        _usage(str(exc))
+    if bool(args.connect) == bool(args.nats):
+        _usage("give --connect ADDRESS or --nats URL (one of them)")
+    servers = None
+    if args.nats:
+        servers = nats_servers(args)
+    else:
+        if args.to is not None or args.durable:
+            _usage("--to and --durable go with --nats")
+        try:
+            parse_address(args.connect)
+        except ValueError as exc:
+            _usage(str(exc))
     messages = _read_messages(args.messages)
+    if args.to is not None and str(messages[0].receiver) != args.to:
+        _usage(f"the messages go to {messages[0].receiver}, not --to {args.to}")
     with open(args.descriptor, "rb") as handle:
         document = handle.read(DEFAULT_LIMITS.max_string_bytes + 1)
     key = _signing_key(args.key, args.key_id)
@@ -123,7 +160,7 @@ def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
             args.connect, document, key, messages, trust=args.trust,
             encodings=_encodings(encoding), expect_replies=not args.no_reply,
             reply_timeout=args.reply_timeout, as_json=args.json,
-            limits=connection_limits(args)))
+            limits=connection_limits(args), nats=servers, durable=args.durable))
     except ConnectionLost as exc:
         print(escape_invisible(f"send: {exc.one_line()}"), file=sys.stderr)
         return 1
@@ -136,8 +173,17 @@ def register(commands: Commands,
         "send", help="send messages of a protocol to an agent; print its replies")
     p.add_argument("messages", nargs="+", metavar="MESSAGE_FILE",
                    help="one whole CBCL message (text) per file, sent in order")
-    p.add_argument("--connect", required=True, metavar="HOST:PORT",
-                   help="the peer: HOST:PORT or unix:PATH")
+    p.add_argument("--connect", metavar="HOST:PORT",
+                   help="the peer: HOST:PORT or unix:PATH (or --nats)")
+    p.add_argument("--nats", metavar="URL",
+                   help="reach the peer over NATS instead: nats://HOST:PORT[,…]; the peer "
+                        "is the messages' receiver")
+    p.add_argument("--to", metavar="URI",
+                   help="with --nats: the peer agent's name (must be the messages' receiver)")
+    p.add_argument("--durable", action="store_true",
+                   help="with --nats: store each message in the receiver's JetStream stream "
+                        "(no handshake: the receiver must hold the protocol; no replies are "
+                        "awaited; a message id already stored is dropped)")
     p.add_argument("--descriptor", required=True, metavar="SIGNED",
                    help="the signed descriptor of the messages' protocol (offered if the "
                         "peer does not hold it)")

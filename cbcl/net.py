@@ -1,5 +1,8 @@
-"""Agents over sockets: the asyncio :class:`Agent`, and the transport it runs on
-(connections, servers, their limits and the pool for slow work)."""
+"""Agents over sockets and NATS: the asyncio :class:`Agent`, and the transports it runs on
+(connections, servers, their limits and the pool for slow work; ``NatsBus`` and
+``NatsLimits``, spec/nats.md, imported when first used: they need the ``nats`` extra)."""
+
+from typing import Any as _Any
 
 from ._agent import (
     Agent,
@@ -23,7 +26,34 @@ from ._transport import (
 )
 
 __all__ = [
-    "Agent", "AgentConversation", "Connection", "ConnectionLimits", "ConnectionLost",
-    "Context", "ConversationClosed", "LearnedLibrary", "Link", "NegotiationFailed",
-    "Server", "ServerLimits", "WorkPool", "connect", "load_handler", "serve",
+    "Agent",
+    "AgentConversation",
+    "Connection",
+    "ConnectionLimits",
+    "ConnectionLost",
+    "Context",
+    "ConversationClosed",
+    "LearnedLibrary",
+    "Link",
+    "NatsBus",  # noqa: F822 - lazy, in __getattr__
+    "NatsLimits",  # noqa: F822 - lazy, in __getattr__
+    "NegotiationFailed",
+    "Server",
+    "ServerLimits",
+    "WorkPool",
+    "connect",
+    "load_handler",
+    "serve",
 ]
+
+_NATS_NAMES = ("NatsBus", "NatsLimits")
+
+
+def __getattr__(name: str) -> _Any:
+    """``NatsBus`` and ``NatsLimits``, from :mod:`cbcl._nats` when first asked for (it
+    imports nats-py, which takes longer to import than CBCL)."""
+    if name in _NATS_NAMES:
+        from . import _nats
+
+        return getattr(_nats, name)
+    raise AttributeError(f"module 'cbcl.net' has no attribute {name!r}")

@@ -19,7 +19,7 @@ ONLY_IN_LAYERS = {"NOT_UNDERSTOOD_CODES", "Event", "HandshakeState", "GrammarLim
                   "diff_descriptors", "EXPORT_FORMATS", "EXTRACT_INPUT_FACTOR",
                   "KEYWORD_SET_CAP", "STRING_LENGTH_CAP", "DroppedSpan", "Extracted",
                   "GrammarExport", "export_grammar", "export_json_schema", "generate_bodies",
-                  "generate_messages", "render_prompt"}
+                  "generate_messages", "render_prompt", "NatsBus", "NatsLimits"}
 ROOT = Path(__file__).parent.parent
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

@@ -1,0 +1,912 @@
+"""CBCL over NATS (spec/nats.md), against a real nats-server started on loopback by the
+fixtures of tests/nats_fixtures.py: the subject encoding, the handshake and conversations
+over request/reply, a fan-out call, hostile publishers on an agent's subjects, the caps,
+durable delivery through JetStream across a restart, a cluster node killed mid-run, and
+the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, strategies as st
+from nats_fixtures import (
+    NatsNode,
+    nats_cluster,
+    nats_server,
+)
+
+from cbcl._agent import Agent, Context, ConversationClosed, NegotiationFailed
+from cbcl._bootstrap import not_understood_frame
+from cbcl._errors import LimitError
+from cbcl._message import Intent, Message
+from cbcl._nats import (
+    NatsBus,
+    NatsLimits,
+    subject_token,
+    token_text,
+)
+from cbcl._reader import read
+from cbcl._transport import ConnectionLimits, ConnectionLost
+from cbcl._trust import (
+    TrustStore,
+    private_key_pem,
+    public_key_pem,
+    sign_descriptor,
+)
+from cbcl.demo import respond
+
+ROOT = Path(__file__).parent.parent
+PAYLOAD = (ROOT / "grammars" / "contract-net-v1.cbcl").read_bytes()
+REQUEST = (ROOT / "descriptors" / "request-v1.cbcl").read_bytes()
+SERVER = "agent://test/server"
+CLIENT = "agent://test/client"
+CFP_BODY = read(b'(cfp :task (task :id "t-1" :action render-video) :deadline 1764503600000)')
+ACCEPT_BODY = read(b'(accept-proposal :task-id "t-1")')
+
+
+class Keys:
+    def __init__(self, tmp_path: Path) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.trust = tmp_path / "trust"
+        self.trust.mkdir(exist_ok=True)
+        (self.trust / "demo.pub").write_bytes(public_key_pem(self.key.public_key()))
+        self.key_file = tmp_path / "demo.key"
+        self.key_file.write_bytes(private_key_pem(self.key))
+        self.store = TrustStore.from_directory(self.trust)
+        self.signed = sign_descriptor(PAYLOAD, [("demo", self.key)])
+        self.signed_request = sign_descriptor(REQUEST, [("demo", self.key)])
+        self.pair = ("demo", self.key)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    return Keys(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[NatsNode]:
+    """One nats-server (JetStream on) for the tests of this module that need only one."""
+    with nats_server() as node:
+        yield node
+
+
+def run(body: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
+    """Run ``body`` on a fresh loop with a deadline; anything asyncio would only log fails
+    the test."""
+    stray: list[dict[str, Any]] = []
+
+    async def main() -> Any:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: stray.append(ctx))
+        async with asyncio.timeout(timeout):
+            return await body()
+
+    result = asyncio.run(main())
+    assert not stray, stray
+    return result
+
+
+@contextlib.asynccontextmanager
+async def bus_of(agent: Agent, url: str | list[str], **options: Any
+                 ) -> AsyncIterator[NatsBus]:
+    bus = await NatsBus.connect(agent, url, **options)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+        await agent.close()
+
+
+def serving_agent(keys: Keys, log: list[str], name: str = SERVER, **options: Any) -> Agent:
+    options.setdefault("handler", respond)
+    return Agent(name, key=keys.pair, trust=keys.store, log=log.append, **options)
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("the condition did not come true in time")
+        await asyncio.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- subjects
+
+
+@given(st.text(min_size=1, max_size=60))
+def test_subject_tokens_are_injective_and_invertible(text: str) -> None:
+    token = subject_token(text)
+    assert token_text(token) == text
+    assert all(c.isascii() and (c.isalnum() or c in "-_") for c in token)
+    assert "." not in token and "*" not in token and ">" not in token
+
+
+def test_subject_tokens_of_uris_and_what_is_refused() -> None:
+    assert subject_token("agent://example/seller") == "agent_3a_2f_2fexample_2fseller"
+    # Distinct names never share a token: '_' itself is escaped.
+    assert subject_token("a_2f") != subject_token("a/")
+    for bad in ("", "a.b", "a_2", "a_2F", "_41", "a b", "a_ff"):  # not produced by the encoding
+        with pytest.raises(ValueError):
+            token_text(bad)
+    with pytest.raises(ValueError):
+        subject_token("")
+    assert len(subject_token("x" * 600)) == 600
+    with pytest.raises(LimitError):
+        subject_token("x" * 601)
+
+
+def test_nats_limits_are_range_checked() -> None:
+    NatsLimits(max_sessions=1, max_retransmits=0)
+    for bad in ({"max_sessions": 0}, {"start_rate": float("nan")}, {"retransmit_after": 0},
+                {"max_token_bytes": 8}, {"durable_batch": True}):
+        with pytest.raises(ValueError):
+            NatsLimits(**bad)
+
+
+# --------------------------------------------------------------------------- talking
+
+
+def test_handshake_and_conversation_over_nats(server: NatsNode, keys: Keys) -> None:
+    log: list[str] = []
+    seen_subjects: list[str] = []
+
+    async def body() -> None:
+        watcher = await nats.connect(server.url)
+        await watcher.subscribe("cbcl.>", cb=_collect(seen_subjects))
+        try:
+            async with bus_of(serving_agent(keys, log), server.url) as served, \
+                    bus_of(Agent(CLIENT, key=keys.pair, trust=keys.store), server.url) as bus:
+                await served.serve()
+                link = await bus.open_link(SERVER, descriptor=keys.signed)
+                assert str(link.protocol.id) == "contract-net/v1"  # type: ignore[union-attr]
+                assert link.encoding == "binary"
+                conversation = link.conversation("job-1")
+                proposal = await conversation.send(Intent.CFP, CFP_BODY)
+                assert proposal is not None and proposal.intent is Intent.PROPOSE
+                done = await conversation.send(Intent.ACCEPT, ACCEPT_BODY)
+                assert done is not None and done.intent is Intent.INFORM
+                assert conversation.finished
+                # A second link to the same agent: the protocol is held now, no offer.
+                again = await bus.open_link(SERVER, descriptor=keys.signed)
+                reply = await again.conversation().send(Intent.CFP, CFP_BODY)
+                assert reply is not None and reply.intent is Intent.PROPOSE
+        finally:
+            await watcher.close()
+
+    run(body)
+    assert any("offer received" in line for line in log), log
+    assert sum("-> supported" in line for line in log) == 1, log
+    me, peer = subject_token(CLIENT), subject_token(SERVER)
+    # The QUERY went as a request on the agent's subject; the conversation's messages went
+    # on its own subjects, both ways.
+    assert f"cbcl.agent.{peer}" in seen_subjects
+    assert any(s.startswith(f"cbcl.s.{peer}.{me}.") and s.endswith(".r.job-1")
+               for s in seen_subjects), seen_subjects
+    assert any(s.startswith(f"cbcl.s.{me}.{peer}.") and s.endswith(".i.job-1")
+               for s in seen_subjects), seen_subjects
+
+
+def _collect(into: list[str]) -> Callable[[Any], Awaitable[None]]:
+    async def collect(msg: Any) -> None:
+        into.append(msg.subject)
+    return collect
+
+
+def test_no_agent_on_the_subject_fails_fast(server: NatsNode, keys: Keys) -> None:
+    async def body() -> None:
+        async with bus_of(Agent(CLIENT, key=keys.pair), server.url) as bus:
+            started = time.monotonic()
+            with pytest.raises((ConnectionLost, ConversationClosed)):
+                await bus.open_link("agent://test/nobody", descriptor=keys.signed)
+            assert time.monotonic() - started < 3.0
+
+    run(body)
+
+
+def test_an_untrusted_offer_is_rejected_over_nats(server: NatsNode, keys: Keys,
+                                                  tmp_path: Path) -> None:
+    other = sign_descriptor(PAYLOAD, [("other", Ed25519PrivateKey.generate())])
+    log: list[str] = []
+
+    async def body() -> None:
+        async with bus_of(serving_agent(keys, log), server.url) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair, log=log.append), server.url) as bus:
+            await served.serve()
+            with pytest.raises(NegotiationFailed) as caught:
+                await bus.open_link(SERVER, descriptor=other)
+            assert caught.value.reason == "untrusted-signer", log
+            assert caught.value.exit_code == 6
+            # The agent goes on serving others.
+            link = await bus.open_link(SERVER, descriptor=keys.signed)
+            assert (await link.conversation().send(Intent.CFP, CFP_BODY)) is not None
+
+    run(body)
+
+
+def test_fan_out_cfp_to_five_contractors(server: NatsNode, keys: Keys) -> None:
+    group = "agent://test/render-farm"
+    handled: dict[str, int] = {}
+
+    def contractor(name: str) -> Agent:
+        def bid(message: Message, context: Context) -> Message | None:
+            handled[name] = handled.get(name, 0) + 1
+            return respond(message, context)
+        return Agent(name, key=keys.pair, trust=keys.store, handler=bid)
+
+    async def body() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for number in range(5):
+                member = await stack.enter_async_context(
+                    bus_of(contractor(f"agent://test/contractor-{number}"), server.url))
+                await member.serve()
+                await member.join(group)
+            manager = await stack.enter_async_context(
+                bus_of(Agent(CLIENT, key=keys.pair, trust=keys.store), server.url))
+            bids = await manager.fan_out(group, descriptor=keys.signed, intent=Intent.CFP,
+                                         body=CFP_BODY, window=0.5)
+            assert sorted(b.peer for b in bids) == [f"agent://test/contractor-{n}"
+                                                    for n in range(5)]
+            conversations = set()
+            for bid in bids:
+                assert bid.error is None and bid.reply is not None, bid
+                assert bid.reply.intent is Intent.PROPOSE
+                assert str(bid.reply.sender) == bid.peer
+                conversations.add((bid.peer, bid.conversation.id))  # type: ignore[union-attr]
+            assert len(conversations) == 5  # each reply its own conversation
+            # Award one: its conversation finishes; the others are rejected.
+            winner, *losers = bids
+            done = await winner.conversation.send(Intent.ACCEPT, ACCEPT_BODY)  # type: ignore[union-attr]
+            assert done is not None and done.intent is Intent.INFORM
+            for loser in losers:
+                assert await loser.conversation.send(  # type: ignore[union-attr]
+                    Intent.REJECT, read(b'(reject-proposal :task-id "t-1")')) is None
+            # max_replies bounds what one call takes.
+            two = await manager.fan_out(group, descriptor=keys.signed, intent=Intent.CFP,
+                                        body=CFP_BODY, window=2.0, max_replies=2)
+            assert len(two) == 2
+
+    run(body)
+    # Each member: its CFP, then the ACCEPT or REJECT; two of them a second CFP. Never twice.
+    assert sum(handled.values()) == 12 and all(n in (2, 3) for n in handled.values()), handled
+
+
+# --------------------------------------------------------------------------- hostile peers
+
+
+def query_frame(keys: Keys, me: str = "agent://test/evil", peer: str = SERVER) -> bytes:
+    """A well-formed first frame (a QUERY for contract-net/v1) from ``me``, as a NATS
+    payload (no length prefix): what a hostile publisher can make without any key."""
+    from cbcl._registry import Registry
+    from cbcl._session import Query, Session
+
+    registry = Registry()
+    protocol = registry.load(PAYLOAD, allow_unsigned=True)
+    session = Session("initiator", registry=registry, me=me, peer=peer)
+    data = session.send(Query(str(protocol.id), protocol.digest, (1,), ("binary", "text")),
+                        now=int(time.time() * 1000))
+    return data[4:]
+
+
+class Raw:
+    """A bare NATS client that publishes what it likes and reads what comes back."""
+
+    def __init__(self, client: Any, name: str = "agent://test/evil") -> None:
+        self.client = client
+        self.token = subject_token(name)
+        self.got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    @classmethod
+    async def open(cls, url: str, name: str = "agent://test/evil") -> Raw:
+        raw = cls(await nats.connect(url), name)
+
+        async def keep(msg: Any) -> None:
+            if msg.data:  # (an empty message is the end of a session's stream)
+                await raw.got.put(msg.data)
+        await raw.client.subscribe(f"cbcl.s.{raw.token}.>", cb=keep)
+        await raw.client.flush()
+        return raw
+
+    def reply_subject(self, sid: str | None = None, to: str = SERVER) -> str:
+        return f"cbcl.s.{self.token}.{subject_token(to)}.{sid or os.urandom(16).hex()}.i"
+
+    async def start(self, payload: bytes, reply: str | None = None, to: str = SERVER) -> str:
+        reply = reply or self.reply_subject(to=to)
+        await self.client.publish(f"cbcl.agent.{subject_token(to)}", payload, reply=reply)
+        return reply
+
+    async def answer(self, timeout: float = 3.0) -> bytes:
+        return await asyncio.wait_for(self.got.get(), timeout)
+
+    async def nothing(self, wait: float = 0.3) -> bool:
+        await asyncio.sleep(wait)
+        return self.got.empty()
+
+
+def not_understood_code(payload: bytes) -> str:
+    from cbcl._api import parse
+
+    message = parse(payload, envelope_only=True)
+    assert message.intent is Intent.NOT_UNDERSTOOD, message
+    return str(message.body)
+
+
+def test_hostile_publishers_on_an_agent_subject(server: NatsNode, keys: Keys) -> None:
+    log: list[str] = []
+
+    async def body() -> None:
+        async with bus_of(serving_agent(keys, log), server.url) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            try:
+                # Garbage: refused malformed, answered on the reply subject, like over TCP.
+                await raw.start(b"\x00\xffnot a message")
+                assert not_understood_code(await raw.answer()) == "malformed"
+                # Oversize: more than a handshake frame may hold (132 KiB), refused unread.
+                await raw.start(b"(" * (140 * 1024))
+                assert not_understood_code(await raw.answer()) == "limit"
+                # A CBCL message of the wrong kind before the handshake.
+                await raw.start(not_understood_frame("busy", now=1)[4:])
+                assert await raw.nothing()
+                # No reply subject, or one that is not a session subject for this agent:
+                # dropped, nothing is written anywhere.
+                before = served.stats["refused"]
+                await raw.client.publish(f"cbcl.agent.{subject_token(SERVER)}", b"x")
+                await raw.start(b"x", reply="elsewhere.inbox")
+                await raw.start(b"x", reply=raw.reply_subject(to="agent://test/other"))
+                await raw.start(b"x", reply=raw.reply_subject(sid="0" * 31))
+                await wait_for(lambda: served.stats["refused"] == before + 4)
+                assert await raw.nothing()
+                # A QUERY whose sender is not the peer its reply subject names.
+                await raw.start(query_frame(keys, me="agent://test/client"))
+                assert not_understood_code(await raw.answer()) == "malformed"
+                # A well-formed QUERY is answered; the same frame again (a repeat) gets the
+                # same answer, and nothing more; once the session is over, a replay of it
+                # is dropped.
+                query = query_frame(keys)
+                reply = await raw.start(query)
+                first = await raw.answer()
+                assert b"unsupported" in first
+                await raw.start(query, reply=reply)
+                assert await raw.answer() == first
+                await raw.client.publish(reply.replace(".i", ".r").replace(
+                    f"cbcl.s.{raw.token}.{subject_token(SERVER)}",
+                    f"cbcl.s.{subject_token(SERVER)}.{raw.token}"), b"")  # end of stream
+                await wait_for(lambda: not served._sessions)
+                replays = served.stats["replays"]
+                await raw.start(query, reply=reply)
+                await wait_for(lambda: served.stats["replays"] == replays + 1)
+                assert await raw.nothing()
+                # Through all of it the agent serves a well-behaved peer.
+                async with bus_of(Agent(CLIENT, key=keys.pair), server.url) as bus:
+                    link = await bus.open_link(SERVER, descriptor=keys.signed)
+                    assert (await link.conversation().send(Intent.CFP, CFP_BODY)) is not None
+            finally:
+                await raw.client.close()
+
+    run(body)
+    assert all("\n" not in line and "\x00" not in line for line in log)
+
+
+def test_hostile_publisher_on_a_session_subject(server: NatsNode, keys: Keys) -> None:
+    log: list[str] = []
+    cfps = 0
+
+    def counting(message: Message, context: Context) -> Message | None:
+        nonlocal cfps
+        cfps += message.intent is Intent.CFP
+        return respond(message, context)
+
+    async def body() -> None:
+        watcher = await nats.connect(server.url)
+        frames: list[tuple[str, bytes]] = []
+
+        async def keep(msg: Any) -> None:
+            frames.append((msg.subject, msg.data))
+        await watcher.subscribe(f"cbcl.s.{subject_token(SERVER)}.>", cb=keep)
+        await watcher.flush()
+        try:
+            async with bus_of(serving_agent(keys, log, handler=counting), server.url) as served, \
+                    bus_of(Agent(CLIENT, key=keys.pair), server.url) as bus:
+                await served.serve()
+                link = await bus.open_link(SERVER, descriptor=keys.signed)
+                conversation = link.conversation("job-7")
+                assert (await conversation.send(Intent.CFP, CFP_BODY)) is not None
+                # Replaying the recorded CFP on its subject: dropped, never handled twice.
+                subject, cfp = next((s, d) for s, d in frames if s.endswith(".job-7"))
+                await watcher.publish(subject, cfp)
+                await watcher.flush()
+                await asyncio.sleep(0.2)
+                assert cfps == 1 and served.stats["duplicates"] >= 1
+                done = await conversation.send(Intent.ACCEPT, ACCEPT_BODY)
+                assert done is not None and done.intent is Intent.INFORM
+                # Garbage on the session subject ends that session (malformed), as a
+                # broken stream does over TCP; the agent goes on.
+                base = subject.rsplit(".", 1)[0]
+                await watcher.publish(base, b"garbage")
+                await wait_for(lambda: link.closed.done())
+                assert link.closed.result() == "malformed"
+                again = await bus.open_link(SERVER, descriptor=keys.signed)
+                assert (await again.conversation().send(Intent.CFP, CFP_BODY)) is not None
+                # Frames on subjects of no session are dropped and counted.
+                unknown = served.stats["unknown"]
+                await watcher.publish(base.replace(base.split(".")[4], "f" * 32), b"x")
+                await wait_for(lambda: served.stats["unknown"] == unknown + 1)
+        finally:
+            await watcher.close()
+
+    run(body)
+
+
+def test_max_sessions_n_served_n_plus_one_busy(server: NatsNode, keys: Keys) -> None:
+    async def body() -> None:
+        agent = serving_agent(keys, [])
+        async with bus_of(agent, server.url, limits=NatsLimits(max_sessions=2)) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as bus:
+            await served.serve()
+            first = await bus.open_link(SERVER, descriptor=keys.signed)
+            await bus.open_link(SERVER, descriptor=keys.signed)
+            with pytest.raises(NegotiationFailed) as caught:
+                await bus.open_link(SERVER, descriptor=keys.signed)
+            assert caught.value.reason == "busy" and caught.value.exit_code == 1
+            await first.close()
+            await wait_for(lambda: served._responders == 1)
+            await bus.open_link(SERVER, descriptor=keys.signed)
+
+    run(body)
+
+
+def test_start_rate_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys) -> None:
+    async def body() -> None:
+        limits = NatsLimits(start_burst=3, start_rate=0.001)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            try:
+                for _ in range(3):
+                    await raw.start(query_frame(keys))
+                    assert b"unsupported" in await raw.answer()
+                await raw.start(query_frame(keys))
+                assert not_understood_code(await raw.answer()) == "busy"
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("frames, code", [(3, "malformed"), (4, "limit")])
+def test_pending_frames_n_queued_n_plus_one_refused(server: NatsNode, keys: Keys,
+                                                    frames: int, code: str) -> None:
+    """While the session's handler runs, frames wait in its queue: N of them are taken in
+    turn (the first, garbage, ends the session: malformed); N+1 is refused at once."""
+    async def slow(message: Message, context: Context) -> Message | None:
+        await asyncio.sleep(0.5)
+        return respond(message, context)
+
+    async def body() -> None:
+        agent = serving_agent(keys, [], handler=slow,
+                              connection_limits=ConnectionLimits(max_pending_frames=3))
+        watcher = await nats.connect(server.url)
+        try:
+            async with bus_of(agent, server.url) as served, \
+                    bus_of(Agent(CLIENT, key=keys.pair), server.url) as bus:
+                await served.serve()
+                link = await bus.open_link(SERVER, descriptor=keys.signed)
+                (_, connection), = served._sessions.items()
+                waiting = asyncio.ensure_future(link.conversation().send(Intent.CFP, CFP_BODY))
+                await wait_for(lambda: connection.bytes_received > 0 and not connection._inbox)
+                await asyncio.sleep(0.1)  # the handler is running
+                for number in range(frames):
+                    await watcher.publish(connection.inbox, b"junk %d" % number)
+                await watcher.flush()
+                await wait_for(lambda: link.closed.done())
+                assert link.closed.result() == code
+                with contextlib.suppress(ConversationClosed):
+                    await waiting
+        finally:
+            await watcher.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("remembered, replayed", [(3, False), (2, True)])
+def test_remembered_sessions_n_kept_n_plus_one_forgotten(
+        server: NatsNode, keys: Keys, remembered: int, replayed: bool) -> None:
+    async def body() -> None:
+        limits = NatsLimits(remembered_sessions=remembered)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            try:
+                starts = []
+                for _ in range(3):
+                    query = query_frame(keys)
+                    reply = await raw.start(query)
+                    assert b"unsupported" in await raw.answer()
+                    starts.append((query, reply))
+                    end = reply.replace(f"cbcl.s.{raw.token}.{subject_token(SERVER)}",
+                                        f"cbcl.s.{subject_token(SERVER)}.{raw.token}")
+                    await raw.client.publish(end[:-1] + "r", b"")
+                    await wait_for(lambda: not served._sessions)
+                query, reply = starts[0]
+                await raw.start(query, reply=reply)  # the oldest session's first frame
+                if replayed:  # forgotten: it starts a session again
+                    assert b"unsupported" in await raw.answer()
+                else:
+                    assert await raw.nothing()
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
+def test_a_silent_peer_is_timed_out_in_the_handshake(server: NatsNode, keys: Keys) -> None:
+    async def body() -> None:
+        agent = serving_agent(keys, [],
+                              connection_limits=ConnectionLimits(handshake_timeout=0.5))
+        async with bus_of(agent, server.url) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            try:
+                started = time.monotonic()
+                await raw.start(query_frame(keys))
+                assert b"unsupported" in await raw.answer()
+                assert not_understood_code(await raw.answer()) == "timeout"
+                assert 0.4 < time.monotonic() - started < 2.0
+                await wait_for(lambda: not served._sessions)
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
+# --------------------------------------------------------------------------- durable
+
+
+REQUEST_BODY = read(b'(request :action (action :name snapshot-volume :args (:volume "vol-9"))'
+                    b" :by 1764540000000)")
+DURABLE = "agent://test/durable"
+
+
+def durable_request(bus: NatsBus, number: int) -> Message:
+    return Message(message_id=bus.durable_id(), sender=CLIENT, receiver=DURABLE,
+                   intent=Intent.REQUEST, protocol="request/v1",
+                   conversation_id=f"night-{number}", body=REQUEST_BODY)
+
+
+def test_durable_delivery_across_a_restart(server: NatsNode, keys: Keys,
+                                           tmp_path: Path) -> None:
+    """Messages to an agent that is down wait in JetStream and arrive when it is back:
+    nothing lost, nothing twice; repeats are dropped by the server (Nats-Msg-Id) within
+    its window and by the receiver's replay window after it; refused messages are
+    terminated, never delivered again."""
+    state = tmp_path / "state"
+    handled: list[str] = []
+
+    def handler(message: Message, context: Context) -> None:
+        handled.append(message.message_id)
+
+    def receiver() -> Agent:
+        return Agent(DURABLE, trust=keys.store, state=state,
+                     descriptors=[keys.signed_request], handler=handler)
+
+    limits = NatsLimits(duplicate_window=1.0, ack_wait=2.0)
+
+    async def body() -> None:
+        sent: list[Message] = []
+        async with bus_of(receiver(), server.url, limits=limits) as first:
+            await first.enable_durable()
+            async with bus_of(Agent(CLIENT, key=keys.pair), server.url,
+                              limits=limits) as sender:
+                for number in range(3):
+                    sent.append(durable_request(sender, number))
+                    assert await sender.send_durable(sent[-1], descriptor=keys.signed_request) \
+                        is False
+                await wait_for(lambda: len(handled) == 3)
+        # The receiver is down: what is sent now waits in its stream.
+        async with bus_of(Agent(CLIENT, key=keys.pair), server.url, limits=limits) as sender:
+            for number in range(3, 8):
+                sent.append(durable_request(sender, number))
+                assert await sender.send_durable(sent[-1], descriptor=keys.signed_request) \
+                    is False
+            # A repeat within the server's duplicate window: dropped by the server.
+            assert await sender.send_durable(sent[3], descriptor=keys.signed_request) is True
+            # Hostile publishers on the durable subject: garbage, a message for someone
+            # else, and one whose Nats-Msg-Id is not its message id. Each is terminated.
+            js = sender.client.jetstream()
+            subject = sender.durable_subject(DURABLE)
+            await js.publish(subject, b"garbage", headers={"Nats-Msg-Id": "g-1"})
+            other = durable_request(sender, 99)
+            stamped = Message(message_id=other.message_id, sender=CLIENT,
+                              receiver="agent://test/someone-else", intent=Intent.REQUEST,
+                              protocol="request/v1", timestamp=int(time.time() * 1000),
+                              body=REQUEST_BODY)
+            await js.publish(subject, stamped.canonical().encode(),
+                             headers={"Nats-Msg-Id": stamped.message_id})
+            wrong_id = Message(message_id="d-wrong", sender=CLIENT, receiver=DURABLE,
+                               intent=Intent.REQUEST, protocol="request/v1",
+                               timestamp=int(time.time() * 1000), body=REQUEST_BODY)
+            await js.publish(subject, wrong_id.canonical().encode(),
+                             headers={"Nats-Msg-Id": "d-other"})
+        assert handled == [m.message_id for m in sent[:3]]
+        await asyncio.sleep(1.1)  # past the server's duplicate window
+        async with bus_of(receiver(), server.url, limits=limits) as back, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url, limits=limits) as sender:
+            await back.enable_durable()
+            await wait_for(lambda: len(handled) == 8 and back.stats["durable_refused"] == 3)
+            # Beyond the server's window the server stores a repeat; the receiver's replay
+            # window (kept in its state directory across the restart) drops it.
+            for old in (sent[0], sent[5]):
+                assert await sender.send_durable(old, descriptor=keys.signed_request) is False
+            await wait_for(lambda: back.stats["durable_duplicates"] == 2)
+            await asyncio.sleep(2.5)  # past ack_wait: nothing is delivered again
+            info = await sender.client.jetstream().consumer_info(
+                back.stream_name(DURABLE), "cbcl")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+            assert info.num_redelivered == 0
+        assert handled == [m.message_id for m in sent]  # each once, in order
+
+    run(body)
+
+
+def test_durable_send_to_an_agent_without_an_inbox(server: NatsNode, keys: Keys) -> None:
+    async def body() -> None:
+        async with bus_of(Agent(CLIENT, key=keys.pair), server.url) as sender:
+            message = Message(message_id=sender.durable_id(), sender=CLIENT,
+                              receiver="agent://test/nowhere", intent=Intent.REQUEST,
+                              protocol="request/v1", body=REQUEST_BODY)
+            with pytest.raises(ConnectionLost, match="no durable inbox"):
+                await sender.send_durable(message, descriptor=keys.signed_request)
+            # A message the protocol refuses never leaves.
+            from cbcl._errors import CBCLError
+            bad = Message(message_id=sender.durable_id(), sender=CLIENT,
+                          receiver="agent://test/nowhere", intent=Intent.REQUEST,
+                          protocol="request/v1", body=read(b"(request)"))
+            with pytest.raises(CBCLError) as caught:
+                await sender.send_durable(bad, descriptor=keys.signed_request)
+            assert not isinstance(caught.value, ConnectionLost)
+            with pytest.raises(ValueError):
+                await sender.send_durable(Message(
+                    message_id=" spaced", sender=CLIENT, receiver=DURABLE,
+                    intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY),
+                    descriptor=keys.signed_request)
+
+    run(body)
+
+
+# --------------------------------------------------------------------------- a cluster
+
+
+def cfp_for(task: str) -> Any:
+    return read(b'(cfp :task (task :id "' + task.encode() + b'" :action render-video) '
+                b":deadline 1764503600000)")
+
+
+def accept_for(task: str) -> Any:
+    return read(b'(accept-proposal :task-id "' + task.encode() + b'")')
+
+
+def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
+    """Three nodes; the contractors and one manager are connected to the node that is
+    killed (SIGKILL) in the middle of the run. The clients move to the other nodes, the
+    lost frames are repeated, and every conversation completes, each message handled
+    once."""
+    seen: dict[tuple[str, str, str], int] = {}
+
+    def contractor(name: str) -> Agent:
+        def handle(message: Message, context: Context) -> Message | None:
+            key = (name, str(message.conversation_id), message.intent.value)
+            seen[key] = seen.get(key, 0) + 1
+            if len(seen) == 24 and kill is not None:
+                kill()  # the node dies while this contractor holds a message unanswered
+            return respond(message, context)
+        return Agent(name, key=keys.pair, trust=keys.store, handler=handle)
+
+    conversations = 12
+    done: list[str] = []
+    kill: Callable[[], None] | None = None
+
+    with nats_cluster(3) as cluster:
+        urls = cluster.urls
+        kill = cluster.nodes[1].kill
+
+        async def body() -> None:
+            async with contextlib.AsyncExitStack() as stack:
+                names = [f"agent://test/contractor-{n}" for n in range(3)]
+                buses = []
+                for name in names:
+                    member = await stack.enter_async_context(
+                        bus_of(contractor(name), [urls[1], urls[2], urls[0]]))
+                    await member.serve()
+                    buses.append(member)
+                managers = []
+                for number, order in enumerate(([urls[0], urls[2]], [urls[1], urls[0]])):
+                    managers.append(await stack.enter_async_context(bus_of(
+                        Agent(f"agent://test/manager-{number}", key=keys.pair,
+                              trust=keys.store), order)))
+                moved = [*buses, managers[1]]
+                links = [(m, name, await m.open_link(name, descriptor=keys.signed))
+                         for m in managers for name in names]
+                async def converse(manager: NatsBus, name: str, link: Any) -> None:
+                    for number in range(conversations):
+                        task = f"t-{manager.me[-1]}-{name[-1]}-{number}"
+                        conversation = link.conversation(f"job-{task}")
+                        proposal = await conversation.send(Intent.CFP, cfp_for(task))
+                        assert proposal is not None and proposal.intent is Intent.PROPOSE
+                        result = await conversation.send(Intent.ACCEPT, accept_for(task))
+                        assert result is not None and result.intent is Intent.INFORM
+                        done.append(task)
+
+                await asyncio.gather(*(converse(m, n, link) for m, n, link in links))
+                # The clients of the dead node moved to a live one.
+                dead = cluster.nodes[1].url.rsplit(":", 1)[1]
+                for bus in [*buses, *managers]:
+                    url = bus.client.connected_url
+                    assert url is not None and str(url.port) != dead
+                    assert bus.client.stats["reconnects"] >= (bus in moved)
+
+            assert cluster.nodes[1].process is not None
+            assert cluster.nodes[1].process.poll() is not None  # it really died
+
+        run(body, timeout=90)
+
+    assert len(done) == len(set(done)) == 2 * 3 * conversations  # none lost
+    assert len(seen) == 2 * 2 * 3 * conversations and set(seen.values()) == {1}  # none twice
+
+
+def test_a_lost_frame_is_repeated_and_a_lost_answer_resent(server: NatsNode,
+                                                            keys: Keys) -> None:
+    """NATS delivers at most once. With the responder's (then the initiator's) session
+    subscription gone for a moment, as in a failover, the frame published meanwhile is
+    lost: the opener repeats it, the responder answers a repeat from its cache, and every
+    message is handled once."""
+    handled: list[str] = []
+
+    def counting(message: Message, context: Context) -> Message | None:
+        handled.append(message.intent.value)
+        return respond(message, context)
+
+    async def gap(bus: NatsBus) -> Any:
+        sub = bus._subs[0]  # the session subjects' subscription
+        await sub.unsubscribe()
+        await bus.client.flush()
+        bus._subs.remove(sub)
+        return bus._subscribe(f"{bus._session_prefix}>", bus._on_session_message)
+
+    async def body() -> None:
+        async with bus_of(serving_agent(keys, [], handler=counting), server.url) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as bus:
+            await served.serve()
+            link = await bus.open_link(SERVER, descriptor=keys.signed)
+            conversation = link.conversation()
+            # The CFP is lost: the responder is not listening.
+            back = await gap(served)
+            waiting = asyncio.ensure_future(conversation.send(Intent.CFP, CFP_BODY))
+            await asyncio.sleep(0.2)
+            await back
+            proposal = await waiting
+            assert proposal is not None and proposal.intent is Intent.PROPOSE
+            assert bus.stats["retransmits"] >= 1
+            # The INFORM is lost: the initiator is not listening; its repeated ACCEPT is
+            # answered from the responder's cache, not handled again.
+            back = await gap(bus)
+            waiting = asyncio.ensure_future(conversation.send(Intent.ACCEPT, ACCEPT_BODY))
+            await asyncio.sleep(0.2)
+            await back
+            done = await waiting
+            assert done is not None and done.intent is Intent.INFORM
+            assert served.stats["duplicates"] >= 1
+
+    run(body)
+    assert handled == ["CFP", "ACCEPT"]
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def cbcl_command(*args: str, timeout: float = 60.0, cwd: Path | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cbcl", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd)
+
+
+@contextlib.contextmanager
+def serving(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """``cbcl serve ARGS`` until its first line; terminated (then killed) on the way out."""
+    process = subprocess.Popen([sys.executable, "-m", "cbcl", "serve", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert "listening on NATS" in first, first + (process.stderr.read()
+                                                      if process.stderr else "")
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
+                                                tmp_path: Path) -> None:
+    signed = tmp_path / "contract-net.signed.cbcl"
+    signed.write_bytes(keys.signed)
+    signed_request = tmp_path / "request.signed.cbcl"
+    signed_request.write_bytes(keys.signed_request)
+    (tmp_path / "descriptors").mkdir()
+    (tmp_path / "descriptors" / "request.cbcl").write_bytes(keys.signed_request)
+    name = "agent://test/cli-server"
+    request = tmp_path / "request.cbcl"
+    request.write_text(f'(CBCL/1.0 (message-id "rq-1") (sender agent://test/cli-client) '
+                       f'(receiver {name}) (intent REQUEST) (protocol request/v1) '
+                       f'(conversation-id "night-1") (body (request :action (action :name '
+                       f'snapshot-volume :args (:volume "vol-9")) :by 1764540000000)))')
+    with serving("--nats", server.url, "--name", name, "--trust", str(keys.trust),
+                 "--durable", "--state", str(tmp_path / "state"),
+                 "--descriptors", str(tmp_path / "descriptors")) as process:
+        negotiated = cbcl_command("negotiate", "--nats", server.url, "--to", name,
+                                  "--descriptor", str(signed), "--key", str(keys.key_file))
+        assert negotiated.returncode == 0, negotiated.stderr
+        assert "handshake done: contract-net/v1" in negotiated.stdout
+        assert "INFORM" in negotiated.stdout
+        sent = cbcl_command("send", "--nats", server.url, "--to", name, "--descriptor",
+                            str(signed_request), "--key", str(keys.key_file), str(request))
+        assert sent.returncode == 0, sent.stderr
+        assert "(intent INFORM)" in sent.stdout and '(in-reply-to "rq-1")' in sent.stdout
+        durable = [cbcl_command("send", "--nats", server.url, "--durable", "--descriptor",
+                                str(signed_request), "--key", str(keys.key_file),
+                                str(request)) for _ in range(2)]
+        assert [d.returncode for d in durable] == [0, 0], durable[0].stderr
+        assert "stored for" in durable[0].stdout and "duplicate" not in durable[0].stdout
+        assert "dropped as a duplicate" in durable[1].stdout
+        # No such agent: exit 1, one line.
+        nobody = cbcl_command("negotiate", "--nats", server.url, "--to", "agent://test/none",
+                              "--descriptor", str(signed), "--key", str(keys.key_file))
+        assert nobody.returncode == 1 and "no agent" in nobody.stderr, nobody.stderr
+        # An untrusted offer: exit 6, as over TCP.
+        other = tmp_path / "other.signed.cbcl"
+        other.write_bytes(sign_descriptor((ROOT / "descriptors" / "task-assignment-v1.cbcl")
+                                          .read_bytes(),
+                                          [("other", Ed25519PrivateKey.generate())]))
+        refused = cbcl_command("negotiate", "--nats", server.url, "--to", name,
+                               "--descriptor", str(other), "--key", str(keys.key_file))
+        assert refused.returncode == 6, refused.stdout + refused.stderr
+    assert process.returncode is not None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["serve", "--trust", "T"], "give --listen or --nats"),
+    (["serve", "--trust", "T", "--listen", "127.0.0.1:0", "--nats", "nats://h:1"],
+     "give --listen or --nats"),
+    (["serve", "--trust", "T", "--listen", "127.0.0.1:0", "--durable"], "--durable goes"),
+    (["serve", "--trust", "T", "--nats", "http://h:1"], "--nats: expected"),
+    (["serve", "--trust", "T", "--nats", "nats://h"], "--nats: expected"),
+    (["negotiate", "--nats", "nats://h:1", "--connect", "h:1", "--descriptor", "D",
+      "--key", "K"], "give --connect or --nats"),
+    (["negotiate", "--nats", "nats://h:1", "--to", "not a uri", "--descriptor", "D",
+      "--key", "K"], "--to: not an agent URI"),
+    (["negotiate", "--connect", "h:1", "--to", "agent://x", "--descriptor", "D",
+      "--key", "K"], "--to goes with --nats"),
+    (["send", "--descriptor", "D", "--key", "K", "M"], "give --connect ADDRESS or --nats"),
+    (["send", "--connect", "h:1", "--durable", "--descriptor", "D", "--key", "K", "M"],
+     "--to and --durable go with --nats"),
+])
+def test_cli_nats_usage_errors(args: list[str], message: str) -> None:
+    result = cbcl_command(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
