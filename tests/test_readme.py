@@ -115,3 +115,25 @@ def test_your_own_protocol_in_five_minutes_from_python(tmp_path: Path) -> None:
     finally:
         seller.terminate()
         seller.communicate(timeout=10)
+
+
+def test_language_models_example_runs_as_shown(tmp_path: Path) -> None:
+    (tmp_path / "descriptors").symlink_to(ROOT / "descriptors")
+    env = user_shell_env(tmp_path)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", _marked("language-models")],
+                          cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert (tmp_path / "propose.lark").read_text().startswith("// CBCL contract-net/v1")
+    assert "## Messages: CBCL/1.0, protocol contract-net/v1" in done.stdout  # the prompt
+    last = done.stdout.splitlines()[-1]  # extract: the message alone, not the prose around it
+    assert last.startswith('(CBCL/1.0 (message-id "p-1")') and "My bid" not in last
+    wrong = _marked("language-models").split("printf '", 1)[1].split("' \\", 1)[0]
+    wrong = wrong.replace("\\n", "\n").replace(":currency", ":Currency")
+    hinted = subprocess.run(["bash", "-euc", "cbcl extract - --descriptor "
+                             "descriptors/contract-net-v1.cbcl --allow-unsigned --hint"],
+                            input=wrong, cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert hinted.returncode == 3, hinted.stderr
+    for line in _marked("language-models-hint").strip().splitlines():
+        assert line in hinted.stderr.splitlines(), (line, hinted.stderr)
