@@ -38,9 +38,11 @@ from ._cli_common import (
     usage_error,
 )
 from ._cli_conversation import register as register_conversation
+from ._cli_convert import register as register_convert
 from ._cli_descriptor import register as register_descriptor
 from ._cli_export import register as register_export
 from ._cli_llm import register as register_llm, with_hint
+from ._cli_mcp import register as register_mcp
 from ._cli_negotiate import register as register_negotiate
 from ._errors import CBCLError, TrustError
 from ._limits import DEFAULT_LIMITS, Limits
@@ -313,9 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
                               f"(default {DEFAULT_LIMITS.max_message_bytes})")
     register_codec(commands)
     register_conversation(commands)
+    register_convert(commands)
     register_negotiate(commands)
     register_bench(commands)
     register_llm(commands)
+    register_mcp(commands)
     return parser
 
 

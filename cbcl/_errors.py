@@ -209,3 +209,23 @@ class SchemaError(ViolationError):
 
 class EvaluationError(ViolationError):
     kind = "evaluation"
+
+
+class ConversionError(ProtocolError):
+    """A message that cannot be converted to or from another agent format (FIPA ACL, A2A)
+    at all (a FIPA message without a sender, a date that does not exist …): exit 5."""
+
+    kind = "convert"
+
+
+class LossyConversionError(ConversionError):
+    """A conversion that would lose something, refused because ``lossy`` was not given:
+    exit 5. ``losses`` lists what would be lost, one sentence each."""
+
+    kind = "lossy"
+
+    def __init__(self, losses: list[str] | tuple[str, ...], *, what: str = "conversion"
+                 ) -> None:
+        self.losses = tuple(losses)
+        super().__init__(f"the {what} would lose: " + "; ".join(self.losses)
+                         + " (give lossy=True, or --lossy, to convert anyway)")

@@ -137,3 +137,16 @@ def test_language_models_example_runs_as_shown(tmp_path: Path) -> None:
     assert hinted.returncode == 3, hinted.stderr
     for line in _marked("language-models-hint").strip().splitlines():
         assert line in hinted.stderr.splitlines(), (line, hinted.stderr)
+
+
+def test_interop_example_runs_as_shown(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "vectors").symlink_to(ROOT / "tests" / "vectors")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", _marked("interop")],
+                          cwd=tmp_path, env=user_shell_env(tmp_path), capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr + done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("(request :sender (agent-identifier :name rma@")
+    assert lines[1].startswith("(CBCL/1.0 ") and '"role": "ROLE_USER"' in lines[2]
+    assert "lost: receivers" in done.stderr

@@ -1,0 +1,359 @@
+"""CBCL ⇄ A2A with the real a2a-sdk types (cbcl/_a2a.py, spec/interop.md §4): the
+text part is authoritative, the JSON part informative; losses are listed and refused unless
+lossy; hostile A2A input gives a CBCLError and nothing else."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
+    Message as A2AMessage,
+    Part,
+    Role,
+    TaskState,
+)
+from google.protobuf import json_format, struct_pb2
+from hypothesis import given, strategies as st
+
+from cbcl import (
+    CBCLError,
+    ConversationTracker,
+    LimitError,
+    Limits,
+    MalformedError,
+    Message,
+    ProtocolError,
+    Registry,
+    SchemaError,
+    parse,
+)
+from cbcl._a2a import (
+    DATA_MEDIA_TYPE,
+    EXTENSION_URI,
+    MAX_DATA_DEPTH,
+    MEDIA_TYPE,
+    TASK_STATES,
+    a2a_json_to_message,
+    a2a_to_message,
+    agent_card_extension,
+    card_protocols,
+    message_to_a2a,
+    message_to_a2a_json,
+    read_a2a,
+    task_state,
+    write_a2a,
+)
+from cbcl._errors import LossyConversionError
+
+ROOT = Path(__file__).parent.parent
+DESCRIPTORS = [ROOT / "descriptors" / name
+               for name in ("request-v1.cbcl", "contract-net-v1.cbcl")]
+
+REQUEST_TEXT = (
+    '(CBCL/1.0 (message-id "m-1") (sender agent://ops/planner) (receiver agent://ops/backup) '
+    '(intent REQUEST) (protocol request/v1) (conversation-id "c-1") (reply-by 1764499060000) '
+    '(body (request :action (action :name backup :args (:size 1800000 :ratio 0.5 '
+    ':big 9007199254740993 :to agent://x :tag "t")))))')
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    reg = Registry(disk_cache=False, isolate=False)
+    for path in DESCRIPTORS:
+        reg.load(path.read_bytes(), allow_unsigned=True)
+    return reg
+
+
+@pytest.fixture(scope="module")
+def request_message(registry: Registry) -> Message:
+    return parse(REQUEST_TEXT, registry=registry)
+
+
+def inform(body: str, intent: str = "INFORM", mid: str = "m-2") -> str:
+    return (f'(CBCL/1.0 (message-id "{mid}") (sender agent://ops/backup) '
+            f'(receiver agent://ops/planner) (intent {intent}) (protocol request/v1) '
+            f'(conversation-id "c-1") (in-reply-to "m-1") (body {body}))')
+
+
+# --------------------------------------------------------------------------- the mapping
+
+
+def test_object_round_trip_text_authoritative(request_message: Message,
+                                              registry: Registry) -> None:
+    a2a = message_to_a2a(request_message)
+    assert isinstance(a2a, A2AMessage)
+    assert a2a.message_id == "m-1" and a2a.context_id == "c-1"
+    assert a2a.role == Role.ROLE_USER
+    assert list(a2a.extensions) == [EXTENSION_URI]
+    text_part, data_part = a2a.parts
+    assert text_part.media_type == MEDIA_TYPE
+    assert text_part.text == request_message.canonical()
+    assert data_part.media_type == DATA_MEDIA_TYPE
+    assert json_format.MessageToDict(data_part.metadata)["cbcl"] == "informative"
+    assert a2a_to_message(a2a, registry=registry) == request_message
+    assert a2a_to_message(a2a) == request_message  # pass 1 alone
+
+
+def test_json_part_does_not_round_trip_but_is_no_mismatch(request_message: Message) -> None:
+    text, losses = message_to_a2a_json(request_message)
+    assert losses == []
+    assert "\n" not in text
+    document = json.loads(text)
+    data = document["parts"][1]["data"]
+    assert list(data) == ["version", "message-id", "sender", "receiver", "intent",
+                          "protocol", "conversation-id", "reply-by", "body"]
+    args = data["body"][2][4]
+    assert args[1] == 1800000.0 and isinstance(args[1], float)  # protobuf Value: a double
+    assert args[5] == {"int": "9007199254740993"}  # beyond 2**53: the exact tagged form
+    assert data["reply-by"] == 1764499060000.0
+    message, losses = a2a_json_to_message(text)
+    assert message == request_message and losses == []
+    # Same message, same text.
+    assert message_to_a2a_json(request_message)[0] == text
+    # The SDK's own parser reads it.
+    assert json_format.Parse(text, A2AMessage()).parts[0].text == request_message.canonical()
+
+
+def test_roles_follow_the_intent(registry: Registry) -> None:
+    reply = parse(inform('(inform-result :action-id "a-1" :result 3)'), registry=registry)
+    assert message_to_a2a(reply).role == Role.ROLE_AGENT
+    assert message_to_a2a(reply, role=Role.ROLE_USER).role == Role.ROLE_USER
+    assert a2a_to_message(message_to_a2a(reply, role=Role.ROLE_USER)) == reply
+
+
+def test_pass_two_and_schema_run_on_the_text_part(registry: Registry) -> None:
+    a2a = message_to_a2a(parse(inform('(inform-done :action-id "x")'), registry=registry))
+    a2a.parts[0].text = inform('(inform-done :action-id "")')  # schema: min-length 1
+    a2a.parts.pop()  # (the data part would now differ)
+    with pytest.raises(SchemaError):
+        a2a_to_message(a2a, registry=registry)
+    a2a.parts[0].text = inform("(inform-done)")
+    with pytest.raises(CBCLError) as info:
+        a2a_to_message(a2a, registry=registry)
+    assert info.value.kind == "body"
+
+
+def test_signature_is_carried(registry: Registry) -> None:
+    signed = REQUEST_TEXT[:-1] + ' (signature "k1" "c2lnbmF0dXJl"))'
+    message = parse(signed, envelope_only=True)
+    back, losses = a2a_json_to_message(message_to_a2a_json(message)[0])
+    assert back.signature == message.signature and losses == []
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def test_losses_are_listed_and_refused_unless_lossy(request_message: Message) -> None:
+    a2a = message_to_a2a(request_message)
+    a2a.task_id = "task-9"
+    a2a.reference_task_ids.append("task-1")
+    a2a.extensions.append("https://example.org/other")
+    a2a.metadata.update({"trace": "x"})
+    a2a.parts.append(Part(text="hello", media_type="text/plain"))
+    a2a.parts.append(Part(url="https://example.org/f", media_type="image/png"))
+    with pytest.raises(LossyConversionError, match="would lose"):
+        a2a_to_message(a2a)
+    message, losses = read_a2a(a2a, lossy=True)
+    assert message == request_message
+    joined = "\n".join(losses)
+    for expected in ("taskId", "referenceTaskIds", "extension URI", "metadata",
+                     "parts[2]: a text part (text/plain)", "parts[3]: a url part"):
+        assert expected in joined
+    text = json.dumps(json_format.MessageToDict(a2a))
+    with pytest.raises(ProtocolError):
+        a2a_json_to_message(text)
+    assert a2a_json_to_message(text, lossy=True)[1] == losses
+
+
+def test_ids_and_data_part_that_differ_are_reported(request_message: Message) -> None:
+    a2a = message_to_a2a(request_message)
+    a2a.message_id = "other"
+    a2a.context_id = "other-context"
+    a2a.parts[1].data.list_value.values.add().string_value = "x"  # no longer the mapping
+    message, losses = read_a2a(a2a, lossy=True)
+    assert message.message_id == "m-1"  # the text part wins
+    assert len(losses) == 3
+    assert "messageId" in losses[0] and "contextId" in losses[1]
+    assert "differs from the text part" in losses[2]
+
+
+def test_no_cbcl_part_or_two_are_malformed(request_message: Message) -> None:
+    a2a = A2AMessage(message_id="x", parts=[Part(text="hi", media_type="text/plain")])
+    with pytest.raises(MalformedError, match="no application/cbcl text part"):
+        read_a2a(a2a, lossy=True)
+    a2a = message_to_a2a(request_message)
+    a2a.parts.append(Part(text=request_message.canonical(), media_type=MEDIA_TYPE))
+    with pytest.raises(MalformedError, match="2 application/cbcl text parts"):
+        read_a2a(a2a, lossy=True)
+    a2a = message_to_a2a(request_message)
+    a2a.parts[0].text = "(not cbcl"
+    with pytest.raises(MalformedError):
+        read_a2a(a2a, lossy=True)
+
+
+def _nested(depth: int) -> Message:
+    body: object = "x"
+    for _ in range(depth):
+        body = [body]
+    return Message(message_id="d", sender="agent://a", receiver="agent://b",
+                   intent="INFORM", protocol="p", body=body)  # type: ignore[arg-type]
+
+
+def test_a_body_too_deep_for_protobuf_leaves_the_data_part_out() -> None:
+    # The message's JSON object is one level, the body's lists the rest.
+    fits, deep = _nested(MAX_DATA_DEPTH - 1), _nested(MAX_DATA_DEPTH)
+    text, losses = message_to_a2a_json(fits)
+    assert losses == [] and a2a_json_to_message(text) == (fits, [])
+    with pytest.raises(ProtocolError, match="data part: left out"):
+        message_to_a2a(deep)
+    a2a, losses = write_a2a(deep, lossy=True)
+    assert len(a2a.parts) == 1 and "recursion limit" in losses[0]
+    text, _ = message_to_a2a_json(deep, lossy=True)
+    assert a2a_json_to_message(text) == (deep, [])
+    # The boundary is real: one level more than MAX_DATA_DEPTH cannot be read back.
+    value = json_format.ParseDict(_nest_json(MAX_DATA_DEPTH + 1), struct_pb2.Value())
+    too_deep = json_format.MessageToJson(A2AMessage(message_id="d", parts=[Part(data=value)]))
+    with pytest.raises(json_format.ParseError):
+        json_format.Parse(too_deep, A2AMessage())
+
+
+def _nest_json(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+def test_size_is_bounded_before_parsing(request_message: Message) -> None:
+    small = Limits(max_message_bytes=1024)
+    huge = " " * (4 * 1024 + 65 * 1024)
+    with pytest.raises(LimitError):
+        a2a_json_to_message(huge, limits=small)
+    with pytest.raises(LimitError):
+        a2a_json_to_message(huge.encode(), limits=small)
+    a2a = message_to_a2a(request_message)
+    a2a.parts.append(Part(text="x" * (70 * 1024), media_type="text/plain"))
+    with pytest.raises(LimitError):
+        read_a2a(a2a, lossy=True, limits=small)
+
+
+@pytest.mark.parametrize("text", [
+    "", "null", "[]", "1e400", '{"messageId": 1}', '{"unknownField": "x"}',
+    '{"parts": [{"text": "a", "data": {}}]}', '{"role": "ROLE_NOBODY"}',
+    '{"parts": [{"text": "\\ud800", "mediaType": "application/cbcl"}]}',
+    "[" * 100_000, '{"parts": ' + "[" * 5000 + "]" * 5000 + "}",
+])
+def test_bad_json_is_malformed(text: str) -> None:
+    with pytest.raises(MalformedError):
+        a2a_json_to_message(text, lossy=True)
+
+
+def test_bad_utf8_is_malformed() -> None:
+    with pytest.raises(MalformedError, match="not UTF-8"):
+        a2a_json_to_message(b'{"messageId": "\xff"}')
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["messageId", "contextId", "taskId", "parts", "text",
+                                       "data", "mediaType", "role", "metadata",
+                                       "extensions", "url", "raw", "filename", "x"]),
+                      children, max_size=5),
+    max_leaves=20)
+
+
+@given(JSON_VALUES)
+def test_fuzz_any_json_gives_a_result_or_a_cbcl_error(value: object) -> None:
+    with contextlib.suppress(CBCLError):
+        a2a_json_to_message(json.dumps(value), lossy=True)
+
+
+@given(st.binary(max_size=300))
+def test_fuzz_any_bytes_gives_a_result_or_a_cbcl_error(data: bytes) -> None:
+    with contextlib.suppress(CBCLError):
+        a2a_json_to_message(data, lossy=True)
+
+
+@given(st.data())
+def test_fuzz_mutated_messages(data: st.DataObject) -> None:
+    text = message_to_a2a_json(parse(REQUEST_TEXT, envelope_only=True))[0]
+    at = data.draw(st.integers(0, len(text) - 1))
+    cut = data.draw(st.integers(0, 8))
+    insert = data.draw(st.text(max_size=8))
+    with contextlib.suppress(CBCLError):
+        a2a_json_to_message(text[:at] + insert + text[at + cut:], lossy=True)
+
+
+# --------------------------------------------------------------------------- AgentCard
+
+
+def test_agent_card_extension_lists_protocols_and_digests(registry: Registry) -> None:
+    protocols = [registry.get("request/v1"), registry.get("contract-net/v1")]
+    extension = agent_card_extension([p for p in protocols if p is not None], required=True)
+    assert extension.uri == EXTENSION_URI and extension.required
+    card = AgentCard(name="backup", capabilities=AgentCapabilities(extensions=[extension]))
+    card = json_format.Parse(json_format.MessageToJson(card), AgentCard())  # over the wire
+    listed = card_protocols(card)
+    assert [(p.id, p.version) for p in listed] == [("request/v1", 1), ("contract-net/v1", 1)]
+    for entry, protocol in zip(listed, protocols, strict=True):
+        assert protocol is not None
+        assert entry.digest == protocol.digest
+        assert entry.intents == protocol.descriptor.intents
+    assert card_protocols(AgentCard(name="plain")) == ()
+
+
+@pytest.mark.parametrize("params", [
+    {"protocols": "x"},
+    {"protocols": [{"id": "a b", "version": "1", "digest": "sha256:" + "0" * 64}]},
+    {"protocols": [{"id": "p", "version": 1.0, "digest": "sha256:" + "0" * 64}]},
+    {"protocols": [{"id": "p", "version": "01", "digest": "sha256:" + "0" * 64}]},
+    {"protocols": [{"id": "p", "version": "1", "digest": "sha256:" + "G" * 64}]},
+    {"protocols": [{"id": "p", "version": "1", "digest": "sha256:" + "0" * 64,
+                    "intents": ["SHOUT"]}]},
+    {"protocols": [{}] * 300},
+])
+def test_hostile_card_params_are_malformed(params: dict[str, object]) -> None:
+    extension = AgentExtension(uri=EXTENSION_URI,
+                               params=json_format.ParseDict(params, struct_pb2.Struct()))
+    with pytest.raises(MalformedError):
+        card_protocols(extension)
+
+
+# --------------------------------------------------------------------------- task states
+
+
+def test_task_states_follow_the_request_conversation(registry: Registry) -> None:
+    tracker = ConversationTracker.from_descriptors(
+        [registry.get("request/v1"), registry.get("contract-net/v1")])
+    now = 1764499000000
+    states = []
+    for text in (REQUEST_TEXT, inform('(agree :action-id "a-1")', "AGREE"),
+                 inform('(inform-result :action-id "a-1" :result 3)', mid="m-3")):
+        step = tracker.receive(parse(text, registry=registry), now=now)
+        states.append(task_state("request/v1", step.after))
+    assert states == [TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING,
+                      TaskState.TASK_STATE_COMPLETED]
+    assert task_state("request/v1", "start") is None
+    assert task_state("task-assignment/v1", "anything") is None
+
+
+@pytest.mark.parametrize("protocol", ["request/v1", "contract-net/v1"])
+def test_every_state_but_start_has_a_task_state(registry: Registry, protocol: str) -> None:
+    loaded = registry.get(protocol)
+    assert loaded is not None and loaded.descriptor.conversation is not None
+    section = loaded.descriptor.conversation
+    assert isinstance(section, tuple)
+    transitions = next(part for part in section
+                       if isinstance(part, tuple) and str(part[0]) == "transitions")
+    states = {str(row[3]) for row in transitions[1:] if isinstance(row, tuple)}
+    assert states | {"cancelled"} == set(TASK_STATES[protocol])
