@@ -95,6 +95,8 @@ from ._subset import (
     Literal,
     Reference,
     Repeat,
+    derivation_heights,
+    item_height,
     read_grammar,
     to_cfg,
 )
@@ -1546,7 +1548,7 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
     are tried."""
     rng = random.Random(seed)
     rules = {rule.name: rule for rule in source.rules}
-    height = _heights(source)
+    height = derivation_heights(source)
     pool = dict(_DEFAULT_ATOMS)
     if atoms:
         for key, values in atoms.items():
@@ -1558,7 +1560,7 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
     def alt_height(alt: Alternative) -> int:
         found = heights.get(id(alt))
         if found is None:
-            found = heights[id(alt)] = max((_item_height(i, height) for i in alt.items),
+            found = heights[id(alt)] = max((item_height(i, height) for i in alt.items),
                                            default=0)
         return found
 
@@ -1662,37 +1664,6 @@ class _Paren(str):
 
 def _is_paren(token: Any) -> bool:
     return type(token) is _Paren
-
-
-def _heights(source: GrammarSource) -> dict[str, int]:
-    """The least nesting of rule references each rule needs to finish (a fixpoint)."""
-    height: dict[str, int] = {}
-    changed = True
-    while changed:
-        changed = False
-        for rule in source.rules:
-            best = min((max((_item_height(i, height) for i in alt.items), default=0)
-                        for alt in rule.alternatives), default=0)
-            if best < 1 << 30 and height.get(rule.name, 1 << 30) > best + 1:
-                height[rule.name] = best + 1
-                changed = True
-    return height
-
-
-def _item_height(item: Item, height: dict[str, int]) -> int:
-    if isinstance(item, Reference):
-        return 0 if item.is_base else height.get(item.name, 1 << 30)
-    if isinstance(item, Group):
-        if item.optional:
-            return 0
-        return min(max((_item_height(i, height) for i in alt.items), default=0)
-                   for alt in item.alternatives)
-    if isinstance(item, Repeat):
-        return 0 if item.op != "+" else _item_height(item.item, height)
-    if isinstance(item, KeywordSet):
-        return max((_item_height(m.item, height) for m in item.members if not m.optional),
-                   default=0)
-    return 0
 
 
 def _search(sides: list[_Side], directions: list[tuple[int, int]], checkers: list[_Checker],

@@ -13,13 +13,12 @@ prompt never teaches a message the receiver would refuse.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 from ._api import parse
 from ._errors import CBCLError
 from ._hints import (
     ENVELOPE_TEMPLATE,
-    GrammarIndex,
     grammar_index,
     start_templates,
     where_lines,
@@ -27,45 +26,23 @@ from ._hints import (
 from ._message import Intent
 from ._protocol import Protocol
 from ._registry import Registry
-from ._subset import BASE_NAMES, Group, Item, KeywordSet, Literal, Reference, Repeat
+from ._subset import (
+    BASE_NAMES,
+    Group,
+    Item,
+    KeywordSet,
+    Literal,
+    Reference,
+    Repeat,
+    derivation_heights,
+    item_height,
+)
 from ._values import Keyword, Symbol, Value
 
 __all__ = ["example_bodies", "example_message", "render_prompt"]
 
-_UNKNOWN = 1 << 30
 #: Attempts per example before giving up on an intent (a schema may refuse most drafts).
 _ATTEMPTS = 400
-
-
-def _heights(index: GrammarIndex) -> dict[str, int]:
-    """The least derivation depth of every rule (a fixpoint: rules are productive)."""
-    heights = dict.fromkeys(index.rules, _UNKNOWN)
-    changed = True
-    while changed:
-        changed = False
-        for name, rule in index.rules.items():
-            best = min(max((_height(i, heights) for i in alt.items), default=0)
-                       for alt in rule.alternatives) + 1
-            if best < heights[name]:
-                heights[name] = best
-                changed = True
-    return heights
-
-
-def _height(item: Item, heights: Mapping[str, int]) -> int:
-    if isinstance(item, Literal):
-        return 0
-    if isinstance(item, Reference):
-        return 0 if item.name in BASE_NAMES else heights[item.name]
-    if isinstance(item, Repeat):
-        return _height(item.item, heights) if item.op == "+" else 0
-    if isinstance(item, KeywordSet):
-        return max((_height(m.item, heights) for m in item.members if not m.optional),
-                   default=0)
-    if item.optional:
-        return 0
-    return min(max((_height(i, heights) for i in alt.items), default=0)
-               for alt in item.alternatives)
 
 
 def _schema_atoms(schema: Value | None, limit: int = 256) -> tuple[list[str], list[str]]:
@@ -108,14 +85,14 @@ def example_bodies(protocol: Protocol, intent: Intent, *, seed: int = 0,
     consulted (callers keep those :func:`cbcl.parse` accepts)."""
     index = grammar_index(protocol.descriptor)
     rules = index.rules
-    heights = _heights(index)
+    heights = derivation_heights(index.source)
     pools = _pools(protocol)
     rng = random.Random(seed)
     start = protocol.descriptor.starts[intent]
 
     def alt_height(alt: object) -> int:
         items: Sequence[Item] = alt.items  # type: ignore[attr-defined]
-        return max((_height(i, heights) for i in items), default=0)
+        return max((item_height(i, heights) for i in items), default=0)
 
     def choose(options: list[object], depth: int) -> object:
         if depth > max_depth:

@@ -1185,6 +1185,44 @@ def read_grammar(text: str | bytes, *, limits: GrammarLimits | None = None,
     return source
 
 
+_NO_HEIGHT = 1 << 30
+
+
+def derivation_heights(source: GrammarSource) -> dict[str, int]:
+    """The least derivation depth of every rule of ``source``: how many nested rule
+    references it needs to finish (a fixpoint; every rule is productive, so each is
+    finite). The generators and the witness search use it to end a body they draw."""
+    heights = dict.fromkeys((rule.name for rule in source.rules), _NO_HEIGHT)
+    changed = True
+    while changed:
+        changed = False
+        for rule in source.rules:
+            best = min(max((item_height(i, heights) for i in alt.items), default=0)
+                       for alt in rule.alternatives) + 1
+            if best < heights[rule.name]:
+                heights[rule.name] = best
+                changed = True
+    return heights
+
+
+def item_height(item: Item, heights: Mapping[str, int]) -> int:
+    """The least derivation depth of one item, given the rules' (see
+    :func:`derivation_heights`)."""
+    if isinstance(item, Literal):
+        return 0
+    if isinstance(item, Reference):
+        return 0 if item.is_base else heights.get(item.name, _NO_HEIGHT)
+    if isinstance(item, Repeat):
+        return item_height(item.item, heights) if item.op == "+" else 0
+    if isinstance(item, KeywordSet):
+        return max((item_height(m.item, heights) for m in item.members if not m.optional),
+                   default=0)
+    if item.optional:
+        return 0
+    return min(max((item_height(i, heights) for i in alt.items), default=0)
+               for alt in item.alternatives)
+
+
 def rule_name_problem(name: str) -> str | None:
     """Why ``name`` cannot name a rule (a base name, ``_``-prefixed, not
     ``[a-z][a-z0-9_]*``), or ``None``."""

@@ -25,40 +25,9 @@ from cbcl._subset import (
     Reference,
     Repeat,
     Rule,
+    derivation_heights,
+    item_height,
 )
-
-_UNKNOWN = 1 << 30
-
-
-def _heights(source: GrammarSource) -> dict[str, int]:
-    """The least derivation depth of every rule (a fixpoint; finite: rules are productive)."""
-    heights = {rule.name: _UNKNOWN for rule in source.rules}
-    changed = True
-    while changed:
-        changed = False
-        for rule in source.rules:
-            best = min(max((_height(i, heights) for i in alt.items), default=0)
-                       for alt in rule.alternatives) + 1
-            if best < heights[rule.name]:
-                heights[rule.name] = best
-                changed = True
-    return heights
-
-
-def _height(item: Item, heights: Mapping[str, int]) -> int:
-    if isinstance(item, Literal):
-        return 0
-    if isinstance(item, Reference):
-        return 0 if item.name in BASE_NAMES else heights[item.name]
-    if isinstance(item, Repeat):
-        return _height(item.item, heights) if item.op == "+" else 0
-    if isinstance(item, KeywordSet):
-        return max((_height(m.item, heights) for m in item.members if not m.optional),
-                   default=0)
-    if item.optional:
-        return 0
-    return min(max((_height(i, heights) for i in alt.items), default=0)
-               for alt in item.alternatives)
 
 
 def bodies(source: GrammarSource, start: str, tokens: Mapping[str, st.SearchStrategy[str]],
@@ -66,7 +35,7 @@ def bodies(source: GrammarSource, start: str, tokens: Mapping[str, st.SearchStra
     """Bodies (text, tokens separated by one space) that ``start`` of ``source`` derives.
     ``tokens`` draws the text of each base name (``SYMBOL``, ``NUMBER``, ``value`` …)."""
     rules: dict[str, Rule] = {rule.name: rule for rule in source.rules}
-    heights = _heights(source)
+    heights = derivation_heights(source)
 
     def choose(draw: Any, options: list[Any], height_of: Any, depth: int) -> Any:
         if depth > max_depth:
@@ -75,7 +44,7 @@ def bodies(source: GrammarSource, start: str, tokens: Mapping[str, st.SearchStra
         return draw(st.sampled_from(options))
 
     def alt_height(alt: Any) -> int:
-        return max((_height(i, heights) for i in alt.items), default=0)
+        return max((item_height(i, heights) for i in alt.items), default=0)
 
     def emit(draw: Any, item: Item, depth: int, out: list[str]) -> None:
         if isinstance(item, Literal):
