@@ -30,14 +30,19 @@ parts) from the rest; the rest, joined with one ``"`` where each string was, is 
 with ``.replace("(", " ( ").replace(")", " ) ").split()``, and each token is looked up in a
 bounded cache of token text -> value (``_ATOM.fullmatch`` on a miss). A lone ``"`` token
 takes the next string; a string without a delimiter beside it leaves a token like ``a"``
-or ``""`` that is no atom. Since those operations accept more than CBCL, the tier checks
-in bulk, before building anything, whatever they would let through: a comment inside or
-after the list (any ``;`` outside strings), whitespace that ``str.split`` knows and CBCL
-refuses (:data:`_ODD_SPACE`), forbidden characters in strings, escapes (a quote the split
-mistook for a string's end leaves a string part ending in an escaping backslash), the
-sizes of strings and names, the node budget (which also bounds the splits). Depth and
-items are checked as lists open and close, and the list must close at the last token.
-On any doubt it gives up (``None``), never raises, and the two tiers above read the text.
+or ``""`` that is no atom. Rare atoms are read in place, so that a valid message is never
+read twice (issue 19, spec/cbcl-1.0.md "Cost model"): an escaped quote is hidden from the
+split first (:func:`_escape_quotes`: backslashes paired left to right, as escapes read,
+become control characters no valid text holds), comments are cut out of the parts between
+strings (:data:`_COMMENT`; one that holds a quote misled the split and gives up), long
+integers are range-checked, long strings measured. Since those operations accept more
+than CBCL, the tier checks in bulk, before building anything, whatever they would let
+through: whitespace that ``str.split`` knows and CBCL refuses (:data:`_ODD_SPACE`),
+forbidden characters in strings, invalid escapes, the sizes of strings and names, the
+node budget (which also bounds the splits). Depth and items are checked as lists open and
+close, and the list must close at the last token. On any doubt it gives up (``None``),
+never raises, and the two tiers above read the text; the fast loop, too, reads long
+integers and long strings in place, and gives up on errors only.
 Like them it is linear: every pass is a C-level scan or a loop over tokens. It scans to
 the end of the text, so it is never tried at a later position (:func:`value_spans` would
 re-scan the rest per value).
@@ -72,6 +77,10 @@ from ._vocabulary import (
 # controls, DEL, and the bidirectional embedding/override/isolate controls.
 _FORBIDDEN = "\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
 _DELIM = r"(?=[ \t\r\n();]|\Z)"
+# A comment: from ';' to the line's end. A control character inside it stops the comment
+# and then fails as a token.
+_COMMENT_PATTERN = (r";[^\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+                    r"\u2028\u2029\ufeff]*+")
 
 # Group numbers (match.lastindex) of the token kinds. The alternatives are tried in order
 # of frequency (symbols before URIs, which they cannot match: a symbol never contains ':');
@@ -79,10 +88,8 @@ _DELIM = r"(?=[ \t\r\n();]|\Z)"
 LPAR, RPAR, KEYWORD, SYMBOL, STRING, INTEGER, DECIMAL, URI_TOKEN, EOF, BAD = range(1, 11)
 
 TOKEN = re.compile(
-    # Whitespace and comments. A comment ends at CR or LF; a control character inside
-    # it stops the comment and then fails as a BAD token.
-    r"(?:[ \t\r\n]++|;[^\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
-    r"\u2028\u2029\ufeff]*+)*+"
+    # Whitespace and comments.
+    r"(?:[ \t\r\n]++|" + _COMMENT_PATTERN + r")*+"
     r"(?:"
     r"(\()"  # 1 LPAR
     r"|(\))"  # 2 RPAR
@@ -316,7 +323,8 @@ def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     The same values as :func:`_read_careful`, with fewer checks per token: nodes are
     counted at every token (so no more than the limit is ever built), a list's items when
     it closes, and the rare conditions (escapes, long strings and names, long integers)
-    only when they may apply. Every refusal gives up, never raises."""
+    only when they may apply (in place: it gives up on no text that is valid within the
+    limits). Every refusal gives up, never raises."""
     budget = limits.max_nodes - nodes
     max_items = limits.max_list_items
     depth_left = limits.max_depth - depth
@@ -366,15 +374,25 @@ def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
             value = symbol if symbol is not None else intern_symbol(name)
         elif kind == STRING:
             value = m.group(STRING)
-            if len(value) * 4 > max_string:
-                return None
-            if "\\" in value:
+            if len(value) * 4 > max_string:  # may be over: measure (as _read_careful)
+                if len(value) > 6 * max_string:
+                    return None
+                if "\\" in value:
+                    value = _ESCAPE.sub(_unescape_one, value)
+                if _utf8_size(value) > max_string:
+                    return None
+            elif "\\" in value:
                 value = _ESCAPE.sub(_unescape_one, value)
         elif kind == INTEGER:
             value = m.group(INTEGER)
             if len(value) > 18:  # 18 digits, or 17 and a sign, are always in range
-                return None
-            value = int(value)
+                if len(value) > _INT_MAX_CHARS:
+                    return None
+                value = int(value)
+                if not INT64_MIN <= value <= INT64_MAX:
+                    return None
+            else:
+                value = int(value)
         elif kind == URI_TOKEN:
             value = _new(URI, m.group(URI_TOKEN))
         elif kind == DECIMAL:
@@ -398,6 +416,8 @@ def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
 # LF are): each is refused between tokens, so the split tier must never split on one.
 _ODD_SPACE = re.compile(
     "[\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+# A comment, as TOKEN skips one: it stops at a line end or at a character it refuses.
+_COMMENT = re.compile(_COMMENT_PATTERN)
 # An atom of the split tier: TOKEN's atom alternatives, matched in full against a run the
 # split left between delimiters; the same order, and groups of the same meaning.
 _ATOM = re.compile(
@@ -473,6 +493,54 @@ def _atom(token: str, max_name: int) -> object | None:
     return value
 
 
+def _escape_quotes(body: str) -> str:
+    """``body`` with each escaped backslash made ``\\x00`` and each escaped quote
+    ``\\x01`` (backslashes paired left to right, as escapes read) if it holds an escaped
+    quote, else ``""``. A few backslashes are walked by the pieces between them (C-level
+    splits; finding a two-character needle is a slow scan), many by ``str.replace``."""
+    pieces = body.split("\\", 32)
+    if len(pieces) > 32:
+        if '\\"' not in body:
+            return ""
+        return body.replace("\\\\", "\x00").replace('\\"', "\x01")
+    for piece in pieces:
+        if piece[:1] == '"':
+            break
+    else:
+        return ""  # no backslash before a quote (the first piece is before any)
+    out = [pieces[0]]
+    quote = False
+    k = 1
+    last = len(pieces) - 1
+    while k <= last:
+        piece = pieces[k]
+        if not piece and k < last:  # '\\\\': the next piece follows the pair
+            out.append("\x00" + pieces[k + 1])
+            k += 2
+            continue
+        if piece[:1] == '"':
+            quote = True
+            out.append("\x01" + piece[1:])
+        else:
+            out.append("\\" + piece)
+        k += 1
+    return "".join(out) if quote else ""
+
+
+def _close_after(body: str) -> int:
+    """The index just after the last ')' of ``body`` outside comments, when no string
+    follows it (nor a quote in a comment)."""
+    tail_at = body.rfind('"') + 1
+    end = at = tail_at
+    for m in _COMMENT.finditer(body, tail_at):
+        close = body.rfind(")", at, m.start())
+        if close != -1:
+            end = close + 1
+        at = m.end()
+    close = body.rfind(")", at)
+    return close + 1 if close != -1 else end
+
+
 def _utf8_size(s: str) -> int:
     """The size of ``s`` in UTF-8, or more than any limit if it cannot be encoded."""
     if s.isascii():
@@ -485,14 +553,14 @@ def _utf8_size(s: str) -> int:
 
 def _read_split(text: str, limits: Limits, depth: int, nodes: int,
                 ) -> tuple[Value, int, int] | None:
-    """:func:`read_value_at` at character 0 for a list that only whitespace follows, read
-    with C-level string operations; ``None`` for anything else.
+    """:func:`read_value_at` at character 0 for a list that only whitespace and comments
+    follow, read with C-level string operations; ``None`` for anything else.
 
     Gives up on whatever it cannot prove well-formed and within the limits, without
-    raising: a comment after the first ``(``, an odd number of quotes, an escaped quote or
-    an invalid escape, whitespace other than CBCL's, a forbidden character, a string or
-    name that may be too long, a token neither cached nor matched in full by
-    :data:`_ATOM`, too many nodes, lists too deep or too long, anything after the list."""
+    raising: a comment that holds a quote, an odd number of quotes, an invalid escape,
+    whitespace other than CBCL's, a forbidden character, a string or name over its limit,
+    a token neither cached nor matched in full by :data:`_ATOM`, too many nodes, lists too
+    deep or too long, anything but comments after the list."""
     budget = limits.max_nodes - nodes
     depth_left = limits.max_depth - depth
     if budget < 1 or depth_left < 1:
@@ -518,7 +586,19 @@ def _read_split(text: str, limits: Limits, depth: int, nodes: int,
     # the rest are the even parts, joined into `code` with one '"' where each string was:
     # a string without a delimiter on either side leaves a token like 'a"' or '""' that
     # no atom matches.
-    parts = body.split('"', 2 * budget)
+    escaped = _escape_quotes(body) if "\\" in body else ""
+    if escaped:
+        # An escaped quote, which the split must not take for a string's end: first each
+        # pair of backslashes (in a string, an escaped backslash: escapes read left to
+        # right), then each backslash before a quote (an escaped quote) becomes a control
+        # character that valid text never holds (refused in strings and between tokens);
+        # the strings get their raw text back after the split. A backslash between tokens
+        # is an error, and whatever it became leaves a token that is no atom.
+        if "\x00" in body or "\x01" in body or "\x02" in body:
+            return None
+        parts = escaped.split('"', 2 * budget)
+    else:
+        parts = body.split('"', 2 * budget)
     if not len(parts) & 1 or len(parts) > 2 * budget:
         return None  # an unterminated string, or too many
     if len(parts) == 1:
@@ -527,8 +607,26 @@ def _read_split(text: str, limits: Limits, depth: int, nodes: int,
     else:
         code = '"'.join(parts[::2])
         strings = parts[1::2]
+        if escaped:
+            strings = ("\x02".join(strings).replace("\x01", '\\"')
+                       .replace("\x00", "\\\\").split("\x02"))
+    tail_comment = False
     if ";" in code:
-        return None  # a comment (its ';' would also leave a token that is no atom)
+        # Comments, each from its ';' to the line's end (or to a character a comment
+        # refuses, which is then left between tokens, where it is no atom). A comment
+        # holding a quote misled the split: its part ends inside it, before any line end
+        # (but the last part, which ends the text). Give up on that.
+        pieces = parts[::2]
+        last = len(pieces) - 1
+        tail_comment = ";" in pieces[last]
+        for i, piece in enumerate(pieces):
+            if ";" in piece:
+                if i != last:
+                    after = piece[piece.rfind(";"):]
+                    if "\n" not in after and "\r" not in after:
+                        return None
+                pieces[i] = _COMMENT.sub(" ", piece)
+        code = '"'.join(pieces)
     if ("\x0b" in code or "\x0c" in code or "\x1c" in code or "\x1d" in code
             or "\x1e" in code or "\x1f" in code
             or (not code.isascii() and _ODD_SPACE.search(code))):
@@ -543,9 +641,20 @@ def _read_split(text: str, limits: Limits, depth: int, nodes: int,
             # before it ends in a backslash that starts an escape: then it is not _ESCAPED.
             for i, s in enumerate(strings):
                 if "\\" in s:
-                    if len(s) > 6 * max_string or _ESCAPED.fullmatch(s) is None:
+                    if len(s) > 6 * max_string:
                         return None  # (each character is at most 6 raw ones: \uXXXX)
-                    strings[i] = _ESCAPE.sub(_unescape_one, s)
+                    if "\\u" in s:  # (or an escaped backslash before a 'u')
+                        if _ESCAPED.fullmatch(s) is None:
+                            return None
+                        strings[i] = _ESCAPE.sub(_unescape_one, s)
+                        continue
+                    # Escaped backslashes first (escapes read left to right, and no
+                    # string holds a \x00); then a backslash left over is an error.
+                    t = (s.replace("\\\\", "\x00").replace('\\"', '"').replace("\\n", "\n")
+                         .replace("\\t", "\t").replace("\\r", "\r"))
+                    if "\\" in t:
+                        return None
+                    strings[i] = t.replace("\x00", "\\") if "\x00" in t else t
         if len(raw) * 4 > max_string:  # else no string can be over (4 bytes a character)
             for s in strings:
                 if len(s) * 4 > max_string and _utf8_size(s) > max_string:
@@ -589,6 +698,8 @@ def _read_split(text: str, limits: Limits, depth: int, nodes: int,
             if not stack:
                 if next(tokens_left, None) is not None:
                     return None
+                if tail_comment:  # the list's ')' is the last one outside comments
+                    return value, start + _close_after(body), nodes + total
                 return value, start + body.rfind(")") + 1, nodes + total
             items = pop()
             items.append(value)

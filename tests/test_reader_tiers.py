@@ -1,0 +1,269 @@
+"""No cliffs (issue 19): the reader's tiers agree on messages with rare atoms mixed in.
+
+A rare atom — an escaped quote, a 19- or 20-digit integer, a long decimal, a non-ASCII
+string, \\u escapes, a URI with odd characters, a comment, a string or name at its limit —
+is read in place by the split tier (``_read_split``) and by the fast loop
+(``_read_fast``), so a valid message that holds one is never handed down to a slower tier.
+The differential properties: each tier gives exactly the careful loop's value, end and node
+count, or gives up; the public functions raise exactly the careful loop's errors (message,
+position, context); and on valid text the split tier and the fast loop never give up but
+for the documented reasons (a comment holding a quote, for the split tier). The text
+reader has no C twin; the binary decoder does, so messages holding the same rare atoms are
+also decoded with and without ``cbcl._speedups`` and must give the text's values.
+"""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings, strategies as st
+from strategies import values as cbcl_values
+from test_reader import careful_read, careful_read_all, outcome, same_outcome, same_value
+
+import cbcl
+from cbcl import URI, Keyword, Limits, Symbol, _reader
+from cbcl._limits import DEFAULT_LIMITS
+from cbcl._values import Value
+
+
+class Raw(str):
+    """Text put into a rendered value as it is (a rare atom, or a broken one)."""
+
+
+# Rare atoms CBCL accepts, written out; each reads as one value.
+RARE_GOOD = [
+    '"a\\"b"', '"\\""', '"\\\\"', '"\\\\\\""', '"x\\\\\\\\\\"y"', '"\\"\\"\\""', '"q\\\\"',
+    '"end\\\\\\\\"', '"\\u00e9\\n\\t\\r\\\\u"', '"\\u0041\\"\\u202E"', '"Größe ✓ 𝄞"',
+    '"a;b (c) \\";"', "9223372036854775807", "-9223372036854775808", "1234567890123456789",
+    "-999999999999999999", "100000000000000000", "12345678901234567890.5",
+    "1." + "0" * 38, "-0." + "1" * 37, "0.000000000000000000000000001",
+    "urn-x://dépôt/ü~!$&'*+,=@", "agent://a.b/c?d=e#f", "z://\u00e9\u4e2d",
+    ":" + "k" * 40, "s" * 60, "+", "-", "...", "a.b/c-d@e%f&g",
+    '"' + "\\n" * 40 + '\\""', '"' + "\\\\" * 40 + '"', '"' + "\\t" * 33 + '"',
+]
+# Comments, which need a line end unless they end the text (the renderer adds one).
+COMMENTS = ["; note", '; say "hi"', "; (not a list) \\", "; \t tab", ";;", '; "', "; é ✓"]
+# Broken or over-limit atoms: every tier must give up or raise the careful loop's error.
+RARE_BAD = [
+    "9223372036854775808", "-9223372036854775809", "1" * 21, "1" * 40, "1." + "0" * 39,
+    '"\\q"', '"\\ud800"', '"a\\"', '"\\u12"', '"tab\there"', '"\x01"', "agent://",
+    "Agent://x", "a\\b", '"a"b', "é", "\ufeff", "\u2028", "\xa0", "; \x01", '"\\\\\\"',
+    "\\", '\\"', "-0", "01", "1.", ".5", "+1",
+]
+GAPS = [" ", " ", " ", "\n", "  \n\t", "\r\n"]
+
+
+def render(value: Value | Raw, draw: st.DrawFn) -> str:
+    if isinstance(value, Raw):
+        if value.startswith(";"):
+            return value + draw(st.sampled_from(["\n", "\r\n", "\r"]))
+        return str(value)
+    if not isinstance(value, tuple):
+        return cbcl.canonical(value)
+    out = "(" + draw(st.sampled_from(["", "", " ", "\n"]))
+    for index, item in enumerate(value):
+        if index:
+            out += draw(st.sampled_from(GAPS))
+        out += render(item, draw)
+    return out + draw(st.sampled_from(["", "", " "])) + ")"
+
+
+def mix(value: Value, draw: st.DrawFn, rare: st.SearchStrategy[str], count: int,
+        ) -> Value | Raw:
+    """``value`` with ``count`` rare atoms put at random places (in lists)."""
+    tree: object = value if isinstance(value, tuple) else (value,)
+    for _ in range(count):
+        lists = _lists(tree, ())
+        path = draw(st.sampled_from(lists))
+        tree = _insert(tree, path, draw(st.integers(0, 10)), Raw(draw(rare)))
+    return tree  # type: ignore[return-value]
+
+
+def _lists(value: object, path: tuple[int, ...]) -> list[tuple[int, ...]]:
+    out = [path]
+    for index, item in enumerate(value):  # type: ignore[arg-type]
+        if isinstance(item, tuple):
+            out.extend(_lists(item, (*path, index)))
+    return out
+
+
+def _insert(value: object, path: tuple[int, ...], at: int, new: object) -> tuple[object, ...]:
+    items = list(value)  # type: ignore[call-overload]
+    if path:
+        items[path[0]] = _insert(items[path[0]], path[1:], at, new)
+    else:
+        items.insert(min(at, len(items)), new)
+    return tuple(items)
+
+
+@st.composite
+def mixed_texts(draw: st.DrawFn, *, bad: bool) -> str:
+    """A plain value with rare atoms mixed in (and, with ``bad``, broken ones)."""
+    value = draw(cbcl_values)
+    good = st.sampled_from(RARE_GOOD) | st.sampled_from(COMMENTS)
+    tree = mix(value, draw, good, draw(st.integers(1, 3)))
+    if bad:
+        tree = mix(tree, draw, st.sampled_from(RARE_BAD), 1)  # type: ignore[arg-type]
+    lead = draw(st.sampled_from(["", "", "; lead\n", " \n"]))
+    tail = draw(st.sampled_from(["", "", "\n", " ; end", ' ; "end"\n']))
+    return lead + render(tree, draw) + tail
+
+
+def tiers(text: str, limits: Limits, depth: int = 0, nodes: int = 0) -> tuple[object, ...]:
+    """Check every tier of the reader against the careful loop on ``text``; return the
+    careful loop's outcome."""
+    careful = outcome(lambda: _reader._read_careful(text, 0, limits, depth, nodes))
+    for tier in (_reader._read_split, lambda *a: _reader._read_fast(a[0], 0, *a[1:])):
+        found = tier(text, limits, depth, nodes)
+        if found is not None:
+            assert careful[0] == "ok", (text, careful)
+            value, end, count = found
+            expected, expected_end, expected_count = careful[1]  # type: ignore[misc]
+            assert same_value(value, expected), (text, value, expected)
+            assert (end, count) == (expected_end, expected_count), text
+    at = outcome(lambda: _reader.read_value_at(text, 0, limits, depth, nodes))
+    if careful[0] == "ok":
+        assert at[0] == "ok" and same_value(at[1][0], careful[1][0]), text  # type: ignore[index]
+        assert at[1][1:] == careful[1][1:], text  # type: ignore[index]
+    else:
+        assert at == careful, text
+    if depth == nodes == 0:
+        assert same_outcome(outcome(lambda: cbcl.read(text, limits=limits)),
+                            outcome(lambda: careful_read(text, limits))), text
+        assert same_outcome(outcome(lambda: cbcl.read_all(text, limits=limits)),
+                            outcome(lambda: careful_read_all(text, limits))), text
+    return careful
+
+
+LIMITS = st.sampled_from([
+    DEFAULT_LIMITS, Limits(max_string_bytes=8, max_name_chars=12),
+    Limits(max_depth=3, max_list_items=4, max_nodes=25), Limits(max_name_chars=40)])
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=mixed_texts(bad=False), limits=LIMITS)
+def test_tiers_agree_on_rare_atoms(text: str, limits: Limits) -> None:
+    tiers(text, limits)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=mixed_texts(bad=True), limits=LIMITS)
+def test_tiers_agree_on_broken_atoms(text: str, limits: Limits) -> None:
+    tiers(text, limits)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=mixed_texts(bad=False), depth=st.integers(0, 2), nodes=st.integers(0, 5))
+def test_tiers_agree_inside_a_document(text: str, depth: int, nodes: int) -> None:
+    tiers(text, DEFAULT_LIMITS, depth, nodes)
+
+
+def _holds_quoted_comment(text: str) -> bool:
+    """Whether a comment of ``text`` holds a quote (the careful loop's view)."""
+    for m in _reader.TOKEN.finditer(text):
+        skipped = text[m.start() : _reader.token_start(m)]
+        if ";" in skipped and '"' in skipped[skipped.index(";"):]:
+            return True
+        if m.lastindex == _reader.EOF:
+            return False
+    return False  # pragma: no cover
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=mixed_texts(bad=False))
+def test_no_tier_gives_up_on_a_rare_atom(text: str) -> None:
+    """On valid text within the limits, the first tier reads it: no cliff."""
+    careful = tiers(text, DEFAULT_LIMITS)
+    assert careful[0] == "ok", careful
+    assert _reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is not None, text
+    if not _holds_quoted_comment(text):
+        assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None, text
+
+
+@pytest.mark.parametrize("rare", RARE_GOOD)
+def test_each_rare_atom_is_read_in_place(rare: str) -> None:
+    text = f'(x :y "z" {rare} 7 (w {rare}))'
+    careful = tiers(text, DEFAULT_LIMITS)
+    assert careful[0] == "ok"
+    assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None
+    assert _reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is not None
+
+
+@pytest.mark.parametrize("rare", RARE_BAD)
+def test_each_broken_atom_fails_as_the_careful_loop_says(rare: str) -> None:
+    for text in (f'(x :y "z" {rare} 7)', f"(x\n ({rare}))", f"({rare}"):
+        careful = tiers(text, DEFAULT_LIMITS)
+        assert careful[0] == "error", text
+
+
+@pytest.mark.parametrize("comment", COMMENTS)
+def test_comments_are_read_in_place(comment: str) -> None:
+    for text in (f"(a {comment}\n b)", f"(a \"s\" {comment}\n)", f"(a){comment}",
+                 f"(a (b {comment}\r\n c) \"d\"){comment}\n"):
+        assert tiers(text, DEFAULT_LIMITS)[0] == "ok", text
+        assert (_reader._read_split(text, DEFAULT_LIMITS, 0, 0) is None) is ('"' in comment)
+
+
+@pytest.mark.parametrize("at", [18, 19, 20])
+def test_long_integers_at_the_range_edges(at: int) -> None:
+    for number in (10 ** (at - 1), -(10 ** (at - 2)), 2**63 - 1, -(2**63), 2**63, -(2**63) - 1):
+        text = f"(a {number} b)"
+        careful = tiers(text, DEFAULT_LIMITS)
+        assert (careful[0] == "ok") is (-(2**63) <= number < 2**63)
+        # The fast loop reads the token in place (or gives up on an error only).
+        assert (_reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is None) is (
+            careful[0] == "error")
+
+
+def test_long_strings_are_measured_in_place() -> None:
+    limits = Limits(max_string_bytes=8)
+    for s, ok in (("abcdefgh", True), ("abcdefghi", False), ("ééé", True), ("éééé✓", False),
+                  ("\\u00e9\\u00e9\\u00e9\\u00e9", True), ("\\u00e9" * 5, False),
+                  ('\\"' * 8, True), ('\\"' * 9, False)):
+        text = f'(a "{s}" b)'
+        careful = tiers(text, limits)
+        assert (careful[0] == "ok") is ok, text
+        assert (_reader._read_fast(text, 0, limits, 0, 0) is None) is (not ok)
+        assert (_reader._read_split(text, limits, 0, 0) is None) is (not ok)
+
+
+# --------------------------------------------------------------------------- binary, ±C
+
+REGISTRY_CACHE: list[cbcl.Registry] = []
+
+
+def _registry() -> cbcl.Registry:
+    if not REGISTRY_CACHE:
+        from cbcl._bench import find_descriptors, load_registry
+
+        REGISTRY_CACHE.append(load_registry(find_descriptors()))
+    return REGISTRY_CACHE[0]
+
+
+RARE_VALUES: list[object] = [
+    'a"b', '\\"', "Größe ✓ 𝄞", "\x01\n", 2**63 - 1, -(2**63), 1234567890123456789,
+    Decimal("12345678901234567890.123456789"), URI("urn-x://dépôt/ü~!$&'*+,=@"),
+    Keyword("k" * 40), Symbol("s" * 60)]
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_binary_decode_reads_rare_atoms_with_and_without_the_extension(
+        pure_python: bool) -> None:
+    registry = _registry()
+    encoder = cbcl.Encoder(registry)
+    decoder = cbcl.Decoder(registry, pure_python=pure_python)
+    rng = random.Random(19)
+    for i in range(60):
+        atoms = tuple(rng.sample(RARE_VALUES, 3))
+        body = (Symbol("inform-result"), Keyword("action-id"), f"rq-{i}", Keyword("result"),
+                (Symbol("r"), *atoms, (Symbol("n"), *atoms)))
+        message = cbcl.Message(message_id=f"m-{i}", sender=URI("agent://a/b"),
+                               receiver=URI("agent://c/d"), intent="INFORM",
+                               protocol=Symbol("request/v1"), body=body)
+        text = cbcl.canonical(message)
+        assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None
+        from_text = cbcl.parse(text, registry=registry)
+        from_binary = decoder.decode(encoder.encode(message))
+        assert same_value(from_binary.body, from_text.body)
