@@ -13,6 +13,30 @@ from decimal import Decimal
 
 from ._errors import MalformedError
 from ._values import INT64_MAX, INT64_MIN, MAX_DECIMAL_CHARS, URI, Keyword, Symbol, ValueInput
+from ._vocabulary import (
+    CODE_DECIMAL,
+    CODE_INTEGER,
+    CODE_KEYWORD,
+    CODE_LPAR,
+    CODE_RPAR,
+    CODE_SYMBOL,
+    CODE_URI,
+    FIRST_ENTRY,
+)
+
+# The optional C twins of the encoders (cbcl/_encoders.c): canonical_value below and the
+# binary frame writer of cbcl._codec.Encoder try them first; None where it is not built.
+try:
+    from . import _encoders
+except ImportError:  # pragma: no cover - built wherever a C compiler exists
+    _encoders = None  # type: ignore[assignment]
+else:
+    if not all(hasattr(_encoders, name) for name in ("canonical", "pack_frame", "prepare")):
+        raise ImportError("cbcl._encoders is a stale build (rebuild the extension)")
+    _encoders.setup(Symbol, Keyword, URI, Decimal, MAX_DECIMAL_CHARS,
+                    (CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL, CODE_SYMBOL,
+                     CODE_KEYWORD, CODE_URI, FIRST_ENTRY))
+native = _encoders
 
 # Characters a canonical string escapes; lone surrogates are matched so they can be refused.
 _NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
@@ -99,6 +123,16 @@ def canonical_value(value: ValueInput) -> str:
     outside int64, a non-finite or over-long decimal, a string with a lone surrogate).
     Lists may be tuples or Python lists.
     """
+    if native is not None:
+        text = native.canonical(value)  # None: declined, the Python twin writes or raises
+        if text is not None:
+            return text
+    return canonical_value_python(value)
+
+
+def canonical_value_python(value: ValueInput) -> str:
+    """:func:`canonical_value` in Python: the reference (and the fallback) of its C twin
+    ``cbcl._encoders.canonical``, which gives the same text or declines."""
     if not isinstance(value, (tuple, list)):
         return _atom_text(value)
     # Post-order without recursion: each open list gathers its items' texts, and is

@@ -43,7 +43,7 @@ import msgpack.fallback
 
 from ._api import check_outgoing
 from ._automaton import ACCEPT, REFUSED
-from ._canonical import _decimal, canonical_value
+from ._canonical import _decimal, canonical_value, native as _native
 from ._errors import (
     BodyError,
     EnvelopeError,
@@ -201,11 +201,13 @@ class Encoder:
     the encoder returns is one a decoder with those limits accepts (its signature aside).
     ``validate=False`` skips that, for a trusted hot path that has validated already; then
     a message its protocol refuses gives a frame every decoder refuses, exactly as its
-    text would be refused.
+    text would be refused. ``pure_python=True`` writes frames with the Python twin of the
+    optional accelerator ``cbcl._encoders`` (the frames and errors are the same).
     """
 
     def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
-                 validate: bool = True, limits: Limits | None = None) -> None:
+                 validate: bool = True, limits: Limits | None = None,
+                 pure_python: bool = False) -> None:
         if not isinstance(registry, Registry):
             raise TypeError("registry must be a cbcl.Registry")
         limits = DEFAULT_LIMITS if limits is None else limits
@@ -217,9 +219,12 @@ class Encoder:
         self.validate = validate
         self.limits = limits
         self._short = {digest: key for key, digest in _check_short_ids(short_ids).items()}
-        self._tables: dict[Protocol, tuple[SymbolTable, bytes]] = {}
+        # Per protocol: its symbol table, frame header and the table as the C twin takes it
+        # (cbcl._encoders.prepare; None: the Python twin writes, as under pure_python=True).
+        self._tables: dict[Protocol, tuple[SymbolTable, bytes, object]] = {}
+        self._native = None if pure_python else _native
 
-    def _table(self, message: Message) -> tuple[SymbolTable, bytes]:
+    def _table(self, message: Message) -> tuple[SymbolTable, bytes, object]:
         protocol = self.registry.get(message.protocol)
         if protocol is None:
             raise UnknownProtocolError(
@@ -233,7 +238,8 @@ class Encoder:
                 header = MAGIC + bytes((FORMAT_VERSION, 0)) + table.digest
             else:
                 header = MAGIC + bytes((FORMAT_VERSION, FLAG_SHORT_ID)) + short.to_bytes(2, "big")
-            cached = self._tables[protocol] = (table, header)
+            prepared = None if self._native is None else self._native.prepare(table.codes)
+            cached = self._tables[protocol] = (table, header, prepared)
         return cached
 
     def encode(self, message: Message) -> bytes:
@@ -248,7 +254,7 @@ class Encoder:
         """
         if not isinstance(message, Message):
             raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
-        table, header = self._table(message)
+        table, header, prepared = self._table(message)
         if self.validate:
             check_outgoing(table.protocol, message, self.limits)
         present = 0
@@ -270,19 +276,24 @@ class Encoder:
             present |= HAS_SIGNATURE
             tokens.append(message.signature.key_id)
             tokens.append(message.signature.value)
-        if message.body is not None:
+        body = message.body
+        if body is not None:
             present |= HAS_BODY
-            _body_tokens(message.body, dict(table.codes), tokens)
         tokens[1] = present
-        try:
-            packed: bytes = msgpack.packb(tokens)
-        except UnicodeEncodeError:
-            raise ValueError("a string holds a lone surrogate, not UTF-8 text") from None
-        # ``tokens`` packs as one array; the frame holds its elements without the array
-        # header (fixarray: 1 byte, array 16: 3, array 32: 5).
-        first = packed[0]
-        skip = 1 if first < 0xDC else (3 if first == 0xDC else 5)
-        frame = header + packed[skip:]
+        frame = None if prepared is None or _native is None else \
+            _native.pack_frame(header, tokens, body, prepared)
+        if frame is None:  # not built, or declined: the Python twin writes it (or raises)
+            if body is not None:
+                _body_tokens(body, dict(table.codes), tokens)
+            try:
+                packed: bytes = msgpack.packb(tokens)
+            except UnicodeEncodeError:
+                raise ValueError("a string holds a lone surrogate, not UTF-8 text") from None
+            # ``tokens`` packs as one array; the frame holds its elements without the array
+            # header (fixarray: 1 byte, array 16: 3, array 32: 5).
+            first = packed[0]
+            skip = 1 if first < 0xDC else (3 if first == 0xDC else 5)
+            frame = header + packed[skip:]
         if self.validate and len(frame) > self.limits.max_message_bytes:
             Budget(self.limits, nowhere).exceeded("max_message_bytes", 0, "frame")
         return frame

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The encoders' C twins (cbcl/_encoders.c) under AddressSanitizer and UBSan: builds the
+# extension with -fsanitize=address,undefined (and warnings as errors) into a temporary
+# copy of the package, then runs against it the differential tests (tests/test_encoders.py,
+# and the canonical and codec suites that go through it) and the fuzz harness
+# tests/fuzz/fuzz_encoders.py: under libFuzzer (atheris) when it is installed, and on
+# random inputs as well. Any sanitizer report aborts the run (halt_on_error).
+#
+#     tests/fuzz/asan_build.sh [SECONDS]     # fuzzing time, 60 by default
+#
+# Environment: PYTHON (default .venv/bin/python), CC (default gcc; the sanitizer runtimes
+# are that compiler's, preloaded into the interpreter, which is not built with them).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$(pwd)
+PY=${PYTHON:-.venv/bin/python}
+case "$PY" in /*) ;; */*) PY="$root/$PY" ;; esac  # (the runs below are not in $root)
+CC=${CC:-gcc}
+SECONDS_TO_FUZZ=${1:-60}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/pkg" "$work/corpus"
+cp -r cbcl "$work/pkg/cbcl"
+rm -rf "$work/pkg/cbcl/__pycache__" "$work/pkg/cbcl"/_encoders*.so "$work/pkg/cbcl"/_encoders*.pyd
+
+include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+target="$work/pkg/cbcl/_encoders$suffix"
+echo "+ $CC -fsanitize=address,undefined … cbcl/_encoders.c -> $target"
+"$CC" -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+    -fno-sanitize-recover=all -Wall -Wextra -Werror -I"$include" cbcl/_encoders.c -o "$target"
+
+LD_PRELOAD="$("$CC" -print-file-name=libasan.so) $("$CC" -print-file-name=libubsan.so)"
+export LD_PRELOAD
+# Leaks are not checked: the interpreter keeps memory until exit by design. PYTHONMALLOC:
+# every PyMem allocation goes through malloc, so ASan sees the extension's buffers.
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export PYTHONMALLOC=malloc
+export PYTHONPATH="$work/pkg"
+export CBCL_REQUIRE_SPEEDUPS=1  # a skip for want of the extension would hide nothing
+cd "$work"  # not the checkout: its cbcl/ would come first on sys.path
+ln -s "$root/descriptors" descriptors  # (what `cbcl bench`'s corpus, used by a test, finds)
+
+"$PY" -c "import sys, cbcl._encoders as m; assert m.__file__.startswith(sys.argv[1]), m.__file__; \
+print('+ sanitized build:', m.__file__)" "$work/pkg"
+echo "+ pytest (differential tests) against the sanitized build"
+"$PY" -m pytest -q -p no:cacheprovider "$root/tests/test_encoders.py" \
+    "$root/tests/test_canonical.py" "$root/tests/test_codec.py"
+echo "+ fuzz_encoders.py on random inputs"
+"$PY" "$root/tests/fuzz/fuzz_encoders.py" --random 20000
+if "$PY" -c "import atheris" 2>/dev/null; then
+    echo "+ fuzz_encoders.py under libFuzzer for ${SECONDS_TO_FUZZ}s"
+    "$PY" "$root/tests/fuzz/fuzz_encoders.py" -max_total_time="$SECONDS_TO_FUZZ" \
+        -rss_limit_mb=0 "$work/corpus" "$root/tests/fuzz/corpus/encoders"
+fi
+echo "+ no sanitizer findings"

@@ -1,0 +1,182 @@
+"""Atheris harness of the encoders' C twins (``cbcl._encoders``): on every input, the C and
+the Python twins give the same canonical text and the same binary frame, or raise the same
+exception with the same message.
+
+    pip install '.[fuzz]'
+    python tests/fuzz/fuzz_encoders.py [libFuzzer options] [corpus dirs]
+    python tests/fuzz/fuzz_encoders.py -max_total_time=180 tests/fuzz/corpus/encoders
+    python tests/fuzz/fuzz_encoders.py --replay FILE…   # without atheris (the smoke test)
+    python tests/fuzz/fuzz_encoders.py --random N [SEED]   # N seeds, random and mutated inputs
+
+An input is read two ways. As CBCL text (``cbcl.read``): a value that reads is encoded as
+it reads. And as a small program that builds a value no reader could return
+(:func:`build`): each byte picks an opcode (open a tuple or a list, close it, a string, a
+name of each kind built without validation, an int of 1, 8 or 16 bytes, a decimal from
+arbitrary text, or a value that is not a CBCL value at all), later bytes its operand;
+strings are decoded as UTF-8, or as UTF-16 with ``surrogatepass``, so lone surrogates
+occur. Each value is
+written by ``canonical_value`` (C first) and ``canonical_value_python``, and sent in a
+message body through ``Encoder`` and ``Encoder(pure_python=True)``; any difference is a
+finding (an AssertionError: libFuzzer stops and writes the input to ``crash-*``).
+``tests/fuzz/asan_build.sh`` runs this harness against the extension built with
+AddressSanitizer and UBSan.
+"""
+
+from __future__ import annotations
+
+import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CORPUS = ROOT / "tests" / "fuzz" / "corpus" / "encoders"
+DESCRIPTORS = ("task-assignment-v1", "contract-net-v1", "request-v1", "canon-a-v1")
+
+
+class _Text(str):
+    """A str subclass (not a CBCL type)."""
+
+
+def _take(data: bytes, at: int, size: int) -> tuple[bytes, int]:
+    return data[at:at + size], at + size
+
+
+def build(data: bytes) -> Any:
+    """The value the bytes of ``data`` spell as a program (see the module doc)."""
+    from cbcl import URI, Keyword, Symbol
+
+    root: list[Any] = []
+    stack: list[tuple[list[Any], type]] = [(root, list)]
+    at = 0
+    while at < len(data) and len(root) < 2:
+        op = data[at] % 16
+        at += 1
+        items = stack[-1][0]
+        if op in (0, 1):  # open a tuple / a list
+            if len(stack) < 200:
+                stack.append(([], tuple if op == 0 else list))
+        elif op == 2:  # close
+            if len(stack) > 1:
+                done, kind = stack.pop()
+                stack[-1][0].append(tuple(done) if kind is tuple else done)
+        elif op in (3, 4, 5, 6, 7):  # str, Symbol, Keyword, URI, str subclass
+            size = data[at] % 40 if at < len(data) else 0
+            raw, at = _take(data, at + 1, size)
+            text = raw.decode("utf-8", "replace") if size % 3 == 0 else \
+                raw[: len(raw) // 2 * 2].decode("utf-16-le", "surrogatepass")
+            kind = (str, Symbol, Keyword, URI, _Text)[op - 3]
+            items.append(str.__new__(kind, text))
+        elif op in (8, 9, 10):  # int: 1, 8 or 16 bytes, signed
+            raw, at = _take(data, at, (1, 8, 16)[op - 8])
+            items.append(int.from_bytes(raw, "little", signed=True))
+        elif op == 11:  # a decimal from text
+            size = data[at] % 24 if at < len(data) else 0
+            raw, at = _take(data, at + 1, size)
+            try:
+                items.append(Decimal(raw.decode("ascii", "replace")))
+            except InvalidOperation:
+                items.append(Decimal("1E+3"))
+        elif op == 12:  # not a CBCL value
+            pick = data[at] % 6 if at < len(data) else 0
+            at += 1
+            items.append((True, None, 1.5, b"x", {"k": 1}, False)[pick])
+        elif op == 13:  # deep: a chain of one-item tuples
+            depth = int.from_bytes(data[at:at + 2], "little") if at < len(data) else 0
+            at += 2
+            value: Any = "d"
+            # mostly shallow; now and then around the C twin's stack bound (10,000)
+            for _ in range(depth % 64 if depth < 0xF000 else 9_996 + depth % 8):
+                value = (value,)
+            items.append(value)
+        else:  # a common atom: a grammar literal, a URI, escapes
+            pick = data[at] % 4 if at < len(data) else 0
+            at += 1
+            items.append((Symbol("request"), Keyword("action"), URI("agent://a/b"),
+                          "é\u202a\x85\U0001f600")[pick])
+    while len(stack) > 1:
+        done, kind = stack.pop()
+        stack[-1][0].append(tuple(done) if kind is tuple else done)
+    return root[0] if root else ()
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+def _setup() -> Any:
+    import cbcl
+    from cbcl import URI, Intent, Message, Symbol
+    from cbcl._canonical import canonical_value, canonical_value_python, native
+    from cbcl._codec import Encoder
+
+    if native is None:
+        raise SystemExit("cbcl._encoders is not built: nothing to compare")
+    registry = cbcl.Registry(disk_cache=False, isolate=False)
+    for name in DESCRIPTORS:
+        registry.load((ROOT / "descriptors" / f"{name}.cbcl").read_bytes(),
+                      allow_unsigned=True)
+    c_twin = Encoder(registry, validate=False)
+    python_twin = Encoder(registry, validate=False, pure_python=True)
+
+    def compare(value: Any) -> None:
+        expected = _outcome(canonical_value_python, value)
+        assert _outcome(canonical_value, value) == expected, value
+        text = native.canonical(value)
+        assert text is None or (text == expected and text.isascii() == expected.isascii())
+        message = Message._trusted("m", URI("agent://a"), URI("agent://b"), Intent.REQUEST,
+                                   Symbol("request/v1"), None, None, None, None, value, None)
+        assert _outcome(c_twin.encode, message) == _outcome(python_twin.encode, message)
+
+    def check(data: bytes) -> None:
+        try:
+            read = cbcl.read(data)
+        except cbcl.CBCLError:
+            read = None
+        if read is not None:
+            compare(read)
+        compare(build(data))
+
+    return check
+
+
+def main(argv: list[str]) -> int:
+    rest = argv[1:]
+    if rest and rest[0] == "--random":  # without atheris: seeds, random bytes, mutations
+        import random
+
+        check = _setup()
+        rng = random.Random(int(rest[2]) if len(rest) > 2 else 0)
+        seeds = [path.read_bytes() for path in sorted(CORPUS.iterdir())]
+        for run in range(int(rest[1])):
+            if run < len(seeds):
+                data = seeds[run]
+            elif run % 2:
+                data = bytes(rng.randrange(256) for _ in range(rng.randrange(200)))
+            else:
+                data = bytearray(rng.choice(seeds))
+                for _ in range(rng.randrange(1, 8)):
+                    if data:
+                        data[rng.randrange(len(data))] = rng.randrange(256)
+                data = bytes(data)
+            check(data)
+        return 0
+    if rest and rest[0] == "--replay":
+        check = _setup()
+        for path in rest[1:]:
+            check(Path(path).read_bytes())
+        return 0
+    import atheris
+
+    with atheris.instrument_imports(include=["cbcl"]):
+        check = _setup()
+    atheris.Setup([argv[0], *rest], check)
+    atheris.Fuzz()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
