@@ -537,6 +537,9 @@ MEMO_ENTRIES = 1024
 #: The longest text a decoder remembers an atom by (longer ones are validated each time:
 #: few recur, and kept they would hold up to MEMO_ENTRIES frames' worth of bytes).
 MEMO_CHARS = 128
+#: The longest decimal a decoder remembers (as the reader: short ones recur, longer ones
+#: seldom); ``cbcl/_speedups.c`` constructs longer ones itself (DECIMAL_MEMO_CHARS).
+_DECIMAL_MEMO_CHARS = 4
 
 
 class _Memos:
@@ -590,7 +593,7 @@ class _Memos:
             if len(text) > _MAX_DECIMAL_TEXT or DECIMAL_RE.match(text) is None:
                 return None
             value = Decimal(text)
-            if len(text) <= 4:  # as the reader: short ones recur, longer ones seldom
+            if len(text) <= _DECIMAL_MEMO_CHARS:  # as the reader: short ones recur
                 decimals = self.decimals
                 if len(decimals) >= self.entries:
                     decimals.clear()

@@ -3,12 +3,13 @@
  * Theory of operation
  * -------------------
  * Two functions, each the C twin of a Python function that stays the reference and the
- * fallback when this module is not built:
+ * fallback when this module is not built, and the rules they judge atoms by:
  *
  *   unpack(data, start)  -> list | None    twin of msgpack's Unpacker over a frame's tokens
  *   build_body(...)      -> value | None   twin of the loop of cbcl._codec._fast_body
+ *   check_atom(code, t)  -> bool           the lexical rules build_body applies to atoms
  *
- * Both serve only the happy path. Neither raises for anything in its input: on any doubt
+ * The twins serve only the happy path. Neither raises for anything in its input: on any doubt
  * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
  * grammar refuses ...) it returns None and the Python decoder reads the same frame again,
  * carefully, to raise the precise error. Exceptions come only from the interpreter
@@ -24,7 +25,11 @@
  * is always held by a strong reference: step may flush the automaton, after which only
  * the walk keeps its nodes alive. An atom written in full is looked up in its kind's
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
- * decimals); only a miss calls make_atom, the Python function that validates it. The
+ * decimals). A miss is validated here, by C mirrors of cbcl/_vocabulary.py's rules
+ * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
+ * declines without a Python call, a long decimal (never remembered) is constructed here,
+ * and only a valid atom the memos keep calls make_atom, the Python function that makes
+ * and remembers it. The
  * caches and make_atom are the calling decoder's own (cbcl._codec._Memos), passed with
  * each call: this module keeps no state but its interned token-class strings.
  */
@@ -39,7 +44,7 @@ static PyObject *S_LPAR, *S_RPAR, *S_END, *S_STRING, *S_INTEGER, *S_KINDS[FIRST_
 /* ------------------------------------------------------------------------- unpack */
 
 static PyObject *
-unpack(PyObject *self, PyObject *args)
+unpack(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer view;
     Py_ssize_t start;
@@ -170,9 +175,159 @@ advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *
     return next == refused ? 0 : 1;
 }
 
+/* The lexical rules of cbcl/_vocabulary.py, mirrored exactly (tests/test_decoder_atoms.py
+ * holds each to its regex over every code point of the BMP and on adversarial texts).
+ * Python's `re` on str without IGNORECASE: [A-Za-z] and [0-9] are ASCII only. */
+
+/* NAME_START: [A-Za-z+\-*\/<>=!?_.] */
+static int
+name_start(Py_UCS4 c)
+{
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'))
+        return 1;
+    switch (c) {
+    case '+': case '-': case '*': case '/': case '<': case '>': case '=': case '!':
+    case '?': case '_': case '.':
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* NAME_REST: NAME_START, [0-9] and @ % & */
+static int
+name_rest(Py_UCS4 c)
+{
+    return name_start(c) || (c >= '0' && c <= '9') || c == '@' || c == '%' || c == '&';
+}
+
+/* NAME_RE (keyword) or SYMBOL_RE (symbol: a NAME not matching NUMBERLIKE, [+\-]?\.?[0-9],
+ * at its start). */
+static int
+valid_name(PyObject *text, int symbol)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), i;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    if (n == 0 || !name_start(PyUnicode_READ(kind, data, 0)))
+        return 0;
+    for (i = 1; i < n; i++)
+        if (!name_rest(PyUnicode_READ(kind, data, i)))
+            return 0;
+    if (symbol) {
+        Py_UCS4 c;
+        i = 0;
+        c = PyUnicode_READ(kind, data, 0);
+        if (c == '+' || c == '-')
+            c = ++i < n ? PyUnicode_READ(kind, data, i) : 0;
+        if (c == '.')
+            c = ++i < n ? PyUnicode_READ(kind, data, i) : 0;
+        if (c >= '0' && c <= '9')
+            return 0; /* starts like a number */
+    }
+    return 1;
+}
+
+#define MAX_DECIMAL_CHARS 40 /* cbcl._vocabulary.MAX_DECIMAL_CHARS */
+#define DECIMAL_MEMO_CHARS 4 /* cbcl._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
+
+/* DECIMAL_RE: -?(?:0|[1-9][0-9]*+)\.[0-9]++, of at most MAX_DECIMAL_CHARS characters. */
+static int
+valid_decimal(PyObject *text)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, digits;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+#define AT(k) ((k) < n ? PyUnicode_READ(kind, data, (k)) : 0)
+#define DIGIT(c) ((c) >= '0' && (c) <= '9')
+    if (n > MAX_DECIMAL_CHARS)
+        return 0;
+    if (AT(i) == '-')
+        i++;
+    if (AT(i) == '0') {
+        i++;
+    } else if (AT(i) >= '1' && AT(i) <= '9') {
+        while (DIGIT(AT(i)))
+            i++;
+    } else {
+        return 0;
+    }
+    if (AT(i) != '.')
+        return 0;
+    i++;
+    for (digits = 0; DIGIT(AT(i)); digits++)
+        i++;
+    return digits > 0 && i == n;
+#undef AT
+#undef DIGIT
+}
+
+/* Whether a URI's rest may hold `c`: not in cbcl._vocabulary.URI_REST_EXCLUDES (space and
+ * controls, delimiters, bidirectional controls, INVISIBLE). */
+static int
+uri_rest(Py_UCS4 c)
+{
+    if (c <= 0x20 || (c >= 0x7f && c <= 0x9f))
+        return 0;
+    switch (c) {
+    case '(': case ')': case '"': case ';':
+    case 0x00a0: case 0x061c: case 0x1680: case 0x3000: case 0xfeff:
+        return 0;
+    default:
+        break;
+    }
+    if ((c >= 0x2066 && c <= 0x2069) || (c >= 0x2000 && c <= 0x200f) ||
+            (c >= 0x2028 && c <= 0x202f) || (c >= 0x205f && c <= 0x2064))
+        return 0;
+    return 1;
+}
+
+/* URI_RE: [a-z][a-z0-9+.\-]*+://[^URI_REST_EXCLUDES]++ (the scheme's class holds no ':',
+ * so its possessive run ends where "://" must start). */
+static int
+valid_uri(PyObject *text)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), i;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_UCS4 c;
+    if (n == 0 || !((c = PyUnicode_READ(kind, data, 0)) >= 'a' && c <= 'z'))
+        return 0;
+    for (i = 1; i < n; i++) {
+        c = PyUnicode_READ(kind, data, i);
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '.' ||
+              c == '-'))
+            break;
+    }
+    if (n - i < 4 || PyUnicode_READ(kind, data, i) != ':' ||
+            PyUnicode_READ(kind, data, i + 1) != '/' || PyUnicode_READ(kind, data, i + 2) != '/')
+        return 0;
+    for (i += 3; i < n; i++)
+        if (!uri_rest(PyUnicode_READ(kind, data, i)))
+            return 0;
+    return 1;
+}
+
+/* Whether `text` (an exact str) is valid as an atom of kind `code` (DECIMAL .. URI). */
+static int
+valid_atom(long code, PyObject *text)
+{
+    switch (code) {
+    case DECIMAL: return valid_decimal(text);
+    case SYMBOL: return valid_name(text, 1);
+    case KEYWORD: return valid_name(text, 0);
+    default: return valid_uri(text);
+    }
+}
+
+static PyObject *DecimalType; /* decimal.Decimal, as cbcl._codec constructs decimals */
+
 /* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
  * Py_None if it is invalid or over the name limit, NULL with an exception. A text found in
- * the kind's cache of atoms already validated is not validated again. */
+ * the kind's cache of atoms already validated is not validated again; a miss is validated
+ * here, and only a valid one that the decoder's memos keep (a symbol or keyword to intern,
+ * a URI, a short decimal) calls make_atom, which makes and remembers it; a longer decimal,
+ * never remembered, is constructed here. */
 static PyObject *
 atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
         Py_ssize_t max_name)
@@ -189,11 +344,31 @@ atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
     }
     if (PyErr_Occurred())
         return NULL;
+    if (!valid_atom(code, text))
+        Py_RETURN_NONE;
+    if (code == DECIMAL && PyUnicode_GET_LENGTH(text) > DECIMAL_MEMO_CHARS)
+        return PyObject_CallOneArg(DecimalType, text);
     return PyObject_CallFunction(make_atom, "lO", code, text);
 }
 
+/* check_atom(code, text) -> bool: whether the lexical rule of kind `code` (DECIMAL,
+ * SYMBOL, KEYWORD or URI) admits `text` (an exact str), as build_body judges a miss. */
 static PyObject *
-build_body(PyObject *self, PyObject *args)
+check_atom(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    long code;
+    PyObject *text;
+    if (!PyArg_ParseTuple(args, "lU", &code, &text))
+        return NULL;
+    if (code < DECIMAL || code > URI) {
+        PyErr_SetString(PyExc_ValueError, "code must be DECIMAL, SYMBOL, KEYWORD or URI");
+        return NULL;
+    }
+    return PyBool_FromLong(PyUnicode_CheckExact(text) && valid_atom(code, text));
+}
+
+static PyObject *
+build_body(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *tokens, *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
     Py_ssize_t index, max_depth, max_items, max_string, max_name, next_code;
@@ -415,6 +590,9 @@ cleanup:
 static PyMethodDef methods[] = {
     {"unpack", unpack, METH_VARARGS,
      "unpack(data, start) -> list | None: the ints and strs of a frame's tokens."},
+    {"check_atom", check_atom, METH_VARARGS,
+     "check_atom(code, text) -> bool: the lexical rule of an atom kind, as build_body "
+     "applies it."},
     {"build_body", build_body, METH_VARARGS,
      "build_body(tokens, index, entries, codes, caches, make_atom, start, step, "
      "max_depth, max_items, max_string, max_name, next_code, refused, accept) "
@@ -440,6 +618,13 @@ PyInit__speedups(void)
         (S_KINDS[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
         (S_KINDS[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
         (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
+        return NULL;
+    PyObject *decimal = PyImport_ImportModule("decimal");
+    if (decimal == NULL)
+        return NULL;
+    DecimalType = PyObject_GetAttrString(decimal, "Decimal");
+    Py_DECREF(decimal);
+    if (DecimalType == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

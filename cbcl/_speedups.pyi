@@ -1,7 +1,8 @@
 """Types of the optional C accelerator ``cbcl/_speedups.c``: the C twins of the binary
-decoder's fast path (``cbcl._codec``). Both functions take positional arguments only
-(``METH_VARARGS``), raise nothing for anything in their input and return ``None`` when the
-careful Python decoder must read the frame again."""
+decoder's fast path (``cbcl._codec``) and the lexical rules they apply. The functions take
+positional arguments only (``METH_VARARGS``); ``unpack`` and ``build_body`` raise nothing
+for anything in their input and return ``None`` when the careful Python decoder must read
+the frame again."""
 
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,6 +19,12 @@ _Node = TypeVar("_Node", bound=dict[Any, Any])
 def unpack(data: ReadableBuffer, start: int, /) -> list[int | str] | None:
     """The ints and strs of a frame's msgpack tokens from ``data[start:]`` (twin of
     msgpack's ``Unpacker``), or ``None`` for anything outside the subset a frame holds."""
+
+def check_atom(code: int, text: str, /) -> bool:
+    """Whether the rule of kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI, the token codes of
+    ``cbcl._vocabulary``) admits ``text``, as ``build_body`` judges an atom written in full
+    that its memos miss: ``DECIMAL_RE`` (at most ``MAX_DECIMAL_CHARS``), ``SYMBOL_RE``,
+    ``NAME_RE``, ``URI_RE``, mirrored in C. ``ValueError`` for another code."""
 
 def build_body(
     tokens: list[int | str],
@@ -41,7 +48,9 @@ def build_body(
     ``None``. ``caches`` holds one entry per token code below the first table entry (a
     dict for DECIMAL, SYMBOL, KEYWORD and URI): the calling decoder's memos
     (``cbcl._codec._Memos.caches``, the reader's intern tables for symbols and keywords),
-    read only; ``make_atom`` validates a miss and may add it to them (its
-    ``_Memos.make_atom``). ``start`` is the automaton's start node,
+    read only. A miss is validated in C (:func:`check_atom`): an invalid atom declines
+    without a call, a decimal longer than the decimal memo keeps is constructed in C, and
+    only a valid atom the memos keep calls ``make_atom``, which makes it and may add it to
+    them (its ``_Memos.make_atom``). ``start`` is the automaton's start node,
     or ``None`` when the grammar is not run; ``refused`` and ``accept`` are the outcomes
     ``step`` returns, compared by identity."""

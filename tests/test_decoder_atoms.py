@@ -1,0 +1,228 @@
+"""The atoms a binary frame writes in full, judged in C (``cbcl._speedups``) exactly as in
+Python (issue 19): the lexical rules of :mod:`cbcl._vocabulary` mirrored by
+``check_atom``/``build_body`` over every code point of the BMP, and on adversarial atoms
+(names at the length limit and one past it, names that start like numbers, non-ASCII,
+URIs with odd characters, decimals at the text limit), decoded by the C and the Python
+twins token for token and error for error."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import cbcl
+from cbcl import CBCLError, Limits, Registry, _codec
+from cbcl._codec import Decoder, SymbolTable, _fast_body, _fast_body_loop
+from cbcl._vocabulary import (
+    CODE_DECIMAL,
+    CODE_KEYWORD,
+    CODE_LPAR,
+    CODE_RPAR,
+    CODE_SYMBOL,
+    CODE_URI,
+    DECIMAL_RE,
+    MAX_DECIMAL_CHARS,
+    NAME_RE,
+    SYMBOL_RE,
+    URI_RE,
+)
+
+speedups = pytest.importorskip("cbcl._speedups")
+
+ANY = (b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM NOT-UNDERSTOOD) '
+       b'(grammar "body: value"))')
+NAMED = (CODE_SYMBOL, CODE_KEYWORD)
+
+
+def _python_rule(code: int, text: str) -> bool:
+    """The rule the Python twin applies to an atom written in full (``_Memos._make_atom``)."""
+    if code == CODE_DECIMAL:
+        return len(text) <= MAX_DECIMAL_CHARS and DECIMAL_RE.match(text) is not None
+    pattern = {CODE_SYMBOL: SYMBOL_RE, CODE_KEYWORD: NAME_RE, CODE_URI: URI_RE}[code]
+    return pattern.match(text) is not None
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    reg = Registry(disk_cache=False, isolate=False)
+    reg.load(ANY, allow_unsigned=True)
+    return reg
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def test_every_bmp_code_point_is_judged_alike() -> None:
+    """Each code point (surrogates included) at each place of each kind's text."""
+    check = speedups.check_atom
+    for point in range(0x10000):
+        c = chr(point)
+        for code, text in (
+                (CODE_SYMBOL, c), (CODE_SYMBOL, "a" + c), (CODE_SYMBOL, "-" + c),
+                (CODE_SYMBOL, "+." + c), (CODE_KEYWORD, c), (CODE_KEYWORD, "a" + c + "b"),
+                (CODE_URI, c + "://x"), (CODE_URI, "a" + c + "://x"), (CODE_URI, "a://" + c),
+                (CODE_URI, "a://x" + c + "y"), (CODE_DECIMAL, "1." + c),
+                (CODE_DECIMAL, c + "1.5"), (CODE_DECIMAL, "1" + c + "5")):
+            assert check(code, text) is _python_rule(code, text), (code, text)
+
+
+# Characters that matter to some rule, and a few that matter to none.
+_ALPHABET = ("a", "z", "A", "Z", "0", "1", "9", "+", "-", ".", "*", "/", "<", ">", "=", "!",
+             "?", "_", "@", "%", "&", ":", "(", ")", '"', ";", " ", "\t", "\x00", "\x7f",
+             "\x9f", "\xa0", "é", "Ö", "\u061c", "\u200b", "\u2028", "\u2066", "\u3000",
+             "\ufeff", "\U0001f600", "#", "~", "\\", "|", "'", ",")
+_ODD = st.text(st.sampled_from(_ALPHABET), max_size=12)
+_NUMBERLIKE = st.sampled_from(["-1a", ".5x", "+", "-", ".", "+.", "-.5", "+1", "1a", "0",
+                               "-.", "+-1", "..1", "-a1", "a-1", "_1"])
+_URI_LIKE = st.builds(lambda scheme, rest: scheme + "://" + rest,
+                      st.text(st.sampled_from("az09+.-:A/"), max_size=5), _ODD)
+_DECIMAL_LIKE = st.builds(
+    lambda sign, whole, frac, extra: sign + whole + "." + frac + extra,
+    st.sampled_from(["", "-", "+", "--"]), st.sampled_from(["0", "00", "1", "10", "", "01"]),
+    st.text(st.sampled_from("0123456789"), max_size=MAX_DECIMAL_CHARS), st.sampled_from(
+        ["", "", "", "x", ".", "1", "\u0661", " "]))
+
+
+def _atom_texts() -> st.SearchStrategy[str]:
+    return _ODD | _NUMBERLIKE | _URI_LIKE | _DECIMAL_LIKE | st.text(max_size=8) | \
+        st.builds(lambda head, tail: head + tail, _NUMBERLIKE, _ODD)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(code=st.sampled_from([CODE_DECIMAL, CODE_SYMBOL, CODE_KEYWORD, CODE_URI]),
+       text=_atom_texts())
+def test_adversarial_texts_are_judged_alike(code: int, text: str) -> None:
+    assert speedups.check_atom(code, text) is _python_rule(code, text)
+
+
+def test_check_atom_refuses_other_codes() -> None:
+    for code in (-1, CODE_LPAR, CODE_RPAR, 2, 7):
+        with pytest.raises(ValueError):
+            speedups.check_atom(code, "a")
+    with pytest.raises(TypeError):
+        speedups.check_atom(CODE_SYMBOL, b"a")
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _frame(registry: Registry, body: list[Any]) -> bytes:
+    table = SymbolTable.of(registry.get("any/v1"))  # type: ignore[arg-type]
+    envelope = [3, 32, "m", "agent://a", "agent://b"]  # INFORM, a body
+    return b"\xcbL\x01\x00" + table.digest + b"".join(
+        msgpack.packb(token) for token in envelope + body)
+
+
+def _typed(value: Any) -> Any:
+    if type(value) is tuple:
+        return tuple(_typed(item) for item in value)
+    return (type(value).__name__, str(value))
+
+
+def _outcome(decoder: Decoder, frame: bytes) -> Any:
+    try:
+        return _typed(decoder.decode(frame).body)
+    except CBCLError as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def _body_tokens(atoms: list[tuple[int, str]], listed: bool) -> list[Any]:
+    body: list[Any] = []
+    for code, text in atoms:
+        body += [code, text]
+    return [CODE_LPAR, *body, CODE_RPAR] if listed else body
+
+
+def _agree(registry: Registry, body: list[Any], limits: Limits) -> None:
+    """The C and Python twins give the same body (or both decline) from the same tokens,
+    and the decoders the same message or the same error, at the same offset."""
+    table = SymbolTable.of(registry.get("any/v1"))  # type: ignore[arg-type]
+    tokens = [3, 32, "m", "agent://a", "agent://b", *body]
+    fast = [_fast_body(table, list(tokens), 5, limits, 7, None, build)
+            for build in (_fast_body_loop, speedups.build_body)]
+    assert [None if f is None else _typed(f) for f in fast] == \
+        [None if f is None else _typed(fast[0]) for f in fast]
+    frame = _frame(registry, body)
+    results = [_outcome(Decoder(registry, limits=limits, pure_python=pure), frame)
+               for pure in (False, True)]
+    assert results[0] == results[1]
+    # What the fast path takes, the decoder returns (unless the limit refuses the
+    # envelope's own names: ``in-reply-to``, the protocol id ...).
+    if fast[0] is not None and limits.max_name_chars >= 16:
+        assert results[0] == _typed(fast[0])
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.data())
+def test_adversarial_atoms_decode_alike(registry: Registry, data: st.DataObject) -> None:
+    max_name = data.draw(st.sampled_from([1, 2, 5, 12, 16, 17, 20, 64]))
+    limit_names = st.integers(max(max_name - 1, 1), max_name + 1).flatmap(
+        lambda n: st.text(st.sampled_from("az+-._!09@é"), min_size=n, max_size=n))
+    atom = st.tuples(st.sampled_from([CODE_DECIMAL, CODE_SYMBOL, CODE_KEYWORD, CODE_URI]),
+                     _atom_texts() | limit_names)
+    atoms = data.draw(st.lists(atom, min_size=1, max_size=5))
+    listed = len(atoms) > 1 or data.draw(st.booleans())
+    _agree(registry, _body_tokens(atoms, listed), Limits(max_name_chars=max_name))
+
+
+@pytest.mark.parametrize("max_name", [1, 5, 16, 64])
+def test_names_at_the_limit(registry: Registry, max_name: int) -> None:
+    for length in (max_name - 1, max_name, max_name + 1):
+        if length < 1:
+            continue
+        for code in NAMED:
+            for head in ("a", "-", "+", ".", "-a", ".a", "+."):
+                text = (head + "x" * length)[:length]
+                _agree(registry, _body_tokens([(code, text)], True),
+                       Limits(max_name_chars=max_name))
+
+
+def test_decimals_at_the_text_limit(registry: Registry) -> None:
+    for length in (MAX_DECIMAL_CHARS - 1, MAX_DECIMAL_CHARS, MAX_DECIMAL_CHARS + 1):
+        for text in ("1." + "5" * (length - 2), "-0." + "5" * (length - 3),
+                     "9" * (length - 2) + ".5"):
+            assert len(text) == length
+            _agree(registry, _body_tokens([(CODE_DECIMAL, text)], False), Limits())
+    for text in ("0.5", "-0.5", "1.25", "12.50", "-12.5", "00.5", "1.", ".5", "-.5", "1e5",
+                 "1.5e3", "+1.5", "1.\u0665", "0x1.5"):
+        _agree(registry, _body_tokens([(CODE_DECIMAL, text)], False), Limits())
+
+
+def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
+    """A long decimal is constructed in C (a Decimal, never remembered); a short one, a
+    URI, a symbol and a keyword that miss are made by the decoder's make_atom, which
+    remembers them; an invalid one never reaches make_atom."""
+    made: list[tuple[int, Any]] = []
+    decoder = Decoder(registry)
+    decoder.decode(_frame(registry, ["x"]))  # the envelope checked: the fast path runs
+    memos = decoder._memos
+    make_atom = memos.make_atom
+
+    def spy(code: int, text: Any) -> Any:
+        made.append((code, text))
+        return make_atom(code, text)
+
+    memos.make_atom = spy
+    long, short = "12345.678", "2.5"
+    symbol, keyword = "issue-19-symbol-x1", "issue-19-keyword-x1"
+    body = _body_tokens([(CODE_DECIMAL, long), (CODE_DECIMAL, short),
+                         (CODE_URI, "x-y://issue/19"), (CODE_SYMBOL, symbol),
+                         (CODE_KEYWORD, keyword)], True)
+    decoded = decoder.decode(_frame(registry, body)).body
+    assert _typed(decoded) == (("Decimal", long), ("Decimal", short),
+                               ("URI", "x-y://issue/19"), ("Symbol", symbol),
+                               ("Keyword", keyword))
+    assert type(decoded[0]) is Decimal and long not in memos.decimals  # type: ignore[index]
+    assert [code for code, _ in made] == [CODE_DECIMAL, CODE_URI, CODE_SYMBOL, CODE_KEYWORD]
+    assert short in memos.decimals and "x-y://issue/19" in memos.uris
+    made.clear()
+    for code, text in ((CODE_SYMBOL, "-1a"), (CODE_KEYWORD, "a b"), (CODE_URI, "a://"),
+                       (CODE_DECIMAL, "1.5.5")):
+        with pytest.raises(cbcl.MalformedError):
+            decoder.decode(_frame(registry, _body_tokens([(code, text)], False)))
+    assert made == []
+    assert _codec._DECIMAL_MEMO_CHARS == 4
