@@ -233,12 +233,13 @@ from . import (
 
 
 def __getattr__(name: str) -> _Any:
-    """``cbcl.llm`` and ``cbcl.extract``, imported when first used: the grammar exporters
-    take as long to import as the rest of the package does."""
-    if name == "llm":
+    """``cbcl.llm``, ``cbcl.interop`` and ``cbcl.extract``, imported when first used: the
+    grammar exporters and the FIPA reader take about as long to import as the rest of the
+    package does."""
+    if name in ("llm", "interop"):
         import importlib
 
-        return importlib.import_module("cbcl.llm")  # (sets cbcl.llm: no second call)
+        return importlib.import_module(f"cbcl.{name}")  # (sets the attribute: called once)
     if name == "extract":
         from ._extract import extract
 
