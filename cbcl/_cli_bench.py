@@ -21,7 +21,8 @@ def register(commands: Commands) -> None:
     from ._bench import add_arguments
 
     b = commands.add_parser(
-        "bench", help="compare CBCL with its peers (sexpdata, lark, JSON + jsonschema, "
-                      "pydantic, msgpack, orjson) in one run; needs a checkout's descriptors/")
+        "bench", help="compare CBCL with its peers (msgspec and pydantic on natural JSON, "
+                      "sexpdata, lark, JSON + jsonschema, msgpack, orjson) on sets of "
+                      "different messages, in one run; needs a checkout's descriptors/")
     add_arguments(b)
     b.set_defaults(handler=_cmd_bench, file=None)

@@ -1,12 +1,19 @@
 """A smoke run of the comparison suite (``cbcl bench``): every measurement once, as briefly
-as possible, and the JSON it writes names each of them. Benchmarks are not timed tests:
-nothing here asserts a figure."""
+as possible, and the JSON it writes names each of them; and the peers are honest — every
+peer accepts (or decodes back) every corpus message, and the typed JSON peers refuse what
+CBCL's grammar and schema refuse. Benchmarks are not timed tests: nothing here asserts a
+figure."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import jsonschema
+import msgspec
 import pytest
 
 from cbcl import _bench
@@ -14,8 +21,12 @@ from cbcl._cli_bench import register
 
 KEYS = {"machine", "command", "throughput", "sizes", "load", "scaling", "targets", "seconds"}
 PEERS = ("cbcl_text_parse_us", "cbcl_binary_decode_us", "cbcl_text_encode_us",
-         "cbcl_binary_encode_us", "sexpdata_loads_us", "lark_parse_us", "msgpack_unpackb_us",
-         "orjson_loads_us", "text_vs_sexpdata", "text_vs_lark", "binary_vs_text")
+         "cbcl_binary_encode_us", "cbcl_text_parse_subset_us", "sexpdata_loads_us",
+         "lark_parse_us", "msgpack_unpackb_us", "orjson_loads_us", "msgspec_json_decode_us",
+         "msgspec_msgpack_decode_us", "msgspec_json_encode_us", "msgspec_msgpack_encode_us",
+         "pydantic_validate_json_us", "pydantic_dump_json_us", "json_loads_jsonschema_us",
+         *_bench.RATIOS)
+SMOKE = _bench.MODES["smoke"]
 
 
 @pytest.fixture(scope="module")
@@ -23,19 +34,31 @@ def results() -> dict:
     return json.loads(json.dumps(_bench.run(mode="smoke", report=lambda line: None)))
 
 
+@pytest.fixture(scope="module")
+def corpus() -> list[_bench.Case]:
+    """Enough small messages that every intent of every protocol comes up."""
+    directory = _bench.find_descriptors()
+    registry = _bench.load_registry(directory)
+    return _bench.build_corpus(directory, registry, ("small", "medium"),
+                               {"small": 80, "medium": 4})
+
+
 def test_every_measurement_is_named(results: dict) -> None:
     assert set(results) >= KEYS
     assert set(results["targets"]) == set(_bench.TARGETS)
     for figure in results["targets"].values():
         assert {"achieved", "target", "holds"} <= set(figure)
+        assert figure["achieved"] is not None  # every peer of the test extra is installed
     names = set(results["throughput"])
     assert {f"{p}/{s}" for p in _bench.PROTOCOLS for s in ("small", "medium")} == names
-    for row in results["throughput"].values():
-        assert set(PEERS) <= set(row)
-    request = results["throughput"]["request-v1/small"]
-    assert {"json_loads_jsonschema_us", "pydantic_validate_json_us"} <= set(request)
+    for name, row in results["throughput"].items():
+        assert set(PEERS) <= set(row), name
+        assert row["missing"] == []
+        assert row["messages"] == SMOKE["messages"][name.rsplit("/", 1)[1]]
     for row in results["sizes"].values():
-        assert {"text", "canonical", "binary", "json", "msgpack", "binary_vs_json"} <= set(row)
+        assert {"text", "canonical", "binary", "json", "msgpack", "natural_json",
+                "natural_msgpack", "binary_vs_json", "binary_vs_msgpack",
+                "binary_vs_natural_json", "binary_vs_natural_msgpack"} <= set(row)
     assert {"synthetic-16-rules", "request-v1"} <= set(results["load"])
     for row in results["load"].values():
         assert {"cold_ms", "warm_ms", "hot_ms", "warm_vs_cold"} <= set(row)
@@ -46,15 +69,175 @@ def test_every_measurement_is_named(results: dict) -> None:
 def test_markdown_table(results: dict) -> None:
     table = _bench.markdown(results)
     assert "| request-v1/small |" in table and "**Targets**" in table
+    assert "msgspec msgpack" in table and "binary/natural JSON" in table
 
 
-def test_lark_peer_accepts_what_cbcl_accepts() -> None:
+def test_missing_peers_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without msgspec and pydantic the run goes on and says what it could not measure."""
+    monkeypatch.setattr(_bench, "typed_peers", lambda protocol: _bench.TypedPeers())
+    monkeypatch.setitem(_bench.MODES, "smoke", {**SMOKE, "messages": {"small": 2,
+                                                                      "medium": 1}})
+    results = _bench.run(mode="smoke", report=lambda line: None)
+    row = results["throughput"]["request-v1/small"]
+    assert {"msgspec_json_decode", "pydantic_validate_json"} <= set(row["missing"])
+    assert "text_vs_pydantic" not in row
+    assert results["targets"]["text_vs_pydantic"] == {"achieved": None, "target": 1.0,
+                                                      "holds": None}
+    table = _bench.markdown(results)
+    assert "Not installed, so not measured:" in table and "| missing |" in table
+
+
+def test_sets_are_of_different_messages_of_their_size(corpus: list[_bench.Case]) -> None:
+    for case in corpus:
+        assert len(set(case.texts)) == len(case.texts) == len(case.messages)
+        mean = sum(map(len, case.texts)) / len(case.texts)
+        assert (250 < mean < 500) if case.size == "small" else (3000 < mean < 5000), case.name
+        intents = {message.intent.value for message in case.messages}
+        if case.size == "small":
+            assert intents == set(_bench.SPECS[case.protocol]), case.name
+
+
+def test_lark_peer_accepts_what_cbcl_accepts(corpus: list[_bench.Case]) -> None:
     """The peer grammar is the same language: lark parses every corpus message."""
-    directory = _bench.find_descriptors()
-    registry = _bench.load_registry(directory)
-    for case in _bench.build_corpus(directory, registry, ("small", "medium")):
+    registry = _bench.load_registry(_bench.find_descriptors())
+    for case in corpus:
         descriptor = registry.get(case.protocol[:-3] + "/v1").descriptor
-        _bench.lark_parser(descriptor.grammar, descriptor.start_rules).parse(case.text.decode())
+        parser = _bench.lark_parser(descriptor.grammar, descriptor.start_rules)
+        for text in case.texts:
+            parser.parse(text.decode())
+
+
+def _validators(protocol: str) -> dict[str, Callable[[bytes], object]]:
+    peers = _bench.typed_peers(protocol)
+    json_decoder = msgspec.json.Decoder(peers.msgspec_type)
+    msgpack_decoder = msgspec.msgpack.Decoder(peers.msgspec_type)
+    check, validate = peers.msgspec_check, peers.jsonschema
+    assert check is not None and validate is not None and peers.pydantic is not None
+
+    def msgspec_json(document: bytes) -> object:
+        value = json_decoder.decode(document)
+        check(value)
+        return value
+
+    def msgspec_msgpack(document: bytes) -> object:
+        value = msgpack_decoder.decode(msgspec.msgpack.encode(json.loads(document)))
+        check(value)
+        return value
+
+    return {"msgspec json": msgspec_json, "msgspec msgpack": msgspec_msgpack,
+            "pydantic": peers.pydantic.model_validate_json,
+            "jsonschema": lambda document: validate(json.loads(document))}
+
+
+def _broken(protocol: str, document: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Variants of a natural-JSON message that CBCL's grammar or schema would refuse."""
+
+    def variant(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        broken = copy.deepcopy(document)
+        change(broken)
+        return broken
+
+    yield "unknown kind", variant(lambda d: d["body"].update(kind="no-such-kind"))
+    yield "empty message id", variant(lambda d: d.update(message_id=""))
+    yield "sender not a URI", variant(lambda d: d.update(sender="nobody"))
+    yield "unknown field", variant(lambda d: d["body"].update(no_such_field=1))
+    yield "ungoverned intent", variant(lambda d: d.update(intent="SUBSCRIBE"))
+    yield "other protocol", variant(lambda d: d.update(protocol="other/v1"))
+    yield "no body", variant(lambda d: d.pop("body"))
+    body = document["body"]
+    record = next(rec for rec in _bench.SPECS[protocol][document["intent"]]
+                  if rec.kind == body["kind"])
+    yield from _broken_fields(variant, ("body",), body, record.fields)
+
+
+def _broken_fields(variant: Callable[[Callable[[dict[str, Any]], None]], dict[str, Any]],
+                   path: tuple[str, ...], present: dict[str, Any],
+                   fields: tuple[tuple[str, tuple[Any, ...], bool], ...],
+                   ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each field of a record (at ``path``) missing where required, and given values its
+    type, length, range or set refuses; nested records and key sets likewise."""
+
+    def at(document: dict[str, Any]) -> dict[str, Any]:
+        for step in path:
+            document = document[step]
+        return document
+
+    name = ".".join((*path[1:], ""))
+    for field, spec, required in fields:
+        if required:
+            yield f"no {name}{field}", variant(lambda d, f=field: at(d).pop(f))
+        if field not in present:
+            continue
+        bad: list[Any] = [[]] if spec[0] != "any" else []
+        if spec[0] == "str" and spec[2] is not None:
+            bad.append("x" * (spec[2] + 1))
+        if spec[0] == "int":
+            bad += [spec[1] - 1] + ([spec[2] + 1] if spec[2] is not None else []) + ["1"]
+        if spec[0] == "number":
+            bad += [-1, "1"]
+        if spec[0] in ("one-of", "reason", "symbol"):
+            bad.append("not one of them" if spec[0] != "symbol" else "9lives")
+        for value in bad:
+            yield f"{name}{field}={value!r:.20}", variant(
+                lambda d, f=field, v=value: at(d).update({f: v}))
+        nested = (spec[1] if spec[0] == "keys" else spec[1].fields
+                  if spec[0] == "record" else None)
+        if nested and isinstance(present[field], dict):
+            yield from _broken_fields(variant, (*path, field), present[field], nested)
+            yield f"{name}{field}: unknown field", variant(
+                lambda d, f=field: at(d)[f].update(no_such_field=1))
+
+
+def test_typed_peers_accept_every_message(corpus: list[_bench.Case]) -> None:
+    for case in corpus:
+        validators = _validators(case.protocol)
+        for message in case.messages:
+            document = _bench.natural_json(message)
+            for validate in validators.values():
+                validate(document)  # accepted, or raises
+            assert json.loads(document)["body"]["kind"] == str(message.body[0])
+
+
+def test_typed_peers_refuse_what_cbcl_refuses(corpus: list[_bench.Case]) -> None:
+    for case in corpus:
+        if case.size != "small":
+            continue
+        validators = _validators(case.protocol)
+        seen: set[tuple[str, str]] = set()
+        for message in case.messages:
+            document = json.loads(_bench.natural_json(message))
+            for what, broken in _broken(case.protocol, document):
+                key = (document["body"]["kind"], what)
+                if key in seen:
+                    continue
+                seen.add(key)
+                payload = json.dumps(broken).encode()
+                for name, validate in validators.items():
+                    if _accepts(validate, payload):
+                        pytest.fail(f"{case.protocol} {what}: {name} accepted {payload!r}")
+        assert len(seen) >= 20, seen  # every kind, with its fields' constraints
+
+
+def test_task_assignment_command_kind_is_checked() -> None:
+    """msgspec keeps a record with members of any name as an object: the check sees its
+    kind."""
+    validators = _validators("task-assignment-v1")
+    document = {"message_id": "m", "sender": "agent://a/b", "receiver": "agent://a/c",
+                "intent": "PROPOSE", "protocol": "task-assignment/v1",
+                "body": {"kind": "task", "id": "t-1", "cmd": {"kind": "compute", "x": 1}}}
+    for validate in validators.values():
+        validate(json.dumps(document).encode())
+    document["body"]["cmd"]["kind"] = "sleep"
+    for name, validate in validators.items():
+        assert not _accepts(validate, json.dumps(document).encode()), name
+
+
+def _accepts(validate: Callable[[bytes], object], payload: bytes) -> bool:
+    try:
+        validate(payload)
+    except (msgspec.ValidationError, ValueError, jsonschema.ValidationError):
+        return False  # (pydantic's ValidationError is a ValueError)
+    return True
 
 
 def test_command_without_descriptors(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
