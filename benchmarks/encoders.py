@@ -14,10 +14,12 @@ left out when it is not installed) encoding the same value tree, prepared once o
 the timing as plain lists, ``str`` atoms and ``Decimal``\\ s (msgspec writes decimals as
 strings; it refuses ``str`` subclasses such as :class:`cbcl.Symbol`).
 
-Contenders: ``text`` is ``Message.canonical()`` (the envelope list, then
-``canonical_value``), ``text value`` is ``canonical_value`` of the message's value tree
-built beforehand (what msgspec is given too), ``binary`` is ``Encoder(validate=False)
-.encode`` (as ``cbcl bench`` times it), each with the C twin and with the Python one.
+Contenders: ``text`` is ``Message.canonical()`` (C: ``cbcl._encoders.canonical_message``,
+from the message's slots; Python: ``canonical_value_python(message.to_value())``), ``text
+value`` is ``canonical_value`` of the message's value tree built beforehand (what msgspec
+is given too), ``binary`` is ``Encoder(validate=False).encode`` (as ``cbcl bench`` times
+it; C: one ``cbcl._encoders.encode_message`` call), each with the C twin and with the
+Python one.
 """
 
 from __future__ import annotations

@@ -24,18 +24,22 @@ from ._vocabulary import (
     FIRST_ENTRY,
 )
 
-# The optional C twins of the encoders (cbcl/_encoders.c): canonical_value below and the
-# binary frame writer of cbcl._codec.Encoder try them first; None where it is not built.
+# The optional C twins of the encoders (cbcl/_encoders.c): canonical_value below, the
+# message's canonical() and the binary frame writer of cbcl._codec.Encoder try them first;
+# None where it is not built. (decimal_layout: whether it reads _decimal's own layout.)
+decimal_layout = False
 try:
     from . import _encoders
 except ImportError:  # pragma: no cover - built wherever a C compiler exists
     _encoders = None  # type: ignore[assignment]
 else:
-    if not all(hasattr(_encoders, name) for name in ("canonical", "pack_frame", "prepare")):
+    if not all(hasattr(_encoders, name) for name in (
+            "canonical", "canonical_message", "pack_frame", "pack_message", "encode_message",
+            "prepare", "setup_message", "setup_frame")):
         raise ImportError("cbcl._encoders is a stale build (rebuild the extension)")
-    _encoders.setup(Symbol, Keyword, URI, Decimal, MAX_DECIMAL_CHARS,
-                    (CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL, CODE_SYMBOL,
-                     CODE_KEYWORD, CODE_URI, FIRST_ENTRY))
+    decimal_layout = _encoders.setup(Symbol, Keyword, URI, Decimal, MAX_DECIMAL_CHARS,
+                                     (CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL,
+                                      CODE_SYMBOL, CODE_KEYWORD, CODE_URI, FIRST_ENTRY))
 native = _encoders
 
 # Characters a canonical string escapes; lone surrogates are matched so they can be refused.

@@ -111,6 +111,22 @@ HAS_BODY = 32
 INTENTS: tuple[Intent, ...] = tuple(Intent)
 _INTENT_INDEX = {intent: index for index, intent in enumerate(INTENTS)}
 
+
+def _decline(*args: object) -> None:
+    """What the C twins below are where the module is not built: they decline."""
+
+
+# The C twins of Encoder.encode's frame writer (cbcl._encoders.pack_message and
+# encode_message): they write the tokens Encoder.encode's Python path builds, from the
+# message's slots, or decline (None) for anything but the ordinary case.
+_pack_message: Callable[[bytes, Message, object], bytes | None] = _decline
+_encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None] = _decline
+if _native is not None:
+    _native.setup_frame(INTENTS, (HAS_CONVERSATION_ID, HAS_IN_REPLY_TO, HAS_REPLY_BY,
+                                  HAS_TIMESTAMP, HAS_SIGNATURE, HAS_BODY), Registry)
+    _pack_message = _native.pack_message
+    _encode_message = _native.encode_message
+
 _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "in-reply-to"),
                    (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
                    (HAS_SIGNATURE, "signature"), (HAS_BODY, "body"))
@@ -252,11 +268,25 @@ class Encoder:
         :class:`SchemaError`) and :class:`LimitError` for a frame larger than
         ``limits.max_message_bytes``.
         """
+        if not self.validate:
+            # The hot path, one C call: the table _table cached for the protocol (as
+            # registry.get finds it; None under pure_python=True), then the frame _table's
+            # and the lines below would write; None: declined, or not cached yet.
+            frame = _encode_message(message, self.registry, self._tables)
+            if frame is not None:
+                return frame
         if not isinstance(message, Message):
             raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
         table, header, prepared = self._table(message)
         if self.validate:
             check_outgoing(table.protocol, message, self.limits)
+        if prepared is not None:  # the C twin, in one call
+            frame = _pack_message(header, message, prepared)
+            if frame is not None:
+                if self.validate and len(frame) > self.limits.max_message_bytes:
+                    Budget(self.limits, nowhere).exceeded("max_message_bytes", 0, "frame")
+                return frame
+        # not built, or declined: the Python twin writes it (or raises)
         present = 0
         tokens: list[Any] = [_INTENT_INDEX[message.intent], 0, message.message_id,
                              message.sender, message.receiver]
@@ -280,9 +310,11 @@ class Encoder:
         if body is not None:
             present |= HAS_BODY
         tokens[1] = present
+        # (a message pack_message declines, a subclass say, may still have a body the C twin
+        # of the tail writes)
         frame = None if prepared is None or _native is None else \
             _native.pack_frame(header, tokens, body, prepared)
-        if frame is None:  # not built, or declined: the Python twin writes it (or raises)
+        if frame is None:
             if body is not None:
                 _body_tokens(body, dict(table.codes), tokens)
             try:

@@ -3,28 +3,37 @@
  *
  * Theory of operation
  * -------------------
- * Two functions, each the C twin of Python code that stays the reference and the fallback
- * when this module is not built:
+ * Functions, each the C twin of Python code that stays the reference and the fallback
+ * when this module is not built (or when they decline):
  *
  *   canonical(value)                        -> str | None
  *       twin of cbcl._canonical._canonical_value_python
+ *   canonical_message(message)              -> str | None
+ *       twin of cbcl._message.Message.canonical: canonical(message.to_value())'s text,
+ *       written from the message's slots (no envelope list is built)
  *   pack_frame(header, tokens, body, table) -> bytes | None
  *       twin of the tail of cbcl._codec.Encoder.encode: header + msgpack of the envelope
  *       tokens + the body's tokens (cbcl._codec._body_tokens), as msgpack.packb writes them;
  *       table is prepare(codes), a symbol table's codes held as a C hash table
+ *   pack_message(header, message, table)    -> bytes | None
+ *       the whole of Encoder.encode after validation: the envelope tokens too, from the
+ *       message's slots
+ *   encode_message(message, registry, tables) -> bytes | None
+ *       pack_message with the header and table the Encoder cached (Encoder._tables) for the
+ *       protocol registry.get finds: Encoder(validate=False).encode in one call
  *
  * The symbol table and the atoms a frame writes in full are looked up in C hash tables
  * keyed by exact Symbol, Keyword and URI objects, equal when of one type and one text, as
  * cbcl._values._Atom.__eq__ has them: no Python code runs during a walk.
  *
- * Both serve only the ordinary case and raise nothing for anything in their input: on any
+ * All serve only the ordinary case and raise nothing for anything in their input: on any
  * doubt (a type that is not exactly a CBCL type - bool, a subclass, a float -, an integer
  * outside int64, a lone surrogate, a non-finite or over-long decimal, nesting deeper than
  * MAX_DEPTH, a string over 4 GiB ...) they return None and the Python twin writes the same
  * value again, or raises exactly the error it always raised. Exceptions come only from the
  * interpreter (MemoryError).
  *
- * Both walks are iterative: an explicit stack of (container, next index) frames, each
+ * The walks are iterative: an explicit stack of (container, next index) frames, each
  * holding a strong reference to its container (a list stays alive, and is indexed within
  * its current size, even if Python code run by a lookup let another thread change it).
  * MAX_DEPTH bounds the stack; deeper values go to the Python twins, which have no limit of
@@ -36,10 +45,19 @@
  * Strings are copied whole unless they need an escape; a string that does is written
  * character by character, and escaped characters count as the ASCII they become.
  *
- * Decimals are written from their scientific text (str(d), which _decimal computes in C
- * and keeps short: "1E+999999" is 9 characters), read back into sign, coefficient digits
- * and exponent, sized before anything is written (the Python twin's rule), then written in
- * positional notation with at least one fractional digit.
+ * Decimals are read into sign, coefficient digits and exponent (Decimal.as_tuple()'s
+ * parts): from _decimal's own mpd_t when setup() has found the type laid out as libmpdec's
+ * public struct says (and the parts of sample decimals agree with their text), else from
+ * their scientific text (str(d), which _decimal computes in C and keeps short: "1E+999999"
+ * is 9 characters). They are sized before anything is written (the Python twin's rule),
+ * then written in positional notation with at least one fractional digit.
+ *
+ * canonical_message(message) and pack_message / encode_message(message ...) write a whole
+ * message: Message.canonical()'s text and Encoder.encode()'s frame, from the slots of an
+ * exact Message (read at its member descriptors' offsets, found by setup_message()), the
+ * envelope written as Message.to_value() and the Python encoder list it, each field's value
+ * by the same writers as the body's; anything else (a subclass, an intent that is not an
+ * Intent member, a signature that is not an exact Signature, an unset slot) declines.
  *
  * setup() gives the module the types and constants it needs (cbcl/_canonical.py calls it
  * when it imports this module), so nothing here can drift from cbcl._values and
@@ -48,6 +66,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#ifndef Py_T_OBJECT_EX /* (Python.h has it from 3.12 on) */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
 
 #define MAX_DEPTH 10000
 
@@ -66,10 +88,15 @@ typedef struct {
     Py_ssize_t index;
 } Frame;
 
+#define INLINE_FRAMES 32
+
 typedef struct {
-    Frame *frames;
+    Frame *frames; /* inline, or on the heap once deeper than INLINE_FRAMES */
     Py_ssize_t depth, cap;
+    Frame inline_frames[INLINE_FRAMES];
 } Stack;
+
+#define STACK_INIT(s) ((s).frames = (s).inline_frames, (s).depth = 0, (s).cap = INLINE_FRAMES)
 
 static int
 stack_push(Stack *s, PyObject *seq)
@@ -77,8 +104,15 @@ stack_push(Stack *s, PyObject *seq)
     if (s->depth >= MAX_DEPTH)
         return DECLINE;
     if (s->depth == s->cap) {
-        Py_ssize_t cap = s->cap ? s->cap * 2 : 32;
-        Frame *frames = PyMem_Realloc(s->frames, (size_t)cap * sizeof(Frame));
+        Py_ssize_t cap = s->cap * 2;
+        Frame *frames;
+        if (s->frames == s->inline_frames) {
+            frames = PyMem_Malloc((size_t)cap * sizeof(Frame));
+            if (frames != NULL)
+                memcpy(frames, s->frames, (size_t)s->depth * sizeof(Frame));
+        } else {
+            frames = PyMem_Realloc(s->frames, (size_t)cap * sizeof(Frame));
+        }
         if (frames == NULL) {
             PyErr_NoMemory();
             return FAIL;
@@ -98,9 +132,9 @@ stack_free(Stack *s)
 {
     for (Py_ssize_t i = 0; i < s->depth; i++)
         Py_DECREF(s->frames[i].seq);
-    PyMem_Free(s->frames);
-    s->frames = NULL;
-    s->depth = s->cap = 0;
+    if (s->frames != s->inline_frames)
+        PyMem_Free(s->frames);
+    STACK_INIT(*s);
 }
 
 /* The next item of the innermost container (borrowed: no Python code runs while it is
@@ -141,11 +175,21 @@ stack_pop(Stack *s)
 
 /* ------------------------------------------------------------------------- decimals */
 
-/* The canonical text of an exact Decimal (twin of cbcl._canonical._decimal), written to
- * out (at least MAX_DECIMAL_CHARS + 1 bytes), its length in *size; DECLINE for a
- * non-finite or over-long one. */
+/* A finite decimal's parts: sign, coefficient digits (ASCII, no leading zero; none for
+ * zero) and exponent, as Decimal.as_tuple() has them. */
+#define MAX_DIGITS 64 /* more than any decimal within MAX_DECIMAL_CHARS (<= 100) has */
+
+typedef struct {
+    int sign;
+    char digits[MAX_DIGITS];
+    Py_ssize_t ndigits;
+    long long exponent;
+} DecimalParts;
+
+/* The parts read back from str(value), which _decimal computes in C: DECLINE for
+ * "Infinity", "NaN", "sNaN" or more than MAX_DIGITS digits. */
 static int
-decimal_text(PyObject *value, char *out, Py_ssize_t *size)
+decimal_parts_of_text(PyObject *value, DecimalParts *d)
 {
     Py_INCREF(value); /* (borrowed from a list another thread might change meanwhile) */
     PyObject *str = PyObject_Str(value);
@@ -160,14 +204,14 @@ decimal_text(PyObject *value, char *out, Py_ssize_t *size)
         return FAIL;
     }
     Py_ssize_t i = 0;
-    int sign = 0;
+    d->sign = 0;
+    d->ndigits = 0;
     if (i < n && s[i] == '-') {
-        sign = 1;
+        d->sign = 1;
         i++;
     }
-    /* the coefficient: digits with at most one point; "Infinity", "NaN", "sNaN" decline */
-    char digits[64];
-    Py_ssize_t ndigits = 0, fraction = 0;
+    /* the coefficient: digits with at most one point */
+    Py_ssize_t fraction = 0;
     int point = 0, any = 0;
     for (; i < n && s[i] != 'E' && s[i] != 'e'; i++) {
         char c = s[i];
@@ -180,11 +224,11 @@ decimal_text(PyObject *value, char *out, Py_ssize_t *size)
         any = 1;
         if (point)
             fraction++;
-        if (ndigits == 0 && c == '0')
+        if (d->ndigits == 0 && c == '0')
             continue; /* leading zeros are not coefficient digits */
-        if (ndigits >= (Py_ssize_t)sizeof(digits))
-            goto done; /* more digits than any decimal within MAX_DECIMAL_CHARS has */
-        digits[ndigits++] = c;
+        if (d->ndigits >= MAX_DIGITS)
+            goto done;
+        d->digits[d->ndigits++] = c;
     }
     if (!any)
         goto done;
@@ -206,7 +250,95 @@ decimal_text(PyObject *value, char *out, Py_ssize_t *size)
         if (negative)
             exponent = -exponent;
     }
-    exponent -= fraction;
+    d->exponent = exponent - fraction;
+    result = OK;
+done:
+    Py_DECREF(str);
+    return result;
+}
+
+/* The layout of an exact _decimal.Decimal: PyDecObject around libmpdec's mpd_t (public in
+ * mpdecimal.h), limbs of LIMB_DIGITS decimal digits. Read only when setup() has checked
+ * it (DECIMAL_LAYOUT: the type's size is this struct's, and the parts it gives of sample
+ * decimals are those their text gives); decimal_parts_of_text otherwise. */
+typedef struct {
+    uint8_t flags; /* MPD_NEG 1, MPD_INF 2, MPD_NAN 4, MPD_SNAN 8 */
+    Py_ssize_t exp, digits, len, alloc;
+    void *data;
+} Mpd;
+
+typedef struct {
+    PyObject_HEAD
+    Py_hash_t hash;
+    Mpd dec;
+    size_t data[4];
+} DecObject;
+
+static int DECIMAL_LAYOUT; /* 1: read the mpd_t directly */
+#define LIMB_DIGITS (sizeof(size_t) == 8 ? 19 : 9)
+
+static int
+decimal_parts_of_layout(PyObject *value, DecimalParts *d)
+{
+    const Mpd *m = &((DecObject *)value)->dec;
+    if ((m->flags & 14) || m->data == NULL || m->len < 1 || m->len > m->alloc ||
+        m->digits < 1 || m->digits > MAX_DIGITS || m->len > MAX_DIGITS / 9 + 1)
+        return DECLINE;
+    const size_t *limbs = m->data;
+    char buf[MAX_DIGITS + 32];
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = m->len - 1; i >= 0; i--) { /* most significant first */
+        char tmp[24];
+        int k = 0;
+        size_t v = limbs[i];
+        do {
+            tmp[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v && k < 20);
+        if (v)
+            return DECLINE;
+        if (i != m->len - 1) { /* a lower limb: zero-padded */
+            if (k > (int)LIMB_DIGITS)
+                return DECLINE;
+            while (k < (int)LIMB_DIGITS)
+                tmp[k++] = '0';
+        }
+        if (n + k > (Py_ssize_t)sizeof(buf))
+            return DECLINE;
+        while (k)
+            buf[n++] = tmp[--k];
+    }
+    if (n != m->digits)
+        return DECLINE; /* not the layout it seemed to be */
+    d->sign = m->flags & 1;
+    d->exponent = m->exp;
+    if (n == 1 && buf[0] == '0') {
+        d->ndigits = 0;
+    } else {
+        if (buf[0] == '0')
+            return DECLINE;
+        memcpy(d->digits, buf, (size_t)n);
+        d->ndigits = n;
+    }
+    return OK;
+}
+
+/* The canonical text of an exact Decimal (twin of cbcl._canonical._decimal), written to
+ * out (at least MAX_DECIMAL_CHARS + 1 bytes), its length in *size; DECLINE for a
+ * non-finite or over-long one. */
+static int
+decimal_text(PyObject *value, char *out, Py_ssize_t *size)
+{
+    DecimalParts parts;
+    int r = DECIMAL_LAYOUT ? decimal_parts_of_layout(value, &parts) : DECLINE;
+    if (r == DECLINE)
+        r = decimal_parts_of_text(value, &parts);
+    if (r != OK)
+        return r;
+    int sign = parts.sign;
+    char *digits = parts.digits;
+    Py_ssize_t ndigits = parts.ndigits;
+    long long exponent = parts.exponent;
     int zero = ndigits == 0;
     if (zero)
         digits[ndigits++] = '0';
@@ -219,7 +351,7 @@ decimal_text(PyObject *value, char *out, Py_ssize_t *size)
         length = sign + (whole > 1 ? whole : 1) + 1 - exponent;
     }
     if (length > MAX_DECIMAL_CHARS)
-        goto done;
+        return DECLINE;
     char *p = out;
     if (sign)
         *p++ = '-';
@@ -250,20 +382,70 @@ decimal_text(PyObject *value, char *out, Py_ssize_t *size)
         }
     }
     *size = p - out;
-    result = OK;
-done:
-    Py_DECREF(str);
-    return result;
+    return OK;
+}
+
+/* Whether an exact Decimal is laid out as DecObject: the type's size, then the parts of
+ * samples (their text's, every digit count to 3 limbs, signs, zeros, exponents). */
+static int
+decimal_layout_holds(PyTypeObject *type)
+{
+    if (type->tp_basicsize != (Py_ssize_t)sizeof(DecObject) ||
+        strcmp(type->tp_name, "decimal.Decimal") != 0)
+        return 0;
+    static const char *const samples[] = {
+        "0", "-0", "0E-7", "0E+3", "-0.00", "1", "-1", "9", "10", "1.5", "-934.32", "1E+3",
+        "1.00E+3", "1.23E-7", "9999999999999999999", "10000000000000000000",
+        "1000000000000000000000000000000000000001", "12345678901234567890123456789012345678",
+        "-123456789012345678901234567890123456789012345678901234567", "5E-40", "NaN", "sNaN",
+        "-Infinity"};
+    int holds = 1;
+    for (size_t i = 0; holds && i < sizeof(samples) / sizeof(samples[0]); i++) {
+        PyObject *d = PyObject_CallFunction((PyObject *)type, "s", samples[i]);
+        if (d == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (Py_TYPE(d) != type) {
+            Py_DECREF(d);
+            return 0;
+        }
+        DecimalParts a, b;
+        int ra = decimal_parts_of_layout(d, &a), rb = decimal_parts_of_text(d, &b);
+        if (rb == FAIL)
+            PyErr_Clear();
+        holds = ra == rb && rb != FAIL &&
+                (ra != OK || (a.sign == b.sign && a.exponent == b.exponent &&
+                              a.ndigits == b.ndigits &&
+                              memcmp(a.digits, b.digits, (size_t)a.ndigits) == 0));
+        Py_DECREF(d);
+    }
+    return holds;
 }
 
 /* ------------------------------------------------------------------------- text writer */
 
+#define INLINE_TEXT 2048
+
 typedef struct {
-    void *buf;
+    void *buf; /* inline, or on the heap once longer (or wider) */
     int kind; /* 1, 2 or 4 bytes per character */
     Py_UCS4 maxchar; /* 127, 255, 65535 or 1114111: the kind (and ASCII-ness) of the result */
     Py_ssize_t len, cap; /* in characters */
+    char inline_buf[INLINE_TEXT];
 } Writer;
+
+#define WRITER_INIT(w) \
+    ((w).buf = (w).inline_buf, (w).kind = 1, (w).maxchar = 127, (w).len = 0, \
+     (w).cap = INLINE_TEXT)
+
+static void
+w_free(Writer *w)
+{
+    if (w->buf != w->inline_buf)
+        PyMem_Free(w->buf);
+    w->buf = NULL;
+}
 
 static Py_UCS4
 level_of(Py_UCS4 c)
@@ -295,7 +477,14 @@ w_prepare(Writer *w, Py_ssize_t extra, Py_UCS4 maxchar)
         cap = need > 2 * cap ? need : 2 * cap;
     if (kind == w->kind) {
         if (cap != w->cap) {
-            void *buf = PyMem_Realloc(w->buf, (size_t)cap * (size_t)kind);
+            void *buf;
+            if (w->buf == w->inline_buf) {
+                buf = PyMem_Malloc((size_t)cap * (size_t)kind);
+                if (buf != NULL)
+                    memcpy(buf, w->buf, (size_t)w->len * (size_t)kind);
+            } else {
+                buf = PyMem_Realloc(w->buf, (size_t)cap * (size_t)kind);
+            }
             if (buf == NULL) {
                 PyErr_NoMemory();
                 return FAIL;
@@ -315,7 +504,7 @@ w_prepare(Writer *w, Py_ssize_t extra, Py_UCS4 maxchar)
         Py_UCS4 c = PyUnicode_READ(w->kind, w->buf, i);
         PyUnicode_WRITE(kind, buf, i, c);
     }
-    PyMem_Free(w->buf);
+    w_free(w);
     w->buf = buf;
     w->kind = kind;
     w->cap = cap;
@@ -421,6 +610,21 @@ escape_of(Py_UCS4 c)
     return 0;
 }
 
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Whether eight ASCII bytes hold one a canonical string escapes: a control (< 0x20), '"',
+ * '\\' or DEL. No false negative (the lowest such byte is found exactly); a false
+ * positive (a borrow from a lower byte) only ends the fast scan early. */
+static inline int
+swar_needs_escape(unsigned long long x)
+{
+    unsigned long long lt = x - ONES * 0x20;             /* high bit: byte < 0x20 */
+    unsigned long long q = x ^ (ONES * '"'), b = x ^ (ONES * '\\'), d = x ^ (ONES * 0x7f);
+    unsigned long long zero = (q - ONES) | (b - ONES) | (d - ONES); /* high bit: byte == */
+    return ((lt | zero) & HIGHS) != 0;
+}
+
 static int
 w_quoted(Writer *w, PyObject *s)
 {
@@ -432,7 +636,16 @@ w_quoted(Writer *w, PyObject *s)
     Py_ssize_t first = n;
     if (kind == PyUnicode_1BYTE_KIND) {
         const unsigned char *p = data;
-        for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t i = 0;
+        if (PyUnicode_IS_ASCII(s)) { /* eight at a time: none < 0x20, '"', '\\' or 0x7f */
+            for (; i + 8 <= n; i += 8) {
+                unsigned long long x;
+                memcpy(&x, p + i, 8);
+                if (swar_needs_escape(x))
+                    break;
+            }
+        }
+        for (; i < n; i++) {
             if (ESCAPE1[p[i]]) {
                 first = i;
                 break;
@@ -485,9 +698,19 @@ w_quoted(Writer *w, PyObject *s)
 static Py_ssize_t
 int_text(long long v, char *buf)
 {
+    static const char pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
     char tmp[24];
     Py_ssize_t n = 0;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    while (u >= 100) { /* two digits at a time, written backwards */
+        unsigned d = (unsigned)(u % 100) * 2;
+        u /= 100;
+        tmp[n++] = pairs[d + 1];
+        tmp[n++] = pairs[d];
+    }
     do {
         tmp[n++] = (char)('0' + u % 10);
         u /= 10;
@@ -553,75 +776,241 @@ w_atom(Writer *w, PyObject *item)
     return DECLINE; /* bool, None, a subclass, float ...: the Python twin raises or writes */
 }
 
+/* The canonical text of value, appended: the walk of canonical() below. The stack is
+ * empty before and after (on an error or a decline the caller frees what is left). */
+static int
+w_value(Writer *w, Stack *stack, PyObject *value)
+{
+    int r;
+    if (!IS_LIST(value))
+        return w_atom(w, value);
+    if ((r = stack_push(stack, value)) != OK)
+        return r;
+    if (w_char(w, '(') < 0)
+        return FAIL;
+    Py_ssize_t base = stack->depth - 1;
+    for (;;) {
+        Frame *f = &stack->frames[stack->depth - 1];
+        int first = f->index == 0;
+        PyObject *item = stack_next(stack);
+        if (item == NULL) {
+            stack_pop(stack);
+            if (w_char(w, ')') < 0)
+                return FAIL;
+            if (stack->depth == base)
+                return OK;
+            continue;
+        }
+        if (w_room(w, 2, 127) < 0)
+            return FAIL;
+        if (!first)
+            w_put(w, ' ');
+        if (IS_LIST(item)) {
+            r = stack_push(stack, item);
+            if (r == OK)
+                w_put(w, '(');
+        } else {
+            r = w_atom(w, item);
+        }
+        if (r != OK)
+            return r;
+    }
+}
+
 static PyObject *
 canonical(PyObject *self, PyObject *value)
 {
     (void)self;
     if (MAX_DECIMAL_CHARS < 0)
         Py_RETURN_NONE;
-    Writer w = {NULL, 1, 127, 0, 0};
-    Stack stack = {NULL, 0, 0};
+    Writer w;
+    Stack stack;
+    WRITER_INIT(w);
+    STACK_INIT(stack);
     PyObject *result = NULL;
-    int r;
-    if (w_prepare(&w, 256, 127) < 0)
-        goto fail;
-    if (!IS_LIST(value)) {
-        r = w_atom(&w, value);
-        goto end;
-    }
-    r = stack_push(&stack, value);
-    if (r != OK)
-        goto end;
-    if ((r = w_char(&w, '(')) != OK)
-        goto end;
-    for (;;) {
-        Frame *f = &stack.frames[stack.depth - 1];
-        int first = f->index == 0;
-        PyObject *item = stack_next(&stack);
-        if (item == NULL) {
-            stack_pop(&stack);
-            if ((r = w_char(&w, ')')) != OK)
-                goto end;
-            if (stack.depth == 0)
-                break;
-            continue;
-        }
-        if (w_room(&w, 2, 127) < 0) {
-            r = FAIL;
-            goto end;
-        }
-        if (!first)
-            w_put(&w, ' ');
-        if (IS_LIST(item)) {
-            r = stack_push(&stack, item);
-            if (r == OK)
-                w_put(&w, '(');
-        } else {
-            r = w_atom(&w, item);
-        }
-        if (r != OK)
-            goto end;
-    }
-    r = OK;
-end:
+    int r = w_value(&w, &stack, value);
     if (r == OK)
         result = w_finish(&w);
     else if (r == DECLINE) {
         result = Py_None;
         Py_INCREF(result);
     }
-fail:
     stack_free(&stack);
-    PyMem_Free(w.buf);
+    w_free(&w);
+    return result;
+}
+
+/* ------------------------------------------------------------------------- messages */
+
+/* cbcl._message.Message and Signature (slotted dataclasses: their fields are read at the
+ * offsets of their member descriptors), set by setup_message(); NULL: every message is
+ * declined. */
+enum {
+    F_MESSAGE_ID, F_SENDER, F_RECEIVER, F_INTENT, F_PROTOCOL, F_CONVERSATION_ID,
+    F_IN_REPLY_TO, F_REPLY_BY, F_TIMESTAMP, F_BODY, F_SIGNATURE, N_FIELDS
+};
+static const char *const FIELD_ATTRS[N_FIELDS] = {
+    "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
+    "in_reply_to", "reply_by", "timestamp", "body", "signature"};
+static const char *const SIGNATURE_ATTRS[2] = {"key_id", "value"};
+static PyTypeObject *T_MESSAGE, *T_SIGNATURE;
+static Py_ssize_t FIELD_OFFSETS[N_FIELDS], SIGNATURE_OFFSETS[2];
+/* The text's: the version symbol, then the field symbols, in FIELD_ATTRS' order (a tuple of
+ * 1 + N_FIELDS exact Symbols); the intents as (member, symbol) pairs (Message.to_value's
+ * _INTENT_SYMBOL). The frame's: the intents by code (cbcl._codec.INTENTS), the present
+ * bits of conversation-id, in-reply-to, reply-by, timestamp, signature, body. */
+static PyObject *TEXT_NAMES, *TEXT_INTENTS, *FRAME_INTENTS;
+static PyTypeObject *T_REGISTRY; /* cbcl._registry.Registry (encode_message) */
+static long FRAME_BITS[6] = {-1, -1, -1, -1, -1, -1};
+
+typedef struct {
+    PyObject *f[N_FIELDS];  /* strong references */
+    PyObject *sig[2];       /* the signature's key id and value (strong), or NULL */
+} Fields;
+
+static void
+fields_release(Fields *m)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_CLEAR(m->f[i]);
+    Py_CLEAR(m->sig[0]);
+    Py_CLEAR(m->sig[1]);
+}
+
+static inline PyObject *
+slot_at(PyObject *object, Py_ssize_t offset)
+{
+    return *(PyObject **)((char *)object + offset);
+}
+
+/* The fields of an exact Message (and of its signature, an exact Signature or None), as
+ * strong references; DECLINE for anything else, or an unset field. */
+static int
+fields_read(PyObject *message, Fields *m)
+{
+    if (T_MESSAGE == NULL || Py_TYPE(message) != T_MESSAGE)
+        return DECLINE;
+    memset(m, 0, sizeof(*m));
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *v = slot_at(message, FIELD_OFFSETS[i]);
+        if (v == NULL)
+            goto decline;
+        Py_INCREF(v);
+        m->f[i] = v;
+    }
+    PyObject *signature = m->f[F_SIGNATURE];
+    if (signature != Py_None) {
+        if (Py_TYPE(signature) != T_SIGNATURE)
+            goto decline;
+        for (int i = 0; i < 2; i++) {
+            PyObject *v = slot_at(signature, SIGNATURE_OFFSETS[i]);
+            if (v == NULL)
+                goto decline;
+            Py_INCREF(v);
+            m->sig[i] = v;
+        }
+    }
+    return OK;
+decline:
+    fields_release(m);
+    return DECLINE;
+}
+
+/* " (name " value [" " second] ")" */
+static int
+w_field(Writer *w, Stack *stack, int index, PyObject *value, PyObject *second)
+{
+    PyObject *name = PyTuple_GET_ITEM(TEXT_NAMES, 1 + index);
+    if (w_ascii(w, " (", 2) < 0 || w_str(w, name, 1) < 0)
+        return FAIL;
+    w_put(w, ' ');
+    int r = w_value(w, stack, value);
+    if (r != OK)
+        return r;
+    if (second != NULL) {
+        if (w_char(w, ' ') < 0)
+            return FAIL;
+        if ((r = w_value(w, stack, second)) != OK)
+            return r;
+    }
+    return w_char(w, ')');
+}
+
+/* The canonical text of Message.to_value(): the envelope list, fields in order, optional
+ * ones when not None. */
+static int
+w_message(Writer *w, Stack *stack, Fields *m)
+{
+    PyObject *intent = NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(TEXT_INTENTS); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(TEXT_INTENTS, i);
+        if (PyTuple_GET_ITEM(pair, 0) == m->f[F_INTENT]) {
+            intent = PyTuple_GET_ITEM(pair, 1);
+            break;
+        }
+    }
+    if (intent == NULL)
+        return DECLINE; /* not a member: _INTENT_SYMBOL[intent] decides (or raises) */
+    int r;
+    if (w_char(w, '(') < 0 || w_str(w, PyTuple_GET_ITEM(TEXT_NAMES, 0), 0) < 0)
+        return FAIL;
+    for (int i = 0; i < F_SIGNATURE; i++) {
+        PyObject *value = i == F_INTENT ? intent : m->f[i];
+        if (i > F_PROTOCOL && value == Py_None)
+            continue;
+        if ((r = w_field(w, stack, i, value, NULL)) != OK)
+            return r;
+    }
+    if (m->f[F_SIGNATURE] != Py_None &&
+        (r = w_field(w, stack, F_SIGNATURE, m->sig[0], m->sig[1])) != OK)
+        return r;
+    return w_char(w, ')');
+}
+
+static PyObject *
+canonical_message(PyObject *self, PyObject *message)
+{
+    (void)self;
+    Fields m;
+    if (MAX_DECIMAL_CHARS < 0 || TEXT_NAMES == NULL || fields_read(message, &m) != OK)
+        Py_RETURN_NONE;
+    Writer w;
+    Stack stack;
+    WRITER_INIT(w);
+    STACK_INIT(stack);
+    PyObject *result = NULL;
+    int r = w_message(&w, &stack, &m);
+    if (r == OK)
+        result = w_finish(&w);
+    else if (r == DECLINE) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    stack_free(&stack);
+    w_free(&w);
+    fields_release(&m);
     return result;
 }
 
 /* ------------------------------------------------------------------------- msgpack writer */
 
+#define INLINE_BYTES 2048
+
 typedef struct {
-    char *buf;
+    char *buf; /* inline, or on the heap once longer */
     Py_ssize_t len, cap;
+    char inline_buf[INLINE_BYTES];
 } Bytes;
+
+#define BYTES_INIT(b) ((b).buf = (b).inline_buf, (b).len = 0, (b).cap = INLINE_BYTES)
+
+static void
+b_free(Bytes *b)
+{
+    if (b->buf != b->inline_buf)
+        PyMem_Free(b->buf);
+    b->buf = NULL;
+}
 
 static int
 b_room(Bytes *b, Py_ssize_t extra)
@@ -635,7 +1024,14 @@ b_room(Bytes *b, Py_ssize_t extra)
     Py_ssize_t need = b->len + extra, cap = 2 * b->cap;
     if (cap < need)
         cap = need;
-    char *buf = PyMem_Realloc(b->buf, (size_t)cap);
+    char *buf;
+    if (b->buf == b->inline_buf) {
+        buf = PyMem_Malloc((size_t)cap);
+        if (buf != NULL)
+            memcpy(buf, b->buf, (size_t)b->len);
+    } else {
+        buf = PyMem_Realloc(b->buf, (size_t)cap);
+    }
     if (buf == NULL) {
         PyErr_NoMemory();
         return FAIL;
@@ -762,12 +1158,16 @@ mp_str(Bytes *b, PyObject *s)
  * of one type and one text (cbcl._values._Atom.__eq__). */
 typedef struct {
     PyObject *key;
+    Py_hash_t hash; /* key's */
     long code;
 } Entry;
 
+#define INLINE_NAMES 16
+
 typedef struct {
-    Entry *slots;
+    Entry *slots; /* NULL until the first name; then inline_slots (if any), or the heap */
     Py_ssize_t used, mask; /* mask + 1 slots, a power of two */
+    Entry *inline_slots; /* INLINE_NAMES slots the caller owns (a frame's own table), or NULL */
 } Names;
 
 static int
@@ -785,6 +1185,15 @@ same_atom(PyObject *a, PyObject *b)
            memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * (size_t)kind) == 0;
 }
 
+/* A str's hash: the one it caches, once computed (str.__hash__: Symbol, Keyword and URI
+ * keep it, cbcl._values._Atom.__hash__). */
+static inline Py_hash_t
+str_hash(PyObject *s)
+{
+    Py_hash_t h = ((PyASCIIObject *)s)->hash;
+    return h != -1 ? h : PyObject_Hash(s);
+}
+
 /* The slot of key (hash h): the one holding it, or the empty one it would take. */
 static Entry *
 names_slot(Names *t, PyObject *key, Py_hash_t h)
@@ -792,7 +1201,7 @@ names_slot(Names *t, PyObject *key, Py_hash_t h)
     size_t i = (size_t)h & (size_t)t->mask;
     for (;;) {
         Entry *e = &t->slots[i];
-        if (e->key == NULL || same_atom(e->key, key))
+        if (e->key == NULL || (e->hash == h && same_atom(e->key, key)))
             return e;
         i = (i + 1) & (size_t)t->mask;
     }
@@ -801,6 +1210,12 @@ names_slot(Names *t, PyObject *key, Py_hash_t h)
 static int
 names_grow(Names *t)
 {
+    if (t->slots == NULL && t->inline_slots != NULL) {
+        memset(t->inline_slots, 0, INLINE_NAMES * sizeof(Entry));
+        t->slots = t->inline_slots;
+        t->mask = INLINE_NAMES - 1;
+        return OK;
+    }
     Py_ssize_t size = t->slots ? 2 * (t->mask + 1) : 64;
     Entry *old = t->slots;
     Py_ssize_t old_size = old ? t->mask + 1 : 0;
@@ -813,11 +1228,11 @@ names_grow(Names *t)
     t->mask = size - 1;
     for (Py_ssize_t i = 0; i < old_size; i++) {
         if (old[i].key != NULL) {
-            Py_hash_t h = PyObject_Hash(old[i].key); /* a str's: cached, never fails */
-            *names_slot(t, old[i].key, h) = old[i];
+            *names_slot(t, old[i].key, old[i].hash) = old[i];
         }
     }
-    PyMem_Free(old);
+    if (old != t->inline_slots)
+        PyMem_Free(old);
     return OK;
 }
 
@@ -827,7 +1242,9 @@ names_free(Names *t)
     if (t->slots != NULL) {
         for (Py_ssize_t i = 0; i <= t->mask; i++)
             Py_XDECREF(t->slots[i].key);
-        PyMem_Free(t->slots);
+        if (t->slots != t->inline_slots)
+            PyMem_Free(t->slots);
+        t->slots = NULL;
     }
 }
 
@@ -836,7 +1253,7 @@ names_free(Names *t)
 static int
 mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Names *names)
 {
-    Py_hash_t h = PyObject_Hash(item); /* a str's, cached */
+    Py_hash_t h = str_hash(item);
     if (h == -1)
         return FAIL;
     if (READY(item) < 0)
@@ -854,6 +1271,7 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Names *names)
     /* new: the Python twin's codes[item] = FIRST_ENTRY + len(codes), codes growing */
     Py_INCREF(item);
     e->key = item;
+    e->hash = h;
     e->code = C_FIRST + (long)codes->used + (long)names->used;
     names->used++;
     if (mp_int(b, kind_code) < 0)
@@ -898,8 +1316,10 @@ mp_atom(Bytes *b, PyObject *item, Names *codes, Names *names)
 static int
 mp_body(Bytes *b, PyObject *body, Names *codes)
 {
-    Names names = {NULL, 0, 0};
-    Stack stack = {NULL, 0, 0};
+    Entry inline_slots[INLINE_NAMES];
+    Names names = {NULL, 0, 0, inline_slots};
+    Stack stack;
+    STACK_INIT(stack);
     int r;
     if (!IS_LIST(body)) {
         r = mp_atom(b, body, codes, &names);
@@ -983,6 +1403,7 @@ prepare(PyObject *self, PyObject *codes)
             goto decline; /* equal keys: not a dict of atoms */
         Py_INCREF(key);
         e->key = key;
+        e->hash = h;
         e->code = code;
         t->used++;
     }
@@ -1002,6 +1423,48 @@ fail:
     return NULL;
 }
 
+/* An envelope token as msgpack.packb writes it: an int within int64 or any str (a
+ * subclass too); anything else declines. */
+static int
+mp_token(Bytes *b, PyObject *token)
+{
+    if (PyLong_CheckExact(token)) {
+        long long v;
+        int r = int64_of(token, &v);
+        if (r == OK)
+            r = mp_int(b, v);
+        return r;
+    }
+    if (PyUnicode_Check(token))
+        return mp_str(b, token);
+    return DECLINE;
+}
+
+static int
+b_header(Bytes *b, PyObject *header)
+{
+    Py_ssize_t size = PyBytes_GET_SIZE(header);
+    if (b_room(b, size) < 0)
+        return FAIL;
+    memcpy(b->buf, PyBytes_AS_STRING(header), (size_t)size);
+    b->len = size;
+    return OK;
+}
+
+static PyObject *
+b_finish(Bytes *b, int r)
+{
+    PyObject *result = NULL;
+    if (r == OK)
+        result = PyBytes_FromStringAndSize(b->buf, b->len);
+    else if (r == DECLINE) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    b_free(b);
+    return result;
+}
+
 static PyObject *
 pack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1017,41 +1480,161 @@ pack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Names *codes = PyCapsule_GetPointer(args[3], TABLE);
     if (codes == NULL)
         return NULL;
-    Py_ssize_t size = PyBytes_GET_SIZE(header);
-    Bytes b = {NULL, 0, 0};
-    int r = b_room(&b, size + 512);
-    if (r != OK)
-        goto end;
-    memcpy(b.buf, PyBytes_AS_STRING(header), (size_t)size);
-    b.len = size;
+    Bytes b;
+    BYTES_INIT(b);
+    int r = b_header(&b, header);
     /* the envelope: what msgpack.packb(tokens) writes of ints and strs */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tokens); i++) {
-        PyObject *token = PyList_GET_ITEM(tokens, i);
-        if (PyLong_CheckExact(token)) {
-            long long v;
-            r = int64_of(token, &v);
-            if (r == OK)
-                r = mp_int(&b, v);
-        } else if (PyUnicode_Check(token)) {
-            r = mp_str(&b, token);
-        } else {
-            r = DECLINE;
-        }
-        if (r != OK)
-            goto end;
-    }
-    if (body != Py_None)
+    for (Py_ssize_t i = 0; r == OK && i < PyList_GET_SIZE(tokens); i++)
+        r = mp_token(&b, PyList_GET_ITEM(tokens, i));
+    if (r == OK && body != Py_None)
         r = mp_body(&b, body, codes);
-end:;
-    PyObject *result = NULL;
-    if (r == OK)
-        result = PyBytes_FromStringAndSize(b.buf, b.len);
-    else if (r == DECLINE) {
-        result = Py_None;
-        Py_INCREF(result);
+    return b_finish(&b, r);
+}
+
+/* The tokens of Encoder.encode: intent, present, message-id, sender, receiver, the optional
+ * fields that are not None, the signature's two strings, then the body's tokens. */
+static int
+mp_message(Bytes *b, Fields *m, Names *codes)
+{
+    long intent = -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(FRAME_INTENTS); i++) {
+        if (PyTuple_GET_ITEM(FRAME_INTENTS, i) == m->f[F_INTENT]) {
+            intent = (long)i;
+            break;
+        }
     }
-    PyMem_Free(b.buf);
-    return result;
+    if (intent < 0)
+        return DECLINE; /* not a member: _INTENT_INDEX[intent] decides (or raises) */
+    static const int optional[6] = {F_CONVERSATION_ID, F_IN_REPLY_TO, F_REPLY_BY,
+                                    F_TIMESTAMP, F_SIGNATURE, F_BODY};
+    long present = 0;
+    for (int i = 0; i < 6; i++)
+        if (m->f[optional[i]] != Py_None)
+            present |= FRAME_BITS[i];
+    int r;
+    if ((r = mp_int(b, intent)) != OK || (r = mp_int(b, present)) != OK)
+        return r;
+    for (int i = F_MESSAGE_ID; i <= F_RECEIVER; i++)
+        if ((r = mp_token(b, m->f[i])) != OK)
+            return r;
+    for (int i = 0; i < 4; i++) {
+        PyObject *value = m->f[optional[i]];
+        if (value != Py_None && (r = mp_token(b, value)) != OK)
+            return r;
+    }
+    if (m->f[F_SIGNATURE] != Py_None &&
+        ((r = mp_token(b, m->sig[0])) != OK || (r = mp_token(b, m->sig[1])) != OK))
+        return r;
+    if (m->f[F_BODY] != Py_None)
+        return mp_body(b, m->f[F_BODY], codes);
+    return OK;
+}
+
+static PyObject *
+pack_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "pack_message takes 3 positional arguments");
+        return NULL;
+    }
+    PyObject *header = args[0];
+    Fields m;
+    if (MAX_DECIMAL_CHARS < 0 || FRAME_INTENTS == NULL || !PyBytes_CheckExact(header) ||
+        !PyCapsule_IsValid(args[2], TABLE) || fields_read(args[1], &m) != OK)
+        Py_RETURN_NONE;
+    Names *codes = PyCapsule_GetPointer(args[2], TABLE);
+    Bytes b;
+    BYTES_INIT(b);
+    int r = codes == NULL ? FAIL : b_header(&b, header);
+    if (r == OK)
+        r = mp_message(&b, &m, codes);
+    fields_release(&m);
+    return b_finish(&b, r);
+}
+
+/* The (header, prepared table) of message's protocol in an Encoder's cache: registry (an
+ * exact cbcl.Registry) holds the protocol under the message's exact Symbol in its
+ * _protocols dict, as Registry.get finds it, and tables (Encoder._tables) maps that
+ * protocol to (SymbolTable, header, prepared). DECLINE for anything else: a subclass, a
+ * protocol unknown or not cached yet (Encoder._table then finds it, or raises). *header
+ * and *capsule are strong references (the table lives while a frame is written). */
+static PyObject *STR_PROTOCOLS; /* "_protocols", interned */
+
+static int
+cached_table(PyObject *registry, PyObject *tables, PyObject *symbol, PyObject **header,
+             PyObject **capsule)
+{
+    if (Py_TYPE(registry) != T_REGISTRY || Py_TYPE(symbol) != T_SYMBOL ||
+        !PyDict_CheckExact(tables))
+        return DECLINE;
+    PyObject *protocols = PyObject_GetAttr(registry, STR_PROTOCOLS);
+    if (protocols == NULL) {
+        PyErr_Clear();
+        return DECLINE;
+    }
+    int r = DECLINE;
+    PyObject *protocol = NULL;
+    if (PyDict_CheckExact(protocols)) {
+        /* (a lookup may run Symbol.__eq__, Python code: the result is held) */
+        protocol = PyDict_GetItemWithError(protocols, symbol);
+        Py_XINCREF(protocol);
+    }
+    Py_DECREF(protocols);
+    if (protocol == NULL) {
+        PyErr_Clear(); /* the Python path meets the same error again, or the None */
+        return DECLINE;
+    }
+    /* a Protocol hashes by identity (eq=False): no Python code runs here */
+    PyObject *cached = PyDict_GetItemWithError(tables, protocol);
+    Py_DECREF(protocol);
+    if (cached == NULL) {
+        PyErr_Clear();
+        return DECLINE;
+    }
+    if (PyTuple_CheckExact(cached) && PyTuple_GET_SIZE(cached) == 3 &&
+        PyBytes_CheckExact(PyTuple_GET_ITEM(cached, 1)) &&
+        PyCapsule_CheckExact(PyTuple_GET_ITEM(cached, 2))) { /* (its name: checked below) */
+        *header = PyTuple_GET_ITEM(cached, 1);
+        *capsule = PyTuple_GET_ITEM(cached, 2);
+        Py_INCREF(*header);
+        Py_INCREF(*capsule);
+        r = OK;
+    }
+    return r;
+}
+
+static PyObject *
+encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_message takes 3 positional arguments");
+        return NULL;
+    }
+    Fields m;
+    if (MAX_DECIMAL_CHARS < 0 || FRAME_INTENTS == NULL || T_REGISTRY == NULL ||
+        fields_read(args[0], &m) != OK)
+        Py_RETURN_NONE;
+    PyObject *header = NULL, *capsule = NULL;
+    Bytes b;
+    BYTES_INIT(b);
+    int r = cached_table(args[1], args[2], m.f[F_PROTOCOL], &header, &capsule);
+    if (r == OK)
+        r = b_header(&b, header);
+    if (r == OK) {
+        Names *codes = PyCapsule_GetPointer(capsule, TABLE);
+        if (codes == NULL) { /* another capsule (None: pure_python=True is not one) */
+            PyErr_Clear();
+            r = DECLINE;
+        } else {
+            r = mp_message(&b, &m, codes);
+        }
+    }
+    Py_XDECREF(header);
+    Py_XDECREF(capsule);
+    fields_release(&m);
+    return b_finish(&b, r);
 }
 
 /* ------------------------------------------------------------------------- setup */
@@ -1085,6 +1668,8 @@ setup(PyObject *self, PyObject *args)
     Py_XSETREF(T_KEYWORD, (PyTypeObject *)keyword);
     Py_XSETREF(T_URI, (PyTypeObject *)uri);
     Py_XSETREF(T_DECIMAL, (PyTypeObject *)decimal);
+    DECIMAL_LAYOUT = 0;
+    DECIMAL_LAYOUT = decimal_layout_holds(T_DECIMAL);
     C_LPAR = lpar;
     C_RPAR = rpar;
     C_INTEGER = integer;
@@ -1094,6 +1679,94 @@ setup(PyObject *self, PyObject *args)
     C_URI = u;
     C_FIRST = first;
     MAX_DECIMAL_CHARS = max_decimal;
+    return PyBool_FromLong(DECIMAL_LAYOUT);
+}
+
+/* The offsets of the slots attrs of type: its own member descriptors, of objects; 0 (and no
+ * exception) if one is not. */
+static int
+offsets_of(PyTypeObject *type, const char *const *attrs, int n, Py_ssize_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString((PyObject *)type, attrs[i]);
+        if (d == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        int ok = Py_TYPE(d) == &PyMemberDescr_Type &&
+                 ((PyMemberDescrObject *)d)->d_common.d_type == type &&
+                 ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX;
+        if (ok)
+            out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+setup_message(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *message, *signature, *names, *intents;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyType_Type, &message, &PyType_Type, &signature,
+                          &PyTuple_Type, &names, &PyTuple_Type, &intents))
+        return NULL;
+    if (T_SYMBOL == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "setup() must run first");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(names) != 1 + N_FIELDS)
+        Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++)
+        if (Py_TYPE(PyTuple_GET_ITEM(names, i)) != T_SYMBOL)
+            Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(intents); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(intents, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            Py_TYPE(PyTuple_GET_ITEM(pair, 1)) != T_SYMBOL)
+            Py_RETURN_FALSE;
+    }
+    Py_ssize_t fields[N_FIELDS], sig[2];
+    if (!offsets_of((PyTypeObject *)message, FIELD_ATTRS, N_FIELDS, fields) ||
+        !offsets_of((PyTypeObject *)signature, SIGNATURE_ATTRS, 2, sig))
+        Py_RETURN_FALSE;
+    memcpy(FIELD_OFFSETS, fields, sizeof(fields));
+    memcpy(SIGNATURE_OFFSETS, sig, sizeof(sig));
+    Py_INCREF(message);
+    Py_INCREF(signature);
+    Py_INCREF(names);
+    Py_INCREF(intents);
+    Py_XSETREF(T_MESSAGE, (PyTypeObject *)message);
+    Py_XSETREF(T_SIGNATURE, (PyTypeObject *)signature);
+    Py_XSETREF(TEXT_NAMES, names);
+    Py_XSETREF(TEXT_INTENTS, intents);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+setup_frame(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *intents, *registry;
+    long bits[6];
+    if (!PyArg_ParseTuple(args, "O!(llllll)O!", &PyTuple_Type, &intents, &bits[0], &bits[1],
+                          &bits[2], &bits[3], &bits[4], &bits[5], &PyType_Type, &registry))
+        return NULL;
+    if (STR_PROTOCOLS == NULL && (STR_PROTOCOLS = PyUnicode_InternFromString("_protocols")) == NULL)
+        return NULL;
+    for (int i = 0; i < 6; i++) {
+        if (bits[i] < 1 || bits[i] > 0x7f) {
+            PyErr_SetString(PyExc_ValueError, "present bits must be from 1 to 127");
+            return NULL;
+        }
+    }
+    memcpy(FRAME_BITS, bits, sizeof(bits));
+    Py_INCREF(intents);
+    Py_INCREF(registry);
+    Py_XSETREF(FRAME_INTENTS, intents);
+    Py_XSETREF(T_REGISTRY, (PyTypeObject *)registry);
     Py_RETURN_NONE;
 }
 
@@ -1103,11 +1776,30 @@ static PyMethodDef methods[] = {
     {"pack_frame", (PyCFunction)(void (*)(void))pack_frame, METH_FASTCALL,
      "pack_frame(header, tokens, body, table, /) -> bytes | None: a binary frame, or None "
      "to decline (table: what prepare(codes) returned)."},
+    {"canonical_message", canonical_message, METH_O,
+     "canonical_message(message, /) -> str | None: Message.canonical()'s text, or None to "
+     "decline."},
+    {"pack_message", (PyCFunction)(void (*)(void))pack_message, METH_FASTCALL,
+     "pack_message(header, message, table, /) -> bytes | None: Encoder.encode()'s frame of "
+     "a message, or None to decline (table: what prepare(codes) returned)."},
+    {"encode_message", (PyCFunction)(void (*)(void))encode_message, METH_FASTCALL,
+     "encode_message(message, registry, tables, /) -> bytes | None: pack_message with the "
+     "header and table an Encoder cached for the message's protocol (Encoder._tables), or "
+     "None to decline (not cached yet, a Registry subclass ...)."},
+    {"setup_message", setup_message, METH_VARARGS,
+     "setup_message(Message, Signature, names, intents, /) -> bool: the message types, the "
+     "envelope's symbols and the intents' (member, symbol) pairs; False: not slotted as "
+     "expected (every message is declined)."},
+    {"setup_frame", setup_frame, METH_VARARGS,
+     "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
+     "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
+     "the registry type whose _protocols encode_message reads."},
     {"prepare", prepare, METH_O,
      "prepare(codes, /) -> object | None: a symbol table's codes as pack_frame takes them."},
     {"setup", setup, METH_VARARGS,
-     "setup(Symbol, Keyword, URI, Decimal, max_decimal_chars, codes, /): the types and "
-     "constants of cbcl._values and cbcl._vocabulary."},
+     "setup(Symbol, Keyword, URI, Decimal, max_decimal_chars, codes, /) -> bool: the types "
+     "and constants of cbcl._values and cbcl._vocabulary; whether Decimals are read from "
+     "their layout (else from their text)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
-from ._canonical import canonical_value
+from ._canonical import canonical_value, native as _native
 from ._errors import UnknownProtocolError
 from ._fields import _SURROGATE, Fields, FieldsError, check_value
 from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
@@ -180,6 +180,10 @@ class Message:
     def canonical(self) -> str:
         """The canonical text of the message (draft §1.2). Raises as
         :func:`cbcl.canonical`."""
+        if _canonical_message is not None:  # the C twin; None: declined (or not built)
+            text = _canonical_message(self)
+            if text is not None:
+                return text
         return canonical_value(self.to_value())
 
     def signing_bytes(self) -> bytes:
@@ -221,3 +225,13 @@ _FIELD = {name: Symbol(name) for name in (
     "message-id", "sender", "receiver", "intent", "protocol", "conversation-id",
     "in-reply-to", "reply-by", "timestamp", "body", "signature")}
 _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
+
+# The C twin of ``canonical()`` (cbcl._encoders.canonical_message), which writes the text of
+# ``canonical_value(message.to_value())`` from the message's slots, or declines (None) for
+# anything but an exact Message with an Intent member and an exact Signature or none: then
+# the Python path above writes it, or raises. None where the module is not built.
+_canonical_message = None
+if _native is not None and _native.setup_message(
+        Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
+        tuple(_INTENT_SYMBOL.items())):
+    _canonical_message = _native.canonical_message

@@ -301,3 +301,223 @@ def test_the_encoder_uses_the_c_twin_where_built(native: Any, registry: Registry
     assert Encoder(registry)._table(message)[2] is not None
     assert Encoder(registry, pure_python=True)._table(message)[2] is None
     assert cbcl._canonical.native is native
+
+
+# --------------------------------------------------------------------------- whole messages
+# canonical_message (Message.canonical()) and pack_message / encode_message
+# (Encoder.encode) write a whole message from its slots: the same text and frame as the
+# Python paths (canonical_value_python(message.to_value()), Encoder(pure_python=True)), or
+# they decline and the Python path writes it or raises, exactly as it always did.
+
+
+class Signed(Signature):
+    """A Signature subclass (the C twins decline it; the Python paths read it as one)."""
+
+
+class Mail(Message):
+    """A Message subclass (declined; the Python paths take it as a Message)."""
+
+    __slots__ = ()
+
+
+class DuckSignature:
+    """Not a Signature, though the Python paths read its two attributes."""
+
+    def __init__(self, key_id: Any, value: Any) -> None:
+        self.key_id = key_id
+        self.value = value
+
+
+odd_fields = st.sampled_from([None, 1, True, 1.5, b"x", Symbol("s"), Keyword("k"),
+                              URI("a://b"), (Symbol("a"), 1), ["l"], Text("t"), ""])
+field_text = ids | any_text | surrogates | any_text.map(Text) | odd_fields
+field_uri = uris | surrogates.map(lambda s: str.__new__(URI, "a:" + s)) | \
+    st.sampled_from(["agent://plain-str", Text("agent://t"), None, 7,
+                     str.__new__(URI, "agent://é"), str.__new__(URI, "😀://x")])
+field_int = st.none() | big_ints | st.integers() | st.sampled_from([True, 1.5, "1", Decimal(1)])
+intents = st.sampled_from(list(Intent)) | st.sampled_from(
+    [str.__new__(Intent, "PROPOSE"), "INFORM", Symbol("QUERY"), "NO-SUCH", None, 3])
+protocols = st.sampled_from([Symbol("request/v1"), Symbol("contract-net/v1"),
+                             Symbol("task-assignment/v1"), Symbol("canon-a/v1")]) | \
+    st.sampled_from([Symbol("no-such/v1"), "request/v1", Text("request/v1"), None,
+                     str.__new__(Symbol, "request/v1")])
+signatures = st.none() | st.builds(Signature, ids | field_text, ids | field_text) | \
+    st.builds(Signed, ids, ids) | st.builds(DuckSignature, ids, ids) | \
+    st.sampled_from(["sig", ("k", "v")])
+
+
+@st.composite
+def wild_messages(draw: st.DrawFn, sound: bool = False) -> Message:
+    """A message with every field optional or odd: ``sound`` ones are of the field types
+    (every intent, optional fields present or absent, signed or not), the others may hold
+    anything, as only Message._trusted (no checks) lets them."""
+    if sound:
+        fields: dict[str, Any] = {
+            "message_id": draw(ids), "sender": draw(uris), "receiver": draw(uris),
+            "intent": draw(st.sampled_from(list(Intent))),
+            "protocol": draw(protocols.filter(lambda p: type(p) is Symbol
+                                              and p != Symbol("no-such/v1"))),
+            "conversation_id": draw(st.none() | ids), "in_reply_to": draw(st.none() | ids),
+            "reply_by": draw(st.none() | st.integers(-_I64, _I64 - 1)),
+            "timestamp": draw(st.none() | st.integers(-_I64, _I64 - 1)),
+            "body": draw(st.none() | values),
+            "signature": draw(st.none() | st.builds(Signature, ids, ids))}
+    else:
+        fields = {
+            "message_id": draw(field_text), "sender": draw(field_uri),
+            "receiver": draw(field_uri), "intent": draw(intents),
+            "protocol": draw(protocols), "conversation_id": draw(st.none() | field_text),
+            "in_reply_to": draw(st.none() | field_text), "reply_by": draw(field_int),
+            "timestamp": draw(field_int), "body": draw(st.none() | wild),
+            "signature": draw(signatures)}
+    kind = draw(st.sampled_from([Message, Message, Message, Mail])) if not sound else Message
+    return kind._trusted(**fields)
+
+
+def _python_text(message: Message) -> str:
+    return canonical_value_python(message.to_value())
+
+
+def _same_message_text(native: Any, message: Message) -> Any:
+    expected = outcome(_python_text, message)
+    assert outcome(message.canonical) == expected
+    text = native.canonical_message(message)
+    if text is not None:  # what the C twin writes is the Python text, kind and all
+        assert text == expected and text.isascii() == expected.isascii()
+        assert sys.getsizeof(text) == sys.getsizeof(expected)
+    return expected
+
+
+def _same_message_frame(registry: Registry, message: Message) -> Any:
+    native = _native_or_skip()
+    expected = outcome(Encoder(registry, validate=False, pure_python=True).encode, message)
+    c_twin = Encoder(registry, validate=False)
+    assert outcome(c_twin.encode, message) == expected  # (the first: not cached yet)
+    assert outcome(c_twin.encode, message) == expected  # (cached: encode_message's path)
+    frame = native.encode_message(message, registry, c_twin._tables)
+    assert frame is None or frame == expected
+    if type(message.protocol) is Symbol and registry.get(message.protocol) is not None:
+        _, header, prepared = c_twin._table(message)
+        frame = native.pack_message(header, message, prepared)
+        assert frame is None or frame == expected
+    for validate in (True,):  # validation first, in Python, then the C twin
+        assert outcome(Encoder(registry, validate=validate).encode, message) == \
+            outcome(Encoder(registry, validate=validate, pure_python=True).encode, message)
+    return expected
+
+
+@settings(max_examples=400, deadline=None)
+@given(message=wild_messages(sound=True))
+def test_message_text_and_frames_of_sound_messages(native: Any, registry: Registry,
+                                                   message: Message) -> None:
+    text = native.canonical_message(message)
+    assert text is not None and text == _python_text(message)  # never declined
+    assert message.canonical() == text
+    frame = _same_message_frame(registry, message)
+    assert isinstance(frame, bytes)
+    c_twin = Encoder(registry, validate=False)
+    _, header, prepared = c_twin._table(message)
+    assert native.pack_message(header, message, prepared) == frame  # never declined
+    assert native.encode_message(message, registry, c_twin._tables) == frame
+
+
+@settings(max_examples=600, deadline=None)
+@given(message=wild_messages())
+def test_message_text_and_frames_of_wild_messages_and_their_errors(
+        native: Any, registry: Registry, message: Message) -> None:
+    _same_message_text(native, message)
+    _same_message_frame(registry, message)
+
+
+@pytest.mark.parametrize(("intent", "optional"), [
+    *((Intent.REQUEST, optional) for optional in range(64)),  # every set of optional fields
+    *((intent, optional) for intent in Intent for optional in (0, 63))])  # every intent
+def test_every_intent_and_set_of_optional_fields(native: Any, registry: Registry,
+                                                 intent: Intent, optional: int) -> None:
+    present = [bool(optional & bit) for bit in (1, 2, 4, 8, 16, 32)]
+    message = Message(
+        message_id="m-1", sender="agent://a", receiver="agent://b", intent=intent,
+        protocol="request/v1", conversation_id="c-1" if present[0] else None,
+        in_reply_to="r-1" if present[1] else None, reply_by=-5 if present[2] else None,
+        timestamp=1764502900000 if present[3] else None,
+        signature=Signature("key-1", "A" * 86) if present[4] else None,
+        body=(Symbol("request"), Keyword("action"), (Symbol("go"), "é", 1, Decimal("2.50")))
+        if present[5] else None)
+    assert native.canonical_message(message) == _python_text(message) == message.canonical()
+    assert isinstance(_same_message_frame(registry, message), bytes)
+
+
+def test_what_the_message_twins_decline(native: Any, registry: Registry) -> None:
+    base: dict[str, Any] = {
+        "message_id": "m-1", "sender": URI("agent://a"), "receiver": URI("agent://b"),
+        "intent": Intent.REQUEST, "protocol": Symbol("request/v1"), "conversation_id": None,
+        "in_reply_to": None, "reply_by": None, "timestamp": None, "body": "x",
+        "signature": None}
+    ordinary = Message._trusted(**base)
+    assert native.canonical_message(ordinary) is not None
+    encoder = Encoder(registry, validate=False)
+    frame = encoder.encode(ordinary)
+    assert native.encode_message(ordinary, registry, encoder._tables) == frame
+    declined = [
+        Mail._trusted(**base),
+        Message._trusted(**{**base, "intent": str.__new__(Intent, "REQUEST")}),  # not a member
+        Message._trusted(**{**base, "signature": Signed("k", "v")}),
+        Message._trusted(**{**base, "signature": DuckSignature("k", "v")}),
+        Message._trusted(**{**base, "message_id": "\ud800"}),
+        Message._trusted(**{**base, "timestamp": 2**64}),
+        Message._trusted(**{**base, "body": 1.5}),
+    ]
+    for message in declined:
+        assert native.canonical_message(message) is None
+        assert native.encode_message(message, registry, encoder._tables) is None
+        _same_message_text(native, message)
+        _same_message_frame(registry, message)
+    unset = object.__new__(Message)  # no slot set: the Python paths raise AttributeError
+    assert native.canonical_message(unset) is None
+    assert outcome(unset.canonical)[0] is AttributeError
+    assert native.encode_message(unset, registry, encoder._tables) is None
+    for thing in (None, "m", base, ordinary.to_value()):
+        assert native.canonical_message(thing) is None
+        assert native.encode_message(thing, registry, encoder._tables) is None
+    # the cached table only: not cached yet, another registry type, odd tables
+    assert native.encode_message(ordinary, registry, {}) is None
+    assert native.encode_message(ordinary, registry, encoder._tables) == frame
+
+    class Registry2(Registry):
+        pass
+
+    assert native.encode_message(ordinary, object.__new__(Registry2), encoder._tables) is None
+    odd = {protocol: (table, header, None) for protocol, (table, header, _) in
+           encoder._tables.items()}
+    assert native.encode_message(ordinary, registry, odd) is None  # (pure_python=True's)
+    assert native.encode_message(ordinary, registry, list(encoder._tables)) is None
+    assert native.pack_message(b"", ordinary, None) is None
+    assert native.pack_message(bytearray(), ordinary, native.prepare({})) is None
+    for call in (lambda: native.pack_message(b""), lambda: native.encode_message(ordinary)):
+        with pytest.raises(TypeError):
+            call()
+
+
+def test_message_slots_and_decimal_layout_are_found(native: Any) -> None:
+    import cbcl._canonical
+    import cbcl._message
+
+    assert cbcl._message._canonical_message is native.canonical_message
+    assert native.setup_message(Message, Signature, (Symbol("a"),), ()) is False  # names
+    assert native.setup_message(DuckSignature, Signature, (Symbol("a"),) * 12, ()) is False
+    assert cbcl._canonical.decimal_layout is (sys.implementation.name == "cpython")
+    # (setup_message again, as _message.py calls it: what the other tests rely on)
+    from cbcl._message import _FIELD, _INTENT_SYMBOL, _VERSION_SYMBOL
+    assert native.setup_message(Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
+                                tuple(_INTENT_SYMBOL.items())) is True
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.decimals(allow_nan=True, allow_infinity=True) | odd_decimals |
+       st.builds(lambda digits, exp, sign: Decimal((sign, digits, exp)),
+                 st.lists(st.integers(0, 9), min_size=1, max_size=70).map(tuple),
+                 st.integers(-80, 80), st.integers(0, 1)))
+def test_decimals_from_their_layout(native: Any, value: Decimal) -> None:
+    # (read from _decimal's mpd_t where setup() found it laid out as expected)
+    _same_text(native, value)
+    _same_text(native, (value, Symbol("x"), value))

@@ -16,7 +16,9 @@ arbitrary text, or a value that is not a CBCL value at all), later bytes its ope
 strings are decoded as UTF-8, or as UTF-16 with ``surrogatepass``, so lone surrogates
 occur. Each value is
 written by ``canonical_value`` (C first) and ``canonical_value_python``, and sent in a
-message body through ``Encoder`` and ``Encoder(pure_python=True)``; any difference is a
+message body through ``Encoder`` and ``Encoder(pure_python=True)``, and whole messages
+holding it (or its items) in envelope fields and a signature too are written by
+``Message.canonical`` (C first) and the Python path; any difference is a
 finding (an AssertionError: libFuzzer stops and writes the input to ``crash-*``).
 ``tests/fuzz/asan_build.sh`` runs this harness against the extension built with
 AddressSanitizer and UBSan.
@@ -109,7 +111,7 @@ def _outcome(fn: Any, *args: Any) -> Any:
 
 def _setup() -> Any:
     import cbcl
-    from cbcl import URI, Intent, Message, Symbol
+    from cbcl import URI, Intent, Message, Signature, Symbol
     from cbcl._canonical import canonical_value, canonical_value_python, native
     from cbcl._codec import Encoder
 
@@ -130,6 +132,20 @@ def _setup() -> Any:
         message = Message._trusted("m", URI("agent://a"), URI("agent://b"), Intent.REQUEST,
                                    Symbol("request/v1"), None, None, None, None, value, None)
         assert _outcome(c_twin.encode, message) == _outcome(python_twin.encode, message)
+        # whole messages: the value (or its items) in envelope fields and the signature too
+        items = list(value) if isinstance(value, (tuple, list)) else [value]
+        items += [None] * (6 - len(items))
+        for fields in ((items[0], items[1], items[2], items[3]), (value, None, value, None)):
+            signature = Signature(items[4], items[5]) if fields[0] is not None else None
+            message = Message._trusted(fields[0], URI("agent://a"), URI("agent://b"),
+                                       Intent.INFORM, Symbol("request/v1"), fields[1],
+                                       fields[2], fields[3], fields[3], value, signature)
+            expected = _outcome(lambda m=message: canonical_value_python(m.to_value()))
+            assert _outcome(message.canonical) == expected
+            text = native.canonical_message(message)
+            assert text is None or text == expected
+            for _ in range(2):  # (the second: the protocol's table cached)
+                assert _outcome(c_twin.encode, message) == _outcome(python_twin.encode, message)
 
     def check(data: bytes) -> None:
         try:
