@@ -75,8 +75,6 @@ from ._message import Intent, Message
 from ._protocol import Protocol
 from ._registry import Registry
 from ._session import (
-    NEED_DATA,
-    NEED_WORK,
     ConnectionClosed,
     Event,
     NotUnderstood,
@@ -336,32 +334,20 @@ class NatsConnection(Connection):
     def seen(self, payload: bytes) -> bool:
         return hashlib.sha256(payload).digest() in self._seen
 
-    async def next_event(self) -> Event:
-        """The next event, as :meth:`Connection.next_event`; raises the same errors."""
-        session = self.session
-        while True:
-            try:
-                event = session.next_event(now=self.clock())
-            except RemoteProtocolError:
-                with contextlib.suppress(ConnectionLost):
-                    await self.flush()
-                raise
-            if event is NEED_WORK:
-                await self._do_work()
-                continue
-            if event is not NEED_DATA:
-                await self._check_subjects(event)  # type: ignore[arg-type]
-                await self.flush()
-                return event  # type: ignore[return-value]
-            await self.flush()
-            suffix, payload = await self._take()
-            self._suffix = suffix
-            self._current = hashlib.sha256(payload).digest() if payload else None
-            self.bytes_received += len(payload)
-            if payload:
-                session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
-            else:
-                session.receive_data(b"")  # the peer ended the stream
+    async def _accepted(self, event: Event) -> None:
+        await self._check_subjects(event)  # (Connection.next_event's hook)
+
+    async def _receive(self) -> None:
+        """The next frame from this session's inbox (a NATS message carries one frame
+        without its prefix; an empty one ends the stream)."""
+        suffix, payload = await self._take()
+        self._suffix = suffix
+        self._current = hashlib.sha256(payload).digest() if payload else None
+        self.bytes_received += len(payload)
+        if payload:
+            self.session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
+        else:
+            self.session.receive_data(b"")  # the peer ended the stream
 
     async def _check_subjects(self, event: Event) -> None:
         """A conversation's message must come on that conversation's subject, handshake

@@ -291,20 +291,30 @@ class Connection:
                 await self._do_work()
                 continue
             if event is not NEED_DATA:
-                await self.flush()
                 # (neither NEED_WORK nor NEED_DATA: sentinels mypy cannot narrow by `is`)
+                await self._accepted(event)  # type: ignore[arg-type]
+                await self.flush()
                 return event  # type: ignore[return-value]
             await self.flush()
-            data = await self._read()
-            self.bytes_received += len(data)
-            session.receive_data(data)
-            if not data:
-                continue
-            if session.buffered:
-                if self._frame_deadline is None:
-                    self._frame_deadline = self._loop.time() + self.limits.frame_timeout
-            else:
-                self._frame_deadline = None
+            await self._receive()
+
+    async def _accepted(self, event: Event) -> None:
+        """Called with each event before :meth:`next_event` returns it (a transport's own
+        checks of it: nothing here)."""
+
+    async def _receive(self) -> None:
+        """Read what the peer sent next into the session, keeping the frame deadline."""
+        session = self.session
+        data = await self._read()
+        self.bytes_received += len(data)
+        session.receive_data(data)
+        if not data:
+            return
+        if session.buffered:
+            if self._frame_deadline is None:
+                self._frame_deadline = self._loop.time() + self.limits.frame_timeout
+        else:
+            self._frame_deadline = None
 
     async def _do_work(self) -> None:
         work = self.session.pending_work
