@@ -589,6 +589,41 @@ class TypedPeers:
     jsonschema: Callable[[Any], None] | None = None  # the pydantic model's JSON Schema
 
 
+def _constrained(t: Any, annotation: Callable[..., Any], constraints: dict[str, Any]) -> Any:
+    """``t`` annotated with ``annotation(**constraints)`` (msgspec's ``Meta``, pydantic's
+    ``Field``), the constraints given as ``None`` left out; ``t`` itself without any."""
+    given = {name: value for name, value in constraints.items() if value is not None}
+    return Annotated.__class_getitem__((t, annotation(**given))) if given else t  # type: ignore[attr-defined]
+
+
+def _spec_type(spec: tuple[Any, ...], meta: Callable[..., Any],
+               record: Callable[[Rec], Any],
+               keys: Callable[[Iterable[tuple[str, tuple[Any, ...], bool]]], Any]) -> Any:
+    """The typed-peer type of one field spec of :data:`SPECS`, the same for msgspec and
+    pydantic: ``meta(t, **constraints)`` adds constraints, ``record`` and ``keys`` build a
+    nested record and a keyword list in the peer's own way."""
+    kind = spec[0]
+    if kind == "str":
+        return meta(str, min_length=spec[1] or None, max_length=spec[2])
+    if kind == "int":
+        return meta(int, ge=spec[1], le=spec[2])
+    if kind == "number":
+        return _union((meta(int, ge=spec[1]), meta(float, ge=spec[1])))
+    if kind == "symbol":
+        return meta(str, pattern=SYMBOL_PATTERN)
+    if kind == "one-of":
+        return _literal(spec[1])
+    if kind == "any":
+        return Any
+    if kind == "args":
+        return dict[str, Any]
+    if kind == "keys":
+        return keys(spec[1])
+    if kind == "reason":
+        return _union((_literal(_REASONS), tuple[Literal["other"], str]))
+    return record(spec[1])
+
+
 def _msgspec_types(protocol: str) -> tuple[Any, Callable[[Any], None]]:
     """The msgspec type of a natural-JSON message of ``protocol``, and a check of what a
     ``Struct`` cannot express (a record with further members of any name, kept as an
@@ -599,33 +634,15 @@ def _msgspec_types(protocol: str) -> tuple[Any, Callable[[Any], None]]:
     open_records: list[tuple[Any, str, str]] = []
 
     def meta(t: Any, **constraints: Any) -> Any:
-        given = {name: value for name, value in constraints.items() if value is not None}
-        return Annotated.__class_getitem__((t, Meta(**given))) if given else t  # type: ignore[attr-defined]
+        return _constrained(t, Meta, constraints)
 
-    def of(spec: tuple[Any, ...]) -> Any:
-        kind = spec[0]
-        if kind == "str":
-            return meta(str, min_length=spec[1] or None, max_length=spec[2])
-        if kind == "int":
-            return meta(int, ge=spec[1], le=spec[2])
-        if kind == "number":
-            return _union((meta(int, ge=spec[1]), meta(float, ge=spec[1])))
-        if kind == "symbol":
-            return meta(str, pattern=SYMBOL_PATTERN)
-        if kind == "one-of":
-            return _literal(spec[1])
-        if kind == "any":
-            return Any
-        if kind == "args":
-            return dict[str, Any]
-        if kind == "keys":
-            return struct("Keys", spec[1], None)
-        if kind == "reason":
-            return _union((_literal(_REASONS), tuple[Literal["other"], str]))
-        rec: Rec = spec[1]
+    def record(rec: Rec) -> Any:
         if rec.extra:
             return dict[str, Any]
         return struct(rec.kind, rec.fields, rec.kind, target=rec.target)
+
+    def of(spec: tuple[Any, ...]) -> Any:
+        return _spec_type(spec, meta, record, lambda fields: struct("Keys", fields, None))
 
     def struct(name: str, fields: Iterable[tuple[str, tuple[Any, ...], bool]],
                kind: str | None, *, tag: str | None = None, target: str | None = None) -> Any:
@@ -692,31 +709,14 @@ def _pydantic_model(protocol: str) -> Any:
     open_ = ConfigDict(extra="allow", strict=True)
 
     def meta(t: Any, **constraints: Any) -> Any:
-        given = {name: value for name, value in constraints.items() if value is not None}
-        return Annotated.__class_getitem__((t, Field(**given))) if given else t  # type: ignore[attr-defined]
+        return _constrained(t, Field, constraints)
 
     def of(spec: tuple[Any, ...]) -> Any:
-        kind = spec[0]
-        if kind == "str":
-            return meta(str, min_length=spec[1] or None, max_length=spec[2])
-        if kind == "int":
-            return meta(int, ge=spec[1], le=spec[2])
-        if kind == "number":
-            return _union((meta(int, ge=spec[1]), meta(float, ge=spec[1])))
-        if kind == "symbol":
-            return meta(str, pattern=SYMBOL_PATTERN)
-        if kind == "one-of":
-            return _literal(spec[1])
-        if kind == "any":
-            return Any
-        if kind == "args":
-            return dict[str, Any]
-        if kind == "keys":
-            return model("Keys", spec[1], None)
-        if kind == "reason":
-            return _union((_literal(_REASONS), tuple[Literal["other"], str]))
-        rec: Rec = spec[1]
-        return model(rec.kind, rec.fields, rec.kind, target=rec.target, extra=rec.extra)
+        return _spec_type(
+            spec, meta,
+            lambda rec: model(rec.kind, rec.fields, rec.kind, target=rec.target,
+                              extra=rec.extra),
+            lambda fields: model("Keys", fields, None))
 
     def model(name: str, fields: Iterable[tuple[str, tuple[Any, ...], bool]],
               kind: str | None, *, target: str | None = None, extra: bool = False) -> Any:
