@@ -259,24 +259,10 @@ class NatsConnection(Connection):
     def __init__(self, bus: NatsBus, session: Session, *, key: tuple[str, str, str],
                  out_subject: str, inbox: str, peer: str, opener: bool,
                  first_subject: str | None = None) -> None:
-        # No stream: Connection's attributes are set here, its reading is replaced.
-        self.session = session
-        session.defer_work = True
-        self.limits = bus.agent.connection_limits
-        self.clock = clock_ms
-        self.pool = bus.agent.pool
-        self.peer = peer
-        self.vet_offer = None
-        self._slot = None
-        self.last_work_ms = 0.0
-        self.last_work_source = ""
-        self.bytes_sent = 0
-        self.last_flush_bytes = 0
-        self.bytes_received = 0
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        self._handshake_deadline = loop.time() + self.limits.handshake_timeout
-        self._frame_deadline = None
+        # No stream: Connection's state without its reader and writer; its reading is
+        # replaced (_receive, _accepted).
+        self._start(session, limits=bus.agent.connection_limits, clock=clock_ms,
+                    pool=bus.agent.pool, peer=peer, slot=None)
         self.bus = bus
         self.key = key
         self.out_subject = out_subject
@@ -290,7 +276,7 @@ class NatsConnection(Connection):
         self._answers: OrderedDict[bytes, list[tuple[str, bytes]]] = OrderedDict()
         self._current: bytes | None = None  # digest of the frame being handled
         self._suffix: str | None = None  # its conversation token (None: a handshake subject)
-        self._last_activity = loop.time()
+        self._last_activity = self._loop.time()
         self._resend: tuple[str, bytes, str] | None = None
         self._resent = 0
         self._resend_at = 0.0

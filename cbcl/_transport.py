@@ -229,9 +229,17 @@ class Connection:
                  peer: str = "", slot: Callable[[], Awaitable[None]] | None = None) -> None:
         self.reader = reader
         self.writer = writer
+        self._start(session, limits=limits or ConnectionLimits(), clock=clock, pool=pool,
+                    peer=peer, slot=slot)
+
+    def _start(self, session: Session, *, limits: ConnectionLimits,
+               clock: Callable[[], int], pool: WorkPool | None, peer: str,
+               slot: Callable[[], Awaitable[None]] | None) -> None:
+        """The state of a connection over any carrier (a stream here, NATS in
+        :mod:`cbcl._nats`): the session, its limits and deadlines, the counters."""
         self.session = session
         session.defer_work = True
-        self.limits = limits or ConnectionLimits()
+        self.limits = limits
         self.clock = clock
         self.pool = pool
         self.peer = peer
