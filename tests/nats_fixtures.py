@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from processes import stop_process
+
 
 def nats_server_binary() -> str:
     """The ``nats-server`` of the running interpreter's environment (or on PATH)."""
@@ -75,13 +77,7 @@ class NatsNode:
     def stop(self) -> None:
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process)
         self.process = None
 
 

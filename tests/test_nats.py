@@ -25,6 +25,7 @@ from nats_fixtures import (
     nats_cluster,
     nats_server,
 )
+from processes import stop_process
 
 from cbcl._agent import Agent, Context, ConversationClosed, NegotiationFailed
 from cbcl._bootstrap import not_understood_frame
@@ -831,15 +832,7 @@ def serving(*args: str) -> Iterator[subprocess.Popen[str]]:
                                                       if process.stderr else "")
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+        stop_process(process)
 
 
 def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,

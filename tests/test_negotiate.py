@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import stop_process
 
 import cbcl
 from cbcl._cli_negotiate import build_parser, main, tamper_signature
@@ -104,16 +105,7 @@ class Server:
                 str(self.keys["signed"]), "--key", str(self.keys["key"]), *extra]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                self.process.kill()
-                self.process.wait()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
+        stop_process(self.process, timeout=10)
 
 
 @pytest.mark.slow

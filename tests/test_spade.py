@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import stop_process
 
 from cbcl import Message, Registry, validate
 from cbcl._conversation import ConversationTracker
@@ -64,12 +65,7 @@ def xmpp_port(tmp_path: Path) -> Iterator[int]:
                 time.sleep(0.05)
         yield client
     finally:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process)
         log.close()
 
 
