@@ -43,6 +43,13 @@ from ._schema import check_schema
 from ._values import ATOM_TERMINALS, Keyword, Symbol, Value
 
 
+def _start_terminal(protocol: Protocol, intent: Intent | None) -> str | None:
+    """The start terminal of ``intent``'s rule (``body``'s for ``None``: a caller that
+    does not know the intent), or ``None`` if the grammar has no such rule."""
+    terminal = protocol.entries.get(intent) if intent is not None else None
+    return terminal if terminal is not None else protocol.tables.start_terminals.get("body")
+
+
 def start_node(protocol: Protocol, intent: Intent | None) -> Any:
     """The automaton node a body of ``intent`` starts from: the start node, or, where the
     descriptor gives intents start rules of their own, the node after the start terminal
@@ -50,9 +57,7 @@ def start_node(protocol: Protocol, intent: Intent | None) -> Any:
     automaton = protocol.automaton
     node = automaton.start
     if protocol.entries:
-        terminal = protocol.entries.get(intent) if intent is not None else None
-        if terminal is None:
-            terminal = protocol.tables.start_terminals.get("body")
+        terminal = _start_terminal(protocol, intent)
         if terminal is None:
             return REFUSED
         found = node.get(terminal)
@@ -65,9 +70,7 @@ def start_stack(protocol: Protocol, intent: Intent | None) -> list[int]:
     tables = protocol.tables
     stack = [tables.start_state]
     if protocol.entries:
-        terminal = protocol.entries.get(intent) if intent is not None else None
-        if terminal is None:
-            terminal = tables.start_terminals.get("body")
+        terminal = _start_terminal(protocol, intent)
         if terminal is None or feed(tables, stack, terminal) == REFUSED_BY_GRAMMAR:
             return []
     return stack
