@@ -42,6 +42,13 @@ from ._reader import (
 from ._schema import check_schema
 from ._values import ATOM_TERMINALS, Keyword, Symbol, Value
 
+try:
+    from ._speedups import recognise as _speedups_recognise
+except ImportError:  # not built: the Python walk runs
+    _recognise_c: Any = None
+else:
+    _recognise_c = _speedups_recognise
+
 
 def _start_terminal(protocol: Protocol, intent: Intent | None) -> str | None:
     """The start terminal of ``intent``'s rule (``body``'s for ``None``: a caller that
@@ -81,13 +88,23 @@ def recognise_body(protocol: Protocol, body: Value, intent: Intent | None = None
     as the body of an ``intent`` message. Iterative: no recursion on the body's depth.
     Each token is one transition of the protocol's :class:`StackAutomaton`; where the
     grammar takes any ``value``, a whole list is taken at once
-    (:func:`cbcl._lalr.value_states`): it has been read, and any value is one."""
-    automaton = protocol.automaton
-    step = automaton.step
-    classes = protocol.atoms
+    (:func:`cbcl._lalr.value_states`): it has been read, and any value is one. The walk is
+    ``cbcl._speedups.recognise`` where that is built, else :func:`walk_body`."""
     node = start_node(protocol, intent)
     if node is REFUSED:
         return False
+    if _recognise_c is not None:
+        accepted: bool = _recognise_c(body, node, protocol.atoms, ATOM_TERMINALS,
+                                      protocol.automaton.step, REFUSED, ACCEPT)
+        return accepted
+    return walk_body(protocol, body, node)
+
+
+def walk_body(protocol: Protocol, body: Value, node: Any) -> bool:
+    """The walk of :func:`recognise_body` from ``node``, in Python (the reference of its C
+    twin, ``cbcl._speedups.recognise``)."""
+    step = protocol.automaton.step
+    classes = protocol.atoms
     pending: list[Any] = []
     items: Any = iter((body,))
     while True:
@@ -107,7 +124,9 @@ def recognise_body(protocol: Protocol, body: Value, intent: Intent | None = None
                 continue
             cls = classes.get(item) if kind is Symbol or kind is Keyword else None
             if cls is None:
-                cls = ATOM_TERMINALS[kind]
+                cls = ATOM_TERMINALS.get(kind)
+                if cls is None:  # not a CBCL value
+                    return False
             found = node.get(cls)
             if found is None:
                 found = step(node, cls)

@@ -239,11 +239,26 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     Returns ``(value, end, nodes)`` where ``end`` is the index just after the value.
     Raises :class:`MalformedError` or :class:`LimitError`.
 
-    At ``pos`` 0, :func:`_read_split` first tries a list that runs to the end of the
-    text. The fast loop (:func:`_read_fast`) reads well-formed text within the limits; on
-    anything else it gives up and :func:`_read_careful` reads the same text again, to
-    raise the precise error at the token that caused it.
+    The C twin of the fast tiers (``cbcl._scanner.read_value``, when built) reads first;
+    where it declines, or is not built, at ``pos`` 0 :func:`_read_split` tries a list that
+    runs to the end of the text. The fast loop (:func:`_read_fast`) reads well-formed
+    text within the limits; on anything else it gives up and :func:`_read_careful` reads
+    the same text again, to raise the precise error at the token that caused it.
     """
+    if _read_value_c is not None:
+        found = _read_value_c(text, pos, _CACHE, _atom, limits.max_depth - depth,
+                              limits.max_list_items, limits.max_nodes - nodes,
+                              limits.max_string_bytes, limits.max_name_chars)
+        if found is not None:
+            value, end, count = found
+            return value, end, nodes + count
+    return read_value_python(text, pos, limits, depth, nodes)
+
+
+def read_value_python(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                      ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` by the Python tiers alone (the reference of the C twin,
+    ``cbcl._scanner.read_value``)."""
     if pos == 0:
         found = _read_split(text, limits, depth, nodes)
         if found is not None:
@@ -667,8 +682,8 @@ def _read_split(text: str, limits: Limits, depth: int, nodes: int,
         return None
     if max_name < _CACHED_CHARS and max(map(len, tokens)) > max_name:
         for token in tokens:  # a name too long may be cached: only URIs have no limit
-            if len(token) > max_name and not (
-                    "://" in token or (token[0] == ":" and len(token) == max_name + 1)):
+            if len(token) > max_name and not (  # (a keyword's name may hold "://")
+                    len(token) == max_name + 1 if token[0] == ":" else "://" in token):
                 return None
     max_items = limits.max_list_items
     get = _CACHE.get
@@ -999,3 +1014,11 @@ def _diagnose_string(text: str, index: int) -> NoReturn:
             fail(text, i, f"unescaped {_forbidden_reason(ch)} in a string")
         i += 1
     fail(text, index, "unterminated string", expected=("'\"'",))
+
+
+try:
+    from ._scanner import read_value as _scanner_read_value
+except ImportError:  # not built: the Python tiers read alone
+    _read_value_c: Any = None
+else:
+    _read_value_c = _scanner_read_value

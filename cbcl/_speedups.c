@@ -1,13 +1,15 @@
-/* Optional accelerator of the binary decoder's fast path (cbcl/_codec.py).
+/* Optional accelerator of the binary decoder's fast path (cbcl/_codec.py) and of pass 2's
+ * walk (cbcl/_pass2.py).
  *
  * Theory of operation
  * -------------------
- * Two functions, each the C twin of a Python function that stays the reference and the
+ * Functions, each the C twin of a Python function that stays the reference and the
  * fallback when this module is not built, and the rules they judge atoms by:
  *
  *   unpack(data, start)  -> list | None    twin of msgpack's Unpacker over a frame's tokens
  *   build_body(...)      -> value | None   twin of the loop of cbcl._codec._fast_body
  *   check_atom(code, t)  -> bool           the lexical rules build_body applies to atoms
+ *   recognise(...)       -> bool           twin of the loop of cbcl._pass2.recognise_body
  *
  * The twins serve only the happy path. Neither raises for anything in its input: on any doubt
  * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
@@ -587,7 +589,112 @@ cleanup:
     return result;
 }
 
+/* recognise(body, node, classes, terminals, step, refused, accept) -> bool: the twin of
+ * the loop of cbcl._pass2.recognise_body, walking a body already read (tuples and atoms)
+ * through the protocol's StackAutomaton from `node`, with an explicit stack of the lists
+ * under way (no recursion). An atom's class is classes[atom] for a symbol or keyword that
+ * spells a grammar literal, else terminals[type(atom)]; a list is LPAR, its items, RPAR,
+ * or, where the LPAR transition says so, a whole value, not walked. Raises nothing for any
+ * body: a value of a type the terminals do not name is refused (False). */
+typedef struct {
+    PyObject *list; /* borrowed: the body holds it */
+    Py_ssize_t next;
+} Frame;
+
+static PyObject *
+recognise(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *body, *start, *classes, *terminals, *step, *refused, *accept;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
+                          &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
+        return NULL;
+    PyObject *node = start; /* a strong reference (step may flush the automaton) */
+    Py_INCREF(node);
+    Frame *frames = NULL;
+    Py_ssize_t depth = 0, capacity = 0;
+    PyObject *result = NULL;
+    PyObject *item = body; /* borrowed */
+    int ok;
+    for (;;) {
+        if (item != NULL) {
+            if (PyTuple_CheckExact(item)) {
+                int whole = 0;
+                ok = advance(&node, S_LPAR, step, refused, &whole);
+                if (ok <= 0)
+                    goto finish;
+                if (!whole) {
+                    if (depth == capacity) {
+                        Py_ssize_t more = capacity ? 2 * capacity : 16;
+                        Frame *grown = PyMem_Realloc(frames, (size_t)more * sizeof(Frame));
+                        if (grown == NULL) {
+                            PyErr_NoMemory();
+                            ok = -1;
+                            goto finish;
+                        }
+                        frames = grown;
+                        capacity = more;
+                    }
+                    frames[depth].list = item;
+                    frames[depth].next = 0;
+                    depth++;
+                }
+            } else {
+                PyObject *cls = PyDict_GetItemWithError(terminals, (PyObject *)Py_TYPE(item));
+                if (cls == NULL) {
+                    ok = PyErr_Occurred() ? -1 : 0; /* not a CBCL value: refused */
+                    goto finish;
+                }
+                if (cls == S_KINDS[SYMBOL] || cls == S_KINDS[KEYWORD]) {
+                    PyObject *literal = PyDict_GetItemWithError(classes, item);
+                    if (literal != NULL) {
+                        cls = literal;
+                    } else if (PyErr_Occurred()) {
+                        ok = -1;
+                        goto finish;
+                    }
+                }
+                Py_INCREF(cls); /* the lookups' dicts may change under step */
+                ok = advance(&node, cls, step, refused, NULL);
+                Py_DECREF(cls);
+                if (ok <= 0)
+                    goto finish;
+            }
+            item = NULL;
+        }
+        if (depth == 0)
+            break; /* the body is walked */
+        Frame *top = &frames[depth - 1];
+        if (top->next < PyTuple_GET_SIZE(top->list)) {
+            item = PyTuple_GET_ITEM(top->list, top->next);
+            top->next++;
+            continue;
+        }
+        depth--; /* the list is complete */
+        ok = advance(&node, S_RPAR, step, refused, NULL);
+        if (ok <= 0)
+            goto finish;
+    }
+    {
+        PyObject *end = transition(node, S_END, step);
+        if (end == NULL) {
+            ok = -1;
+            goto finish;
+        }
+        Py_DECREF(end); /* compared by identity only */
+        ok = end == accept;
+    }
+finish:
+    if (ok >= 0)
+        result = PyBool_FromLong(ok);
+    Py_DECREF(node);
+    PyMem_Free(frames);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"recognise", recognise, METH_VARARGS,
+     "recognise(body, node, classes, terminals, step, refused, accept) -> bool: whether "
+     "the automaton accepts the body from node (cbcl._pass2.recognise_body's loop)."},
     {"unpack", unpack, METH_VARARGS,
      "unpack(data, start) -> list | None: the ints and strs of a frame's tokens."},
     {"check_atom", check_atom, METH_VARARGS,

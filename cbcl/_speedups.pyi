@@ -54,3 +54,19 @@ def build_body(
     them (its ``_Memos.make_atom``). ``start`` is the automaton's start node,
     or ``None`` when the grammar is not run; ``refused`` and ``accept`` are the outcomes
     ``step`` returns, compared by identity."""
+
+def recognise(
+    body: Value,
+    node: _Node,
+    classes: dict[Value, str],
+    terminals: dict[type, str],
+    step: Callable[[_Node, str], object],
+    refused: object,
+    accept: object,
+    /,
+) -> bool:
+    """Whether the protocol's automaton accepts ``body`` (a value already read) from
+    ``node``: the twin of ``cbcl._pass2.walk_body``. ``classes`` maps the atoms that spell
+    grammar literals to their terminals (``Protocol.atoms``), ``terminals`` the types of
+    values to their data terminals (``ATOM_TERMINALS``); a value of another type is
+    refused. Raises only what ``step`` raises."""

@@ -13,7 +13,7 @@ import cbcl
 from cbcl import Symbol, _kernel as kernel
 from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl._lalr import value_states
-from cbcl._pass2 import recognise_body, start_node, start_stack
+from cbcl._pass2 import _recognise_c, recognise_body, start_node, start_stack, walk_body
 from cbcl._protocol import Protocol
 from cbcl._values import ATOM_TERMINALS
 
@@ -79,6 +79,9 @@ def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
         expected = plain_recognise(protocol, body, intent)
         assert recognise_body(protocol, body, intent) is expected
         assert recognise_body(protocol, body, intent) is expected  # again, remembered
+        assert protocol.automaton.size <= max_nodes
+        # Both twins of the walk (recognise_body runs the C one where it is built).
+        assert walk_body(protocol, body, start_node(protocol, intent)) is expected
         assert protocol.automaton.size <= max_nodes
     finally:
         object.__setattr__(protocol, "automaton", StackAutomaton(protocol.tables, literals))
@@ -169,3 +172,17 @@ def test_max_nodes_must_hold_a_stack_and_its_successor(tmp_path_factory: Any) ->
     assert protocol is not None
     with pytest.raises(ValueError, match="max_nodes"):
         StackAutomaton(protocol.tables, {}, max_nodes=1)
+
+
+def test_both_walks_refuse_what_is_no_cbcl_value(tmp_path_factory: Any) -> None:
+    """A body of a type no terminal names (a list, None, a float) is refused, not raised
+    on, by the Python walk and by its C twin alike."""
+    _, protocol_id = generator(SHIPPED[0])
+    protocol = registry(tmp_path_factory).get(protocol_id)
+    assert protocol is not None
+    node = start_node(protocol, protocol.descriptor.intents[0])
+    for body in ([Symbol("x")], None, 1.5, (Symbol("x"), [1]), (Symbol("x"), (None,))):
+        assert walk_body(protocol, body, node) is False
+        if _recognise_c is not None:
+            assert _recognise_c(body, node, protocol.atoms, ATOM_TERMINALS,
+                                protocol.automaton.step, REFUSED, ACCEPT) is False

@@ -7,15 +7,19 @@ is read in place by the split tier (``_read_split``) and by the fast loop
 The differential properties: each tier gives exactly the careful loop's value, end and node
 count, or gives up; the public functions raise exactly the careful loop's errors (message,
 position, context); and on valid text the split tier and the fast loop never give up but
-for the documented reasons (a comment holding a quote, for the split tier). The text
-reader has no C twin; the binary decoder does, so messages holding the same rare atoms are
-also decoded with and without ``cbcl._speedups`` and must give the text's values.
+for the documented reasons (a comment holding a quote, for the split tier). The C twin
+of the fast tiers (``cbcl._scanner.read_value``, tests/test_scanner.py) is one more tier
+here, held to the same properties and never giving up on valid text. The binary decoder
+has a C twin too, so messages holding the same rare atoms are also decoded with and
+without ``cbcl._speedups`` and must give the text's values.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -26,6 +30,37 @@ import cbcl
 from cbcl import URI, Keyword, Limits, Symbol, _reader
 from cbcl._limits import DEFAULT_LIMITS
 from cbcl._values import Value
+
+
+def _scanner_tier() -> Any:
+    """The C tier as a tier of ``tiers`` (``(text, limits, depth, nodes)``), or ``None``
+    where cbcl._scanner is not built (CI requires it: CBCL_REQUIRE_SPEEDUPS)."""
+    if _reader._read_value_c is None:
+        if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
+            raise ImportError("cbcl._scanner is not built")
+        return None
+
+    def read(text: str, limits: Limits, depth: int, nodes: int) -> Any:
+        return c_read(text, 0, limits, depth, nodes)
+
+    return read
+
+
+def c_read(text: str, pos: int, limits: Limits, depth: int = 0, nodes: int = 0) -> Any:
+    """``cbcl._scanner.read_value`` called as ``read_value_at`` calls it: the Python tiers'
+    ``(value, end, nodes)``, or ``None`` where it leaves the text to them."""
+    found = _reader._read_value_c(text, pos, _reader._CACHE, _reader._atom,
+                                  limits.max_depth - depth, limits.max_list_items,
+                                  limits.max_nodes - nodes, limits.max_string_bytes,
+                                  limits.max_name_chars)
+    if found is None:
+        return None
+    value, end, count = found
+    return value, end, nodes + count
+
+
+C_TIER = _scanner_tier()
+C_TIERS = [] if C_TIER is None else [C_TIER]
 
 
 class Raw(str):
@@ -115,7 +150,8 @@ def tiers(text: str, limits: Limits, depth: int = 0, nodes: int = 0) -> tuple[ob
     """Check every tier of the reader against the careful loop on ``text``; return the
     careful loop's outcome."""
     careful = outcome(lambda: _reader._read_careful(text, 0, limits, depth, nodes))
-    for tier in (_reader._read_split, lambda *a: _reader._read_fast(a[0], 0, *a[1:])):
+    for tier in (_reader._read_split, lambda *a: _reader._read_fast(a[0], 0, *a[1:]),
+                 *C_TIERS):
         found = tier(text, limits, depth, nodes)
         if found is not None:
             assert careful[0] == "ok", (text, careful)
@@ -178,6 +214,8 @@ def test_no_tier_gives_up_on_a_rare_atom(text: str) -> None:
     careful = tiers(text, DEFAULT_LIMITS)
     assert careful[0] == "ok", careful
     assert _reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is not None, text
+    for tier in C_TIERS:  # the C tier reads comments holding quotes too
+        assert tier(text, DEFAULT_LIMITS, 0, 0) is not None, text
     if not _holds_quoted_comment(text):
         assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None, text
 
@@ -189,6 +227,8 @@ def test_each_rare_atom_is_read_in_place(rare: str) -> None:
     assert careful[0] == "ok"
     assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None
     assert _reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is not None
+    for tier in C_TIERS:
+        assert tier(text, DEFAULT_LIMITS, 0, 0) is not None
 
 
 @pytest.mark.parametrize("rare", RARE_BAD)
@@ -213,8 +253,8 @@ def test_long_integers_at_the_range_edges(at: int) -> None:
         careful = tiers(text, DEFAULT_LIMITS)
         assert (careful[0] == "ok") is (-(2**63) <= number < 2**63)
         # The fast loop reads the token in place (or gives up on an error only).
-        assert (_reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is None) is (
-            careful[0] == "error")
+        for tier in (lambda *a: _reader._read_fast(a[0], 0, *a[1:]), *C_TIERS):
+            assert (tier(text, DEFAULT_LIMITS, 0, 0) is None) is (careful[0] == "error")
 
 
 def test_long_strings_are_measured_in_place() -> None:
@@ -227,6 +267,8 @@ def test_long_strings_are_measured_in_place() -> None:
         assert (careful[0] == "ok") is ok, text
         assert (_reader._read_fast(text, 0, limits, 0, 0) is None) is (not ok)
         assert (_reader._read_split(text, limits, 0, 0) is None) is (not ok)
+        for tier in C_TIERS:
+            assert (tier(text, limits, 0, 0) is None) is (not ok)
 
 
 # --------------------------------------------------------------------------- binary, ±C

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The encoders' C twins (cbcl/_encoders.c) under AddressSanitizer and UBSan: builds the
-# extension with -fsanitize=address,undefined (and warnings as errors) into a temporary
-# copy of the package, then runs against it the differential tests (tests/test_encoders.py,
-# and the canonical and codec suites that go through it) and the fuzz harness
-# tests/fuzz/fuzz_encoders.py: under libFuzzer (atheris) when it is installed, and on
-# random inputs as well. Any sanitizer report aborts the run (halt_on_error).
+# The C twins (cbcl/_encoders.c: canonical text and binary frames; cbcl/_scanner.c: the text
+# reader; cbcl/_speedups.c: the binary decoder) under AddressSanitizer and UBSan: builds
+# each extension with -fsanitize=address,undefined (and warnings as errors) into a
+# temporary copy of the package, then runs against it the differential tests
+# (tests/test_encoders.py, test_scanner.py, test_reader_tiers.py, test_decoder_atoms.py and
+# the canonical, reader and codec suites that go through them) and the fuzz harnesses
+# tests/fuzz/fuzz_encoders.py and tests/fuzz/fuzz_scanner.py: under libFuzzer (atheris)
+# when it is installed, and on random inputs as well. Any sanitizer report aborts the run
+# (halt_on_error).
 #
-#     tests/fuzz/asan_build.sh [SECONDS]     # fuzzing time, 60 by default
+#     tests/fuzz/asan_build.sh [SECONDS]     # fuzzing time per harness, 60 by default
 #
 # Environment: PYTHON (default .venv/bin/python), CC (default gcc; the sanitizer runtimes
 # are that compiler's, preloaded into the interpreter, which is not built with them).
@@ -22,14 +25,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/pkg" "$work/corpus"
 cp -r cbcl "$work/pkg/cbcl"
-rm -rf "$work/pkg/cbcl/__pycache__" "$work/pkg/cbcl"/_encoders*.so "$work/pkg/cbcl"/_encoders*.pyd
+rm -rf "$work/pkg/cbcl/__pycache__" "$work/pkg/cbcl"/*.so "$work/pkg/cbcl"/*.pyd
 
 include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-target="$work/pkg/cbcl/_encoders$suffix"
-echo "+ $CC -fsanitize=address,undefined … cbcl/_encoders.c -> $target"
-"$CC" -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
-    -fno-sanitize-recover=all -Wall -Wextra -Werror -I"$include" cbcl/_encoders.c -o "$target"
+for module in _encoders _scanner _speedups; do
+    target="$work/pkg/cbcl/$module$suffix"
+    echo "+ $CC -fsanitize=address,undefined … cbcl/$module.c -> $target"
+    "$CC" -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+        -fno-sanitize-recover=all -Wall -Wextra -Werror -I"$include" "cbcl/$module.c" \
+        -o "$target"
+done
 
 LD_PRELOAD="$("$CC" -print-file-name=libasan.so) $("$CC" -print-file-name=libubsan.so)"
 export LD_PRELOAD
@@ -43,16 +49,26 @@ export CBCL_REQUIRE_SPEEDUPS=1  # a skip for want of the extension would hide no
 cd "$work"  # not the checkout: its cbcl/ would come first on sys.path
 ln -s "$root/descriptors" descriptors  # (what `cbcl bench`'s corpus, used by a test, finds)
 
-"$PY" -c "import sys, cbcl._encoders as m; assert m.__file__.startswith(sys.argv[1]), m.__file__; \
-print('+ sanitized build:', m.__file__)" "$work/pkg"
-echo "+ pytest (differential tests) against the sanitized build"
+"$PY" -c "import sys, cbcl._encoders, cbcl._scanner, cbcl._speedups
+for m in (cbcl._encoders, cbcl._scanner, cbcl._speedups):
+    assert m.__file__.startswith(sys.argv[1]), m.__file__
+    print('+ sanitized build:', m.__file__)" "$work/pkg"
+echo "+ pytest (differential tests) against the sanitized builds"
 "$PY" -m pytest -q -p no:cacheprovider "$root/tests/test_encoders.py" \
-    "$root/tests/test_canonical.py" "$root/tests/test_codec.py"
-echo "+ fuzz_encoders.py on random inputs"
-"$PY" "$root/tests/fuzz/fuzz_encoders.py" --random 20000
+    "$root/tests/test_canonical.py" "$root/tests/test_codec.py" \
+    "$root/tests/test_scanner.py" "$root/tests/test_reader_tiers.py" \
+    "$root/tests/test_reader.py" "$root/tests/test_decoder_atoms.py"
+for harness in encoders scanner; do
+    echo "+ fuzz_$harness.py on random inputs"
+    "$PY" "$root/tests/fuzz/fuzz_$harness.py" --random 20000
+done
 if "$PY" -c "import atheris" 2>/dev/null; then
-    echo "+ fuzz_encoders.py under libFuzzer for ${SECONDS_TO_FUZZ}s"
-    "$PY" "$root/tests/fuzz/fuzz_encoders.py" -max_total_time="$SECONDS_TO_FUZZ" \
-        -rss_limit_mb=0 "$work/corpus" "$root/tests/fuzz/corpus/encoders"
+    for harness in encoders:encoders scanner:reader; do
+        name=${harness%%:*} seeds=${harness#*:}
+        mkdir -p "$work/corpus/$name"
+        echo "+ fuzz_$name.py under libFuzzer for ${SECONDS_TO_FUZZ}s"
+        "$PY" "$root/tests/fuzz/fuzz_$name.py" -max_total_time="$SECONDS_TO_FUZZ" \
+            -rss_limit_mb=0 "$work/corpus/$name" "$root/tests/fuzz/corpus/$seeds"
+    done
 fi
 echo "+ no sanitizer findings"

@@ -1,0 +1,526 @@
+/* Optional C twin of the text reader's fast tiers (cbcl/_reader.py).
+ *
+ * Theory of operation
+ * -------------------
+ * One function, read_value(text, pos, cache, make_atom, depth_left, max_items, budget,
+ * max_string, max_name) -> (value, end, nodes) | None, the twin of cbcl._reader's
+ * _read_fast (and of _read_split, for a value at character 0): it reads the one value that
+ * starts at character `pos` of `text` (whitespace and comments may precede it) and returns
+ * it with the character index just after it and the number of nodes it holds. The Python
+ * tiers stay the reference and the fallback.
+ *
+ * It serves only the happy path and never raises for anything in its input: on any doubt
+ * (a character no token may hold, a string that is not closed or holds a forbidden
+ * character or an invalid escape, an atom the atom rules refuse, a limit: depth, items,
+ * nodes, string bytes, name characters) it returns None, and the Python tiers read the same
+ * text again, to return the same value or raise the precise error. Exceptions come only
+ * from the interpreter (MemoryError) or from make_atom.
+ *
+ * The scan is over the text's UTF-8 (the str's own bytes when it is ASCII, else the UTF-8
+ * the str caches), so it is one byte loop whatever the str's kind; indexes are converted
+ * to characters only at the ends, for a text that is not ASCII. Whitespace is CBCL's four
+ * characters; a comment runs from ';' to the first character a comment refuses (the line
+ * end among them), as cbcl._reader.TOKEN skips one. An atom is the run of characters up to
+ * a delimiter (whitespace, '(', ')', ';' or the end); a run that meets '"' is an error.
+ * Strings are checked and unescaped here, byte by byte, their UTF-8 size measured exactly
+ * (so a long string or an escape is read in place, never a reason to decline). Integers
+ * are read here, range-checked against int64. Every other atom's run is looked up in
+ * `cache`, the reader's token cache (token text -> atom, every entry valid); a miss calls
+ * `make_atom(token, max_name)` (cbcl._reader._atom: the atom rules as regular expressions,
+ * which makes the atom, remembers it, or returns None). So which runs are atoms, and what
+ * atom each is, has one definition, in Python; only integers, strings, whitespace and
+ * comments are judged here, by C mirrors of TOKEN's rules that tests/test_scanner.py and
+ * tests/fuzz/fuzz_scanner.py hold to the Python tiers.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static int
+is_space(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+/* Where an atom ends: whitespace, '(', ')' and ';' ('"' is an error, and the end). */
+static int
+ends_atom(unsigned char c)
+{
+    return is_space(c) || c == '(' || c == ')' || c == ';' || c == '"';
+}
+
+/* The code point of the multi-byte sequence at p[i] (p[i] >= 0x80) of valid UTF-8, and its
+ * size in *size; *size is 0 for a sequence that is not well formed or runs past n. */
+static Py_UCS4
+utf8_at(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int *size)
+{
+    unsigned char c = p[i];
+    int k;
+    Py_UCS4 u;
+    if (c >= 0xf0 && c <= 0xf4) {
+        k = 4;
+        u = c & 0x07;
+    } else if (c >= 0xe0) {
+        k = c <= 0xef ? 3 : 0;
+        u = c & 0x0f;
+    } else if (c >= 0xc2) {
+        k = 2;
+        u = c & 0x1f;
+    } else {
+        k = 0;
+        u = 0;
+    }
+    if (k == 0 || i + k > n) {
+        *size = 0;
+        return 0;
+    }
+    for (int j = 1; j < k; j++) {
+        unsigned char t = p[i + j];
+        if ((t & 0xc0) != 0x80) {
+            *size = 0;
+            return 0;
+        }
+        u = (u << 6) | (t & 0x3f);
+    }
+    *size = k;
+    return u;
+}
+
+/* Characters refused unescaped in strings beyond ASCII: C1 controls and the bidirectional
+ * embedding/override/isolate controls (cbcl._reader._FORBIDDEN). */
+static int
+string_refuses(Py_UCS4 u)
+{
+    return (u >= 0x80 && u <= 0x9f) || (u >= 0x202a && u <= 0x202e) ||
+           (u >= 0x2066 && u <= 0x2069);
+}
+
+/* What stops a comment beyond ASCII (cbcl._reader._COMMENT_PATTERN): the string's and the
+ * line and paragraph separators and the byte-order mark. */
+static int
+comment_refuses(Py_UCS4 u)
+{
+    return string_refuses(u) || u == 0x2028 || u == 0x2029 || u == 0xfeff;
+}
+
+/* The index of the first byte from i on that is no whitespace nor part of a comment. */
+static Py_ssize_t
+skip_blank(const unsigned char *p, Py_ssize_t i, Py_ssize_t n)
+{
+    for (;;) {
+        while (i < n && is_space(p[i]))
+            i++;
+        if (i >= n || p[i] != ';')
+            return i;
+        for (i++; i < n;) {
+            unsigned char c = p[i];
+            if (c < 0x80) {
+                if (c <= 0x08 || (c >= 0x0a && c <= 0x1f) || c == 0x7f)
+                    break;
+                i++;
+            } else {
+                int size;
+                Py_UCS4 u = utf8_at(p, i, n, &size);
+                if (size == 0 || comment_refuses(u))
+                    break;
+                i += size;
+            }
+        }
+    }
+}
+
+static int
+hex_value(unsigned char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* The string whose opening quote is p[i]: a new reference, Py_None if it is not a valid
+ * string within max_string bytes followed by a delimiter, NULL with an exception. *end
+ * receives the index after the closing quote. */
+static PyObject *
+read_string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Py_ssize_t max_string,
+            Py_ssize_t *end)
+{
+    Py_ssize_t j = i + 1, size = 0;
+    int escapes = 0;
+    for (;;) {
+        if (j >= n)
+            Py_RETURN_NONE; /* not closed */
+        unsigned char c = p[j];
+        if (c == '"')
+            break;
+        if (c == '\\') {
+            if (j + 1 >= n)
+                Py_RETURN_NONE;
+            unsigned char e = p[j + 1];
+            if (e == '"' || e == '\\' || e == 'n' || e == 'r' || e == 't') {
+                size += 1;
+                j += 2;
+            } else if (e == 'u') {
+                int h[4];
+                if (j + 6 > n)
+                    Py_RETURN_NONE;
+                for (int k = 0; k < 4; k++)
+                    if ((h[k] = hex_value(p[j + 2 + k])) < 0)
+                        Py_RETURN_NONE;
+                Py_UCS4 u = (Py_UCS4)((h[0] << 12) | (h[1] << 8) | (h[2] << 4) | h[3]);
+                if (u >= 0xd800 && u <= 0xdfff)
+                    Py_RETURN_NONE; /* a surrogate */
+                size += u < 0x80 ? 1 : u < 0x800 ? 2 : 3;
+                j += 6;
+            } else {
+                Py_RETURN_NONE;
+            }
+            escapes = 1;
+        } else if (c < 0x80) {
+            if (c < 0x20 || c == 0x7f)
+                Py_RETURN_NONE;
+            size += 1;
+            j += 1;
+        } else {
+            int k;
+            Py_UCS4 u = utf8_at(p, j, n, &k);
+            if (k == 0 || string_refuses(u))
+                Py_RETURN_NONE;
+            size += k;
+            j += k;
+        }
+        if (size > max_string)
+            Py_RETURN_NONE;
+    }
+    /* p[j] is the closing quote: a delimiter or the end must follow it. */
+    if (j + 1 < n && !(is_space(p[j + 1]) || p[j + 1] == '(' || p[j + 1] == ')' ||
+                       p[j + 1] == ';'))
+        Py_RETURN_NONE;
+    *end = j + 1;
+    if (!escapes)
+        return PyUnicode_DecodeUTF8((const char *)p + i + 1, j - i - 1, "strict");
+    char *out = PyMem_Malloc(size > 0 ? (size_t)size : 1);
+    if (out == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t o = 0;
+    for (Py_ssize_t k = i + 1; k < j;) {
+        unsigned char c = p[k];
+        if (c != '\\') {
+            out[o++] = (char)c;
+            k++;
+            continue;
+        }
+        unsigned char e = p[k + 1];
+        if (e == 'u') {
+            Py_UCS4 u = (Py_UCS4)((hex_value(p[k + 2]) << 12) | (hex_value(p[k + 3]) << 8) |
+                                  (hex_value(p[k + 4]) << 4) | hex_value(p[k + 5]));
+            if (u < 0x80) {
+                out[o++] = (char)u;
+            } else if (u < 0x800) {
+                out[o++] = (char)(0xc0 | (u >> 6));
+                out[o++] = (char)(0x80 | (u & 0x3f));
+            } else {
+                out[o++] = (char)(0xe0 | (u >> 12));
+                out[o++] = (char)(0x80 | ((u >> 6) & 0x3f));
+                out[o++] = (char)(0x80 | (u & 0x3f));
+            }
+            k += 6;
+            continue;
+        }
+        out[o++] = e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : (char)e;
+        k += 2;
+    }
+    PyObject *value = PyUnicode_DecodeUTF8(out, o, "strict");
+    PyMem_Free(out);
+    return value;
+}
+
+/* The int the run p[i:k] spells if it is an integer token (-?(0|[1-9][0-9]*), not "-0")
+ * within int64: a new reference; Py_None if it is not written as one; NULL with an
+ * exception. *kind receives 1 for an integer token (valid or out of range: then None is
+ * returned too, and the caller declines), 0 for a run that is not an integer token. */
+static PyObject *
+read_integer(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int *kind)
+{
+    int negative = p[i] == '-';
+    Py_ssize_t d = i + negative;
+    *kind = 0;
+    if (d >= k || p[d] < '0' || p[d] > '9')
+        Py_RETURN_NONE;
+    if (p[d] == '0' && (k - d != 1 || negative))
+        Py_RETURN_NONE; /* a decimal, "-0", or a leading zero: not an integer token */
+    unsigned long long magnitude = 0;
+    for (Py_ssize_t j = d; j < k; j++) {
+        unsigned char c = p[j];
+        if (c < '0' || c > '9')
+            Py_RETURN_NONE; /* a decimal, or no atom */
+        if (magnitude > (ULLONG_MAX - 9) / 10) {
+            magnitude = ULLONG_MAX; /* over int64 (and saturated) */
+            for (j++; j < k; j++)
+                if (p[j] < '0' || p[j] > '9')
+                    Py_RETURN_NONE;
+            break;
+        }
+        magnitude = magnitude * 10 + (c - '0');
+    }
+    *kind = 1;
+    if (negative) {
+        if (magnitude > (unsigned long long)LLONG_MAX + 1)
+            Py_RETURN_NONE;
+        if (magnitude == (unsigned long long)LLONG_MAX + 1)
+            return PyLong_FromLongLong(LLONG_MIN);
+        return PyLong_FromLongLong(-(long long)magnitude);
+    }
+    if (magnitude > (unsigned long long)LLONG_MAX)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong((long long)magnitude);
+}
+
+#define MAX_DECIMAL_CHARS 40 /* cbcl._vocabulary.MAX_DECIMAL_CHARS */
+#define CACHED_DECIMAL_CHARS 4 /* cbcl._reader._atom caches the decimals of at most 4 */
+
+static PyObject *DecimalType; /* decimal.Decimal, as cbcl._reader._atom makes decimals */
+
+/* Whether the run p[i:k] is a decimal token: -?(0|[1-9][0-9]*)\.[0-9]+ (DECIMAL_RE). */
+static int
+is_decimal(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
+{
+    if (i < k && p[i] == '-')
+        i++;
+    if (i < k && p[i] == '0') {
+        i++;
+    } else if (i < k && p[i] >= '1' && p[i] <= '9') {
+        while (i < k && p[i] >= '0' && p[i] <= '9')
+            i++;
+    } else {
+        return 0;
+    }
+    if (i >= k || p[i] != '.')
+        return 0;
+    Py_ssize_t digits = ++i;
+    while (i < k && p[i] >= '0' && p[i] <= '9')
+        i++;
+    return i > digits && i == k;
+}
+
+/* Whether the run p[i:k] of k - i > max_name characters may be an atom within the name
+ * limit: a keyword of exactly max_name characters after its colon, or a URI (a run that
+ * holds "://" and is no keyword: a keyword's name may hold "://" too), as
+ * cbcl._reader._read_split rules for cached names. */
+static int
+long_run_allowed(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, Py_ssize_t chars,
+                 Py_ssize_t max_name)
+{
+    if (p[i] == ':')
+        return chars == max_name + 1;
+    for (Py_ssize_t j = i; j + 2 < k; j++)
+        if (p[j] == ':' && p[j + 1] == '/' && p[j + 2] == '/')
+            return 1;
+    return 0;
+}
+
+/* The number of characters of the UTF-8 p[i:k]. */
+static Py_ssize_t
+chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
+{
+    Py_ssize_t count = 0;
+    for (; i < k; i++)
+        count += (p[i] & 0xc0) != 0x80;
+    return count;
+}
+
+/* The atom of the run p[i:k]: a new reference, Py_None to decline, NULL with an exception. */
+static PyObject *
+read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObject *cache,
+          PyObject *make_atom, Py_ssize_t max_name)
+{
+    if ((p[i] >= '0' && p[i] <= '9') || p[i] == '-') {
+        int integer;
+        PyObject *number = read_integer(p, i, k, &integer);
+        if (number != Py_None || integer)
+            return number;
+        Py_DECREF(number);
+        if (k - i > CACHED_DECIMAL_CHARS && is_decimal(p, i, k)) { /* never cached */
+            if (k - i > MAX_DECIMAL_CHARS)
+                Py_RETURN_NONE;
+            PyObject *token = PyUnicode_FromStringAndSize((const char *)p + i, k - i);
+            if (token == NULL)
+                return NULL;
+            PyObject *value = PyObject_CallOneArg(DecimalType, token);
+            Py_DECREF(token);
+            return value;
+        }
+    }
+    int numeric = (p[i] >= '0' && p[i] <= '9') ||
+                  (p[i] == '-' && i + 1 < k && p[i + 1] >= '0' && p[i + 1] <= '9');
+    Py_ssize_t chars = ascii ? k - i : chars_of(p, i, k);
+    if (!numeric && chars > max_name && !long_run_allowed(p, i, k, chars, max_name))
+        Py_RETURN_NONE; /* a name over the limit (a number's run has none) */
+    PyObject *token = PyUnicode_DecodeUTF8((const char *)p + i, k - i, "strict");
+    if (token == NULL)
+        return NULL;
+    PyObject *value = PyDict_GetItemWithError(cache, token);
+    if (value != NULL) {
+        Py_INCREF(value);
+    } else if (!PyErr_Occurred()) {
+        value = PyObject_CallFunction(make_atom, "On", token, max_name);
+    }
+    Py_DECREF(token);
+    return value;
+}
+
+/* The character index of byte index `at` of the UTF-8 of `text` (equal for ASCII). */
+static Py_ssize_t
+char_index(const unsigned char *p, Py_ssize_t at, int ascii)
+{
+    return ascii ? at : chars_of(p, 0, at);
+}
+
+static PyObject *
+read_value(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *text, *cache, *make_atom;
+    Py_ssize_t pos, depth_left, max_items, budget, max_string, max_name;
+    if (!PyArg_ParseTuple(args, "UnO!Onnnnn", &text, &pos, &PyDict_Type, &cache, &make_atom,
+                          &depth_left, &max_items, &budget, &max_string, &max_name))
+        return NULL;
+    const unsigned char *p;
+    Py_ssize_t n, i;
+    int ascii = PyUnicode_IS_ASCII(text);
+    if (ascii) {
+        p = PyUnicode_DATA(text);
+        n = PyUnicode_GET_LENGTH(text);
+        if (pos < 0 || pos > n)
+            Py_RETURN_NONE;
+        i = pos;
+    } else {
+        p = (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n);
+        if (p == NULL) { /* a lone surrogate: the Python tiers say so */
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (pos < 0 || pos > PyUnicode_GET_LENGTH(text))
+            Py_RETURN_NONE;
+        Py_ssize_t seen = 0;
+        for (i = 0; i < n && seen < pos; i++)
+            seen += (p[i] & 0xc0) != 0x80;
+        while (i < n && (p[i] & 0xc0) == 0x80)
+            i++; /* the rest of the character before `pos` */
+    }
+
+    PyObject *parents = PyList_New(0);
+    PyObject *items = NULL; /* the open list (owned), or NULL before the first '(' */
+    PyObject *value = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t nodes = 0, end;
+    if (parents == NULL)
+        return NULL;
+    for (;;) {
+        i = skip_blank(p, i, n);
+        if (i >= n)
+            goto bail; /* the text ends inside the value, or before it */
+        unsigned char c = p[i];
+        if (c == '(') {
+            if (++nodes > budget)
+                goto bail;
+            if (items != NULL) {
+                if (PyList_Append(parents, items) < 0)
+                    goto error;
+                Py_CLEAR(items);
+            }
+            if (PyList_GET_SIZE(parents) >= depth_left)
+                goto bail; /* the new list is len(parents) + 1 deep */
+            if ((items = PyList_New(0)) == NULL)
+                goto error;
+            i++;
+            continue;
+        }
+        if (c == ')') {
+            if (items == NULL || PyList_GET_SIZE(items) > max_items)
+                goto bail;
+            if ((value = PyList_AsTuple(items)) == NULL)
+                goto error;
+            Py_CLEAR(items);
+            i++;
+            Py_ssize_t open = PyList_GET_SIZE(parents);
+            if (open == 0) {
+                end = i;
+                goto done;
+            }
+            items = PyList_GET_ITEM(parents, open - 1);
+            Py_INCREF(items);
+            if (PyList_SetSlice(parents, open - 1, open, NULL) < 0 ||
+                    PyList_Append(items, value) < 0)
+                goto error;
+            Py_CLEAR(value);
+            continue;
+        }
+        if (++nodes > budget)
+            goto bail;
+        if (c == '"') {
+            value = read_string(p, i, n, max_string, &end);
+        } else {
+            Py_ssize_t k = i;
+            while (k < n && !ends_atom(p[k]))
+                k++;
+            if (k < n && p[k] == '"')
+                goto bail; /* an atom a string follows without a delimiter */
+            value = read_atom(p, i, k, ascii, cache, make_atom, max_name);
+            end = k;
+        }
+        if (value == NULL)
+            goto error;
+        if (value == Py_None)
+            goto bail;
+        i = end;
+        if (items == NULL)
+            goto done; /* the value is one atom */
+        if (PyList_Append(items, value) < 0)
+            goto error;
+        Py_CLEAR(value);
+    }
+done:
+    result = Py_BuildValue("(Nnn)", value, char_index(p, end, ascii), nodes);
+    value = NULL;
+    goto cleanup;
+bail:
+    result = Py_None;
+    Py_INCREF(result);
+    goto cleanup;
+error:
+    result = NULL;
+cleanup:
+    Py_XDECREF(items);
+    Py_XDECREF(value);
+    Py_DECREF(parents);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"read_value", read_value, METH_VARARGS,
+     "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
+     "max_name) -> (value, end, nodes) | None: the value at character pos, or None to "
+     "leave it to the Python tiers."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cbcl._scanner",
+    "Optional C twin of the text reader's fast tiers (see cbcl/_reader.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__scanner(void)
+{
+    PyObject *decimal = PyImport_ImportModule("decimal");
+    if (decimal == NULL)
+        return NULL;
+    DecimalType = PyObject_GetAttrString(decimal, "Decimal");
+    Py_DECREF(decimal);
+    if (DecimalType == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}
