@@ -331,6 +331,32 @@ chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
     return count;
 }
 
+/* The scanner's own memo of atoms by their token's bytes, in front of `cache`: a hit costs
+ * a hash of the bytes and one comparison, no str made. Direct-mapped, MEMO_SLOTS slots of
+ * ASCII tokens of at most MEMO_CHARS characters, each holding the token (an exact str)
+ * and the atom `cache` or make_atom gave for it; a new token takes its slot's place. A
+ * pure memo, as `cache` is (spec/cbcl-1.0.md, "Process-wide memos"): the atom a token
+ * denotes does not depend on when it was read, and no limit is stored (the name limit is
+ * checked before the lookup). */
+#define MEMO_SLOTS 4096
+#define MEMO_CHARS 64
+
+typedef struct {
+    PyObject *key;   /* the token, or NULL */
+    PyObject *value; /* its atom */
+} MemoSlot;
+
+static MemoSlot memo[MEMO_SLOTS];
+
+static size_t
+memo_hash(const unsigned char *p, Py_ssize_t n)
+{
+    size_t h = 2166136261u; /* FNV-1a */
+    for (Py_ssize_t j = 0; j < n; j++)
+        h = (h ^ p[j]) * 16777619u;
+    return h ^ (h >> 15);
+}
+
 /* The atom of the run p[i:k]: a new reference, Py_None to decline, NULL with an exception. */
 static PyObject *
 read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObject *cache,
@@ -358,7 +384,17 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
     Py_ssize_t chars = ascii ? k - i : chars_of(p, i, k);
     if (!numeric && chars > max_name && !long_run_allowed(p, i, k, chars, max_name))
         Py_RETURN_NONE; /* a name over the limit (a number's run has none) */
-    PyObject *token = PyUnicode_DecodeUTF8((const char *)p + i, k - i, "strict");
+    Py_ssize_t length = k - i;
+    MemoSlot *slot = NULL;
+    if (length <= MEMO_CHARS && (ascii || chars == length)) {
+        slot = &memo[memo_hash(p + i, length) & (MEMO_SLOTS - 1)];
+        if (slot->key != NULL && PyUnicode_GET_LENGTH(slot->key) == length &&
+                memcmp(PyUnicode_DATA(slot->key), p + i, (size_t)length) == 0) {
+            Py_INCREF(slot->value);
+            return slot->value;
+        }
+    }
+    PyObject *token = PyUnicode_DecodeUTF8((const char *)p + i, length, "strict");
     if (token == NULL)
         return NULL;
     PyObject *value = PyDict_GetItemWithError(cache, token);
@@ -367,7 +403,16 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
     } else if (!PyErr_Occurred()) {
         value = PyObject_CallFunction(make_atom, "On", token, max_name);
     }
-    Py_DECREF(token);
+    if (slot != NULL && value != NULL && value != Py_None) {
+        PyObject *old_key = slot->key, *old_value = slot->value;
+        slot->key = token; /* the reference is the slot's now */
+        slot->value = value;
+        Py_INCREF(value);
+        Py_XDECREF(old_key);
+        Py_XDECREF(old_value);
+    } else {
+        Py_DECREF(token);
+    }
     return value;
 }
 
@@ -376,6 +421,98 @@ static Py_ssize_t
 char_index(const unsigned char *p, Py_ssize_t at, int ascii)
 {
     return ascii ? at : chars_of(p, 0, at);
+}
+
+/* The values of the lists under way (see read_value). */
+typedef struct {
+    PyObject **items; /* owned references, items[0:size] */
+    Py_ssize_t size, capacity;
+    Py_ssize_t *opens; /* where each open list's items start, opens[0:depth] */
+    Py_ssize_t depth, open_capacity;
+} Stack;
+
+static int
+push_item(Stack *st, PyObject *value) /* steals value, even on failure */
+{
+    if (st->size == st->capacity) {
+        Py_ssize_t more = st->capacity ? 2 * st->capacity : 64;
+        PyObject **grown = PyMem_Realloc(st->items, (size_t)more * sizeof(PyObject *));
+        if (grown == NULL) {
+            Py_DECREF(value);
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->items = grown;
+        st->capacity = more;
+    }
+    st->items[st->size++] = value;
+    return 0;
+}
+
+static int
+push_open(Stack *st)
+{
+    if (st->depth == st->open_capacity) {
+        Py_ssize_t more = st->open_capacity ? 2 * st->open_capacity : 16;
+        Py_ssize_t *grown = PyMem_Realloc(st->opens, (size_t)more * sizeof(Py_ssize_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->opens = grown;
+        st->open_capacity = more;
+    }
+    st->opens[st->depth++] = st->size;
+    return 0;
+}
+
+static PyTypeObject *InertTypes[3]; /* cbcl's Symbol, Keyword and URI */
+
+/* Whether `value` can hold no reference to a container: an object the collector does not
+ * track (exact str, int, Decimal), an untracked tuple, or a cbcl atom (a str subclass of
+ * empty __slots__). */
+static int
+is_inert(PyObject *value)
+{
+    if (!PyObject_IS_GC(value))
+        return 1;
+    PyTypeObject *type = Py_TYPE(value);
+    if (type == &PyTuple_Type)
+        return !PyObject_GC_IsTracked(value);
+    return type == InertTypes[0] || type == InertTypes[1] || type == InertTypes[2];
+}
+
+/* The tuple of the top list's items, items[from:size], moved out of the stack. A tuple of
+ * inert items is untracked by the cyclic collector (it can be in no cycle), as CPython's
+ * collector itself would untrack it at its first pass, so that reading a large body does
+ * not set off collections that walk what it has built. */
+static PyObject *
+tuple_of(Stack *st, Py_ssize_t from)
+{
+    Py_ssize_t count = st->size - from;
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL)
+        return NULL;
+    int inert = 1;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        PyObject *item = st->items[from + j];
+        if (inert && !is_inert(item))
+            inert = 0;
+        PyTuple_SET_ITEM(tuple, j, item);
+    }
+    st->size = from;
+    if (inert && count > 0)
+        PyObject_GC_UnTrack(tuple);
+    return tuple;
+}
+
+static void
+stack_free(Stack *st)
+{
+    for (Py_ssize_t j = 0; j < st->size; j++)
+        Py_DECREF(st->items[j]);
+    PyMem_Free(st->items);
+    PyMem_Free(st->opens);
 }
 
 static PyObject *
@@ -410,51 +547,42 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
             i++; /* the rest of the character before `pos` */
     }
 
-    PyObject *parents = PyList_New(0);
-    PyObject *items = NULL; /* the open list (owned), or NULL before the first '(' */
+    /* The items of the open lists, one after another in `items`, and where each open list's
+     * items start in `opens`: a ')' makes the tuple of the top list's items directly. */
+    Stack st = {NULL, 0, 0, NULL, 0, 0};
     PyObject *value = NULL;
     PyObject *result = NULL;
-    Py_ssize_t nodes = 0, end;
-    if (parents == NULL)
-        return NULL;
+    Py_ssize_t nodes = 0, end = 0;
     for (;;) {
         i = skip_blank(p, i, n);
         if (i >= n)
             goto bail; /* the text ends inside the value, or before it */
         unsigned char c = p[i];
         if (c == '(') {
-            if (++nodes > budget)
-                goto bail;
-            if (items != NULL) {
-                if (PyList_Append(parents, items) < 0)
-                    goto error;
-                Py_CLEAR(items);
-            }
-            if (PyList_GET_SIZE(parents) >= depth_left)
-                goto bail; /* the new list is len(parents) + 1 deep */
-            if ((items = PyList_New(0)) == NULL)
+            if (++nodes > budget || st.depth >= depth_left)
+                goto bail; /* (the new list is st.depth + 1 deep) */
+            if (push_open(&st) < 0)
                 goto error;
             i++;
             continue;
         }
         if (c == ')') {
-            if (items == NULL || PyList_GET_SIZE(items) > max_items)
+            if (st.depth == 0)
                 goto bail;
-            if ((value = PyList_AsTuple(items)) == NULL)
+            Py_ssize_t from = st.opens[st.depth - 1];
+            if (st.size - from > max_items)
+                goto bail;
+            if ((value = tuple_of(&st, from)) == NULL)
                 goto error;
-            Py_CLEAR(items);
+            st.depth--;
             i++;
-            Py_ssize_t open = PyList_GET_SIZE(parents);
-            if (open == 0) {
+            if (st.depth == 0) {
                 end = i;
                 goto done;
             }
-            items = PyList_GET_ITEM(parents, open - 1);
-            Py_INCREF(items);
-            if (PyList_SetSlice(parents, open - 1, open, NULL) < 0 ||
-                    PyList_Append(items, value) < 0)
+            if (push_item(&st, value) < 0)
                 goto error;
-            Py_CLEAR(value);
+            value = NULL;
             continue;
         }
         if (++nodes > budget)
@@ -475,11 +603,11 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         if (value == Py_None)
             goto bail;
         i = end;
-        if (items == NULL)
+        if (st.depth == 0)
             goto done; /* the value is one atom */
-        if (PyList_Append(items, value) < 0)
+        if (push_item(&st, value) < 0)
             goto error;
-        Py_CLEAR(value);
+        value = NULL;
     }
 done:
     result = Py_BuildValue("(Nnn)", value, char_index(p, end, ascii), nodes);
@@ -492,9 +620,8 @@ bail:
 error:
     result = NULL;
 cleanup:
-    Py_XDECREF(items);
     Py_XDECREF(value);
-    Py_DECREF(parents);
+    stack_free(&st);
     return result;
 }
 
@@ -515,6 +642,22 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__scanner(void)
 {
+    PyObject *values = PyImport_ImportModule("cbcl._values");
+    if (values == NULL)
+        return NULL;
+    const char *names[3] = {"Symbol", "Keyword", "URI"};
+    for (int k = 0; k < 3; k++) {
+        PyObject *type = PyObject_GetAttrString(values, names[k]);
+        if (type == NULL || !PyType_Check(type)) {
+            Py_XDECREF(type);
+            Py_DECREF(values);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "cbcl._values has no atom type");
+            return NULL;
+        }
+        InertTypes[k] = (PyTypeObject *)type; /* kept for the module's life */
+    }
+    Py_DECREF(values);
     PyObject *decimal = PyImport_ImportModule("decimal");
     if (decimal == NULL)
         return NULL;

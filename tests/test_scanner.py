@@ -183,3 +183,28 @@ def test_a_cached_keyword_holding_a_uri_separator_keeps_its_name_limit() -> None
     assert agree("(://x)", 0, limits) is None
     assert _reader._read_split("(://x)", limits, 0, 0) is None
     assert agree("(a://x)", 0, limits) is not None  # a URI: no name limit
+
+
+def test_what_it_reads_is_left_out_of_the_cyclic_collector() -> None:
+    """Tuples of atoms and of such tuples can be in no reference cycle: the C tier
+    untracks them as it builds them (as the collector would at its first pass), so that a
+    large body sets off no collection that walks it."""
+    import gc
+
+    value, _, _ = c_read('(a (b "s" 1 2.5 x://y (:k)) ())', 0, DEFAULT_LIMITS)
+    assert not gc.is_tracked(value)
+    assert not gc.is_tracked(value[1]) and not gc.is_tracked(value[1][5])
+    assert gc.is_tracked((value, [1]))  # (a tuple holding a list stays tracked)
+
+
+def test_the_token_memo_gives_the_cached_atom_for_every_token() -> None:
+    """Many different tokens share the memo's slots: each still reads as its own atom,
+    the interned one."""
+    names = [f"n{i}" for i in range(6000)]
+    text = "(" + " ".join(names) + " " + " ".join(f"u://{i}" for i in range(3000)) + ")"
+    for _ in range(2):
+        value, _, _ = c_read(text, 0, Limits(max_list_items=10000))
+        assert [str(v) for v in value[:6000]] == names
+        assert all(type(v) is cbcl.Symbol for v in value[:6000])
+        assert all(type(v) is cbcl.URI and str(v) == f"u://{i}" for i, v in enumerate(value[6000:]))
+    assert c_read("(n5)", 0, DEFAULT_LIMITS)[0][0] is _reader.intern_symbol("n5")
