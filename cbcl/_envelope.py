@@ -41,6 +41,7 @@ from ._reader import (
     context_of,
     diagnose,
     fail,
+    intern_symbol,
     limit,
     position_of,
     read_value_at,
@@ -170,10 +171,19 @@ def parse_envelope(text: str, limits: Limits) -> Message:
     except CBCLError:
         value = None  # the scan below raises the same error (or an envelope error first)
     else:
-        fields = _walk(value) if TOKEN.match(text, end).lastindex == EOF else None  # type: ignore[union-attr]
-        if fields is not None:
-            return Message._trusted(**fields)  # every field checked by _walk and the reader
+        if TOKEN.match(text, end).lastindex == EOF:  # type: ignore[union-attr]
+            message = message_of(value)
+            if message is not None:
+                return message
     return scan_envelope(text, limits).message
+
+
+def message_of_python(value: Any) -> Message | None:
+    """The :class:`Message` whose value is ``value`` (a whole document), or ``None`` if the
+    envelope grammar refuses it: :func:`_walk`, then ``Message._trusted`` (every field
+    checked by the walk and the reader). The reference of ``cbcl._speedups.envelope``."""
+    fields = _walk(value)
+    return None if fields is None else Message._trusted(**fields)
 
 
 def _reducer(values: list[Any]) -> Callable[[Rule], None]:
@@ -358,3 +368,24 @@ _REDUCERS: dict[str, Any] = {
     "signature": lambda children: ("signature", Signature(children[2], children[3])),
     "intent_name": lambda children: Intent(str.__str__(children[0])),
 }
+
+
+# The tables of the C twin of message_of_python (cbcl._speedups.envelope): keyed by the
+# pinned interned symbols, which the reader returns, so each lookup is one identity check.
+_C_FIELDS = {intern_symbol(name, pin=True): (order, kind)
+             for name, (order, _, kind) in _FIELDS.items()}
+_C_INTENTS = {intern_symbol(name, pin=True): intent for name, intent in _INTENTS.items()}
+_C_ATTRIBUTES = tuple(key for _, key, _ in sorted(_FIELDS.values()))
+_C_VERSION = intern_symbol(VERSION, pin=True)
+
+try:
+    from ._speedups import envelope as _speedups_envelope
+except ImportError:  # not built: the Python walk runs
+    message_of: Callable[[Any], Message | None] = message_of_python
+else:
+    def message_of(value: Any) -> Message | None:
+        """:func:`message_of_python` by its C twin, ``cbcl._speedups.envelope``."""
+        message: Message | None = _speedups_envelope(
+            value, _C_VERSION, _C_FIELDS, _C_INTENTS, Signature, Message, _C_ATTRIBUTES,
+            URI, Symbol)
+        return message

@@ -10,6 +10,7 @@
  *   build_body(...)      -> value | None   twin of the loop of cbcl._codec._fast_body
  *   check_atom(code, t)  -> bool           the lexical rules build_body applies to atoms
  *   recognise(...)       -> bool           twin of the loop of cbcl._pass2.recognise_body
+ *   envelope(...)        -> Message | None twin of cbcl._envelope._walk and Message._trusted
  *
  * The twins serve only the happy path. Neither raises for anything in its input: on any doubt
  * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
@@ -691,7 +692,142 @@ finish:
     return result;
 }
 
+/* envelope(value, version, fields, intents, signature, message, attributes) -> Message |
+ * None: the twin of cbcl._envelope._walk and Message._trusted together. `value` is a whole
+ * document as read; `version` the symbol CBCL/1.0; `fields` maps each field's symbol to
+ * (order, kind), its place in grammar order (= its index in `attributes`, the Message
+ * attribute names) and what it holds (the kinds of cbcl._envelope: ID, URI, INTENT,
+ * SYMBOL, INT, VALUE, SIGNATURE); `intents` maps the intent symbols to the Intent members;
+ * `signature` is the Signature type and `message` the Message type, whose instance is made
+ * without __init__ and given every attribute (None where a field is absent). None where
+ * the envelope grammar refuses the value (the caller re-scans to say why). */
+enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 11,
+       F_REQUIRED = 5 };
+
+static PyObject *
+envelope(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *value, *version, *fields, *intents, *signature, *message, *attributes;
+    PyTypeObject *uri_type, *symbol_type;
+    if (!PyArg_ParseTuple(args, "OOO!O!OO!O!O!O!", &value, &version, &PyDict_Type, &fields,
+                          &PyDict_Type, &intents, &signature, &PyType_Type, &message,
+                          &PyTuple_Type, &attributes, &PyType_Type, &uri_type,
+                          &PyType_Type, &symbol_type))
+        return NULL;
+    if (PyTuple_GET_SIZE(attributes) != F_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "a Message has 11 attributes");
+        return NULL;
+    }
+    PyObject *found[F_COUNT] = {NULL}; /* new references */
+    PyObject *result = NULL;
+    Py_ssize_t expected = 0, size, index;
+    if (!PyTuple_CheckExact(value) || (size = PyTuple_GET_SIZE(value)) < 1 + F_REQUIRED)
+        Py_RETURN_NONE;
+    PyObject *head = PyTuple_GET_ITEM(value, 0);
+    if (Py_TYPE(head) != symbol_type)
+        Py_RETURN_NONE;
+    if (head != version) {
+        int same = PyUnicode_Compare(head, version);
+        if (same == -1 && PyErr_Occurred())
+            return NULL;
+        if (same != 0)
+            Py_RETURN_NONE;
+    }
+    for (index = 1; index < size; index++) {
+        PyObject *field = PyTuple_GET_ITEM(value, index);
+        if (!PyTuple_CheckExact(field) || PyTuple_GET_SIZE(field) < 2 ||
+                Py_TYPE(PyTuple_GET_ITEM(field, 0)) != symbol_type)
+            goto refused;
+        PyObject *spec = PyDict_GetItemWithError(fields, PyTuple_GET_ITEM(field, 0));
+        if (spec == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            goto refused;
+        }
+        Py_ssize_t order = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 0));
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
+        if (PyErr_Occurred())
+            goto error;
+        if (order < 0 || order >= F_COUNT)
+            goto refused;
+        if (order < expected || (order != expected && expected < F_REQUIRED))
+            goto refused;
+        expected = order + 1;
+        PyObject *item = PyTuple_GET_ITEM(field, 1);
+        if (kind == F_SIGNATURE) {
+            if (PyTuple_GET_SIZE(field) != 3 || !PyUnicode_CheckExact(item) ||
+                    !PyUnicode_CheckExact(PyTuple_GET_ITEM(field, 2)))
+                goto refused;
+            found[order] = PyObject_CallFunctionObjArgs(signature, item,
+                                                        PyTuple_GET_ITEM(field, 2), NULL);
+            if (found[order] == NULL)
+                goto error;
+            continue;
+        }
+        if (PyTuple_GET_SIZE(field) != 2)
+            goto refused;
+        switch (kind) {
+        case F_ID:
+            if (!PyUnicode_CheckExact(item) || PyUnicode_GET_LENGTH(item) == 0)
+                goto refused;
+            break;
+        case F_URI:
+            if (Py_TYPE(item) != uri_type)
+                goto refused;
+            break;
+        case F_INTENT:
+            if (Py_TYPE(item) != symbol_type)
+                goto refused;
+            item = PyDict_GetItemWithError(intents, item);
+            if (item == NULL) {
+                if (PyErr_Occurred())
+                    goto error;
+                goto refused;
+            }
+            break;
+        case F_SYMBOL:
+            if (Py_TYPE(item) != symbol_type)
+                goto refused;
+            break;
+        case F_INT:
+            if (!PyLong_CheckExact(item))
+                goto refused;
+            break;
+        default:
+            break;
+        }
+        Py_INCREF(item);
+        found[order] = item;
+    }
+    if (expected < F_REQUIRED)
+        goto refused;
+    result = ((PyTypeObject *)message)->tp_alloc((PyTypeObject *)message, 0);
+    if (result == NULL)
+        goto error;
+    for (index = 0; index < F_COUNT; index++) {
+        if (PyObject_GenericSetAttr(result, PyTuple_GET_ITEM(attributes, index),
+                                    found[index] != NULL ? found[index] : Py_None) < 0) {
+            Py_CLEAR(result);
+            goto error;
+        }
+    }
+    goto cleanup;
+refused:
+    result = Py_None;
+    Py_INCREF(result);
+    goto cleanup;
+error:
+    result = NULL;
+cleanup:
+    for (index = 0; index < F_COUNT; index++)
+        Py_XDECREF(found[index]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"envelope", envelope, METH_VARARGS,
+     "envelope(value, version, fields, intents, signature, message, attributes, uri, "
+     "symbol) -> Message | None: the message of a document value (cbcl._envelope._walk)."},
     {"recognise", recognise, METH_VARARGS,
      "recognise(body, node, classes, terminals, step, refused, accept) -> bool: whether "
      "the automaton accepts the body from node (cbcl._pass2.recognise_body's loop)."},

@@ -70,3 +70,23 @@ def recognise(
     grammar literals to their terminals (``Protocol.atoms``), ``terminals`` the types of
     values to their data terminals (``ATOM_TERMINALS``); a value of another type is
     refused. Raises only what ``step`` raises."""
+
+def envelope(
+    value: Value,
+    version: Value,
+    fields: dict[Any, tuple[int, int]],
+    intents: dict[Any, Any],
+    signature: type,
+    message: type,
+    attributes: tuple[str, ...],
+    uri: type,
+    symbol: type,
+    /,
+) -> Any:
+    """The ``Message`` of a whole document ``value``, or ``None`` where the envelope
+    grammar refuses it: the twin of ``cbcl._envelope.message_of_python``. ``fields`` maps
+    each field's symbol to its place in grammar order (its index in ``attributes``) and its
+    kind (``cbcl._envelope``'s ``_ID`` … ``_SIGNATURE``), ``intents`` the intent symbols to
+    the ``Intent`` members; ``signature``, ``message``, ``uri`` and ``symbol`` are the
+    ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
+    ``Signature`` raises."""
