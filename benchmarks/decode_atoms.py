@@ -13,8 +13,8 @@ into the tagged ``Struct`` union ``cbcl bench`` models it with
 it is left out for the generated set, whose bodies its model does not cover. Rounds are
 interleaved and the best is kept (µs per message); ratios are from the same run.
 
-``--baseline SO``: a ``_speedups`` shared object with the same ``build_body`` and
-``unpack`` signatures (for instance a copy of ``cbcl/_speedups*.so`` taken before a
+``--baseline SO``: a ``_speedups`` shared object with the same ``frame_envelope`` and
+``build_body`` signatures (for instance a copy of ``cbcl/_speedups*.so`` taken before a
 change), loaded beside the current one and timed as ``C (baseline)``.
 """
 
@@ -88,9 +88,9 @@ def run(count: int, rounds: int, baseline: str | None) -> dict[str, Any]:
         decoders: dict[str, Decoder] = {"C": Decoder(registry)}
         if old is not None:
             before = decoders["C (baseline)"] = Decoder(registry)
-            before._fast_unpack, before._build_body = old.unpack, old.build_body
+            before._fast_c = (old.frame_envelope, old.build_body)
         python = decoders["Python twins"] = Decoder(registry)  # msgpack's C unpacker
-        python._fast_unpack = None
+        python._fast_c = None
         from cbcl._codec import _fast_body_loop
 
         python._build_body = _fast_body_loop

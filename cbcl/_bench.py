@@ -1054,7 +1054,7 @@ def _contenders(case: Case, registry: Registry, encoder: Encoder, decoder: Decod
     texts, messages = case.texts, case.messages
     frames = [encoder.encode(message) for message in messages]
     pure = Decoder(registry)  # the decoder where cbcl._speedups is not built (msgpack's C is)
-    pure._fast_unpack = None
+    pure._fast_c = None
     pure._build_body = _codec._fast_body_loop
     for frame, message in zip(frames, messages, strict=True):
         assert decoder.decode(frame) == message == pure.decode(frame)
@@ -1358,7 +1358,7 @@ def machine() -> dict[str, Any]:
             "cpus": os.cpu_count(), "lark": lark.__version__,
             "msgpack": ".".join(map(str, msgpack.version)), "msgspec": _version("msgspec"),
             "pydantic": _version("pydantic"),
-            "speedups": _codec._build_body is not _codec._fast_body_loop}
+            "speedups": _codec.SPEEDUPS}
 
 
 def _version(distribution: str) -> str | None:

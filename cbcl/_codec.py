@@ -32,6 +32,7 @@ Byte offsets are computed only when an error is raised.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -155,6 +156,8 @@ class SymbolTable:
     value_states: dict[str, int]
     #: Code -> (atom, its literal terminal), for the decoder's fast path.
     entries: dict[int, tuple[Value, str]]
+    #: The same pairs by code - FIRST_ENTRY (what the C fast path indexes).
+    entry_list: tuple[tuple[Value, str], ...]
 
     @classmethod
     def of(cls, protocol: Protocol) -> SymbolTable:
@@ -165,7 +168,9 @@ class SymbolTable:
                    {atom: FIRST_ENTRY + index for index, atom in enumerate(atoms)},
                    value_states(protocol.tables),
                    {FIRST_ENTRY + index: (atom, terminal)
-                    for index, (atom, (_, terminal)) in enumerate(zip(atoms, pairs, strict=True))})
+                    for index, (atom, (_, terminal)) in enumerate(zip(atoms, pairs, strict=True))},
+                   tuple((atom, terminal) for atom, (_, terminal) in zip(atoms, pairs,
+                                                                         strict=True)))
 
 
 def digest_bytes(digest: str) -> bytes:
@@ -422,9 +427,12 @@ class Decoder:
         self.require_signatures = require_signatures
         self._short = _check_short_ids(short_ids)
         self._unpacker = msgpack.fallback.Unpacker if pure_python else msgpack.Unpacker
-        # cbcl._speedups, when built, runs the fast path, except under pure_python=True.
-        self._fast_unpack = None if pure_python else _unpack
-        self._build_body = _fast_body_loop if pure_python else _build_body
+        # cbcl._speedups, when built, runs the fast path (_fast_frame: its envelope reader
+        # and body builder), except under pure_python=True: then the Python loop reads
+        # msgpack's tokens.
+        self._fast_c: tuple[Any, Any] | None = None if pure_python or \
+            _build_body_c is None else (_frame_envelope_c, _build_body_c)
+        self._build_body = _fast_body_loop
         # This decoder's own symbol tables and atom memos; the one-shot decode()'s are
         # shared, one per registry (_one_shot_memos).
         self._memos = _one_shot_memos(registry) if one_shot else _Memos()
@@ -462,12 +470,16 @@ class Decoder:
         if size > limits.max_message_bytes:
             _limit(limits, "max_message_bytes", 0, "frame")
         table, start = self._header(data)
-        tokens = self._fast_unpack(data, start) if self._fast_unpack is not None else None
-        if tokens is None:  # not built, or a frame it declines: msgpack reads it
+        if self._fast_c is not None:  # cbcl._speedups reads the frame's bytes
+            message = _fast_frame(table, data, start, limits, self._memos, *self._fast_c)
+            if message is None:  # a frame it declines: msgpack reads it, carefully
+                message = _decode_tokens(table, self._tokens(data, start), limits, data,
+                                         start, self._unpacker)
+        else:
             tokens = self._tokens(data, start)
-        message = _fast_message(table, tokens, limits, self._build_body, self._memos)
-        if message is None:
-            message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
+            message = _fast_message(table, tokens, limits, self._build_body, self._memos)
+            if message is None:
+                message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
         trust = self.registry.trust
         if trust is not None and (message.signature is not None or self.require_signatures):
             trust.verify_message(message)
@@ -588,7 +600,7 @@ class _Memos:
     are the reader's process-wide intern tables (``cbcl._reader._SYMBOLS``), shared so a
     frame's atoms are the very objects of the grammars' tables."""
 
-    __slots__ = ("by_digest", "caches", "decimals", "entries", "make_atom", "uris")
+    __slots__ = ("by_digest", "caches", "decimals", "entries", "keep", "make_atom", "uris")
 
     def __init__(self) -> None:
         self.entries = MEMO_ENTRIES
@@ -599,8 +611,10 @@ class _Memos:
         #: what the fast path (and its C twin, cbcl._speedups.build_body) looks in first.
         self.caches: tuple[dict[str, Any] | None, ...] = (
             None, None, None, self.decimals, _SYMBOLS, _KEYWORDS, self.uris)
-        #: The fast path's make_atom, bound once (the C twin calls it on a miss).
+        #: The fast path's make_atom, bound once (the Python loop calls it on a miss).
         self.make_atom: Callable[[int, Any], Value | None] = self._make_atom
+        #: What the C twins call on a miss, for an atom they have validated already.
+        self.keep: Callable[[int, str], Value] = self._keep
 
     def uri(self, text: str) -> URI | None:
         """The :class:`URI` spelled ``text``, or ``None`` if it is not one (remembered)."""
@@ -613,6 +627,27 @@ class _Memos:
                 uris.clear()  # (in place: self.caches holds this dict)
             uris[text] = uri
         return uri
+
+    def _keep(self, code: int, text: str) -> Value:
+        """The atom of kind ``code`` written ``text``, which ``cbcl._speedups`` has
+        validated (by C mirrors of the rules :meth:`_make_atom` applies): made and
+        remembered as :meth:`_make_atom` does, without checking it again."""
+        if code == URI_CODE:
+            uri = _new(URI, text)
+            if len(text) <= MEMO_CHARS:
+                uris = self.uris
+                if len(uris) >= self.entries:
+                    uris.clear()  # (in place: self.caches holds this dict)
+                uris[text] = uri
+            return uri
+        if code == DECIMAL:
+            value = Decimal(text)
+            decimals = self.decimals  # (C makes the longer ones itself)
+            if len(decimals) >= self.entries:
+                decimals.clear()
+            decimals[text] = value
+            return value
+        return intern_symbol(text) if code == SYMBOL else intern_keyword(text)
 
     def _make_atom(self, code: int, text: Any) -> Value | None:
         """The atom written in full as kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI) and
@@ -652,13 +687,59 @@ def _one_shot_memos(registry: Registry) -> _Memos:
     return memos
 
 
+def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
+                memos: _Memos, frame_envelope: Any, build_body: Any) -> Message | None:
+    """:func:`_fast_message` by ``cbcl._speedups``, from the frame's bytes: the envelope's
+    fields read and checked by its ``frame_envelope``, the body by its ``build_body``."""
+    head = frame_envelope(data, start, INTENTS, memos.uris, memos.keep,
+                          limits.max_string_bytes)
+    if head is None:
+        return None
+    (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
+     timestamp, key_id, signed, offset) = head
+    protocol = table.protocol
+    if (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
+        return None  # not yet checked: the careful decoding checks and remembers it
+    governed = intent in protocol.governed
+    body: Any = None
+    if present & HAS_BODY:
+        body = _fast_body_at(table, data, offset, limits, _ENVELOPE_NODES[present],
+                             intent if governed else None, memos, build_body)
+        if body is None:
+            return None
+    elif offset != len(data):
+        return None
+    return _fast_finish(protocol, intent, governed, body, message_id, sender, receiver,
+                        conversation_id, in_reply_to, reply_by, timestamp,
+                        None if key_id is None else Signature(key_id, signed))
+
+
+def _fast_finish(protocol: Protocol, intent: Intent, governed: bool, body: Any,
+                 message_id: str, sender: URI, receiver: URI, conversation_id: str | None,
+                 in_reply_to: str | None, reply_by: int | None, timestamp: int | None,
+                 signature: Signature | None) -> Message | None:
+    """The message of a fast path's fields and body, after pass 2's last checks: a governed
+    intent's body is present and meets the schema (:class:`SchemaError` else), another
+    is a NOT-UNDERSTOOD or CANCEL with a reason string or none; ``None`` otherwise."""
+    if governed:
+        if body is None:
+            return None
+        if protocol.schema is not None:
+            check_schema(protocol.schema, body)
+    elif intent not in _ALWAYS_ADMITTED or (body is not None and type(body) is not str):
+        return None
+    return Message._trusted(message_id, sender, receiver, intent, protocol.id,
+                            conversation_id, in_reply_to, reply_by, timestamp, body,
+                            signature)
+
+
 def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
                   build: Any = None, memos: _Memos | None = None) -> Message | None:
     """The message of a frame that is well formed, within every limit and accepted by
     its protocol's grammar, or ``None``: then :func:`_decode_tokens` decodes the same
     tokens with every check in order, to raise the precise error. Only the schema, the
     last check, raises here (:class:`SchemaError`), exactly as there. ``memos``: the
-    decoder's (fresh ones when ``None``)."""
+    decoder's (fresh ones when ``None``). The Python twin of :func:`_fast_frame`."""
     if memos is None:
         memos = _Memos()
     count = len(tokens)
@@ -720,16 +801,8 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
             return None
     elif index != count:
         return None
-    if governed:
-        if body is None:
-            return None
-        if protocol.schema is not None:
-            check_schema(protocol.schema, body)
-    elif intent not in _ALWAYS_ADMITTED or (body is not None and type(body) is not str):
-        return None
-    return Message._trusted(message_id, sender_uri, receiver_uri, intent,
-                            protocol.id, fields[0], fields[1], fields[2], fields[3], body,
-                            signature)
+    return _fast_finish(protocol, intent, governed, body, message_id, sender_uri,
+                        receiver_uri, fields[0], fields[1], fields[2], fields[3], signature)
 
 
 def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: bytes,
@@ -1070,8 +1143,9 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     grammar from that intent's start rule; else ``None``, and
     :func:`_walk_body` reads the same tokens to raise the precise error.
 
-    The hot loop of decoding, run by ``build``: ``cbcl._speedups.build_body`` when that
-    is built, else :func:`_fast_body_loop`, its reference. Checks that cannot fail are
+    The hot loop of decoding, run by ``build``: :func:`_fast_body_loop`, the reference of
+    ``cbcl._speedups.build_body`` (which :func:`_fast_body_at` runs on the frame's bytes
+    where it is built; :func:`build_body_on_tokens` runs it on tokens). Checks that cannot fail are
     skipped (nodes, when there are too few tokens left to exceed the limit); a list's
     items are counted when it closes (the node check bounds what is built before then);
     and the grammar is the protocol's :class:`StackAutomaton`, one lookup a token."""
@@ -1088,6 +1162,40 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         automaton.step, limits.max_depth - 2,  # the envelope and the (body …) list are open
         limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
         FIRST_ENTRY + len(table.entries), REFUSED, ACCEPT)
+
+
+def _fast_body_at(table: SymbolTable, data: bytes, offset: int, limits: Limits,
+                  nodes: int, governed: Intent | None, memos: _Memos,
+                  build_body: Any) -> Value | None:
+    """:func:`_fast_body` for the body whose tokens are ``data[offset:]``, read from the
+    bytes by ``build_body`` (``cbcl._speedups``'s, which counts the nodes itself)."""
+    start = start_node(table.protocol, governed) if governed is not None else None
+    if start is REFUSED:
+        return None
+    value: Value | None = build_body(
+        data, offset, table.entry_list, table.codes, memos.caches, memos.keep, start,
+        table.protocol.automaton.step, limits.max_depth - 2,  # envelope, (body …) open
+        limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
+        limits.max_nodes - nodes, REFUSED, ACCEPT)
+    return value
+
+
+def build_body_on_tokens(tokens: list[Any], index: int,
+                         entries: dict[int, tuple[Value, str]], codes: dict[Value, int],
+                         caches: tuple[dict[str, Any] | None, ...],
+                         make_atom: Callable[[int, Any], Value | None], node: Any,
+                         step: Callable[[Any, str], Any], max_depth: int, max_items: int,
+                         max_string: int, max_name: int, next_code: int, refused: Any,
+                         accept: Any) -> Value | None:
+    """``cbcl._speedups.build_body`` called as :func:`_fast_body_loop` is, on tokens (for
+    the tests and the probe that hold the two to each other): the tokens are packed with
+    msgpack, as a frame holds them, and no node budget applies (the loop has none)."""
+    data = b"".join(msgpack.packb(token) for token in tokens[index:])
+    static = tuple(entries[code] for code in range(FIRST_ENTRY, next_code))
+    value: Value | None = _build_body_c(
+        data, 0, static, codes, caches, make_atom, node, step, max_depth, max_items,
+        max_string, max_name, sys.maxsize, refused, accept)
+    return value
 
 
 def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Value, str]],
@@ -1175,7 +1283,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                         learned[next_code] = (value, cls)
                         next_code += 1
         elif kind is str:
-            if len(token) * 4 > max_string:
+            if len(token) * 4 > max_string and len(token.encode("utf-8")) > max_string:
                 return None
             value = token
             cls = "STRING"
@@ -1219,16 +1327,24 @@ def _speedups_agree(build_body: Any, unpack: Any) -> bool:
 
 
 try:
-    from ._speedups import build_body as _build_body_c, unpack as _unpack_c
+    from ._speedups import (
+        build_body as _build_body_c,
+        frame_envelope as _frame_envelope_c,
+        unpack as _unpack_c,
+    )
 except ImportError:  # not built: the Python twins run
-    _build_body: Any = _fast_body_loop
-    _unpack: Any = None
+    _build_body_c = None  # type: ignore[assignment]
+    _frame_envelope_c = None  # type: ignore[assignment]
+    #: Whether the optional C accelerator cbcl._speedups is built (and agrees).
+    SPEEDUPS = False
 else:
-    if not _speedups_agree(_build_body_c, _unpack_c):  # pragma: no cover - a stale build
+    if not _speedups_agree(build_body_on_tokens, _unpack_c):  # pragma: no cover - stale
         raise ImportError("cbcl._speedups disagrees with cbcl._vocabulary's token codes "
                           "(rebuild the extension)")
-    _build_body = _build_body_c
-    _unpack = _unpack_c
+    SPEEDUPS = True
+#: The builder of a body from a token list (the Python loop: where cbcl._speedups is
+#: built, decoding reads the frame's bytes with it instead, _fast_frame).
+_build_body: Any = _fast_body_loop
 
 _CODE_NAMES = CODE_KINDS
 

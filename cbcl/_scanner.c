@@ -32,8 +32,7 @@
  * comments are judged here, by C mirrors of TOKEN's rules that tests/test_scanner.py and
  * tests/fuzz/fuzz_scanner.py hold to the Python tiers.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_cstack.h"
 
 static int
 is_space(unsigned char c)
@@ -423,98 +422,6 @@ char_index(const unsigned char *p, Py_ssize_t at, int ascii)
     return ascii ? at : chars_of(p, 0, at);
 }
 
-/* The values of the lists under way (see read_value). */
-typedef struct {
-    PyObject **items; /* owned references, items[0:size] */
-    Py_ssize_t size, capacity;
-    Py_ssize_t *opens; /* where each open list's items start, opens[0:depth] */
-    Py_ssize_t depth, open_capacity;
-} Stack;
-
-static int
-push_item(Stack *st, PyObject *value) /* steals value, even on failure */
-{
-    if (st->size == st->capacity) {
-        Py_ssize_t more = st->capacity ? 2 * st->capacity : 64;
-        PyObject **grown = PyMem_Realloc(st->items, (size_t)more * sizeof(PyObject *));
-        if (grown == NULL) {
-            Py_DECREF(value);
-            PyErr_NoMemory();
-            return -1;
-        }
-        st->items = grown;
-        st->capacity = more;
-    }
-    st->items[st->size++] = value;
-    return 0;
-}
-
-static int
-push_open(Stack *st)
-{
-    if (st->depth == st->open_capacity) {
-        Py_ssize_t more = st->open_capacity ? 2 * st->open_capacity : 16;
-        Py_ssize_t *grown = PyMem_Realloc(st->opens, (size_t)more * sizeof(Py_ssize_t));
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        st->opens = grown;
-        st->open_capacity = more;
-    }
-    st->opens[st->depth++] = st->size;
-    return 0;
-}
-
-static PyTypeObject *InertTypes[3]; /* cbcl's Symbol, Keyword and URI */
-
-/* Whether `value` can hold no reference to a container: an object the collector does not
- * track (exact str, int, Decimal), an untracked tuple, or a cbcl atom (a str subclass of
- * empty __slots__). */
-static int
-is_inert(PyObject *value)
-{
-    if (!PyObject_IS_GC(value))
-        return 1;
-    PyTypeObject *type = Py_TYPE(value);
-    if (type == &PyTuple_Type)
-        return !PyObject_GC_IsTracked(value);
-    return type == InertTypes[0] || type == InertTypes[1] || type == InertTypes[2];
-}
-
-/* The tuple of the top list's items, items[from:size], moved out of the stack. A tuple of
- * inert items is untracked by the cyclic collector (it can be in no cycle), as CPython's
- * collector itself would untrack it at its first pass, so that reading a large body does
- * not set off collections that walk what it has built. */
-static PyObject *
-tuple_of(Stack *st, Py_ssize_t from)
-{
-    Py_ssize_t count = st->size - from;
-    PyObject *tuple = PyTuple_New(count);
-    if (tuple == NULL)
-        return NULL;
-    int inert = 1;
-    for (Py_ssize_t j = 0; j < count; j++) {
-        PyObject *item = st->items[from + j];
-        if (inert && !is_inert(item))
-            inert = 0;
-        PyTuple_SET_ITEM(tuple, j, item);
-    }
-    st->size = from;
-    if (inert && count > 0)
-        PyObject_GC_UnTrack(tuple);
-    return tuple;
-}
-
-static void
-stack_free(Stack *st)
-{
-    for (Py_ssize_t j = 0; j < st->size; j++)
-        Py_DECREF(st->items[j]);
-    PyMem_Free(st->items);
-    PyMem_Free(st->opens);
-}
-
 static PyObject *
 read_value(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -547,9 +454,7 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
             i++; /* the rest of the character before `pos` */
     }
 
-    /* The items of the open lists, one after another in `items`, and where each open list's
-     * items start in `opens`: a ')' makes the tuple of the top list's items directly. */
-    Stack st = {NULL, 0, 0, NULL, 0, 0};
+    Stack st = STACK_INIT; /* the lists under way (cbcl/_cstack.h) */
     PyObject *value = NULL;
     PyObject *result = NULL;
     Py_ssize_t nodes = 0, end = 0;
@@ -569,12 +474,10 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         if (c == ')') {
             if (st.depth == 0)
                 goto bail;
-            Py_ssize_t from = st.opens[st.depth - 1];
-            if (st.size - from > max_items)
+            if (top_items(&st) > max_items)
                 goto bail;
-            if ((value = tuple_of(&st, from)) == NULL)
+            if ((value = pop_tuple(&st)) == NULL)
                 goto error;
-            st.depth--;
             i++;
             if (st.depth == 0) {
                 end = i;
@@ -642,22 +545,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__scanner(void)
 {
-    PyObject *values = PyImport_ImportModule("cbcl._values");
-    if (values == NULL)
+    if (stack_init_types() < 0)
         return NULL;
-    const char *names[3] = {"Symbol", "Keyword", "URI"};
-    for (int k = 0; k < 3; k++) {
-        PyObject *type = PyObject_GetAttrString(values, names[k]);
-        if (type == NULL || !PyType_Check(type)) {
-            Py_XDECREF(type);
-            Py_DECREF(values);
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "cbcl._values has no atom type");
-            return NULL;
-        }
-        InertTypes[k] = (PyTypeObject *)type; /* kept for the module's life */
-    }
-    Py_DECREF(values);
     PyObject *decimal = PyImport_ImportModule("decimal");
     if (decimal == NULL)
         return NULL;

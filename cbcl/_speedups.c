@@ -11,6 +11,7 @@
  *   check_atom(code, t)  -> bool           the lexical rules build_body applies to atoms
  *   recognise(...)       -> bool           twin of the loop of cbcl._pass2.recognise_body
  *   envelope(...)        -> Message | None twin of cbcl._envelope._walk and Message._trusted
+ *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl._codec._fast_message
  *
  * The twins serve only the happy path. Neither raises for anything in its input: on any doubt
  * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
@@ -36,8 +37,7 @@
  * caches and make_atom are the calling decoder's own (cbcl._codec._Memos), passed with
  * each call: this module keeps no state but its interned token-class strings.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_cstack.h"
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
        FIRST_ENTRY = 7 };
@@ -46,6 +46,95 @@ static PyObject *S_LPAR, *S_RPAR, *S_END, *S_STRING, *S_INTEGER, *S_KINDS[FIRST_
 
 /* ------------------------------------------------------------------------- unpack */
 
+/* One msgpack object of the subset a frame may hold: an int (positive and negative fixint,
+ * uint8..uint64, int8..int64) or a str (fixstr, str8/16/32; its UTF-8 is not checked here). */
+typedef struct {
+    int str;            /* 1: a str, s[0:len]; 0: an int */
+    int big;            /* an int above int64 (a uint64 over INT64_MAX) */
+    long long integer;  /* the int, if not big */
+    unsigned long long unsigned_value; /* the int, if big */
+    const char *s;
+    Py_ssize_t len;
+} Token;
+
+/* Read the object at p[*at] of p[0:n] into *t and move *at past it: 1, or 0 for a type
+ * no frame holds (nil, bool, float, bin, ext, array, map, 0xc1) or an object cut short.
+ * Every read is bounds-checked; a length is compared with what is left before use. */
+static int
+read_token(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at, Token *t)
+{
+    Py_ssize_t i = *at;
+    if (i >= n)
+        return 0;
+    unsigned char b = p[i++];
+    t->str = 0;
+    t->big = 0;
+    if (b <= 0x7f) {
+        t->integer = b;
+    } else if (b >= 0xe0) {
+        t->integer = (long long)b - 256;
+    } else if (b >= 0xa0 && b <= 0xbf) {
+        t->str = 1;
+        t->len = b & 0x1f;
+    } else {
+        Py_ssize_t need;
+        switch (b) {
+        case 0xcc: case 0xd0: case 0xd9: need = 1; break;
+        case 0xcd: case 0xd1: case 0xda: need = 2; break;
+        case 0xce: case 0xd2: case 0xdb: need = 4; break;
+        case 0xcf: case 0xd3: need = 8; break;
+        default: return 0;
+        }
+        if (need > n - i)
+            return 0;
+        unsigned long long u = 0;
+        for (Py_ssize_t k = 0; k < need; k++)
+            u = (u << 8) | p[i + k];
+        i += need;
+        switch (b) {
+        case 0xcc: case 0xcd: case 0xce: case 0xcf:
+            if (u > (unsigned long long)LLONG_MAX) {
+                t->big = 1;
+                t->unsigned_value = u;
+            } else
+                t->integer = (long long)u;
+            break;
+        case 0xd0: t->integer = (signed char)u; break;
+        case 0xd1: t->integer = (short)u; break;
+        case 0xd2: t->integer = (int)(unsigned int)u; break;
+        case 0xd3: t->integer = (long long)u; break;
+        default: /* str8, str16, str32 */
+            if (u > (unsigned long long)PY_SSIZE_T_MAX)
+                return 0;
+            t->str = 1;
+            t->len = (Py_ssize_t)u;
+        }
+    }
+    if (t->str) {
+        if (t->len > n - i)
+            return 0;
+        t->s = (const char *)p + i;
+        i += t->len;
+    }
+    *at = i;
+    return 1;
+}
+
+/* The str of a str token: a new reference, Py_None for invalid UTF-8, NULL with an
+ * exception. */
+static PyObject *
+token_str(const Token *t)
+{
+    PyObject *text = PyUnicode_DecodeUTF8(t->s, t->len, "strict");
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return text;
+}
+
+/* unpack(data, start) -> list | None: the objects from data[start:], or None for anything
+ * outside the subset a frame holds, cut short or of invalid UTF-8. */
 static PyObject *
 unpack(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -55,86 +144,46 @@ unpack(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     const unsigned char *p = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len, i = start;
+    PyObject *result = NULL;
     PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
+    if (out == NULL)
+        goto done;
     if (start < 0 || start > n)
         goto bail;
     while (i < n) {
-        unsigned char b = p[i++];
+        Token t;
         PyObject *obj;
-        Py_ssize_t len = -1;
-        if (b <= 0x7f) {
-            obj = PyLong_FromLong(b);
-        } else if (b >= 0xe0) {
-            obj = PyLong_FromLong((long)b - 256);
-        } else if (b >= 0xa0 && b <= 0xbf) {
-            len = b & 0x1f;
-            obj = NULL;
+        if (!read_token(p, n, &i, &t))
+            goto bail;
+        if (t.str) {
+            obj = token_str(&t);
+            if (obj == Py_None) {
+                Py_DECREF(obj);
+                goto bail;
+            }
+        } else if (t.big) {
+            obj = PyLong_FromUnsignedLongLong(t.unsigned_value);
         } else {
-            Py_ssize_t need;
-            switch (b) {
-            case 0xcc: case 0xd0: case 0xd9: need = 1; break;
-            case 0xcd: case 0xd1: case 0xda: need = 2; break;
-            case 0xce: case 0xd2: case 0xdb: need = 4; break;
-            case 0xcf: case 0xd3: need = 8; break;
-            default: goto bail; /* nil, bool, float, bin, ext, array, map, 0xc1 */
-            }
-            if (need > n - i)
-                goto bail;
-            unsigned long long u = 0;
-            for (Py_ssize_t k = 0; k < need; k++)
-                u = (u << 8) | p[i + k];
-            i += need;
-            switch (b) {
-            case 0xcc: case 0xcd: case 0xce: case 0xcf:
-                obj = PyLong_FromUnsignedLongLong(u);
-                break;
-            case 0xd0: obj = PyLong_FromLong((signed char)u); break;
-            case 0xd1: obj = PyLong_FromLong((short)u); break;
-            case 0xd2: obj = PyLong_FromLong((long)(int)(unsigned int)u); break;
-            case 0xd3: obj = PyLong_FromLongLong((long long)u); break;
-            default: /* str8, str16, str32 */
-                if (u > (unsigned long long)PY_SSIZE_T_MAX)
-                    goto bail;
-                len = (Py_ssize_t)u;
-                obj = NULL;
-            }
-            if (len < 0 && obj == NULL)
-                goto error;
+            obj = PyLong_FromLongLong(t.integer);
         }
-        if (len >= 0) {
-            if (len > n - i)
-                goto bail;
-            obj = PyUnicode_DecodeUTF8((const char *)p + i, len, "strict");
-            if (obj == NULL) {
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                    goto error;
-                PyErr_Clear();
-                goto bail;
-            }
-            i += len;
-        } else if (obj == NULL) {
-            goto error;
-        }
+        if (obj == NULL)
+            goto done;
         if (PyList_Append(out, obj) < 0) {
             Py_DECREF(obj);
-            goto error;
+            goto done;
         }
         Py_DECREF(obj);
     }
-    PyBuffer_Release(&view);
-    return out;
+    result = out;
+    Py_INCREF(result);
+    goto done;
 bail:
-    Py_DECREF(out);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(out);
     PyBuffer_Release(&view);
-    Py_RETURN_NONE;
-error:
-    Py_DECREF(out);
-    PyBuffer_Release(&view);
-    return NULL;
+    return result;
 }
 
 /* ------------------------------------------------------------------------- build_body */
@@ -370,145 +419,157 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
     return PyBool_FromLong(PyUnicode_CheckExact(text) && valid_atom(code, text));
 }
 
+/* build_body(data, offset, entries, codes, caches, make_atom, start, step, max_depth,
+ * max_items, max_string, max_name, budget, refused, accept) -> value | None: the body
+ * whose tokens are data[offset:], to the frame's end, read straight from the msgpack bytes
+ * (the twin of cbcl._codec._fast_body_loop over the same bytes' tokens). `entries` holds
+ * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
+ * next code after them (it is "learned"). At most `budget` nodes (lists and atoms). */
 static PyObject *
 build_body(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyObject *tokens, *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
-    Py_ssize_t index, max_depth, max_items, max_string, max_name, next_code;
-    if (!PyArg_ParseTuple(args, "O!nO!O!O!OOOnnnnnOO", &PyList_Type, &tokens, &index,
-                          &PyDict_Type, &entries, &PyDict_Type, &codes, &PyTuple_Type,
-                          &caches, &make_atom, &start, &step, &max_depth, &max_items,
-                          &max_string, &max_name, &next_code, &refused, &accept))
+    Py_buffer view;
+    PyObject *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
+    Py_ssize_t offset, max_depth, max_items, max_string, max_name, budget;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!OOOnnnnnOO", &view, &offset, &PyTuple_Type,
+                          &entries, &PyDict_Type, &codes, &PyTuple_Type, &caches, &make_atom,
+                          &start, &step, &max_depth, &max_items, &max_string, &max_name,
+                          &budget, &refused, &accept))
         return NULL;
+    PyObject *result = NULL;
+    PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
+    PyObject *learned = NULL; /* the atoms written in full, in order: (atom, class) */
+    PyObject *seen = NULL;    /* those atoms */
+    PyObject *value = NULL;   /* owned */
+    Stack st = STACK_INIT;    /* the lists under way (cbcl/_cstack.h) */
+    Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
+    Py_ssize_t nodes = 0;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, i = offset;
+    Py_ssize_t static_count = PyTuple_GET_SIZE(entries);
+    long long next_code = FIRST_ENTRY + (long long)static_count;
+    int ok;
     if (PyTuple_GET_SIZE(caches) != FIRST_ENTRY) {
         PyErr_SetString(PyExc_ValueError, "caches must hold one entry per token code");
-        return NULL;
+        goto error;
     }
     for (int k = DECIMAL; k <= URI; k++) {
         if (!PyDict_CheckExact(PyTuple_GET_ITEM(caches, k))) {
             PyErr_SetString(PyExc_TypeError, "each kind's cache must be a dict");
-            return NULL;
+            goto error;
         }
     }
-    PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
     if (start != Py_None) {
         if (!PyDict_CheckExact(start)) {
             PyErr_SetString(PyExc_TypeError, "the automaton's start must be a dict");
-            return NULL;
+            goto error;
         }
         node = start;
         Py_INCREF(node);
     }
-    PyObject *parents = PyList_New(0);
-    PyObject *learned = PyDict_New(); /* code -> atom written in full in this frame */
-    PyObject *seen = PySet_New(NULL); /* those atoms */
-    PyObject *items = NULL;  /* the open list (owned), or NULL before the first '(' */
-    PyObject *value = NULL;  /* owned */
-    PyObject *result = NULL;
-    Py_ssize_t whole_at = 0; /* the depth of a list taken as a whole value, or 0 */
-    Py_ssize_t n = PyList_GET_SIZE(tokens), i;
-    int ok;
-    if (parents == NULL || learned == NULL || seen == NULL)
+    if ((learned = PyList_New(0)) == NULL || (seen = PySet_New(NULL)) == NULL)
         goto error;
-    for (i = index; i < n; i++) {
-        PyObject *token = PyList_GET_ITEM(tokens, i);
+    if (offset < 0 || offset > n)
+        goto bail;
+    while (i < n) {
+        Token t;
         PyObject *cls;
-        if (PyLong_CheckExact(token)) {
-            PyObject *entry = PyDict_GetItemWithError(entries, token);
-            if (entry == NULL && PyErr_Occurred())
+        if (!read_token(p, n, &i, &t))
+            goto bail;
+        if (t.str) {
+            if (t.len > max_string)
+                goto bail; /* (its UTF-8 is its bytes) */
+            value = token_str(&t);
+            if (value == NULL)
                 goto error;
-            if (entry != NULL) {
+            if (value == Py_None)
+                goto bail;
+            cls = S_STRING;
+        } else {
+            if (t.big || t.integer < 0)
+                goto bail;
+            long long code = t.integer;
+            if (code >= FIRST_ENTRY && code < next_code) {
+                PyObject *entry = PyTuple_GET_ITEM(entries, (Py_ssize_t)(code - FIRST_ENTRY));
+                if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) {
+                    PyErr_SetString(PyExc_TypeError, "an entry must be (atom, class)");
+                    goto error;
+                }
                 value = PyTuple_GET_ITEM(entry, 0);
                 Py_INCREF(value);
                 cls = PyTuple_GET_ITEM(entry, 1);
-            } else {
-                int overflow;
-                long code = PyLong_AsLongAndOverflow(token, &overflow);
-                if (overflow || (code == -1 && PyErr_Occurred())) {
-                    PyErr_Clear();
+            } else if (code >= next_code) {
+                Py_ssize_t k = (Py_ssize_t)(code - next_code);
+                if (code - next_code >= PyList_GET_SIZE(learned))
                     goto bail;
-                }
-                if (code == LPAR) {
-                    if (items != NULL) {
-                        if (PyList_Append(parents, items) < 0)
-                            goto error;
-                        Py_CLEAR(items);
-                    }
-                    if (PyList_GET_SIZE(parents) >= max_depth)
-                        goto bail; /* the new list is len(parents) + 1 deep */
-                    items = PyList_New(0);
-                    if (items == NULL)
+                PyObject *entry = PyList_GET_ITEM(learned, k);
+                value = PyTuple_GET_ITEM(entry, 0);
+                Py_INCREF(value);
+                cls = PyTuple_GET_ITEM(entry, 1);
+            } else if (code == LPAR) {
+                if (++nodes > budget || st.depth >= max_depth)
+                    goto bail; /* (the new list is st.depth + 1 deep) */
+                if (push_open(&st) < 0)
+                    goto error;
+                if (node != NULL && !whole_at) {
+                    int whole = 0;
+                    ok = advance(&node, S_LPAR, step, refused, &whole);
+                    if (ok < 0)
                         goto error;
-                    if (node != NULL && !whole_at) {
-                        int whole = 0;
-                        ok = advance(&node, S_LPAR, step, refused, &whole);
-                        if (ok < 0)
-                            goto error;
-                        if (ok == 0)
-                            goto bail;
-                        if (whole)
-                            whole_at = PyList_GET_SIZE(parents) + 1;
+                    if (ok == 0)
+                        goto bail;
+                    if (whole)
+                        whole_at = st.depth;
+                }
+                continue;
+            } else if (code == RPAR) {
+                if (st.depth == 0 || top_items(&st) > max_items)
+                    goto bail;
+                Py_ssize_t level = st.depth;
+                if ((value = pop_tuple(&st)) == NULL)
+                    goto error;
+                if (whole_at) {
+                    if (whole_at == level)
+                        whole_at = 0;
+                } else if (node != NULL) {
+                    ok = advance(&node, S_RPAR, step, refused, NULL);
+                    if (ok < 0)
+                        goto error;
+                    if (ok == 0)
+                        goto bail;
+                }
+                if (st.depth > 0) {
+                    if (push_item(&st, value) < 0) {
+                        value = NULL;
+                        goto error;
                     }
+                    value = NULL;
                     continue;
                 }
-                if (code == RPAR) {
-                    if (items == NULL || PyList_GET_SIZE(items) > max_items)
+                goto done; /* the body is complete */
+            } else { /* INTEGER .. URI: the atom's token follows */
+                Token a;
+                if (!read_token(p, n, &i, &a))
+                    goto bail;
+                if (code == INTEGER) {
+                    if (a.str || a.big)
                         goto bail;
-                    value = PyList_AsTuple(items);
+                    value = PyLong_FromLongLong(a.integer);
                     if (value == NULL)
                         goto error;
-                    Py_CLEAR(items);
-                    Py_ssize_t level = PyList_GET_SIZE(parents) + 1;
-                    if (whole_at) {
-                        if (whole_at == level)
-                            whole_at = 0;
-                    } else if (node != NULL) {
-                        ok = advance(&node, S_RPAR, step, refused, NULL);
-                        if (ok < 0)
-                            goto error;
-                        if (ok == 0)
-                            goto bail;
-                    }
-                    if (level > 1) {
-                        items = PyList_GET_ITEM(parents, level - 2);
-                        Py_INCREF(items);
-                        if (PyList_SetSlice(parents, level - 2, level - 1, NULL) < 0)
-                            goto error;
-                        if (PyList_Append(items, value) < 0)
-                            goto error;
-                        Py_CLEAR(value);
-                        continue;
-                    }
-                    i++;
-                    goto done; /* the body is complete */
-                }
-                if (code >= FIRST_ENTRY) {
-                    entry = PyDict_GetItemWithError(learned, token);
-                    if (entry == NULL) {
-                        if (PyErr_Occurred())
-                            goto error;
-                        goto bail;
-                    }
-                    value = PyTuple_GET_ITEM(entry, 0);
-                    Py_INCREF(value);
-                    cls = PyTuple_GET_ITEM(entry, 1);
-                } else if (code < 0 || i + 1 >= n) {
-                    goto bail;
-                } else if (code == INTEGER) {
-                    PyObject *number = PyList_GET_ITEM(tokens, ++i);
-                    if (!PyLong_CheckExact(number))
-                        goto bail;
-                    (void)PyLong_AsLongLongAndOverflow(number, &overflow);
-                    if (overflow)
-                        goto bail;
-                    if (PyErr_Occurred())
-                        goto error;
-                    value = number;
-                    Py_INCREF(value);
                     cls = S_INTEGER;
                 } else {
-                    value = atom_of(code, PyList_GET_ITEM(tokens, ++i), caches, make_atom,
-                                    max_name);
+                    if (!a.str)
+                        goto bail;
+                    PyObject *text = token_str(&a);
+                    if (text == NULL)
+                        goto error;
+                    if (text == Py_None) {
+                        Py_DECREF(text);
+                        goto bail;
+                    }
+                    value = atom_of((long)code, text, caches, make_atom, max_name);
+                    Py_DECREF(text);
                     if (value == NULL)
                         goto error;
                     if (value == Py_None)
@@ -522,28 +583,19 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
                             goto bail; /* written in full but it has a code */
                         }
                         PyObject *pair = PyTuple_Pack(2, value, cls);
-                        PyObject *key = PyLong_FromSsize_t(next_code++);
-                        if (pair == NULL || key == NULL || PySet_Add(seen, value) < 0 ||
-                                PyDict_SetItem(learned, key, pair) < 0) {
+                        if (pair == NULL || PySet_Add(seen, value) < 0 ||
+                                PyList_Append(learned, pair) < 0) {
                             Py_XDECREF(pair);
-                            Py_XDECREF(key);
                             goto error;
                         }
                         Py_DECREF(pair);
-                        Py_DECREF(key);
                     }
                 }
             }
-        } else if (PyUnicode_CheckExact(token)) {
-            if (PyUnicode_GET_LENGTH(token) > max_string / 4)
-                goto bail; /* may be over the limit: the careful walk measures it */
-            value = token;
-            Py_INCREF(value);
-            cls = S_STRING;
-        } else {
-            goto bail;
         }
         /* an atom: cls is borrowed from a table that outlives this iteration */
+        if (++nodes > budget)
+            goto bail;
         if (node != NULL && !whole_at) {
             ok = advance(&node, cls, step, refused, NULL);
             if (ok < 0)
@@ -551,13 +603,13 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
             if (ok == 0)
                 goto bail;
         }
-        if (items == NULL) {
-            i++;
+        if (st.depth == 0)
             goto done; /* the body is one atom */
-        }
-        if (PyList_Append(items, value) < 0)
+        if (push_item(&st, value) < 0) {
+            value = NULL;
             goto error;
-        Py_CLEAR(value);
+        }
+        value = NULL;
     }
     goto bail; /* the frame ends inside the body */
 done:
@@ -582,11 +634,129 @@ error:
     result = NULL;
 cleanup:
     Py_XDECREF(node);
-    Py_XDECREF(items);
     Py_XDECREF(value);
-    Py_XDECREF(parents);
     Py_XDECREF(learned);
     Py_XDECREF(seen);
+    stack_free(&st);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* frame_envelope(data, start, intents, uris, make_atom, max_string) -> tuple | None: the
+ * envelope of the frame whose tokens start at data[start] (spec/binary.md: the intent's
+ * index, the field bits, the id, sender and receiver, the optional fields the bits name
+ * and a signature's two strings), checked as cbcl._codec._fast_message checks them:
+ * (intent, bits, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
+ * timestamp, key_id, signed, offset), None for an absent field, `offset` where the body's
+ * tokens start. `intents` is cbcl._codec.INTENTS; a URI is looked up in `uris` (the
+ * decoder's memo), or validated here and made by make_atom(URI, text). None for anything
+ * the careful decoder must judge. */
+enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMESTAMP = 8,
+       HAS_SIGNATURE = 16, ENVELOPE_SLOTS = 12 };
+
+static PyObject *
+frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t start, max_string;
+    PyObject *intents, *uris, *make_atom;
+    if (!PyArg_ParseTuple(args, "y*nO!O!On", &view, &start, &PyTuple_Type, &intents,
+                          &PyDict_Type, &uris, &make_atom, &max_string))
+        return NULL;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len, i = start;
+    PyObject *slots[ENVELOPE_SLOTS] = {NULL};
+    PyObject *result = NULL;
+    Token t;
+    long long present = 0;
+    if (start < 0 || start > n)
+        goto bail;
+    for (int slot = 0; slot < 11; slot++) {
+        int bit = slot < 5 ? 0 : slot < 9 ? 1 << (slot - 5) : HAS_SIGNATURE;
+        if (bit && !(present & bit))
+            continue;
+        if (!read_token(p, n, &i, &t))
+            goto bail;
+        if (slot == 0) { /* the intent */
+            if (t.str || t.big || t.integer < 0 || t.integer >= PyTuple_GET_SIZE(intents))
+                goto bail;
+            slots[0] = PyTuple_GET_ITEM(intents, (Py_ssize_t)t.integer);
+            Py_INCREF(slots[0]);
+        } else if (slot == 1) { /* the field bits */
+            if (t.str || t.big || t.integer < 0 || t.integer >= 64)
+                goto bail;
+            present = t.integer;
+            if ((slots[1] = PyLong_FromLongLong(present)) == NULL)
+                goto error;
+        } else if (slot == 7 || slot == 8) { /* reply-by, timestamp */
+            if (t.str || t.big)
+                goto bail;
+            if ((slots[slot] = PyLong_FromLongLong(t.integer)) == NULL)
+                goto error;
+        } else {
+            if (!t.str || t.len > max_string)
+                goto bail;
+            PyObject *text = token_str(&t);
+            if (text == NULL)
+                goto error;
+            if (text == Py_None) {
+                Py_DECREF(text);
+                goto bail;
+            }
+            if (slot == 3 || slot == 4) { /* sender, receiver */
+                PyObject *uri = PyDict_GetItemWithError(uris, text);
+                if (uri != NULL) {
+                    Py_INCREF(uri);
+                } else if (PyErr_Occurred()) {
+                    Py_DECREF(text);
+                    goto error;
+                } else if (!valid_uri(text)) {
+                    Py_DECREF(text);
+                    goto bail;
+                } else {
+                    uri = PyObject_CallFunction(make_atom, "iO", URI, text);
+                }
+                Py_DECREF(text);
+                if (uri == NULL)
+                    goto error;
+                if (uri == Py_None) {
+                    Py_DECREF(uri);
+                    goto bail;
+                }
+                slots[slot] = uri;
+            } else {
+                /* the id and the optional strings are never empty (the signature's may be) */
+                if (slot < 9 && PyUnicode_GET_LENGTH(text) == 0) {
+                    Py_DECREF(text);
+                    goto bail;
+                }
+                slots[slot] = text;
+            }
+        }
+    }
+    if ((slots[11] = PyLong_FromSsize_t(i)) == NULL)
+        goto error;
+    result = PyTuple_New(ENVELOPE_SLOTS);
+    if (result == NULL)
+        goto error;
+    for (int slot = 0; slot < ENVELOPE_SLOTS; slot++) {
+        PyObject *item = slots[slot] != NULL ? slots[slot] : Py_None;
+        if (slots[slot] == NULL)
+            Py_INCREF(item);
+        slots[slot] = NULL;
+        PyTuple_SET_ITEM(result, slot, item);
+    }
+    goto cleanup;
+bail:
+    result = Py_None;
+    Py_INCREF(result);
+    goto cleanup;
+error:
+    result = NULL;
+cleanup:
+    for (int slot = 0; slot < ENVELOPE_SLOTS; slot++)
+        Py_XDECREF(slots[slot]);
+    PyBuffer_Release(&view);
     return result;
 }
 
@@ -825,6 +995,9 @@ cleanup:
 }
 
 static PyMethodDef methods[] = {
+    {"frame_envelope", frame_envelope, METH_VARARGS,
+     "frame_envelope(data, start, intents, uris, make_atom, max_string) -> tuple | None: "
+     "a frame's envelope fields and where its body starts."},
     {"envelope", envelope, METH_VARARGS,
      "envelope(value, version, fields, intents, signature, message, attributes, uri, "
      "symbol) -> Message | None: the message of a document value (cbcl._envelope._walk)."},
@@ -837,8 +1010,8 @@ static PyMethodDef methods[] = {
      "check_atom(code, text) -> bool: the lexical rule of an atom kind, as build_body "
      "applies it."},
     {"build_body", build_body, METH_VARARGS,
-     "build_body(tokens, index, entries, codes, caches, make_atom, start, step, "
-     "max_depth, max_items, max_string, max_name, next_code, refused, accept) "
+     "build_body(data, offset, entries, codes, caches, make_atom, start, step, "
+     "max_depth, max_items, max_string, max_name, budget, refused, accept) "
      "-> value | None."},
     {NULL, NULL, 0, NULL},
 };
@@ -861,6 +1034,8 @@ PyInit__speedups(void)
         (S_KINDS[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
         (S_KINDS[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
         (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
+        return NULL;
+    if (stack_init_types() < 0)
         return NULL;
     PyObject *decimal = PyImport_ImportModule("decimal");
     if (decimal == NULL)

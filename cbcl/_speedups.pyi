@@ -27,9 +27,9 @@ def check_atom(code: int, text: str, /) -> bool:
     ``NAME_RE``, ``URI_RE``, mirrored in C. ``ValueError`` for another code."""
 
 def build_body(
-    tokens: list[int | str],
-    index: int,
-    entries: dict[int, tuple[Value, str]],
+    data: ReadableBuffer,
+    offset: int,
+    entries: tuple[tuple[Value, str], ...],
     codes: dict[Value, int],
     caches: tuple[dict[str, Value] | None, ...],
     make_atom: Callable[[int, str], Value | None],
@@ -39,21 +39,40 @@ def build_body(
     max_items: int,
     max_string: int,
     max_name: int,
-    next_code: int,
+    budget: int,
     refused: object,
     accept: object,
     /,
 ) -> Value | None:
-    """The body read from ``tokens[index:]`` (twin of ``cbcl._codec._fast_body_loop``), or
-    ``None``. ``caches`` holds one entry per token code below the first table entry (a
-    dict for DECIMAL, SYMBOL, KEYWORD and URI): the calling decoder's memos
-    (``cbcl._codec._Memos.caches``, the reader's intern tables for symbols and keywords),
-    read only. A miss is validated in C (:func:`check_atom`): an invalid atom declines
-    without a call, a decimal longer than the decimal memo keeps is constructed in C, and
-    only a valid atom the memos keep calls ``make_atom``, which makes it and may add it to
-    them (its ``_Memos.make_atom``). ``start`` is the automaton's start node,
-    or ``None`` when the grammar is not run; ``refused`` and ``accept`` are the outcomes
-    ``step`` returns, compared by identity."""
+    """The body whose tokens are ``data[offset:]`` to the frame's end, read straight from
+    the msgpack bytes (twin of ``cbcl._codec._fast_body_loop`` on the same bytes' tokens),
+    or ``None``. ``entries`` holds ``(atom, terminal)`` for each static code from
+    ``FIRST_ENTRY`` on; an atom written in full takes the next code after them. ``caches``
+    holds one entry per token code below the first table entry (a dict for DECIMAL,
+    SYMBOL, KEYWORD and URI): the calling decoder's memos (``cbcl._codec._Memos.caches``,
+    the reader's intern tables for symbols and keywords), read only. A miss is validated
+    in C (:func:`check_atom`): an invalid atom declines without a call, a decimal longer
+    than the decimal memo keeps is constructed in C, and only a valid atom the memos keep
+    calls ``make_atom``, which makes it and may add it to them. ``start`` is the
+    automaton's start node, or ``None`` when the grammar is not run; at most ``budget``
+    nodes (lists and atoms); ``refused`` and ``accept`` are the outcomes ``step`` returns,
+    compared by identity."""
+
+def frame_envelope(
+    data: ReadableBuffer,
+    start: int,
+    intents: tuple[Any, ...],
+    uris: dict[str, Any],
+    make_atom: Callable[[int, str], Value | None],
+    max_string: int,
+    /,
+) -> tuple[Any, ...] | None:
+    """The envelope of the frame whose tokens start at ``data[start]``, checked as
+    ``cbcl._codec._fast_message`` checks it: ``(intent, bits, message_id, sender, receiver,
+    conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset)``, ``None``
+    for an absent field, ``offset`` where the body's tokens start; or ``None`` for anything
+    the careful decoder must judge. ``intents`` is ``cbcl._codec.INTENTS``, ``uris`` the
+    decoder's URI memo (``make_atom`` makes and remembers a URI it misses)."""
 
 def recognise(
     body: Value,

@@ -528,11 +528,10 @@ def _builders() -> list[Any]:
     from cbcl import _codec
 
     builders: list[Any] = [_codec._fast_body_loop]
-    try:
-        from cbcl._speedups import build_body
-    except ImportError:  # not built here: only the Python loop runs
+    if _codec._build_body_c is None:  # not built here: only the Python loop runs
         return builders
-    return [*builders, build_body]
+    # The C builder reads a frame's bytes: on the same tokens, packed as a frame holds them.
+    return [*builders, _codec.build_body_on_tokens]
 
 
 BUILDERS = _builders()
@@ -686,7 +685,8 @@ def test_the_accelerator_is_built_where_required() -> None:
     module = _speedups_or_skip()
     from cbcl import _codec
 
-    assert _codec._build_body is module.build_body and _codec._unpack is module.unpack
+    assert _codec.SPEEDUPS and _codec._build_body_c is module.build_body
+    assert _codec._frame_envelope_c is module.frame_envelope
 
 
 def _msgpack_tokens(data: bytes, start: int) -> list[Any] | None:

@@ -143,7 +143,7 @@ def _agree(registry: Registry, body: list[Any], limits: Limits) -> None:
     table = SymbolTable.of(registry.get("any/v1"))  # type: ignore[arg-type]
     tokens = [3, 32, "m", "agent://a", "agent://b", *body]
     fast = [_fast_body(table, list(tokens), 5, limits, 7, None, build)
-            for build in (_fast_body_loop, speedups.build_body)]
+            for build in (_fast_body_loop, _codec.build_body_on_tokens)]
     assert [None if f is None else _typed(f) for f in fast] == \
         [None if f is None else _typed(fast[0]) for f in fast]
     frame = _frame(registry, body)
@@ -194,19 +194,20 @@ def test_decimals_at_the_text_limit(registry: Registry) -> None:
 
 def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
     """A long decimal is constructed in C (a Decimal, never remembered); a short one, a
-    URI, a symbol and a keyword that miss are made by the decoder's make_atom, which
-    remembers them; an invalid one never reaches make_atom."""
+    URI, a symbol and a keyword that miss are validated in C and made by the decoder's
+    ``keep`` (its make_atom without the checks), which remembers them; an invalid one
+    never reaches it."""
     made: list[tuple[int, Any]] = []
     decoder = Decoder(registry)
     decoder.decode(_frame(registry, ["x"]))  # the envelope checked: the fast path runs
     memos = decoder._memos
-    make_atom = memos.make_atom
+    keep = memos.keep
 
     def spy(code: int, text: Any) -> Any:
         made.append((code, text))
-        return make_atom(code, text)
+        return keep(code, text)
 
-    memos.make_atom = spy
+    memos.keep = spy
     long, short = "12345.678", "2.5"
     symbol, keyword = "issue-19-symbol-x1", "issue-19-keyword-x1"
     body = _body_tokens([(CODE_DECIMAL, long), (CODE_DECIMAL, short),
@@ -226,3 +227,6 @@ def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
             decoder.decode(_frame(registry, _body_tokens([(code, text)], False)))
     assert made == []
     assert _codec._DECIMAL_MEMO_CHARS == 4
+    for code, text in ((CODE_URI, "x-y://issue/19"), (CODE_SYMBOL, symbol),
+                       (CODE_KEYWORD, keyword), (CODE_DECIMAL, short)):
+        assert _typed(keep(code, text)) == _typed(memos.make_atom(code, text))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,15 @@ def test_wheel_installs_and_parses(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
                     str(dist), str(ROOT)], check=True, capture_output=True)
     (wheel,) = dist.glob("cbcl-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    # The C sources' shared header travels with them (an sdist built from the wheel's
+    # sources compiles), and where CI has a compiler every optional extension is built.
+    assert "cbcl/_cstack.h" in names
+    if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
+        for module in ("_encoders", "_scanner", "_speedups"):
+            assert any(n.startswith(f"cbcl/{module}.") and n.endswith((".so", ".pyd"))
+                       for n in names), (module, names)
 
     env_dir = tmp_path / "env"
     venv.create(env_dir, with_pip=True)

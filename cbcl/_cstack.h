@@ -1,0 +1,140 @@
+/* The values of the lists under way, for the C readers (cbcl/_scanner.c: text;
+ * cbcl/_speedups.c: binary frames): the items of every open list one after another in
+ * `items`, and where each open list's items start in `opens`. A list's close makes the
+ * tuple of the top list's items directly (no Python list per list), and a tuple that can
+ * be in no reference cycle is untracked by the cyclic collector as it is made. Included
+ * by both, static: each module has its own copy. */
+#ifndef CBCL_CSTACK_H
+#define CBCL_CSTACK_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    PyObject **items; /* owned references, items[0:size] */
+    Py_ssize_t size, capacity;
+    Py_ssize_t *opens; /* where each open list's items start, opens[0:depth] */
+    Py_ssize_t depth, open_capacity;
+} Stack;
+
+#define STACK_INIT {NULL, 0, 0, NULL, 0, 0}
+
+/* Push `value` on the top list: steals the reference, even on failure (-1, MemoryError). */
+static int
+push_item(Stack *st, PyObject *value)
+{
+    if (st->size == st->capacity) {
+        Py_ssize_t more = st->capacity ? 2 * st->capacity : 64;
+        PyObject **grown = PyMem_Realloc(st->items, (size_t)more * sizeof(PyObject *));
+        if (grown == NULL) {
+            Py_DECREF(value);
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->items = grown;
+        st->capacity = more;
+    }
+    st->items[st->size++] = value;
+    return 0;
+}
+
+/* Open a list: 0, or -1 with MemoryError. */
+static int
+push_open(Stack *st)
+{
+    if (st->depth == st->open_capacity) {
+        Py_ssize_t more = st->open_capacity ? 2 * st->open_capacity : 16;
+        Py_ssize_t *grown = PyMem_Realloc(st->opens, (size_t)more * sizeof(Py_ssize_t));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->opens = grown;
+        st->open_capacity = more;
+    }
+    st->opens[st->depth++] = st->size;
+    return 0;
+}
+
+/* cbcl's Symbol, Keyword and URI: str subclasses of empty __slots__, which hold no
+ * reference (set by the module's init, stack_init_types). */
+static PyTypeObject *InertTypes[3];
+
+static int
+stack_init_types(void)
+{
+    PyObject *values = PyImport_ImportModule("cbcl._values");
+    if (values == NULL)
+        return -1;
+    const char *names[3] = {"Symbol", "Keyword", "URI"};
+    for (int k = 0; k < 3; k++) {
+        PyObject *type = PyObject_GetAttrString(values, names[k]);
+        if (type == NULL || !PyType_Check(type)) {
+            Py_XDECREF(type);
+            Py_DECREF(values);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "cbcl._values has no atom type");
+            return -1;
+        }
+        InertTypes[k] = (PyTypeObject *)type; /* kept for the module's life */
+    }
+    Py_DECREF(values);
+    return 0;
+}
+
+/* Whether `value` can hold no reference to a container: an object the collector does not
+ * track (exact str, int, Decimal), an untracked tuple, or a cbcl atom. */
+static int
+is_inert(PyObject *value)
+{
+    if (!PyObject_IS_GC(value))
+        return 1;
+    PyTypeObject *type = Py_TYPE(value);
+    if (type == &PyTuple_Type)
+        return !PyObject_GC_IsTracked(value);
+    return type == InertTypes[0] || type == InertTypes[1] || type == InertTypes[2];
+}
+
+/* The tuple of the top list's items, moved out of the stack, and the list closed: a new
+ * reference, or NULL with MemoryError (the items are then still on the stack). A tuple of
+ * inert items can be in no cycle and is untracked, as CPython's collector itself would
+ * untrack it at its first pass, so that reading a large body sets off no collection that
+ * walks what it has built. */
+static PyObject *
+pop_tuple(Stack *st)
+{
+    Py_ssize_t from = st->opens[st->depth - 1], count = st->size - from;
+    PyObject *tuple = PyTuple_New(count);
+    if (tuple == NULL)
+        return NULL;
+    int inert = 1;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        PyObject *item = st->items[from + j];
+        if (inert && !is_inert(item))
+            inert = 0;
+        PyTuple_SET_ITEM(tuple, j, item);
+    }
+    st->size = from;
+    st->depth--;
+    if (inert && count > 0)
+        PyObject_GC_UnTrack(tuple);
+    return tuple;
+}
+
+/* The number of items of the top list. */
+static Py_ssize_t
+top_items(const Stack *st)
+{
+    return st->size - st->opens[st->depth - 1];
+}
+
+static void
+stack_free(Stack *st)
+{
+    for (Py_ssize_t j = 0; j < st->size; j++)
+        Py_DECREF(st->items[j]);
+    PyMem_Free(st->items);
+    PyMem_Free(st->opens);
+}
+
+#endif
