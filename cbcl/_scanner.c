@@ -356,7 +356,8 @@ memo_hash(const unsigned char *p, Py_ssize_t n)
     return h ^ (h >> 15);
 }
 
-/* The atom of the run p[i:k]: a new reference, Py_None to decline, NULL with an exception. */
+/* The atom of the run p[i:k] (`ascii`: whether the run is): a new reference, Py_None to
+ * decline, NULL with an exception. */
 static PyObject *
 read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObject *cache,
           PyObject *make_atom, Py_ssize_t max_name)
@@ -494,11 +495,12 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
             value = read_string(p, i, n, max_string, &end);
         } else {
             Py_ssize_t k = i;
+            unsigned char high = 0; /* the high bit: whether the run is not ASCII */
             while (k < n && !ends_atom(p[k]))
-                k++;
+                high |= p[k++];
             if (k < n && p[k] == '"')
                 goto bail; /* an atom a string follows without a delimiter */
-            value = read_atom(p, i, k, ascii, cache, make_atom, max_name);
+            value = read_atom(p, i, k, !(high & 0x80), cache, make_atom, max_name);
             end = k;
         }
         if (value == NULL)
@@ -513,7 +515,9 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         value = NULL;
     }
 done:
-    result = Py_BuildValue("(Nnn)", value, char_index(p, end, ascii), nodes);
+    result = Py_BuildValue("(Nnn)", value,
+                           end == n ? PyUnicode_GET_LENGTH(text) : char_index(p, end, ascii),
+                           nodes);
     value = NULL;
     goto cleanup;
 bail:
