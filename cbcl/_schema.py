@@ -467,6 +467,7 @@ def _one_of(t: OneOf, value: Value) -> bool:
 #   _PLAIN     nothing                        _SIZED     its length is in the range a
 #   _AT_LEAST  not below a (value < a)        _AT_MOST   not above b (value > b)
 #   _BETWEEN   both                           _TESTED    the predicate a holds
+#   _MEMBER    (its type, it) is in the set a (a one-of of hashable atoms)
 #   _KEYED     it is checked later, from a work list, by the _Pairs b
 #   _LISTED    it is checked later as the list-of b
 # (A keyword-argument list or record of any keys has no children: it is _TESTED.)
@@ -476,7 +477,7 @@ _Spec = tuple[Union[frozenset[type], None], int, Any, Any]  # noqa: UP007
 # _NOT_A_VALUE and None after the last).
 _Field = tuple[int, Union[frozenset[type], None], int, Any, Any, Any, Any]  # noqa: UP007
 
-_PLAIN, _SIZED, _KEYED, _LISTED, _BETWEEN, _AT_LEAST, _AT_MOST, _TESTED = range(8)
+_PLAIN, _SIZED, _KEYED, _LISTED, _BETWEEN, _AT_LEAST, _AT_MOST, _TESTED, _MEMBER = range(9)
 _ANY: _Spec = (None, _PLAIN, None, None)
 _TUPLE = frozenset((tuple,))
 _NO_MAX = sys.maxsize  # longer than any str: no maximum length
@@ -499,10 +500,17 @@ class _Pairs:
     happens.
     """
 
-    __slots__ = ("first", "head", "heads", "open", "other", "required", "start", "table")
+    __slots__ = ("first", "head", "heads", "open", "other", "packed", "required", "start",
+                 "table")
 
     def __init__(self, keys: Keys, heads: tuple[Symbol, ...] | None = None) -> None:
         """For a :class:`Keys`, or with ``heads`` a record's."""
+        self._prepare(keys, heads)
+        #: The slots the C twin of the fast pass reads, in one tuple (one lookup a list).
+        self.packed = (self.open, self.start, self.head, self.heads, self.first, self.table,
+                       self.other, self.required)
+
+    def _prepare(self, keys: Keys, heads: tuple[Symbol, ...] | None) -> None:
         self.heads: tuple[Symbol, ...] = tuple(_shared(h) for h in heads or ())
         self.head = _sole_head(self.heads)
         self.start = _NEVER  # until the type proves usual
@@ -591,8 +599,7 @@ def _spec_of(t: SchemaType) -> _Spec:
             except TypeError:
                 pass
             else:  # (the types first: a body's list is never hashed)
-                return (frozenset(type(v) for v in values), _TESTED,
-                        lambda value: (type(value), value) in members, None)
+                return frozenset(type(v) for v in values), _MEMBER, members, None
         return None, _TESTED, lambda value: _one_of(t, value), None
     if isinstance(t, ListOf):
         return _TUPLE, _LISTED, None, t
@@ -703,6 +710,9 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                         return False
                 elif how == _KEYED:
                     keyed.append((b, value))  # type: ignore[arg-type]
+                elif how == _MEMBER:
+                    if (type(value), value) not in a:
+                        return False
                 elif how == _TESTED:
                     if not a(value):
                         return False
@@ -738,6 +748,9 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                             return False
                     elif how == _KEYED:
                         keyed.append((b, value))  # type: ignore[arg-type]
+                    elif how == _MEMBER:
+                        if (type(value), value) not in a:
+                            return False
                     elif how == _TESTED:
                         if not a(value):
                             return False
@@ -855,8 +868,20 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
         return
     try:
         # (a tuple: record_for found its heads; no cast, a call, on the decoders' path)
-        valid = _valid(record, body)  # type: ignore[arg-type]
+        valid = fast_pass(record, body)  # type: ignore[arg-type]
     except Exception:  # an odd value or hand-built type: the explaining pass raises it
         valid = False  # in its place in reading order
     if not valid:
         _explain(record, body, path)
+
+
+try:
+    from ._speedups import schema_valid as _schema_valid_c
+except ImportError:  # not built: the Python fast pass runs
+    fast_pass: Callable[[Record, tuple[Value, ...]], bool] = _valid
+else:
+    def fast_pass(record: Record, body: tuple[Value, ...]) -> bool:
+        """:func:`_valid` by its C twin, ``cbcl._speedups.schema_valid`` (which leaves a
+        type of more than 63 fields to :func:`_valid`)."""
+        valid: bool | None = _schema_valid_c(record._pairs, body, _has_heads)
+        return _valid(record, body) if valid is None else valid

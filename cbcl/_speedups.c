@@ -12,6 +12,7 @@
  *   recognise(...)       -> bool           twin of the loop of cbcl._pass2.recognise_body
  *   envelope(...)        -> Message | None twin of cbcl._envelope._walk and Message._trusted
  *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl._codec._fast_message
+ *   schema_valid(...)    -> bool | None    twin of cbcl._schema._valid, the schema's fast pass
  *
  * The twins serve only the happy path. Neither raises for anything in its input: on any doubt
  * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
@@ -994,7 +995,382 @@ cleanup:
     return result;
 }
 
+/* schema_valid(pairs, body, has_heads) -> True | False | None: the twin of the fast pass
+ * cbcl._schema._valid over a body whose heads record_for matched to the record `pairs`
+ * is of (its _Pairs). It reads the same prepared structures: each _Pairs' slots (open,
+ * start, head, heads, first, table, other, required: its `packed` tuple), each _Field (bit, kinds, how, a, b,
+ * the next key and _Field), each spec (kinds, how, a, b) and each ListOf's min_length,
+ * max_length and _item. True or False as the Python pass decides (False also for any
+ * exception it would raise, which check_schema takes as False); None to leave the body
+ * to the Python pass: a type with more than 63 fields (its bits do not fit). */
+enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, HOW_AT_MOST,
+       HOW_TESTED, HOW_MEMBER };
+
+static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
+
+/* Whether `value` passes the spec (kinds, how, a, b): 1, 0, or -1 with an exception; a
+ * child to check later goes on `keyed` or `lists` as (b, value). */
+static int
+spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
+           PyObject *keyed, PyObject *lists)
+{
+    if (kinds != Py_None) {
+        int in = PySet_Contains(kinds, (PyObject *)Py_TYPE(value));
+        if (in <= 0)
+            return in;
+    }
+    switch (how) {
+    case HOW_PLAIN:
+        return 1;
+    case HOW_SIZED: {
+        Py_ssize_t length = PyObject_Length(value);
+        if (length < 0)
+            return -1;
+        PyObject *count = PyLong_FromSsize_t(length);
+        if (count == NULL)
+            return -1;
+        int in = PySequence_Contains(a, count);
+        Py_DECREF(count);
+        return in;
+    }
+    case HOW_BETWEEN: {
+        int below = PyObject_RichCompareBool(value, a, Py_LT);
+        if (below != 0)
+            return below < 0 ? -1 : 0;
+        int above = PyObject_RichCompareBool(value, b, Py_GT);
+        return above < 0 ? -1 : !above;
+    }
+    case HOW_AT_LEAST: {
+        int below = PyObject_RichCompareBool(value, a, Py_LT);
+        return below < 0 ? -1 : !below;
+    }
+    case HOW_AT_MOST: {
+        int above = PyObject_RichCompareBool(value, b, Py_GT);
+        return above < 0 ? -1 : !above;
+    }
+    case HOW_KEYED:
+    case HOW_LISTED: {
+        PyObject *pair = PyTuple_Pack(2, b, value);
+        if (pair == NULL)
+            return -1;
+        int added = PyList_Append(how == HOW_KEYED ? keyed : lists, pair);
+        Py_DECREF(pair);
+        return added < 0 ? -1 : 1;
+    }
+    case HOW_MEMBER: {
+        PyObject *pair = PyTuple_Pack(2, (PyObject *)Py_TYPE(value), value);
+        if (pair == NULL)
+            return -1;
+        int in = PySet_Contains(a, pair);
+        Py_DECREF(pair);
+        return in;
+    }
+    case HOW_TESTED: {
+        PyObject *holds = PyObject_CallOneArg(a, value);
+        if (holds == NULL)
+            return -1;
+        int truth = PyObject_IsTrue(holds);
+        Py_DECREF(holds);
+        return truth;
+    }
+    default:
+        PyErr_SetString(PyExc_ValueError, "unknown spec");
+        return -1;
+    }
+}
+
+/* An unsigned bit set from a Python int: 1, 0 if it does not fit in 63 bits, -1. */
+static int
+bits_of(PyObject *number, unsigned long long *bits)
+{
+    if (!PyLong_Check(number))
+        return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || v < 0)
+        return 0;
+    *bits = (unsigned long long)v;
+    return 1;
+}
+
+/* The fast pass over one list of keyword-argument pairs (after `start` heads): 1, 0,
+ * -1 with an exception, 2 to leave the body to the Python pass. */
+static int
+pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
+           PyObject *keyed, PyObject *lists)
+{
+    int result = -1;
+    PyObject *packed = NULL, *others = NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(items), start;
+    unsigned long long seen = 0, required;
+    /* (open, start, head, heads, first, table, other, required): _Pairs.packed */
+    if ((packed = PyObject_GetAttr(pairs, S_PACKED)) == NULL)
+        goto done;
+    if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
+        PyErr_SetString(PyExc_TypeError, "not a _Pairs");
+        goto done;
+    }
+    PyObject *head = PyTuple_GET_ITEM(packed, 2), *heads = PyTuple_GET_ITEM(packed, 3),
+             *first = PyTuple_GET_ITEM(packed, 4), *table = PyTuple_GET_ITEM(packed, 5),
+             *other = PyTuple_GET_ITEM(packed, 6), *required_obj = PyTuple_GET_ITEM(packed, 7);
+    start = PyLong_AsSsize_t(PyTuple_GET_ITEM(packed, 1));
+    if (start == -1 && PyErr_Occurred())
+        goto done;
+    if (start) {
+        if (n < start) {
+            result = 0;
+            goto done;
+        }
+        if (!is_body) {
+            if (PyTuple_GET_ITEM(items, 0) != head) {
+                PyObject *has = PyObject_CallFunctionObjArgs(has_heads, items, heads, NULL);
+                if (has == NULL)
+                    goto done;
+                int truth = PyObject_IsTrue(has);
+                Py_DECREF(has);
+                if (truth <= 0) {
+                    result = truth;
+                    goto done;
+                }
+            }
+        }
+    }
+    if ((n - start) % 2) {
+        result = 0;
+        goto done;
+    }
+    if (!PyTuple_CheckExact(first) || PyTuple_GET_SIZE(first) != 2 ||
+            !PyDict_Check(table)) {
+        PyErr_SetString(PyExc_TypeError, "not a _Pairs");
+        goto done;
+    }
+    int fits = bits_of(required_obj, &required);
+    if (fits <= 0) {
+        result = fits < 0 ? -1 : 2;
+        goto done;
+    }
+    PyObject *expected = PyTuple_GET_ITEM(first, 0), *following = PyTuple_GET_ITEM(first, 1);
+    for (Py_ssize_t i = start; i < n; i += 2) {
+        PyObject *key = PyTuple_GET_ITEM(items, i), *entry, *kinds, *a, *b;
+        unsigned long long bit = 0;
+        long how;
+        if (key == expected) {
+            entry = following;
+        } else if (Py_TYPE(key) != InertTypes[1]) { /* not a Keyword (before hashing it) */
+            result = 0;
+            goto done;
+        } else if ((entry = PyDict_GetItemWithError(table, key)) == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+        }
+        if (entry != NULL) {
+            if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 7) {
+                PyErr_SetString(PyExc_TypeError, "not a _Field");
+                goto done;
+            }
+            fits = bits_of(PyTuple_GET_ITEM(entry, 0), &bit);
+            if (fits <= 0) {
+                result = fits < 0 ? -1 : 2;
+                goto done;
+            }
+            kinds = PyTuple_GET_ITEM(entry, 1);
+            how = PyLong_AsLong(PyTuple_GET_ITEM(entry, 2));
+            a = PyTuple_GET_ITEM(entry, 3);
+            b = PyTuple_GET_ITEM(entry, 4);
+            expected = PyTuple_GET_ITEM(entry, 5);
+            following = PyTuple_GET_ITEM(entry, 6);
+        } else {
+            if (other == Py_None) {
+                result = 0; /* not allowed */
+                goto done;
+            }
+            if (others == NULL && (others = PySet_New(NULL)) == NULL)
+                goto done;
+            int again = PySet_Contains(others, key);
+            if (again != 0) {
+                result = again < 0 ? -1 : 0; /* repeated */
+                goto done;
+            }
+            if (PySet_Add(others, key) < 0)
+                goto done;
+            if (!PyTuple_CheckExact(other) || PyTuple_GET_SIZE(other) != 4) {
+                PyErr_SetString(PyExc_TypeError, "not a spec");
+                goto done;
+            }
+            kinds = PyTuple_GET_ITEM(other, 0);
+            how = PyLong_AsLong(PyTuple_GET_ITEM(other, 1));
+            a = PyTuple_GET_ITEM(other, 2);
+            b = PyTuple_GET_ITEM(other, 3);
+        }
+        if (how == -1 && PyErr_Occurred())
+            goto done;
+        if (seen & bit) {
+            result = 0; /* repeated */
+            goto done;
+        }
+        seen |= bit;
+        int holds = spec_holds(kinds, how, a, b, PyTuple_GET_ITEM(items, i + 1), keyed, lists);
+        if (holds <= 0) {
+            result = holds;
+            goto done;
+        }
+    }
+    result = (seen & required) == required;
+done:
+    Py_XDECREF(packed);
+    Py_XDECREF(others);
+    return result;
+}
+
+/* The fast pass over one list-of `t` and its `items`: 1, 0, or -1 with an exception. */
+static int
+list_holds(PyObject *t, PyObject *items, PyObject *keyed, PyObject *lists)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *bounds[2] = {S_MIN_LENGTH, S_MAX_LENGTH};
+    for (int k = 0; k < 2; k++) {
+        PyObject *bound = PyObject_GetAttr(t, bounds[k]);
+        if (bound == NULL)
+            return -1;
+        if (bound != Py_None) { /* compared as Python compares (a hand-built bound) */
+            PyObject *count = PyLong_FromSsize_t(n);
+            int beyond = count == NULL ? -1 :
+                PyObject_RichCompareBool(count, bound, k == 0 ? Py_LT : Py_GT);
+            Py_XDECREF(count);
+            Py_DECREF(bound);
+            if (beyond != 0)
+                return beyond < 0 ? -1 : 0;
+        } else {
+            Py_DECREF(bound);
+        }
+    }
+    PyObject *spec = PyObject_GetAttr(t, S_ITEM);
+    if (spec == NULL)
+        return -1;
+    int result = -1;
+    if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 4) {
+        PyErr_SetString(PyExc_TypeError, "not a spec");
+        goto done;
+    }
+    PyObject *kinds = PyTuple_GET_ITEM(spec, 0), *a = PyTuple_GET_ITEM(spec, 2),
+             *b = PyTuple_GET_ITEM(spec, 3);
+    long how = PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
+    if (how == -1 && PyErr_Occurred())
+        goto done;
+    result = 1;
+    if (kinds == Py_None && how == HOW_PLAIN)
+        goto done;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int holds = spec_holds(kinds, how, a, b, PyTuple_GET_ITEM(items, j), keyed, lists);
+        if (holds <= 0) {
+            result = holds;
+            goto done;
+        }
+    }
+done:
+    Py_DECREF(spec);
+    return result;
+}
+
+static PyObject *
+schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *pairs, *body, *has_heads;
+    if (!PyArg_ParseTuple(args, "OO!O", &pairs, &PyTuple_Type, &body, &has_heads))
+        return NULL;
+    PyObject *packed = PyObject_GetAttr(pairs, S_PACKED);
+    if (packed == NULL)
+        goto failed;
+    if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
+        Py_DECREF(packed);
+        Py_RETURN_FALSE; /* not a _Pairs: the explaining pass judges */
+    }
+    PyObject *open = PyTuple_GET_ITEM(packed, 0);
+    Py_INCREF(open);
+    Py_DECREF(packed);
+    if (open != Py_None) { /* the body's record takes any keys: its predicate */
+        PyObject *holds = PyObject_CallOneArg(open, body);
+        Py_DECREF(open);
+        if (holds == NULL)
+            goto failed;
+        int truth = PyObject_IsTrue(holds);
+        Py_DECREF(holds);
+        if (truth < 0)
+            goto failed;
+        return PyBool_FromLong(truth);
+    }
+    Py_DECREF(open);
+    PyObject *keyed = PyList_New(0), *lists = PyList_New(0);
+    PyObject *items = body, *held = NULL; /* `held`: the pair keeping `items` alive */
+    int result = -1;
+    if (keyed == NULL || lists == NULL)
+        goto done;
+    Py_INCREF(pairs);
+    for (;;) {
+        result = pairs_hold(pairs, items, items == body, has_heads, keyed, lists);
+        Py_DECREF(pairs);
+        pairs = NULL;
+        if (result != 1)
+            goto done;
+        while (PyList_GET_SIZE(keyed) == 0) {
+            Py_ssize_t count = PyList_GET_SIZE(lists);
+            if (count == 0)
+                goto done; /* result 1 */
+            PyObject *pair = PyList_GET_ITEM(lists, count - 1);
+            Py_INCREF(pair);
+            if (PyList_SetSlice(lists, count - 1, count, NULL) < 0) {
+                Py_DECREF(pair);
+                result = -1;
+                goto done;
+            }
+            PyObject *value = PyTuple_GET_ITEM(pair, 1);
+            result = PyTuple_Check(value) ?
+                list_holds(PyTuple_GET_ITEM(pair, 0), value, keyed, lists) : 0;
+            Py_DECREF(pair);
+            if (result != 1)
+                goto done;
+        }
+        Py_ssize_t count = PyList_GET_SIZE(keyed);
+        PyObject *pair = PyList_GET_ITEM(keyed, count - 1);
+        Py_INCREF(pair);
+        if (PyList_SetSlice(keyed, count - 1, count, NULL) < 0) {
+            Py_DECREF(pair);
+            result = -1;
+            goto done;
+        }
+        Py_XDECREF(held);
+        held = pair;
+        pairs = PyTuple_GET_ITEM(pair, 0);
+        Py_INCREF(pairs);
+        items = PyTuple_GET_ITEM(pair, 1);
+        if (!PyTuple_Check(items)) {
+            Py_DECREF(pairs);
+            result = 0;
+            goto done;
+        }
+    }
+done:
+    Py_XDECREF(keyed);
+    Py_XDECREF(lists);
+    Py_XDECREF(held);
+    if (result == 2)
+        Py_RETURN_NONE;
+    if (result >= 0)
+        return PyBool_FromLong(result);
+failed: /* an exception the Python pass would raise too: the explaining pass judges */
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"schema_valid", schema_valid, METH_VARARGS,
+     "schema_valid(pairs, body, has_heads) -> bool | None: the schema's fast pass "
+     "(cbcl._schema._valid)."},
     {"frame_envelope", frame_envelope, METH_VARARGS,
      "frame_envelope(data, start, intents, uris, make_atom, max_string) -> tuple | None: "
      "a frame's envelope fields and where its body starts."},
@@ -1036,6 +1412,11 @@ PyInit__speedups(void)
         (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
         return NULL;
     if (stack_init_types() < 0)
+        return NULL;
+    if ((S_PACKED = PyUnicode_InternFromString("packed")) == NULL ||
+        (S_MIN_LENGTH = PyUnicode_InternFromString("min_length")) == NULL ||
+        (S_MAX_LENGTH = PyUnicode_InternFromString("max_length")) == NULL ||
+        (S_ITEM = PyUnicode_InternFromString("_item")) == NULL)
         return NULL;
     PyObject *decimal = PyImport_ImportModule("decimal");
     if (decimal == NULL)

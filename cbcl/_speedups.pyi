@@ -109,3 +109,12 @@ def envelope(
     the ``Intent`` members; ``signature``, ``message``, ``uri`` and ``symbol`` are the
     ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
     ``Signature`` raises."""
+
+def schema_valid(pairs: Any, body: tuple[Value, ...],
+                 has_heads: Callable[[tuple[Value, ...], tuple[Any, ...]], bool], /,
+                 ) -> bool | None:
+    """The schema's fast pass over ``body``, whose heads ``Schema.record_for`` matched to
+    the record whose ``_Pairs`` is ``pairs``: the twin of ``cbcl._schema._valid``, reading
+    the same prepared structures. ``False`` also where the Python pass would raise (which
+    ``check_schema`` takes as ``False``); ``None`` for a type of more than 63 fields, which
+    it leaves to the Python pass. ``has_heads`` is ``cbcl._schema._has_heads``."""

@@ -3,8 +3,9 @@
 # reader; cbcl/_speedups.c: the binary decoder) under AddressSanitizer and UBSan: builds
 # each extension with -fsanitize=address,undefined (and warnings as errors) into a
 # temporary copy of the package, then runs against it the differential tests
-# (tests/test_encoders.py, test_scanner.py, test_reader_tiers.py, test_decoder_atoms.py and
-# the canonical, reader and codec suites that go through them) and the fuzz harnesses
+# (tests/test_encoders.py, test_scanner.py, test_reader_tiers.py, test_decoder_atoms.py,
+# test_envelope_walk.py, test_automaton.py, test_schema.py and the canonical, reader and
+# codec suites that go through them) and the fuzz harnesses
 # tests/fuzz/fuzz_encoders.py and tests/fuzz/fuzz_scanner.py: under libFuzzer (atheris)
 # when it is installed, and on random inputs as well. Any sanitizer report aborts the run
 # (halt_on_error).
@@ -57,7 +58,9 @@ echo "+ pytest (differential tests) against the sanitized builds"
 "$PY" -m pytest -q -p no:cacheprovider "$root/tests/test_encoders.py" \
     "$root/tests/test_canonical.py" "$root/tests/test_codec.py" \
     "$root/tests/test_scanner.py" "$root/tests/test_reader_tiers.py" \
-    "$root/tests/test_reader.py" "$root/tests/test_decoder_atoms.py"
+    "$root/tests/test_reader.py" "$root/tests/test_decoder_atoms.py" \
+    "$root/tests/test_envelope_walk.py" "$root/tests/test_automaton.py" \
+    "$root/tests/test_schema.py"
 for harness in encoders scanner; do
     echo "+ fuzz_$harness.py on random inputs"
     "$PY" "$root/tests/fuzz/fuzz_$harness.py" --random 20000
