@@ -13,7 +13,7 @@ from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message
 from ._pass2 import check_intent_and_body, explain_body
 from ._protocol import Protocol
-from ._reader import context_of, decode, position_of
+from ._reader import context_of, decode, position_of, utf8_of
 from ._registry import Registry
 from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 
@@ -45,7 +45,7 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     if require_signatures and trust is None:
         raise ValueError("require_signatures needs a registry with a trust store")
     text = decode(data, limits)
-    message = parse_envelope(text, limits)
+    message = parse_envelope(text, limits, utf8_of(data))
     if trust is not None and (message.signature is not None or require_signatures):
         trust.verify_message(message)
     if envelope_only:

@@ -155,9 +155,10 @@ class Envelope:
     body_at: int
 
 
-def parse_envelope(text: str, limits: Limits) -> Message:
+def parse_envelope(text: str, limits: Limits, utf8: bytes | None = None) -> Message:
     """Recognise the envelope of the decoded document ``text`` and build its
-    :class:`Message` (body captured, not judged).
+    :class:`Message` (body captured, not judged). ``utf8``: the bytes ``text`` was decoded
+    from, if the caller has them (:func:`cbcl._reader.read_value_at`).
 
     The fast path reads the whole document as one value and feeds its structure to the
     tables; only when that fails does :func:`scan_envelope` re-scan token by token, with
@@ -167,7 +168,7 @@ def parse_envelope(text: str, limits: Limits) -> Message:
     CBCL/1.0 envelope, :class:`MalformedError` for malformed text and :class:`LimitError`.
     """
     try:
-        value, end, _ = read_value_at(text, 0, limits, 0, 0)
+        value, end, _ = read_value_at(text, 0, limits, 0, 0, utf8)
     except CBCLError:
         value = None  # the scan below raises the same error (or an envelope error first)
     else:

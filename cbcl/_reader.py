@@ -186,6 +186,12 @@ def limit(text: str, index: int, limits: Limits, name: str,
 # --------------------------------------------------------------------------- decoding
 
 
+def utf8_of(data: bytes | bytearray | memoryview | str) -> bytes | None:
+    """The UTF-8 a document was decoded from, where :func:`decode` decoded exact bytes
+    (what the C tier may read instead of encoding the text again), else ``None``."""
+    return data if type(data) is bytes else None
+
+
 def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
     """Check the document size, then decode strict UTF-8.
 
@@ -231,13 +237,15 @@ def nowhere(index: int) -> tuple[None, None]:
 
 
 def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
-                  ) -> tuple[Value, int, int]:
+                  utf8: bytes | None = None) -> tuple[Value, int, int]:
     """Read one value starting at character ``pos`` (whitespace and comments may precede).
 
     ``depth`` is the number of lists already open around the value and ``nodes`` the
     number of nodes already counted in the document; both count toward the limits.
     Returns ``(value, end, nodes)`` where ``end`` is the index just after the value.
-    Raises :class:`MalformedError` or :class:`LimitError`.
+    ``utf8``: the bytes ``text`` was decoded from, if the caller has them (the C tier then
+    reads them rather than encoding the text again). Raises :class:`MalformedError` or
+    :class:`LimitError`.
 
     The C twin of the fast tiers (``cbcl._scanner.read_value``, when built) reads first;
     where it declines, or is not built, at ``pos`` 0 :func:`_read_split` tries a list that
@@ -248,7 +256,7 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     if _read_value_c is not None:
         found = _read_value_c(text, pos, _CACHE, _atom, limits.max_depth - depth,
                               limits.max_list_items, limits.max_nodes - nodes,
-                              limits.max_string_bytes, limits.max_name_chars)
+                              limits.max_string_bytes, limits.max_name_chars, utf8)
         if found is not None:
             value, end, count = found
             return value, end, nodes + count
@@ -834,10 +842,7 @@ def read(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = 
     """
     limits = DEFAULT_LIMITS if limits is None else limits
     text = decode(data, limits)
-    found = _read_split(text, limits, 0, 0)
-    if found is not None:
-        return found[0]  # only whitespace follows the list
-    value, end, _ = _read_tokens(text, 0, limits, 0, 0)
+    value, end, _ = read_value_at(text, 0, limits, 0, 0, utf8_of(data))
     expect_end(text, end)
     return value
 

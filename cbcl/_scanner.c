@@ -3,7 +3,7 @@
  * Theory of operation
  * -------------------
  * One function, read_value(text, pos, cache, make_atom, depth_left, max_items, budget,
- * max_string, max_name) -> (value, end, nodes) | None, the twin of cbcl._reader's
+ * max_string, max_name[, utf8]) -> (value, end, nodes) | None, the twin of cbcl._reader's
  * _read_fast (and of _read_split, for a value at character 0): it reads the one value that
  * starts at character `pos` of `text` (whitespace and comments may precede it) and returns
  * it with the character index just after it and the number of nodes it holds. The Python
@@ -16,9 +16,12 @@
  * text again, to return the same value or raise the precise error. Exceptions come only
  * from the interpreter (MemoryError) or from make_atom.
  *
- * The scan is over the text's UTF-8 (the str's own bytes when it is ASCII, else the UTF-8
- * the str caches), so it is one byte loop whatever the str's kind; indexes are converted
- * to characters only at the ends, for a text that is not ASCII. Whitespace is CBCL's four
+ * The scan is over the text's UTF-8 (the str's own bytes when it is ASCII, else `utf8`,
+ * the bytes it was decoded from, when the caller has them, else the UTF-8 the str
+ * caches), so it is one byte loop whatever the str's kind; indexes are converted
+ * to characters only at the end, for a text that is not ASCII, which is read from its
+ * start only (a later `pos` is left to the Python tiers, so that reading value after
+ * value stays linear). Whitespace is CBCL's four
  * characters; a comment runs from ';' to the first character a comment refuses (the line
  * end among them), as cbcl._reader.TOKEN skips one. An atom is the run of characters up to
  * a delimiter (whitespace, '(', ')', ';' or the end); a run that meets '"' is an error.
@@ -426,11 +429,16 @@ char_index(const unsigned char *p, Py_ssize_t at, int ascii)
 static PyObject *
 read_value(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyObject *text, *cache, *make_atom;
+    PyObject *text, *cache, *make_atom, *utf8 = Py_None;
     Py_ssize_t pos, depth_left, max_items, budget, max_string, max_name;
-    if (!PyArg_ParseTuple(args, "UnO!Onnnnn", &text, &pos, &PyDict_Type, &cache, &make_atom,
-                          &depth_left, &max_items, &budget, &max_string, &max_name))
+    if (!PyArg_ParseTuple(args, "UnO!Onnnnn|O", &text, &pos, &PyDict_Type, &cache,
+                          &make_atom, &depth_left, &max_items, &budget, &max_string,
+                          &max_name, &utf8))
         return NULL;
+    if (utf8 != Py_None && !PyBytes_CheckExact(utf8)) {
+        PyErr_SetString(PyExc_TypeError, "utf8 must be the text's UTF-8 (bytes) or None");
+        return NULL;
+    }
     const unsigned char *p;
     Py_ssize_t n, i;
     int ascii = PyUnicode_IS_ASCII(text);
@@ -441,18 +449,22 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
             Py_RETURN_NONE;
         i = pos;
     } else {
-        p = (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n);
-        if (p == NULL) { /* a lone surrogate: the Python tiers say so */
-            PyErr_Clear();
-            Py_RETURN_NONE;
+        if (utf8 != Py_None) { /* the bytes the text was decoded from: not encoded again */
+            p = (const unsigned char *)PyBytes_AS_STRING(utf8);
+            n = PyBytes_GET_SIZE(utf8);
+        } else {
+            p = (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n);
+            if (p == NULL) { /* a lone surrogate: the Python tiers say so */
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
         }
-        if (pos < 0 || pos > PyUnicode_GET_LENGTH(text))
+        /* Only from the start: finding character `pos` in the UTF-8 would cost `pos`
+         * steps a call, and a caller reading value after value (read_all, the error
+         * paths) would pay the text's length per value. The Python tiers index the str. */
+        if (pos != 0)
             Py_RETURN_NONE;
-        Py_ssize_t seen = 0;
-        for (i = 0; i < n && seen < pos; i++)
-            seen += (p[i] & 0xc0) != 0x80;
-        while (i < n && (p[i] & 0xc0) == 0x80)
-            i++; /* the rest of the character before `pos` */
+        i = 0;
     }
 
     Stack st = STACK_INIT; /* the lists under way (cbcl/_cstack.h) */
@@ -535,8 +547,8 @@ cleanup:
 static PyMethodDef methods[] = {
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
-     "max_name) -> (value, end, nodes) | None: the value at character pos, or None to "
-     "leave it to the Python tiers."},
+     "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "
+     "None to leave it to the Python tiers."},
     {NULL, NULL, 0, NULL},
 };
 
