@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._canonical import canonical_value, native as _native
 from ._errors import UnknownProtocolError
@@ -139,6 +139,11 @@ class Message:
                  signature: Signature | None = None) -> Message:
         """A message from fields a parser has already checked, each of its exact type
         (the checks of ``__post_init__`` are skipped: the parse paths are hot)."""
+        if _make_object is not None and cls is Message:
+            made: Message = _make_object(Message, _ATTRIBUTES, (
+                message_id, sender, receiver, intent, protocol, conversation_id,
+                in_reply_to, reply_by, timestamp, body, signature))
+            return made
         message = _new(cls)
         _set(message, "message_id", message_id)
         _set(message, "sender", sender)
@@ -235,3 +240,15 @@ if _native is not None and _native.setup_message(
         Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
         tuple(_INTENT_SYMBOL.items())):
     _canonical_message = _native.canonical_message
+
+
+#: The attributes Message._trusted sets, in order.
+_ATTRIBUTES = ("message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
+               "in_reply_to", "reply_by", "timestamp", "body", "signature")
+
+try:
+    from ._speedups import make_object as _make_object_c
+except ImportError:  # not built: object.__setattr__ per field
+    _make_object: Any = None
+else:
+    _make_object = _make_object_c

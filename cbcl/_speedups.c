@@ -11,6 +11,7 @@
  *   check_atom(code, t)  -> bool           the lexical rules build_body applies to atoms
  *   recognise(...)       -> bool           twin of the loop of cbcl._pass2.recognise_body
  *   envelope(...)        -> Message | None twin of cbcl._envelope._walk and Message._trusted
+ *   make_object(...)     -> object         Message._trusted's construction
  *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl._codec._fast_message
  *   schema_valid(...)    -> bool | None    twin of cbcl._schema._valid, the schema's fast pass
  *
@@ -875,6 +876,47 @@ finish:
 enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 11,
        F_REQUIRED = 5 };
 
+/* An instance of `type` made without __init__ (as object.__new__ makes it), given each
+ * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None) as
+ * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
+ * or NULL with an exception. */
+static PyObject *
+new_with_attributes(PyTypeObject *type, PyObject *attributes, PyObject *const *values)
+{
+    PyObject *made = type->tp_alloc(type, 0);
+    if (made == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
+        if (PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k),
+                                    values[k] != NULL ? values[k] : Py_None) < 0) {
+            Py_DECREF(made);
+            return NULL;
+        }
+    }
+    return made;
+}
+
+/* make_object(type, attributes, values) -> object: new_with_attributes, for
+ * Message._trusted (its fields checked by the caller). */
+static PyObject *
+make_object(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *type, *attributes, *values;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &type, &PyTuple_Type, &attributes,
+                          &PyTuple_Type, &values))
+        return NULL;
+    if (PyTuple_GET_SIZE(values) != PyTuple_GET_SIZE(attributes)) {
+        PyErr_SetString(PyExc_ValueError, "one value per attribute");
+        return NULL;
+    }
+    if (((PyTypeObject *)type)->tp_new != PyBaseObject_Type.tp_new) {
+        PyErr_SetString(PyExc_TypeError, "a type that object.__new__ makes");
+        return NULL;
+    }
+    return new_with_attributes((PyTypeObject *)type, attributes,
+                               &PyTuple_GET_ITEM(values, 0));
+}
+
 static PyObject *
 envelope(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -972,16 +1014,9 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
     }
     if (expected < F_REQUIRED)
         goto refused;
-    result = ((PyTypeObject *)message)->tp_alloc((PyTypeObject *)message, 0);
+    result = new_with_attributes((PyTypeObject *)message, attributes, found);
     if (result == NULL)
         goto error;
-    for (index = 0; index < F_COUNT; index++) {
-        if (PyObject_GenericSetAttr(result, PyTuple_GET_ITEM(attributes, index),
-                                    found[index] != NULL ? found[index] : Py_None) < 0) {
-            Py_CLEAR(result);
-            goto error;
-        }
-    }
     goto cleanup;
 refused:
     result = Py_None;
@@ -1368,6 +1403,9 @@ failed: /* an exception the Python pass would raise too: the explaining pass jud
 }
 
 static PyMethodDef methods[] = {
+    {"make_object", make_object, METH_VARARGS,
+     "make_object(type, attributes, values) -> object: an instance given its attributes "
+     "without __init__ (Message._trusted)."},
     {"schema_valid", schema_valid, METH_VARARGS,
      "schema_valid(pairs, body, has_heads) -> bool | None: the schema's fast pass "
      "(cbcl._schema._valid)."},

@@ -118,3 +118,8 @@ def schema_valid(pairs: Any, body: tuple[Value, ...],
     the same prepared structures. ``False`` also where the Python pass would raise (which
     ``check_schema`` takes as ``False``); ``None`` for a type of more than 63 fields, which
     it leaves to the Python pass. ``has_heads`` is ``cbcl._schema._has_heads``."""
+
+def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...], /) -> Any:
+    """An instance of ``type`` (one ``object.__new__`` makes; ``TypeError`` otherwise)
+    made without ``__init__`` and given each attribute its value as ``object.__setattr__``
+    gives it: ``Message._trusted``'s construction, its fields checked by the caller."""

@@ -101,3 +101,27 @@ def test_every_intent_and_a_signature() -> None:
                            '(intent SHOUT) (protocol p/v1))')) is None
     assert agree(cbcl.read('(CBCL/1.0 (message-id "") (sender a://b) (receiver a://c) '
                            '(intent INFORM) (protocol p/v1))')) is None
+
+
+def test_trusted_messages_made_in_c_are_the_pythons() -> None:
+    """Message._trusted by cbcl._speedups.make_object gives the message object.__new__ and
+    object.__setattr__ give; make_object refuses what it cannot make that way."""
+    from cbcl import _message
+
+    args = ("m", URI("a://b"), URI("a://c"), cbcl.Intent.INFORM, Symbol("p/v1"), "c", None,
+            5, None, (Symbol("x"),), cbcl.Signature("k", "s"))
+    made = Message._trusted(*args)
+    saved = _message._make_object
+    _message._make_object = None
+    try:
+        reference = Message._trusted(*args)
+    finally:
+        _message._make_object = saved
+    assert made == reference and hash(made) == hash(reference)
+    assert [getattr(made, name) for name in _message._ATTRIBUTES] == list(args)
+    from cbcl._speedups import make_object
+
+    with pytest.raises(TypeError):
+        make_object(int, ("real",), (1,))
+    with pytest.raises(ValueError):
+        make_object(Message, ("message_id",), ())
