@@ -620,6 +620,9 @@ class _Memos:
         """The :class:`URI` spelled ``text``, or ``None`` if it is not one (remembered)."""
         if _URI_MATCH(text) is None:
             return None
+        return self._remember_uri(text)
+
+    def _remember_uri(self, text: str) -> URI:
         uri = _new(URI, text)
         if len(text) <= MEMO_CHARS:
             uris = self.uris
@@ -628,25 +631,23 @@ class _Memos:
             uris[text] = uri
         return uri
 
+    def _remember_decimal(self, text: str) -> Decimal:
+        value = Decimal(text)
+        if len(text) <= _DECIMAL_MEMO_CHARS:  # as the reader: short ones recur
+            decimals = self.decimals
+            if len(decimals) >= self.entries:
+                decimals.clear()
+            decimals[text] = value
+        return value
+
     def _keep(self, code: int, text: str) -> Value:
         """The atom of kind ``code`` written ``text``, which ``cbcl._speedups`` has
         validated (by C mirrors of the rules :meth:`_make_atom` applies): made and
         remembered as :meth:`_make_atom` does, without checking it again."""
         if code == URI_CODE:
-            uri = _new(URI, text)
-            if len(text) <= MEMO_CHARS:
-                uris = self.uris
-                if len(uris) >= self.entries:
-                    uris.clear()  # (in place: self.caches holds this dict)
-                uris[text] = uri
-            return uri
+            return self._remember_uri(text)
         if code == DECIMAL:
-            value = Decimal(text)
-            decimals = self.decimals  # (C makes the longer ones itself)
-            if len(decimals) >= self.entries:
-                decimals.clear()
-            decimals[text] = value
-            return value
+            return self._remember_decimal(text)
         return intern_symbol(text) if code == SYMBOL else intern_keyword(text)
 
     def _make_atom(self, code: int, text: Any) -> Value | None:
@@ -659,13 +660,7 @@ class _Memos:
         if code == DECIMAL:
             if len(text) > _MAX_DECIMAL_TEXT or DECIMAL_RE.match(text) is None:
                 return None
-            value = Decimal(text)
-            if len(text) <= _DECIMAL_MEMO_CHARS:  # as the reader: short ones recur
-                decimals = self.decimals
-                if len(decimals) >= self.entries:
-                    decimals.clear()
-                decimals[text] = value
-            return value
+            return self._remember_decimal(text)
         if code == URI_CODE:
             return self.uri(text)
         if _NAME_MATCH[code](text) is None:

@@ -235,3 +235,17 @@ def test_the_bytes_a_text_was_decoded_from_are_read_as_the_text() -> None:
     with pytest.raises(TypeError):
         _reader._read_value_c(text, 0, _reader._CACHE, _reader._atom, 64, 4096, 65536, 65536,
                               128, bytearray(text.encode()))
+
+
+def test_the_fuzz_harness_runs_on_random_inputs() -> None:
+    """tests/fuzz/fuzz_scanner.py's own check, on its seeds and 800 random and mutated
+    inputs (what asan_build.sh runs under the sanitizers, shorter)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fuzz" / "fuzz_scanner.py"
+    spec = importlib.util.spec_from_file_location("fuzz_scanner", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(path), "--random", "800"]) == 0

@@ -74,38 +74,10 @@ def _setup() -> Any:
 
 
 def main(argv: list[str]) -> int:
-    rest = argv[1:]
-    if rest and rest[0] == "--random":  # without atheris: seeds, random bytes, mutations
-        import random
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from harness import main as run
 
-        check = _setup()
-        rng = random.Random(int(rest[2]) if len(rest) > 2 else 0)
-        seeds = [b"\x00\x00" + path.read_bytes() for path in sorted(CORPUS.iterdir())]
-        for run in range(int(rest[1])):
-            if run < len(seeds):
-                data = seeds[run]
-            elif run % 2:
-                data = bytes(rng.randrange(256) for _ in range(rng.randrange(200)))
-            else:
-                data = bytearray(rng.choice(seeds))
-                for _ in range(rng.randrange(1, 8)):
-                    if data:
-                        data[rng.randrange(len(data))] = rng.randrange(256)
-                data = bytes(data)
-            check(data)
-        return 0
-    if rest and rest[0] == "--replay":
-        check = _setup()
-        for path in rest[1:]:
-            check(Path(path).read_bytes())
-        return 0
-    import atheris
-
-    with atheris.instrument_imports(include=["cbcl"]):
-        check = _setup()
-    atheris.Setup([argv[0], *rest], check)
-    atheris.Fuzz()
-    return 0
+    return run(argv, _setup, CORPUS, seed_prefix=b"\x00\x00")
 
 
 if __name__ == "__main__":
