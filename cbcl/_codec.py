@@ -686,8 +686,8 @@ def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
                 memos: _Memos, frame_envelope: Any, build_body: Any) -> Message | None:
     """:func:`_fast_message` by ``cbcl._speedups``, from the frame's bytes: the envelope's
     fields read and checked by its ``frame_envelope``, the body by its ``build_body``."""
-    head = frame_envelope(data, start, INTENTS, memos.uris, memos.keep,
-                          limits.max_string_bytes)
+    head = frame_envelope(data, start, INTENTS, memos.uris, limits.max_string_bytes,
+                          memos.entries)
     if head is None:
         return None
     (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
@@ -1171,7 +1171,7 @@ def _fast_body_at(table: SymbolTable, data: bytes, offset: int, limits: Limits,
         data, offset, table.entry_list, table.codes, memos.caches, memos.keep, start,
         table.protocol.automaton.step, limits.max_depth - 2,  # envelope, (body …) open
         limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
-        limits.max_nodes - nodes, REFUSED, ACCEPT)
+        limits.max_nodes - nodes, REFUSED, ACCEPT, memos.entries)
     return value
 
 
@@ -1189,7 +1189,7 @@ def build_body_on_tokens(tokens: list[Any], index: int,
     static = tuple(entries[code] for code in range(FIRST_ENTRY, next_code))
     value: Value | None = _build_body_c(
         data, 0, static, codes, caches, make_atom, node, step, max_depth, max_items,
-        max_string, max_name, sys.maxsize, refused, accept)
+        max_string, max_name, sys.maxsize, refused, accept, MEMO_ENTRIES)
     return value
 
 

@@ -34,10 +34,11 @@
  * decimals). A miss is validated here, by C mirrors of cbcl/_vocabulary.py's rules
  * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
  * declines without a Python call, a long decimal (never remembered) is constructed here,
- * and only a valid atom the memos keep calls make_atom, the Python function that makes
- * and remembers it. The
- * caches and make_atom are the calling decoder's own (cbcl._codec._Memos), passed with
- * each call: this module keeps no state but its interned token-class strings.
+ * a URI is made here and remembered in the decoder's URI memo under its bound (passed with
+ * the call), and only a valid symbol, keyword or short decimal calls make_atom, the
+ * Python function that makes and remembers it. The caches and make_atom are the calling
+ * decoder's own (cbcl._codec._Memos), passed with each call: this module keeps no state
+ * but its interned strings and the types it makes (cbcl._values' atoms, Decimal).
  */
 #include "_cstack.h"
 
@@ -376,15 +377,37 @@ valid_atom(long code, PyObject *text)
 
 static PyObject *DecimalType; /* decimal.Decimal, as cbcl._codec constructs decimals */
 
+#define MEMO_CHARS 128 /* cbcl._codec.MEMO_CHARS: the longest text a decoder remembers */
+
+/* The URI `text` (valid: checked by the caller), made here and remembered in the
+ * decoder's memo `uris` as cbcl._codec._Memos._remember_uri remembers it: texts of at most
+ * MEMO_CHARS characters, the memo emptied when it holds `entries`. A new reference, or
+ * NULL with an exception. */
+static PyObject *
+remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
+{
+    PyObject *uri = PyObject_CallOneArg((PyObject *)InertTypes[2], text);
+    if (uri == NULL || PyUnicode_GET_LENGTH(text) > MEMO_CHARS)
+        return uri;
+    if (PyDict_GET_SIZE(uris) >= entries)
+        PyDict_Clear(uris);
+    if (PyDict_SetItem(uris, text, uri) < 0) {
+        Py_DECREF(uri);
+        return NULL;
+    }
+    return uri;
+}
+
 /* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
  * Py_None if it is invalid or over the name limit, NULL with an exception. A text found in
  * the kind's cache of atoms already validated is not validated again; a miss is validated
  * here, and only a valid one that the decoder's memos keep (a symbol or keyword to intern,
- * a URI, a short decimal) calls make_atom, which makes and remembers it; a longer decimal,
- * never remembered, is constructed here. */
+ * a short decimal) calls make_atom, which makes and remembers it; a URI is made and
+ * remembered here (remember_uri, at most `entries`), a longer decimal, never remembered,
+ * constructed here. */
 static PyObject *
 atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
-        Py_ssize_t max_name)
+        Py_ssize_t max_name, Py_ssize_t entries)
 {
     if (!PyUnicode_CheckExact(text))
         Py_RETURN_NONE;
@@ -402,6 +425,8 @@ atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
         Py_RETURN_NONE;
     if (code == DECIMAL && PyUnicode_GET_LENGTH(text) > DECIMAL_MEMO_CHARS)
         return PyObject_CallOneArg(DecimalType, text);
+    if (code == URI)
+        return remember_uri(PyTuple_GET_ITEM(caches, URI), text, entries);
     return PyObject_CallFunction(make_atom, "lO", code, text);
 }
 
@@ -422,7 +447,8 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
 }
 
 /* build_body(data, offset, entries, codes, caches, make_atom, start, step, max_depth,
- * max_items, max_string, max_name, budget, refused, accept) -> value | None: the body
+ * max_items, max_string, max_name, budget, refused, accept, memo_entries) -> value | None:
+ * the body
  * whose tokens are data[offset:], to the frame's end, read straight from the msgpack bytes
  * (the twin of cbcl._codec._fast_body_loop over the same bytes' tokens). `entries` holds
  * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
@@ -432,11 +458,11 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer view;
     PyObject *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
-    Py_ssize_t offset, max_depth, max_items, max_string, max_name, budget;
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!OOOnnnnnOO", &view, &offset, &PyTuple_Type,
+    Py_ssize_t offset, max_depth, max_items, max_string, max_name, budget, memo_entries;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!OOOnnnnnOOn", &view, &offset, &PyTuple_Type,
                           &entries, &PyDict_Type, &codes, &PyTuple_Type, &caches, &make_atom,
                           &start, &step, &max_depth, &max_items, &max_string, &max_name,
-                          &budget, &refused, &accept))
+                          &budget, &refused, &accept, &memo_entries))
         return NULL;
     PyObject *result = NULL;
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
@@ -570,7 +596,8 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
                         Py_DECREF(text);
                         goto bail;
                     }
-                    value = atom_of((long)code, text, caches, make_atom, max_name);
+                    value = atom_of((long)code, text, caches, make_atom, max_name,
+                                    memo_entries);
                     Py_DECREF(text);
                     if (value == NULL)
                         goto error;
@@ -644,14 +671,15 @@ cleanup:
     return result;
 }
 
-/* frame_envelope(data, start, intents, uris, make_atom, max_string) -> tuple | None: the
+/* frame_envelope(data, start, intents, uris, max_string, entries) -> tuple | None: the
  * envelope of the frame whose tokens start at data[start] (spec/binary.md: the intent's
  * index, the field bits, the id, sender and receiver, the optional fields the bits name
  * and a signature's two strings), checked as cbcl._codec._fast_message checks them:
  * (intent, bits, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
  * timestamp, key_id, signed, offset), None for an absent field, `offset` where the body's
  * tokens start. `intents` is cbcl._codec.INTENTS; a URI is looked up in `uris` (the
- * decoder's memo), or validated here and made by make_atom(URI, text). None for anything
+ * decoder's memo), or validated and made here and remembered there (remember_uri, at most
+ * `entries`). None for anything
  * the careful decoder must judge. */
 enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMESTAMP = 8,
        HAS_SIGNATURE = 16, ENVELOPE_SLOTS = 12 };
@@ -660,10 +688,10 @@ static PyObject *
 frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
 {
     Py_buffer view;
-    Py_ssize_t start, max_string;
-    PyObject *intents, *uris, *make_atom;
-    if (!PyArg_ParseTuple(args, "y*nO!O!On", &view, &start, &PyTuple_Type, &intents,
-                          &PyDict_Type, &uris, &make_atom, &max_string))
+    Py_ssize_t start, max_string, memo_entries;
+    PyObject *intents, *uris;
+    if (!PyArg_ParseTuple(args, "y*nO!O!nn", &view, &start, &PyTuple_Type, &intents,
+                          &PyDict_Type, &uris, &max_string, &memo_entries))
         return NULL;
     const unsigned char *p = (const unsigned char *)view.buf;
     Py_ssize_t n = view.len, i = start;
@@ -716,7 +744,7 @@ frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
                     Py_DECREF(text);
                     goto bail;
                 } else {
-                    uri = PyObject_CallFunction(make_atom, "iO", URI, text);
+                    uri = remember_uri(uris, text, memo_entries);
                 }
                 Py_DECREF(text);
                 if (uri == NULL)
@@ -1410,7 +1438,7 @@ static PyMethodDef methods[] = {
      "schema_valid(pairs, body, has_heads) -> bool | None: the schema's fast pass "
      "(cbcl._schema._valid)."},
     {"frame_envelope", frame_envelope, METH_VARARGS,
-     "frame_envelope(data, start, intents, uris, make_atom, max_string) -> tuple | None: "
+     "frame_envelope(data, start, intents, uris, max_string, entries) -> tuple | None: "
      "a frame's envelope fields and where its body starts."},
     {"envelope", envelope, METH_VARARGS,
      "envelope(value, version, fields, intents, signature, message, attributes, uri, "
@@ -1425,7 +1453,7 @@ static PyMethodDef methods[] = {
      "applies it."},
     {"build_body", build_body, METH_VARARGS,
      "build_body(data, offset, entries, codes, caches, make_atom, start, step, "
-     "max_depth, max_items, max_string, max_name, budget, refused, accept) "
+     "max_depth, max_items, max_string, max_name, budget, refused, accept, entries) "
      "-> value | None."},
     {NULL, NULL, 0, NULL},
 };

@@ -42,6 +42,7 @@ def build_body(
     budget: int,
     refused: object,
     accept: object,
+    memo_entries: int,
     /,
 ) -> Value | None:
     """The body whose tokens are ``data[offset:]`` to the frame's end, read straight from
@@ -52,7 +53,8 @@ def build_body(
     SYMBOL, KEYWORD and URI): the calling decoder's memos (``cbcl._codec._Memos.caches``,
     the reader's intern tables for symbols and keywords), read only. A miss is validated
     in C (:func:`check_atom`): an invalid atom declines without a call, a decimal longer
-    than the decimal memo keeps is constructed in C, and only a valid atom the memos keep
+    than the decimal memo keeps is constructed in C, a URI made in C and remembered in the
+    URI memo (at most ``memo_entries``), and only a valid symbol, keyword or short decimal
     calls ``make_atom``, which makes it and may add it to them. ``start`` is the
     automaton's start node, or ``None`` when the grammar is not run; at most ``budget``
     nodes (lists and atoms); ``refused`` and ``accept`` are the outcomes ``step`` returns,
@@ -63,8 +65,8 @@ def frame_envelope(
     start: int,
     intents: tuple[Any, ...],
     uris: dict[str, Any],
-    make_atom: Callable[[int, str], Value | None],
     max_string: int,
+    memo_entries: int,
     /,
 ) -> tuple[Any, ...] | None:
     """The envelope of the frame whose tokens start at ``data[start]``, checked as
@@ -72,7 +74,8 @@ def frame_envelope(
     conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset)``, ``None``
     for an absent field, ``offset`` where the body's tokens start; or ``None`` for anything
     the careful decoder must judge. ``intents`` is ``cbcl._codec.INTENTS``, ``uris`` the
-    decoder's URI memo (``make_atom`` makes and remembers a URI it misses)."""
+    decoder's URI memo: a URI it misses is validated, made and remembered there in C (texts
+    of at most ``MEMO_CHARS``, the memo emptied when it holds ``memo_entries``)."""
 
 def recognise(
     body: Value,
