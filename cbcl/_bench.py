@@ -1358,7 +1358,21 @@ def machine() -> dict[str, Any]:
             "cpus": os.cpu_count(), "lark": lark.__version__,
             "msgpack": ".".join(map(str, msgpack.version)), "msgspec": _version("msgspec"),
             "pydantic": _version("pydantic"),
-            "speedups": _codec.SPEEDUPS}
+            "speedups": _codec.SPEEDUPS, "extensions": _extensions()}
+
+
+def _extensions() -> list[str]:
+    """Which of the optional C extensions are built."""
+    import importlib
+
+    built = []
+    for name in ("_scanner", "_speedups", "_encoders"):
+        try:
+            importlib.import_module(f"cbcl.{name}")
+        except ImportError:
+            continue
+        built.append(f"cbcl.{name}")
+    return built
 
 
 def _version(distribution: str) -> str | None:
@@ -1408,11 +1422,12 @@ def markdown(results: dict[str, Any]) -> str:
     """The figures as markdown tables."""
     out = []
     m = results["machine"]
-    accelerator = "built" if m.get("speedups") else "NOT built (pure Python)"
+    built = m.get("extensions") or []
+    extensions = (f"the C extensions {', '.join(built)} built" if built
+                  else "no C extension built (pure Python)")
     out.append(f"`{results['command']}` on Python {m['python']}, {m['platform']}, "
-               f"{m['cpus']} CPUs ({results['seconds']:.0f} s); the binary decoder's C "
-               f"accelerator {accelerator}; msgspec {m.get('msgspec') or 'missing'}, pydantic "
-               f"{m.get('pydantic') or 'missing'}.\n")
+               f"{m['cpus']} CPUs ({results['seconds']:.0f} s); {extensions}; msgspec "
+               f"{m.get('msgspec') or 'missing'}, pydantic {m.get('pydantic') or 'missing'}.\n")
     missing = sorted({peer for row in results["throughput"].values()
                       for peer in row.get("missing", ())})
     if missing:
