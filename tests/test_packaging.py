@@ -64,3 +64,23 @@ def test_wheel_installs_and_parses(tmp_path: Path) -> None:
     result = subprocess.run([str(cli), "canon", "-"], input=b"( a  b )", capture_output=True,
                             cwd=tmp_path, check=False)
     assert (result.returncode, result.stdout) == (0, b"(a b)")
+
+
+@pytest.mark.parametrize("source", ["_scanner.c", "_speedups.c", "_encoders.c"])
+def test_the_c_sources_compile_with_warnings_as_errors(source: str) -> None:
+    """Each optional extension's C compiles with -Wall -Wextra -Werror (the package's own
+    build stays lenient, so that a compiler's new warning never costs a user the
+    extension; tests/fuzz/asan_build.sh builds with -Werror too). Where CI requires the
+    extensions it has a compiler, and this runs; elsewhere it needs one on the PATH."""
+    import shutil
+
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
+            raise AssertionError("no C compiler, yet the C extensions are required")
+        pytest.skip("no C compiler here")
+    include = sysconfig.get_paths()["include"]
+    result = subprocess.run(
+        [compiler, "-fsyntax-only", "-Wall", "-Wextra", "-Werror", f"-I{include}",
+         str(ROOT / "cbcl" / source)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
