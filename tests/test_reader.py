@@ -425,10 +425,18 @@ def check_split(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
         assert (end, count) == (expected_end, expected_count), text
         # only whitespace and comments follow the list
         assert _reader.TOKEN.match(text, end).lastindex == _reader.EOF, text  # type: ignore[union-attr]
+    public_reads_agree(text, limits, depth, nodes, careful)
+    return found
+
+
+def public_reads_agree(text: str, limits: Limits, depth: int, nodes: int,
+                       careful: tuple[object, ...]) -> None:
+    """``read_value_at`` at 0 (and, for a whole document, ``cbcl.read`` and
+    ``cbcl.read_all``) give what the careful loop gave: ``careful``, its outcome."""
     at = outcome(lambda: read_value_at(text, 0, limits, depth, nodes))
     if careful[0] == "ok":
         assert at[0] == "ok", (text, at)
-        assert same_value(at[1][0], careful[1][0])  # type: ignore[index]
+        assert same_value(at[1][0], careful[1][0]), text  # type: ignore[index]
         assert at[1][1:] == careful[1][1:], text  # type: ignore[index]
     else:
         assert at == careful, text
@@ -437,7 +445,6 @@ def check_split(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
                             outcome(lambda: careful_read(text, limits))), text
         assert same_outcome(outcome(lambda: cbcl.read_all(text, limits=limits)),
                             outcome(lambda: careful_read_all(text, limits))), text
-    return found
 
 
 # Whitespace and comments CBCL accepts, and things that look alike but are refused or

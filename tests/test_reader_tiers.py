@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 from strategies import values as cbcl_values
-from test_reader import careful_read, careful_read_all, outcome, same_outcome, same_value
+from test_reader import outcome, public_reads_agree, same_value
 
 import cbcl
 from cbcl import URI, Keyword, Limits, Symbol, _reader
@@ -159,17 +159,7 @@ def tiers(text: str, limits: Limits, depth: int = 0, nodes: int = 0) -> tuple[ob
             expected, expected_end, expected_count = careful[1]  # type: ignore[misc]
             assert same_value(value, expected), (text, value, expected)
             assert (end, count) == (expected_end, expected_count), text
-    at = outcome(lambda: _reader.read_value_at(text, 0, limits, depth, nodes))
-    if careful[0] == "ok":
-        assert at[0] == "ok" and same_value(at[1][0], careful[1][0]), text  # type: ignore[index]
-        assert at[1][1:] == careful[1][1:], text  # type: ignore[index]
-    else:
-        assert at == careful, text
-    if depth == nodes == 0:
-        assert same_outcome(outcome(lambda: cbcl.read(text, limits=limits)),
-                            outcome(lambda: careful_read(text, limits))), text
-        assert same_outcome(outcome(lambda: cbcl.read_all(text, limits=limits)),
-                            outcome(lambda: careful_read_all(text, limits))), text
+    public_reads_agree(text, limits, depth, nodes, careful)
     return careful
 
 
