@@ -1,5 +1,5 @@
-/* The values of the lists under way, for the C readers (cbcl/_scanner.c: text;
- * cbcl/_speedups.c: binary frames): the items of every open list one after another in
+/* What the C readers share (cbcl/_scanner.c: text; cbcl/_speedups.c: binary frames): the
+ * types of the values they make, and the values of the lists under way: the items of every open list one after another in
  * `items`, and where each open list's items start in `opens`. A list's close makes the
  * tuple of the top list's items directly (no Python list per list), and a tuple that can
  * be in no reference cycle is untracked by the cyclic collector as it is made. Included
@@ -56,13 +56,25 @@ push_open(Stack *st)
     return 0;
 }
 
+/* The longest decimal text (cbcl._vocabulary.MAX_DECIMAL_CHARS). */
+#define MAX_DECIMAL_CHARS 40
+
 /* cbcl's Symbol, Keyword and URI: str subclasses of empty __slots__, which hold no
- * reference (set by the module's init, stack_init_types). */
+ * reference; and decimal.Decimal, as the Python readers make decimals. Set by the
+ * module's init (init_value_types). */
 static PyTypeObject *InertTypes[3];
+static PyObject *DecimalType;
 
 static int
-stack_init_types(void)
+init_value_types(void)
 {
+    PyObject *decimal = PyImport_ImportModule("decimal");
+    if (decimal == NULL)
+        return -1;
+    DecimalType = PyObject_GetAttrString(decimal, "Decimal"); /* kept for the module's life */
+    Py_DECREF(decimal);
+    if (DecimalType == NULL)
+        return -1;
     PyObject *values = PyImport_ImportModule("cbcl._values");
     if (values == NULL)
         return -1;

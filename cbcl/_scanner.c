@@ -280,10 +280,8 @@ read_integer(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int *kind)
     return PyLong_FromLongLong((long long)magnitude);
 }
 
-#define MAX_DECIMAL_CHARS 40 /* cbcl._vocabulary.MAX_DECIMAL_CHARS */
 #define CACHED_DECIMAL_CHARS 4 /* cbcl._reader._atom caches the decimals of at most 4 */
 
-static PyObject *DecimalType; /* decimal.Decimal, as cbcl._reader._atom makes decimals */
 
 /* Whether the run p[i:k] is a decimal token: -?(0|[1-9][0-9]*)\.[0-9]+ (DECIMAL_RE). */
 static int
@@ -561,14 +559,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__scanner(void)
 {
-    if (stack_init_types() < 0)
-        return NULL;
-    PyObject *decimal = PyImport_ImportModule("decimal");
-    if (decimal == NULL)
-        return NULL;
-    DecimalType = PyObject_GetAttrString(decimal, "Decimal");
-    Py_DECREF(decimal);
-    if (DecimalType == NULL)
+    if (init_value_types() < 0)
         return NULL;
     return PyModule_Create(&module);
 }

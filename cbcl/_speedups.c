@@ -283,7 +283,6 @@ valid_name(PyObject *text, int symbol)
     return 1;
 }
 
-#define MAX_DECIMAL_CHARS 40 /* cbcl._vocabulary.MAX_DECIMAL_CHARS */
 #define DECIMAL_MEMO_CHARS 4 /* cbcl._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
 
 /* DECIMAL_RE: -?(?:0|[1-9][0-9]*+)\.[0-9]++, of at most MAX_DECIMAL_CHARS characters. */
@@ -375,7 +374,6 @@ valid_atom(long code, PyObject *text)
     }
 }
 
-static PyObject *DecimalType; /* decimal.Decimal, as cbcl._codec constructs decimals */
 
 #define MEMO_CHARS 128 /* cbcl._codec.MEMO_CHARS: the longest text a decoder remembers */
 
@@ -1453,7 +1451,7 @@ static PyMethodDef methods[] = {
      "applies it."},
     {"build_body", build_body, METH_VARARGS,
      "build_body(data, offset, entries, codes, caches, make_atom, start, step, "
-     "max_depth, max_items, max_string, max_name, budget, refused, accept, entries) "
+     "max_depth, max_items, max_string, max_name, budget, refused, accept, memo_entries) "
      "-> value | None."},
     {NULL, NULL, 0, NULL},
 };
@@ -1477,19 +1475,12 @@ PyInit__speedups(void)
         (S_KINDS[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
         (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
         return NULL;
-    if (stack_init_types() < 0)
+    if (init_value_types() < 0)
         return NULL;
     if ((S_PACKED = PyUnicode_InternFromString("packed")) == NULL ||
         (S_MIN_LENGTH = PyUnicode_InternFromString("min_length")) == NULL ||
         (S_MAX_LENGTH = PyUnicode_InternFromString("max_length")) == NULL ||
         (S_ITEM = PyUnicode_InternFromString("_item")) == NULL)
-        return NULL;
-    PyObject *decimal = PyImport_ImportModule("decimal");
-    if (decimal == NULL)
-        return NULL;
-    DecimalType = PyObject_GetAttrString(decimal, "Decimal");
-    Py_DECREF(decimal);
-    if (DecimalType == NULL)
         return NULL;
     return PyModule_Create(&module);
 }
