@@ -91,9 +91,6 @@ def run(count: int, rounds: int, baseline: str | None) -> dict[str, Any]:
             before._fast_c = (old.frame_envelope, old.build_body)
         python = decoders["Python twins"] = Decoder(registry)  # msgpack's C unpacker
         python._fast_c = None
-        from cbcl._codec import _fast_body_loop
-
-        python._build_body = _fast_body_loop
         for decoder in decoders.values():
             assert [decoder.decode(frame) for frame in frames] == messages
         contenders: dict[str, Callable[[], object]] = {

@@ -1055,7 +1055,6 @@ def _contenders(case: Case, registry: Registry, encoder: Encoder, decoder: Decod
     frames = [encoder.encode(message) for message in messages]
     pure = Decoder(registry)  # the decoder where cbcl._speedups is not built (msgpack's C is)
     pure._fast_c = None
-    pure._build_body = _codec._fast_body_loop
     for frame, message in zip(frames, messages, strict=True):
         assert decoder.decode(frame) == message == pure.decode(frame)
     packed = [msgpack.packb(plain(message.to_value())) for message in messages]

@@ -432,7 +432,6 @@ class Decoder:
         # msgpack's tokens.
         self._fast_c: tuple[Any, Any] | None = None if pure_python or \
             _build_body_c is None else (_frame_envelope_c, _build_body_c)
-        self._build_body = _fast_body_loop
         # This decoder's own symbol tables and atom memos; the one-shot decode()'s are
         # shared, one per registry (_one_shot_memos).
         self._memos = _one_shot_memos(registry) if one_shot else _Memos()
@@ -477,7 +476,7 @@ class Decoder:
                                          start, self._unpacker)
         else:
             tokens = self._tokens(data, start)
-            message = _fast_message(table, tokens, limits, self._build_body, self._memos)
+            message = _fast_message(table, tokens, limits, None, self._memos)
             if message is None:
                 message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
         trust = self.registry.trust
@@ -791,7 +790,7 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
     body: Any = None
     if present & HAS_BODY:
         body = _fast_body(table, tokens, index, limits, _ENVELOPE_NODES[present],
-                          intent if governed else None, build or _build_body, memos)
+                          intent if governed else None, build, memos)
         if body is None:
             return None
     elif index != count:
@@ -1152,7 +1151,7 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
         return None
     if memos is None:
         memos = _Memos()
-    return (build or _build_body)(
+    return (build or _fast_body_loop)(
         tokens, index, table.entries, table.codes, memos.caches, memos.make_atom, start,
         automaton.step, limits.max_depth - 2,  # the envelope and the (body …) list are open
         limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
@@ -1337,9 +1336,6 @@ else:
         raise ImportError("cbcl._speedups disagrees with cbcl._vocabulary's token codes "
                           "(rebuild the extension)")
     SPEEDUPS = True
-#: The builder of a body from a token list (the Python loop: where cbcl._speedups is
-#: built, decoding reads the frame's bytes with it instead, _fast_frame).
-_build_body: Any = _fast_body_loop
 
 _CODE_NAMES = CODE_KINDS
 
