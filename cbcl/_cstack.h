@@ -59,6 +59,29 @@ push_open(Stack *st)
 /* The longest decimal text (cbcl._vocabulary.MAX_DECIMAL_CHARS). */
 #define MAX_DECIMAL_CHARS 40
 
+/* Whether the bytes p[i:k] are a decimal token: -?(0|[1-9][0-9]*)\.[0-9]+ (DECIMAL_RE;
+ * its length is the caller's to check against MAX_DECIMAL_CHARS). */
+static int
+is_decimal(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
+{
+    if (i < k && p[i] == '-')
+        i++;
+    if (i < k && p[i] == '0') {
+        i++;
+    } else if (i < k && p[i] >= '1' && p[i] <= '9') {
+        while (i < k && p[i] >= '0' && p[i] <= '9')
+            i++;
+    } else {
+        return 0;
+    }
+    if (i >= k || p[i] != '.')
+        return 0;
+    Py_ssize_t digits = ++i;
+    while (i < k && p[i] >= '0' && p[i] <= '9')
+        i++;
+    return i > digits && i == k;
+}
+
 /* cbcl's Symbol, Keyword and URI: str subclasses of empty __slots__, which hold no
  * reference; and decimal.Decimal, as the Python readers make decimals. Set by the
  * module's init (init_value_types). */

@@ -283,28 +283,6 @@ read_integer(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int *kind)
 #define CACHED_DECIMAL_CHARS 4 /* cbcl._reader._atom caches the decimals of at most 4 */
 
 
-/* Whether the run p[i:k] is a decimal token: -?(0|[1-9][0-9]*)\.[0-9]+ (DECIMAL_RE). */
-static int
-is_decimal(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
-{
-    if (i < k && p[i] == '-')
-        i++;
-    if (i < k && p[i] == '0') {
-        i++;
-    } else if (i < k && p[i] >= '1' && p[i] <= '9') {
-        while (i < k && p[i] >= '0' && p[i] <= '9')
-            i++;
-    } else {
-        return 0;
-    }
-    if (i >= k || p[i] != '.')
-        return 0;
-    Py_ssize_t digits = ++i;
-    while (i < k && p[i] >= '0' && p[i] <= '9')
-        i++;
-    return i > digits && i == k;
-}
-
 /* Whether the run p[i:k] of k - i > max_name characters may be an atom within the name
  * limit: a keyword of exactly max_name characters after its colon, or a URI (a run that
  * holds "://" and is no keyword: a keyword's name may hold "://" too), as

@@ -285,35 +285,14 @@ valid_name(PyObject *text, int symbol)
 
 #define DECIMAL_MEMO_CHARS 4 /* cbcl._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
 
-/* DECIMAL_RE: -?(?:0|[1-9][0-9]*+)\.[0-9]++, of at most MAX_DECIMAL_CHARS characters. */
+/* DECIMAL_RE, of at most MAX_DECIMAL_CHARS characters: is_decimal (cbcl/_cstack.h) over the
+ * str's bytes (a decimal is ASCII). */
 static int
 valid_decimal(PyObject *text)
 {
-    Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, digits;
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
-#define AT(k) ((k) < n ? PyUnicode_READ(kind, data, (k)) : 0)
-#define DIGIT(c) ((c) >= '0' && (c) <= '9')
-    if (n > MAX_DECIMAL_CHARS)
-        return 0;
-    if (AT(i) == '-')
-        i++;
-    if (AT(i) == '0') {
-        i++;
-    } else if (AT(i) >= '1' && AT(i) <= '9') {
-        while (DIGIT(AT(i)))
-            i++;
-    } else {
-        return 0;
-    }
-    if (AT(i) != '.')
-        return 0;
-    i++;
-    for (digits = 0; DIGIT(AT(i)); digits++)
-        i++;
-    return digits > 0 && i == n;
-#undef AT
-#undef DIGIT
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    return n <= MAX_DECIMAL_CHARS && PyUnicode_IS_ASCII(text) &&
+           is_decimal((const unsigned char *)PyUnicode_DATA(text), 0, n);
 }
 
 /* Whether a URI's rest may hold `c`: not in cbcl._vocabulary.URI_REST_EXCLUDES (space and
