@@ -6,16 +6,40 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+from ._automaton import ACCEPT, REFUSED
 from ._canonical import canonical_value
-from ._envelope import parse_envelope, scan_envelope
-from ._errors import UnknownProtocolError
+from ._envelope import ENVELOPE_TABLES, message_of_python, parse_envelope, scan_envelope
+from ._errors import CBCLError, UnknownProtocolError
 from ._limits import DEFAULT_LIMITS, Limits
 from ._message import Message
 from ._pass2 import check_intent_and_body, explain_body
 from ._protocol import Protocol
-from ._reader import context_of, decode, position_of, utf8_of
+from ._reader import (
+    _CACHE,
+    EOF,
+    TOKEN,
+    _atom,
+    _read_value_c,
+    context_of,
+    decode,
+    position_of,
+    utf8_of,
+)
 from ._registry import Registry
-from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ._schema import _has_heads
+from ._values import ATOM_TERMINALS, INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+
+try:
+    from ._speedups import accept_document as _accept_document_speedups
+except ImportError:  # not built: parse() takes the careful path only
+    _accept_document_c: Any = None
+else:
+    _accept_document_c = None if _read_value_c is None else _accept_document_speedups
+
+#: What cbcl._speedups.accept_document takes with each document: the envelope's tables
+#: (as cbcl._envelope.message_of passes them) and pass 2's (the atoms' terminals, the
+#: automaton's outcomes, the schema's head test).
+_DOCUMENT_TABLES = (*ENVELOPE_TABLES, ATOM_TERMINALS, REFUSED, ACCEPT, _has_heads)
 
 
 def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
@@ -44,6 +68,13 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     trust = registry.trust if registry is not None else None
     if require_signatures and trust is None:
         raise ValueError("require_signatures needs a registry with a trust store")
+    if _accept_document_c is not None and registry is not None and not envelope_only and \
+            type(data) is bytes and len(data) <= limits.max_message_bytes:
+        message = _accepted(data, limits, registry)
+        if message is not None:
+            if trust is not None and (message.signature is not None or require_signatures):
+                trust.verify_message(message)
+            return message
     text = decode(data, limits)
     message = parse_envelope(text, limits, utf8_of(data))
     if trust is not None and (message.signature is not None or require_signatures):
@@ -61,6 +92,51 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
         explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
                      message.intent)
     return message
+
+
+def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None:
+    """:func:`parse`'s fast path, by the C tiers alone: the document read in one call
+    (``cbcl._scanner.read_value``), both passes over its value in another
+    (``cbcl._speedups.accept_document``, the twin of :func:`accept_document_python`).
+    The message, or ``None`` for anything the careful path must judge (it reads the
+    document again, to accept it or raise the precise error). Only an accepted message is
+    returned, so the careful path's order of checks (the signature before pass 2) cannot
+    change an outcome: a message both passes accept fails only on its signature there too.
+    """
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return None
+    found = _read_value_c(text, 0, _CACHE, _atom, limits.max_depth, limits.max_list_items,
+                          limits.max_nodes, limits.max_string_bytes, limits.max_name_chars,
+                          data)
+    if found is None:
+        return None
+    value, end, _ = found
+    if end != len(text) and TOKEN.match(text, end).lastindex != EOF:  # type: ignore[union-attr]
+        return None
+    # (the registry's own dict of loaded protocols: one lookup in C, no copy)
+    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)
+    return message
+
+
+def accept_document_python(value: Value, registry: Registry) -> Message | None:
+    """The message a whole document's ``value`` holds when both passes accept it, with
+    the protocol ``registry`` holds for it, else ``None`` (an error the careful path
+    raises is ``None`` here too). The reference of ``cbcl._speedups.accept_document``,
+    which may also decline (``None``) a message this accepts: a NOT-UNDERSTOOD or CANCEL
+    its protocol does not govern, or a schema type of more than 63 fields."""
+    message = message_of_python(value)
+    if message is None:
+        return None
+    protocol = registry.get(message.protocol)
+    if protocol is None:
+        return None
+    try:
+        accepted = check_intent_and_body(protocol, message)
+    except CBCLError:
+        return None
+    return message if accepted is not False else None
 
 
 def canonical(value: Value | Message) -> str:

@@ -379,6 +379,10 @@ _C_INTENTS = {intern_symbol(name, pin=True): intent for name, intent in _INTENTS
 _C_ATTRIBUTES = tuple(key for _, key, _ in sorted(_FIELDS.values()))
 _C_VERSION = intern_symbol(VERSION, pin=True)
 
+#: cbcl._speedups.envelope's arguments after the value.
+ENVELOPE_TABLES = (_C_VERSION, _C_FIELDS, _C_INTENTS, Signature, Message, _C_ATTRIBUTES,
+                   URI, Symbol)
+
 try:
     from ._speedups import envelope as _speedups_envelope
 except ImportError:  # not built: the Python walk runs
@@ -386,7 +390,5 @@ except ImportError:  # not built: the Python walk runs
 else:
     def message_of(value: Any) -> Message | None:
         """:func:`message_of_python` by its C twin, ``cbcl._speedups.envelope``."""
-        message: Message | None = _speedups_envelope(
-            value, _C_VERSION, _C_FIELDS, _C_INTENTS, Signature, Message, _C_ATTRIBUTES,
-            URI, Symbol)
+        message: Message | None = _speedups_envelope(value, *ENVELOPE_TABLES)
         return message

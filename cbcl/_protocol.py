@@ -7,6 +7,7 @@ registry that verifies, compiles, caches and holds protocols is :mod:`._registry
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._automaton import StackAutomaton
 from ._compile import (
@@ -45,6 +46,10 @@ class Protocol:
     governed: frozenset[Intent] = field(init=False)
     #: Intent -> the start terminal fed before its body (empty: one start rule for all).
     entries: dict[Intent, str] = field(init=False)
+    #: Pass 2's plan for the C twins (``cbcl._speedups``: its layout is documented there):
+    #: the governed intents, the start terminals, the automaton and its ``step``, the
+    #: literal atoms and the schema's records by head (:meth:`Schema.record_index`).
+    acceptance: tuple[Any, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "governed", frozenset(self.descriptor.intents))
@@ -57,7 +62,12 @@ class Protocol:
                            if terminals else {})
         literals = {terminal: "KEYWORD" if type(atom) is Keyword else "SYMBOL"
                     for atom, terminal in self.atoms.items()}
-        object.__setattr__(self, "automaton", StackAutomaton(self.tables, literals))
+        automaton = StackAutomaton(self.tables, literals)
+        object.__setattr__(self, "automaton", automaton)
+        sole, candidates = (None, None) if self.schema is None else self.schema.record_index()
+        object.__setattr__(self, "acceptance", (
+            tuple(self.governed), tuple(self.entries.items()), terminals.get("body"),
+            automaton, automaton.step, self.atoms, sole, candidates))
 
     @property
     def id(self) -> Symbol:

@@ -205,6 +205,15 @@ class Schema:
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:  # (derived fields are rebuilt)
         return Schema, (self.records,)
 
+    def record_index(self) -> tuple[dict[Symbol, Any], dict[Symbol, tuple[Any, ...]]]:
+        """What :meth:`record_for` looks records up by, each record as its ``_Pairs`` (the
+        form the schema's fast pass reads): the head symbols whose first record has that
+        one head, and every head's ``(pairs, heads)`` to try in order. For C twins
+        (``cbcl._speedups``, through :attr:`cbcl._protocol.Protocol.acceptance`)."""
+        return ({head: record._pairs for head, record in self._sole.items()},
+                {head: tuple((record._pairs, heads) for record, heads in tried)
+                 for head, tried in self._candidates.items()})
+
     def record_for(self, body: Value) -> Record | None:
         """The first record whose head symbols start ``body``, or ``None``."""
         if type(body) is not tuple or not body or type(body[0]) is not Symbol:

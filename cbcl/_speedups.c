@@ -14,6 +14,10 @@
  *   make_object(...)     -> object         Message._trusted's construction
  *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl._codec._fast_message
  *   schema_valid(...)    -> bool | None    twin of cbcl._schema._valid, the schema's fast pass
+ *   accept_document(...) -> Message | None twin of cbcl._api.accept_document_python: both
+ *                                          passes over a document value, by the protocol's
+ *                                          acceptance plan (envelope, the walk and the
+ *                                          schema's record lookup and fast pass in one call)
  *
  * The twins serve only the happy path. Neither raises for anything in its input: on any doubt
  * (a msgpack type no frame holds, a truncated object, invalid UTF-8, a limit, a token the
@@ -779,18 +783,16 @@ typedef struct {
     Py_ssize_t next;
 } Frame;
 
-static PyObject *
-recognise(PyObject *Py_UNUSED(self), PyObject *args)
+/* The walk of recognise from `start` (a dict): 1 accepted, 0 refused, -1 with an
+ * exception. */
+static int
+walk(PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals, PyObject *step,
+     PyObject *refused, PyObject *accept)
 {
-    PyObject *body, *start, *classes, *terminals, *step, *refused, *accept;
-    if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
-                          &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
-        return NULL;
     PyObject *node = start; /* a strong reference (step may flush the automaton) */
     Py_INCREF(node);
     Frame *frames = NULL;
     Py_ssize_t depth = 0, capacity = 0;
-    PyObject *result = NULL;
     PyObject *item = body; /* borrowed */
     int ok;
     for (;;) {
@@ -862,11 +864,20 @@ recognise(PyObject *Py_UNUSED(self), PyObject *args)
         ok = end == accept;
     }
 finish:
-    if (ok >= 0)
-        result = PyBool_FromLong(ok);
     Py_DECREF(node);
     PyMem_Free(frames);
-    return result;
+    return ok;
+}
+
+static PyObject *
+recognise(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *body, *start, *classes, *terminals, *step, *refused, *accept;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
+                          &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
+        return NULL;
+    int ok = walk(body, start, classes, terminals, step, refused, accept);
+    return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
 /* envelope(value, version, fields, intents, signature, message, attributes) -> Message |
@@ -922,20 +933,14 @@ make_object(PyObject *Py_UNUSED(self), PyObject *args)
                                &PyTuple_GET_ITEM(values, 0));
 }
 
+/* envelope's work, its arguments checked: a new reference (the Message or Py_None), or
+ * NULL with an exception. With `out` (F_COUNT slots), a Message's fields are also left
+ * there in grammar order (NULL: absent), borrowed from the Message. */
 static PyObject *
-envelope(PyObject *Py_UNUSED(self), PyObject *args)
+envelope_of(PyObject *value, PyObject *version, PyObject *fields, PyObject *intents,
+            PyObject *signature, PyObject *message, PyObject *attributes,
+            PyTypeObject *uri_type, PyTypeObject *symbol_type, PyObject **out)
 {
-    PyObject *value, *version, *fields, *intents, *signature, *message, *attributes;
-    PyTypeObject *uri_type, *symbol_type;
-    if (!PyArg_ParseTuple(args, "OOO!O!OO!O!O!O!", &value, &version, &PyDict_Type, &fields,
-                          &PyDict_Type, &intents, &signature, &PyType_Type, &message,
-                          &PyTuple_Type, &attributes, &PyType_Type, &uri_type,
-                          &PyType_Type, &symbol_type))
-        return NULL;
-    if (PyTuple_GET_SIZE(attributes) != F_COUNT) {
-        PyErr_SetString(PyExc_ValueError, "a Message has 11 attributes");
-        return NULL;
-    }
     PyObject *found[F_COUNT] = {NULL}; /* new references */
     PyObject *result = NULL;
     Py_ssize_t expected = 0, size, index;
@@ -1022,6 +1027,9 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
     result = new_with_attributes((PyTypeObject *)message, attributes, found);
     if (result == NULL)
         goto error;
+    if (out != NULL)
+        for (index = 0; index < F_COUNT; index++)
+            out[index] = found[index];
     goto cleanup;
 refused:
     result = Py_None;
@@ -1033,6 +1041,31 @@ cleanup:
     for (index = 0; index < F_COUNT; index++)
         Py_XDECREF(found[index]);
     return result;
+}
+
+/* Whether `attributes` are a Message's 11 (else ValueError): 1, or 0 with the exception. */
+static int
+eleven_attributes(PyObject *attributes)
+{
+    if (PyTuple_GET_SIZE(attributes) != F_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "a Message has 11 attributes");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+envelope(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *value, *version, *fields, *intents, *signature, *message, *attributes;
+    PyTypeObject *uri_type, *symbol_type;
+    if (!PyArg_ParseTuple(args, "OOO!O!OO!O!O!O!", &value, &version, &PyDict_Type, &fields,
+                          &PyDict_Type, &intents, &signature, &PyType_Type, &message,
+                          &PyTuple_Type, &attributes, &PyType_Type, &uri_type,
+                          &PyType_Type, &symbol_type) || !eleven_attributes(attributes))
+        return NULL;
+    return envelope_of(value, version, fields, intents, signature, message, attributes,
+                       uri_type, symbol_type, NULL);
 }
 
 /* schema_valid(pairs, body, has_heads) -> True | False | None: the twin of the fast pass
@@ -1314,18 +1347,17 @@ done:
     return result;
 }
 
-static PyObject *
-schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
+/* schema_valid's work, its arguments checked: 1 or 0 (valid or not), 2 to leave the body
+ * to the Python pass, -1 with an exception the Python pass would not catch either. */
+static int
+schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
 {
-    PyObject *pairs, *body, *has_heads;
-    if (!PyArg_ParseTuple(args, "OO!O", &pairs, &PyTuple_Type, &body, &has_heads))
-        return NULL;
     PyObject *packed = PyObject_GetAttr(pairs, S_PACKED);
     if (packed == NULL)
         goto failed;
     if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
         Py_DECREF(packed);
-        Py_RETURN_FALSE; /* not a _Pairs: the explaining pass judges */
+        return 0; /* not a _Pairs: the explaining pass judges */
     }
     PyObject *open = PyTuple_GET_ITEM(packed, 0);
     Py_INCREF(open);
@@ -1339,7 +1371,7 @@ schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
         Py_DECREF(holds);
         if (truth < 0)
             goto failed;
-        return PyBool_FromLong(truth);
+        return truth;
     }
     Py_DECREF(open);
     PyObject *keyed = PyList_New(0), *lists = PyList_New(0);
@@ -1395,19 +1427,279 @@ done:
     Py_XDECREF(keyed);
     Py_XDECREF(lists);
     Py_XDECREF(held);
-    if (result == 2)
-        Py_RETURN_NONE;
     if (result >= 0)
-        return PyBool_FromLong(result);
+        return result;
 failed: /* an exception the Python pass would raise too: the explaining pass judges */
     if (PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();
-        Py_RETURN_FALSE;
+        return 0;
     }
-    return NULL;
+    return -1;
+}
+
+static PyObject *
+schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *pairs, *body, *has_heads;
+    if (!PyArg_ParseTuple(args, "OO!O", &pairs, &PyTuple_Type, &body, &has_heads))
+        return NULL;
+    int holds = schema_holds(pairs, body, has_heads);
+    if (holds == 2)
+        Py_RETURN_NONE;
+    return holds < 0 ? NULL : PyBool_FromLong(holds);
+}
+
+/* ------------------------------------------------------------------------- acceptance */
+
+/* A protocol's acceptance plan (cbcl._protocol.Protocol.acceptance, made once at load):
+ * what pass 2 needs of it, each found without a Python call.
+ *   governed       tuple of the Intent members the grammar judges (compared by identity)
+ *   entries        tuple of (Intent, start terminal); () where one start rule serves all
+ *   body_terminal  the start terminal of `body`, or None
+ *   automaton      the StackAutomaton (its `start` is read at each use: a flush moves it)
+ *   step           automaton.step, bound once
+ *   atoms          Protocol.atoms (grammar literal atom -> its terminal)
+ *   sole, candidates  the schema's records by head (cbcl._schema.Schema.record_index:
+ *                  head -> _Pairs of the only record it can start; head -> ((_Pairs,
+ *                  heads), ...) to try in order), or None and None without a schema */
+enum { P_GOVERNED, P_ENTRIES, P_BODY_TERMINAL, P_AUTOMATON, P_STEP, P_ATOMS, P_SOLE,
+       P_CANDIDATES, P_SIZE };
+
+static PyObject *S_START, *S_ACCEPTANCE;
+
+/* The protocol's plan (a new reference), or NULL with TypeError for one misshapen. */
+static PyObject *
+plan_of(PyObject *protocol)
+{
+    PyObject *plan = PyObject_GetAttr(protocol, S_ACCEPTANCE);
+    if (plan != NULL && (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != P_SIZE ||
+                         !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, P_GOVERNED)) ||
+                         !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, P_ENTRIES)) ||
+                         !PyDict_CheckExact(PyTuple_GET_ITEM(plan, P_ATOMS)))) {
+        Py_DECREF(plan);
+        PyErr_SetString(PyExc_TypeError, "a protocol's acceptance plan is misshapen");
+        return NULL;
+    }
+    return plan;
+}
+
+/* The node a body of `intent` starts from (cbcl._pass2.start_node): a new reference;
+ * Py_None where the grammar has no rule for it or refuses its start terminal; NULL with an
+ * exception. */
+static PyObject *
+start_of(PyObject *plan, PyObject *intent, PyObject *refused)
+{
+    PyObject *node = PyObject_GetAttr(PyTuple_GET_ITEM(plan, P_AUTOMATON), S_START);
+    if (node == NULL)
+        return NULL;
+    PyObject *entries = PyTuple_GET_ITEM(plan, P_ENTRIES);
+    if (PyTuple_GET_SIZE(entries) > 0) {
+        PyObject *terminal = PyTuple_GET_ITEM(plan, P_BODY_TERMINAL);
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(entries); k++) {
+            PyObject *entry = PyTuple_GET_ITEM(entries, k);
+            if (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+                    PyTuple_GET_ITEM(entry, 0) == intent) {
+                terminal = PyTuple_GET_ITEM(entry, 1);
+                break;
+            }
+        }
+        if (terminal == Py_None) {
+            Py_DECREF(node);
+            Py_RETURN_NONE;
+        }
+        Py_INCREF(terminal);
+        PyObject *next = PyDict_CheckExact(node) ?
+            transition(node, terminal, PyTuple_GET_ITEM(plan, P_STEP)) : NULL;
+        Py_DECREF(terminal);
+        Py_DECREF(node);
+        if (next == NULL)
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        node = next;
+    }
+    if (node == refused || !PyDict_CheckExact(node)) {
+        Py_DECREF(node);
+        Py_RETURN_NONE;
+    }
+    return node;
+}
+
+/* The schema's verdict on a body its grammar accepted (cbcl._schema.check_schema: the
+ * record record_for finds, then the fast pass): 1 valid or unconstrained, 0 to leave it to
+ * the Python path (which raises SchemaError, or takes a type this pass leaves to it), -1
+ * with an exception. */
+static int
+schema_accepts(PyObject *plan, PyObject *body, PyObject *has_heads, PyTypeObject *symbol_type)
+{
+    PyObject *sole = PyTuple_GET_ITEM(plan, P_SOLE);
+    PyObject *candidates = PyTuple_GET_ITEM(plan, P_CANDIDATES);
+    if (sole == Py_None || !PyTuple_CheckExact(body) || PyTuple_GET_SIZE(body) == 0 ||
+            Py_TYPE(PyTuple_GET_ITEM(body, 0)) != symbol_type)
+        return 1; /* no schema, or no record can match: unconstrained */
+    if (!PyDict_CheckExact(sole) || !PyDict_CheckExact(candidates)) {
+        PyErr_SetString(PyExc_TypeError, "a schema's records by head must be dicts");
+        return -1;
+    }
+    PyObject *head = PyTuple_GET_ITEM(body, 0);
+    PyObject *pairs = PyDict_GetItemWithError(sole, head);
+    if (pairs == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        PyObject *tried = PyDict_GetItemWithError(candidates, head);
+        if (tried == NULL)
+            return PyErr_Occurred() ? -1 : 1;
+        if (!PyTuple_CheckExact(tried)) {
+            PyErr_SetString(PyExc_TypeError, "a head's candidates must be a tuple");
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(tried) && pairs == NULL; k++) {
+            PyObject *candidate = PyTuple_GET_ITEM(tried, k), *heads;
+            if (!PyTuple_CheckExact(candidate) || PyTuple_GET_SIZE(candidate) != 2 ||
+                    !PyTuple_CheckExact(heads = PyTuple_GET_ITEM(candidate, 1))) {
+                PyErr_SetString(PyExc_TypeError, "a candidate must be (pairs, heads)");
+                return -1;
+            }
+            Py_ssize_t count = PyTuple_GET_SIZE(heads), i;
+            if (PyTuple_GET_SIZE(body) < count)
+                continue;
+            for (i = 0; i < count; i++) { /* _starts_with: each a Symbol equal to its head */
+                PyObject *item = PyTuple_GET_ITEM(body, i), *want = PyTuple_GET_ITEM(heads, i);
+                if (item == want)
+                    continue;
+                if (Py_TYPE(item) != symbol_type || !PyUnicode_Check(want))
+                    break;
+                int same = PyUnicode_Compare(item, want);
+                if (same == -1 && PyErr_Occurred())
+                    return -1;
+                if (same != 0)
+                    break;
+            }
+            if (i == count)
+                pairs = PyTuple_GET_ITEM(candidate, 0);
+        }
+        if (pairs == NULL)
+            return 1;
+    }
+    Py_INCREF(pairs);
+    int holds = schema_holds(pairs, body, has_heads);
+    Py_DECREF(pairs);
+    return holds < 0 ? -1 : holds == 1;
+}
+
+/* Pass 2 of a message whose intent and body the envelope gave (cbcl._pass2
+ * .check_intent_and_body, accepting): 1 when the intent is governed and its body present,
+ * accepted by the grammar and valid by the schema; 0 for anything else, left to the
+ * Python path (which accepts a NOT-UNDERSTOOD or CANCEL the protocol does not govern, or
+ * raises the precise error); -1 with an exception. */
+static int
+body_accepted(PyObject *plan, PyObject *intent, PyObject *body, PyObject *terminals,
+              PyObject *refused, PyObject *accept, PyObject *has_heads,
+              PyTypeObject *symbol_type)
+{
+    PyObject *governed = PyTuple_GET_ITEM(plan, P_GOVERNED);
+    Py_ssize_t k;
+    for (k = 0; k < PyTuple_GET_SIZE(governed); k++)
+        if (PyTuple_GET_ITEM(governed, k) == intent)
+            break;
+    if (k == PyTuple_GET_SIZE(governed) || body == NULL || body == Py_None)
+        return 0;
+    PyObject *node = start_of(plan, intent, refused);
+    if (node == NULL)
+        return -1;
+    if (node == Py_None) {
+        Py_DECREF(node);
+        return 0;
+    }
+    int ok = walk(body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
+                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept);
+    Py_DECREF(node);
+    if (ok != 1)
+        return ok;
+    return schema_accepts(plan, body, has_heads, symbol_type);
+}
+
+/* accept_document(value, tables, protocols) -> Message | None: both passes over a document
+ * value as read (cbcl._api.accept_document_python is the twin): the envelope (as
+ * envelope), its protocol found in `protocols` (a Registry's dict of loaded protocols by
+ * id), then pass 2 by the protocol's acceptance plan. `tables`: envelope's arguments after
+ * the value, then the atoms' terminals (ATOM_TERMINALS), the automaton's REFUSED and
+ * ACCEPT, and cbcl._schema._has_heads. None for anything the Python path must judge. */
+enum { T_VERSION, T_FIELDS, T_INTENTS, T_SIGNATURE, T_MESSAGE, T_ATTRIBUTES, T_URI, T_SYMBOL,
+       T_TERMINALS, T_REFUSED, T_ACCEPT, T_HAS_HEADS, T_SIZE };
+enum { O_INTENT = 3, O_PROTOCOL = 4, O_BODY = 9 };
+
+/* Whether `tables` is as accept_document takes it: 1, or 0 with TypeError. */
+static int
+tables_ok(PyObject *tables)
+{
+    if (!PyTuple_CheckExact(tables) || PyTuple_GET_SIZE(tables) != T_SIZE ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(tables, T_FIELDS)) ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(tables, T_INTENTS)) ||
+            !PyType_Check(PyTuple_GET_ITEM(tables, T_MESSAGE)) ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(tables, T_ATTRIBUTES)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(tables, T_ATTRIBUTES)) != F_COUNT ||
+            !PyType_Check(PyTuple_GET_ITEM(tables, T_URI)) ||
+            !PyType_Check(PyTuple_GET_ITEM(tables, T_SYMBOL)) ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(tables, T_TERMINALS))) {
+        PyErr_SetString(PyExc_TypeError, "accept_document's tables are misshapen");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "accept_document(value, tables, protocols)");
+        return NULL;
+    }
+    PyObject *value = args[0], *tables = args[1], *protocols = args[2];
+    if (!tables_ok(tables))
+        return NULL;
+    if (!PyDict_CheckExact(protocols)) {
+        PyErr_SetString(PyExc_TypeError, "protocols must be a dict");
+        return NULL;
+    }
+    PyObject *const *t = &PyTuple_GET_ITEM(tables, 0);
+    PyTypeObject *symbol_type = (PyTypeObject *)t[T_SYMBOL];
+    PyObject *fields[F_COUNT] = {NULL};
+    PyObject *message = envelope_of(value, t[T_VERSION], t[T_FIELDS], t[T_INTENTS],
+                                    t[T_SIGNATURE], t[T_MESSAGE], t[T_ATTRIBUTES],
+                                    (PyTypeObject *)t[T_URI], symbol_type, fields);
+    if (message == NULL || message == Py_None)
+        return message;
+    PyObject *protocol = PyDict_GetItemWithError(protocols, fields[O_PROTOCOL]);
+    if (protocol == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(message);
+            return NULL;
+        }
+        Py_DECREF(message);
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(protocol);
+    PyObject *plan = plan_of(protocol);
+    Py_DECREF(protocol);
+    if (plan == NULL) {
+        Py_DECREF(message);
+        return NULL;
+    }
+    int ok = body_accepted(plan, fields[O_INTENT], fields[O_BODY], t[T_TERMINALS],
+                           t[T_REFUSED], t[T_ACCEPT], t[T_HAS_HEADS], symbol_type);
+    Py_DECREF(plan);
+    if (ok != 1) {
+        Py_DECREF(message);
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return message;
 }
 
 static PyMethodDef methods[] = {
+    {"accept_document", (PyCFunction)(void (*)(void))accept_document, METH_FASTCALL,
+     "accept_document(value, tables, protocols) -> Message | None: both passes over a "
+     "document value (cbcl._api.accept_document_python)."},
     {"make_object", make_object, METH_VARARGS,
      "make_object(type, attributes, values) -> object: an instance given its attributes "
      "without __init__ (Message._trusted)."},
@@ -1459,7 +1751,9 @@ PyInit__speedups(void)
     if ((S_PACKED = PyUnicode_InternFromString("packed")) == NULL ||
         (S_MIN_LENGTH = PyUnicode_InternFromString("min_length")) == NULL ||
         (S_MAX_LENGTH = PyUnicode_InternFromString("max_length")) == NULL ||
-        (S_ITEM = PyUnicode_InternFromString("_item")) == NULL)
+        (S_ITEM = PyUnicode_InternFromString("_item")) == NULL ||
+        (S_START = PyUnicode_InternFromString("start")) == NULL ||
+        (S_ACCEPTANCE = PyUnicode_InternFromString("acceptance")) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

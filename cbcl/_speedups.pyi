@@ -1,6 +1,6 @@
 """Types of the optional C accelerator ``cbcl/_speedups.c``: the C twins of the binary
 decoder's fast path (``cbcl._codec``) and the lexical rules they apply. The functions take
-positional arguments only (``METH_VARARGS``); ``unpack`` and ``build_body`` raise nothing
+positional arguments only; ``unpack`` and ``build_body`` raise nothing
 for anything in their input and return ``None`` when the careful Python decoder must read
 the frame again."""
 
@@ -112,6 +112,16 @@ def envelope(
     the ``Intent`` members; ``signature``, ``message``, ``uri`` and ``symbol`` are the
     ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
     ``Signature`` raises."""
+
+def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, Any], /,
+                    ) -> Any:
+    """Both passes over a whole document ``value``: the twin of
+    ``cbcl._api.accept_document_python``. The ``Message`` when its envelope is one,
+    ``protocols`` (a registry's loaded protocols by id) holds its protocol and pass 2 (by
+    the protocol's ``acceptance`` plan) accepts its body, else ``None``. ``tables``:
+    ``envelope``'s arguments after the value, then ``ATOM_TERMINALS``, the automaton's
+    ``REFUSED`` and ``ACCEPT`` and ``cbcl._schema._has_heads``. ``TypeError`` for misshapen
+    tables or plans."""
 
 def schema_valid(pairs: Any, body: tuple[Value, ...],
                  has_heads: Callable[[tuple[Value, ...], tuple[Any, ...]], bool], /,
