@@ -65,12 +65,12 @@ from ._kernel import (
 )
 from ._lalr import value_states
 from ._limits import DEFAULT_LIMITS, Budget, Limits
-from ._message import VERSION, Intent, Message, Signature
+from ._message import _ATTRIBUTES as _MESSAGE_ATTRIBUTES, VERSION, Intent, Message, Signature
 from ._pass2 import _ALWAYS_ADMITTED, start_node, start_stack
 from ._protocol import Protocol
 from ._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
 from ._registry import Registry
-from ._schema import check_schema
+from ._schema import _has_heads, check_schema
 from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 from ._vocabulary import (
     CODE_DECIMAL,
@@ -434,21 +434,29 @@ class Decoder:
             _build_body_c is None else (_frame_envelope_c, _build_body_c)
         # This decoder's own symbol tables and atom memos; the one-shot decode()'s are
         # shared, one per registry (_one_shot_memos).
-        self._memos = _one_shot_memos(registry) if one_shot else _Memos()
+        self._memos = memos = _one_shot_memos(registry) if one_shot else _Memos()
+        # What cbcl._speedups.decode_frame reads with each frame (None: not built, or
+        # pure_python): the whole frame in one call where it can (_frame_state).
+        self._frame_state = None if self._fast_c is None or _decode_frame_c is None else \
+            _frame_state(registry, limits, memos)
 
     def _table(self, digest: bytes, offset: int) -> SymbolTable:
         memos = self._memos
         table = memos.by_digest.get(digest)
         if table is not None and self.registry.get(table.protocol.id) is table.protocol:
+            if digest not in memos.frame_plans:
+                memos.frame_plans[digest] = _frame_plan(table)
             return table
         memos.by_digest = by_digest = {
             t.digest: t for t in map(SymbolTable.of, self.registry.protocols())}
+        memos.frame_plans.clear()  # (in place: each decoder's _frame_state holds it)
         table = by_digest.get(digest)
         if table is None:
             name = "sha256:" + digest.hex()
             raise UnknownProtocolError(
                 f"unknown protocol {name}: no descriptor with this digest is loaded",
                 protocol=name, position=_at(offset))
+        memos.frame_plans[digest] = _frame_plan(table)
         return table
 
     def decode(self, data: bytes | bytearray | memoryview) -> Message:
@@ -468,6 +476,14 @@ class Decoder:
         size = len(data)
         if size > limits.max_message_bytes:
             _limit(limits, "max_message_bytes", 0, "frame")
+        if self._frame_state is not None:  # cbcl._speedups: the whole frame in one call
+            message = _decode_frame_c(data, self._frame_state)
+            if message is not None:
+                trust = self.registry.trust
+                if trust is not None and (message.signature is not None or
+                                          self.require_signatures):
+                    trust.verify_message(message)
+                return message
         table, start = self._header(data)
         if self._fast_c is not None:  # cbcl._speedups reads the frame's bytes
             message = _fast_frame(table, data, start, limits, self._memos, *self._fast_c)
@@ -599,11 +615,15 @@ class _Memos:
     are the reader's process-wide intern tables (``cbcl._reader._SYMBOLS``), shared so a
     frame's atoms are the very objects of the grammars' tables."""
 
-    __slots__ = ("by_digest", "caches", "decimals", "entries", "keep", "make_atom", "uris")
+    __slots__ = ("by_digest", "caches", "decimals", "entries", "frame_plans", "keep",
+                 "make_atom", "uris")
 
     def __init__(self) -> None:
         self.entries = MEMO_ENTRIES
         self.by_digest: dict[bytes, SymbolTable] = {}
+        #: The tables of :attr:`by_digest` as cbcl._speedups.decode_frame reads them
+        #: (:func:`_frame_plan`), added as frames name them.
+        self.frame_plans: dict[bytes, tuple[Any, ...]] = {}
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}
         #: By token code, the atoms already made of each kind written in full, by text:
@@ -679,6 +699,28 @@ def _one_shot_memos(registry: Registry) -> _Memos:
     if memos is None:
         memos = _ONE_SHOT.setdefault(registry, _Memos())  # (one wins a race)
     return memos
+
+
+def _frame_plan(table: SymbolTable) -> tuple[Any, ...]:
+    """What cbcl._speedups.decode_frame reads of ``table`` (its layout is documented
+    there): the protocol, its id and the id's length, the table's entries and codes, the
+    protocol's acceptance plan."""
+    protocol = table.protocol
+    return (protocol, protocol.id, len(protocol.id), table.entry_list, table.codes,
+            protocol.acceptance)
+
+
+def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> tuple[Any, ...]:
+    """What cbcl._speedups.decode_frame reads with each frame of a decoder (its layout is
+    documented there): the memos' frame plans, the registry's loaded protocols, the
+    intents and their names' lengths, the envelope shapes within ``limits``
+    (:func:`frame_shapes`), the atom memos, the limits, the envelope's nodes by bits,
+    and the types and outcomes a message is made of."""
+    return (memos.frame_plans, registry._protocols, INTENTS, _INTENT_LENGTHS,
+            frame_shapes(limits), memos.uris, memos.caches, memos.keep, memos.entries,
+            limits.max_message_bytes, limits.max_string_bytes, limits.max_depth - 2,
+            limits.max_list_items, limits.max_name_chars, limits.max_nodes, _ENVELOPE_NODES,
+            REFUSED, ACCEPT, _has_heads, Symbol, Message, _MESSAGE_ATTRIBUTES, Signature)
 
 
 def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
@@ -911,18 +953,10 @@ def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present:
     key = (limits, protocol.id, intent, present)
     if key in _ENVELOPE_WITHIN_LIMITS:
         return
-    fields = 5 + bin(present).count("1")
-    if limits.max_depth < 2:
-        _limit(limits, "max_depth", where(2))
-    items = max(1 + fields, 3 if present & HAS_SIGNATURE else 2)
-    if items > limits.max_list_items:
-        _limit(limits, "max_list_items", where(0))
-    nodes = _envelope_nodes(present)
-    if nodes > limits.max_nodes:
-        _limit(limits, "max_nodes", where(0))
-    names = [VERSION, "message-id", "sender", "receiver", "intent", intent.value, "protocol",
-             str(protocol.id), *(name for bit, name in _OPTIONAL_NAMES if present & bit)]
-    longest = max(map(len, names))
+    refused = _shape_refusal(limits, present)
+    if refused is not None:
+        _limit(limits, refused, where(2 if refused == "max_depth" else 0))
+    longest = max(_SHAPE_NAMES[present], len(intent.value), len(str(protocol.id)))
     if longest > limits.max_name_chars:
         _limit(limits, "max_name_chars", where(0), "symbol")
     if len(_ENVELOPE_WITHIN_LIMITS) >= _ENVELOPE_WITHIN_LIMITS_MAX:
@@ -951,6 +985,44 @@ def _envelope_nodes(present: int) -> int:
 
 
 _ENVELOPE_NODES = tuple(_envelope_nodes(present) for present in range(64))
+
+
+def _shape_refusal(limits: Limits, present: int) -> str | None:
+    """The first limit an envelope of fields ``present`` refuses by its shape alone (the
+    depth, the lists' items, the nodes), or ``None``."""
+    if limits.max_depth < 2:
+        return "max_depth"
+    fields = 5 + bin(present).count("1")
+    if max(1 + fields, 3 if present & HAS_SIGNATURE else 2) > limits.max_list_items:
+        return "max_list_items"
+    if _ENVELOPE_NODES[present] > limits.max_nodes:
+        return "max_nodes"
+    return None
+
+
+#: By fields present, the longest symbol of the envelope but the intent and the protocol id.
+_SHAPE_NAMES = tuple(max(len(name) for name in (
+    VERSION, "message-id", "sender", "receiver", "intent", "protocol",
+    *(name for bit, name in _OPTIONAL_NAMES if present & bit))) for present in range(64))
+#: The length of each intent's name, by wire index.
+_INTENT_LENGTHS = tuple(len(intent.value) for intent in INTENTS)
+_SHAPES: dict[Limits, bytes] = {}
+_SHAPES_MAX = 64
+
+
+def frame_shapes(limits: Limits) -> bytes:
+    """By fields present, 1 where :func:`envelope_limits` passes an envelope of those
+    fields under ``limits`` whatever its intent and protocol id, as long as neither name is
+    longer than ``max_name_chars`` (what cbcl._speedups.decode_frame checks), else 0.
+    Remembered for at most :data:`_SHAPES_MAX` limits (a pure function of them)."""
+    shapes = _SHAPES.get(limits)
+    if shapes is None:
+        shapes = bytes(_shape_refusal(limits, present) is None and
+                       _SHAPE_NAMES[present] <= limits.max_name_chars for present in range(64))
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[limits] = shapes
+    return shapes
 
 
 def _kind_name(token: object) -> str:
@@ -1323,11 +1395,13 @@ def _speedups_agree(build_body: Any, unpack: Any) -> bool:
 try:
     from ._speedups import (
         build_body as _build_body_c,
+        decode_frame as _decode_frame_c,
         frame_envelope as _frame_envelope_c,
         unpack as _unpack_c,
     )
 except ImportError:  # not built: the Python twins run
     _build_body_c = None  # type: ignore[assignment]
+    _decode_frame_c = None  # type: ignore[assignment]
     _frame_envelope_c = None  # type: ignore[assignment]
     #: Whether the optional C accelerator cbcl._speedups is built (and agrees).
     SPEEDUPS = False

@@ -14,6 +14,8 @@
  *   make_object(...)     -> object         Message._trusted's construction
  *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl._codec._fast_message
  *   schema_valid(...)    -> bool | None    twin of cbcl._schema._valid, the schema's fast pass
+ *   decode_frame(...)    -> Message | None twin of cbcl._codec._fast_frame: a whole frame,
+ *                                          header to Message, in one call
  *   accept_document(...) -> Message | None twin of cbcl._api.accept_document_python: both
  *                                          passes over a document value, by the protocol's
  *                                          acceptance plan (envelope, the walk and the
@@ -367,7 +369,13 @@ valid_atom(long code, PyObject *text)
 static PyObject *
 remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
 {
-    PyObject *uri = PyObject_CallOneArg((PyObject *)InertTypes[2], text);
+    /* str.__new__(URI, text), as _remember_uri makes it: URI() would match the regex
+     * the text has just passed in C */
+    PyObject *args = PyTuple_Pack(1, text);
+    if (args == NULL)
+        return NULL;
+    PyObject *uri = PyUnicode_Type.tp_new(InertTypes[2], args, NULL);
+    Py_DECREF(args);
     if (uri == NULL || PyUnicode_GET_LENGTH(text) > MEMO_CHARS)
         return uri;
     if (PyDict_GET_SIZE(uris) >= entries)
@@ -435,16 +443,12 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
  * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
  * next code after them (it is "learned"). At most `budget` nodes (lists and atoms). */
 static PyObject *
-build_body(PyObject *Py_UNUSED(self), PyObject *args)
+build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject *entries,
+              PyObject *codes, PyObject *caches, PyObject *make_atom, PyObject *start,
+              PyObject *step, Py_ssize_t max_depth, Py_ssize_t max_items,
+              Py_ssize_t max_string, Py_ssize_t max_name, Py_ssize_t budget,
+              PyObject *refused, PyObject *accept, Py_ssize_t memo_entries)
 {
-    Py_buffer view;
-    PyObject *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
-    Py_ssize_t offset, max_depth, max_items, max_string, max_name, budget, memo_entries;
-    if (!PyArg_ParseTuple(args, "y*nO!O!O!OOOnnnnnOOn", &view, &offset, &PyTuple_Type,
-                          &entries, &PyDict_Type, &codes, &PyTuple_Type, &caches, &make_atom,
-                          &start, &step, &max_depth, &max_items, &max_string, &max_name,
-                          &budget, &refused, &accept, &memo_entries))
-        return NULL;
     PyObject *result = NULL;
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
     PyObject *learned = NULL; /* the atoms written in full, in order: (atom, class) */
@@ -453,8 +457,7 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
     Stack st = STACK_INIT;    /* the lists under way (cbcl/_cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
     Py_ssize_t nodes = 0;
-    const unsigned char *p = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len, i = offset;
+    Py_ssize_t i = offset;
     Py_ssize_t static_count = PyTuple_GET_SIZE(entries);
     long long next_code = FIRST_ENTRY + (long long)static_count;
     int ok;
@@ -648,6 +651,24 @@ cleanup:
     Py_XDECREF(learned);
     Py_XDECREF(seen);
     stack_free(&st);
+    return result;
+}
+
+static PyObject *
+build_body(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer view;
+    PyObject *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
+    Py_ssize_t offset, max_depth, max_items, max_string, max_name, budget, memo_entries;
+    if (!PyArg_ParseTuple(args, "y*nO!O!O!OOOnnnnnOOn", &view, &offset, &PyTuple_Type,
+                          &entries, &PyDict_Type, &codes, &PyTuple_Type, &caches, &make_atom,
+                          &start, &step, &max_depth, &max_items, &max_string, &max_name,
+                          &budget, &refused, &accept, &memo_entries))
+        return NULL;
+    PyObject *result = build_body_of((const unsigned char *)view.buf, view.len, offset,
+                                     entries, codes, caches, make_atom, start, step,
+                                     max_depth, max_items, max_string, max_name, budget,
+                                     refused, accept, memo_entries);
     PyBuffer_Release(&view);
     return result;
 }
@@ -665,19 +686,18 @@ cleanup:
 enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMESTAMP = 8,
        HAS_SIGNATURE = 16, ENVELOPE_SLOTS = 12 };
 
-static PyObject *
-frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
+/* frame_envelope's work over p[0:n]: 1 with the fields in `slots` (new references, NULL
+ * where absent; slots[11] unused) and where the body starts in *offset, the intent's
+ * index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
+ * exception. */
+static int
+read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyObject *intents,
+                    PyObject *uris, Py_ssize_t max_string, Py_ssize_t memo_entries,
+                    PyObject **slots, Py_ssize_t *offset, Py_ssize_t *intent_index,
+                    long long *bits)
 {
-    Py_buffer view;
-    Py_ssize_t start, max_string, memo_entries;
-    PyObject *intents, *uris;
-    if (!PyArg_ParseTuple(args, "y*nO!O!nn", &view, &start, &PyTuple_Type, &intents,
-                          &PyDict_Type, &uris, &max_string, &memo_entries))
-        return NULL;
-    const unsigned char *p = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len, i = start;
-    PyObject *slots[ENVELOPE_SLOTS] = {NULL};
-    PyObject *result = NULL;
+    Py_ssize_t i = start;
+    int result = 1;
     Token t;
     long long present = 0;
     if (start < 0 || start > n)
@@ -693,6 +713,7 @@ frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
                 goto bail;
             slots[0] = PyTuple_GET_ITEM(intents, (Py_ssize_t)t.integer);
             Py_INCREF(slots[0]);
+            *intent_index = (Py_ssize_t)t.integer;
         } else if (slot == 1) { /* the field bits */
             if (t.str || t.big || t.integer < 0 || t.integer >= 64)
                 goto bail;
@@ -745,29 +766,47 @@ frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
             }
         }
     }
-    if ((slots[11] = PyLong_FromSsize_t(i)) == NULL)
-        goto error;
-    result = PyTuple_New(ENVELOPE_SLOTS);
-    if (result == NULL)
-        goto error;
-    for (int slot = 0; slot < ENVELOPE_SLOTS; slot++) {
-        PyObject *item = slots[slot] != NULL ? slots[slot] : Py_None;
-        if (slots[slot] == NULL)
-            Py_INCREF(item);
-        slots[slot] = NULL;
-        PyTuple_SET_ITEM(result, slot, item);
-    }
-    goto cleanup;
+    *offset = i;
+    *bits = present;
+    return 1;
 bail:
-    result = Py_None;
-    Py_INCREF(result);
+    result = 0;
     goto cleanup;
 error:
-    result = NULL;
+    result = -1;
 cleanup:
     for (int slot = 0; slot < ENVELOPE_SLOTS; slot++)
-        Py_XDECREF(slots[slot]);
+        Py_CLEAR(slots[slot]);
+    return result;
+}
+
+static PyObject *
+frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t start, max_string, memo_entries, offset = 0, intent_index = 0;
+    long long bits = 0;
+    PyObject *intents, *uris;
+    if (!PyArg_ParseTuple(args, "y*nO!O!nn", &view, &start, &PyTuple_Type, &intents,
+                          &PyDict_Type, &uris, &max_string, &memo_entries))
+        return NULL;
+    PyObject *slots[ENVELOPE_SLOTS] = {NULL};
+    PyObject *result = NULL;
+    int ok = read_frame_envelope((const unsigned char *)view.buf, view.len, start, intents,
+                                 uris, max_string, memo_entries, slots, &offset,
+                                 &intent_index, &bits);
     PyBuffer_Release(&view);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if ((slots[11] = PyLong_FromSsize_t(offset)) != NULL &&
+            (result = PyTuple_New(ENVELOPE_SLOTS)) != NULL) {
+        for (int slot = 0; slot < ENVELOPE_SLOTS; slot++) {
+            PyTuple_SET_ITEM(result, slot, slots[slot] != NULL ? slots[slot] : Py_NewRef(Py_None));
+            slots[slot] = NULL;
+        }
+    }
+    for (int slot = 0; slot < ENVELOPE_SLOTS; slot++)
+        Py_XDECREF(slots[slot]);
     return result;
 }
 
@@ -1467,19 +1506,27 @@ enum { P_GOVERNED, P_ENTRIES, P_BODY_TERMINAL, P_AUTOMATON, P_STEP, P_ATOMS, P_S
 
 static PyObject *S_START, *S_ACCEPTANCE;
 
+/* Whether `plan` is an acceptance plan: 1, or 0 with TypeError. */
+static int
+acceptance_ok(PyObject *plan)
+{
+    if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != P_SIZE ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, P_GOVERNED)) ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, P_ENTRIES)) ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(plan, P_ATOMS))) {
+        PyErr_SetString(PyExc_TypeError, "a protocol's acceptance plan is misshapen");
+        return 0;
+    }
+    return 1;
+}
+
 /* The protocol's plan (a new reference), or NULL with TypeError for one misshapen. */
 static PyObject *
 plan_of(PyObject *protocol)
 {
     PyObject *plan = PyObject_GetAttr(protocol, S_ACCEPTANCE);
-    if (plan != NULL && (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != P_SIZE ||
-                         !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, P_GOVERNED)) ||
-                         !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, P_ENTRIES)) ||
-                         !PyDict_CheckExact(PyTuple_GET_ITEM(plan, P_ATOMS)))) {
-        Py_DECREF(plan);
-        PyErr_SetString(PyExc_TypeError, "a protocol's acceptance plan is misshapen");
-        return NULL;
-    }
+    if (plan != NULL && !acceptance_ok(plan))
+        Py_CLEAR(plan);
     return plan;
 }
 
@@ -1696,7 +1743,170 @@ accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nar
     return message;
 }
 
+/* ------------------------------------------------------------------------- decode_frame */
+
+/* decode_frame(data, state) -> Message | None: a whole binary frame decoded and recognised
+ * in one call (cbcl._codec.Decoder.decode's fast path; its Python twin is _fast_frame):
+ * the header, its protocol's frame plan, the envelope (read_frame_envelope), the limits
+ * the envelope's text would meet, the body (build_body_of, which runs the grammar) and the
+ * schema (schema_accepts), then the Message. `state` is the decoder's (Decoder
+ * ._frame_state, laid out as D_*); a frame plan (cbcl._codec._Memos.frame_plans, by the
+ * digest's 32 bytes) is (protocol, its id, the id's length, the symbol table's entry_list
+ * and codes, the protocol's acceptance plan). None for anything else: a short id, a
+ * digest without a plan, a protocol no longer loaded under that id, an intent the
+ * protocol does not govern, any doubt the careful decoder must judge. */
+enum { D_PLANS, D_PROTOCOLS, D_INTENTS, D_INTENT_LENGTHS, D_SHAPES, D_URIS, D_CACHES, D_KEEP,
+       D_MEMO_ENTRIES, D_MAX_MESSAGE, D_MAX_STRING, D_MAX_DEPTH, D_MAX_ITEMS, D_MAX_NAME,
+       D_MAX_NODES, D_ENVELOPE_NODES, D_REFUSED, D_ACCEPT, D_HAS_HEADS, D_SYMBOL, D_MESSAGE,
+       D_ATTRIBUTES, D_SIGNATURE, D_SIZE };
+enum { FP_PROTOCOL, FP_ID, FP_ID_LENGTH, FP_ENTRIES, FP_CODES, FP_ACCEPTANCE, FP_SIZE };
+enum { HEADER_BYTES = 36, HAS_BODY = 32 };
+
+/* Whether `state` is as decode_frame takes it: 1, or 0 with TypeError. */
+static int
+state_ok(PyObject *state)
+{
+    static const int dicts[] = {D_PLANS, D_PROTOCOLS, D_URIS};
+    static const int tuples[] = {D_INTENTS, D_INTENT_LENGTHS, D_CACHES, D_ENVELOPE_NODES,
+                                 D_ATTRIBUTES};
+    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != D_SIZE)
+        goto bad;
+    for (size_t k = 0; k < sizeof dicts / sizeof dicts[0]; k++)
+        if (!PyDict_CheckExact(PyTuple_GET_ITEM(state, dicts[k])))
+            goto bad;
+    for (size_t k = 0; k < sizeof tuples / sizeof tuples[0]; k++)
+        if (!PyTuple_CheckExact(PyTuple_GET_ITEM(state, tuples[k])))
+            goto bad;
+    if (PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_INTENT_LENGTHS)) !=
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_INTENTS)) ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_ENVELOPE_NODES)) != 64 ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(state, D_SHAPES)) ||
+            PyBytes_GET_SIZE(PyTuple_GET_ITEM(state, D_SHAPES)) != 64 ||
+            PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_ATTRIBUTES)) != F_COUNT ||
+            !PyType_Check(PyTuple_GET_ITEM(state, D_MESSAGE)) ||
+            !PyType_Check(PyTuple_GET_ITEM(state, D_SYMBOL)))
+        goto bad;
+    return 1;
+bad:
+    PyErr_SetString(PyExc_TypeError, "decode_frame's state is misshapen");
+    return 0;
+}
+
+static PyObject *
+decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_frame(data: bytes, state)");
+        return NULL;
+    }
+    PyObject *state = args[1];
+    if (!state_ok(state))
+        return NULL;
+    PyObject *const *d = &PyTuple_GET_ITEM(state, 0);
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t limit[D_MAX_NODES + 1];
+    for (int k = D_MEMO_ENTRIES; k <= D_MAX_NODES; k++) {
+        limit[k] = PyLong_AsSsize_t(d[k]);
+        if (limit[k] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (n > limit[D_MAX_MESSAGE] || n < HEADER_BYTES || p[0] != 0xcb || p[1] != 'L' ||
+            p[2] != 1 || p[3] != 0)
+        Py_RETURN_NONE; /* (a short id, too: the Python path reads it) */
+    PyObject *digest = PyBytes_FromStringAndSize((const char *)p + 4, 32);
+    if (digest == NULL)
+        return NULL;
+    PyObject *plan = PyDict_GetItemWithError(d[D_PLANS], digest);
+    Py_DECREF(digest);
+    if (plan == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != FP_SIZE ||
+            !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, FP_ENTRIES)) ||
+            !PyDict_CheckExact(PyTuple_GET_ITEM(plan, FP_CODES))) {
+        PyErr_SetString(PyExc_TypeError, "a frame plan is misshapen");
+        return NULL;
+    }
+    Py_INCREF(plan); /* the plans may change under a Python call */
+    PyObject *slots[ENVELOPE_SLOTS] = {NULL};
+    PyObject *acceptance = NULL, *start = NULL, *body = NULL, *signature = NULL;
+    PyObject *result = NULL;
+    Py_ssize_t offset = 0, intent_index = 0;
+    long long bits = 0;
+    PyObject *current = PyDict_GetItemWithError(d[D_PROTOCOLS], PyTuple_GET_ITEM(plan, FP_ID));
+    if (current != PyTuple_GET_ITEM(plan, FP_PROTOCOL))
+        goto decline; /* (or an exception) */
+    int ok = read_frame_envelope(p, n, HEADER_BYTES, d[D_INTENTS], d[D_URIS],
+                                 limit[D_MAX_STRING], limit[D_MEMO_ENTRIES], slots, &offset,
+                                 &intent_index, &bits);
+    if (ok <= 0)
+        goto decline;
+    /* The limits the envelope's text would meet (cbcl._codec.envelope_limits): its shape
+     * by the bits, then the intent's and the protocol id's names. */
+    Py_ssize_t intent_length = PyLong_AsSsize_t(
+        PyTuple_GET_ITEM(d[D_INTENT_LENGTHS], intent_index));
+    Py_ssize_t id_length = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, FP_ID_LENGTH));
+    Py_ssize_t envelope_nodes = PyLong_AsSsize_t(
+        PyTuple_GET_ITEM(d[D_ENVELOPE_NODES], (Py_ssize_t)bits));
+    if (PyErr_Occurred())
+        goto decline;
+    if (!PyBytes_AS_STRING(d[D_SHAPES])[bits] || intent_length > limit[D_MAX_NAME] ||
+            id_length > limit[D_MAX_NAME] || !(bits & HAS_BODY))
+        goto decline; /* (a governed intent needs a body) */
+    acceptance = Py_NewRef(PyTuple_GET_ITEM(plan, FP_ACCEPTANCE));
+    if (!acceptance_ok(acceptance))
+        goto decline;
+    PyObject *governed = PyTuple_GET_ITEM(acceptance, P_GOVERNED);
+    Py_ssize_t k;
+    for (k = 0; k < PyTuple_GET_SIZE(governed); k++)
+        if (PyTuple_GET_ITEM(governed, k) == slots[0])
+            break;
+    if (k == PyTuple_GET_SIZE(governed))
+        goto decline;
+    start = start_of(acceptance, slots[0], d[D_REFUSED]);
+    if (start == NULL || start == Py_None)
+        goto decline;
+    body = build_body_of(p, n, offset, PyTuple_GET_ITEM(plan, FP_ENTRIES),
+                         PyTuple_GET_ITEM(plan, FP_CODES), d[D_CACHES], d[D_KEEP], start,
+                         PyTuple_GET_ITEM(acceptance, P_STEP), limit[D_MAX_DEPTH],
+                         limit[D_MAX_ITEMS], limit[D_MAX_STRING], limit[D_MAX_NAME],
+                         limit[D_MAX_NODES] - envelope_nodes, d[D_REFUSED], d[D_ACCEPT],
+                         limit[D_MEMO_ENTRIES]);
+    if (body == NULL || body == Py_None)
+        goto decline;
+    ok = schema_accepts(acceptance, body, d[D_HAS_HEADS], (PyTypeObject *)d[D_SYMBOL]);
+    if (ok != 1)
+        goto decline;
+    if (slots[9] != NULL) {
+        signature = PyObject_CallFunctionObjArgs(d[D_SIGNATURE], slots[9], slots[10], NULL);
+        if (signature == NULL)
+            goto decline;
+    }
+    {
+        PyObject *values[F_COUNT] = {slots[2], slots[3], slots[4], slots[0],
+                                     PyTuple_GET_ITEM(plan, FP_ID), slots[5], slots[6],
+                                     slots[7], slots[8], body, signature};
+        result = new_with_attributes((PyTypeObject *)d[D_MESSAGE], d[D_ATTRIBUTES], values);
+    }
+    goto cleanup;
+decline: /* None, unless an exception is set */
+    if (!PyErr_Occurred())
+        result = Py_NewRef(Py_None);
+cleanup:
+    for (int slot = 0; slot < ENVELOPE_SLOTS; slot++)
+        Py_XDECREF(slots[slot]);
+    Py_XDECREF(acceptance);
+    Py_XDECREF(start);
+    Py_XDECREF(body);
+    Py_XDECREF(signature);
+    Py_DECREF(plan);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
+     "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
+     "(cbcl._codec._fast_frame)."},
     {"accept_document", (PyCFunction)(void (*)(void))accept_document, METH_FASTCALL,
      "accept_document(value, tables, protocols) -> Message | None: both passes over a "
      "document value (cbcl._api.accept_document_python)."},

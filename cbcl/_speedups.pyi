@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from _typeshed import ReadableBuffer
 
+from ._message import Message
 from ._values import Value
 
 # A node of a protocol's StackAutomaton (cbcl/_automaton.py): an exact dict holding the
@@ -113,8 +114,16 @@ def envelope(
     ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
     ``Signature`` raises."""
 
+def decode_frame(data: bytes, state: tuple[Any, ...], /) -> Message | None:
+    """A whole frame decoded and recognised in one call (the twin of
+    ``cbcl._codec._fast_frame`` and its header and table lookup): the ``Message``, or
+    ``None`` for anything the Python decoder must judge (a short id, a digest without a
+    frame plan in ``state``, an ungoverned intent, any doubt). ``state`` is a decoder's
+    (``cbcl._codec._frame_state``). ``TypeError`` for data that is not bytes or a
+    misshapen state or plan."""
+
 def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, Any], /,
-                    ) -> Any:
+                    ) -> Message | None:
     """Both passes over a whole document ``value``: the twin of
     ``cbcl._api.accept_document_python``. The ``Message`` when its envelope is one,
     ``protocols`` (a registry's loaded protocols by id) holds its protocol and pass 2 (by

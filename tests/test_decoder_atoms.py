@@ -208,6 +208,8 @@ def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
         return keep(code, text)
 
     memos.keep = spy
+    if decoder._frame_state is not None:  # (the whole-frame call reads keep from its state)
+        decoder._frame_state = _codec._frame_state(registry, decoder.limits, memos)
     long, short = "12345.678", "2.5"
     symbol, keyword = "issue-19-symbol-x1", "issue-19-keyword-x1"
     body = _body_tokens([(CODE_DECIMAL, long), (CODE_DECIMAL, short),

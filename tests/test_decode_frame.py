@@ -1,0 +1,201 @@
+"""A whole binary frame in one C call (``cbcl._speedups.decode_frame``, the first thing
+:meth:`cbcl.Decoder.decode` tries) against the Python decoder, the reference: on every
+frame it gives the decoder's message or ``None`` (never another message, never an error),
+and the decoder's outcome - message or error, its text and offset - does not depend on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import cbcl
+from cbcl import CBCLError, Intent, Limits, Registry, _codec
+from cbcl._bench import PROTOCOLS, find_descriptors, load_registry, varied
+from cbcl._codec import Decoder, Encoder, _shape_refusal, envelope_limits, frame_shapes
+
+pytestmark = pytest.mark.skipif(_codec._decode_frame_c is None,
+                                reason="cbcl._speedups is not built here")
+
+REGISTRY = load_registry(find_descriptors())
+ENCODER = Encoder(REGISTRY)
+MESSAGES = [message for protocol in PROTOCOLS for size in ("small", "medium")
+            for message in varied(protocol, size, 30, seed=11)]
+FRAMES = [ENCODER.encode(message) for message in MESSAGES]
+
+
+def warm(registry: Registry = REGISTRY, limits: Limits | None = None) -> Decoder:
+    """A decoder that has a frame plan for every loaded protocol."""
+    decoder = Decoder(registry, limits=limits)
+    for protocol in registry.protocols():
+        decoder._table(bytes.fromhex(protocol.digest[7:]), 4)
+    return decoder
+
+
+WARM = warm()
+PURE = Decoder(REGISTRY, pure_python=True)
+
+
+def in_c(decoder: Decoder, frame: bytes) -> Any:
+    return _codec._decode_frame_c(frame, decoder._frame_state)
+
+
+def outcome(decoder: Decoder, frame: bytes) -> Any:
+    try:
+        return decoder.decode(frame)
+    except CBCLError as error:
+        return type(error), error.message, error.offset
+
+
+def test_every_corpus_frame_is_decoded_whole_in_c() -> None:
+    for frame, message in zip(FRAMES, MESSAGES, strict=True):
+        found = in_c(WARM, frame)
+        assert found == message
+        for field in dataclasses.fields(cbcl.Message):
+            assert type(getattr(found, field.name)) is type(getattr(message, field.name))
+
+
+def test_a_fresh_decoder_declines_until_its_plan_is_made() -> None:
+    decoder = Decoder(REGISTRY)
+    assert in_c(decoder, FRAMES[0]) is None
+    assert decoder.decode(FRAMES[0]) == MESSAGES[0]  # the Python path makes the plan
+    assert in_c(decoder, FRAMES[0]) == MESSAGES[0]
+
+
+def test_the_one_shot_decode_reaches_the_c_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    results: list[Any] = []
+    real = _codec._decode_frame_c
+
+    def spy(data: bytes, state: Any) -> Any:
+        results.append(real(data, state))
+        return results[-1]
+
+    monkeypatch.setattr(_codec, "_decode_frame_c", spy)
+    for _ in range(2):
+        assert cbcl.decode(FRAMES[1], registry=REGISTRY) == MESSAGES[1]
+    assert results[-1] == MESSAGES[1]  # (the shared memos hold the plan after one call)
+
+
+@settings(max_examples=400, deadline=None)
+@given(index=st.integers(0, len(FRAMES) - 1), data=st.data())
+def test_damaged_frames_agree(index: int, data: st.DataObject) -> None:
+    frame = bytearray(FRAMES[index])
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(frame) - 1))
+        op = data.draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
+        if op == "flip":
+            frame[at] ^= 1 << data.draw(st.integers(0, 7))
+        elif op == "cut":
+            del frame[at:]
+            if not frame:
+                break
+        elif op == "insert":
+            frame[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+        else:
+            del frame[at]
+            if not frame:
+                break
+    damaged = bytes(frame)
+    expected = outcome(PURE, damaged)
+    found = in_c(WARM, damaged)
+    assert found is None or found == expected
+    assert outcome(WARM, damaged) == expected
+
+
+def test_a_replaced_protocol_is_left_to_the_python_path() -> None:
+    registry = load_registry(find_descriptors())
+    decoder = warm(registry)
+    message = MESSAGES[0]
+    frame = Encoder(registry).encode(message)
+    assert in_c(decoder, frame) == message
+    protocol = registry._protocols[message.protocol]
+    registry._protocols[message.protocol] = dataclasses.replace(protocol)  # another object
+    assert in_c(decoder, frame) is None
+    registry._protocols[message.protocol] = protocol
+    assert in_c(decoder, frame) == message
+
+
+def test_short_ids_and_signatures() -> None:
+    message = MESSAGES[0]
+    digest = REGISTRY.get(message.protocol).digest  # type: ignore[union-attr]
+    short = Encoder(REGISTRY, short_ids={7: digest}).encode(message)
+    decoder = Decoder(REGISTRY, short_ids={7: digest})
+    assert decoder.decode(short) == message
+    assert in_c(decoder, short) is None  # the header the Python path reads
+    signed = dataclasses.replace(message, signature=cbcl.Signature("key-1", "c2ln"))
+    assert in_c(WARM, ENCODER.encode(signed)) == signed
+
+
+def test_ungoverned_intents_and_missing_bodies_are_left_to_the_python_path() -> None:
+    message = MESSAGES[0]
+    for changed in (dataclasses.replace(message, intent=Intent.NOT_UNDERSTOOD, body="why"),
+                    dataclasses.replace(message, intent=Intent.CANCEL, body=None)):
+        frame = ENCODER.encode(changed)
+        assert in_c(WARM, frame) is None
+        assert WARM.decode(frame) == changed
+    # (the encoder refuses to write it: the body's bit cleared, its tokens cut, by hand)
+    offset = _codec._frame_envelope_c(FRAMES[0], 36, _codec.INTENTS, {}, 10**6, 8)[-1]
+    assert FRAMES[0][37] & _codec.HAS_BODY
+    bodiless = FRAMES[0][:37] + bytes([FRAMES[0][37] & ~_codec.HAS_BODY]) + \
+        FRAMES[0][38:offset]
+    assert in_c(WARM, bodiless) is None
+    assert isinstance(outcome(WARM, bodiless), tuple)
+
+
+def test_the_envelope_shapes_match_envelope_limits() -> None:
+    """frame_shapes and the two name checks decode_frame makes decide exactly as
+    envelope_limits, for every set of fields, intent and limit at and around the edge."""
+    protocol = REGISTRY.get(MESSAGES[0].protocol)
+    assert protocol is not None
+    grid = [Limits(max_depth=d) for d in (1, 2, 3)] + \
+        [Limits(max_list_items=i) for i in (6, 7, 8, 11, 12)] + \
+        [Limits(max_nodes=n) for n in (16, 20, 24, 30, 36, 40)] + \
+        [Limits(max_name_chars=c) for c in (8, 10, 11, 14, 15, 16, 17, 18, 30)]
+    _codec._ENVELOPE_WITHIN_LIMITS.clear()
+    for limits in grid:
+        shapes = frame_shapes(limits)
+        for present in range(64):
+            for intent in Intent:
+                within = bool(shapes[present]) and \
+                    len(intent.value) <= limits.max_name_chars and \
+                    len(protocol.id) <= limits.max_name_chars
+                try:
+                    envelope_limits(limits, protocol, intent, present, lambda at: None)
+                except cbcl.LimitError:
+                    assert not within, (limits, present, intent)
+                else:
+                    assert within, (limits, present, intent)
+            assert shapes[present] == (_shape_refusal(limits, present) is None and
+                                       _codec._SHAPE_NAMES[present] <= limits.max_name_chars)
+
+
+def test_name_limits_at_the_edge() -> None:
+    message = MESSAGES[0]
+    frame = FRAMES[0]
+    longest = max(len(message.protocol), len(message.intent.value), len("message-id"),
+                  len("CBCL/1.0"), len("conversation-id") if message.conversation_id else 0,
+                  len("in-reply-to") if message.in_reply_to else 0)
+    body_names = [len(str.__str__(atom)) for atom in _atoms(message.body)]
+    at = max(longest, *body_names)
+    assert in_c(warm(limits=Limits(max_name_chars=at)), frame) == message
+    decoder = warm(limits=Limits(max_name_chars=at - 1))
+    assert in_c(decoder, frame) is None
+    assert outcome(decoder, frame)[0] is cbcl.LimitError
+
+
+def _atoms(value: Any) -> list[Any]:
+    if type(value) is tuple:
+        return [atom for item in value for atom in _atoms(item)]
+    return [value] if type(value) in (cbcl.Symbol, cbcl.Keyword) else []
+
+
+def test_misshapen_state_raises_type_error() -> None:
+    with pytest.raises(TypeError):
+        _codec._decode_frame_c(FRAMES[0], WARM._frame_state[:-1])  # type: ignore[index]
+    with pytest.raises(TypeError):
+        _codec._decode_frame_c(bytearray(FRAMES[0]), WARM._frame_state)
+    with pytest.raises(TypeError):
+        _codec._decode_frame_c(FRAMES[0])  # type: ignore[call-arg]
