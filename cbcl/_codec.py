@@ -444,19 +444,26 @@ class Decoder:
         memos = self._memos
         table = memos.by_digest.get(digest)
         if table is not None and self.registry.get(table.protocol.id) is table.protocol:
-            if digest not in memos.frame_plans:
+            if self._frame_state is not None and digest not in memos.frame_plans:
                 memos.frame_plans[digest] = _frame_plan(table)
             return table
-        memos.by_digest = by_digest = {
-            t.digest: t for t in map(SymbolTable.of, self.registry.protocols())}
-        memos.frame_plans.clear()  # (in place: each decoder's _frame_state holds it)
-        table = by_digest.get(digest)
+        loaded = self.registry.protocols()
+        if loaded != memos.built_from:  # (identity: a Protocol equals only itself)
+            # The registry changed since the tables were made: a table per loaded protocol,
+            # made only for those that are new (an unknown digest alone rebuilds nothing).
+            kept = {t.protocol: t for t in memos.by_digest.values()}
+            memos.by_digest = {t.digest: t for t in (
+                kept.get(protocol) or SymbolTable.of(protocol) for protocol in loaded)}
+            memos.built_from = loaded
+            memos.frame_plans.clear()  # (in place: each decoder's _frame_state holds it)
+        table = memos.by_digest.get(digest)
         if table is None:
             name = "sha256:" + digest.hex()
             raise UnknownProtocolError(
                 f"unknown protocol {name}: no descriptor with this digest is loaded",
                 protocol=name, position=_at(offset))
-        memos.frame_plans[digest] = _frame_plan(table)
+        if self._frame_state is not None:
+            memos.frame_plans[digest] = _frame_plan(table)
         return table
 
     def decode(self, data: bytes | bytearray | memoryview) -> Message:
@@ -469,6 +476,15 @@ class Decoder:
         :class:`TrustError` for a bad or missing required message signature, and
         ``TypeError`` for input that is not bytes.
         """
+        state = self._frame_state
+        if state is not None and type(data) is bytes:  # cbcl._speedups: the whole frame
+            message = _decode_frame_c(data, state)    # in one call (None: not that way)
+            if message is not None:
+                trust = self.registry.trust
+                if trust is not None and (message.signature is not None or
+                                          self.require_signatures):
+                    trust.verify_message(message)
+                return message
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"expected bytes, not {type(data).__name__}")
         data = bytes(data)
@@ -476,14 +492,6 @@ class Decoder:
         size = len(data)
         if size > limits.max_message_bytes:
             _limit(limits, "max_message_bytes", 0, "frame")
-        if self._frame_state is not None:  # cbcl._speedups: the whole frame in one call
-            message = _decode_frame_c(data, self._frame_state)
-            if message is not None:
-                trust = self.registry.trust
-                if trust is not None and (message.signature is not None or
-                                          self.require_signatures):
-                    trust.verify_message(message)
-                return message
         table, start = self._header(data)
         if self._fast_c is not None:  # cbcl._speedups reads the frame's bytes
             message = _fast_frame(table, data, start, limits, self._memos, *self._fast_c)
@@ -615,12 +623,14 @@ class _Memos:
     are the reader's process-wide intern tables (``cbcl._reader._SYMBOLS``), shared so a
     frame's atoms are the very objects of the grammars' tables."""
 
-    __slots__ = ("by_digest", "caches", "decimals", "entries", "frame_plans", "keep",
-                 "make_atom", "uris")
+    __slots__ = ("built_from", "by_digest", "caches", "decimals", "entries", "frame_plans",
+                 "keep", "make_atom", "uris")
 
     def __init__(self) -> None:
         self.entries = MEMO_ENTRIES
         self.by_digest: dict[bytes, SymbolTable] = {}
+        #: The registry's protocols when :attr:`by_digest` was made.
+        self.built_from: tuple[Protocol, ...] = ()
         #: The tables of :attr:`by_digest` as cbcl._speedups.decode_frame reads them
         #: (:func:`_frame_plan`), added as frames name them.
         self.frame_plans: dict[bytes, tuple[Any, ...]] = {}
@@ -1010,15 +1020,24 @@ _SHAPES: dict[Limits, bytes] = {}
 _SHAPES_MAX = 64
 
 
+def _shapes_of(limits: Limits) -> bytes:
+    return bytes(_shape_refusal(limits, present) is None and
+                 _SHAPE_NAMES[present] <= limits.max_name_chars for present in range(64))
+
+
+_DEFAULT_SHAPES = _shapes_of(DEFAULT_LIMITS)
+
+
 def frame_shapes(limits: Limits) -> bytes:
     """By fields present, 1 where :func:`envelope_limits` passes an envelope of those
     fields under ``limits`` whatever its intent and protocol id, as long as neither name is
     longer than ``max_name_chars`` (what cbcl._speedups.decode_frame checks), else 0.
     Remembered for at most :data:`_SHAPES_MAX` limits (a pure function of them)."""
+    if limits is DEFAULT_LIMITS:  # (a Limits hashes in Python: the common case skips it)
+        return _DEFAULT_SHAPES
     shapes = _SHAPES.get(limits)
     if shapes is None:
-        shapes = bytes(_shape_refusal(limits, present) is None and
-                       _SHAPE_NAMES[present] <= limits.max_name_chars for present in range(64))
+        shapes = _shapes_of(limits)
         if len(_SHAPES) >= _SHAPES_MAX:
             _SHAPES.clear()
         _SHAPES[limits] = shapes

@@ -47,6 +47,7 @@
  * but its interned strings and the types it makes (cbcl._values' atoms, Decimal).
  */
 #include "_cstack.h"
+#include <structmember.h>
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
        FIRST_ENTRY = 7 };
@@ -479,8 +480,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
         node = start;
         Py_INCREF(node);
     }
-    if ((learned = PyList_New(0)) == NULL || (seen = PySet_New(NULL)) == NULL)
-        goto error;
+    /* (learned and seen are made at the first atom written in full: most bodies have few) */
     if (offset < 0 || offset > n)
         goto bail;
     while (i < n) {
@@ -512,7 +512,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                 cls = PyTuple_GET_ITEM(entry, 1);
             } else if (code >= next_code) {
                 Py_ssize_t k = (Py_ssize_t)(code - next_code);
-                if (code - next_code >= PyList_GET_SIZE(learned))
+                if (learned == NULL || code - next_code >= PyList_GET_SIZE(learned))
                     goto bail;
                 PyObject *entry = PyList_GET_ITEM(learned, k);
                 value = PyTuple_GET_ITEM(entry, 0);
@@ -590,11 +590,14 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                     cls = S_KINDS[code];
                     if (code != DECIMAL) { /* learned: it has the next code from now on */
                         if ((ok = PyDict_Contains(codes, value)) != 0 ||
-                            (ok = PySet_Contains(seen, value)) != 0) {
+                            (seen != NULL && (ok = PySet_Contains(seen, value)) != 0)) {
                             if (ok < 0)
                                 goto error;
                             goto bail; /* written in full but it has a code */
                         }
+                        if (seen == NULL && ((learned = PyList_New(0)) == NULL ||
+                                             (seen = PySet_New(NULL)) == NULL))
+                            goto error;
                         PyObject *pair = PyTuple_Pack(2, value, cls);
                         if (pair == NULL || PySet_Add(seen, value) < 0 ||
                                 PyList_Append(learned, pair) < 0) {
@@ -935,12 +938,53 @@ enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 1
  * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None) as
  * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
  * or NULL with an exception. */
+/* The slots new_with_attributes last found for a type and attribute tuple: where each
+ * attribute's member descriptor keeps it in an instance (the type and tuple are held). */
+static PyTypeObject *slots_type;
+static PyObject *slots_names;
+static Py_ssize_t slot_offsets[F_COUNT];
+
+/* Whether every attribute of `attributes` is a plain object slot of `type` (a writable
+ * member descriptor, as a slots dataclass has, frozen or not: its __setattr__ is not the
+ * descriptor's), remembering their offsets: 1 or 0. */
+static int
+slots_found(PyTypeObject *type, PyObject *attributes)
+{
+    if (type == slots_type && attributes == slots_names)
+        return 1;
+    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
+    if (count > F_COUNT)
+        return 0;
+    Py_ssize_t offsets[F_COUNT];
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *name = PyTuple_GET_ITEM(attributes, k);
+        PyObject *found = PyUnicode_Check(name) ? _PyType_Lookup(type, name) : NULL;
+        if (found == NULL || !Py_IS_TYPE(found, &PyMemberDescr_Type))
+            return 0;
+        PyMemberDef *member = ((PyMemberDescrObject *)found)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY))
+            return 0;
+        offsets[k] = member->offset;
+    }
+    Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
+    Py_XSETREF(slots_names, Py_NewRef(attributes));
+    memcpy(slot_offsets, offsets, sizeof offsets);
+    return 1;
+}
+
 static PyObject *
 new_with_attributes(PyTypeObject *type, PyObject *attributes, PyObject *const *values)
 {
     PyObject *made = type->tp_alloc(type, 0);
     if (made == NULL)
         return NULL;
+    if (slots_found(type, attributes)) { /* what object.__setattr__ does, without lookups */
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
+            PyObject **slot = (PyObject **)((char *)made + slot_offsets[k]);
+            Py_XSETREF(*slot, Py_NewRef(values[k] != NULL ? values[k] : Py_None));
+        }
+        return made;
+    }
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
         if (PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k),
                                     values[k] != NULL ? values[k] : Py_None) < 0) {
