@@ -479,14 +479,16 @@ def _one_of(t: OneOf, value: Value) -> bool:
 #   _MEMBER    (its type, it) is in the set a (a one-of of hashable atoms)
 #   _KEYED     it is checked later, from a work list, by the _Pairs b
 #   _LISTED    it is checked later as the list-of b
-# (A keyword-argument list or record of any keys has no children: it is _TESTED.)
+#   _OPEN      the predicate a holds (a keyword-argument list or record of any keys,
+#              the _Pairs b: the C twin checks it from the work list, as _KEYED)
 
 _Spec = tuple[Union[frozenset[type], None], int, Any, Any]  # noqa: UP007
 # A field: its bit, its spec, and the field listed after it (its key and _Field, or
 # _NOT_A_VALUE and None after the last).
 _Field = tuple[int, Union[frozenset[type], None], int, Any, Any, Any, Any]  # noqa: UP007
 
-_PLAIN, _SIZED, _KEYED, _LISTED, _BETWEEN, _AT_LEAST, _AT_MOST, _TESTED, _MEMBER = range(9)
+_PLAIN, _SIZED, _KEYED, _LISTED, _BETWEEN, _AT_LEAST, _AT_MOST, _TESTED, _MEMBER, _OPEN = \
+    range(10)
 _ANY: _Spec = (None, _PLAIN, None, None)
 _TUPLE = frozenset((tuple,))
 _NO_MAX = sys.maxsize  # longer than any str: no maximum length
@@ -615,7 +617,7 @@ def _spec_of(t: SchemaType) -> _Spec:
     if isinstance(t, (Keys, Record)):
         pairs = t._pairs
         if pairs.open is not None:
-            return _TUPLE, _TESTED, pairs.open, None
+            return _TUPLE, _OPEN, pairs.open, pairs
         return _TUPLE, _KEYED, None, pairs
     return None, _TESTED, _refuse, None  # not a type: the explaining pass says what to do
 
@@ -727,6 +729,9 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                         return False
                 elif how == _LISTED:
                     lists.append((b, value))  # type: ignore[arg-type]
+                elif how == _OPEN:
+                    if not a(value):
+                        return False
                 elif value > b:  # (_AT_MOST)
                     return False
         if seen & pairs.required != pairs.required:
@@ -765,6 +770,9 @@ def _valid(record: Record, body: tuple[Value, ...]) -> bool:
                             return False
                     elif how == _LISTED:
                         lists.append((b, value))  # type: ignore[arg-type]
+                    elif how == _OPEN:
+                        if not a(value):
+                            return False
                     elif value > b:  # (_AT_MOST)
                         return False
         pairs, items = keyed.pop()

@@ -1160,7 +1160,7 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
  * exception it would raise, which check_schema takes as False); None to leave the body
  * to the Python pass: a type with more than 63 fields (its bits do not fit). */
 enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, HOW_AT_MOST,
-       HOW_TESTED, HOW_MEMBER };
+       HOW_TESTED, HOW_MEMBER, HOW_OPEN };
 
 static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
 
@@ -1205,11 +1205,12 @@ spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
         return above < 0 ? -1 : !above;
     }
     case HOW_KEYED:
+    case HOW_OPEN: /* (its _Pairs, b, checks any distinct keys as pairs_hold does) */
     case HOW_LISTED: {
         PyObject *pair = PyTuple_Pack(2, b, value);
         if (pair == NULL)
             return -1;
-        int added = PyList_Append(how == HOW_KEYED ? keyed : lists, pair);
+        int added = PyList_Append(how == HOW_LISTED ? lists : keyed, pair);
         Py_DECREF(pair);
         return added < 0 ? -1 : 1;
     }
@@ -1442,21 +1443,10 @@ schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
         Py_DECREF(packed);
         return 0; /* not a _Pairs: the explaining pass judges */
     }
-    PyObject *open = PyTuple_GET_ITEM(packed, 0);
-    Py_INCREF(open);
+    /* A record of any keys (`open`, the Python pass's predicate) is checked by the loop
+     * of pairs_hold like any other: it has no fields and `other` takes any value, so it
+     * holds exactly when the predicate does (distinct keywords, each with a value). */
     Py_DECREF(packed);
-    if (open != Py_None) { /* the body's record takes any keys: its predicate */
-        PyObject *holds = PyObject_CallOneArg(open, body);
-        Py_DECREF(open);
-        if (holds == NULL)
-            goto failed;
-        int truth = PyObject_IsTrue(holds);
-        Py_DECREF(holds);
-        if (truth < 0)
-            goto failed;
-        return truth;
-    }
-    Py_DECREF(open);
     PyObject *keyed = PyList_New(0), *lists = PyList_New(0);
     PyObject *items = body, *held = NULL; /* `held`: the pair keeping `items` alive */
     int result = -1;
