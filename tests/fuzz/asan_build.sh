@@ -4,10 +4,12 @@
 # each extension with -fsanitize=address,undefined (and warnings as errors) into a
 # temporary copy of the package, then runs against it the differential tests
 # (tests/test_encoders.py, test_scanner.py, test_reader_tiers.py, test_decoder_atoms.py,
-# test_envelope_walk.py, test_automaton.py, test_schema.py and the canonical, reader and
+# test_envelope_walk.py, test_automaton.py, test_schema.py, test_accept_document.py,
+# test_decode_frame.py and the canonical, reader and
 # codec suites that go through them) and the fuzz harnesses
 # tests/fuzz/fuzz_encoders.py and tests/fuzz/fuzz_scanner.py: under libFuzzer (atheris)
-# when it is installed, and on random inputs as well. Any sanitizer report aborts the run
+# when it is installed, and on random inputs as well; with atheris, also the decoder and
+# body targets of tests/fuzz/fuzz_cbcl.py. Any sanitizer report aborts the run
 # (halt_on_error).
 #
 #     tests/fuzz/asan_build.sh [SECONDS]     # fuzzing time per harness, 60 by default
@@ -60,7 +62,8 @@ echo "+ pytest (differential tests) against the sanitized builds"
     "$root/tests/test_scanner.py" "$root/tests/test_reader_tiers.py" \
     "$root/tests/test_reader.py" "$root/tests/test_decoder_atoms.py" \
     "$root/tests/test_envelope_walk.py" "$root/tests/test_automaton.py" \
-    "$root/tests/test_schema.py"
+    "$root/tests/test_schema.py" "$root/tests/test_accept_document.py" \
+    "$root/tests/test_decode_frame.py"
 for harness in encoders scanner; do
     echo "+ fuzz_$harness.py on random inputs"
     "$PY" "$root/tests/fuzz/fuzz_$harness.py" --random 20000
@@ -72,6 +75,13 @@ if "$PY" -c "import atheris" 2>/dev/null; then
         echo "+ fuzz_$name.py under libFuzzer for ${SECONDS_TO_FUZZ}s"
         "$PY" "$root/tests/fuzz/fuzz_$name.py" -max_total_time="$SECONDS_TO_FUZZ" \
             -rss_limit_mb=0 "$work/corpus/$name" "$root/tests/fuzz/corpus/$seeds"
+    done
+    # the whole-frame decoder and parse's C path, each against its Python twin
+    for target in decoder body; do
+        mkdir -p "$work/corpus/cbcl-$target"
+        echo "+ fuzz_cbcl.py $target under libFuzzer for ${SECONDS_TO_FUZZ}s"
+        "$PY" "$root/tests/fuzz/fuzz_cbcl.py" "$target" -max_total_time="$SECONDS_TO_FUZZ" \
+            -rss_limit_mb=0 "$work/corpus/cbcl-$target" "$root/tests/fuzz/corpus/$target"
     done
 fi
 echo "+ no sanitizer findings"

@@ -361,6 +361,7 @@ def _unreferenced_rules(text: str) -> tuple[str, ...]:
 
 def _setup() -> dict[str, Callable[[bytes], None]]:
     import cbcl
+    from cbcl import _api, _codec
     from cbcl._compile import compile_grammar
     from cbcl._envelope import scan_envelope
     from cbcl._reader import decode
@@ -406,10 +407,21 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
         intent = _INTENTS[data[1] % len(_INTENTS)] if len(data) > 1 else "INFORM"
         head = (f'(CBCL/1.0 (message-id "m") (sender agent://a) (receiver agent://b) '
                 f"(intent {intent}) (protocol {protocol}) (body ").encode()
+        document = head + data[2:] + b"))"
         try:
-            message = cbcl.parse(head + data[2:] + b"))", registry=registry, limits=limits)
-        except cbcl.CBCLError:
+            message = cbcl.parse(document, registry=registry, limits=limits)
+        except cbcl.CBCLError as exc:
+            message, refusal = None, (type(exc), str(exc))
+        # parse's fast path (both passes in C) gives what the careful path gives
+        saved, _api._accept_document_c = _api._accept_document_c, None
+        try:
+            careful = cbcl.parse(document, registry=registry, limits=limits)
+        except cbcl.CBCLError as exc:
+            assert message is None and refusal == (type(exc), str(exc)), (refusal, exc)
             return
+        finally:
+            _api._accept_document_c = saved
+        assert careful == message, (careful, message)
         # What text accepts, the binary form carries and accepts the same.
         frame = cbcl.encode(message, registry=registry)
         assert decoders[0].decode(frame) == message
@@ -423,6 +435,10 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
                 outcomes.append((type(exc), str(exc)))
         # The C and pure-Python unpackers give the same result or the same error.
         assert outcomes[0] == outcomes[1], outcomes
+        # The whole-frame C call gives the decoder's message, or leaves the frame to it.
+        if decoders[0]._frame_state is not None:
+            found = _codec._decode_frame_c(data, decoders[0]._frame_state)
+            assert found is None or found == outcomes[1], (found, outcomes[1])
 
     def descriptor(data: bytes) -> None:
         try:
