@@ -42,7 +42,9 @@
  * declines without a Python call, a long decimal (never remembered) is constructed here,
  * a URI is made here and remembered in the decoder's URI memo under its bound (passed with
  * the call), and only a valid symbol, keyword or short decimal calls make_atom, the
- * Python function that makes and remembers it. The caches and make_atom are the calling
+ * Python function that makes and remembers it. In front of those caches, a direct-mapped
+ * memo by kind and bytes (atom_memo) finds a symbol, keyword or URI seen before without
+ * making its str. The caches and make_atom are the calling
  * decoder's own (cbcl._codec._Memos), passed with each call: this module keeps no state
  * but its interned strings and the types it makes (cbcl._values' atoms, Decimal).
  */
@@ -388,6 +390,65 @@ remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
     return uri;
 }
 
+/* The decoder's memo of atoms written in full, by kind and bytes, in front of the
+ * decoders' own (as cbcl/_scanner.c keeps one in front of the text reader's cache): a hit
+ * costs a hash of the bytes and one comparison, no str made. Direct-mapped, ATOM_SLOTS
+ * slots of symbols, keywords and URIs of at most ATOM_CHARS ASCII characters, each
+ * holding the text (an exact str) and the atom made of it; a new atom takes its slot's
+ * place. A pure memo (spec/cbcl-1.0.md, "Process-wide memos"): the atom a kind and text
+ * denote does not depend on when it was read; no limit is stored (the name limit is
+ * checked before the lookup). */
+#define ATOM_SLOTS 4096
+#define ATOM_CHARS 64
+
+typedef struct {
+    PyObject *key;   /* the text, or NULL */
+    PyObject *value; /* its atom */
+    long code;
+} AtomSlot;
+
+static AtomSlot atom_memo[ATOM_SLOTS];
+
+/* The slot of kind `code` and text s[0:len], or NULL for a text the memo does not hold
+ * (longer than ATOM_CHARS, or not ASCII). */
+static AtomSlot *
+atom_slot(long code, const char *s, Py_ssize_t len)
+{
+    if (len > ATOM_CHARS)
+        return NULL;
+    size_t h = 2166136261u ^ (size_t)code; /* FNV-1a */
+    for (Py_ssize_t j = 0; j < len; j++) {
+        unsigned char c = (unsigned char)s[j];
+        if (c >= 0x80)
+            return NULL;
+        h = (h ^ c) * 16777619u;
+    }
+    return &atom_memo[(h ^ (h >> 15)) & (ATOM_SLOTS - 1)];
+}
+
+/* The atom `slot` holds for kind `code` and text s[0:len] (a new reference), or NULL. */
+static PyObject *
+atom_hit(const AtomSlot *slot, long code, const char *s, Py_ssize_t len)
+{
+    if (slot->key == NULL || slot->code != code || PyUnicode_GET_LENGTH(slot->key) != len ||
+            memcmp(PyUnicode_DATA(slot->key), s, (size_t)len) != 0)
+        return NULL;
+    Py_INCREF(slot->value);
+    return slot->value;
+}
+
+/* Keep `value`, the atom of kind `code` written `text` (an exact ASCII str), in `slot`. */
+static void
+atom_keep(AtomSlot *slot, long code, PyObject *text, PyObject *value)
+{
+    PyObject *old_key = slot->key, *old_value = slot->value;
+    slot->key = Py_NewRef(text);
+    slot->value = Py_NewRef(value);
+    slot->code = code;
+    Py_XDECREF(old_key);
+    Py_XDECREF(old_value);
+}
+
 /* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
  * Py_None if it is invalid or over the name limit, NULL with an exception. A text found in
  * the kind's cache of atoms already validated is not validated again; a miss is validated
@@ -573,16 +634,24 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                 } else {
                     if (!a.str)
                         goto bail;
-                    PyObject *text = token_str(&a);
-                    if (text == NULL)
-                        goto error;
-                    if (text == Py_None) {
+                    AtomSlot *slot = code != DECIMAL && (code == URI || a.len <= max_name) ?
+                        atom_slot((long)code, a.s, a.len) : NULL;
+                    if (slot != NULL)
+                        value = atom_hit(slot, (long)code, a.s, a.len);
+                    if (value == NULL) {
+                        PyObject *text = token_str(&a);
+                        if (text == NULL)
+                            goto error;
+                        if (text == Py_None) {
+                            Py_DECREF(text);
+                            goto bail;
+                        }
+                        value = atom_of((long)code, text, caches, make_atom, max_name,
+                                        memo_entries);
+                        if (slot != NULL && value != NULL && value != Py_None)
+                            atom_keep(slot, (long)code, text, value);
                         Py_DECREF(text);
-                        goto bail;
                     }
-                    value = atom_of((long)code, text, caches, make_atom, max_name,
-                                    memo_entries);
-                    Py_DECREF(text);
                     if (value == NULL)
                         goto error;
                     if (value == Py_None)
@@ -731,6 +800,9 @@ read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyOb
         } else {
             if (!t.str || t.len > max_string)
                 goto bail;
+            AtomSlot *memo = slot == 3 || slot == 4 ? atom_slot(URI, t.s, t.len) : NULL;
+            if (memo != NULL && (slots[slot] = atom_hit(memo, URI, t.s, t.len)) != NULL)
+                continue; /* a URI already made (it was valid) */
             PyObject *text = token_str(&t);
             if (text == NULL)
                 goto error;
@@ -751,6 +823,8 @@ read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyOb
                 } else {
                     uri = remember_uri(uris, text, memo_entries);
                 }
+                if (memo != NULL && uri != NULL && uri != Py_None)
+                    atom_keep(memo, URI, text, uri);
                 Py_DECREF(text);
                 if (uri == NULL)
                     goto error;

@@ -189,6 +189,28 @@ def test_name_limits_at_the_edge() -> None:
     assert outcome(decoder, frame)[0] is cbcl.LimitError
 
 
+def test_the_atom_memo_keeps_no_limit() -> None:
+    """A symbol or keyword the C memo holds, read under a larger name limit, is still
+    refused under a smaller one: the limit is checked before the memo is (N accepted,
+    N+1 refused, in both orders)."""
+    for name in ("issue-19-memo-symbol-abcdefgh", "issue-19-memo-keyword-abcdefg"):
+        body = (cbcl.Symbol("echo"), cbcl.Symbol(name) if "symbol" in name
+                else cbcl.Keyword(name))
+        message = dataclasses.replace(MESSAGES[0], intent=Intent.INFORM,
+                                      protocol=cbcl.Symbol("any/v1"), body=body)
+        registry = load_registry(find_descriptors())
+        registry.load(b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM) '
+                      b'(grammar "body: value"))', allow_unsigned=True)
+        frame = Encoder(registry).encode(message)
+        wide, narrow = (warm(registry, Limits(max_name_chars=n))
+                        for n in (len(name), len(name) - 1))
+        for _ in range(2):  # the second time, the memo holds it
+            assert in_c(wide, frame) == message
+            assert in_c(narrow, frame) is None
+            assert outcome(narrow, frame)[0] is cbcl.LimitError
+            assert wide.decode(frame) == message
+
+
 def _atoms(value: Any) -> list[Any]:
     if type(value) is tuple:
         return [atom for item in value for atom in _atoms(item)]
