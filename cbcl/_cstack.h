@@ -122,12 +122,13 @@ init_value_types(void)
 static int
 is_inert(PyObject *value)
 {
-    if (!PyObject_IS_GC(value))
+    PyTypeObject *type = Py_TYPE(value); /* (the types a body holds first: no calls) */
+    if (type == &PyUnicode_Type || type == &PyLong_Type || type == InertTypes[0] ||
+            type == InertTypes[1] || type == InertTypes[2])
         return 1;
-    PyTypeObject *type = Py_TYPE(value);
     if (type == &PyTuple_Type)
         return !PyObject_GC_IsTracked(value);
-    return type == InertTypes[0] || type == InertTypes[1] || type == InertTypes[2];
+    return !PyObject_IS_GC(value);
 }
 
 /* The tuple of the top list's items, moved out of the stack, and the list closed: a new
