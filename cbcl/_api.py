@@ -16,12 +16,11 @@ from ._pass2 import check_intent_and_body, explain_body
 from ._protocol import Protocol
 from ._reader import (
     _CACHE,
-    EOF,
-    TOKEN,
     _atom,
     _read_value_c,
     context_of,
     decode,
+    only_space_after,
     position_of,
     utf8_of,
 )
@@ -68,18 +67,17 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     trust = registry.trust if registry is not None else None
     if require_signatures and trust is None:
         raise ValueError("require_signatures needs a registry with a trust store")
+    text = None  # (stays None where both passes accepted the document in C)
+    message = None
     if _accept_document_c is not None and registry is not None and not envelope_only and \
             type(data) is bytes and len(data) <= limits.max_message_bytes:
         message = _accepted(data, limits, registry)
-        if message is not None:
-            if trust is not None and (message.signature is not None or require_signatures):
-                trust.verify_message(message)
-            return message
-    text = decode(data, limits)
-    message = parse_envelope(text, limits, utf8_of(data))
+    if message is None:
+        text = decode(data, limits)
+        message = parse_envelope(text, limits, utf8_of(data))
     if trust is not None and (message.signature is not None or require_signatures):
         trust.verify_message(message)
-    if envelope_only:
+    if envelope_only or text is None:
         return message
     protocol = registry.get(message.protocol) if registry is not None else None
     if protocol is None:
@@ -113,7 +111,7 @@ def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None
     if found is None:
         return None
     value, end, _ = found
-    if end != len(text) and TOKEN.match(text, end).lastindex != EOF:  # type: ignore[union-attr]
+    if not only_space_after(text, end):
         return None
     # (the registry's own dict of loaded protocols: one lookup in C, no copy)
     message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)

@@ -444,8 +444,6 @@ class Decoder:
         memos = self._memos
         table = memos.by_digest.get(digest)
         if table is not None and self.registry.get(table.protocol.id) is table.protocol:
-            if self._frame_state is not None and digest not in memos.frame_plans:
-                memos.frame_plans[digest] = _frame_plan(table)
             return table
         loaded = self.registry.protocols()
         if loaded != memos.built_from:  # (identity: a Protocol equals only itself)
@@ -455,15 +453,15 @@ class Decoder:
             memos.by_digest = {t.digest: t for t in (
                 kept.get(protocol) or SymbolTable.of(protocol) for protocol in loaded)}
             memos.built_from = loaded
-            memos.frame_plans.clear()  # (in place: each decoder's _frame_state holds it)
+            plans = memos.frame_plans  # (in place: each decoder's _frame_state holds it)
+            plans.clear()
+            plans.update((key, _frame_plan(t)) for key, t in memos.by_digest.items())
         table = memos.by_digest.get(digest)
         if table is None:
             name = "sha256:" + digest.hex()
             raise UnknownProtocolError(
                 f"unknown protocol {name}: no descriptor with this digest is loaded",
                 protocol=name, position=_at(offset))
-        if self._frame_state is not None:
-            memos.frame_plans[digest] = _frame_plan(table)
         return table
 
     def decode(self, data: bytes | bytearray | memoryview) -> Message:
@@ -477,14 +475,18 @@ class Decoder:
         ``TypeError`` for input that is not bytes.
         """
         state = self._frame_state
+        message = None
         if state is not None and type(data) is bytes:  # cbcl._speedups: the whole frame
             message = _decode_frame_c(data, state)    # in one call (None: not that way)
-            if message is not None:
-                trust = self.registry.trust
-                if trust is not None and (message.signature is not None or
-                                          self.require_signatures):
-                    trust.verify_message(message)
-                return message
+        if message is None:
+            message = self._decode_tiers(data)
+        trust = self.registry.trust
+        if trust is not None and (message.signature is not None or self.require_signatures):
+            trust.verify_message(message)
+        return message
+
+    def _decode_tiers(self, data: bytes | bytearray | memoryview) -> Message:
+        """:meth:`decode` by the tiers (fast, then careful), without the signature check."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"expected bytes, not {type(data).__name__}")
         data = bytes(data)
@@ -503,9 +505,6 @@ class Decoder:
             message = _fast_message(table, tokens, limits, None, self._memos)
             if message is None:
                 message = _decode_tokens(table, tokens, limits, data, start, self._unpacker)
-        trust = self.registry.trust
-        if trust is not None and (message.signature is not None or self.require_signatures):
-            trust.verify_message(message)
         return message
 
     def _header(self, data: bytes) -> tuple[SymbolTable, int]:
@@ -632,7 +631,7 @@ class _Memos:
         #: The registry's protocols when :attr:`by_digest` was made.
         self.built_from: tuple[Protocol, ...] = ()
         #: The tables of :attr:`by_digest` as cbcl._speedups.decode_frame reads them
-        #: (:func:`_frame_plan`), added as frames name them.
+        #: (:func:`_frame_plan`), made with them.
         self.frame_plans: dict[bytes, tuple[Any, ...]] = {}
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}

@@ -43,6 +43,7 @@ from ._reader import (
     fail,
     intern_symbol,
     limit,
+    only_space_after,
     position_of,
     read_value_at,
     token_start,
@@ -172,7 +173,7 @@ def parse_envelope(text: str, limits: Limits, utf8: bytes | None = None) -> Mess
     except CBCLError:
         value = None  # the scan below raises the same error (or an envelope error first)
     else:
-        if TOKEN.match(text, end).lastindex == EOF:  # type: ignore[union-attr]
+        if only_space_after(text, end):
             message = message_of(value)
             if message is not None:
                 return message

@@ -236,6 +236,12 @@ def nowhere(index: int) -> tuple[None, None]:
 # --------------------------------------------------------------------------- the reader
 
 
+def only_space_after(text: str, end: int) -> bool:
+    """Whether nothing but whitespace and comments follows character ``end`` of ``text``
+    (the end of a whole document's one value)."""
+    return end == len(text) or TOKEN.match(text, end).lastindex == EOF  # type: ignore[union-attr]
+
+
 def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
                   utf8: bytes | None = None) -> tuple[Value, int, int]:
     """Read one value starting at character ``pos`` (whitespace and comments may precede).
