@@ -117,6 +117,55 @@ init_value_types(void)
     return 0;
 }
 
+/* A slot of a direct-mapped memo of atoms by their text's bytes (the text reader's token
+ * memo, the binary decoder's atom memo): the text (an exact ASCII str) and the atom made
+ * of it, under a kind (0 where the memo has one). A hit costs a hash of the bytes and one
+ * comparison, no str made; a new atom takes its slot's place. */
+typedef struct {
+    PyObject *key;   /* the text, or NULL */
+    PyObject *value; /* its atom */
+    long kind;
+} MemoSlot;
+
+/* The memo hash (FNV-1a) of kind `kind` and the bytes p[0:n]; *ascii (if not NULL) says
+ * whether they are all ASCII. */
+static size_t
+memo_hash(const unsigned char *p, Py_ssize_t n, long kind, int *ascii)
+{
+    size_t h = 2166136261u ^ (size_t)kind;
+    unsigned char high = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        high |= p[j];
+        h = (h ^ p[j]) * 16777619u;
+    }
+    if (ascii != NULL)
+        *ascii = high < 0x80;
+    return h ^ (h >> 15);
+}
+
+/* The atom `slot` holds for kind `kind` and text p[0:n] (a new reference), or NULL. */
+static PyObject *
+memo_hit(const MemoSlot *slot, long kind, const unsigned char *p, Py_ssize_t n)
+{
+    if (slot->key == NULL || slot->kind != kind || PyUnicode_GET_LENGTH(slot->key) != n ||
+            memcmp(PyUnicode_DATA(slot->key), p, (size_t)n) != 0)
+        return NULL;
+    Py_INCREF(slot->value);
+    return slot->value;
+}
+
+/* Keep `value`, the atom of kind `kind` written `text` (an exact ASCII str), in `slot`. */
+static void
+memo_keep(MemoSlot *slot, long kind, PyObject *text, PyObject *value)
+{
+    PyObject *old_key = slot->key, *old_value = slot->value;
+    slot->key = Py_NewRef(text);
+    slot->value = Py_NewRef(value);
+    slot->kind = kind;
+    Py_XDECREF(old_key);
+    Py_XDECREF(old_value);
+}
+
 /* Whether `value` can hold no reference to a container: an object the collector does not
  * track (exact str, int, Decimal), an untracked tuple, or a cbcl atom. */
 static int

@@ -309,31 +309,16 @@ chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
     return count;
 }
 
-/* The scanner's own memo of atoms by their token's bytes, in front of `cache`: a hit costs
- * a hash of the bytes and one comparison, no str made. Direct-mapped, MEMO_SLOTS slots of
- * ASCII tokens of at most MEMO_CHARS characters, each holding the token (an exact str)
- * and the atom `cache` or make_atom gave for it; a new token takes its slot's place. A
- * pure memo, as `cache` is (spec/cbcl-1.0.md, "Process-wide memos"): the atom a token
- * denotes does not depend on when it was read, and no limit is stored (the name limit is
- * checked before the lookup). */
+/* The scanner's own memo of atoms by their token's bytes, in front of `cache`
+ * (MemoSlot, cbcl/_cstack.h): direct-mapped, MEMO_SLOTS slots of ASCII tokens of at most
+ * MEMO_CHARS characters, each holding the token and the atom `cache` or make_atom gave
+ * for it. A pure memo, as `cache` is (spec/cbcl-1.0.md, "Process-wide memos"): the atom a
+ * token denotes does not depend on when it was read, and no limit is stored (the name
+ * limit is checked before the lookup). */
 #define MEMO_SLOTS 4096
 #define MEMO_CHARS 64
 
-typedef struct {
-    PyObject *key;   /* the token, or NULL */
-    PyObject *value; /* its atom */
-} MemoSlot;
-
 static MemoSlot memo[MEMO_SLOTS];
-
-static size_t
-memo_hash(const unsigned char *p, Py_ssize_t n)
-{
-    size_t h = 2166136261u; /* FNV-1a */
-    for (Py_ssize_t j = 0; j < n; j++)
-        h = (h ^ p[j]) * 16777619u;
-    return h ^ (h >> 15);
-}
 
 /* The atom of the run p[i:k] (`ascii`: whether the run is): a new reference, Py_None to
  * decline, NULL with an exception. */
@@ -366,12 +351,10 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
-        slot = &memo[memo_hash(p + i, length) & (MEMO_SLOTS - 1)];
-        if (slot->key != NULL && PyUnicode_GET_LENGTH(slot->key) == length &&
-                memcmp(PyUnicode_DATA(slot->key), p + i, (size_t)length) == 0) {
-            Py_INCREF(slot->value);
-            return slot->value;
-        }
+        slot = &memo[memo_hash(p + i, length, 0, NULL) & (MEMO_SLOTS - 1)];
+        PyObject *hit = memo_hit(slot, 0, p + i, length);
+        if (hit != NULL)
+            return hit;
     }
     PyObject *token = PyUnicode_DecodeUTF8((const char *)p + i, length, "strict");
     if (token == NULL)
@@ -382,16 +365,9 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
     } else if (!PyErr_Occurred()) {
         value = PyObject_CallFunction(make_atom, "On", token, max_name);
     }
-    if (slot != NULL && value != NULL && value != Py_None) {
-        PyObject *old_key = slot->key, *old_value = slot->value;
-        slot->key = token; /* the reference is the slot's now */
-        slot->value = value;
-        Py_INCREF(value);
-        Py_XDECREF(old_key);
-        Py_XDECREF(old_value);
-    } else {
-        Py_DECREF(token);
-    }
+    if (slot != NULL && value != NULL && value != Py_None)
+        memo_keep(slot, 0, token, value);
+    Py_DECREF(token);
     return value;
 }
 

@@ -391,62 +391,26 @@ remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
 }
 
 /* The decoder's memo of atoms written in full, by kind and bytes, in front of the
- * decoders' own (as cbcl/_scanner.c keeps one in front of the text reader's cache): a hit
- * costs a hash of the bytes and one comparison, no str made. Direct-mapped, ATOM_SLOTS
- * slots of symbols, keywords and URIs of at most ATOM_CHARS ASCII characters, each
- * holding the text (an exact str) and the atom made of it; a new atom takes its slot's
- * place. A pure memo (spec/cbcl-1.0.md, "Process-wide memos"): the atom a kind and text
- * denote does not depend on when it was read; no limit is stored (the name limit is
- * checked before the lookup). */
+ * decoders' own (MemoSlot, cbcl/_cstack.h, as cbcl/_scanner.c keeps one in front of the
+ * text reader's cache): direct-mapped, ATOM_SLOTS slots of symbols, keywords and URIs of
+ * at most ATOM_CHARS ASCII characters. A pure memo (spec/cbcl-1.0.md, "Process-wide
+ * memos"): the atom a kind and text denote does not depend on when it was read; no limit
+ * is stored (the name limit is checked before the lookup). */
 #define ATOM_SLOTS 4096
 #define ATOM_CHARS 64
 
-typedef struct {
-    PyObject *key;   /* the text, or NULL */
-    PyObject *value; /* its atom */
-    long code;
-} AtomSlot;
-
-static AtomSlot atom_memo[ATOM_SLOTS];
+static MemoSlot atom_memo[ATOM_SLOTS];
 
 /* The slot of kind `code` and text s[0:len], or NULL for a text the memo does not hold
  * (longer than ATOM_CHARS, or not ASCII). */
-static AtomSlot *
+static MemoSlot *
 atom_slot(long code, const char *s, Py_ssize_t len)
 {
+    int ascii;
     if (len > ATOM_CHARS)
         return NULL;
-    size_t h = 2166136261u ^ (size_t)code; /* FNV-1a */
-    for (Py_ssize_t j = 0; j < len; j++) {
-        unsigned char c = (unsigned char)s[j];
-        if (c >= 0x80)
-            return NULL;
-        h = (h ^ c) * 16777619u;
-    }
-    return &atom_memo[(h ^ (h >> 15)) & (ATOM_SLOTS - 1)];
-}
-
-/* The atom `slot` holds for kind `code` and text s[0:len] (a new reference), or NULL. */
-static PyObject *
-atom_hit(const AtomSlot *slot, long code, const char *s, Py_ssize_t len)
-{
-    if (slot->key == NULL || slot->code != code || PyUnicode_GET_LENGTH(slot->key) != len ||
-            memcmp(PyUnicode_DATA(slot->key), s, (size_t)len) != 0)
-        return NULL;
-    Py_INCREF(slot->value);
-    return slot->value;
-}
-
-/* Keep `value`, the atom of kind `code` written `text` (an exact ASCII str), in `slot`. */
-static void
-atom_keep(AtomSlot *slot, long code, PyObject *text, PyObject *value)
-{
-    PyObject *old_key = slot->key, *old_value = slot->value;
-    slot->key = Py_NewRef(text);
-    slot->value = Py_NewRef(value);
-    slot->code = code;
-    Py_XDECREF(old_key);
-    Py_XDECREF(old_value);
+    size_t h = memo_hash((const unsigned char *)s, len, code, &ascii);
+    return ascii ? &atom_memo[h & (ATOM_SLOTS - 1)] : NULL;
 }
 
 /* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
@@ -634,10 +598,10 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                 } else {
                     if (!a.str)
                         goto bail;
-                    AtomSlot *slot = code != DECIMAL && (code == URI || a.len <= max_name) ?
+                    MemoSlot *slot = code != DECIMAL && (code == URI || a.len <= max_name) ?
                         atom_slot((long)code, a.s, a.len) : NULL;
                     if (slot != NULL)
-                        value = atom_hit(slot, (long)code, a.s, a.len);
+                        value = memo_hit(slot, (long)code, (const unsigned char *)a.s, a.len);
                     if (value == NULL) {
                         PyObject *text = token_str(&a);
                         if (text == NULL)
@@ -649,7 +613,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                         value = atom_of((long)code, text, caches, make_atom, max_name,
                                         memo_entries);
                         if (slot != NULL && value != NULL && value != Py_None)
-                            atom_keep(slot, (long)code, text, value);
+                            memo_keep(slot, (long)code, text, value);
                         Py_DECREF(text);
                     }
                     if (value == NULL)
@@ -800,8 +764,9 @@ read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyOb
         } else {
             if (!t.str || t.len > max_string)
                 goto bail;
-            AtomSlot *memo = slot == 3 || slot == 4 ? atom_slot(URI, t.s, t.len) : NULL;
-            if (memo != NULL && (slots[slot] = atom_hit(memo, URI, t.s, t.len)) != NULL)
+            MemoSlot *memo = slot == 3 || slot == 4 ? atom_slot(URI, t.s, t.len) : NULL;
+            const unsigned char *bytes = (const unsigned char *)t.s;
+            if (memo != NULL && (slots[slot] = memo_hit(memo, URI, bytes, t.len)) != NULL)
                 continue; /* a URI already made (it was valid) */
             PyObject *text = token_str(&t);
             if (text == NULL)
@@ -824,7 +789,7 @@ read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyOb
                     uri = remember_uri(uris, text, memo_entries);
                 }
                 if (memo != NULL && uri != NULL && uri != Py_None)
-                    atom_keep(memo, URI, text, uri);
+                    memo_keep(memo, URI, text, uri);
                 Py_DECREF(text);
                 if (uri == NULL)
                     goto error;
@@ -1740,6 +1705,17 @@ schema_accepts(PyObject *plan, PyObject *body, PyObject *has_heads, PyTypeObject
     return holds < 0 ? -1 : holds == 1;
 }
 
+/* Whether `plan` governs `intent` (an Intent member: compared by identity). */
+static int
+governs(PyObject *plan, PyObject *intent)
+{
+    PyObject *governed = PyTuple_GET_ITEM(plan, P_GOVERNED);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(governed); k++)
+        if (PyTuple_GET_ITEM(governed, k) == intent)
+            return 1;
+    return 0;
+}
+
 /* Pass 2 of a message whose intent and body the envelope gave (cbcl._pass2
  * .check_intent_and_body, accepting): 1 when the intent is governed and its body present,
  * accepted by the grammar and valid by the schema; 0 for anything else, left to the
@@ -1750,12 +1726,7 @@ body_accepted(PyObject *plan, PyObject *intent, PyObject *body, PyObject *termin
               PyObject *refused, PyObject *accept, PyObject *has_heads,
               PyTypeObject *symbol_type)
 {
-    PyObject *governed = PyTuple_GET_ITEM(plan, P_GOVERNED);
-    Py_ssize_t k;
-    for (k = 0; k < PyTuple_GET_SIZE(governed); k++)
-        if (PyTuple_GET_ITEM(governed, k) == intent)
-            break;
-    if (k == PyTuple_GET_SIZE(governed) || body == NULL || body == Py_None)
+    if (!governs(plan, intent) || body == NULL || body == Py_None)
         return 0;
     PyObject *node = start_of(plan, intent, refused);
     if (node == NULL)
@@ -1964,12 +1935,7 @@ decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
     acceptance = Py_NewRef(PyTuple_GET_ITEM(plan, FP_ACCEPTANCE));
     if (!acceptance_ok(acceptance))
         goto decline;
-    PyObject *governed = PyTuple_GET_ITEM(acceptance, P_GOVERNED);
-    Py_ssize_t k;
-    for (k = 0; k < PyTuple_GET_SIZE(governed); k++)
-        if (PyTuple_GET_ITEM(governed, k) == slots[0])
-            break;
-    if (k == PyTuple_GET_SIZE(governed))
+    if (!governs(acceptance, slots[0]))
         goto decline;
     start = start_of(acceptance, slots[0], d[D_REFUSED]);
     if (start == NULL || start == Py_None)
