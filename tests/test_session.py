@@ -537,17 +537,21 @@ def tamper(data: bytes, how: str, where: int) -> bytes:
 
 
 def only_the_message_id(original: bytes, changed: bytes) -> bool:
-    """Whether ``changed`` is ``original`` with another message id and nothing else. The
-    id of an unsigned Finished is outside the transcript (spec/negotiation.md §5) and only
-    the replay window reads it, so a middleman may change it without changing what is
-    agreed; every other change must keep the two sides from both reaching ESTABLISHED."""
+    """Whether ``changed`` is B's Finished, ``original``, with another message id and
+    nothing else. That Finished is in no transcript, and the id of an unsigned one is read
+    only by the replay window (spec/negotiation.md §5), so a middleman may change it
+    without changing what is agreed; every other change, the id of any other handshake
+    message included (each is in the transcript), must keep the two sides from both
+    reaching ESTABLISHED."""
     try:
         before = cbcl.parse(original[4:], envelope_only=True)
         after = cbcl.parse(changed[4:], envelope_only=True)
     except cbcl.CBCLError:
         return False
-    return before.message_id != after.message_id \
-        and replace(before, message_id=after.message_id) == after
+    finished = type(before.body) is tuple and before.body[:1] == (cbcl.Symbol("finished"),)
+    return finished and before.sender == cbcl.URI(B_URI) and \
+        before.message_id != after.message_id and \
+        replace(before, message_id=after.message_id) == after
 
 
 class Handshake(RuleBasedStateMachine):
