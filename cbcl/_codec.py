@@ -45,6 +45,7 @@ import msgpack.fallback
 from ._api import check_outgoing
 from ._automaton import ACCEPT, REFUSED
 from ._canonical import _decimal, canonical_value, native as _native
+from ._entries import entry_doc
 from ._errors import (
     BodyError,
     EnvelopeError,
@@ -225,6 +226,10 @@ class Encoder:
     text would be refused. ``pure_python=True`` writes frames with the Python twin of the
     optional accelerator ``cbcl._encoders`` (the frames and errors are the same).
     """
+
+    # (slots: Encoder.encode's C entry reads validate, registry and _tables at their offsets)
+    __slots__ = ("registry", "validate", "limits", "_short", "_tables", "_native",
+                 "__weakref__")
 
     def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
                  validate: bool = True, limits: Limits | None = None,
@@ -407,6 +412,11 @@ class Decoder:
     refuses unsigned ones (it needs a trust store: ``ValueError`` otherwise).
     """
 
+    # (slots: Decoder.decode's C entry reads _frame_state and require_signatures at their
+    # offsets)
+    __slots__ = ("registry", "limits", "require_signatures", "_short", "_unpacker", "_fast_c",
+                 "_memos", "_frame_state", "__weakref__")
+
     def __init__(self, registry: Registry, *, limits: Limits | None = None,
                  short_ids: Mapping[int, str] | None = None, pure_python: bool = False,
                  require_signatures: bool = False) -> None:
@@ -480,6 +490,11 @@ class Decoder:
             message = _decode_frame_c(data, state)    # in one call (None: not that way)
         if message is None:
             message = self._decode_tiers(data)
+        return self._verified(message)
+
+    def _verified(self, message: Message) -> Message:
+        """``message``, once the trust store has verified it where :meth:`decode` must:
+        signed, or with ``require_signatures``. Raises :class:`TrustError`."""
         trust = self.registry.trust
         if trust is not None and (message.signature is not None or self.require_signatures):
             trust.verify_message(message)
@@ -1501,3 +1516,21 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     decoder._setup(registry, limits, None, False, False, True)
     return decoder.decode(data)
 
+
+
+# Encoder.encode and Decoder.decode become C methods where the accelerators are built
+# (cbcl/_entry.h): the ordinary call served in C (encode_message; decode_frame), any other,
+# or one they decline, by the Python methods above, which stay the reference and whose
+# documentation they show.
+if _native is not None:
+    _entry = _native.encode_entry(Encoder, Encoder.encode,
+                                  entry_doc(Encoder.encode, method=True))
+    if _entry is not None:
+        setattr(Encoder, "encode", _entry)  # noqa: B010 (mypy: a method)
+if _decode_frame_c is not None:
+    from ._speedups import decode_entry as _decode_entry
+
+    _entry = _decode_entry(Decoder, Decoder.decode, Decoder._verified,
+                           entry_doc(Decoder.decode, method=True))
+    if _entry is not None:
+        setattr(Decoder, "decode", _entry)  # noqa: B010 (mypy: a method)

@@ -66,10 +66,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
-#ifndef Py_T_OBJECT_EX /* (Python.h has it from 3.12 on) */
-#include <structmember.h>
-#define Py_T_OBJECT_EX T_OBJECT_EX
-#endif
+#include "_entry.h"
 
 #define MAX_DEPTH 10000
 
@@ -1604,22 +1601,18 @@ cached_table(PyObject *registry, PyObject *tables, PyObject *symbol, PyObject **
     return r;
 }
 
+/* encode_message's work: the frame, None (declined) or NULL with an exception. */
 static PyObject *
-encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+encode_message_of(PyObject *message, PyObject *registry, PyObject *tables)
 {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "encode_message takes 3 positional arguments");
-        return NULL;
-    }
     Fields m;
     if (MAX_DECIMAL_CHARS < 0 || FRAME_INTENTS == NULL || T_REGISTRY == NULL ||
-        fields_read(args[0], &m) != OK)
+        fields_read(message, &m) != OK)
         Py_RETURN_NONE;
     PyObject *header = NULL, *capsule = NULL;
     Bytes b;
     BYTES_INIT(b);
-    int r = cached_table(args[1], args[2], m.f[F_PROTOCOL], &header, &capsule);
+    int r = cached_table(registry, tables, m.f[F_PROTOCOL], &header, &capsule);
     if (r == OK)
         r = b_header(&b, header);
     if (r == OK) {
@@ -1635,6 +1628,104 @@ encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_XDECREF(capsule);
     fields_release(&m);
     return b_finish(&b, r);
+}
+
+static PyObject *
+encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_message takes 3 positional arguments");
+        return NULL;
+    }
+    return encode_message_of(args[0], args[1], args[2]);
+}
+
+/* ------------------------------------------------------------------------- entries */
+
+/* Message.canonical and Encoder.encode as C methods (cbcl/_entry.h): the text or frame of
+ * canonical_message / encode_message, else the Python method they stand in for. */
+
+static PyObject *message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored));
+static PyObject *encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
+
+static CEntry CANONICAL_ENTRY = {
+    {"canonical", message_canonical, METH_NOARGS, NULL}, NULL, NULL};
+static CEntry ENCODE_ENTRY = {
+    {"encode", (PyCFunction)(void (*)(void))encoder_encode, METH_FASTCALL | METH_KEYWORDS,
+     NULL}, NULL, NULL};
+/* The slots of cbcl._codec.Encoder encoder_encode reads (0: not found, every call falls
+ * back). */
+static Py_ssize_t ENCODER_VALIDATE, ENCODER_REGISTRY, ENCODER_TABLES;
+
+static PyObject *
+message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *text = canonical_message(NULL, self);
+    if (text != Py_None)
+        return text; /* (or NULL: an exception) */
+    Py_DECREF(text);
+    return PyObject_CallOneArg(CANONICAL_ENTRY.fallback, self);
+}
+
+/* encoder.encode(message): one positional argument, validate=False and the slots set:
+ * encode_message with the encoder's registry and tables. */
+static PyObject *
+encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs == 1 && kwnames == NULL && ENCODER_VALIDATE > 0) {
+        PyObject *registry = entry_slot(self, ENCODER_REGISTRY);
+        PyObject *tables = entry_slot(self, ENCODER_TABLES);
+        if (entry_slot(self, ENCODER_VALIDATE) == Py_False && registry != NULL &&
+                tables != NULL && PyDict_CheckExact(tables)) {
+            PyObject *frame = encode_message_of(args[0], registry, tables);
+            if (frame != Py_None)
+                return frame; /* (or NULL: an exception) */
+            Py_DECREF(frame);
+        }
+    }
+    return entry_call_method(&ENCODE_ENTRY, self, args, nargs, kwnames);
+}
+
+/* canonical_entry(fallback, doc) -> descriptor: Message.canonical in C (setup_message must
+ * have found the Message type). */
+static PyObject *
+canonical_entry(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *fallback, *doc;
+    if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
+        return NULL;
+    if (T_MESSAGE == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "setup_message() must have found the Message type");
+        return NULL;
+    }
+    if (entry_set(&CANONICAL_ENTRY, fallback, doc) < 0)
+        return NULL;
+    return PyDescr_NewMethod(T_MESSAGE, &CANONICAL_ENTRY.def);
+}
+
+/* encode_entry(Encoder, fallback, doc) -> descriptor | None: Encoder.encode in C; None if
+ * the type does not hold validate, registry and _tables in slots. */
+static PyObject *
+encode_entry(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *type, *fallback, *doc;
+    if (!PyArg_ParseTuple(args, "O!OU", &PyType_Type, &type, &fallback, &doc))
+        return NULL;
+    Py_ssize_t validate, registry, tables;
+    if (!entry_slot_offset((PyTypeObject *)type, "validate", &validate) ||
+        !entry_slot_offset((PyTypeObject *)type, "registry", &registry) ||
+        !entry_slot_offset((PyTypeObject *)type, "_tables", &tables))
+        Py_RETURN_NONE;
+    if (entry_set(&ENCODE_ENTRY, fallback, doc) < 0)
+        return NULL;
+    ENCODER_VALIDATE = validate;
+    ENCODER_REGISTRY = registry;
+    ENCODER_TABLES = tables;
+    return PyDescr_NewMethod((PyTypeObject *)type, &ENCODE_ENTRY.def);
 }
 
 /* ------------------------------------------------------------------------- setup */
@@ -1794,6 +1885,12 @@ static PyMethodDef methods[] = {
      "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
      "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
      "the registry type whose _protocols encode_message reads."},
+    {"canonical_entry", canonical_entry, METH_VARARGS,
+     "canonical_entry(fallback, doc, /) -> descriptor: Message.canonical in C, falling back "
+     "to the Python method (cbcl/_entry.h)."},
+    {"encode_entry", encode_entry, METH_VARARGS,
+     "encode_entry(Encoder, fallback, doc, /) -> descriptor | None: Encoder.encode in C, "
+     "falling back to the Python method; None if its slots are not as expected."},
     {"prepare", prepare, METH_O,
      "prepare(codes, /) -> object | None: a symbol table's codes as pack_frame takes them."},
     {"setup", setup, METH_VARARGS,

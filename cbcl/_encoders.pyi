@@ -67,3 +67,15 @@ def setup(
     ``cbcl._vocabulary``; until it is called every function returns ``None``. Returns
     whether decimals are read from ``_decimal``'s own layout (checked on samples), else
     from their text."""
+
+def canonical_entry(fallback: Any, doc: str, /) -> Any:
+    """``Message.canonical`` as a C method (a method descriptor of ``Message``, which
+    ``setup_message`` must have found): :func:`canonical_message`'s text, else
+    ``fallback(message)``, the Python method it stands in for; ``doc`` is its ``ml_doc``
+    (``cbcl._entries.entry_doc``)."""
+
+def encode_entry(encoder: type, fallback: Any, doc: str, /) -> Any:
+    """``Encoder.encode`` as a C method: for one positional argument and an encoder whose
+    ``validate`` slot is ``False``, :func:`encode_message` with its ``registry`` and
+    ``_tables`` slots; else, or when that declines, ``fallback(encoder, *args,
+    **kwargs)``. ``None`` if ``encoder`` does not keep those three in slots."""

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._canonical import canonical_value, native as _native
+from ._entries import entry_doc
 from ._errors import UnknownProtocolError
 from ._fields import _SURROGATE, Fields, FieldsError, check_value
 from ._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
@@ -235,11 +236,15 @@ _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
 # ``canonical_value(message.to_value())`` from the message's slots, or declines (None) for
 # anything but an exact Message with an Intent member and an exact Signature or none: then
 # the Python path above writes it, or raises. None where the module is not built.
+# Message.canonical itself becomes a C method (cbcl._encoders.canonical_entry): that text,
+# else the Python method above (its fallback, whose documentation it shows).
 _canonical_message = None
 if _native is not None and _native.setup_message(
         Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
         tuple(_INTENT_SYMBOL.items())):
     _canonical_message = _native.canonical_message
+    setattr(Message, "canonical", _native.canonical_entry(  # noqa: B010 (mypy: a method)
+        Message.canonical, entry_doc(Message.canonical, method=True)))
 
 
 #: The attributes Message._trusted sets, in order.

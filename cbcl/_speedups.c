@@ -49,6 +49,7 @@
  * but its interned strings and the types it makes (cbcl._values' atoms, Decimal).
  */
 #include "_cstack.h"
+#include "_entry.h"
 #include <structmember.h>
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
@@ -1871,19 +1872,16 @@ bad:
     return 0;
 }
 
+/* decode_frame's work, its data exact bytes: the Message, None, or NULL with an exception;
+ * *is_signed is set when a Message with a signature is returned. */
 static PyObject *
-decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+decode_frame_of(PyObject *data, PyObject *state, int *is_signed)
 {
-    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "decode_frame(data: bytes, state)");
-        return NULL;
-    }
-    PyObject *state = args[1];
     if (!state_ok(state))
         return NULL;
     PyObject *const *d = &PyTuple_GET_ITEM(state, 0);
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
     Py_ssize_t limit[D_MAX_NODES + 1];
     for (int k = D_MEMO_ENTRIES; k <= D_MAX_NODES; k++) {
         limit[k] = PyLong_AsSsize_t(d[k]);
@@ -1961,6 +1959,7 @@ decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
                                      PyTuple_GET_ITEM(plan, FP_ID), slots[5], slots[6],
                                      slots[7], slots[8], body, signature};
         result = new_with_attributes((PyTypeObject *)d[D_MESSAGE], d[D_ATTRIBUTES], values);
+        *is_signed = signature != NULL;
     }
     goto cleanup;
 decline: /* None, unless an exception is set */
@@ -1977,7 +1976,87 @@ cleanup:
     return result;
 }
 
+static PyObject *
+decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_frame(data: bytes, state)");
+        return NULL;
+    }
+    int is_signed = 0;
+    return decode_frame_of(args[0], args[1], &is_signed);
+}
+
+/* ------------------------------------------------------------------------- entries */
+
+/* Decoder.decode as a C method (cbcl/_entry.h): for one positional argument of exact bytes
+ * and a decoder with a frame state (Decoder._frame_state), decode_frame_of; an unsigned
+ * message is returned as it is when the decoder does not require signatures, any other
+ * goes through Decoder._verified (the trust store's check, as Decoder.decode has it).
+ * Anything else, or a frame decode_frame declines, falls back to the Python method. */
+static PyObject *decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
+static CEntry DECODE_ENTRY = {
+    {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
+     NULL}, NULL, NULL};
+static PyObject *DECODE_VERIFIED; /* Decoder._verified(decoder, message) -> message */
+/* The slots of cbcl._codec.Decoder decoder_decode reads (0: not found) */
+static Py_ssize_t DECODER_FRAME_STATE, DECODER_REQUIRE;
+
+static PyObject *
+decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs == 1 && kwnames == NULL && DECODER_FRAME_STATE > 0 &&
+            PyBytes_CheckExact(args[0])) {
+        PyObject *state = entry_slot(self, DECODER_FRAME_STATE);
+        PyObject *require = entry_slot(self, DECODER_REQUIRE);
+        if (state != NULL && state != Py_None && require != NULL) {
+            int is_signed = 0;
+            Py_INCREF(state); /* (held while Python code may run: a signature's type) */
+            PyObject *message = decode_frame_of(args[0], state, &is_signed);
+            Py_DECREF(state);
+            if (message == NULL || (message != Py_None && !is_signed && require == Py_False))
+                return message;
+            if (message != Py_None) {
+                PyObject *checked = PyObject_CallFunctionObjArgs(DECODE_VERIFIED, self,
+                                                                 message, NULL);
+                Py_DECREF(message);
+                return checked;
+            }
+            Py_DECREF(message);
+        }
+    }
+    return entry_call_method(&DECODE_ENTRY, self, args, nargs, kwnames);
+}
+
+/* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
+ * C; None if the type does not keep _frame_state and require_signatures in slots. */
+static PyObject *
+decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *type, *fallback, *verified, *doc;
+    if (!PyArg_ParseTuple(args, "O!OOU", &PyType_Type, &type, &fallback, &verified, &doc))
+        return NULL;
+    if (!PyCallable_Check(verified)) {
+        PyErr_SetString(PyExc_TypeError, "verified must be callable");
+        return NULL;
+    }
+    Py_ssize_t state, require;
+    if (!entry_slot_offset((PyTypeObject *)type, "_frame_state", &state) ||
+        !entry_slot_offset((PyTypeObject *)type, "require_signatures", &require))
+        Py_RETURN_NONE;
+    if (entry_set(&DECODE_ENTRY, fallback, doc) < 0)
+        return NULL;
+    Py_XSETREF(DECODE_VERIFIED, Py_NewRef(verified));
+    DECODER_FRAME_STATE = state;
+    DECODER_REQUIRE = require;
+    return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
+}
+
 static PyMethodDef methods[] = {
+    {"decode_entry", decode_entry, METH_VARARGS,
+     "decode_entry(Decoder, fallback, verified, doc, /) -> descriptor | None: Decoder.decode "
+     "in C, falling back to the Python method (cbcl/_entry.h)."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl._codec._fast_frame)."},

@@ -1,0 +1,108 @@
+/* Entry points: C functions installed in place of a Python function or method (included by
+ * cbcl/_encoders.c and cbcl/_speedups.c, static: each module has its own copy).
+ *
+ * Theory of operation
+ * -------------------
+ * A call of a short operation (encoding or decoding one ~370 B message takes 0.4-3 us)
+ * pays for the Python frame of its public function or method before any C runs: argument
+ * binding, attribute reads, a test per option, the call of the C twin. An entry is the
+ * public callable itself, written in C: it serves the ordinary call (the usual arguments,
+ * an object in its usual state) with the module's C twins, and hands every other call,
+ * unchanged (the same positional and keyword arguments), to the Python function it stands
+ * in for, its *fallback*. The fallback stays the reference: the same results and the same
+ * exceptions, and where the module is not built it is what the name is bound to.
+ *
+ * An entry's documentation is its fallback's: cbcl/_entries.py makes the text (the Python
+ * signature, less annotations, as a __text_signature__, then the docstring) and setup
+ * keeps it alive while ml_doc points into it, so help() and inspect.signature() show what
+ * they show for the Python function.
+ *
+ * An entry is made once per process, by its module's install function, from a static
+ * PyMethodDef: a method descriptor of the class (PyDescr_NewMethod: bound as methods are,
+ * self checked to be an instance) or a module-level builtin function.
+ */
+#ifndef CBCL_ENTRY_H
+#define CBCL_ENTRY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#ifndef Py_T_OBJECT_EX /* (Python.h has it from 3.12 on) */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
+
+typedef struct {
+    PyMethodDef def;    /* ml_name, ml_meth and ml_flags static; ml_doc from `doc` */
+    PyObject *fallback; /* strong reference: the Python function */
+    PyObject *doc;      /* strong reference: ml_doc points into its UTF-8 */
+} CEntry;
+
+/* Give `e` its fallback and documentation: 0, or -1 with an exception. */
+static int
+entry_set(CEntry *e, PyObject *fallback, PyObject *doc)
+{
+    if (!PyCallable_Check(fallback) || !PyUnicode_CheckExact(doc)) {
+        PyErr_SetString(PyExc_TypeError, "an entry needs a callable and its doc (str)");
+        return -1;
+    }
+    const char *text = PyUnicode_AsUTF8(doc); /* (cached in the str: lives as long) */
+    if (text == NULL)
+        return -1;
+    Py_INCREF(fallback);
+    Py_INCREF(doc);
+    Py_XSETREF(e->fallback, fallback);
+    e->def.ml_doc = text;
+    Py_XSETREF(e->doc, doc); /* (an earlier doc is released after ml_doc has moved) */
+    return 0;
+}
+
+/* Call a method entry's fallback as the descriptor was called: fallback(self, *args,
+ * **kwargs), the keywords' values after the positional arguments (vectorcall's layout). */
+static PyObject *
+entry_call_method(CEntry *e, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                  PyObject *kwnames)
+{
+    Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject *small[8];
+    PyObject **stack = small;
+    if (total + 1 > 8) {
+        stack = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *));
+        if (stack == NULL)
+            return PyErr_NoMemory();
+    }
+    stack[0] = self;
+    for (Py_ssize_t i = 0; i < total; i++)
+        stack[i + 1] = args[i];
+    PyObject *result = PyObject_Vectorcall(e->fallback, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
+    return result;
+}
+
+/* The offset of slot `name` of `type` (a member descriptor of an object, as __slots__
+ * makes them, found on the type or a base): 1, or 0 (no exception) if it is not one. */
+static int
+entry_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    if (d == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = Py_TYPE(d) == &PyMemberDescr_Type &&
+             PyType_IsSubtype(type, ((PyMemberDescrObject *)d)->d_common.d_type) &&
+             ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX;
+    if (ok)
+        *offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    return ok;
+}
+
+/* The object in the slot at `offset` of `object` (borrowed; NULL: unset). */
+static inline PyObject *
+entry_slot(PyObject *object, Py_ssize_t offset)
+{
+    return *(PyObject **)((char *)object + offset);
+}
+
+#endif
