@@ -8,6 +8,7 @@ from typing import Any
 
 from ._automaton import ACCEPT, REFUSED
 from ._canonical import canonical_value
+from ._entries import entry_doc
 from ._envelope import ENVELOPE_TABLES, message_of_python, parse_envelope, scan_envelope
 from ._errors import CBCLError, UnknownProtocolError
 from ._limits import DEFAULT_LIMITS, Limits
@@ -92,6 +93,16 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     return message
 
 
+def _verified(message: Message, registry: Registry) -> Message:
+    """A signed ``message`` that both passes accepted, once the trust store of
+    ``registry`` (if it has one) has verified it, as :func:`parse` does. Raises
+    :class:`TrustError`."""
+    trust = registry.trust
+    if trust is not None:
+        trust.verify_message(message)
+    return message
+
+
 def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None:
     """:func:`parse`'s fast path, by the C tiers alone: the document read in one call
     (``cbcl._scanner.read_value``), both passes over its value in another
@@ -116,6 +127,24 @@ def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None
     # (the registry's own dict of loaded protocols: one lookup in C, no copy)
     message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)
     return message
+
+
+# parse itself becomes a C function where the accelerators are built (cbcl/_entry.h,
+# cbcl._speedups.parse_entry): parse(data, registry=registry) of bytes within the default
+# limits is _accepted's work in one C call; any other call, or a document it declines, is
+# the Python function above, which stays the reference and lends its documentation.
+#: The Python function, whatever parse is bound to (the reference the tests hold it to).
+parse_python = parse
+if _accept_document_c is not None:
+    from ._speedups import parse_entry as _parse_entry
+
+    _entry = _parse_entry(
+        parse, entry_doc(parse, method=False), _verified, only_space_after, _DOCUMENT_TABLES,
+        _CACHE, _atom, (DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_depth,
+                        DEFAULT_LIMITS.max_list_items, DEFAULT_LIMITS.max_nodes,
+                        DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars))
+    if _entry is not None:
+        parse = _entry
 
 
 def accept_document_python(value: Value, registry: Registry) -> Message | None:

@@ -1522,6 +1522,10 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
 # (cbcl/_entry.h): the ordinary call served in C (encode_message; decode_frame), any other,
 # or one they decline, by the Python methods above, which stay the reference and whose
 # documentation they show.
+#: The Python methods, whatever the names are bound to (the references the tests hold the
+#: entries to).
+encode_python = Encoder.encode
+decode_python = Decoder.decode
 if _native is not None:
     _entry = _native.encode_entry(Encoder, Encoder.encode,
                                   entry_doc(Encoder.encode, method=True))

@@ -239,6 +239,8 @@ _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
 # Message.canonical itself becomes a C method (cbcl._encoders.canonical_entry): that text,
 # else the Python method above (its fallback, whose documentation it shows).
 _canonical_message = None
+#: The Python method, whatever Message.canonical is bound to (the reference).
+canonical_python = Message.canonical
 if _native is not None and _native.setup_message(
         Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
         tuple(_INTENT_SYMBOL.items())):

@@ -36,6 +36,7 @@
  * tests/fuzz/fuzz_scanner.py hold to the Python tiers.
  */
 #include "_cstack.h"
+#include "_scanner.h"
 
 static int
 is_space(unsigned char c)
@@ -378,11 +379,17 @@ char_index(const unsigned char *p, Py_ssize_t at, int ascii)
     return ascii ? at : chars_of(p, 0, at);
 }
 
+static PyObject *read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache,
+                               PyObject *make_atom, Py_ssize_t depth_left,
+                               Py_ssize_t max_items, Py_ssize_t budget, Py_ssize_t max_string,
+                               Py_ssize_t max_name, PyObject *utf8, Py_ssize_t *end_out,
+                               Py_ssize_t *nodes_out);
+
 static PyObject *
 read_value(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *text, *cache, *make_atom, *utf8 = Py_None;
-    Py_ssize_t pos, depth_left, max_items, budget, max_string, max_name;
+    Py_ssize_t pos, depth_left, max_items, budget, max_string, max_name, end, nodes;
     if (!PyArg_ParseTuple(args, "UnO!Onnnnn|O", &text, &pos, &PyDict_Type, &cache,
                           &make_atom, &depth_left, &max_items, &budget, &max_string,
                           &max_name, &utf8))
@@ -391,6 +398,20 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "utf8 must be the text's UTF-8 (bytes) or None");
         return NULL;
     }
+    PyObject *value = read_value_of(text, pos, cache, make_atom, depth_left, max_items, budget,
+                                    max_string, max_name, utf8, &end, &nodes);
+    if (value == NULL || value == Py_None)
+        return value;
+    return Py_BuildValue("(Nnn)", value, end, nodes);
+}
+
+/* read_value's work: ReadValueOf of cbcl/_scanner.h, exported in its capsule. */
+static PyObject *
+read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *make_atom,
+              Py_ssize_t depth_left, Py_ssize_t max_items, Py_ssize_t budget,
+              Py_ssize_t max_string, Py_ssize_t max_name, PyObject *utf8, Py_ssize_t *end_out,
+              Py_ssize_t *nodes_out)
+{
     const unsigned char *p;
     Py_ssize_t n, i;
     int ascii = PyUnicode_IS_ASCII(text);
@@ -479,9 +500,9 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         value = NULL;
     }
 done:
-    result = Py_BuildValue("(Nnn)", value,
-                           end == n ? PyUnicode_GET_LENGTH(text) : char_index(p, end, ascii),
-                           nodes);
+    *end_out = end == n ? PyUnicode_GET_LENGTH(text) : char_index(p, end, ascii);
+    *nodes_out = nodes;
+    result = value;
     value = NULL;
     goto cleanup;
 bail:
@@ -515,5 +536,14 @@ PyInit__scanner(void)
 {
     if (init_value_types() < 0)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *api = PyCapsule_New((void *)(ReadValueOf)read_value_of, SCANNER_CAPSULE, NULL);
+    if (api == NULL || PyModule_AddObject(m, "_C_API", api) < 0) {
+        Py_XDECREF(api);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -50,6 +50,7 @@
  */
 #include "_cstack.h"
 #include "_entry.h"
+#include "_scanner.h"
 #include <structmember.h>
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
@@ -469,6 +470,105 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
  * (the twin of cbcl._codec._fast_body_loop over the same bytes' tokens). `entries` holds
  * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
  * next code after them (it is "learned"). At most `budget` nodes (lists and atoms). */
+/* The atoms a body writes in full, in the order they get their codes (a code past the
+ * table's is the index of one here): their classes borrowed from S_KINDS, the atoms owned.
+ * The first LEARNED_INLINE are kept inline and told apart by a scan (a body has few); past
+ * that, a set of them all (`seen`) keeps the check linear. */
+#define LEARNED_INLINE 8
+
+typedef struct {
+    PyObject **atoms, **classes; /* inline, or on the heap past LEARNED_INLINE */
+    Py_ssize_t count, capacity;
+    PyObject *seen;              /* NULL until count reaches LEARNED_INLINE */
+    PyObject *inline_atoms[LEARNED_INLINE], *inline_classes[LEARNED_INLINE];
+} Learned;
+
+#define LEARNED_INIT {NULL, NULL, 0, 0, NULL, {NULL}, {NULL}}
+
+/* Whether two learned atoms are equal as cbcl._values._Atom has them: one exact type and
+ * one text (canonical strs: equal texts have one kind). */
+static int
+same_atom(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    if (Py_TYPE(a) != Py_TYPE(b) || PyUnicode_GET_LENGTH(a) != PyUnicode_GET_LENGTH(b) ||
+            PyUnicode_KIND(a) != PyUnicode_KIND(b))
+        return 0;
+    return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b),
+                  (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
+}
+
+/* Whether `atom` (a Symbol, Keyword or URI) was learned already: 1, 0, or -1. */
+static int
+learned_has(const Learned *l, PyObject *atom)
+{
+    if (l->seen != NULL)
+        return PySet_Contains(l->seen, atom);
+    for (Py_ssize_t k = 0; k < l->count; k++)
+        if (same_atom(l->atoms[k], atom))
+            return 1;
+    return 0;
+}
+
+/* Learn `atom` (a new reference is kept) of class `cls` (borrowed): 0, or -1. */
+static int
+learned_add(Learned *l, PyObject *atom, PyObject *cls)
+{
+    if (l->atoms == NULL) {
+        l->atoms = l->inline_atoms;
+        l->classes = l->inline_classes;
+        l->capacity = LEARNED_INLINE;
+    }
+    if (l->count == l->capacity) {
+        Py_ssize_t more = 2 * l->capacity;
+        PyObject **atoms = PyMem_Malloc((size_t)more * sizeof(PyObject *));
+        PyObject **classes = PyMem_Malloc((size_t)more * sizeof(PyObject *));
+        if (atoms == NULL || classes == NULL) {
+            PyMem_Free(atoms);
+            PyMem_Free(classes);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(atoms, l->atoms, (size_t)l->count * sizeof(PyObject *));
+        memcpy(classes, l->classes, (size_t)l->count * sizeof(PyObject *));
+        if (l->atoms != l->inline_atoms) {
+            PyMem_Free(l->atoms);
+            PyMem_Free(l->classes);
+        }
+        l->atoms = atoms;
+        l->classes = classes;
+        l->capacity = more;
+    }
+    if (l->seen == NULL && l->count + 1 >= LEARNED_INLINE) { /* from now on, a set */
+        if ((l->seen = PySet_New(NULL)) == NULL)
+            return -1;
+        for (Py_ssize_t k = 0; k < l->count; k++)
+            if (PySet_Add(l->seen, l->atoms[k]) < 0)
+                return -1;
+    }
+    if (l->seen != NULL && PySet_Add(l->seen, atom) < 0)
+        return -1;
+    l->atoms[l->count] = Py_NewRef(atom);
+    l->classes[l->count] = cls;
+    l->count++;
+    return 0;
+}
+
+static void
+learned_free(Learned *l)
+{
+    for (Py_ssize_t k = 0; k < l->count; k++)
+        Py_DECREF(l->atoms[k]);
+    if (l->atoms != l->inline_atoms) {
+        PyMem_Free(l->atoms);
+        PyMem_Free(l->classes);
+    }
+    Py_CLEAR(l->seen);
+    l->atoms = l->classes = NULL;
+    l->count = l->capacity = 0;
+}
+
 static PyObject *
 build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject *entries,
               PyObject *codes, PyObject *caches, PyObject *make_atom, PyObject *start,
@@ -478,8 +578,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
 {
     PyObject *result = NULL;
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
-    PyObject *learned = NULL; /* the atoms written in full, in order: (atom, class) */
-    PyObject *seen = NULL;    /* those atoms */
+    Learned learned = LEARNED_INIT; /* the atoms written in full, in order */
     PyObject *value = NULL;   /* owned */
     Stack st = STACK_INIT;    /* the lists under way (cbcl/_cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
@@ -506,7 +605,6 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
         node = start;
         Py_INCREF(node);
     }
-    /* (learned and seen are made at the first atom written in full: most bodies have few) */
     if (offset < 0 || offset > n)
         goto bail;
     while (i < n) {
@@ -537,13 +635,11 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                 Py_INCREF(value);
                 cls = PyTuple_GET_ITEM(entry, 1);
             } else if (code >= next_code) {
-                Py_ssize_t k = (Py_ssize_t)(code - next_code);
-                if (learned == NULL || code - next_code >= PyList_GET_SIZE(learned))
+                if (code - next_code >= learned.count)
                     goto bail;
-                PyObject *entry = PyList_GET_ITEM(learned, k);
-                value = PyTuple_GET_ITEM(entry, 0);
-                Py_INCREF(value);
-                cls = PyTuple_GET_ITEM(entry, 1);
+                Py_ssize_t k = (Py_ssize_t)(code - next_code);
+                value = Py_NewRef(learned.atoms[k]);
+                cls = learned.classes[k];
             } else if (code == LPAR) {
                 if (++nodes > budget || st.depth >= max_depth)
                     goto bail; /* (the new list is st.depth + 1 deep) */
@@ -624,21 +720,13 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                     cls = S_KINDS[code];
                     if (code != DECIMAL) { /* learned: it has the next code from now on */
                         if ((ok = PyDict_Contains(codes, value)) != 0 ||
-                            (seen != NULL && (ok = PySet_Contains(seen, value)) != 0)) {
+                            (ok = learned_has(&learned, value)) != 0) {
                             if (ok < 0)
                                 goto error;
                             goto bail; /* written in full but it has a code */
                         }
-                        if (seen == NULL && ((learned = PyList_New(0)) == NULL ||
-                                             (seen = PySet_New(NULL)) == NULL))
+                        if (learned_add(&learned, value, cls) < 0)
                             goto error;
-                        PyObject *pair = PyTuple_Pack(2, value, cls);
-                        if (pair == NULL || PySet_Add(seen, value) < 0 ||
-                                PyList_Append(learned, pair) < 0) {
-                            Py_XDECREF(pair);
-                            goto error;
-                        }
-                        Py_DECREF(pair);
                     }
                 }
             }
@@ -685,8 +773,7 @@ error:
 cleanup:
     Py_XDECREF(node);
     Py_XDECREF(value);
-    Py_XDECREF(learned);
-    Py_XDECREF(seen);
+    learned_free(&learned);
     stack_free(&st);
     return result;
 }
@@ -1292,6 +1379,8 @@ bits_of(PyObject *number, unsigned long long *bits)
     return 1;
 }
 
+#define OTHERS_INLINE 8
+
 /* The fast pass over one list of keyword-argument pairs (after `start` heads): 1, 0,
  * -1 with an exception, 2 to leave the body to the Python pass. */
 static int
@@ -1300,6 +1389,8 @@ pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
 {
     int result = -1;
     PyObject *packed = NULL, *others = NULL;
+    PyObject *inline_others[OTHERS_INLINE];
+    Py_ssize_t n_others = 0;
     Py_ssize_t n = PyTuple_GET_SIZE(items), start;
     unsigned long long seen = 0, required;
     /* (open, start, head, heads, first, table, other, required): _Pairs.packed */
@@ -1383,15 +1474,32 @@ pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
                 result = 0; /* not allowed */
                 goto done;
             }
-            if (others == NULL && (others = PySet_New(NULL)) == NULL)
-                goto done;
-            int again = PySet_Contains(others, key);
+            /* (the first OTHERS_INLINE told apart by a scan, borrowed from `items`; past
+             * that, a set of them all) */
+            int again = 0;
+            if (others != NULL) {
+                again = PySet_Contains(others, key);
+            } else {
+                for (Py_ssize_t k = 0; k < n_others && !again; k++)
+                    again = same_atom(inline_others[k], key);
+            }
             if (again != 0) {
                 result = again < 0 ? -1 : 0; /* repeated */
                 goto done;
             }
-            if (PySet_Add(others, key) < 0)
-                goto done;
+            if (others == NULL && n_others == OTHERS_INLINE) {
+                if ((others = PySet_New(NULL)) == NULL)
+                    goto done;
+                for (Py_ssize_t k = 0; k < n_others; k++)
+                    if (PySet_Add(others, inline_others[k]) < 0)
+                        goto done;
+            }
+            if (others != NULL) {
+                if (PySet_Add(others, key) < 0)
+                    goto done;
+            } else {
+                inline_others[n_others++] = key;
+            }
             if (!PyTuple_CheckExact(other) || PyTuple_GET_SIZE(other) != 4) {
                 PyErr_SetString(PyExc_TypeError, "not a spec");
                 goto done;
@@ -1471,6 +1579,18 @@ done:
     return result;
 }
 
+/* The last item of `list`, an exact list of this module's own that is not empty, taken
+ * off with its reference (as list.pop() does, without a call: the list keeps its
+ * allocation). */
+static PyObject *
+list_pop(PyObject *list)
+{
+    Py_ssize_t count = PyList_GET_SIZE(list);
+    PyObject *item = PyList_GET_ITEM(list, count - 1);
+    Py_SET_SIZE(list, count - 1);
+    return item;
+}
+
 /* schema_valid's work, its arguments checked: 1 or 0 (valid or not), 2 to leave the body
  * to the Python pass, -1 with an exception the Python pass would not catch either. */
 static int
@@ -1503,13 +1623,7 @@ schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
             Py_ssize_t count = PyList_GET_SIZE(lists);
             if (count == 0)
                 goto done; /* result 1 */
-            PyObject *pair = PyList_GET_ITEM(lists, count - 1);
-            Py_INCREF(pair);
-            if (PyList_SetSlice(lists, count - 1, count, NULL) < 0) {
-                Py_DECREF(pair);
-                result = -1;
-                goto done;
-            }
+            PyObject *pair = list_pop(lists);
             PyObject *value = PyTuple_GET_ITEM(pair, 1);
             result = PyTuple_Check(value) ?
                 list_holds(PyTuple_GET_ITEM(pair, 0), value, keyed, lists) : 0;
@@ -1517,14 +1631,7 @@ schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
             if (result != 1)
                 goto done;
         }
-        Py_ssize_t count = PyList_GET_SIZE(keyed);
-        PyObject *pair = PyList_GET_ITEM(keyed, count - 1);
-        Py_INCREF(pair);
-        if (PyList_SetSlice(keyed, count - 1, count, NULL) < 0) {
-            Py_DECREF(pair);
-            result = -1;
-            goto done;
-        }
+        PyObject *pair = list_pop(keyed);
         Py_XDECREF(held);
         held = pair;
         pairs = PyTuple_GET_ITEM(pair, 0);
@@ -1752,7 +1859,7 @@ body_accepted(PyObject *plan, PyObject *intent, PyObject *body, PyObject *termin
  * ACCEPT, and cbcl._schema._has_heads. None for anything the Python path must judge. */
 enum { T_VERSION, T_FIELDS, T_INTENTS, T_SIGNATURE, T_MESSAGE, T_ATTRIBUTES, T_URI, T_SYMBOL,
        T_TERMINALS, T_REFUSED, T_ACCEPT, T_HAS_HEADS, T_SIZE };
-enum { O_INTENT = 3, O_PROTOCOL = 4, O_BODY = 9 };
+enum { O_INTENT = 3, O_PROTOCOL = 4, O_BODY = 9, O_SIGNATURE = 10 };
 
 /* Whether `tables` is as accept_document takes it: 1, or 0 with TypeError. */
 static int
@@ -1773,14 +1880,11 @@ tables_ok(PyObject *tables)
     return 1;
 }
 
+/* accept_document's work: the Message, None, or NULL with an exception; *is_signed is set
+ * when a Message with a signature is returned. */
 static PyObject *
-accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+accept_document_of(PyObject *value, PyObject *tables, PyObject *protocols, int *is_signed)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "accept_document(value, tables, protocols)");
-        return NULL;
-    }
-    PyObject *value = args[0], *tables = args[1], *protocols = args[2];
     if (!tables_ok(tables))
         return NULL;
     if (!PyDict_CheckExact(protocols)) {
@@ -1820,7 +1924,19 @@ accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nar
             return NULL;
         Py_RETURN_NONE;
     }
+    *is_signed = fields[O_SIGNATURE] != NULL;
     return message;
+}
+
+static PyObject *
+accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "accept_document(value, tables, protocols)");
+        return NULL;
+    }
+    int is_signed = 0;
+    return accept_document_of(args[0], args[1], args[2], &is_signed);
 }
 
 /* ------------------------------------------------------------------------- decode_frame */
@@ -2029,6 +2145,162 @@ decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     return entry_call_method(&DECODE_ENTRY, self, args, nargs, kwnames);
 }
 
+/* cbcl.parse as a C function (cbcl/_entry.h): the ordinary call, parse(data,
+ * registry=registry) with data exact bytes within the default limits, is what parse's
+ * fast path (cbcl._api._accepted) does, in C: the UTF-8 decoded, the document read by
+ * cbcl._scanner's reader (its capsule), both passes by accept_document_of. An unsigned
+ * message is returned as it is; a signed one goes through PARSE_VERIFIED (the registry's
+ * trust store, as parse has it). Any other call, or a document the C tiers decline, falls
+ * back to the Python function (which reads it again, to accept it or raise). */
+static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames);
+static CEntry PARSE_ENTRY = {
+    {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
+    NULL, NULL};
+static ReadValueOf read_value_of; /* cbcl._scanner's, from its capsule */
+/* parse_entry's arguments: PARSE_VERIFIED(message, registry) -> message;
+ * PARSE_SPACE_AFTER(text, end) -> bool (cbcl._reader.only_space_after); accept_document's
+ * tables; the reader's token cache and atom maker; the default limits */
+static PyObject *PARSE_VERIFIED, *PARSE_SPACE_AFTER, *PARSE_TABLES, *PARSE_CACHE, *PARSE_ATOM;
+static PyObject *S_REGISTRY, *S_PROTOCOLS_ATTRIBUTE;
+enum { L_MESSAGE_BYTES, L_DEPTH, L_LIST_ITEMS, L_NODES, L_STRING_BYTES, L_NAME_CHARS,
+       L_COUNT };
+static Py_ssize_t PARSE_LIMITS[L_COUNT];
+
+/* The message of parse_call's ordinary case; None: not that case (or declined). */
+static PyObject *
+parse_fast(PyObject *data, PyObject *registry)
+{
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    if (n > PARSE_LIMITS[L_MESSAGE_BYTES])
+        Py_RETURN_NONE; /* (the careful path says which limit) */
+    PyObject *protocols = PyObject_GetAttr(registry, S_PROTOCOLS_ATTRIBUTE);
+    if (protocols == NULL || !PyDict_CheckExact(protocols)) {
+        if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_XDECREF(protocols);
+        Py_RETURN_NONE; /* not a Registry: parse says what it is */
+    }
+    PyObject *result = NULL, *value = NULL;
+    PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(data), n, NULL);
+    if (text == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            goto cleanup;
+        PyErr_Clear();
+        goto decline;
+    }
+    Py_ssize_t end = 0, nodes = 0;
+    value = read_value_of(text, 0, PARSE_CACHE, PARSE_ATOM, PARSE_LIMITS[L_DEPTH],
+                          PARSE_LIMITS[L_LIST_ITEMS], PARSE_LIMITS[L_NODES],
+                          PARSE_LIMITS[L_STRING_BYTES], PARSE_LIMITS[L_NAME_CHARS], data, &end,
+                          &nodes);
+    if (value == NULL)
+        goto cleanup;
+    if (value == Py_None)
+        goto decline;
+    if (end != PyUnicode_GET_LENGTH(text)) { /* (whitespace or a comment may follow) */
+        PyObject *index = PyLong_FromSsize_t(end);
+        if (index == NULL)
+            goto cleanup;
+        PyObject *only = PyObject_CallFunctionObjArgs(PARSE_SPACE_AFTER, text, index, NULL);
+        Py_DECREF(index);
+        if (only == NULL)
+            goto cleanup;
+        int blank = PyObject_IsTrue(only);
+        Py_DECREF(only);
+        if (blank < 0)
+            goto cleanup;
+        if (!blank)
+            goto decline;
+    }
+    int is_signed = 0;
+    PyObject *message = accept_document_of(value, PARSE_TABLES, protocols, &is_signed);
+    if (message == NULL || message == Py_None || !is_signed) {
+        result = message;
+        goto cleanup;
+    }
+    result = PyObject_CallFunctionObjArgs(PARSE_VERIFIED, message, registry, NULL);
+    Py_DECREF(message);
+    goto cleanup;
+decline:
+    result = Py_NewRef(Py_None);
+cleanup:
+    Py_XDECREF(value);
+    Py_XDECREF(text);
+    Py_DECREF(protocols);
+    return result;
+}
+
+static PyObject *
+parse_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
+           PyObject *kwnames)
+{
+    if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
+            PyBytes_CheckExact(args[0]) && args[1] != Py_None &&
+            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_REGISTRY) == 0) {
+        PyObject *message = parse_fast(args[0], args[1]);
+        if (message != Py_None)
+            return message; /* (or NULL: an exception) */
+        Py_DECREF(message);
+    }
+    return PyObject_Vectorcall(PARSE_ENTRY.fallback, args, (size_t)nargs, kwnames);
+}
+
+/* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits)
+ * -> function | None: cbcl.parse in C (see parse_call); None if cbcl._scanner is not
+ * built. limits: the default limits' max_message_bytes, max_depth, max_list_items,
+ * max_nodes, max_string_bytes and max_name_chars. */
+static PyObject *
+parse_entry(PyObject *module, PyObject *args)
+{
+    PyObject *fallback, *doc, *verified, *space_after, *tables, *cache, *atom, *limits;
+    if (!PyArg_ParseTuple(args, "OUOOO!O!OO!", &fallback, &doc, &verified, &space_after,
+                          &PyTuple_Type, &tables, &PyDict_Type, &cache, &atom, &PyTuple_Type,
+                          &limits))
+        return NULL;
+    if (!PyCallable_Check(verified) || !PyCallable_Check(space_after) ||
+            !PyCallable_Check(atom) || !tables_ok(tables)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "parse_entry's callables must be callable");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(limits) != L_COUNT) {
+        PyErr_SetString(PyExc_TypeError, "parse_entry takes six limits");
+        return NULL;
+    }
+    Py_ssize_t values[L_COUNT];
+    for (int k = 0; k < L_COUNT; k++) {
+        values[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(limits, k));
+        if (values[k] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    ReadValueOf reader = (ReadValueOf)PyCapsule_Import(SCANNER_CAPSULE, 0);
+    if (reader == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
+        (S_PROTOCOLS_ATTRIBUTE == NULL &&
+         (S_PROTOCOLS_ATTRIBUTE = PyUnicode_InternFromString("_protocols")) == NULL))
+        return NULL;
+    if (entry_set(&PARSE_ENTRY, fallback, doc) < 0)
+        return NULL;
+    read_value_of = reader;
+    Py_XSETREF(PARSE_VERIFIED, Py_NewRef(verified));
+    Py_XSETREF(PARSE_SPACE_AFTER, Py_NewRef(space_after));
+    Py_XSETREF(PARSE_TABLES, Py_NewRef(tables));
+    Py_XSETREF(PARSE_CACHE, Py_NewRef(cache));
+    Py_XSETREF(PARSE_ATOM, Py_NewRef(atom));
+    memcpy(PARSE_LIMITS, values, sizeof values);
+    PyObject *name = PyObject_GetAttrString(fallback, "__module__");
+    if (name == NULL)
+        return NULL;
+    PyObject *function = PyCFunction_NewEx(&PARSE_ENTRY.def, module, name);
+    Py_DECREF(name);
+    return function;
+}
+
 /* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
  * C; None if the type does not keep _frame_state and require_signatures in slots. */
 static PyObject *
@@ -2054,6 +2326,10 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
 }
 
 static PyMethodDef methods[] = {
+    {"parse_entry", parse_entry, METH_VARARGS,
+     "parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, "
+     "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "
+     "(cbcl/_entry.h); None if cbcl._scanner is not built."},
     {"decode_entry", decode_entry, METH_VARARGS,
      "decode_entry(Decoder, fallback, verified, doc, /) -> descriptor | None: Decoder.decode "
      "in C, falling back to the Python method (cbcl/_entry.h)."},

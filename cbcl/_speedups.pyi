@@ -145,3 +145,20 @@ def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...]
     """An instance of ``type`` (one ``object.__new__`` makes; ``TypeError`` otherwise)
     made without ``__init__`` and given each attribute its value as ``object.__setattr__``
     gives it: ``Message._trusted``'s construction, its fields checked by the caller."""
+
+def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> Any:
+    """``Decoder.decode`` as a C method (``cbcl/_entry.h``): for one positional argument of
+    exact bytes and a decoder with a frame state, :func:`decode_frame`'s message (through
+    ``verified(decoder, message)`` when it is signed or signatures are required); else, or
+    when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if ``decoder``
+    does not keep ``_frame_state`` and ``require_signatures`` in slots."""
+
+def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
+                tables: tuple[Any, ...], cache: dict[str, object], make_atom: Any,
+                limits: tuple[int, int, int, int, int, int], /) -> Any:
+    """``cbcl.parse`` as a C function: ``parse(data, registry=registry)`` of exact bytes
+    within ``limits`` (the default limits' max_message_bytes, max_depth, max_list_items,
+    max_nodes, max_string_bytes, max_name_chars) read by ``cbcl._scanner``'s reader (its
+    capsule) and accepted by :func:`accept_document` (a signed message through
+    ``verified(message, registry)``); any other call, or a document declined,
+    ``fallback(*args, **kwargs)``. ``None`` if ``cbcl._scanner`` is not built."""

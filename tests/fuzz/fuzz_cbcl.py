@@ -359,6 +359,16 @@ def _unreferenced_rules(text: str) -> tuple[str, ...]:
                  if name not in used and rule_name_problem(name) is None)[:16]
 
 
+def outcome(function: Callable[..., object], *args: object, **kwargs: object) -> object:
+    """What a call gives: its result, or its CBCLError's type and text."""
+    import cbcl
+
+    try:
+        return function(*args, **kwargs)
+    except cbcl.CBCLError as exc:
+        return type(exc), str(exc)
+
+
 def _setup() -> dict[str, Callable[[bytes], None]]:
     import cbcl
     from cbcl import _api, _codec
@@ -408,6 +418,10 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
         head = (f'(CBCL/1.0 (message-id "m") (sender agent://a) (receiver agent://b) '
                 f"(intent {intent}) (protocol {protocol}) (body ").encode()
         document = head + data[2:] + b"))"
+        # parse's C entry (the call with a registry alone) gives what the Python function
+        # gives: the same message, or the same error
+        assert outcome(cbcl.parse, document, registry=registry) == \
+            outcome(_api.parse_python, document, registry=registry)
         try:
             message = cbcl.parse(document, registry=registry, limits=limits)
         except cbcl.CBCLError as exc:
@@ -435,6 +449,8 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
                 outcomes.append((type(exc), str(exc)))
         # The C and pure-Python unpackers give the same result or the same error.
         assert outcomes[0] == outcomes[1], outcomes
+        # Decoder.decode's C entry gives what the Python method gives.
+        assert outcomes[0] == outcome(_codec.decode_python, decoders[0], data)
         # The whole-frame C call gives the decoder's message, or leaves the frame to it.
         if decoders[0]._frame_state is not None:
             found = _codec._decode_frame_c(data, decoders[0]._frame_state)
