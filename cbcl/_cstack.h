@@ -9,6 +9,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
 
 typedef struct {
     PyObject **items; /* owned references, items[0:size] */
@@ -88,6 +90,8 @@ is_decimal(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
 static PyTypeObject *InertTypes[3];
 static PyObject *DecimalType;
 
+static int decimal_layout_ok(void);
+
 static int
 init_value_types(void)
 {
@@ -114,7 +118,140 @@ init_value_types(void)
         InertTypes[k] = (PyTypeObject *)type; /* kept for the module's life */
     }
     Py_DECREF(values);
-    return 0;
+    return decimal_layout_ok() < 0 ? -1 : 0;
+}
+
+/* Decimals made in place. Decimal(text) costs ~0.25 us, most of it argument parsing and
+ * libmpdec's general string reader; a CBCL decimal (is_decimal: -?digits.digits) of at
+ * most DECIMAL_WORD_DIGITS significant digits is one coefficient word and an exponent, so
+ * decimal_of writes the object _decimal's own constructor would write: its mpd_t, with the
+ * coefficient in the object's inline data, laid out as DecimalLayout. That layout is
+ * CPython's (Modules/_decimal: PyDecObject, libmpdec's mpd_t), not a public API, so
+ * init_value_types checks it first (decimal_layout_ok): the type's size, then, field by
+ * field, the decimals _decimal makes of sample texts against the ones made here, and their
+ * text, hash and value. Where it does not hold, every decimal is Decimal(text). */
+typedef struct {
+    uint8_t flags; /* MPD_NEG, MPD_STATIC, MPD_STATIC_DATA ... */
+    Py_ssize_t exp, digits, len, alloc;
+    uint64_t *data;
+} DecimalMpd;
+
+typedef struct {
+    PyObject_HEAD
+    Py_hash_t hash;
+    DecimalMpd dec;
+    uint64_t data[4]; /* _Py_DEC_MINALLOC words, inline */
+} DecimalLayout;
+
+enum { MPD_NEG_FLAG = 1, MPD_STATIC_FLAGS = 16 | 32 }; /* MPD_STATIC | MPD_STATIC_DATA */
+#define DECIMAL_WORD_DIGITS 19 /* MPD_RDIGITS: a word holds 10**19 - 1 */
+static int DecimalInPlace; /* 1: decimal_layout_ok held */
+
+/* The Decimal of p[0:n], a CBCL decimal token: a new reference, or NULL with an exception.
+ * `text`: that token as a str, or NULL (made here if Decimal(text) must make it). */
+static PyObject *
+decimal_of(const unsigned char *p, Py_ssize_t n, PyObject *text)
+{
+    if (DecimalInPlace) {
+        Py_ssize_t i = 0, fraction = 0, digits = 0;
+        int negative = n > 0 && p[0] == '-', after_point = 0;
+        uint64_t coefficient = 0;
+        for (i = negative; i < n; i++) {
+            unsigned char c = p[i];
+            if (c == '.') {
+                after_point = 1;
+                continue;
+            }
+            fraction += after_point;
+            if (digits == 0 && c == '0')
+                continue; /* a leading zero */
+            if (++digits > DECIMAL_WORD_DIGITS)
+                break;
+            coefficient = coefficient * 10 + (uint64_t)(c - '0');
+        }
+        if (digits <= DECIMAL_WORD_DIGITS) {
+            PyTypeObject *type = (PyTypeObject *)DecimalType;
+            DecimalLayout *d = (DecimalLayout *)type->tp_alloc(type, 0);
+            if (d == NULL)
+                return NULL;
+            d->hash = -1;
+            d->dec.flags = (uint8_t)(MPD_STATIC_FLAGS | (negative ? MPD_NEG_FLAG : 0));
+            d->dec.exp = -fraction;
+            d->dec.digits = digits ? digits : 1;
+            d->dec.len = 1;
+            d->dec.alloc = 4;
+            d->dec.data = d->data;
+            d->data[0] = coefficient;
+            return (PyObject *)d;
+        }
+    }
+    if (text != NULL)
+        return PyObject_CallOneArg(DecimalType, text);
+    PyObject *made = PyUnicode_FromStringAndSize((const char *)p, n);
+    if (made == NULL)
+        return NULL;
+    PyObject *value = PyObject_CallOneArg(DecimalType, made);
+    Py_DECREF(made);
+    return value;
+}
+
+/* Whether decimal_of may make decimals in place (see above): 1, 0, or -1. */
+static int
+decimal_layout_ok(void)
+{
+    static const char *const samples[] = {
+        "0.0", "-0.0", "0.00000", "-0.50", "1.5", "-934.32", "551.79", "10.0", "100.001",
+        "0.000000000000000000001", "999999999999999999.9", "-999999999.9999999999",
+        "1234567890123456789.0", "0.1234567890123456789", "000.10",
+        "12345678901234567890.5" /* (20 digits: Decimal(text) makes it) */};
+    PyTypeObject *type = (PyTypeObject *)DecimalType;
+    if (!PyType_Check(DecimalType) || type->tp_basicsize != (Py_ssize_t)sizeof(DecimalLayout) ||
+            strcmp(type->tp_name, "decimal.Decimal") != 0 || type->tp_itemsize != 0)
+        return 0;
+    int holds = 1;
+    DecimalInPlace = 1; /* (for the samples: reset below unless every one agrees) */
+    for (size_t k = 0; holds && k < sizeof samples / sizeof samples[0]; k++) {
+        const unsigned char *p = (const unsigned char *)samples[k];
+        Py_ssize_t n = (Py_ssize_t)strlen(samples[k]);
+        PyObject *text = PyUnicode_FromStringAndSize(samples[k], n);
+        PyObject *theirs = text == NULL ? NULL : PyObject_CallOneArg(DecimalType, text);
+        PyObject *ours = theirs == NULL ? NULL : decimal_of(p, n, NULL);
+        if (ours == NULL) {
+            Py_XDECREF(text);
+            Py_XDECREF(theirs);
+            DecimalInPlace = 0;
+            return -1;
+        }
+        const DecimalLayout *a = (const DecimalLayout *)theirs, *b = (const DecimalLayout *)ours;
+        holds = Py_TYPE(theirs) == type && Py_TYPE(ours) == type &&
+                a->dec.flags == b->dec.flags && a->dec.exp == b->dec.exp &&
+                a->dec.digits == b->dec.digits && a->dec.len == b->dec.len &&
+                a->dec.alloc == b->dec.alloc && a->dec.data == a->data &&
+                b->dec.data == b->data && a->dec.len >= 1 && a->dec.len <= 4 &&
+                memcmp(a->data, b->data, (size_t)a->dec.len * sizeof(uint64_t)) == 0;
+        if (holds) { /* and what Python sees of them */
+            PyObject *their_text = PyObject_Str(theirs), *our_text = PyObject_Str(ours);
+            Py_hash_t their_hash = PyObject_Hash(theirs), our_hash = PyObject_Hash(ours);
+            int equal = PyObject_RichCompareBool(theirs, ours, Py_EQ);
+            holds = their_text != NULL && our_text != NULL && equal == 1 &&
+                    their_hash != -1 && their_hash == our_hash &&
+                    PyUnicode_Compare(their_text, our_text) == 0;
+            Py_XDECREF(their_text);
+            Py_XDECREF(our_text);
+            if (PyErr_Occurred()) {
+                Py_DECREF(text);
+                Py_DECREF(theirs);
+                Py_DECREF(ours);
+                DecimalInPlace = 0;
+                return -1;
+            }
+        }
+        Py_DECREF(text);
+        Py_DECREF(theirs);
+        Py_DECREF(ours);
+    }
+    DecimalInPlace = holds;
+    return holds;
 }
 
 /* A slot of a direct-mapped memo of atoms by their text's bytes (the text reader's token

@@ -70,6 +70,12 @@
 
 #define MAX_DEPTH 10000
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((const void *)(p))
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 static PyTypeObject *T_SYMBOL, *T_KEYWORD, *T_URI, *T_DECIMAL;
 static Py_ssize_t MAX_DECIMAL_CHARS = -1; /* -1: setup() has not run; everything declines */
 static long C_LPAR, C_RPAR, C_INTEGER, C_DECIMAL, C_SYMBOL, C_KEYWORD, C_URI, C_FIRST;
@@ -142,9 +148,14 @@ stack_next(Stack *s)
     Frame *f = &s->frames[s->depth - 1];
     PyObject *seq = f->seq, *item;
     if (PyTuple_CheckExact(seq)) {
-        if (f->index >= PyTuple_GET_SIZE(seq))
+        Py_ssize_t size = PyTuple_GET_SIZE(seq);
+        if (f->index >= size)
             return NULL;
         item = PyTuple_GET_ITEM(seq, f->index);
+        /* The walk is bound by the first touch of each item (its type): ask for the one
+         * after next while this one is written. */
+        if (f->index + 2 < size)
+            PREFETCH(PyTuple_GET_ITEM(seq, f->index + 2));
     } else {
         if (f->index >= PyList_GET_SIZE(seq))
             return NULL;
@@ -162,6 +173,7 @@ stack_pop(Stack *s)
 }
 
 #define IS_LIST(o) (PyTuple_CheckExact(o) || PyList_CheckExact(o))
+
 
 /* A str's kind and data are valid once it is "ready" (always, from Python 3.12 on). */
 #if PY_VERSION_HEX < 0x030C0000

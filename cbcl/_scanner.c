@@ -336,12 +336,7 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
         if (k - i > CACHED_DECIMAL_CHARS && is_decimal(p, i, k)) { /* never cached */
             if (k - i > MAX_DECIMAL_CHARS)
                 Py_RETURN_NONE;
-            PyObject *token = PyUnicode_FromStringAndSize((const char *)p + i, k - i);
-            if (token == NULL)
-                return NULL;
-            PyObject *value = PyObject_CallOneArg(DecimalType, token);
-            Py_DECREF(token);
-            return value;
+            return decimal_of(p + i, k - i, NULL);
         }
     }
     int numeric = (p[i] >= '0' && p[i] <= '9') ||
@@ -517,7 +512,18 @@ cleanup:
     return result;
 }
 
+/* decimals_in_place() -> bool: whether decimal_of makes decimals in place here (the
+ * layout check of cbcl/_cstack.h held), for the tests. */
+static PyObject *
+decimals_in_place(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(DecimalInPlace);
+}
+
 static PyMethodDef methods[] = {
+    {"decimals_in_place", decimals_in_place, METH_NOARGS,
+     "decimals_in_place() -> bool: whether this module makes Decimals in place "
+     "(cbcl/_cstack.h's layout check held), else by Decimal(text)."},
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
      "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "

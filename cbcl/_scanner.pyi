@@ -25,3 +25,7 @@ def read_value(
     names of ``max_name`` characters). ``cache`` is ``cbcl._reader._CACHE`` (token text ->
     atom, read only) and ``make_atom`` ``cbcl._reader._atom``, called on a miss for every
     atom but integers and decimals of more than 4 characters, which are made in C."""
+
+def decimals_in_place() -> bool:
+    """Whether this module makes ``Decimal``\\ s in place (the layout check of
+    ``cbcl/_cstack.h`` held on this interpreter), else by ``Decimal(text)``."""

@@ -441,7 +441,7 @@ atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
     if (!valid_atom(code, text))
         Py_RETURN_NONE;
     if (code == DECIMAL && PyUnicode_GET_LENGTH(text) > DECIMAL_MEMO_CHARS)
-        return PyObject_CallOneArg(DecimalType, text);
+        return decimal_of(PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text), text);
     if (code == URI)
         return remember_uri(PyTuple_GET_ITEM(caches, URI), text, entries);
     return PyObject_CallFunction(make_atom, "lO", code, text);
@@ -2325,7 +2325,18 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
     return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
 }
 
+/* decimals_in_place() -> bool: whether decimal_of makes decimals in place here (the
+ * layout check of cbcl/_cstack.h held), for the tests. */
+static PyObject *
+decimals_in_place(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(DecimalInPlace);
+}
+
 static PyMethodDef methods[] = {
+    {"decimals_in_place", decimals_in_place, METH_NOARGS,
+     "decimals_in_place() -> bool: whether this module makes Decimals in place "
+     "(cbcl/_cstack.h's layout check held), else by Decimal(text)."},
     {"parse_entry", parse_entry, METH_VARARGS,
      "parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, "
      "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "

@@ -162,3 +162,7 @@ def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
     capsule) and accepted by :func:`accept_document` (a signed message through
     ``verified(message, registry)``); any other call, or a document declined,
     ``fallback(*args, **kwargs)``. ``None`` if ``cbcl._scanner`` is not built."""
+
+def decimals_in_place() -> bool:
+    """Whether this module makes ``Decimal``\\ s in place (the layout check of
+    ``cbcl/_cstack.h`` held on this interpreter), else by ``Decimal(text)``."""
