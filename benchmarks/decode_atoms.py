@@ -89,8 +89,10 @@ def run(count: int, rounds: int, baseline: str | None) -> dict[str, Any]:
         if old is not None:
             before = decoders["C (baseline)"] = Decoder(registry)
             before._fast_c = (old.frame_envelope, old.build_body)
+            before._frame_state = None  # (the baseline's tiers, not today's whole-frame call)
         python = decoders["Python twins"] = Decoder(registry)  # msgpack's C unpacker
         python._fast_c = None
+        python._frame_state = None
         for decoder in decoders.values():
             assert [decoder.decode(frame) for frame in frames] == messages
         contenders: dict[str, Callable[[], object]] = {

@@ -1054,7 +1054,8 @@ def _contenders(case: Case, registry: Registry, encoder: Encoder, decoder: Decod
     texts, messages = case.texts, case.messages
     frames = [encoder.encode(message) for message in messages]
     pure = Decoder(registry)  # the decoder where cbcl._speedups is not built (msgpack's C is)
-    pure._fast_c = None
+    pure._fast_c = None  # (neither its fast tier's C twins
+    pure._frame_state = None  # nor the whole-frame call: until now it still made that call)
     for frame, message in zip(frames, messages, strict=True):
         assert decoder.decode(frame) == message == pure.decode(frame)
     packed = [msgpack.packb(plain(message.to_value())) for message in messages]
