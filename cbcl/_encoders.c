@@ -65,10 +65,36 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 #include "_entry.h"
 
 #define MAX_DEPTH 10000
+
+/* memcpy of n bytes, the short copies of atoms inline (fixed-size moves, no call). */
+static inline void
+copy_bytes(char *dst, const char *src, size_t n)
+{
+    if (n >= 8 && n <= 16) { /* two overlapping words */
+        uint64_t a, b;
+        memcpy(&a, src, 8);
+        memcpy(&b, src + n - 8, 8);
+        memcpy(dst, &a, 8);
+        memcpy(dst + n - 8, &b, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t a, b;
+        memcpy(&a, src, 4);
+        memcpy(&b, src + n - 4, 4);
+        memcpy(dst, &a, 4);
+        memcpy(dst + n - 4, &b, 4);
+    } else if (n > 0 && n < 4) {
+        dst[0] = src[0];
+        dst[n / 2] = src[n / 2];
+        dst[n - 1] = src[n - 1];
+    } else if (n > 16) {
+        memcpy(dst, src, n);
+    }
+}
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch((const void *)(p))
@@ -154,8 +180,8 @@ stack_next(Stack *s)
         item = PyTuple_GET_ITEM(seq, f->index);
         /* The walk is bound by the first touch of each item (its type): ask for the one
          * after next while this one is written. */
-        if (f->index + 2 < size)
-            PREFETCH(PyTuple_GET_ITEM(seq, f->index + 2));
+        if (f->index + 4 < size)
+            PREFETCH(PyTuple_GET_ITEM(seq, f->index + 4));
     } else {
         if (f->index >= PyList_GET_SIZE(seq))
             return NULL;
@@ -284,6 +310,11 @@ typedef struct {
 } DecObject;
 
 static int DECIMAL_LAYOUT; /* 1: read the mpd_t directly */
+/* "00" to "99", for writing numbers two digits at a time */
+static const char DIGIT_PAIRS[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
 #define LIMB_DIGITS (sizeof(size_t) == 8 ? 19 : 9)
 
 static int
@@ -300,6 +331,12 @@ decimal_parts_of_layout(PyObject *value, DecimalParts *d)
         char tmp[24];
         int k = 0;
         size_t v = limbs[i];
+        while (v >= 100 && k < 18) { /* two digits at a time, backwards */
+            unsigned pair = (unsigned)(v % 100) * 2;
+            v /= 100;
+            tmp[k++] = DIGIT_PAIRS[pair + 1];
+            tmp[k++] = DIGIT_PAIRS[pair];
+        }
         do {
             tmp[k++] = (char)('0' + v % 10);
             v /= 10;
@@ -525,7 +562,7 @@ static void
 w_ascii_unchecked(Writer *w, const char *s, Py_ssize_t n)
 {
     if (w->kind == 1) {
-        memcpy((char *)w->buf + w->len, s, (size_t)n);
+        copy_bytes((char *)w->buf + w->len, s, (size_t)n);
     } else {
         for (Py_ssize_t i = 0; i < n; i++)
             PyUnicode_WRITE(w->kind, w->buf, w->len + i, (Py_UCS4)(unsigned char)s[i]);
@@ -583,7 +620,7 @@ w_str(Writer *w, PyObject *s, Py_ssize_t extra_room)
         return FAIL;
     const void *data = PyUnicode_DATA(s);
     if (kind == w->kind) {
-        memcpy((char *)w->buf + w->len * kind, data, (size_t)n * (size_t)kind);
+        copy_bytes((char *)w->buf + w->len * kind, data, (size_t)n * (size_t)kind);
     } else {
         for (Py_ssize_t i = 0; i < n; i++)
             PyUnicode_WRITE(w->kind, w->buf, w->len + i, PyUnicode_READ(kind, data, i));
@@ -707,18 +744,14 @@ w_quoted(Writer *w, PyObject *s)
 static Py_ssize_t
 int_text(long long v, char *buf)
 {
-    static const char pairs[] =
-        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-        "8081828384858687888990919293949596979899";
     char tmp[24];
     Py_ssize_t n = 0;
     unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
     while (u >= 100) { /* two digits at a time, written backwards */
         unsigned d = (unsigned)(u % 100) * 2;
         u /= 100;
-        tmp[n++] = pairs[d + 1];
-        tmp[n++] = pairs[d];
+        tmp[n++] = DIGIT_PAIRS[d + 1];
+        tmp[n++] = DIGIT_PAIRS[d];
     }
     do {
         tmp[n++] = (char)('0' + u % 10);
@@ -925,14 +958,25 @@ decline:
     return DECLINE;
 }
 
+/* Each field's " (name " as ASCII, made by setup_message from TEXT_NAMES (length 0: a name
+ * that is not short ASCII, written from its symbol). */
+#define FIELD_PREFIX_MAX 40
+static char FIELD_PREFIX[N_FIELDS][FIELD_PREFIX_MAX];
+static Py_ssize_t FIELD_PREFIX_LENGTH[N_FIELDS];
+
 /* " (name " value [" " second] ")" */
 static int
 w_field(Writer *w, Stack *stack, int index, PyObject *value, PyObject *second)
 {
-    PyObject *name = PyTuple_GET_ITEM(TEXT_NAMES, 1 + index);
-    if (w_ascii(w, " (", 2) < 0 || w_str(w, name, 1) < 0)
-        return FAIL;
-    w_put(w, ' ');
+    if (FIELD_PREFIX_LENGTH[index] > 0) {
+        if (w_ascii(w, FIELD_PREFIX[index], FIELD_PREFIX_LENGTH[index]) < 0)
+            return FAIL;
+    } else {
+        PyObject *name = PyTuple_GET_ITEM(TEXT_NAMES, 1 + index);
+        if (w_ascii(w, " (", 2) < 0 || w_str(w, name, 1) < 0)
+            return FAIL;
+        w_put(w, ' ');
+    }
     int r = w_value(w, stack, value);
     if (r != OK)
         return r;
@@ -1061,12 +1105,8 @@ put_be(char *p, unsigned long long v, int n)
 
 /* A msgpack integer in the smallest form, as msgpack.packb writes it. */
 static int
-mp_int(Bytes *b, long long v)
+mp_int_any(Bytes *b, long long v)
 {
-    if (v >= 0 && v < 128 && b->len < b->cap) {
-        b->buf[b->len++] = (char)v;
-        return OK;
-    }
     if (b_room(b, 9) < 0)
         return FAIL;
     char *p = b->buf + b->len;
@@ -1116,6 +1156,18 @@ mp_int(Bytes *b, long long v)
 }
 
 /* A msgpack str (fixstr, str8, str16 or str32) of n bytes of UTF-8. */
+/* An int as msgpack writes it: mp_int_any, the usual one (a code, a parenthesis: a
+ * positive fixint) inline. */
+static inline int
+mp_int(Bytes *b, long long v)
+{
+    if (v >= 0 && v < 128 && b->len < b->cap) {
+        b->buf[b->len++] = (char)v;
+        return OK;
+    }
+    return mp_int_any(b, v);
+}
+
 static int
 mp_raw(Bytes *b, const char *s, Py_ssize_t n)
 {
@@ -1138,7 +1190,7 @@ mp_raw(Bytes *b, const char *s, Py_ssize_t n)
         put_be(p, (unsigned long long)n, 4);
         p += 4;
     }
-    memcpy(p, s, (size_t)n);
+    copy_bytes(p, s, (size_t)n);
     b->len = (p - b->buf) + n;
     return OK;
 }
@@ -1205,7 +1257,7 @@ str_hash(PyObject *s)
 
 /* The slot of key (hash h): the one holding it, or the empty one it would take. */
 static Entry *
-names_slot(Names *t, PyObject *key, Py_hash_t h)
+names_probe(Names *t, PyObject *key, Py_hash_t h)
 {
     size_t i = (size_t)h & (size_t)t->mask;
     for (;;) {
@@ -1214,6 +1266,17 @@ names_slot(Names *t, PyObject *key, Py_hash_t h)
             return e;
         i = (i + 1) & (size_t)t->mask;
     }
+}
+
+/* names_probe, its usual outcome inline: the very object (interned names are shared), or
+ * an empty slot, at the first place looked. */
+static inline Entry *
+names_slot(Names *t, PyObject *key, Py_hash_t h)
+{
+    Entry *e = &t->slots[(size_t)h & (size_t)t->mask];
+    if (e->key == key || e->key == NULL)
+        return e;
+    return names_probe(t, key, h);
 }
 
 static int
@@ -1845,6 +1908,20 @@ setup_message(PyObject *self, PyObject *args)
     Py_XSETREF(T_SIGNATURE, (PyTypeObject *)signature);
     Py_XSETREF(TEXT_NAMES, names);
     Py_XSETREF(TEXT_INTENTS, intents);
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, 1 + i);
+        Py_ssize_t n = PyUnicode_GET_LENGTH(name);
+        FIELD_PREFIX_LENGTH[i] = 0;
+        if (READY(name) < 0)
+            return NULL;
+        if (PyUnicode_IS_ASCII(name) && n + 3 <= FIELD_PREFIX_MAX) {
+            FIELD_PREFIX[i][0] = ' ';
+            FIELD_PREFIX[i][1] = '(';
+            memcpy(FIELD_PREFIX[i] + 2, PyUnicode_1BYTE_DATA(name), (size_t)n);
+            FIELD_PREFIX[i][n + 2] = ' ';
+            FIELD_PREFIX_LENGTH[i] = n + 3;
+        }
+    }
     Py_RETURN_TRUE;
 }
 
