@@ -1322,8 +1322,21 @@ names_free(Names *t)
 
 /* An exact Symbol, Keyword or URI: its code if the table or this frame has one, else it
  * is written in full (its kind's code, then its text) and takes the next code. */
+/* The names a frame writes in full, in the order they take their codes (the k-th:
+ * C_FIRST + the table's size + k): the first LEARNED_INLINE in `first` (strong
+ * references), told apart by a scan; past that, all of them in `table` too, a hash table
+ * of its own (a body has few: for most, no table is cleared). */
+#define LEARNED_INLINE 8
+
+typedef struct {
+    PyObject *first[LEARNED_INLINE];
+    Py_hash_t first_hash[LEARNED_INLINE];
+    Py_ssize_t count;
+    Names table; /* slots NULL until count reaches LEARNED_INLINE */
+} Learned;
+
 static int
-mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Names *names)
+mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned)
 {
     Py_hash_t h = str_hash(item);
     if (h == -1)
@@ -1333,10 +1346,37 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Names *names)
     Entry *e = names_slot(codes, item, h);
     if (e->key != NULL)
         return mp_int(b, e->code);
-    if (names->slots == NULL || 2 * (names->used + 1) > names->mask + 1) {
+    long code = C_FIRST + (long)codes->used + (long)learned->count;
+    Names *names = &learned->table;
+    if (names->slots == NULL) {
+        for (Py_ssize_t k = 0; k < learned->count; k++)
+            if (learned->first[k] == item ||
+                    (learned->first_hash[k] == h && same_atom(learned->first[k], item)))
+                return mp_int(b, C_FIRST + (long)codes->used + (long)k);
+        if (learned->count < LEARNED_INLINE) {
+            learned->first_hash[learned->count] = h;
+            learned->first[learned->count++] = Py_NewRef(item);
+            if (mp_int(b, kind_code) < 0)
+                return FAIL;
+            return mp_str(b, item);
+        }
+        /* from now on, a hash table of them all */
         if (names_grow(names) < 0)
             return FAIL;
+        for (Py_ssize_t k = 0; k < learned->count; k++) {
+            PyObject *key = learned->first[k];
+            if (names->slots != NULL && 2 * (names->used + 1) > names->mask + 1 &&
+                    names_grow(names) < 0)
+                return FAIL;
+            Entry *slot = names_slot(names, key, learned->first_hash[k]);
+            slot->key = Py_NewRef(key);
+            slot->hash = learned->first_hash[k];
+            slot->code = C_FIRST + (long)codes->used + (long)k;
+            names->used++;
+        }
     }
+    if (2 * (names->used + 1) > names->mask + 1 && names_grow(names) < 0)
+        return FAIL;
     e = names_slot(names, item, h);
     if (e->key != NULL)
         return mp_int(b, e->code);
@@ -1344,15 +1384,16 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Names *names)
     Py_INCREF(item);
     e->key = item;
     e->hash = h;
-    e->code = C_FIRST + (long)codes->used + (long)names->used;
+    e->code = code;
     names->used++;
+    learned->count++;
     if (mp_int(b, kind_code) < 0)
         return FAIL;
     return mp_str(b, item);
 }
 
 static int
-mp_atom(Bytes *b, PyObject *item, Names *codes, Names *names)
+mp_atom(Bytes *b, PyObject *item, Names *codes, Learned *names)
 {
     PyTypeObject *type = Py_TYPE(item);
     if (type == &PyUnicode_Type)
@@ -1389,7 +1430,7 @@ static int
 mp_body(Bytes *b, PyObject *body, Names *codes)
 {
     Entry inline_slots[INLINE_NAMES];
-    Names names = {NULL, 0, 0, inline_slots};
+    Learned names = {{NULL}, {0}, 0, {NULL, 0, 0, inline_slots}};
     Stack stack;
     STACK_INIT(stack);
     int r;
@@ -1420,7 +1461,9 @@ mp_body(Bytes *b, PyObject *body, Names *codes)
     r = OK;
 end:
     stack_free(&stack);
-    names_free(&names);
+    for (Py_ssize_t k = 0; k < names.count && k < LEARNED_INLINE; k++)
+        Py_DECREF(names.first[k]);
+    names_free(&names.table);
     return r;
 }
 

@@ -521,3 +521,25 @@ def test_decimals_from_their_layout(native: Any, value: Decimal) -> None:
     # (read from _decimal's mpd_t where setup() found it laid out as expected)
     _same_text(native, value)
     _same_text(native, (value, Symbol("x"), value))
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 16, 17, 40])
+def test_names_written_in_full_at_every_count(count: int) -> None:
+    """A body that writes ``count`` names the table does not hold, each twice (the second
+    time by the code the first took), around the frame's switch from a scan of its first
+    eight to a hash table: the C writer's frame is the Python twin's, and decodes back."""
+    _native_or_skip()
+    registry = cbcl.Registry(disk_cache=False, isolate=False)
+    registry.load(b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM) '
+                  b'(grammar "body: value"))', allow_unsigned=True)
+    names = [cbcl.Symbol(f"s{i}") if i % 3 == 0 else cbcl.Keyword(f"k{i}") if i % 3 == 1
+             else cbcl.URI(f"agent://u{i}") for i in range(count)]
+    body = (cbcl.Symbol("head"), *names, *reversed(names), (*names[: count // 2],))
+    message = cbcl.Message._trusted("m", cbcl.URI("agent://a"), cbcl.URI("agent://b"),
+                                    cbcl.Intent.INFORM, cbcl.Symbol("any/v1"), None, None,
+                                    None, None, body, None)
+    c_twin = cbcl.Encoder(registry, validate=False)
+    python_twin = cbcl.Encoder(registry, validate=False, pure_python=True)
+    frames = {c_twin.encode(message) for _ in range(2)}  # (the second: its table cached)
+    assert frames == {python_twin.encode(message)}
+    assert cbcl.Decoder(registry).decode(frames.pop()) == message
