@@ -638,9 +638,10 @@ def _atom_spec(t: AtomType) -> _Spec:
         if not ranged and not sized:
             return frozenset(kinds), _PLAIN, None, None
         if not ranged and type(t.min_length) in _LENGTH and type(t.max_length) in _LENGTH:
-            return frozenset(kinds), _SIZED, range(
-                0 if t.min_length is None else t.min_length,
-                _NO_MAX if t.max_length is None else t.max_length + 1), None
+            low = 0 if t.min_length is None else t.min_length
+            stop = _NO_MAX if t.max_length is None else t.max_length + 1
+            # (b: the same bounds as two ints, which the C twin compares without a call)
+            return frozenset(kinds), _SIZED, range(low, stop), (low, stop)
     elif kind in ("integer", "decimal", "number"):
         if not sized and type(low) in _BOUND and type(high) in _BOUND:
             how = (_PLAIN if not ranged else _AT_MOST if low is None

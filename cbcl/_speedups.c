@@ -1291,6 +1291,27 @@ enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, H
 
 static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
 
+/* cbcl._schema._Pairs and the offset of its `packed` slot, found at the first _Pairs met
+ * (NULL: not yet): its packed tuple is then read there, not looked up by name. */
+static PyTypeObject *PAIRS_TYPE;
+static Py_ssize_t PAIRS_PACKED;
+
+/* pairs.packed: a new reference, or NULL with an exception. */
+static PyObject *
+packed_of(PyObject *pairs)
+{
+    PyTypeObject *type = Py_TYPE(pairs);
+    if (PAIRS_TYPE == NULL && strcmp(type->tp_name, "_Pairs") == 0 &&
+            entry_slot_offset(type, "packed", &PAIRS_PACKED))
+        PAIRS_TYPE = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    if (type == PAIRS_TYPE) {
+        PyObject *packed = entry_slot(pairs, PAIRS_PACKED);
+        if (packed != NULL)
+            return Py_NewRef(packed);
+    }
+    return PyObject_GetAttr(pairs, S_PACKED); /* (unset: the AttributeError) */
+}
+
 /* Whether `value` passes the spec (kinds, how, a, b): 1, 0, or -1 with an exception; a
  * child to check later goes on `keyed` or `lists` as (b, value). */
 static int
@@ -1309,6 +1330,14 @@ spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
         Py_ssize_t length = PyObject_Length(value);
         if (length < 0)
             return -1;
+        if (PyTuple_CheckExact(b) && PyTuple_GET_SIZE(b) == 2) { /* (low, stop): a's bounds */
+            Py_ssize_t low = PyLong_AsSsize_t(PyTuple_GET_ITEM(b, 0));
+            Py_ssize_t stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(b, 1));
+            if ((low == -1 || stop == -1) && PyErr_Occurred())
+                PyErr_Clear(); /* (not two ints that fit: a's own test below) */
+            else
+                return low <= length && length < stop;
+        }
         PyObject *count = PyLong_FromSsize_t(length);
         if (count == NULL)
             return -1;
@@ -1394,7 +1423,7 @@ pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
     Py_ssize_t n = PyTuple_GET_SIZE(items), start;
     unsigned long long seen = 0, required;
     /* (open, start, head, heads, first, table, other, required): _Pairs.packed */
-    if ((packed = PyObject_GetAttr(pairs, S_PACKED)) == NULL)
+    if ((packed = packed_of(pairs)) == NULL)
         goto done;
     if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
         PyErr_SetString(PyExc_TypeError, "not a _Pairs");
@@ -1596,7 +1625,7 @@ list_pop(PyObject *list)
 static int
 schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
 {
-    PyObject *packed = PyObject_GetAttr(pairs, S_PACKED);
+    PyObject *packed = packed_of(pairs);
     if (packed == NULL)
         goto failed;
     if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
