@@ -474,7 +474,7 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
  * table's is the index of one here): their classes borrowed from S_KINDS, the atoms owned.
  * The first LEARNED_INLINE are kept inline and told apart by a scan (a body has few); past
  * that, a set of them all (`seen`) keeps the check linear. */
-#define LEARNED_INLINE 8
+#define LEARNED_INLINE 16
 
 typedef struct {
     PyObject **atoms, **classes; /* inline, or on the heap past LEARNED_INLINE */
@@ -487,7 +487,7 @@ typedef struct {
 
 /* Whether two learned atoms are equal as cbcl._values._Atom has them: one exact type and
  * one text (canonical strs: equal texts have one kind). */
-static int
+static inline int
 same_atom(PyObject *a, PyObject *b)
 {
     if (a == b)
