@@ -609,7 +609,7 @@ w_ascii(Writer *w, const char *s, Py_ssize_t n)
 }
 
 /* The whole text of str s (its kind is its widest character's: a canonical str). */
-static int
+static inline int
 w_str(Writer *w, PyObject *s, Py_ssize_t extra_room)
 {
     if (READY(s) < 0)
@@ -779,7 +779,7 @@ int64_of(PyObject *item, long long *out)
     return OK;
 }
 
-static int
+static inline int
 w_atom(Writer *w, PyObject *item)
 {
     PyTypeObject *type = Py_TYPE(item);
@@ -1343,11 +1343,16 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned
         return FAIL;
     if (READY(item) < 0)
         return FAIL;
-    Entry *e = names_slot(codes, item, h);
+    Names *names = &learned->table;
+    Entry *e;
+    /* A name is in the table or learned, never both: with many learned (a record's keys
+     * under an open record, over and over), they are looked in first. */
+    if (names->slots != NULL && (e = names_slot(names, item, h))->key != NULL)
+        return mp_int(b, e->code);
+    e = names_slot(codes, item, h);
     if (e->key != NULL)
         return mp_int(b, e->code);
     long code = C_FIRST + (long)codes->used + (long)learned->count;
-    Names *names = &learned->table;
     if (names->slots == NULL) {
         for (Py_ssize_t k = 0; k < learned->count; k++)
             if (learned->first[k] == item ||
@@ -1392,7 +1397,7 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned
     return mp_str(b, item);
 }
 
-static int
+static inline int
 mp_atom(Bytes *b, PyObject *item, Names *codes, Learned *names)
 {
     PyTypeObject *type = Py_TYPE(item);

@@ -74,7 +74,7 @@ typedef struct {
 /* Read the object at p[*at] of p[0:n] into *t and move *at past it: 1, or 0 for a type
  * no frame holds (nil, bool, float, bin, ext, array, map, 0xc1) or an object cut short.
  * Every read is bounds-checked; a length is compared with what is left before use. */
-static int
+static inline int
 read_token(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at, Token *t)
 {
     Py_ssize_t i = *at;
@@ -203,7 +203,7 @@ done:
 /* ------------------------------------------------------------------------- build_body */
 
 /* The result of feeding `cls` to `node` (a new reference), or NULL with an exception. */
-static PyObject *
+static inline PyObject *
 transition(PyObject *node, PyObject *cls, PyObject *step)
 {
     PyObject *found = PyDict_GetItemWithError(node, cls);
@@ -218,7 +218,7 @@ transition(PyObject *node, PyObject *cls, PyObject *step)
 
 /* Replace the strong reference *node by the node `cls` leads to: 1 on success, 0 if the
  * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. */
-static int
+static inline int
 advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole)
 {
     PyObject *next = transition(*node, cls, step);
