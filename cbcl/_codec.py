@@ -228,8 +228,15 @@ class Encoder:
     """
 
     # (slots: Encoder.encode's C entry reads validate, registry and _tables at their offsets)
-    __slots__ = ("registry", "validate", "limits", "_short", "_tables", "_native",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_native",
+        "_short",
+        "_tables",
+        "limits",
+        "registry",
+        "validate",
+    )
 
     def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
                  validate: bool = True, limits: Limits | None = None,
@@ -414,8 +421,17 @@ class Decoder:
 
     # (slots: Decoder.decode's C entry reads _frame_state and require_signatures at their
     # offsets)
-    __slots__ = ("registry", "limits", "require_signatures", "_short", "_unpacker", "_fast_c",
-                 "_memos", "_frame_state", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_fast_c",
+        "_frame_state",
+        "_memos",
+        "_short",
+        "_unpacker",
+        "limits",
+        "registry",
+        "require_signatures",
+    )
 
     def __init__(self, registry: Registry, *, limits: Limits | None = None,
                  short_ids: Mapping[int, str] | None = None, pure_python: bool = False,
@@ -638,7 +654,7 @@ class _Memos:
     frame's atoms are the very objects of the grammars' tables."""
 
     __slots__ = ("built_from", "by_digest", "caches", "decimals", "entries", "frame_plans",
-                 "keep", "make_atom", "uris")
+                 "frame_states", "keep", "make_atom", "uris")
 
     def __init__(self) -> None:
         self.entries = MEMO_ENTRIES
@@ -648,6 +664,10 @@ class _Memos:
         #: The tables of :attr:`by_digest` as cbcl._speedups.decode_frame reads them
         #: (:func:`_frame_plan`), made with them.
         self.frame_plans: dict[bytes, tuple[Any, ...]] = {}
+        #: The one-shot decode()'s frame states (:func:`_frame_state`) by the id of their
+        #: limits, each with those limits (held: an id is not reused while they are here);
+        #: at most FRAME_STATES, emptied when full.
+        self.frame_states: dict[int, tuple[Limits, tuple[Any, ...]]] = {}
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}
         #: By token code, the atoms already made of each kind written in full, by text:
@@ -1512,9 +1532,30 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     """Decode and recognise one binary frame (see :class:`Decoder`; reuse one for many
     frames). The symbol tables and memos are those of a default decoder of ``registry``,
     kept while the registry lives: a call does not build one table per loaded protocol."""
+    key = DEFAULT_LIMITS if limits is None else limits
+    if _decode_frame_c is not None and type(data) is bytes and type(registry) is Registry \
+            and type(key) is Limits:
+        # The whole frame in one C call, with the frame state this registry's memos keep
+        # for these limits (a Decoder's setup per call was ~2x a ~370 B frame's decoding).
+        memos = _one_shot_memos(registry)
+        entry = memos.frame_states.get(id(key))
+        if entry is None or entry[0] is not key:
+            if len(memos.frame_states) >= FRAME_STATES:
+                memos.frame_states.clear()
+            entry = memos.frame_states[id(key)] = (key, _frame_state(registry, key, memos))
+        message = _decode_frame_c(data, entry[1])
+        if message is not None:
+            trust = registry.trust
+            if trust is not None and message.signature is not None:
+                trust.verify_message(message)
+            return message
     decoder = Decoder.__new__(Decoder)
     decoder._setup(registry, limits, None, False, False, True)
     return decoder.decode(data)
+
+
+#: The one-shot decode()'s frame states kept per registry (one per Limits object used).
+FRAME_STATES = 16
 
 
 
