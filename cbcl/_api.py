@@ -94,9 +94,9 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
 
 
 def _verified(message: Message, registry: Registry) -> Message:
-    """A signed ``message`` that both passes accepted, once the trust store of
-    ``registry`` (if it has one) has verified it, as :func:`parse` does. Raises
-    :class:`TrustError`."""
+    """``message``, one that must be verified (signed, or signatures required), once the
+    trust store of ``registry`` (if it has one) has verified it, as :func:`parse` and
+    :meth:`Decoder.decode` do. Raises :class:`TrustError`."""
     trust = registry.trust
     if trust is not None:
         trust.verify_message(message)

@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 import msgpack
 import msgpack.fallback
 
-from ._api import check_outgoing
+from ._api import _verified as _verify_signed, check_outgoing
 from ._automaton import ACCEPT, REFUSED
 from ._canonical import _decimal, canonical_value, native as _native
 from ._entries import entry_doc
@@ -511,9 +511,8 @@ class Decoder:
     def _verified(self, message: Message) -> Message:
         """``message``, once the trust store has verified it where :meth:`decode` must:
         signed, or with ``require_signatures``. Raises :class:`TrustError`."""
-        trust = self.registry.trust
-        if trust is not None and (message.signature is not None or self.require_signatures):
-            trust.verify_message(message)
+        if message.signature is not None or self.require_signatures:
+            _verify_signed(message, self.registry)
         return message
 
     def _decode_tiers(self, data: bytes | bytearray | memoryview) -> Message:
@@ -1545,9 +1544,8 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
             entry = memos.frame_states[id(key)] = (key, _frame_state(registry, key, memos))
         message = _decode_frame_c(data, entry[1])
         if message is not None:
-            trust = registry.trust
-            if trust is not None and message.signature is not None:
-                trust.verify_message(message)
+            if message.signature is not None:
+                _verify_signed(message, registry)
             return message
     decoder = Decoder.__new__(Decoder)
     decoder._setup(registry, limits, None, False, False, True)
@@ -1556,7 +1554,6 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
 
 #: The one-shot decode()'s frame states kept per registry (one per Limits object used).
 FRAME_STATES = 16
-
 
 
 # Encoder.encode and Decoder.decode become C methods where the accelerators are built

@@ -1901,21 +1901,9 @@ setup(PyObject *self, PyObject *args)
 static int
 offsets_of(PyTypeObject *type, const char *const *attrs, int n, Py_ssize_t *out)
 {
-    for (int i = 0; i < n; i++) {
-        PyObject *d = PyObject_GetAttrString((PyObject *)type, attrs[i]);
-        if (d == NULL) {
-            PyErr_Clear();
+    for (int i = 0; i < n; i++)
+        if (!entry_slot_offset(type, attrs[i], &out[i]))
             return 0;
-        }
-        int ok = Py_TYPE(d) == &PyMemberDescr_Type &&
-                 ((PyMemberDescrObject *)d)->d_common.d_type == type &&
-                 ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX;
-        if (ok)
-            out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
-        Py_DECREF(d);
-        if (!ok)
-            return 0;
-    }
     return 1;
 }
 

@@ -80,7 +80,7 @@ entry_call_method(CEntry *e, PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 /* The offset of slot `name` of `type` (a member descriptor of an object, as __slots__
- * makes them, found on the type or a base): 1, or 0 (no exception) if it is not one. */
+ * makes them, the type's own): 1, or 0 (no exception) if it is not one. */
 static int
 entry_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
 {
@@ -90,7 +90,7 @@ entry_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
         return 0;
     }
     int ok = Py_TYPE(d) == &PyMemberDescr_Type &&
-             PyType_IsSubtype(type, ((PyMemberDescrObject *)d)->d_common.d_type) &&
+             ((PyMemberDescrObject *)d)->d_common.d_type == type &&
              ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX;
     if (ok)
         *offset = ((PyMemberDescrObject *)d)->d_member->offset;
