@@ -33,7 +33,6 @@ Byte offsets are computed only when an error is raised.
 from __future__ import annotations
 
 import sys
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -652,8 +651,8 @@ class _Memos:
     are the reader's process-wide intern tables (``cbcl._reader._SYMBOLS``), shared so a
     frame's atoms are the very objects of the grammars' tables."""
 
-    __slots__ = ("built_from", "by_digest", "caches", "decimals", "entries", "frame_plans",
-                 "frame_states", "keep", "make_atom", "uris")
+    __slots__ = ("built_from", "by_digest", "caches", "decimals", "default_state", "entries",
+                 "frame_plans", "frame_states", "keep", "make_atom", "uris")
 
     def __init__(self) -> None:
         self.entries = MEMO_ENTRIES
@@ -667,6 +666,8 @@ class _Memos:
         #: limits, each with those limits (held: an id is not reused while they are here);
         #: at most FRAME_STATES, emptied when full.
         self.frame_states: dict[int, tuple[Limits, tuple[Any, ...]]] = {}
+        #: The one-shot decode()'s frame state for DEFAULT_LIMITS (None until made).
+        self.default_state: tuple[Any, ...] | None = None
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}
         #: By token code, the atoms already made of each kind written in full, by text:
@@ -730,17 +731,15 @@ class _Memos:
         return intern_symbol(text) if code == SYMBOL else intern_keyword(text)
 
 
-# The one-shot decode()'s memos, one per registry, dropped with it (a _Memos holds no
-# reference to its registry, so this never keeps one alive).
-_ONE_SHOT: weakref.WeakKeyDictionary[Registry, _Memos] = weakref.WeakKeyDictionary()
-
-
 def _one_shot_memos(registry: Registry) -> _Memos:
     """The memos the one-shot :func:`decode` shares for ``registry``: its symbol tables
-    are built once, not per call (nor per loaded protocol per call)."""
-    memos = _ONE_SHOT.get(registry)
-    if memos is None:
-        memos = _ONE_SHOT.setdefault(registry, _Memos())  # (one wins a race)
+    are built once, not per call (nor per loaded protocol per call). The registry keeps
+    them (``Registry._one_shot``), so they die with it; a _Memos holds no reference to its
+    registry, so they never keep it alive."""
+    memos = registry._one_shot
+    if type(memos) is not _Memos:
+        # (two threads may both make one: the loser's serves one call, then is dropped)
+        memos = registry._one_shot = _Memos()
     return memos
 
 
@@ -1530,19 +1529,15 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
            limits: Limits | None = None) -> Message:
     """Decode and recognise one binary frame (see :class:`Decoder`; reuse one for many
     frames). The symbol tables and memos are those of a default decoder of ``registry``,
-    kept while the registry lives: a call does not build one table per loaded protocol."""
+    kept while the registry lives: a call does not build one table per loaded protocol.
+    Raises what :meth:`Decoder.decode` raises, and ``TypeError`` for a ``registry`` or
+    ``limits`` of the wrong type."""
     key = DEFAULT_LIMITS if limits is None else limits
     if _decode_frame_c is not None and type(data) is bytes and type(registry) is Registry \
             and type(key) is Limits:
         # The whole frame in one C call, with the frame state this registry's memos keep
         # for these limits (a Decoder's setup per call was ~2x a ~370 B frame's decoding).
-        memos = _one_shot_memos(registry)
-        entry = memos.frame_states.get(id(key))
-        if entry is None or entry[0] is not key:
-            if len(memos.frame_states) >= FRAME_STATES:
-                memos.frame_states.clear()
-            entry = memos.frame_states[id(key)] = (key, _frame_state(registry, key, memos))
-        message = _decode_frame_c(data, entry[1])
+        message = _decode_frame_c(data, _one_shot_state(registry, key))
         if message is not None:
             if message.signature is not None:
                 _verify_signed(message, registry)
@@ -1550,6 +1545,25 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     decoder = Decoder.__new__(Decoder)
     decoder._setup(registry, limits, None, False, False, True)
     return decoder.decode(data)
+
+
+def _one_shot_state(registry: Registry, limits: Limits) -> tuple[Any, ...]:
+    """The frame state (:func:`_frame_state`) the one-shot :func:`decode` uses for
+    ``registry`` within ``limits``, made once and kept by the registry's one-shot memos:
+    the default limits' in :attr:`_Memos.default_state` (where decode's C entry reads
+    it), others' among :attr:`_Memos.frame_states`."""
+    memos = _one_shot_memos(registry)
+    if limits is DEFAULT_LIMITS:
+        state = memos.default_state
+        if state is None:
+            state = memos.default_state = _frame_state(registry, limits, memos)
+        return state
+    entry = memos.frame_states.get(id(limits))
+    if entry is None or entry[0] is not limits:
+        if len(memos.frame_states) >= FRAME_STATES:
+            memos.frame_states.clear()
+        entry = memos.frame_states[id(limits)] = (limits, _frame_state(registry, limits, memos))
+    return entry[1]
 
 
 #: The one-shot decode()'s frame states kept per registry (one per Limits object used).
@@ -1576,3 +1590,17 @@ if _decode_frame_c is not None:
                            entry_doc(Decoder.decode, method=True))
     if _entry is not None:
         setattr(Decoder, "decode", _entry)  # noqa: B010 (mypy: a method)
+
+# decode itself becomes a C function likewise (cbcl._speedups.one_shot_entry): decode(data,
+# registry=registry) of bytes, once the registry's one-shot memos hold the default limits'
+# frame state, is the whole-frame C call, without decode's Python frame (~0.5 us of a
+# ~2 us ~370 B frame); any other call, or a frame it declines, is the function above.
+#: The Python function, whatever decode is bound to (the reference the tests hold it to).
+decode_one_shot_python = decode
+if _decode_frame_c is not None:
+    from ._speedups import one_shot_entry as _one_shot_entry
+
+    _entry = _one_shot_entry(decode, entry_doc(decode, method=False), _verify_signed,
+                             Registry, _Memos)
+    if _entry is not None:
+        decode = _entry

@@ -326,6 +326,9 @@ class Registry:
         self._protocols: dict[Symbol, Protocol] = {}
         self._bindings: dict[str, tuple[str, ...]] = {}  # id -> keys, without a state dir
         self._abandoned = False
+        #: The one-shot cbcl.decode's memos for this registry (cbcl._codec._one_shot_memos:
+        #: made at its first call, dropped with the registry).
+        self._one_shot: Any = None
 
     def __contains__(self, protocol_id: object) -> bool:
         return self.get(protocol_id) is not None  # type: ignore[arg-type]

@@ -2354,6 +2354,103 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
     return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
 }
 
+/* cbcl.decode as a C function (cbcl/_entry.h): the ordinary call, decode(data,
+ * registry=registry) with data exact bytes and registry an exact cbcl.Registry whose
+ * one-shot memos (Registry._one_shot, a cbcl._codec._Memos) hold the default limits'
+ * frame state (_Memos.default_state), is decode_frame_of with that state; a signed message
+ * goes through ONE_SHOT_VERIFIED(message, registry) (the trust store's check, as decode has
+ * it). Any other call, a registry whose state is not made yet, or a frame decode_frame
+ * declines, falls back to the Python function (which makes the state, or decodes the
+ * frame carefully). */
+static PyObject *one_shot_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames);
+static CEntry ONE_SHOT_ENTRY = {
+    {"decode", (PyCFunction)(void (*)(void))one_shot_call, METH_FASTCALL | METH_KEYWORDS,
+     NULL}, NULL, NULL};
+static PyObject *ONE_SHOT_VERIFIED;        /* cbcl._api._verified(message, registry) */
+static PyTypeObject *ONE_SHOT_REGISTRY;    /* cbcl.Registry (strong reference) */
+static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl._codec._Memos (strong reference) */
+static PyObject *S_ONE_SHOT;               /* "_one_shot" */
+static Py_ssize_t MEMOS_DEFAULT_STATE;     /* _Memos.default_state's slot offset */
+
+/* The message of one_shot_call's ordinary case; None: not that case (or declined). */
+static PyObject *
+one_shot_fast(PyObject *data, PyObject *registry)
+{
+    PyObject *memos = PyObject_GetAttr(registry, S_ONE_SHOT);
+    if (memos == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *state = Py_TYPE(memos) == ONE_SHOT_MEMOS ?
+                      entry_slot(memos, MEMOS_DEFAULT_STATE) : NULL;
+    if (state == NULL || state == Py_None) {
+        Py_DECREF(memos);
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(state); /* (held while Python code may run: a signature's type) */
+    Py_DECREF(memos);
+    int is_signed = 0;
+    PyObject *message = decode_frame_of(data, state, &is_signed);
+    Py_DECREF(state);
+    if (message == NULL || message == Py_None || !is_signed)
+        return message;
+    PyObject *checked = PyObject_CallFunctionObjArgs(ONE_SHOT_VERIFIED, message, registry,
+                                                     NULL);
+    Py_DECREF(message);
+    return checked;
+}
+
+static PyObject *
+one_shot_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
+              PyObject *kwnames)
+{
+    if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
+            PyBytes_CheckExact(args[0]) && Py_TYPE(args[1]) == ONE_SHOT_REGISTRY &&
+            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_REGISTRY) == 0) {
+        PyObject *message = one_shot_fast(args[0], args[1]);
+        if (message != Py_None)
+            return message; /* (or NULL: an exception) */
+        Py_DECREF(message);
+    }
+    return PyObject_Vectorcall(ONE_SHOT_ENTRY.fallback, args, (size_t)nargs, kwnames);
+}
+
+/* one_shot_entry(fallback, doc, verified, Registry, _Memos) -> function | None: cbcl.decode
+ * in C (see one_shot_call); None if _Memos does not keep default_state in a slot. */
+static PyObject *
+one_shot_entry(PyObject *module, PyObject *args)
+{
+    PyObject *fallback, *doc, *verified, *registry, *memos;
+    if (!PyArg_ParseTuple(args, "OUOO!O!", &fallback, &doc, &verified, &PyType_Type,
+                          &registry, &PyType_Type, &memos))
+        return NULL;
+    if (!PyCallable_Check(verified)) {
+        PyErr_SetString(PyExc_TypeError, "verified must be callable");
+        return NULL;
+    }
+    Py_ssize_t offset;
+    if (!entry_slot_offset((PyTypeObject *)memos, "default_state", &offset))
+        Py_RETURN_NONE;
+    if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
+        (S_ONE_SHOT == NULL && (S_ONE_SHOT = PyUnicode_InternFromString("_one_shot")) == NULL))
+        return NULL;
+    if (entry_set(&ONE_SHOT_ENTRY, fallback, doc) < 0)
+        return NULL;
+    Py_XSETREF(ONE_SHOT_VERIFIED, Py_NewRef(verified));
+    Py_XSETREF(ONE_SHOT_REGISTRY, (PyTypeObject *)Py_NewRef(registry));
+    Py_XSETREF(ONE_SHOT_MEMOS, (PyTypeObject *)Py_NewRef(memos));
+    MEMOS_DEFAULT_STATE = offset;
+    PyObject *name = PyObject_GetAttrString(fallback, "__module__");
+    if (name == NULL)
+        return NULL;
+    PyObject *function = PyCFunction_NewEx(&ONE_SHOT_ENTRY.def, module, name);
+    Py_DECREF(name);
+    return function;
+}
+
 /* decimals_in_place() -> bool: whether decimal_of makes decimals in place here (the
  * layout check of cbcl/_cstack.h held), for the tests. */
 static PyObject *
@@ -2373,6 +2470,9 @@ static PyMethodDef methods[] = {
     {"decode_entry", decode_entry, METH_VARARGS,
      "decode_entry(Decoder, fallback, verified, doc, /) -> descriptor | None: Decoder.decode "
      "in C, falling back to the Python method (cbcl/_entry.h)."},
+    {"one_shot_entry", one_shot_entry, METH_VARARGS,
+     "one_shot_entry(fallback, doc, verified, Registry, _Memos, /) -> function | None: "
+     "cbcl.decode in C, falling back to the Python function (cbcl/_entry.h)."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl._codec._fast_frame)."},

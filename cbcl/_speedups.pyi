@@ -153,6 +153,14 @@ def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> An
     when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if ``decoder``
     does not keep ``_frame_state`` and ``require_signatures`` in slots."""
 
+def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos: type,
+                   /) -> Any:
+    """``cbcl.decode`` as a C function (``cbcl/_entry.h``): ``decode(data, registry=R)``
+    of exact bytes, with ``R`` an exact ``registry`` whose one-shot memos (``R._one_shot``,
+    a ``memos``) hold the default limits' frame state, is :func:`decode_frame`'s message
+    (through ``verified(message, R)`` when it is signed); any other call, or a frame it
+    declines, is ``fallback``'s. ``None`` if ``memos`` keeps no ``default_state`` slot."""
+
 def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
                 tables: tuple[Any, ...], cache: dict[str, object], make_atom: Any,
                 limits: tuple[int, int, int, int, int, int], /) -> Any:

@@ -213,7 +213,7 @@ def test_one_shot_memos_are_bounded_and_die_with_the_registry(
     frames = _fresh_uri_frames(registry, N + 3)
     for frame, message in frames + frames:
         assert cbcl.decode(frame, registry=registry) == message
-    memos = _codec._ONE_SHOT[registry]
+    memos = registry._one_shot
     assert 0 < len(memos.uris) <= N
     assert _codec._one_shot_memos(registry) is memos  # one per registry
     gone = weakref.ref(registry)

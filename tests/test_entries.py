@@ -1,8 +1,9 @@
 """The C entry points (cbcl/_entry.h) that stand in for ``cbcl.parse``,
-``Message.canonical``, ``Encoder.encode`` and ``Decoder.decode`` where the accelerators are
-built: each gives what the Python function it stands in for gives - the same result, or the
-same exception with the same text - for every call, the ordinary ones it serves in C and
-every other it hands on; and each shows that function's signature and documentation."""
+``Message.canonical``, ``Encoder.encode``, ``Decoder.decode`` and ``cbcl.decode`` where the
+accelerators are built: each gives what the Python function it stands in for gives - the
+same result, or the same exception with the same text - for every call, the ordinary ones
+it serves in C and every other it hands on; and each shows that function's signature and
+documentation."""
 
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ ENTRIES: list[tuple[str, Any, Callable[..., Any], bool]] = [
     ("canonical", cbcl.Message.canonical, _message.canonical_python, True),
     ("encode", Encoder.encode, _codec.encode_python, True),
     ("decode", Decoder.decode, _codec.decode_python, True),
+    ("decode", cbcl.decode, _codec.decode_one_shot_python, False),
 ]
 
 
 def test_every_entry_is_installed_where_the_accelerators_are_built() -> None:
     installed = [name for name, bound, python, _ in ENTRIES if bound is not python]
     if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):  # (CI builds them)
-        assert installed == [name for name, *_ in ENTRIES]
+        assert len(installed) == len(ENTRIES)
     for name, bound, _python, method in ENTRIES:
         if name in installed:
             assert type(bound).__name__ == ("method_descriptor" if method else
@@ -181,6 +183,9 @@ def test_signed_messages_are_verified_by_every_entry(
             with contextlib.suppress(cbcl.TrustError):  # (a frame plan made)
                 decoder.decode(cbcl.encode(message, registry=registry))
             same(decoder.decode, lambda data, d=decoder: _codec.decode_python(d, data), frame)
+        for _ in range(2):  # (the first call makes the registry's one-shot state)
+            same(lambda data: cbcl.decode(data, registry=registry),
+                 lambda data: _codec.decode_one_shot_python(data, registry=registry), frame)
     assert cbcl.parse(signed.canonical().encode(), registry=registry) == signed
     with pytest.raises(cbcl.TrustError):
         cbcl.parse(forged.canonical().encode(), registry=registry)
@@ -260,3 +265,73 @@ def test_decode_damaged_frames_as_the_python_method(index: int, data: Any) -> No
 
 
 DAMAGED, DAMAGED_PYTHON = Decoder(REGISTRY), Decoder(REGISTRY)
+
+
+# --------------------------------------------------------------------------- one-shot decode
+
+def one_shot(*args: Any, **kwargs: Any) -> Any:
+    return same(cbcl.decode, _codec.decode_one_shot_python, *args, **kwargs)
+
+
+def test_one_shot_decode_as_the_python_function() -> None:
+    registry = load_registry(find_descriptors())
+    for _ in range(2):  # a registry's first call makes its state; the next are served in C
+        for frame, message in zip(FRAMES, MESSAGES, strict=True):
+            assert one_shot(frame, registry=registry) == message
+
+    class Mine(cbcl.Registry):
+        pass
+
+    mine = Mine(disk_cache=False, isolate=False)
+    frame = FRAMES[0]
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((bytearray(frame),), {"registry": registry}),
+        ((memoryview(frame),), {"registry": registry}),
+        ((frame,), {"registry": registry, "limits": None}),
+        ((frame,), {"registry": registry, "limits": cbcl.Limits(max_nodes=5)}),
+        ((frame,), {"registry": mine}), ((frame,), {"registry": None}),
+        ((frame,), {"registry": object()}), ((frame,), {"registri": registry}),
+        ((frame, registry), {}), ((), {"data": frame, "registry": registry}),
+        ((), {}), (("text",), {"registry": registry}),
+        ((b"",), {"registry": registry}),
+        ((frame[:-1],), {"registry": registry})]
+    for args, kwargs in calls:
+        one_shot(*args, **kwargs)
+
+
+def test_one_shot_decode_is_served_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a registry's state is made, the ordinary call never runs decode's Python
+    function (which calls the module's _decode_frame_c: spied here)."""
+    if cbcl.decode is _codec.decode_one_shot_python:
+        pytest.skip("cbcl._speedups is not built")
+    registry = load_registry(find_descriptors())
+    calls: list[bytes] = []
+    real = getattr(_codec, "_decode_frame_c")  # noqa: B009 (private to the module)
+
+    def spy(data: bytes, state: Any) -> Any:
+        calls.append(data)
+        return real(data, state)
+
+    monkeypatch.setattr(_codec, "_decode_frame_c", spy)
+    for frame, message in zip(FRAMES, MESSAGES, strict=True):
+        assert cbcl.decode(frame, registry=registry) == message
+    # the Python function: the first frame (it made the state), and the first of each
+    # envelope shape the C call declines until the careful decoding has checked it
+    assert FRAMES[0] in calls
+    calls.clear()
+    for frame, message in zip(FRAMES, MESSAGES, strict=True):
+        assert cbcl.decode(frame, registry=registry) == message
+    assert calls == []
+    registry._one_shot = None  # (state dropped: the Python function makes it again)
+    assert cbcl.decode(FRAMES[1], registry=registry) == MESSAGES[1]
+    assert calls[0] == FRAMES[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(index=st.integers(0, len(FRAMES) - 1), data=st.data())
+def test_one_shot_decode_of_damaged_frames_as_the_python_function(index: int,
+                                                                  data: Any) -> None:
+    frame = bytearray(FRAMES[index])
+    for _ in range(data.draw(st.integers(1, 3))):
+        frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+    one_shot(bytes(frame), registry=REGISTRY)
