@@ -61,7 +61,7 @@ from typing import Any, NoReturn
 
 from ._errors import MalformedError, Position
 from ._limits import DEFAULT_LIMITS, Budget, Limits
-from ._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ._values import INT64_MAX, INT64_MIN, KEYWORD_TABLE, SYMBOL_TABLE, URI, Keyword, Symbol, Value
 from ._vocabulary import (
     INVISIBLE,
     MAX_DECIMAL_CHARS,
@@ -307,8 +307,8 @@ def _read_tokens(text: str, pos: int, limits: Limits, depth: int, nodes: int,
 # lookup, so a flushed table costs speed, never a different answer; the pinned names stay
 # through flushes (at most _INTERN_MAX // 2 of them).
 _INTERN_MAX = 8192
-_SYMBOLS: dict[str, Symbol] = {}
-_KEYWORDS: dict[str, Keyword] = {}
+_SYMBOLS: dict[str, Symbol] = SYMBOL_TABLE  # (cbcl._values': Symbol() looks there too)
+_KEYWORDS: dict[str, Keyword] = KEYWORD_TABLE
 _PINNED_SYMBOLS: dict[str, Symbol] = {}
 _PINNED_KEYWORDS: dict[str, Keyword] = {}
 

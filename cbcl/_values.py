@@ -67,6 +67,17 @@ def is_name(text: str) -> bool:
     return _NAME_RE.match(text) is not None and _NUMBERLIKE_RE.match(text) is None
 
 
+# The process-wide intern tables of symbols and keywords, by name (without the colon),
+# owned and bounded by the reader (cbcl._reader.intern_symbol and intern_keyword, which fill
+# them: every grammar and schema literal, pinned, and the names read). Defined here so the
+# constructors below can return the very object a name is interned as: a message built in
+# Python then holds the objects the encoders' symbol tables are keyed by (found by
+# identity, not by hash and comparison). Every name in them is valid (checked before it is
+# interned), so a name found needs no check.
+SYMBOL_TABLE: dict[str, Symbol] = {}
+KEYWORD_TABLE: dict[str, Keyword] = {}
+
+
 class Symbol(_Atom):
     """A SYMBOL such as ``PROPOSE`` or ``task-assignment/v1``.
 
@@ -76,6 +87,10 @@ class Symbol(_Atom):
     __slots__ = ()
 
     def __new__(cls, name: str) -> Symbol:
+        if cls is Symbol and type(name) is str:  # (exact: its hash and equality are str's)
+            interned = SYMBOL_TABLE.get(name)
+            if interned is not None:
+                return interned
         if not isinstance(name, str) or not is_name(name):
             raise ValueError(f"not a CBCL symbol: {name!r}")
         return str.__new__(cls, name)
@@ -90,6 +105,10 @@ class Keyword(_Atom):
     __slots__ = ()
 
     def __new__(cls, name: str) -> Keyword:
+        if cls is Keyword and type(name) is str:
+            interned = KEYWORD_TABLE.get(name[1:] if name[:1] == ":" else name)
+            if interned is not None:
+                return interned
         if isinstance(name, str) and name.startswith(":"):
             name = name[1:]
         if not isinstance(name, str) or _NAME_RE.match(name) is None:
