@@ -226,10 +226,12 @@ class Encoder:
     optional accelerator ``cbcl._encoders`` (the frames and errors are the same).
     """
 
-    # (slots: Encoder.encode's C entry reads validate, registry and _tables at their offsets)
+    # (slots: Encoder.encode's C entry reads validate, registry, _tables and
+    # _registry_protocols at their offsets)
     __slots__ = (
         "__weakref__",
         "_native",
+        "_registry_protocols",
         "_short",
         "_tables",
         "limits",
@@ -255,6 +257,10 @@ class Encoder:
         # (cbcl._encoders.prepare; None: the Python twin writes, as under pure_python=True).
         self._tables: dict[Protocol, tuple[SymbolTable, bytes, object]] = {}
         self._native = None if pure_python else _native
+        # The registry and its dict of loaded protocols (the same dict for its lifetime),
+        # so the C entry finds a message's protocol without reading the registry's
+        # attribute; it reads the registry's again if self.registry is another one.
+        self._registry_protocols = (registry, registry._protocols)
 
     def _table(self, message: Message) -> tuple[SymbolTable, bytes, object]:
         protocol = self.registry.get(message.protocol)

@@ -1673,38 +1673,28 @@ pack_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return b_finish(&b, r);
 }
 
-/* The (header, prepared table) of message's protocol in an Encoder's cache: registry (an
- * exact cbcl.Registry) holds the protocol under the message's exact Symbol in its
- * _protocols dict, as Registry.get finds it, and tables (Encoder._tables) maps that
- * protocol to (SymbolTable, header, prepared). DECLINE for anything else: a subclass, a
- * protocol unknown or not cached yet (Encoder._table then finds it, or raises). *header
- * and *capsule are strong references (the table lives while a frame is written). */
+/* The (header, prepared table) of message's protocol in an Encoder's cache: protocols (an
+ * exact cbcl.Registry's _protocols dict, protocols_of) holds the protocol under the
+ * message's exact Symbol, as Registry.get finds it, and tables (Encoder._tables) maps that
+ * protocol to (SymbolTable, header, prepared). DECLINE for anything else: a protocol
+ * unknown or not cached yet (Encoder._table then finds it, or raises). *header and
+ * *capsule are strong references (the table lives while a frame is written). */
 static PyObject *STR_PROTOCOLS; /* "_protocols", interned */
 
 static int
-cached_table(PyObject *registry, PyObject *tables, PyObject *symbol, PyObject **header,
+cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject **header,
              PyObject **capsule)
 {
-    if (Py_TYPE(registry) != T_REGISTRY || Py_TYPE(symbol) != T_SYMBOL ||
-        !PyDict_CheckExact(tables))
+    if (Py_TYPE(symbol) != T_SYMBOL || !PyDict_CheckExact(tables) ||
+        !PyDict_CheckExact(protocols))
         return DECLINE;
-    PyObject *protocols = PyObject_GetAttr(registry, STR_PROTOCOLS);
-    if (protocols == NULL) {
-        PyErr_Clear();
-        return DECLINE;
-    }
-    int r = DECLINE;
-    PyObject *protocol = NULL;
-    if (PyDict_CheckExact(protocols)) {
-        /* (a lookup may run Symbol.__eq__, Python code: the result is held) */
-        protocol = PyDict_GetItemWithError(protocols, symbol);
-        Py_XINCREF(protocol);
-    }
-    Py_DECREF(protocols);
+    /* (a lookup may run Symbol.__eq__, Python code: the result is held) */
+    PyObject *protocol = PyDict_GetItemWithError(protocols, symbol);
     if (protocol == NULL) {
         PyErr_Clear(); /* the Python path meets the same error again, or the None */
         return DECLINE;
     }
+    Py_INCREF(protocol);
     /* a Protocol hashes by identity (eq=False): no Python code runs here */
     PyObject *cached = PyDict_GetItemWithError(tables, protocol);
     Py_DECREF(protocol);
@@ -1719,14 +1709,27 @@ cached_table(PyObject *registry, PyObject *tables, PyObject *symbol, PyObject **
         *capsule = PyTuple_GET_ITEM(cached, 2);
         Py_INCREF(*header);
         Py_INCREF(*capsule);
-        r = OK;
+        return OK;
     }
-    return r;
+    return DECLINE;
+}
+
+/* The registry's dict of loaded protocols (Registry._protocols, a strong reference), or
+ * NULL (no exception) if registry is not an exact cbcl.Registry holding one. */
+static PyObject *
+protocols_of(PyObject *registry)
+{
+    if (Py_TYPE(registry) != T_REGISTRY)
+        return NULL;
+    PyObject *protocols = PyObject_GetAttr(registry, STR_PROTOCOLS);
+    if (protocols == NULL)
+        PyErr_Clear();
+    return protocols;
 }
 
 /* encode_message's work: the frame, None (declined) or NULL with an exception. */
 static PyObject *
-encode_message_of(PyObject *message, PyObject *registry, PyObject *tables)
+encode_message_of(PyObject *message, PyObject *protocols, PyObject *tables)
 {
     Fields m;
     if (MAX_DECIMAL_CHARS < 0 || FRAME_INTENTS == NULL || T_REGISTRY == NULL ||
@@ -1735,7 +1738,7 @@ encode_message_of(PyObject *message, PyObject *registry, PyObject *tables)
     PyObject *header = NULL, *capsule = NULL;
     Bytes b;
     BYTES_INIT(b);
-    int r = cached_table(registry, tables, m.f[F_PROTOCOL], &header, &capsule);
+    int r = cached_table(protocols, tables, m.f[F_PROTOCOL], &header, &capsule);
     if (r == OK)
         r = b_header(&b, header);
     if (r == OK) {
@@ -1761,7 +1764,14 @@ encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "encode_message takes 3 positional arguments");
         return NULL;
     }
-    return encode_message_of(args[0], args[1], args[2]);
+    if (T_REGISTRY == NULL)
+        Py_RETURN_NONE;
+    PyObject *protocols = protocols_of(args[1]);
+    if (protocols == NULL)
+        Py_RETURN_NONE;
+    PyObject *frame = encode_message_of(args[0], protocols, args[2]);
+    Py_DECREF(protocols);
+    return frame;
 }
 
 /* ------------------------------------------------------------------------- entries */
@@ -1780,7 +1790,7 @@ static CEntry ENCODE_ENTRY = {
      NULL}, NULL, NULL};
 /* The slots of cbcl._codec.Encoder encoder_encode reads (0: not found, every call falls
  * back). */
-static Py_ssize_t ENCODER_VALIDATE, ENCODER_REGISTRY, ENCODER_TABLES;
+static Py_ssize_t ENCODER_VALIDATE, ENCODER_REGISTRY, ENCODER_TABLES, ENCODER_PROTOCOLS;
 
 static PyObject *
 message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
@@ -1801,11 +1811,23 @@ encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         PyObject *registry = entry_slot(self, ENCODER_REGISTRY);
         PyObject *tables = entry_slot(self, ENCODER_TABLES);
         if (entry_slot(self, ENCODER_VALIDATE) == Py_False && registry != NULL &&
-                tables != NULL && PyDict_CheckExact(tables)) {
-            PyObject *frame = encode_message_of(args[0], registry, tables);
-            if (frame != Py_None)
-                return frame; /* (or NULL: an exception) */
-            Py_DECREF(frame);
+                tables != NULL && PyDict_CheckExact(tables) && T_REGISTRY != NULL) {
+            /* the registry's protocols as the encoder was made with them (registry,
+             * protocols), while its registry is that one; else read from the registry */
+            PyObject *pair = entry_slot(self, ENCODER_PROTOCOLS);
+            PyObject *protocols;
+            if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+                    PyTuple_GET_ITEM(pair, 0) == registry)
+                protocols = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+            else
+                protocols = protocols_of(registry);
+            if (protocols != NULL) {
+                PyObject *frame = encode_message_of(args[0], protocols, tables);
+                Py_DECREF(protocols);
+                if (frame != Py_None)
+                    return frame; /* (or NULL: an exception) */
+                Py_DECREF(frame);
+            }
         }
     }
     return entry_call_method(&ENCODE_ENTRY, self, args, nargs, kwnames);
@@ -1830,7 +1852,7 @@ canonical_entry(PyObject *self, PyObject *args)
 }
 
 /* encode_entry(Encoder, fallback, doc) -> descriptor | None: Encoder.encode in C; None if
- * the type does not hold validate, registry and _tables in slots. */
+ * the type does not hold validate, registry, _tables and _registry_protocols in slots. */
 static PyObject *
 encode_entry(PyObject *self, PyObject *args)
 {
@@ -1838,16 +1860,18 @@ encode_entry(PyObject *self, PyObject *args)
     PyObject *type, *fallback, *doc;
     if (!PyArg_ParseTuple(args, "O!OU", &PyType_Type, &type, &fallback, &doc))
         return NULL;
-    Py_ssize_t validate, registry, tables;
+    Py_ssize_t validate, registry, tables, protocols;
     if (!entry_slot_offset((PyTypeObject *)type, "validate", &validate) ||
         !entry_slot_offset((PyTypeObject *)type, "registry", &registry) ||
-        !entry_slot_offset((PyTypeObject *)type, "_tables", &tables))
+        !entry_slot_offset((PyTypeObject *)type, "_tables", &tables) ||
+        !entry_slot_offset((PyTypeObject *)type, "_registry_protocols", &protocols))
         Py_RETURN_NONE;
     if (entry_set(&ENCODE_ENTRY, fallback, doc) < 0)
         return NULL;
     ENCODER_VALIDATE = validate;
     ENCODER_REGISTRY = registry;
     ENCODER_TABLES = tables;
+    ENCODER_PROTOCOLS = protocols;
     return PyDescr_NewMethod((PyTypeObject *)type, &ENCODE_ENTRY.def);
 }
 

@@ -242,6 +242,24 @@ def test_encode_reads_the_encoder_as_it_is_now() -> None:
         encoder.encode(refused)
 
 
+def test_encode_follows_a_registry_set_later() -> None:
+    """The entry finds protocols in the encoder's registry as it is now, not in the one
+    it was made with (whose protocols dict it keeps beside it)."""
+    empty = cbcl.Registry(disk_cache=False, isolate=False)
+    encoder = Encoder(REGISTRY, validate=False)
+    frame = encoder.encode(MESSAGES[0])
+    encoder.registry = empty
+    with pytest.raises(cbcl.UnknownProtocolError):
+        encoder.encode(MESSAGES[0])
+    encoder.registry = REGISTRY
+    assert encoder.encode(MESSAGES[0]) == frame
+    other = Encoder(empty, validate=False)
+    with pytest.raises(cbcl.UnknownProtocolError):
+        other.encode(MESSAGES[0])
+    other.registry = REGISTRY
+    assert other.encode(MESSAGES[0]) == frame
+
+
 # --------------------------------------------------------------------------- decode
 
 def test_decode_as_the_python_method() -> None:
