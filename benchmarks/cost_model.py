@@ -6,7 +6,9 @@ per operation: text parse (``cbcl.parse``, both passes), text read (``cbcl.read`
 binary decode (a reused ``cbcl.Decoder``; ``bytes`` is then the frame's size, ``tokens``
 always the text form's tokens: atoms and parentheses). ``--fit`` measures the
 coefficients on a calibration set of request/v1 messages whose results mix long strings
-(many bytes per token) and short atoms (few), from ~300 B to ~16 KB. The check predicts,
+(many bytes per token) and short atoms (few), from ~300 B to ~16 KB, and of the shipped
+protocols' varied messages (``cbcl._bench.varied``), by least squares of the relative
+error over sets timed in interleaved rounds. The check predicts,
 with the coefficients below (those of the spec), the mean time per message over each set
 of ``benchmarks/cliffs.py`` (1,000 different messages of ~370 B and ~4 KB, plain and with
 each rare atom) and over a set of long-string messages, and fails when one is off by more
@@ -35,15 +37,15 @@ import cliffs
 
 import cbcl
 from cbcl import _reader
-from cbcl._bench import find_descriptors, load_registry, records as records_of
+from cbcl._bench import PROTOCOLS, find_descriptors, load_registry, records as records_of, varied
 from cbcl._values import URI, Keyword, Symbol
 
 TOLERANCE = 0.25
 #: µs: (fixed, per byte, per token) on the reference machine (spec/cbcl-1.0.md §1.1.1).
 MODEL = {
-    "text parse": (1.15, 0.0008, 0.0229),
-    "text read": (1.29, 0.0008, 0.0219),
-    "binary decode": (1.43, 0.0002, 0.0226),
+    "text parse": (1.94, 0.0011, 0.0253),
+    "text read": (2.59, 0.0012, 0.0254),
+    "binary decode": (1.32, 0.0002, 0.0227),
 }
 
 
@@ -99,34 +101,34 @@ def operations(registry: cbcl.Registry) -> dict[str, tuple[Callable[[Sample], ob
     }
 
 
-def time_set(samples: list[Sample], function: Callable[[Sample], object], rounds: int,
-             ) -> float:
-    """Mean µs per message over a set (the best of ``rounds`` passes over the set)."""
-    for sample in samples:
-        function(sample)
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
+def time_sets(jobs: list[tuple[list[Sample], Callable[[Sample], object]]], rounds: int,
+              ) -> list[float]:
+    """Mean µs per message of each ``(set, function)`` job: the best of ``rounds`` passes
+    over its set, the rounds interleaved (a round passes once over every job), so that a
+    burst of load on a shared machine spoils one round of every job, not every round of
+    one."""
+    for samples, function in jobs:
         for sample in samples:
             function(sample)
-        best = min(best, (time.perf_counter() - start) / len(samples))
-    return best * 1e6
+    best = [float("inf")] * len(jobs)
+    for _ in range(rounds):
+        for index, (samples, function) in enumerate(jobs):
+            start = time.perf_counter()
+            for sample in samples:
+                function(sample)
+            best[index] = min(best[index], (time.perf_counter() - start) / len(samples))
+    return [value * 1e6 for value in best]
 
 
 def fit(rows: list[tuple[float, float, float]]) -> tuple[float, float, float]:
-    """Least squares of t = a + b·bytes + c·tokens over ``(bytes, tokens, t)`` rows."""
-    # The normal equations, 3x3, solved by Cramer's rule (no numpy needed).
-    n = len(rows)
-    sx = sum(r[0] for r in rows)
-    sy = sum(r[1] for r in rows)
-    sxx = sum(r[0] ** 2 for r in rows)
-    syy = sum(r[1] ** 2 for r in rows)
-    sxy = sum(r[0] * r[1] for r in rows)
-    st = sum(r[2] for r in rows)
-    sxt = sum(r[0] * r[2] for r in rows)
-    syt = sum(r[1] * r[2] for r in rows)
-    m = [[n, sx, sy], [sx, sxx, sxy], [sy, sxy, syy]]
-    v = [st, sxt, syt]
+    """Least squares of t = a + b·bytes + c·tokens over ``(bytes, tokens, t)`` rows, each
+    row's error relative to its t (weights 1/t²): the check judges relative errors, and
+    in absolute terms the largest messages would decide the fixed term."""
+    # The weighted normal equations, 3x3, solved by Cramer's rule (no numpy needed): each
+    # row (1, bytes, tokens) -> t scaled by 1/t.
+    scaled = [((1 / t, x / t, y / t), 1.0) for x, y, t in rows]
+    m = [[sum(u[i] * u[j] for u, _ in scaled) for j in range(3)] for i in range(3)]
+    v = [sum(u[i] * w for u, w in scaled) for i in range(3)]
 
     def det(a: list[list[float]]) -> float:
         return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", action="store_true", help="measure the coefficients")
     parser.add_argument("--relative", action="store_true",
                         help="scale the model by this machine's factor before checking")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--verbose", action="store_true", help="print the fit's rows")
     parser.add_argument("--messages", type=int, default=1000)
     args = parser.parse_args(argv)
@@ -171,9 +173,17 @@ def main(argv: list[str] | None = None) -> int:
             for padding in (0, 300, 1500, 6000):
                 groups.append(samples_of([calibration_message(rng, i, records, padding)
                                           for i in range(100)], encoder))
-        for name, (function, size) in ops.items():
+        # and the mixes of atoms of the four shipped protocols' messages (cbcl bench's
+        # generator, not the check's), ~370 B to ~4 KB
+        for protocol in PROTOCOLS:
+            for size_class in ("small", "medium"):
+                groups.append(samples_of(varied(protocol, size_class, 100, seed=29),
+                                         encoder))
+        jobs = [(g, function) for function, _ in ops.values() for g in groups]
+        times = iter(time_sets(jobs, args.rounds))
+        for name, (_function, size) in ops.items():
             rows = [(statistics.fmean(map(size, g)), statistics.fmean(s.tokens for s in g),
-                     time_set(g, function, args.rounds)) for g in groups]
+                     next(times)) for g in groups]
             model[name] = coefficients = fit(rows)
             if args.verbose:
                 for row in rows:
@@ -184,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{coefficients[2]:.4f} µs/token (median error "
                   f"{statistics.median(errors):.1%}, worst {max(errors):.1%})")
     sets: dict[str, list[Sample]] = {}
-    for size, make in (("small", cliffs.small_message), ("medium", cliffs.medium_message)):
+    for size_class, make in (("small", cliffs.small_message),
+                             ("medium", cliffs.medium_message)):
         rng = random.Random(19)
         messages = [make(rng, i) for i in range(args.messages)]
         for seed, variant in enumerate(cliffs.VARIANTS):
@@ -192,17 +203,19 @@ def main(argv: list[str] | None = None) -> int:
                 texts = cliffs.variant_texts(messages, variant, seed, registry)
                 # the frame of the plain message: a comment has no binary form, and the
                 # rare atom changes its frame by a few bytes only
-                sets[f"{size}/{variant}"] = samples_of(messages, encoder, texts)
+                sets[f"{size_class}/{variant}"] = samples_of(messages, encoder, texts)
     rng = random.Random(23)
     sets["long strings"] = samples_of([long_strings_message(rng, i) for i in range(300)],
                                       encoder)
     results = []
-    for set_name, samples in sets.items():
-        for name, (function, size) in ops.items():
-            measured = time_set(samples, function, args.rounds)
-            a, b, c = model[name]
-            predicted = statistics.fmean(a + b * size(s) + c * s.tokens for s in samples)
-            results.append((set_name, name, measured, predicted))
+    checks = [(set_name, name) for set_name in sets for name in ops]
+    measurements = time_sets([(sets[set_name], ops[name][0]) for set_name, name in checks],
+                             args.rounds)
+    for (set_name, name), measured in zip(checks, measurements, strict=True):
+        samples, size = sets[set_name], ops[name][1]
+        a, b, c = model[name]
+        predicted = statistics.fmean(a + b * size(s) + c * s.tokens for s in samples)
+        results.append((set_name, name, measured, predicted))
     factor = statistics.median(m / p for _, _, m, p in results) if args.relative else 1.0
     worst = 0.0
     print(f"\nmachine factor {factor:.3f}; tolerance ±{TOLERANCE:.0%}")
