@@ -511,7 +511,9 @@ class Decoder:
             message = _decode_frame_c(data, state)    # in one call (None: not that way)
         if message is None:
             message = self._decode_tiers(data)
-        return self._verified(message)
+        if message.signature is not None or self.require_signatures:  # (_verified, inline)
+            _verify_signed(message, self.registry)
+        return message
 
     def _verified(self, message: Message) -> Message:
         """``message``, once the trust store has verified it where :meth:`decode` must:
