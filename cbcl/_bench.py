@@ -1287,7 +1287,7 @@ def _worst(rows: dict[str, dict[str, Any]], key: str, size_classes: tuple[str, .
 #: round, descriptor load repeats and grammar sizes, scaling sizes, rounds and seconds.
 MODES: dict[str, dict[str, Any]] = {
     "full": {"sizes": ("small", "medium", "large"), "messages": MESSAGES, "subset": 200,
-             "rounds": 5, "seconds": 0.1, "load_repeat": 3, "rules": (16, 64, 256),
+             "rounds": 15, "seconds": 0.04, "load_repeat": 3, "rules": (16, 64, 256),
              "scaling": (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20),
              "scaling_rounds": 3, "scaling_seconds": 0.2},
     "quick": {"sizes": ("small", "medium"), "messages": MESSAGES, "subset": 100,
