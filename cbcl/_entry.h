@@ -79,6 +79,19 @@ entry_call_method(CEntry *e, PyObject *self, PyObject *const *args, Py_ssize_t n
     return result;
 }
 
+/* A module-level entry: the builtin function of e's definition, in its fallback's module
+ * (new reference, or NULL with an exception). */
+static inline PyObject * /* (inline: a module that has none does not warn) */
+entry_function(CEntry *e, PyObject *module)
+{
+    PyObject *name = PyObject_GetAttrString(e->fallback, "__module__");
+    if (name == NULL)
+        return NULL;
+    PyObject *function = PyCFunction_NewEx(&e->def, module, name);
+    Py_DECREF(name);
+    return function;
+}
+
 /* The offset of slot `name` of `type` (a member descriptor of an object, as __slots__
  * makes them, the type's own): 1, or 0 (no exception) if it is not one. */
 static int

@@ -2201,8 +2201,8 @@ static PyObject *
 parse_fast(PyObject *data, PyObject *registry)
 {
     Py_ssize_t n = PyBytes_GET_SIZE(data);
-    if (n > PARSE_LIMITS[L_MESSAGE_BYTES])
-        Py_RETURN_NONE; /* (the careful path says which limit) */
+    if (n > PARSE_LIMITS[L_MESSAGE_BYTES] || registry == Py_None)
+        Py_RETURN_NONE; /* (the careful path says which limit, or what registry is) */
     PyObject *protocols = PyObject_GetAttr(registry, S_PROTOCOLS_ATTRIBUTE);
     if (protocols == NULL || !PyDict_CheckExact(protocols)) {
         if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -2261,19 +2261,29 @@ cleanup:
     return result;
 }
 
+/* A call f(data, registry=R) of exact bytes data served by fast(data, R) (a message; None:
+ * not served), any other, or one fast does not serve, by the entry's fallback: the shape of
+ * parse_call and one_shot_call. */
 static PyObject *
-parse_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
-           PyObject *kwnames)
+data_registry_call(CEntry *e, PyObject *(*fast)(PyObject *, PyObject *),
+                   PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
-            PyBytes_CheckExact(args[0]) && args[1] != Py_None &&
+            PyBytes_CheckExact(args[0]) &&
             PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_REGISTRY) == 0) {
-        PyObject *message = parse_fast(args[0], args[1]);
+        PyObject *message = fast(args[0], args[1]);
         if (message != Py_None)
             return message; /* (or NULL: an exception) */
         Py_DECREF(message);
     }
-    return PyObject_Vectorcall(PARSE_ENTRY.fallback, args, (size_t)nargs, kwnames);
+    return PyObject_Vectorcall(e->fallback, args, (size_t)nargs, kwnames);
+}
+
+static PyObject *
+parse_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
+           PyObject *kwnames)
+{
+    return data_registry_call(&PARSE_ENTRY, parse_fast, args, nargs, kwnames);
 }
 
 /* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits)
@@ -2322,12 +2332,7 @@ parse_entry(PyObject *module, PyObject *args)
     Py_XSETREF(PARSE_CACHE, Py_NewRef(cache));
     Py_XSETREF(PARSE_ATOM, Py_NewRef(atom));
     memcpy(PARSE_LIMITS, values, sizeof values);
-    PyObject *name = PyObject_GetAttrString(fallback, "__module__");
-    if (name == NULL)
-        return NULL;
-    PyObject *function = PyCFunction_NewEx(&PARSE_ENTRY.def, module, name);
-    Py_DECREF(name);
-    return function;
+    return entry_function(&PARSE_ENTRY, module);
 }
 
 /* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
@@ -2377,6 +2382,8 @@ static Py_ssize_t MEMOS_DEFAULT_STATE;     /* _Memos.default_state's slot offset
 static PyObject *
 one_shot_fast(PyObject *data, PyObject *registry)
 {
+    if (Py_TYPE(registry) != ONE_SHOT_REGISTRY)
+        Py_RETURN_NONE;
     PyObject *memos = PyObject_GetAttr(registry, S_ONE_SHOT);
     if (memos == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -2407,15 +2414,7 @@ static PyObject *
 one_shot_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
               PyObject *kwnames)
 {
-    if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
-            PyBytes_CheckExact(args[0]) && Py_TYPE(args[1]) == ONE_SHOT_REGISTRY &&
-            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_REGISTRY) == 0) {
-        PyObject *message = one_shot_fast(args[0], args[1]);
-        if (message != Py_None)
-            return message; /* (or NULL: an exception) */
-        Py_DECREF(message);
-    }
-    return PyObject_Vectorcall(ONE_SHOT_ENTRY.fallback, args, (size_t)nargs, kwnames);
+    return data_registry_call(&ONE_SHOT_ENTRY, one_shot_fast, args, nargs, kwnames);
 }
 
 /* one_shot_entry(fallback, doc, verified, Registry, _Memos) -> function | None: cbcl.decode
@@ -2443,12 +2442,7 @@ one_shot_entry(PyObject *module, PyObject *args)
     Py_XSETREF(ONE_SHOT_REGISTRY, (PyTypeObject *)Py_NewRef(registry));
     Py_XSETREF(ONE_SHOT_MEMOS, (PyTypeObject *)Py_NewRef(memos));
     MEMOS_DEFAULT_STATE = offset;
-    PyObject *name = PyObject_GetAttrString(fallback, "__module__");
-    if (name == NULL)
-        return NULL;
-    PyObject *function = PyCFunction_NewEx(&ONE_SHOT_ENTRY.def, module, name);
-    Py_DECREF(name);
-    return function;
+    return entry_function(&ONE_SHOT_ENTRY, module);
 }
 
 /* decimals_in_place() -> bool: whether decimal_of makes decimals in place here (the
