@@ -1155,7 +1155,6 @@ mp_int_any(Bytes *b, long long v)
     return OK;
 }
 
-/* A msgpack str (fixstr, str8, str16 or str32) of n bytes of UTF-8. */
 /* An int as msgpack writes it: mp_int_any, the usual one (a code, a parenthesis: a
  * positive fixint) inline. */
 static inline int
@@ -1168,6 +1167,7 @@ mp_int(Bytes *b, long long v)
     return mp_int_any(b, v);
 }
 
+/* A msgpack str (fixstr, str8, str16 or str32) of n bytes of UTF-8. */
 static int
 mp_raw(Bytes *b, const char *s, Py_ssize_t n)
 {
@@ -1320,8 +1320,6 @@ names_free(Names *t)
     }
 }
 
-/* An exact Symbol, Keyword or URI: its code if the table or this frame has one, else it
- * is written in full (its kind's code, then its text) and takes the next code. */
 /* The names a frame writes in full, in the order they take their codes (the k-th:
  * C_FIRST + the table's size + k): the first LEARNED_INLINE in `first` (strong
  * references), told apart by a scan; past that, all of them in `table` too, a hash table
@@ -1335,6 +1333,8 @@ typedef struct {
     Names table; /* slots NULL until count reaches LEARNED_INLINE */
 } Learned;
 
+/* An exact Symbol, Keyword or URI: its code if the table or this frame has one, else it
+ * is written in full (its kind's code, then its text) and takes the next code. */
 static int
 mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned)
 {
