@@ -511,13 +511,6 @@ class Decoder:
             message = _decode_frame_c(data, state)    # in one call (None: not that way)
         if message is None:
             message = self._decode_tiers(data)
-        if message.signature is not None or self.require_signatures:  # (_verified, inline)
-            _verify_signed(message, self.registry)
-        return message
-
-    def _verified(self, message: Message) -> Message:
-        """``message``, once the trust store has verified it where :meth:`decode` must:
-        signed, or with ``require_signatures``. Raises :class:`TrustError`."""
         if message.signature is not None or self.require_signatures:
             _verify_signed(message, self.registry)
         return message
@@ -1594,7 +1587,7 @@ if _native is not None:
 if _decode_frame_c is not None:
     from ._speedups import decode_entry as _decode_entry
 
-    _entry = _decode_entry(Decoder, Decoder.decode, Decoder._verified,
+    _entry = _decode_entry(Decoder, Decoder.decode, _verify_signed,
                            entry_doc(Decoder.decode, method=True))
     if _entry is not None:
         setattr(Decoder, "decode", _entry)  # noqa: B010 (mypy: a method)

@@ -2134,19 +2134,38 @@ decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 
 /* ------------------------------------------------------------------------- entries */
 
+/* The message of frame `data` decoded with `state` (decode_frame_of; held while Python
+ * code may run: a signature's type), through verified(message, registry) (the trust
+ * store's check, cbcl._api._verified) when it is signed or `require`: a new reference,
+ * None (declined) or NULL with an exception. What Decoder.decode and the one-shot decode
+ * do once they have their state. */
+static PyObject *
+frame_message(PyObject *data, PyObject *state, int require, PyObject *verified,
+              PyObject *registry)
+{
+    int is_signed = 0;
+    Py_INCREF(state);
+    PyObject *message = decode_frame_of(data, state, &is_signed);
+    Py_DECREF(state);
+    if (message == NULL || message == Py_None || (!is_signed && !require))
+        return message;
+    PyObject *checked = PyObject_CallFunctionObjArgs(verified, message, registry, NULL);
+    Py_DECREF(message);
+    return checked;
+}
+
 /* Decoder.decode as a C method (cbcl/_entry.h): for one positional argument of exact bytes
- * and a decoder with a frame state (Decoder._frame_state), decode_frame_of; an unsigned
- * message is returned as it is when the decoder does not require signatures, any other
- * goes through Decoder._verified (the trust store's check, as Decoder.decode has it).
- * Anything else, or a frame decode_frame declines, falls back to the Python method. */
+ * and a decoder with a frame state (Decoder._frame_state), frame_message with the
+ * decoder's registry and require_signatures. Anything else, or a frame decode_frame
+ * declines, falls back to the Python method. */
 static PyObject *decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
 static CEntry DECODE_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
      NULL}, NULL, NULL};
-static PyObject *DECODE_VERIFIED; /* Decoder._verified(decoder, message) -> message */
+static PyObject *DECODE_VERIFIED; /* cbcl._api._verified(message, registry) -> message */
 /* The slots of cbcl._codec.Decoder decoder_decode reads (0: not found) */
-static Py_ssize_t DECODER_FRAME_STATE, DECODER_REQUIRE;
+static Py_ssize_t DECODER_FRAME_STATE, DECODER_REQUIRE, DECODER_REGISTRY;
 
 static PyObject *
 decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2155,19 +2174,12 @@ decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
             PyBytes_CheckExact(args[0])) {
         PyObject *state = entry_slot(self, DECODER_FRAME_STATE);
         PyObject *require = entry_slot(self, DECODER_REQUIRE);
-        if (state != NULL && state != Py_None && require != NULL) {
-            int is_signed = 0;
-            Py_INCREF(state); /* (held while Python code may run: a signature's type) */
-            PyObject *message = decode_frame_of(args[0], state, &is_signed);
-            Py_DECREF(state);
-            if (message == NULL || (message != Py_None && !is_signed && require == Py_False))
-                return message;
-            if (message != Py_None) {
-                PyObject *checked = PyObject_CallFunctionObjArgs(DECODE_VERIFIED, self,
-                                                                 message, NULL);
-                Py_DECREF(message);
-                return checked;
-            }
+        PyObject *registry = entry_slot(self, DECODER_REGISTRY);
+        if (state != NULL && state != Py_None && require != NULL && registry != NULL) {
+            PyObject *message = frame_message(args[0], state, require != Py_False,
+                                              DECODE_VERIFIED, registry);
+            if (message != Py_None)
+                return message; /* (or NULL: an exception) */
             Py_DECREF(message);
         }
     }
@@ -2336,7 +2348,8 @@ parse_entry(PyObject *module, PyObject *args)
 }
 
 /* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
- * C; None if the type does not keep _frame_state and require_signatures in slots. */
+ * C; None if the type does not keep _frame_state, require_signatures and registry in
+ * slots. */
 static PyObject *
 decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -2347,15 +2360,17 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    Py_ssize_t state, require;
+    Py_ssize_t state, require, registry;
     if (!entry_slot_offset((PyTypeObject *)type, "_frame_state", &state) ||
-        !entry_slot_offset((PyTypeObject *)type, "require_signatures", &require))
+        !entry_slot_offset((PyTypeObject *)type, "require_signatures", &require) ||
+        !entry_slot_offset((PyTypeObject *)type, "registry", &registry))
         Py_RETURN_NONE;
     if (entry_set(&DECODE_ENTRY, fallback, doc) < 0)
         return NULL;
     Py_XSETREF(DECODE_VERIFIED, Py_NewRef(verified));
     DECODER_FRAME_STATE = state;
     DECODER_REQUIRE = require;
+    DECODER_REGISTRY = registry;
     return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
 }
 
@@ -2393,21 +2408,10 @@ one_shot_fast(PyObject *data, PyObject *registry)
     }
     PyObject *state = Py_TYPE(memos) == ONE_SHOT_MEMOS ?
                       entry_slot(memos, MEMOS_DEFAULT_STATE) : NULL;
-    if (state == NULL || state == Py_None) {
-        Py_DECREF(memos);
-        Py_RETURN_NONE;
-    }
-    Py_INCREF(state); /* (held while Python code may run: a signature's type) */
-    Py_DECREF(memos);
-    int is_signed = 0;
-    PyObject *message = decode_frame_of(data, state, &is_signed);
-    Py_DECREF(state);
-    if (message == NULL || message == Py_None || !is_signed)
-        return message;
-    PyObject *checked = PyObject_CallFunctionObjArgs(ONE_SHOT_VERIFIED, message, registry,
-                                                     NULL);
-    Py_DECREF(message);
-    return checked;
+    PyObject *message = state == NULL || state == Py_None ? Py_NewRef(Py_None) :
+                        frame_message(data, state, 0, ONE_SHOT_VERIFIED, registry);
+    Py_DECREF(memos); /* (held until now: the state is borrowed from its slot) */
+    return message;
 }
 
 static PyObject *

@@ -149,9 +149,10 @@ def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...]
 def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> Any:
     """``Decoder.decode`` as a C method (``cbcl/_entry.h``): for one positional argument of
     exact bytes and a decoder with a frame state, :func:`decode_frame`'s message (through
-    ``verified(decoder, message)`` when it is signed or signatures are required); else, or
-    when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if ``decoder``
-    does not keep ``_frame_state`` and ``require_signatures`` in slots."""
+    ``verified(message, decoder.registry)`` when it is signed or signatures are required);
+    else, or when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if
+    ``decoder`` does not keep ``_frame_state``, ``require_signatures`` and ``registry`` in
+    slots."""
 
 def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos: type,
                    /) -> Any:
