@@ -8,7 +8,7 @@ comment inside the list. ``cbcl.read`` and ``cbcl.parse`` (both passes) are time
 each set in interleaved rounds (best round kept), and each variant is reported as a ratio
 to the plain set. The target: every variant ≤ 1.2× plain.
 
-``--before REF`` times the reader of a git revision too (``cbcl/_reader.py`` at REF, run
+``--before REF`` times the reader of a git revision too (``cbcl/core/_reader.py`` at REF, run
 beside today's, sharing its intern tables), in the same rounds: before/after in one run.
 
     .venv/bin/python benchmarks/cliffs.py [--rounds N] [--before HEAD] [--check]
@@ -30,10 +30,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from cbcl_bench import find_descriptors, generated, load_registry
+
 import cbcl
-from cbcl import _envelope, _reader
-from cbcl._bench import find_descriptors, generated, load_registry
-from cbcl._values import URI, Keyword, Symbol
+from cbcl.core import _reader
+from cbcl.core._values import URI, Keyword, Symbol
+from cbcl.protocol import _envelope
 
 TARGET = 1.2
 MESSAGES = 1000
@@ -148,15 +150,15 @@ def variant_texts(messages: list[cbcl.Message], name: str, seed: int,
 
 
 def reader_at(ref: str) -> types.ModuleType:
-    """``cbcl/_reader.py`` at git revision ``ref``, as a module of the package sharing
+    """``cbcl/core/_reader.py`` at git revision ``ref``, as a module of the package sharing
     today's intern tables (so pass 2 finds its atoms by identity, as it does today's)."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:cbcl/_reader.py"],
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:cbcl/core/_reader.py"],
                             check=True, capture_output=True, text=True).stdout
     spec = importlib.util.spec_from_loader("cbcl._reader_before", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "cbcl"
-    exec(compile(source, f"{ref}:cbcl/_reader.py", "exec"), module.__dict__)
+    exec(compile(source, f"{ref}:cbcl/core/_reader.py", "exec"), module.__dict__)
     for name in ("_SYMBOLS", "_KEYWORDS", "_PINNED_SYMBOLS", "_PINNED_KEYWORDS"):
         setattr(module, name, getattr(_reader, name))
     return module

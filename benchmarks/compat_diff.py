@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from cbcl._canonical import quote
-from cbcl._compat import CompatReport, diff_descriptors
+from cbcl.core._canonical import quote
+from cbcl.protocol._compat import CompatReport, diff_descriptors
 
 RULES = 64
 

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(ROOT))
     import cbcl
-    from cbcl._export import export_grammar
+    from cbcl.llm._export import export_grammar
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=200, help="per protocol and intent")
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         data = path.read_bytes()
         registry = cbcl.Registry(disk_cache=False, isolate=False)
         registry.load(data, allow_unsigned=True)
-        descriptor = cbcl.read_descriptor(data)
+        descriptor = cbcl.descriptor.read_descriptor(data)
         for intent in descriptor.intents:
             export = export_grammar(data, "llguidance", intent=intent)
             grammar = llguidance.LLMatcher.grammar_from_lark(export.text)

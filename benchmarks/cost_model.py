@@ -7,7 +7,7 @@ binary decode (a reused ``cbcl.Decoder``; ``bytes`` is then the frame's size, ``
 always the text form's tokens: atoms and parentheses). ``--fit`` measures the
 coefficients on a calibration set of request/v1 messages whose results mix long strings
 (many bytes per token) and short atoms (few), from ~300 B to ~16 KB, and of the shipped
-protocols' varied messages (``cbcl._bench.varied``), by least squares of the relative
+protocols' varied messages (``cbcl_bench.varied``), by least squares of the relative
 error over sets timed in interleaved rounds. The check predicts,
 with the coefficients below (those of the spec), the mean time per message over each set
 of ``benchmarks/cliffs.py`` (1,000 different messages of ~370 B and ~4 KB, plain and with
@@ -34,11 +34,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cliffs
+from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, records as records_of, varied
 
 import cbcl
-from cbcl import _reader
-from cbcl._bench import PROTOCOLS, find_descriptors, load_registry, records as records_of, varied
-from cbcl._values import URI, Keyword, Symbol
+from cbcl.core import _reader
+from cbcl.core._values import URI, Keyword, Symbol
 
 TOLERANCE = 0.25
 #: µs: (fixed, per byte, per token) on the reference machine (spec/cbcl-1.0.md §1.1.1).

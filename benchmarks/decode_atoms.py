@@ -5,11 +5,11 @@ twins, and msgspec's typed msgpack decode of the same content (issue 19).
     python benchmarks/decode_atoms.py [--messages N] [--rounds R] [--baseline SO] [--json FILE]
 
 Sets of ``N`` different messages (1,000 by default) of request/v1 and contract-net/v1 as
-``cbcl bench`` builds them (:func:`cbcl._bench.varied`: ~370 B and ~4 KB of canonical
+``cbcl bench`` builds them (:func:`cbcl_bench.varied`: ~370 B and ~4 KB of canonical
 text), plus ``N`` messages of :func:`cbcl.llm.generate_messages` (grammar-generated
 bodies, many atoms seen once). msgspec decodes each set's natural JSON packed as msgpack
 into the tagged ``Struct`` union ``cbcl bench`` models it with
-(:func:`cbcl._bench.typed_peers`), then runs its extra check, as ``cbcl bench`` times it;
+(:func:`cbcl_bench.typed_peers`), then runs its extra check, as ``cbcl bench`` times it;
 it is left out for the generated set, whose bodies its model does not cover. Rounds are
 interleaved and the best is kept (µs per message); ratios are from the same run.
 
@@ -32,8 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cbcl_bench import find_descriptors, load_registry, natural_json, typed_peers, varied
+
 from cbcl import Decoder, Encoder, Message, Registry
-from cbcl._bench import find_descriptors, load_registry, natural_json, typed_peers, varied
 from cbcl.llm import generate_messages
 
 PROTOCOLS = ("request-v1", "contract-net-v1")

@@ -36,11 +36,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cbcl_bench import PROTOCOLS, _record, find_descriptors, load_registry
+
 from cbcl import URI, Message, Registry, parse
-from cbcl._bench import PROTOCOLS, _record, find_descriptors, load_registry
-from cbcl._canonical import canonical_value, canonical_value_python, native
-from cbcl._codec import Encoder
-from cbcl._values import Keyword as K, Symbol as S
+from cbcl.binary._codec import Encoder
+from cbcl.core._canonical import canonical_value, canonical_value_python, native
+from cbcl.core._values import Keyword as K, Symbol as S
 
 #: Records per message, by size class, for ~370 B and ~4 KB of canonical text.
 SIZES = {"small": 0, "medium": 20}

@@ -3,7 +3,7 @@
     python benchmarks/llm_failures.py [--json] [--limit N]
 
 The valid messages are the examples of the shipped protocols (``descriptors/examples/``)
-and messages generated from each grammar (:mod:`cbcl._prompt`), every one accepted by
+and messages generated from each grammar (:mod:`cbcl.llm._prompt`), every one accepted by
 ``cbcl.parse``. Each failure kind below turns one (its canonical text) into what a model
 might have written instead; ``cbcl.extract`` reads it with every shipped descriptor loaded,
 and the outcome is one of:
@@ -47,15 +47,15 @@ from pathlib import Path
 from typing import Any
 
 import cbcl
-from cbcl._envelope import scan_envelope
-from cbcl._extract import extract
-from cbcl._kernel import feed, terminal_of
-from cbcl._limits import DEFAULT_LIMITS
-from cbcl._pass2 import start_stack
-from cbcl._prompt import examples
-from cbcl._protocol import Protocol
-from cbcl._reader import LPAR, RPAR, TOKEN, read_value_at, token_start
-from cbcl._values import ATOM_TERMINALS
+from cbcl.core._limits import DEFAULT_LIMITS
+from cbcl.core._reader import LPAR, RPAR, TOKEN, read_value_at, token_start
+from cbcl.core._values import ATOM_TERMINALS
+from cbcl.grammar._kernel import feed, terminal_of
+from cbcl.llm._extract import extract
+from cbcl.llm._prompt import examples
+from cbcl.protocol._envelope import scan_envelope
+from cbcl.protocol._pass2 import start_stack
+from cbcl.protocol._protocol import Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 DESCRIPTORS = ROOT / "descriptors"
@@ -86,7 +86,7 @@ def valid_messages(registry: cbcl.Registry, generated: int = 1) -> list[cbcl.Mes
         for path in sorted(DESCRIPTORS.glob("*.cbcl")):
             if path.name.endswith(".signed.cbcl"):
                 continue
-            descriptor = cbcl.read_descriptor(path.read_bytes())
+            descriptor = cbcl.descriptor.read_descriptor(path.read_bytes())
             protocol = registry.get(descriptor.id)
             assert protocol is not None
             groups: dict[str, list[cbcl.Intent]] = {}
@@ -301,7 +301,7 @@ def cases(registry: cbcl.Registry, messages: list[cbcl.Message]) -> Iterator[Cas
                 renamed = replacements[(number + index) % len(replacements)]
                 yield Case("field-renamed", text[:at + 1] + renamed + text[at + 1 + len(name):],
                            [text], _contains(f"({name} …)"), f"{name} -> {renamed}")
-        as_json = json.dumps(cbcl.message_to_json(message), indent=2, ensure_ascii=False)
+        as_json = json.dumps(cbcl.json_mapping.message_to_json(message), indent=2, ensure_ascii=False)
         yield Case("json", "Here is the message:\n```json\n" + as_json + "\n```", [text],
                    _contains("S-expression", "(CBCL/1.0"))
         for where, cut in (("half", len(text) // 2), ("most", len(text) * 9 // 10),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cbcl._bench import find_descriptors, load_times, synthetic_descriptor
+from cbcl_bench import find_descriptors, load_times, synthetic_descriptor
 
 SHIPPED = ["task-assignment-v1", "contract-net-v1", "request-v1", "canon-a-v1"]
 

@@ -6,11 +6,11 @@ that do the same work without CBCL, in the same run, in memory and over stdio.
 Four tools, each called ``--calls`` times one after another (one call in flight) with the
 ``mcp`` SDK's ``Client`` after ``--warmup`` untimed calls:
 
-- ``cbcl parse``: the ``parse`` tool of ``cbcl mcp`` (:func:`cbcl._mcp.tools_server`) on one
+- ``cbcl parse``: the ``parse`` tool of ``cbcl mcp`` (:func:`cbcl.bridges._mcp.tools_server`) on one
   request/v1 REQUEST message, both passes and the schema;
 - ``plain echo``: a plain MCP tool (``MCPServer``, async, a ``str`` argument) returning its
   argument: what MCP itself costs for the same text in and out;
-- ``bridge add``: the bridge (:func:`cbcl._mcp.bridge_server`) serving a request/v1 handler
+- ``bridge add``: the bridge (:func:`cbcl.bridges._mcp.bridge_server`) serving a request/v1 handler
   with tool ``add``: the arguments mapped to a REQUEST, both passes, the schema and the
   conversation machine; the handler's INFORM checked the same way and mapped back;
 - ``plain add``: a plain MCP tool ``add(a, b) -> int`` doing the handler's arithmetic.
@@ -102,7 +102,7 @@ def _text(result: Any) -> str:
 
 
 async def run(calls: int, warmup: int) -> list[dict[str, Any]]:
-    from cbcl._mcp import bridge_server, tools_server
+    from cbcl.bridges._mcp import bridge_server, tools_server
 
     registry = _registry()
     cases: list[tuple[str, str, Callable[[], Any], str, dict[str, Any],

@@ -1,5 +1,5 @@
 """Load over NATS: 50 agents × 20 conversations across a three-node nats-server cluster,
-CBCL (request/v1 in binary, over :mod:`cbcl._nats`) against a JSON + pydantic
+CBCL (request/v1 in binary, over :mod:`cbcl.net._nats`) against a JSON + pydantic
 request/reply over the same cluster, in the same run.
 
     python benchmarks/nats_load.py [--agents 50] [--conversations 20] [--servers 5]
@@ -63,10 +63,10 @@ async def responders(urls: list[str], count: int, trust: str) -> None:
     one JSON line of what each handled."""
     import nats
 
-    from cbcl._agent import Agent, Context
-    from cbcl._message import Message
-    from cbcl._nats import NatsBus
     from cbcl.demo import respond
+    from cbcl.net._agent import Agent, Context
+    from cbcl.net._nats import NatsBus
+    from cbcl.protocol._message import Message
 
     handled: dict[str, int] = {}
     duplicates = 0
@@ -151,8 +151,8 @@ async def responders(urls: list[str], count: int, trust: str) -> None:
 
 async def cbcl_round(links: list[Any], conversations: int, pool: list[Any], tag: str
                      ) -> tuple[float, list[float], int]:
-    from cbcl._agent import ConversationClosed
-    from cbcl._message import Intent
+    from cbcl.net._agent import ConversationClosed
+    from cbcl.protocol._message import Intent
 
     latencies: list[float] = []
     lost = 0
@@ -229,8 +229,8 @@ async def drive(args: argparse.Namespace, urls: list[str], signed: bytes, key: A
                 say: Any) -> dict[str, Any]:
     import nats
 
-    from cbcl._agent import Agent
-    from cbcl._nats import NatsBus
+    from cbcl.net._agent import Agent
+    from cbcl.net._nats import NatsBus
 
     plain = stream.request_pool(args.pool, args.seed)
     cbcl_pool = [stream.cbcl_body(item) for item in plain]
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cbcl._trust import public_key_pem, sign_descriptor
+    from cbcl.protocol._trust import public_key_pem, sign_descriptor
 
     key = Ed25519PrivateKey.generate()
     signed = sign_descriptor((ROOT / "descriptors" / "request-v1.cbcl").read_bytes(),

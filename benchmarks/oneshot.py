@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cliffs
+from cbcl_bench import find_descriptors, generated
 
 import cbcl
-from cbcl._bench import find_descriptors, generated
 
 TARGET = 1.2
 BASE = ("request-v1", "contract-net-v1", "canon-a-v1")

@@ -71,7 +71,7 @@ def make_keys(root: Path) -> Keys:
     """Fresh Ed25519 keys for both sides, as ``cbcl negotiate --demo`` makes them."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cbcl._trust import private_key_pem, public_key_pem
+    from cbcl.protocol._trust import private_key_pem, public_key_pem
 
     keys_dir = root / "keys"
     keys_dir.mkdir(mode=0o700)

@@ -21,8 +21,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-from cbcl._session import NEED_DATA, Offer, ProtocolMessage, Query, Session
-from cbcl._trust import TrustStore, sign_descriptor
+from cbcl.protocol._trust import TrustStore, sign_descriptor
+from cbcl.session._session import NEED_DATA, Offer, ProtocolMessage, Query, Session
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_764_500_000_000

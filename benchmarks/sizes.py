@@ -5,7 +5,7 @@ the corpus of ``cbcl bench`` (small, medium and large messages of each shipped p
 
 Columns: ``text`` the message as stored (comments, indentation), ``canonical`` its
 canonical form, ``binary`` the frame (with the 32-byte digest), ``json`` compact JSON of the
-lossless JSON mapping (``cbcl.message_to_json``, ``separators=(",", ":")``, UTF-8),
+lossless JSON mapping (``cbcl.json_mapping.message_to_json``, ``separators=(",", ":")``, UTF-8),
 ``msgpack`` ``msgpack.packb`` of the message's value tree with symbols, keywords, URIs and
 decimals as strings. Target: binary ≤ 0.6 × compact JSON.
 """
@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import cbcl
-from cbcl._bench import (
+from cbcl_bench import (
     RECORDS,
     compact_json,
     find_descriptors,
@@ -28,7 +27,9 @@ from cbcl._bench import (
     plain,
     sizes as corpus_sizes,
 )
-from cbcl._codec import Encoder
+
+import cbcl
+from cbcl.binary._codec import Encoder
 
 
 def registry() -> cbcl.Registry:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-    from cbcl._bench import build_corpus
+    from cbcl_bench import build_corpus
 
     directory = find_descriptors()
     reg = load_registry(directory)

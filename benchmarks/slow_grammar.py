@@ -46,9 +46,9 @@ def protocol_id(seed: int) -> str:
 def slow_descriptor(seed: int, rules: int = DEFAULT_RULES,
                     alternatives: int = DEFAULT_ALTERNATIVES) -> bytes:
     """An unsigned ``(protocol-descriptor …)`` payload with the slow grammar (sign it with
-    ``cbcl._trust.sign_descriptor``). Each seed has its own protocol id, so offers of several
+    ``cbcl.protocol._trust.sign_descriptor``). Each seed has its own protocol id, so offers of several
     seeds to one server are neither rollbacks nor equivocations."""
-    from cbcl._canonical import quote
+    from cbcl.core._canonical import quote
 
     grammar = slow_grammar(seed, rules, alternatives)
     return (f"(protocol-descriptor (id {protocol_id(seed)}) (version 1) (intents INFORM) "
@@ -62,10 +62,10 @@ def example_message(seed: int) -> str:
 
 def measure(seed: int = 0, rules: int = DEFAULT_RULES,
             alternatives: int = DEFAULT_ALTERNATIVES) -> dict[str, Any]:
-    """Compile the grammar once in this process (``cbcl._compile.compile_grammar``) and
+    """Compile the grammar once in this process (``cbcl.grammar._compile.compile_grammar``) and
     report its size and cost."""
-    from cbcl._compile import compile_grammar
-    from cbcl._subset import read_grammar, to_cfg
+    from cbcl.grammar._compile import compile_grammar
+    from cbcl.grammar._subset import read_grammar, to_cfg
 
     text = slow_grammar(seed, rules, alternatives)
     source = read_grammar(text)

@@ -14,7 +14,7 @@ Processes (the server is never in a client's process):
 * the well-behaved peers (one process, asyncio): ``--peers`` peers, whose start times are
   spread evenly over ``--ramp`` seconds; each runs sessions back to back until
   ``--duration`` has passed (at least one): connect, negotiate contract-net/v1 with the
-  library's initiator (``cbcl._session.Session`` on ``cbcl._transport.Connection``; the
+  library's initiator (``cbcl.session._session.Session`` on ``cbcl.net._transport.Connection``; the
   server does not know the protocol, so every session offers the signed descriptor and
   the server verifies it and takes the compiled grammar from its cache), then
   ``--conversations`` conversations (CFP → PROPOSE → ACCEPT → INFORM) with ``--think``
@@ -99,7 +99,7 @@ def _error_text(exc: BaseException) -> str:
 
 def cfp_body(rng: random.Random, task_id: str, now_ms: int) -> tuple[Any, ...]:
     """A varied, valid contract-net/v1 call for proposals."""
-    from cbcl._values import Keyword as K, Symbol as S
+    from cbcl.core._values import Keyword as K, Symbol as S
 
     params: list[Any] = []
     if rng.random() < 0.8:
@@ -140,7 +140,7 @@ class Peer:
     its key and the trust store that must have signed the server's Finished."""
 
     def __init__(self, document: bytes, payload: bytes, key: Any, trust_dir: str) -> None:
-        from cbcl._trust import TrustStore
+        from cbcl.protocol._trust import TrustStore
 
         self.document = document
         self.payload = payload
@@ -148,8 +148,8 @@ class Peer:
         self.trust = TrustStore.from_directory(trust_dir)
 
     def session(self, me: str) -> Any:
-        from cbcl._registry import Registry
-        from cbcl._session import Session
+        from cbcl.protocol._registry import Registry
+        from cbcl.session._session import Session
 
         registry = Registry(disk_cache=True, trust=self.trust)
         registry.load(self.payload, allow_unsigned=True)  # our own descriptor
@@ -164,8 +164,9 @@ async def good_session(peer: Peer, address: str, local_ip: str, name: str,
     """One session: connect, negotiate, ``conversations`` conversations, close. Returns
     ``handshake_ms`` (connect to ESTABLISHED), ``conversation_ms`` (first CFP sent to the
     INFORM), ``error`` (``None`` when all went well)."""
-    from cbcl._message import Intent, Message
-    from cbcl._session import (
+    from cbcl.net._transport import Connection, clock_ms
+    from cbcl.protocol._message import Intent, Message
+    from cbcl.session._session import (
         ConnectionClosed,
         Established,
         NotUnderstood,
@@ -175,7 +176,6 @@ async def good_session(peer: Peer, address: str, local_ip: str, name: str,
         Rejected,
         Unsupported,
     )
-    from cbcl._transport import Connection, clock_ms
 
     record: dict[str, Any] = {"start": time.time(), "ip": local_ip, "handshake_ms": None,
                               "conversation_ms": [], "error": None, "encoding": None}
@@ -241,7 +241,7 @@ async def good_session(peer: Peer, address: str, local_ip: str, name: str,
 
 
 def _accept_body(task_id: str) -> tuple[Any, ...]:
-    from cbcl._values import Keyword, Symbol
+    from cbcl.core._values import Keyword, Symbol
 
     return (Symbol("accept-proposal"), Keyword("task-id"), task_id)
 
@@ -250,7 +250,7 @@ async def run_good(config: dict[str, Any]) -> dict[str, Any]:
     peer = Peer(Path(config["document"]).read_bytes(), Path(config["payload"]).read_bytes(),
                 _load_key(config["key_file"]), config["client_trust"])
     peer.session("agent://bench/preload")  # compile/load the descriptor once, untimed
-    from cbcl._session import negotiation_registry
+    from cbcl.session._session import negotiation_registry
 
     negotiation_registry()
     count, ramp, duration = config["peers"], config["ramp"], config["duration"]
@@ -298,7 +298,7 @@ async def loop_lag(out: list[tuple[float, float]], period: float = 0.02) -> None
 
 
 def _load_key(path: str) -> Any:
-    from cbcl._trust import load_private_key
+    from cbcl.protocol._trust import load_private_key
 
     return load_private_key(Path(path).read_bytes())
 
@@ -331,8 +331,8 @@ class Attack:
     async def slot(self, kind: str, index: int) -> None:
         """One slow-loris or idle slot: connect, misbehave until the server drops the
         connection (or the run ends), record its lifetime, reconnect."""
-        from cbcl._session import Query
-        from cbcl._transport import clock_ms
+        from cbcl.net._transport import clock_ms
+        from cbcl.session._session import Query
 
         ip = address_of("loris" if kind == "slowloris" else "idle", index, self.config["mode"])
         first = True
@@ -447,7 +447,7 @@ class Attack:
                 return
 
     async def run(self) -> dict[str, Any]:
-        from cbcl._session import negotiation_registry
+        from cbcl.session._session import negotiation_registry
 
         negotiation_registry()
         self.peer.session("agent://bench/preload")
@@ -472,13 +472,13 @@ class Attack:
 
 async def hand_made_offer(address: str, ip: str, document: bytes, protocol: str, digest: str,
                           key: Any) -> dict[str, Any]:
-    from cbcl._api import parse
-    from cbcl._framing import FrameReader, frame
-    from cbcl._message import Intent, Message
-    from cbcl._session import finished_value, negotiation_registry
-    from cbcl._transport import clock_ms
-    from cbcl._trust import sign_message
-    from cbcl._values import Keyword, Symbol
+    from cbcl.binary._framing import FrameReader, frame
+    from cbcl.core._values import Keyword, Symbol
+    from cbcl.net._transport import clock_ms
+    from cbcl.protocol._api import parse
+    from cbcl.protocol._message import Intent, Message
+    from cbcl.protocol._trust import sign_message
+    from cbcl.session._session import finished_value, negotiation_registry
 
     negotiation = Symbol("cbcl-negotiation/v1")
     nonce = secrets.token_hex(16)
@@ -561,7 +561,7 @@ async def hand_made_offer(address: str, ip: str, document: bytes, protocol: str,
 
 def _signed_files(root: Path, keys: harness.Keys, args: argparse.Namespace,
                   count: int) -> dict[str, Any]:
-    from cbcl._trust import sign_descriptor
+    from cbcl.protocol._trust import sign_descriptor
 
     payload = resources.files("cbcl.grammars").joinpath("contract-net-v1.cbcl").read_bytes()
     document = sign_descriptor(payload, [("bench", keys.client_key)])

@@ -8,13 +8,13 @@ fresh keys, empty grammar cache); the baseline server (``python benchmarks/strea
 _baseline``: asyncio streams, one JSON line per message); and the client, this process.
 
 CBCL: the client negotiates request/v1 (binary; and text, for information) with the
-library's initiator (``cbcl._session.Session`` on a ``cbcl._transport.Connection``), then
+library's initiator (``cbcl.session._session.Session`` on a ``cbcl.net._transport.Connection``), then
 sends REQUESTs, each its own conversation-id and message-id, bodies drawn in turn from a
 pool of ``--pool`` distinct request bodies that request/v1's grammar and schema accept;
 the server answers each with INFORM ``(inform-done :action-id …)`` (``respond`` in
-cbcl/_cli_negotiate.py), after both passes, the schema, the replay and skew windows and
+cbcl/cli/_negotiate.py), after both passes, the schema, the replay and skew windows and
 the conversation machine. Baseline: the same requests as natural JSON; the client builds
-each with the pydantic model of request/v1 (``cbcl._bench.pydantic_model``: envelope, body
+each with the pydantic model of request/v1 (``cbcl_bench.pydantic_model``: envelope, body
 and schema constraints, strict) and serialises it; the server validates each line with
 that model, checks intent, body kind, parties, timestamp skew (30 s) and replay of the
 message id and conversation id (last 1,024), builds the INFORM reply as a model,
@@ -99,7 +99,7 @@ def request_pool(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def cbcl_body(item: dict[str, Any]) -> tuple[Any, ...]:
-    from cbcl._values import Keyword, Symbol
+    from cbcl.core._values import Keyword, Symbol
 
     args: list[Any] = []
     for key, value, kind in item["args"]:
@@ -116,7 +116,7 @@ def cbcl_body(item: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def json_body(item: dict[str, Any]) -> dict[str, Any]:
-    """The same request as the natural JSON of ``cbcl._bench.natural_json``."""
+    """The same request as the natural JSON of ``cbcl_bench.natural_json``."""
     args: list[Any] = []
     for key, value, _kind in item["args"]:
         args += [f":{key}", value]
@@ -146,8 +146,8 @@ class CBCLClient:
         self.counter = 0
 
     async def run(self, count: int, window: int) -> None:
-        from cbcl._message import Intent, Message
-        from cbcl._session import ProtocolMessage
+        from cbcl.protocol._message import Intent, Message
+        from cbcl.session._session import ProtocolMessage
 
         connection, pool, protocol = self.connection, self.pool, self.protocol
         me, peer = connection.session.me, connection.session.peer
@@ -177,8 +177,9 @@ async def cbcl_connect(address: str, document: bytes, payload: bytes, key: Any,
                        trust_dir: Path, encoding: str) -> tuple[Any, Any, float]:
     """Negotiate request/v1 in ``encoding``; returns the connection, the protocol id and
     the handshake time (ms)."""
-    from cbcl._registry import Registry
-    from cbcl._session import (
+    from cbcl.net._transport import connect
+    from cbcl.protocol._registry import Registry
+    from cbcl.session._session import (
         ConnectionClosed,
         Established,
         NotUnderstood,
@@ -188,7 +189,6 @@ async def cbcl_connect(address: str, document: bytes, payload: bytes, key: Any,
         Session,
         Unsupported,
     )
-    from cbcl._transport import connect
 
     registry = Registry(disk_cache=True, trust=trust_dir)
     protocol = registry.load(payload, allow_unsigned=True)
@@ -215,7 +215,7 @@ async def cbcl_connect(address: str, document: bytes, payload: bytes, key: Any,
 
 
 def model() -> Any:
-    from cbcl._bench import pydantic_model
+    from cbcl_bench import pydantic_model
 
     return pydantic_model()
 
@@ -383,9 +383,9 @@ def check_pool(cbcl_pool: list[tuple[Any, ...]], json_pool: list[dict[str, Any]]
                files: dict[str, Any]) -> None:
     """Every pool body passes request/v1's grammar and schema, and the pydantic model; the
     pool holds no duplicates."""
-    from cbcl._api import canonical, parse
-    from cbcl._message import Intent, Message
-    from cbcl._registry import Registry
+    from cbcl.protocol._api import canonical, parse
+    from cbcl.protocol._message import Intent, Message
+    from cbcl.protocol._registry import Registry
 
     registry = Registry(disk_cache=True)
     protocol = registry.load(files["payload"], allow_unsigned=True)
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="cbcl-stream-") as temp:
         root = Path(temp)
         keys = harness.make_keys(root)
-        from cbcl._trust import sign_descriptor
+        from cbcl.protocol._trust import sign_descriptor
 
         payload = (ROOT / "descriptors" / "request-v1.cbcl").read_bytes()
         files = {"payload": payload,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import sexpdata
+from cbcl_bench import build_corpus, find_descriptors, lark_parser, load_registry
 
 import cbcl
-from cbcl._bench import build_corpus, find_descriptors, lark_parser, load_registry
 
 DIRECTORY = find_descriptors()
 REGISTRY = load_registry(DIRECTORY)

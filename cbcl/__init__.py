@@ -1,58 +1,34 @@
 """CBCL: a protocol engine for S-expression messages between software agents.
 
-This module holds what most programs need (``__all__``): reading, parsing, validating and
-writing messages, the binary form's one-shot calls, the registry, building bodies and
-descriptors, the agent and the session, and the errors. The rest is in public
-submodules, by layer: :mod:`cbcl.session` (the sans-io session and its events),
-:mod:`cbcl.net` (the agent, connections, servers and their limits), :mod:`cbcl.trust`,
-:mod:`cbcl.binary`, :mod:`cbcl.conversation` (machines, schemas, the evaluator),
-:mod:`cbcl.descriptor`, :mod:`cbcl.json_mapping` and :mod:`cbcl.llm` (exports for
-constrained decoding, extraction, prompts; imported when first used). Their names stay
-importable from here too, for code written before they moved. Everything in ``cbcl._*`` is
-private.
+This module holds what most programs need, and exactly ``__all__``: reading, parsing,
+validating and writing messages, the binary form's one-shot calls, the registry, building
+bodies and descriptors, the agent and the session, and the errors. The rest is in public
+submodules: :mod:`cbcl.session` (the sans-io session and its events), :mod:`cbcl.net` (the
+agent, connections, servers and their limits), :mod:`cbcl.trust`, :mod:`cbcl.binary`,
+:mod:`cbcl.conversation` (machines, schemas, the evaluator), :mod:`cbcl.descriptor`,
+:mod:`cbcl.json_mapping`, :mod:`cbcl.llm` (exports for constrained decoding, extraction,
+prompts) and :mod:`cbcl.interop`. Everything in a ``_``-named module is private.
+
+The package is in layers, each importing only those below it (docs/layout.md): ``core``,
+``grammar``, ``protocol``, ``binary``, ``session``, ``net``, ``llm``, ``bridges``, then
+these public modules and ``cli``. ``import cbcl`` loads neither asyncio nor argparse:
+:class:`Agent` and the layers above ``session`` are imported when first named.
 """
 
-from typing import Any as _Any
+import importlib
+from typing import TYPE_CHECKING, Any as _Any
 
-from ._agent import (
-    Agent,
-    AgentConversation as AgentConversation,
-    Context as Context,
-    ConversationClosed,
-    LearnedLibrary as LearnedLibrary,
-    Link as Link,
-    NegotiationFailed,
-    load_handler as load_handler,
-)
-from ._api import (
-    canonical,
-    parse,
-    validate,
-)
-from ._authoring import (
-    build_descriptor,
-    render_descriptor as render_descriptor,
-)
-from ._codec import (
+from .binary._codec import (
     Decoder,
     Encoder,
     decode,
     encode,
 )
-from ._conversation import (
-    Conversation as Conversation,
-    ConversationTracker as ConversationTracker,
-    Machine as Machine,
-    Step as Step,
-    compile_machine as compile_machine,
-)
-from ._descriptor import (
-    ProtocolDescriptor as ProtocolDescriptor,
-    read_descriptor as read_descriptor,
-)
-from ._errors import (
+from .core._errors import (
     BodyError,
     CBCLError,
+    ConnectionLost,
+    ConversationClosed,
     ConversationError,
     DescriptorError,
     EnvelopeError,
@@ -60,6 +36,7 @@ from ._errors import (
     GrammarError,
     LimitError,
     MalformedError,
+    NegotiationFailed,
     Position,
     ProtocolError,
     SchemaError,
@@ -67,100 +44,54 @@ from ._errors import (
     UnknownProtocolError,
     ViolationError,
 )
-from ._evaluator import (
-    evaluate as evaluate,
-)
-from ._fields import (
-    Fields,
-    FieldsError,
-    FieldValue as FieldValue,
-    as_value,
-    body,
-    keys,
-)
-from ._framing import (
-    FrameReader as FrameReader,
-    frame as frame,
-)
-from ._json import (
-    from_json as from_json,
-    message_to_json as message_to_json,
-    to_json as to_json,
-)
-from ._limits import (
+from .core._limits import (
     Limits,
 )
-from ._message import (
-    VERSION,
-    Intent,
-    Message,
-    Signature as Signature,
-)
-from ._protocol import Protocol as Protocol
-from ._reader import (
+from .core._reader import (
     read,
     read_all,
 )
-from ._registry import (
-    CompileGate as CompileGate,
-    PreparedDescriptor as PreparedDescriptor,
-    Registry,
-)
-from ._schema import (
-    Schema as Schema,
-    check_schema as check_schema,
-    compile_schema as compile_schema,
-)
-from ._session import (
-    NEED_DATA as NEED_DATA,
-    NEED_WORK as NEED_WORK,
-    Accepted as Accepted,
-    ConnectionClosed as ConnectionClosed,
-    Established as Established,
-    Finished as Finished,
-    LocalProtocolError,
-    NotUnderstood as NotUnderstood,
-    Offer as Offer,
-    ProtocolMessage as ProtocolMessage,
-    Query as Query,
-    Rejected as Rejected,
-    RemoteProtocolError,
-    Session,
-    Supported as Supported,
-    Unsupported as Unsupported,
-    Work as Work,
-)
-from ._transport import (
-    Connection as Connection,
-    ConnectionLimits as ConnectionLimits,
-    ConnectionLost,
-    Server as Server,
-    ServerLimits as ServerLimits,
-    WorkPool as WorkPool,
-    connect as connect,
-    serve as serve,
-)
-from ._trust import (
-    DescriptorSignature as DescriptorSignature,
-    Rule as Rule,
-    SignedDescriptor as SignedDescriptor,
-    TrustPolicy as TrustPolicy,
-    TrustStore,
-    VerifiedDescriptor as VerifiedDescriptor,
-    load_private_key,
-    load_public_key as load_public_key,
-    read_signed_descriptor_unverified as read_signed_descriptor_unverified,
-    sign_descriptor,
-    sign_message as sign_message,
-)
-from ._values import (
+from .core._values import (
     URI,
     Keyword,
     Symbol,
     Value,
 )
-
-__version__ = "0.1.0"
+from .core._version import __version__
+from .protocol._api import (
+    canonical,
+    parse,
+    validate,
+)
+from .protocol._authoring import (
+    build_descriptor,
+)
+from .protocol._fields import (
+    Fields,
+    FieldsError,
+    as_value,
+    body,
+    keys,
+)
+from .protocol._message import (
+    VERSION,
+    Intent,
+    Message,
+)
+from .protocol._protocol import Protocol as Protocol
+from .protocol._registry import (
+    Registry,
+)
+from .protocol._trust import (
+    TrustStore,
+    load_private_key,
+    sign_descriptor,
+)
+from .session._session import (
+    LocalProtocolError,
+    RemoteProtocolError,
+    Session,
+)
 
 __all__ = [
     # values and messages
@@ -220,28 +151,33 @@ __all__ = [
     "validate",
 ]
 
-# The layers, importable as cbcl.session, cbcl.net, … (names above stay here too).
+if TYPE_CHECKING:
+    from .llm import extract
+    from .net import Agent
+
+# The public submodules that import nothing above the session layer, as attributes.
 from . import (
     binary as binary,
     conversation as conversation,
     descriptor as descriptor,
     json_mapping as json_mapping,
-    net as net,
     session as session,
     trust as trust,
 )
 
+_LAZY_NAMES = {"Agent": "cbcl.net", "extract": "cbcl.llm"}
+_LAZY_MODULES = ("net", "llm", "interop")
+
 
 def __getattr__(name: str) -> _Any:
-    """``cbcl.llm``, ``cbcl.interop`` and ``cbcl.extract``, imported when first used: the
-    grammar exporters and the FIPA reader take about as long to import as the rest of the
-    package does."""
-    if name in ("llm", "interop"):
-        import importlib
-
-        return importlib.import_module(f"cbcl.{name}")  # (sets the attribute: called once)
-    if name == "extract":
-        from ._extract import extract
-
-        return extract
-    raise AttributeError(f"module 'cbcl' has no attribute {name!r}")
+    """The names and modules that import asyncio or take long to import (:class:`Agent`,
+    :func:`extract`, :mod:`cbcl.net`, :mod:`cbcl.llm`, :mod:`cbcl.interop`), imported when
+    first asked for; raises ``AttributeError`` for any other name."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+    elif name in _LAZY_MODULES:
+        value = importlib.import_module(f"cbcl.{name}")
+    else:
+        raise AttributeError(f"module 'cbcl' has no attribute {name!r}")
+    globals()[name] = value
+    return value

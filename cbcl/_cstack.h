@@ -58,7 +58,7 @@ push_open(Stack *st)
     return 0;
 }
 
-/* The longest decimal text (cbcl._vocabulary.MAX_DECIMAL_CHARS). */
+/* The longest decimal text (cbcl.core._vocabulary.MAX_DECIMAL_CHARS). */
 #define MAX_DECIMAL_CHARS 40
 
 /* Whether the bytes p[i:k] are a decimal token: -?(0|[1-9][0-9]*)\.[0-9]+ (DECIMAL_RE;
@@ -102,7 +102,7 @@ init_value_types(void)
     Py_DECREF(decimal);
     if (DecimalType == NULL)
         return -1;
-    PyObject *values = PyImport_ImportModule("cbcl._values");
+    PyObject *values = PyImport_ImportModule("cbcl.core._values");
     if (values == NULL)
         return -1;
     const char *names[3] = {"Symbol", "Keyword", "URI"};
@@ -112,7 +112,7 @@ init_value_types(void)
             Py_XDECREF(type);
             Py_DECREF(values);
             if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "cbcl._values has no atom type");
+                PyErr_SetString(PyExc_TypeError, "cbcl.core._values has no atom type");
             return -1;
         }
         InertTypes[k] = (PyTypeObject *)type; /* kept for the module's life */

@@ -1,5 +1,5 @@
-/* Optional accelerator of the encoders: canonical text (cbcl/_canonical.py) and the binary
- * frame writer (cbcl/_codec.py).
+/* Optional accelerator of the encoders: canonical text (cbcl/core/_canonical.py) and the binary
+ * frame writer (cbcl/binary/_codec.py).
  *
  * Theory of operation
  * -------------------
@@ -7,13 +7,13 @@
  * when this module is not built (or when they decline):
  *
  *   canonical(value)                        -> str | None
- *       twin of cbcl._canonical._canonical_value_python
+ *       twin of cbcl.core._canonical._canonical_value_python
  *   canonical_message(message)              -> str | None
- *       twin of cbcl._message.Message.canonical: canonical(message.to_value())'s text,
+ *       twin of cbcl.protocol._message.Message.canonical: canonical(message.to_value())'s text,
  *       written from the message's slots (no envelope list is built)
  *   pack_frame(header, tokens, body, table) -> bytes | None
- *       twin of the tail of cbcl._codec.Encoder.encode: header + msgpack of the envelope
- *       tokens + the body's tokens (cbcl._codec._body_tokens), as msgpack.packb writes them;
+ *       twin of the tail of cbcl.binary._codec.Encoder.encode: header + msgpack of the envelope
+ *       tokens + the body's tokens (cbcl.binary._codec._body_tokens), as msgpack.packb writes them;
  *       table is prepare(codes), a symbol table's codes held as a C hash table
  *   pack_message(header, message, table)    -> bytes | None
  *       the whole of Encoder.encode after validation: the envelope tokens too, from the
@@ -24,7 +24,7 @@
  *
  * The symbol table and the atoms a frame writes in full are looked up in C hash tables
  * keyed by exact Symbol, Keyword and URI objects, equal when of one type and one text, as
- * cbcl._values._Atom.__eq__ has them: no Python code runs during a walk.
+ * cbcl.core._values._Atom.__eq__ has them: no Python code runs during a walk.
  *
  * All serve only the ordinary case and raise nothing for anything in their input: on any
  * doubt (a type that is not exactly a CBCL type - bool, a subclass, a float -, an integer
@@ -59,9 +59,9 @@
  * by the same writers as the body's; anything else (a subclass, an intent that is not an
  * Intent member, a signature that is not an exact Signature, an unset slot) declines.
  *
- * setup() gives the module the types and constants it needs (cbcl/_canonical.py calls it
- * when it imports this module), so nothing here can drift from cbcl._values and
- * cbcl._vocabulary.
+ * setup() gives the module the types and constants it needs (cbcl/core/_canonical.py calls it
+ * when it imports this module), so nothing here can drift from cbcl.core._values and
+ * cbcl.core._vocabulary.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -369,7 +369,7 @@ decimal_parts_of_layout(PyObject *value, DecimalParts *d)
     return OK;
 }
 
-/* The canonical text of an exact Decimal (twin of cbcl._canonical._decimal), written to
+/* The canonical text of an exact Decimal (twin of cbcl.core._canonical._decimal), written to
  * out (at least MAX_DECIMAL_CHARS + 1 bytes), its length in *size; DECLINE for a
  * non-finite or over-long one. */
 static int
@@ -640,7 +640,7 @@ w_finish(Writer *w)
     return result;
 }
 
-/* Characters a canonical string escapes (cbcl._canonical._NEEDS_ESCAPE): 0 none, 1 the
+/* Characters a canonical string escapes (cbcl.core._canonical._NEEDS_ESCAPE): 0 none, 1 the
  * \uXXXX escape, 2 a short escape, 3 a lone surrogate (declined). */
 static unsigned char ESCAPE1[256];
 
@@ -884,7 +884,7 @@ canonical(PyObject *self, PyObject *value)
 
 /* ------------------------------------------------------------------------- messages */
 
-/* cbcl._message.Message and Signature (slotted dataclasses: their fields are read at the
+/* cbcl.protocol._message.Message and Signature (slotted dataclasses: their fields are read at the
  * offsets of their member descriptors), set by setup_message(); NULL: every message is
  * declined. */
 enum {
@@ -899,10 +899,10 @@ static PyTypeObject *T_MESSAGE, *T_SIGNATURE;
 static Py_ssize_t FIELD_OFFSETS[N_FIELDS], SIGNATURE_OFFSETS[2];
 /* The text's: the version symbol, then the field symbols, in FIELD_ATTRS' order (a tuple of
  * 1 + N_FIELDS exact Symbols); the intents as (member, symbol) pairs (Message.to_value's
- * _INTENT_SYMBOL). The frame's: the intents by code (cbcl._codec.INTENTS), the present
+ * _INTENT_SYMBOL). The frame's: the intents by code (cbcl.binary._codec.INTENTS), the present
  * bits of conversation-id, in-reply-to, reply-by, timestamp, signature, body. */
 static PyObject *TEXT_NAMES, *TEXT_INTENTS, *FRAME_INTENTS;
-static PyTypeObject *T_REGISTRY; /* cbcl._registry.Registry (encode_message) */
+static PyTypeObject *T_REGISTRY; /* cbcl.protocol._registry.Registry (encode_message) */
 static long FRAME_BITS[6] = {-1, -1, -1, -1, -1, -1};
 
 typedef struct {
@@ -1216,7 +1216,7 @@ mp_str(Bytes *b, PyObject *s)
 
 /* Codes of the atoms written in full in this frame, after the symbol table's: an open
  * addressing table of exact Symbol, Keyword and URI objects (strong references), equal when
- * of one type and one text (cbcl._values._Atom.__eq__). */
+ * of one type and one text (cbcl.core._values._Atom.__eq__). */
 typedef struct {
     PyObject *key;
     Py_hash_t hash; /* key's */
@@ -1247,7 +1247,7 @@ same_atom(PyObject *a, PyObject *b)
 }
 
 /* A str's hash: the one it caches, once computed (str.__hash__: Symbol, Keyword and URI
- * keep it, cbcl._values._Atom.__hash__). */
+ * keep it, cbcl.core._values._Atom.__hash__). */
 static inline Py_hash_t
 str_hash(PyObject *s)
 {
@@ -1486,7 +1486,7 @@ table_free(PyObject *capsule)
     }
 }
 
-/* A symbol table's codes (cbcl._codec.SymbolTable.codes) as pack_frame reads them: an
+/* A symbol table's codes (cbcl.binary._codec.SymbolTable.codes) as pack_frame reads them: an
  * opaque capsule, or None when a key is not an exact Symbol, Keyword or URI or a code is
  * not an int (then the Python twin writes every frame). Its used count is len(codes). */
 static PyObject *
@@ -1788,7 +1788,7 @@ static CEntry CANONICAL_ENTRY = {
 static CEntry ENCODE_ENTRY = {
     {"encode", (PyCFunction)(void (*)(void))encoder_encode, METH_FASTCALL | METH_KEYWORDS,
      NULL}, NULL, NULL};
-/* The slots of cbcl._codec.Encoder encoder_encode reads (0: not found, every call falls
+/* The slots of cbcl.binary._codec.Encoder encoder_encode reads (0: not found, every call falls
  * back). */
 static Py_ssize_t ENCODER_VALIDATE, ENCODER_REGISTRY, ENCODER_TABLES, ENCODER_PROTOCOLS;
 
@@ -2044,7 +2044,7 @@ static PyMethodDef methods[] = {
      "prepare(codes, /) -> object | None: a symbol table's codes as pack_frame takes them."},
     {"setup", setup, METH_VARARGS,
      "setup(Symbol, Keyword, URI, Decimal, max_decimal_chars, codes, /) -> bool: the types "
-     "and constants of cbcl._values and cbcl._vocabulary; whether Decimals are read from "
+     "and constants of cbcl.core._values and cbcl.core._vocabulary; whether Decimals are read from "
      "their layout (else from their text)."},
     {NULL, NULL, 0, NULL},
 };

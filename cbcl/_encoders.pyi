@@ -1,6 +1,6 @@
 """Types of the optional C accelerator ``cbcl/_encoders.c``: the C twins of the canonical
-text writer (``cbcl._canonical.canonical_value_python``) and of the binary frame writer
-(``cbcl._codec.Encoder``). They take positional arguments only, raise nothing for anything
+text writer (``cbcl.core._canonical.canonical_value_python``) and of the binary frame writer
+(``cbcl.binary._codec.Encoder``). They take positional arguments only, raise nothing for anything
 in their input and return ``None`` when the Python twin must write (or refuse) it."""
 
 from decimal import Decimal
@@ -38,7 +38,7 @@ def encode_message(message: object, registry: object, tables: dict[Any, Any], /)
 
 def setup_frame(intents: tuple[Any, ...], present_bits: tuple[int, int, int, int, int, int],
                 registry: type, /) -> None:
-    """The intents by code (``cbcl._codec.INTENTS``), the present bits of
+    """The intents by code (``cbcl.binary._codec.INTENTS``), the present bits of
     conversation-id, in-reply-to, reply-by, timestamp, signature and body, and the
     ``Registry`` type; until it is called :func:`pack_message` and :func:`encode_message`
     return ``None``."""
@@ -62,9 +62,9 @@ def setup(
     codes: tuple[int, int, int, int, int, int, int, int],
     /,
 ) -> bool:
-    """The types of ``cbcl._values``, ``MAX_DECIMAL_CHARS`` and the token codes
+    """The types of ``cbcl.core._values``, ``MAX_DECIMAL_CHARS`` and the token codes
     ``LPAR, RPAR, INTEGER, DECIMAL, SYMBOL, KEYWORD, URI, FIRST_ENTRY`` of
-    ``cbcl._vocabulary``; until it is called every function returns ``None``. Returns
+    ``cbcl.core._vocabulary``; until it is called every function returns ``None``. Returns
     whether decimals are read from ``_decimal``'s own layout (checked on samples), else
     from their text."""
 
@@ -72,7 +72,7 @@ def canonical_entry(fallback: Any, doc: str, /) -> Any:
     """``Message.canonical`` as a C method (a method descriptor of ``Message``, which
     ``setup_message`` must have found): :func:`canonical_message`'s text, else
     ``fallback(message)``, the Python method it stands in for; ``doc`` is its ``ml_doc``
-    (``cbcl._entries.entry_doc``)."""
+    (``cbcl.core._entries.entry_doc``)."""
 
 def encode_entry(encoder: type, fallback: Any, doc: str, /) -> Any:
     """``Encoder.encode`` as a C method: for one positional argument and an encoder whose

@@ -12,7 +12,7 @@
  * in for, its *fallback*. The fallback stays the reference: the same results and the same
  * exceptions, and where the module is not built it is what the name is bound to.
  *
- * An entry's documentation is its fallback's: cbcl/_entries.py makes the text (the Python
+ * An entry's documentation is its fallback's: cbcl/core/_entries.py makes the text (the Python
  * signature, less annotations, as a __text_signature__, then the docstring) and setup
  * keeps it alive while ml_doc points into it, so help() and inspect.signature() show what
  * they show for the Python function.

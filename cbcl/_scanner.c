@@ -1,9 +1,9 @@
-/* Optional C twin of the text reader's fast tiers (cbcl/_reader.py).
+/* Optional C twin of the text reader's fast tiers (cbcl/core/_reader.py).
  *
  * Theory of operation
  * -------------------
  * One function, read_value(text, pos, cache, make_atom, depth_left, max_items, budget,
- * max_string, max_name[, utf8]) -> (value, end, nodes) | None, the twin of cbcl._reader's
+ * max_string, max_name[, utf8]) -> (value, end, nodes) | None, the twin of cbcl.core._reader's
  * _read_fast (and of _read_split, for a value at character 0): it reads the one value that
  * starts at character `pos` of `text` (whitespace and comments may precede it) and returns
  * it with the character index just after it and the number of nodes it holds. The Python
@@ -23,13 +23,13 @@
  * start only (a later `pos` is left to the Python tiers, so that reading value after
  * value stays linear). Whitespace is CBCL's four
  * characters; a comment runs from ';' to the first character a comment refuses (the line
- * end among them), as cbcl._reader.TOKEN skips one. An atom is the run of characters up to
+ * end among them), as cbcl.core._reader.TOKEN skips one. An atom is the run of characters up to
  * a delimiter (whitespace, '(', ')', ';' or the end); a run that meets '"' is an error.
  * Strings are checked and unescaped here, byte by byte, their UTF-8 size measured exactly
  * (so a long string or an escape is read in place, never a reason to decline). Integers
  * are read here, range-checked against int64. Every other atom's run is looked up in
  * `cache`, the reader's token cache (token text -> atom, every entry valid); a miss calls
- * `make_atom(token, max_name)` (cbcl._reader._atom: the atom rules as regular expressions,
+ * `make_atom(token, max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions,
  * which makes the atom, remembers it, or returns None). So which runs are atoms, and what
  * atom each is, has one definition, in Python; only integers, strings, whitespace and
  * comments are judged here, by C mirrors of TOKEN's rules that tests/test_scanner.py and
@@ -89,7 +89,7 @@ utf8_at(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int *size)
 }
 
 /* Characters refused unescaped in strings beyond ASCII: C1 controls and the bidirectional
- * embedding/override/isolate controls (cbcl._reader._FORBIDDEN). */
+ * embedding/override/isolate controls (cbcl.core._reader._FORBIDDEN). */
 static int
 string_refuses(Py_UCS4 u)
 {
@@ -97,7 +97,7 @@ string_refuses(Py_UCS4 u)
            (u >= 0x2066 && u <= 0x2069);
 }
 
-/* What stops a comment beyond ASCII (cbcl._reader._COMMENT_PATTERN): the string's and the
+/* What stops a comment beyond ASCII (cbcl.core._reader._COMMENT_PATTERN): the string's and the
  * line and paragraph separators and the byte-order mark. */
 static int
 comment_refuses(Py_UCS4 u)
@@ -281,13 +281,13 @@ read_integer(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int *kind)
     return PyLong_FromLongLong((long long)magnitude);
 }
 
-#define CACHED_DECIMAL_CHARS 4 /* cbcl._reader._atom caches the decimals of at most 4 */
+#define CACHED_DECIMAL_CHARS 4 /* cbcl.core._reader._atom caches the decimals of at most 4 */
 
 
 /* Whether the run p[i:k] of k - i > max_name characters may be an atom within the name
  * limit: a keyword of exactly max_name characters after its colon, or a URI (a run that
  * holds "://" and is no keyword: a keyword's name may hold "://" too), as
- * cbcl._reader._read_split rules for cached names. */
+ * cbcl.core._reader._read_split rules for cached names. */
 static int
 long_run_allowed(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, Py_ssize_t chars,
                  Py_ssize_t max_name)
@@ -533,7 +533,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "cbcl._scanner",
-    "Optional C twin of the text reader's fast tiers (see cbcl/_reader.py).", -1, methods,
+    "Optional C twin of the text reader's fast tiers (see cbcl/core/_reader.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -22,8 +22,8 @@ def read_value(
     it), the character index just after it and the number of its nodes; or ``None`` for
     anything but a well-formed value within the limits (``depth_left`` lists deep,
     ``max_items`` items a list, ``budget`` nodes, strings of ``max_string`` UTF-8 bytes,
-    names of ``max_name`` characters). ``cache`` is ``cbcl._reader._CACHE`` (token text ->
-    atom, read only) and ``make_atom`` ``cbcl._reader._atom``, called on a miss for every
+    names of ``max_name`` characters). ``cache`` is ``cbcl.core._reader._CACHE`` (token text ->
+    atom, read only) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every
     atom but integers and decimals of more than 4 characters, which are made in C."""
 
 def decimals_in_place() -> bool:

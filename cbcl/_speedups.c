@@ -1,5 +1,5 @@
-/* Optional accelerator of the binary decoder's fast path (cbcl/_codec.py) and of pass 2's
- * walk (cbcl/_pass2.py).
+/* Optional accelerator of the binary decoder's fast path (cbcl/binary/_codec.py) and of pass 2's
+ * walk (cbcl/protocol/_pass2.py).
  *
  * Theory of operation
  * -------------------
@@ -7,16 +7,16 @@
  * fallback when this module is not built, and the rules they judge atoms by:
  *
  *   unpack(data, start)  -> list | None    twin of msgpack's Unpacker over a frame's tokens
- *   build_body(...)      -> value | None   twin of the loop of cbcl._codec._fast_body
+ *   build_body(...)      -> value | None   twin of the loop of cbcl.binary._codec._fast_body
  *   check_atom(code, t)  -> bool           the lexical rules build_body applies to atoms
- *   recognise(...)       -> bool           twin of the loop of cbcl._pass2.recognise_body
- *   envelope(...)        -> Message | None twin of cbcl._envelope._walk and Message._trusted
+ *   recognise(...)       -> bool           twin of the loop of cbcl.protocol._pass2.recognise_body
+ *   envelope(...)        -> Message | None twin of cbcl.protocol._envelope._walk and Message._trusted
  *   make_object(...)     -> object         Message._trusted's construction
- *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl._codec._fast_message
- *   schema_valid(...)    -> bool | None    twin of cbcl._schema._valid, the schema's fast pass
- *   decode_frame(...)    -> Message | None twin of cbcl._codec._fast_frame: a whole frame,
+ *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl.binary._codec._fast_message
+ *   schema_valid(...)    -> bool | None    twin of cbcl.protocol._schema._valid, the schema's fast pass
+ *   decode_frame(...)    -> Message | None twin of cbcl.binary._codec._fast_frame: a whole frame,
  *                                          header to Message, in one call
- *   accept_document(...) -> Message | None twin of cbcl._api.accept_document_python: both
+ *   accept_document(...) -> Message | None twin of cbcl.protocol._api.accept_document_python: both
  *                                          passes over a document value, by the protocol's
  *                                          acceptance plan (envelope, the walk and the
  *                                          schema's record lookup and fast pass in one call)
@@ -32,12 +32,12 @@
  * checked against the buffer; lengths are compared with what is left before use.
  *
  * build_body walks the body's tokens once, building tuples with an explicit stack (no
- * recursion) and stepping the protocol's StackAutomaton (cbcl/_automaton.py): a node is
+ * recursion) and stepping the protocol's StackAutomaton (cbcl/grammar/_automaton.py): a node is
  * a dict, a transition a lookup, a missing one a call of automaton.step. The current node
  * is always held by a strong reference: step may flush the automaton, after which only
  * the walk keeps its nodes alive. An atom written in full is looked up in its kind's
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
- * decimals). A miss is validated here, by C mirrors of cbcl/_vocabulary.py's rules
+ * decimals). A miss is validated here, by C mirrors of cbcl/core/_vocabulary.py's rules
  * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
  * declines without a Python call, a long decimal (never remembered) is constructed here,
  * a URI is made here and remembered in the decoder's URI memo under its bound (passed with
@@ -45,8 +45,8 @@
  * Python function that makes and remembers it. In front of those caches, a direct-mapped
  * memo by kind and bytes (atom_memo) finds a symbol, keyword or URI seen before without
  * making its str. The caches and make_atom are the calling
- * decoder's own (cbcl._codec._Memos), passed with each call: this module keeps no state
- * but its interned strings and the types it makes (cbcl._values' atoms, Decimal).
+ * decoder's own (cbcl.binary._codec._Memos), passed with each call: this module keeps no state
+ * but its interned strings and the types it makes (cbcl.core._values' atoms, Decimal).
  */
 #include "_cstack.h"
 #include "_entry.h"
@@ -241,7 +241,7 @@ advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *
     return next == refused ? 0 : 1;
 }
 
-/* The lexical rules of cbcl/_vocabulary.py, mirrored exactly (tests/test_decoder_atoms.py
+/* The lexical rules of cbcl/core/_vocabulary.py, mirrored exactly (tests/test_decoder_atoms.py
  * holds each to its regex over every code point of the BMP and on adversarial texts).
  * Python's `re` on str without IGNORECASE: [A-Za-z] and [0-9] are ASCII only. */
 
@@ -294,7 +294,7 @@ valid_name(PyObject *text, int symbol)
     return 1;
 }
 
-#define DECIMAL_MEMO_CHARS 4 /* cbcl._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
+#define DECIMAL_MEMO_CHARS 4 /* cbcl.binary._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
 
 /* DECIMAL_RE, of at most MAX_DECIMAL_CHARS characters: is_decimal (cbcl/_cstack.h) over the
  * str's bytes (a decimal is ASCII). */
@@ -306,7 +306,7 @@ valid_decimal(PyObject *text)
            is_decimal((const unsigned char *)PyUnicode_DATA(text), 0, n);
 }
 
-/* Whether a URI's rest may hold `c`: not in cbcl._vocabulary.URI_REST_EXCLUDES (space and
+/* Whether a URI's rest may hold `c`: not in cbcl.core._vocabulary.URI_REST_EXCLUDES (space and
  * controls, delimiters, bidirectional controls, INVISIBLE). */
 static int
 uri_rest(Py_UCS4 c)
@@ -365,10 +365,10 @@ valid_atom(long code, PyObject *text)
 }
 
 
-#define MEMO_CHARS 128 /* cbcl._codec.MEMO_CHARS: the longest text a decoder remembers */
+#define MEMO_CHARS 128 /* cbcl.binary._codec.MEMO_CHARS: the longest text a decoder remembers */
 
 /* The URI `text` (valid: checked by the caller), made here and remembered in the
- * decoder's memo `uris` as cbcl._codec._Memos._remember_uri remembers it: texts of at most
+ * decoder's memo `uris` as cbcl.binary._codec._Memos._remember_uri remembers it: texts of at most
  * MEMO_CHARS characters, the memo emptied when it holds `entries`. A new reference, or
  * NULL with an exception. */
 static PyObject *
@@ -467,7 +467,7 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
  * max_items, max_string, max_name, budget, refused, accept, memo_entries) -> value | None:
  * the body
  * whose tokens are data[offset:], to the frame's end, read straight from the msgpack bytes
- * (the twin of cbcl._codec._fast_body_loop over the same bytes' tokens). `entries` holds
+ * (the twin of cbcl.binary._codec._fast_body_loop over the same bytes' tokens). `entries` holds
  * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
  * next code after them (it is "learned"). At most `budget` nodes (lists and atoms). */
 /* The atoms a body writes in full, in the order they get their codes (a code past the
@@ -485,7 +485,7 @@ typedef struct {
 
 #define LEARNED_INIT {NULL, NULL, 0, 0, NULL, {NULL}, {NULL}}
 
-/* Whether two learned atoms are equal as cbcl._values._Atom has them: one exact type and
+/* Whether two learned atoms are equal as cbcl.core._values._Atom has them: one exact type and
  * one text (canonical strs: equal texts have one kind). */
 static inline int
 same_atom(PyObject *a, PyObject *b)
@@ -800,10 +800,10 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
 /* frame_envelope(data, start, intents, uris, max_string, entries) -> tuple | None: the
  * envelope of the frame whose tokens start at data[start] (spec/binary.md: the intent's
  * index, the field bits, the id, sender and receiver, the optional fields the bits name
- * and a signature's two strings), checked as cbcl._codec._fast_message checks them:
+ * and a signature's two strings), checked as cbcl.binary._codec._fast_message checks them:
  * (intent, bits, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
  * timestamp, key_id, signed, offset), None for an absent field, `offset` where the body's
- * tokens start. `intents` is cbcl._codec.INTENTS; a URI is looked up in `uris` (the
+ * tokens start. `intents` is cbcl.binary._codec.INTENTS; a URI is looked up in `uris` (the
  * decoder's memo), or validated and made here and remembered there (remember_uri, at most
  * `entries`). None for anything
  * the careful decoder must judge. */
@@ -941,7 +941,7 @@ frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
 }
 
 /* recognise(body, node, classes, terminals, step, refused, accept) -> bool: the twin of
- * the loop of cbcl._pass2.recognise_body, walking a body already read (tuples and atoms)
+ * the loop of cbcl.protocol._pass2.recognise_body, walking a body already read (tuples and atoms)
  * through the protocol's StackAutomaton from `node`, with an explicit stack of the lists
  * under way (no recursion). An atom's class is classes[atom] for a symbol or keyword that
  * spells a grammar literal, else terminals[type(atom)]; a list is LPAR, its items, RPAR,
@@ -1050,10 +1050,10 @@ recognise(PyObject *Py_UNUSED(self), PyObject *args)
 }
 
 /* envelope(value, version, fields, intents, signature, message, attributes) -> Message |
- * None: the twin of cbcl._envelope._walk and Message._trusted together. `value` is a whole
+ * None: the twin of cbcl.protocol._envelope._walk and Message._trusted together. `value` is a whole
  * document as read; `version` the symbol CBCL/1.0; `fields` maps each field's symbol to
  * (order, kind), its place in grammar order (= its index in `attributes`, the Message
- * attribute names) and what it holds (the kinds of cbcl._envelope: ID, URI, INTENT,
+ * attribute names) and what it holds (the kinds of cbcl.protocol._envelope: ID, URI, INTENT,
  * SYMBOL, INT, VALUE, SIGNATURE); `intents` maps the intent symbols to the Intent members;
  * `signature` is the Signature type and `message` the Message type, whose instance is made
  * without __init__ and given every attribute (None where a field is absent). None where
@@ -1279,7 +1279,7 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
 }
 
 /* schema_valid(pairs, body, has_heads) -> True | False | None: the twin of the fast pass
- * cbcl._schema._valid over a body whose heads record_for matched to the record `pairs`
+ * cbcl.protocol._schema._valid over a body whose heads record_for matched to the record `pairs`
  * is of (its _Pairs). It reads the same prepared structures: each _Pairs' slots (open,
  * start, head, heads, first, table, other, required: its `packed` tuple), each _Field (bit, kinds, how, a, b,
  * the next key and _Field), each spec (kinds, how, a, b) and each ListOf's min_length,
@@ -1291,7 +1291,7 @@ enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, H
 
 static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
 
-/* cbcl._schema._Pairs and the offset of its `packed` slot, found at the first _Pairs met
+/* cbcl.protocol._schema._Pairs and the offset of its `packed` slot, found at the first _Pairs met
  * (NULL: not yet): its packed tuple is then read there, not looked up by name. */
 static PyTypeObject *PAIRS_TYPE;
 static Py_ssize_t PAIRS_PACKED;
@@ -1700,7 +1700,7 @@ schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
 
 /* ------------------------------------------------------------------------- acceptance */
 
-/* A protocol's acceptance plan (cbcl._protocol.Protocol.acceptance, made once at load):
+/* A protocol's acceptance plan (cbcl.protocol._protocol.Protocol.acceptance, made once at load):
  * what pass 2 needs of it, each found without a Python call.
  *   governed       tuple of the Intent members the grammar judges (compared by identity)
  *   entries        tuple of (Intent, start terminal); () where one start rule serves all
@@ -1708,7 +1708,7 @@ schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
  *   automaton      the StackAutomaton (its `start` is read at each use: a flush moves it)
  *   step           automaton.step, bound once
  *   atoms          Protocol.atoms (grammar literal atom -> its terminal)
- *   sole, candidates  the schema's records by head (cbcl._schema.Schema.record_index:
+ *   sole, candidates  the schema's records by head (cbcl.protocol._schema.Schema.record_index:
  *                  head -> _Pairs of the only record it can start; head -> ((_Pairs,
  *                  heads), ...) to try in order), or None and None without a schema */
 enum { P_GOVERNED, P_ENTRIES, P_BODY_TERMINAL, P_AUTOMATON, P_STEP, P_ATOMS, P_SOLE,
@@ -1740,7 +1740,7 @@ plan_of(PyObject *protocol)
     return plan;
 }
 
-/* The node a body of `intent` starts from (cbcl._pass2.start_node): a new reference;
+/* The node a body of `intent` starts from (cbcl.protocol._pass2.start_node): a new reference;
  * Py_None where the grammar has no rule for it or refuses its start terminal; NULL with an
  * exception. */
 static PyObject *
@@ -1780,7 +1780,7 @@ start_of(PyObject *plan, PyObject *intent, PyObject *refused)
     return node;
 }
 
-/* The schema's verdict on a body its grammar accepted (cbcl._schema.check_schema: the
+/* The schema's verdict on a body its grammar accepted (cbcl.protocol._schema.check_schema: the
  * record record_for finds, then the fast pass): 1 valid or unconstrained, 0 to leave it to
  * the Python path (which raises SchemaError, or takes a type this pass leaves to it), -1
  * with an exception. */
@@ -1853,7 +1853,7 @@ governs(PyObject *plan, PyObject *intent)
     return 0;
 }
 
-/* Pass 2 of a message whose intent and body the envelope gave (cbcl._pass2
+/* Pass 2 of a message whose intent and body the envelope gave (cbcl.protocol._pass2
  * .check_intent_and_body, accepting): 1 when the intent is governed and its body present,
  * accepted by the grammar and valid by the schema; 0 for anything else, left to the
  * Python path (which accepts a NOT-UNDERSTOOD or CANCEL the protocol does not govern, or
@@ -1881,11 +1881,11 @@ body_accepted(PyObject *plan, PyObject *intent, PyObject *body, PyObject *termin
 }
 
 /* accept_document(value, tables, protocols) -> Message | None: both passes over a document
- * value as read (cbcl._api.accept_document_python is the twin): the envelope (as
+ * value as read (cbcl.protocol._api.accept_document_python is the twin): the envelope (as
  * envelope), its protocol found in `protocols` (a Registry's dict of loaded protocols by
  * id), then pass 2 by the protocol's acceptance plan. `tables`: envelope's arguments after
  * the value, then the atoms' terminals (ATOM_TERMINALS), the automaton's REFUSED and
- * ACCEPT, and cbcl._schema._has_heads. None for anything the Python path must judge. */
+ * ACCEPT, and cbcl.protocol._schema._has_heads. None for anything the Python path must judge. */
 enum { T_VERSION, T_FIELDS, T_INTENTS, T_SIGNATURE, T_MESSAGE, T_ATTRIBUTES, T_URI, T_SYMBOL,
        T_TERMINALS, T_REFUSED, T_ACCEPT, T_HAS_HEADS, T_SIZE };
 enum { O_INTENT = 3, O_PROTOCOL = 4, O_BODY = 9, O_SIGNATURE = 10 };
@@ -1971,11 +1971,11 @@ accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nar
 /* ------------------------------------------------------------------------- decode_frame */
 
 /* decode_frame(data, state) -> Message | None: a whole binary frame decoded and recognised
- * in one call (cbcl._codec.Decoder.decode's fast path; its Python twin is _fast_frame):
+ * in one call (cbcl.binary._codec.Decoder.decode's fast path; its Python twin is _fast_frame):
  * the header, its protocol's frame plan, the envelope (read_frame_envelope), the limits
  * the envelope's text would meet, the body (build_body_of, which runs the grammar) and the
  * schema (schema_accepts), then the Message. `state` is the decoder's (Decoder
- * ._frame_state, laid out as D_*); a frame plan (cbcl._codec._Memos.frame_plans, by the
+ * ._frame_state, laid out as D_*); a frame plan (cbcl.binary._codec._Memos.frame_plans, by the
  * digest's 32 bytes) is (protocol, its id, the id's length, the symbol table's entry_list
  * and codes, the protocol's acceptance plan). None for anything else: a short id, a
  * digest without a plan, a protocol no longer loaded under that id, an intent the
@@ -2063,7 +2063,7 @@ decode_frame_of(PyObject *data, PyObject *state, int *is_signed)
                                  &intent_index, &bits);
     if (ok <= 0)
         goto decline;
-    /* The limits the envelope's text would meet (cbcl._codec.envelope_limits): its shape
+    /* The limits the envelope's text would meet (cbcl.binary._codec.envelope_limits): its shape
      * by the bits, then the intent's and the protocol id's names. */
     Py_ssize_t intent_length = PyLong_AsSsize_t(
         PyTuple_GET_ITEM(d[D_INTENT_LENGTHS], intent_index));
@@ -2136,7 +2136,7 @@ decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
 
 /* The message of frame `data` decoded with `state` (decode_frame_of; held while Python
  * code may run: a signature's type), through verified(message, registry) (the trust
- * store's check, cbcl._api._verified) when it is signed or `require`: a new reference,
+ * store's check, cbcl.protocol._api._verified) when it is signed or `require`: a new reference,
  * None (declined) or NULL with an exception. What Decoder.decode and the one-shot decode
  * do once they have their state. */
 static PyObject *
@@ -2163,8 +2163,8 @@ static PyObject *decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_
 static CEntry DECODE_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
      NULL}, NULL, NULL};
-static PyObject *DECODE_VERIFIED; /* cbcl._api._verified(message, registry) -> message */
-/* The slots of cbcl._codec.Decoder decoder_decode reads (0: not found) */
+static PyObject *DECODE_VERIFIED; /* cbcl.protocol._api._verified(message, registry) -> message */
+/* The slots of cbcl.binary._codec.Decoder decoder_decode reads (0: not found) */
 static Py_ssize_t DECODER_FRAME_STATE, DECODER_REQUIRE, DECODER_REGISTRY;
 
 static PyObject *
@@ -2188,7 +2188,7 @@ decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
 
 /* cbcl.parse as a C function (cbcl/_entry.h): the ordinary call, parse(data,
  * registry=registry) with data exact bytes within the default limits, is what parse's
- * fast path (cbcl._api._accepted) does, in C: the UTF-8 decoded, the document read by
+ * fast path (cbcl.protocol._api._accepted) does, in C: the UTF-8 decoded, the document read by
  * cbcl._scanner's reader (its capsule), both passes by accept_document_of. An unsigned
  * message is returned as it is; a signed one goes through PARSE_VERIFIED (the registry's
  * trust store, as parse has it). Any other call, or a document the C tiers decline, falls
@@ -2200,7 +2200,7 @@ static CEntry PARSE_ENTRY = {
     NULL, NULL};
 static ReadValueOf read_value_of; /* cbcl._scanner's, from its capsule */
 /* parse_entry's arguments: PARSE_VERIFIED(message, registry) -> message;
- * PARSE_SPACE_AFTER(text, end) -> bool (cbcl._reader.only_space_after); accept_document's
+ * PARSE_SPACE_AFTER(text, end) -> bool (cbcl.core._reader.only_space_after); accept_document's
  * tables; the reader's token cache and atom maker; the default limits */
 static PyObject *PARSE_VERIFIED, *PARSE_SPACE_AFTER, *PARSE_TABLES, *PARSE_CACHE, *PARSE_ATOM;
 static PyObject *S_REGISTRY, *S_PROTOCOLS_ATTRIBUTE;
@@ -2376,7 +2376,7 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
 
 /* cbcl.decode as a C function (cbcl/_entry.h): the ordinary call, decode(data,
  * registry=registry) with data exact bytes and registry an exact cbcl.Registry whose
- * one-shot memos (Registry._one_shot, a cbcl._codec._Memos) hold the default limits'
+ * one-shot memos (Registry._one_shot, a cbcl.binary._codec._Memos) hold the default limits'
  * frame state (_Memos.default_state), is decode_frame_of with that state; a signed message
  * goes through ONE_SHOT_VERIFIED(message, registry) (the trust store's check, as decode has
  * it). Any other call, a registry whose state is not made yet, or a frame decode_frame
@@ -2387,9 +2387,9 @@ static PyObject *one_shot_call(PyObject *module, PyObject *const *args, Py_ssize
 static CEntry ONE_SHOT_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))one_shot_call, METH_FASTCALL | METH_KEYWORDS,
      NULL}, NULL, NULL};
-static PyObject *ONE_SHOT_VERIFIED;        /* cbcl._api._verified(message, registry) */
+static PyObject *ONE_SHOT_VERIFIED;        /* cbcl.protocol._api._verified(message, registry) */
 static PyTypeObject *ONE_SHOT_REGISTRY;    /* cbcl.Registry (strong reference) */
-static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl._codec._Memos (strong reference) */
+static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl.binary._codec._Memos (strong reference) */
 static PyObject *S_ONE_SHOT;               /* "_one_shot" */
 static Py_ssize_t MEMOS_DEFAULT_STATE;     /* _Memos.default_state's slot offset */
 
@@ -2473,25 +2473,25 @@ static PyMethodDef methods[] = {
      "cbcl.decode in C, falling back to the Python function (cbcl/_entry.h)."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
-     "(cbcl._codec._fast_frame)."},
+     "(cbcl.binary._codec._fast_frame)."},
     {"accept_document", (PyCFunction)(void (*)(void))accept_document, METH_FASTCALL,
      "accept_document(value, tables, protocols) -> Message | None: both passes over a "
-     "document value (cbcl._api.accept_document_python)."},
+     "document value (cbcl.protocol._api.accept_document_python)."},
     {"make_object", make_object, METH_VARARGS,
      "make_object(type, attributes, values) -> object: an instance given its attributes "
      "without __init__ (Message._trusted)."},
     {"schema_valid", schema_valid, METH_VARARGS,
      "schema_valid(pairs, body, has_heads) -> bool | None: the schema's fast pass "
-     "(cbcl._schema._valid)."},
+     "(cbcl.protocol._schema._valid)."},
     {"frame_envelope", frame_envelope, METH_VARARGS,
      "frame_envelope(data, start, intents, uris, max_string, entries) -> tuple | None: "
      "a frame's envelope fields and where its body starts."},
     {"envelope", envelope, METH_VARARGS,
      "envelope(value, version, fields, intents, signature, message, attributes, uri, "
-     "symbol) -> Message | None: the message of a document value (cbcl._envelope._walk)."},
+     "symbol) -> Message | None: the message of a document value (cbcl.protocol._envelope._walk)."},
     {"recognise", recognise, METH_VARARGS,
      "recognise(body, node, classes, terminals, step, refused, accept) -> bool: whether "
-     "the automaton accepts the body from node (cbcl._pass2.recognise_body's loop)."},
+     "the automaton accepts the body from node (cbcl.protocol._pass2.recognise_body's loop)."},
     {"unpack", unpack, METH_VARARGS,
      "unpack(data, start) -> list | None: the ints and strs of a frame's tokens."},
     {"check_atom", check_atom, METH_VARARGS,
@@ -2506,7 +2506,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "cbcl._speedups",
-    "Optional C twins of the binary decoder's fast path (see cbcl/_codec.py).", -1, methods,
+    "Optional C twins of the binary decoder's fast path (see cbcl/binary/_codec.py).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,5 +1,5 @@
 """Types of the optional C accelerator ``cbcl/_speedups.c``: the C twins of the binary
-decoder's fast path (``cbcl._codec``) and the lexical rules they apply. The functions take
+decoder's fast path (``cbcl.binary._codec``) and the lexical rules they apply. The functions take
 positional arguments only; ``unpack`` and ``build_body`` raise nothing
 for anything in their input and return ``None`` when the careful Python decoder must read
 the frame again."""
@@ -12,7 +12,7 @@ from _typeshed import ReadableBuffer
 from ._message import Message
 from ._values import Value
 
-# A node of a protocol's StackAutomaton (cbcl/_automaton.py): an exact dict holding the
+# A node of a protocol's StackAutomaton (cbcl/grammar/_automaton.py): an exact dict holding the
 # node's reserved keys (its stack) and its transitions by token class, whose values are
 # nodes, ``(node, whole)`` pairs and the automaton's outcomes alike.
 _Node = TypeVar("_Node", bound=dict[Any, Any])
@@ -23,7 +23,7 @@ def unpack(data: ReadableBuffer, start: int, /) -> list[int | str] | None:
 
 def check_atom(code: int, text: str, /) -> bool:
     """Whether the rule of kind ``code`` (DECIMAL, SYMBOL, KEYWORD or URI, the token codes of
-    ``cbcl._vocabulary``) admits ``text``, as ``build_body`` judges an atom written in full
+    ``cbcl.core._vocabulary``) admits ``text``, as ``build_body`` judges an atom written in full
     that its memos miss: ``DECIMAL_RE`` (at most ``MAX_DECIMAL_CHARS``), ``SYMBOL_RE``,
     ``NAME_RE``, ``URI_RE``, mirrored in C. ``ValueError`` for another code."""
 
@@ -47,11 +47,11 @@ def build_body(
     /,
 ) -> Value | None:
     """The body whose tokens are ``data[offset:]`` to the frame's end, read straight from
-    the msgpack bytes (twin of ``cbcl._codec._fast_body_loop`` on the same bytes' tokens),
+    the msgpack bytes (twin of ``cbcl.binary._codec._fast_body_loop`` on the same bytes' tokens),
     or ``None``. ``entries`` holds ``(atom, terminal)`` for each static code from
     ``FIRST_ENTRY`` on; an atom written in full takes the next code after them. ``caches``
     holds one entry per token code below the first table entry (a dict for DECIMAL,
-    SYMBOL, KEYWORD and URI): the calling decoder's memos (``cbcl._codec._Memos.caches``,
+    SYMBOL, KEYWORD and URI): the calling decoder's memos (``cbcl.binary._codec._Memos.caches``,
     the reader's intern tables for symbols and keywords), read only. A miss is validated
     in C (:func:`check_atom`): an invalid atom declines without a call, a decimal longer
     than the decimal memo keeps is constructed in C, a URI made in C and remembered in the
@@ -71,10 +71,10 @@ def frame_envelope(
     /,
 ) -> tuple[Any, ...] | None:
     """The envelope of the frame whose tokens start at ``data[start]``, checked as
-    ``cbcl._codec._fast_message`` checks it: ``(intent, bits, message_id, sender, receiver,
+    ``cbcl.binary._codec._fast_message`` checks it: ``(intent, bits, message_id, sender, receiver,
     conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset)``, ``None``
     for an absent field, ``offset`` where the body's tokens start; or ``None`` for anything
-    the careful decoder must judge. ``intents`` is ``cbcl._codec.INTENTS``, ``uris`` the
+    the careful decoder must judge. ``intents`` is ``cbcl.binary._codec.INTENTS``, ``uris`` the
     decoder's URI memo: a URI it misses is validated, made and remembered there in C (texts
     of at most ``MEMO_CHARS``, the memo emptied when it holds ``memo_entries``)."""
 
@@ -89,7 +89,7 @@ def recognise(
     /,
 ) -> bool:
     """Whether the protocol's automaton accepts ``body`` (a value already read) from
-    ``node``: the twin of ``cbcl._pass2.walk_body``. ``classes`` maps the atoms that spell
+    ``node``: the twin of ``cbcl.protocol._pass2.walk_body``. ``classes`` maps the atoms that spell
     grammar literals to their terminals (``Protocol.atoms``), ``terminals`` the types of
     values to their data terminals (``ATOM_TERMINALS``); a value of another type is
     refused. Raises only what ``step`` raises."""
@@ -107,39 +107,39 @@ def envelope(
     /,
 ) -> Any:
     """The ``Message`` of a whole document ``value``, or ``None`` where the envelope
-    grammar refuses it: the twin of ``cbcl._envelope.message_of_python``. ``fields`` maps
+    grammar refuses it: the twin of ``cbcl.protocol._envelope.message_of_python``. ``fields`` maps
     each field's symbol to its place in grammar order (its index in ``attributes``) and its
-    kind (``cbcl._envelope``'s ``_ID`` … ``_SIGNATURE``), ``intents`` the intent symbols to
+    kind (``cbcl.protocol._envelope``'s ``_ID`` … ``_SIGNATURE``), ``intents`` the intent symbols to
     the ``Intent`` members; ``signature``, ``message``, ``uri`` and ``symbol`` are the
     ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
     ``Signature`` raises."""
 
 def decode_frame(data: bytes, state: tuple[Any, ...], /) -> Message | None:
     """A whole frame decoded and recognised in one call (the twin of
-    ``cbcl._codec._fast_frame`` and its header and table lookup): the ``Message``, or
+    ``cbcl.binary._codec._fast_frame`` and its header and table lookup): the ``Message``, or
     ``None`` for anything the Python decoder must judge (a short id, a digest without a
     frame plan in ``state``, an ungoverned intent, any doubt). ``state`` is a decoder's
-    (``cbcl._codec._frame_state``). ``TypeError`` for data that is not bytes or a
+    (``cbcl.binary._codec._frame_state``). ``TypeError`` for data that is not bytes or a
     misshapen state or plan."""
 
 def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, Any], /,
                     ) -> Message | None:
     """Both passes over a whole document ``value``: the twin of
-    ``cbcl._api.accept_document_python``. The ``Message`` when its envelope is one,
+    ``cbcl.protocol._api.accept_document_python``. The ``Message`` when its envelope is one,
     ``protocols`` (a registry's loaded protocols by id) holds its protocol and pass 2 (by
     the protocol's ``acceptance`` plan) accepts its body, else ``None``. ``tables``:
     ``envelope``'s arguments after the value, then ``ATOM_TERMINALS``, the automaton's
-    ``REFUSED`` and ``ACCEPT`` and ``cbcl._schema._has_heads``. ``TypeError`` for misshapen
+    ``REFUSED`` and ``ACCEPT`` and ``cbcl.protocol._schema._has_heads``. ``TypeError`` for misshapen
     tables or plans."""
 
 def schema_valid(pairs: Any, body: tuple[Value, ...],
                  has_heads: Callable[[tuple[Value, ...], tuple[Any, ...]], bool], /,
                  ) -> bool | None:
     """The schema's fast pass over ``body``, whose heads ``Schema.record_for`` matched to
-    the record whose ``_Pairs`` is ``pairs``: the twin of ``cbcl._schema._valid``, reading
+    the record whose ``_Pairs`` is ``pairs``: the twin of ``cbcl.protocol._schema._valid``, reading
     the same prepared structures. ``False`` also where the Python pass would raise (which
     ``check_schema`` takes as ``False``); ``None`` for a type of more than 63 fields, which
-    it leaves to the Python pass. ``has_heads`` is ``cbcl._schema._has_heads``."""
+    it leaves to the Python pass. ``has_heads`` is ``cbcl.protocol._schema._has_heads``."""
 
 def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...], /) -> Any:
     """An instance of ``type`` (one ``object.__new__`` makes; ``TypeError`` otherwise)

@@ -1,8 +1,14 @@
 """Conversations, schemas and the evaluator (spec/conversations.md)."""
 
-from ._conversation import Conversation, ConversationTracker, Machine, Step, compile_machine
-from ._evaluator import evaluate
-from ._schema import Schema, check_schema, compile_schema
+from .protocol._conversation import (
+    Conversation,
+    ConversationTracker,
+    Machine,
+    Step,
+    compile_machine,
+)
+from .protocol._evaluator import evaluate
+from .protocol._schema import Schema, check_schema, compile_schema
 
 __all__ = [
     "Conversation", "ConversationTracker", "Machine", "Schema", "Step", "check_schema",

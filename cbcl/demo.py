@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from ._agent import Context
-from ._message import Intent, Message
-from ._values import Keyword, Symbol, Value
+from .core._values import Keyword, Symbol, Value
+from .net._agent import Context
+from .protocol._message import Intent, Message
 
 #: The contractor's bid and its report of the work: our values, never the peer's.
 OUR_BID: tuple[Value, ...] = (Symbol("bid"), Keyword("price"), Decimal("12.50"),

@@ -8,8 +8,7 @@ transport needs the ``fipa`` extra only when a message is sent."""
 
 from typing import Any as _Any
 
-from ._errors import ConversionError, LossyConversionError
-from ._fipa import (
+from .bridges._fipa import (
     AgentId,
     FipaMessage,
     FipaSyntaxError,
@@ -19,7 +18,8 @@ from ._fipa import (
     read_fipa,
     write_fipa,
 )
-from ._spade import message_to_spade, spade_to_message
+from .bridges._spade import message_to_spade, spade_to_message
+from .core._errors import ConversionError, LossyConversionError
 
 _A2A = ("a2a_json_to_message", "a2a_to_message", "agent_card_extension", "card_protocols",
         "message_to_a2a", "message_to_a2a_json", "read_a2a", "task_state", "write_a2a")
@@ -37,11 +37,11 @@ def __getattr__(name: str) -> _Any:
     """The A2A and MCP names, from their modules when first asked for (they import the
     optional SDKs)."""
     if name in _A2A:
-        from . import _a2a
+        from .bridges import _a2a
 
         return getattr(_a2a, name)
     if name in _MCP:
-        from . import _mcp
+        from .bridges import _mcp
 
         return getattr(_mcp, name)
     raise AttributeError(f"module 'cbcl.interop' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """The JSON mapping of values and messages (spec/cbcl-1.0.md §7)."""
 
-from ._json import from_json, message_to_json, to_json
+from .protocol._json import from_json, message_to_json, to_json
 
 __all__ = ["from_json", "message_to_json", "to_json"]

@@ -1,6 +1,7 @@
 """Keys, signatures, trust stores and policies (spec/trust.md)."""
 
-from ._trust import (
+from .protocol._message import Signature
+from .protocol._trust import (
     DescriptorSignature,
     Rule,
     SignedDescriptor,
@@ -15,7 +16,7 @@ from ._trust import (
 )
 
 __all__ = [
-    "DescriptorSignature", "Rule", "SignedDescriptor", "TrustPolicy", "TrustStore",
+    "DescriptorSignature", "Rule", "Signature", "SignedDescriptor", "TrustPolicy", "TrustStore",
     "VerifiedDescriptor", "load_private_key", "load_public_key",
     "read_signed_descriptor_unverified", "sign_descriptor", "sign_message",
 ]

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from cbcl import build_descriptor
-from cbcl._trust import load_private_key, sign_descriptor
+from cbcl.protocol._trust import load_private_key, sign_descriptor
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE_KEY = HERE / "keys" / "cbcl-example.key"

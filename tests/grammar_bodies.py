@@ -2,7 +2,7 @@
 
 lark's own generator (``hypothesis.extra.lark.from_lark``) walks the BNF expansion, where a
 keyword set is ``S -> ε | S ":k" X | …``: it would write members twice and leave required
-ones out. This one walks the author's tree (:class:`cbcl._subset.GrammarSource`), so a
+ones out. This one walks the author's tree (:class:`cbcl.grammar._subset.GrammarSource`), so a
 keyword set gives its required members and some optional ones, each once, in a shuffled
 order. Past ``max_depth`` only the alternatives that end soonest are chosen, so every
 drawn body is finite.
@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from cbcl._subset import (
+from cbcl.grammar._subset import (
     BASE_NAMES,
     GrammarSource,
     Group,

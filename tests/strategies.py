@@ -7,7 +7,7 @@ from decimal import Decimal
 from hypothesis import strategies as st
 
 from cbcl import URI, Intent, Keyword, Message, Symbol
-from cbcl._values import is_name
+from cbcl.core._values import is_name
 
 NAME_START = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+-*/<>=!?_."
 NAME_REST = NAME_START + "0123456789@%&"

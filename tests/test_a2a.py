@@ -1,4 +1,4 @@
-"""CBCL ⇄ A2A with the real a2a-sdk types (cbcl/_a2a.py, spec/interop.md §4): the
+"""CBCL ⇄ A2A with the real a2a-sdk types (cbcl/bridges/_a2a.py, spec/interop.md §4): the
 text part is authoritative, the JSON part informative; losses are listed and refused unless
 lossy; hostile A2A input gives a CBCLError and nothing else."""
 
@@ -23,7 +23,6 @@ from hypothesis import given, strategies as st
 
 from cbcl import (
     CBCLError,
-    ConversationTracker,
     LimitError,
     Limits,
     MalformedError,
@@ -33,7 +32,7 @@ from cbcl import (
     SchemaError,
     parse,
 )
-from cbcl._a2a import (
+from cbcl.bridges._a2a import (
     DATA_MEDIA_TYPE,
     EXTENSION_URI,
     MAX_DATA_DEPTH,
@@ -49,7 +48,8 @@ from cbcl._a2a import (
     task_state,
     write_a2a,
 )
-from cbcl._errors import LossyConversionError
+from cbcl.conversation import ConversationTracker
+from cbcl.core._errors import LossyConversionError
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = [ROOT / "descriptors" / name

@@ -1,5 +1,5 @@
 """Both passes over a document value in one C call (``cbcl._speedups.accept_document``)
-against its Python twin (``cbcl._api.accept_document_python``: pass 1's walk, the
+against its Python twin (``cbcl.protocol._api.accept_document_python``: pass 1's walk, the
 registry, ``check_intent_and_body``), and :func:`cbcl.parse`'s fast path that runs it.
 
 The twin is the reference: on every value the C call gives the same message or ``None``,
@@ -12,14 +12,15 @@ import dataclasses
 from typing import Any
 
 import pytest
+from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 from strategies import values
 
 import cbcl
-from cbcl import Intent, Keyword, Registry, Symbol, _api
-from cbcl._bench import PROTOCOLS, find_descriptors, load_registry, varied
-from cbcl._message import Message
-from cbcl._pass2 import _ALWAYS_ADMITTED
+from cbcl import Intent, Keyword, Registry, Symbol
+from cbcl.protocol import _api
+from cbcl.protocol._message import Message
+from cbcl.protocol._pass2 import _ALWAYS_ADMITTED
 
 pytestmark = pytest.mark.skipif(_api._accept_document_c is None,
                                 reason="cbcl._speedups or cbcl._scanner is not built here")

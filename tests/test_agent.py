@@ -18,7 +18,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-from cbcl._agent import (
+from cbcl.core._reader import read
+from cbcl.core._values import Keyword, Symbol
+from cbcl.net._agent import (
     Agent,
     Context,
     ConversationClosed,
@@ -27,14 +29,12 @@ from cbcl._agent import (
     NegotiationFailed,
     load_handler,
 )
-from cbcl._message import Intent, Message
-from cbcl._reader import read
-from cbcl._registry import Registry, compiled_size
-from cbcl._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
-from cbcl._values import Keyword, Symbol
+from cbcl.protocol._message import Intent, Message
+from cbcl.protocol._registry import Registry, compiled_size
+from cbcl.protocol._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
 
 ROOT = Path(__file__).parent.parent
-PAYLOAD = (ROOT / "grammars" / "contract-net-v1.cbcl").read_bytes()
+PAYLOAD = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
 REQUEST = (ROOT / "descriptors" / "request-v1.cbcl").read_bytes()
 SERVER = "agent://test/server"
 CLIENT = "agent://test/client"
@@ -528,7 +528,7 @@ def test_messages_the_protocol_refuses_never_leave_either_side(keys: Keys) -> No
 
 
 def test_open_conversations_on_a_link_are_bounded(keys: Keys) -> None:
-    from cbcl._transport import ServerLimits
+    from cbcl.net._transport import ServerLimits
 
     async def body() -> None:
         server = server_agent(keys, [], handler=bidder)

@@ -1,4 +1,4 @@
-"""Descriptor authoring: cbcl.build_descriptor, cbcl.render_descriptor, and the
+"""Descriptor authoring: cbcl.build_descriptor, cbcl.descriptor.render_descriptor, and the
 ``cbcl descriptor build`` and ``cbcl descriptor new`` commands (spec §6.7)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from shell_env import user_shell_env
 from strategies import strings, symbols
 
 import cbcl
-from cbcl._cli import main
-from cbcl._descriptor import digest_of
+from cbcl.cli import main
+from cbcl.protocol._descriptor import digest_of
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = ROOT / "descriptors"
@@ -94,7 +94,7 @@ def test_build_load_parse(tmp_path: Path) -> None:
                                     schema=SCHEMA, conversation=CONVERSATION,
                                     functions=(cbcl.Symbol("functions"), cbcl.Symbol("now")),
                                     expires=4_000_000_000_000)
-    descriptor = cbcl.read_descriptor(payload)
+    descriptor = cbcl.descriptor.read_descriptor(payload)
     assert (descriptor.id, descriptor.version, descriptor.expires) == (
         cbcl.Symbol("auction/v1"), 3, 4_000_000_000_000)
     assert descriptor.intents == (cbcl.Intent.PROPOSE, cbcl.Intent.ACCEPT, cbcl.Intent.REJECT)
@@ -178,21 +178,21 @@ def test_build_refuses_bad_arguments(kwargs: dict[str, object], error: type[Exce
 
 
 @pytest.mark.parametrize("path", sorted([*DESCRIPTORS.glob("*-v1.cbcl"),
-                                         *(ROOT / "grammars").glob("*.cbcl")]),
+                                         *(ROOT / "cbcl" / "grammars").glob("*.cbcl")]),
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_shipped_descriptors_render_back_byte_for_byte(path: Path) -> None:
     payload = path.read_bytes()
-    descriptor = cbcl.read_descriptor(payload)
-    text = cbcl.render_descriptor(descriptor, comment=comment_of(payload))
+    descriptor = cbcl.descriptor.read_descriptor(payload)
+    text = cbcl.descriptor.render_descriptor(descriptor, comment=comment_of(payload))
     assert text == payload
-    assert cbcl.read_descriptor(text) == descriptor
+    assert cbcl.descriptor.read_descriptor(text) == descriptor
     # Without the comment: the same fields, another digest (the bytes differ).
-    bare = cbcl.read_descriptor(cbcl.render_descriptor(descriptor))
+    bare = cbcl.descriptor.read_descriptor(cbcl.descriptor.render_descriptor(descriptor))
     assert bare.digest != descriptor.digest
     assert dataclasses.replace(bare, digest=descriptor.digest) == descriptor
 
 
-SHIPPED_DESCRIPTORS = [cbcl.read_descriptor((DESCRIPTORS / f"{name}.cbcl").read_bytes())
+SHIPPED_DESCRIPTORS = [cbcl.descriptor.read_descriptor((DESCRIPTORS / f"{name}.cbcl").read_bytes())
                        for name in SHIPPED]
 comments = st.none() | st.text(
     alphabet=st.characters(blacklist_categories=("Cs", "Cc"),
@@ -202,7 +202,7 @@ comments = st.none() | st.text(
 
 
 @st.composite
-def descriptors(draw: st.DrawFn) -> cbcl.ProtocolDescriptor:
+def descriptors(draw: st.DrawFn) -> cbcl.descriptor.ProtocolDescriptor:
     """A descriptor with drawn fields; its sections (and so the intents they need) come
     from a shipped one, its grammar is any text."""
     base = draw(st.sampled_from(SHIPPED_DESCRIPTORS))
@@ -220,13 +220,13 @@ def descriptors(draw: st.DrawFn) -> cbcl.ProtocolDescriptor:
 
 
 @given(descriptors(), comments)
-def test_render_then_read_gives_the_descriptor_back(descriptor: cbcl.ProtocolDescriptor,
+def test_render_then_read_gives_the_descriptor_back(descriptor: cbcl.descriptor.ProtocolDescriptor,
                                                     comment: str | None) -> None:
-    text = cbcl.render_descriptor(descriptor, comment=comment)
-    again = cbcl.read_descriptor(text)
+    text = cbcl.descriptor.render_descriptor(descriptor, comment=comment)
+    again = cbcl.descriptor.read_descriptor(text)
     assert again.digest == digest_of(text)
     assert dataclasses.replace(again, digest=descriptor.digest) == descriptor
-    assert cbcl.render_descriptor(again, comment=comment) == text
+    assert cbcl.descriptor.render_descriptor(again, comment=comment) == text
 
 
 @given(st.sampled_from(sorted(SHIPPED)), symbols, st.integers(0, 2**63 - 1),
@@ -241,16 +241,16 @@ def test_built_descriptors_render_back_byte_for_byte(name: str, ident: cbcl.Symb
     payload = cbcl.build_descriptor(
         ident, version, intents, (DESCRIPTORS / "grammars" / f"{name}.lark").read_text(),
         expires=expires, comment=comment, **sections)  # type: ignore[arg-type]
-    descriptor = cbcl.read_descriptor(payload)
+    descriptor = cbcl.descriptor.read_descriptor(payload)
     assert (descriptor.id, descriptor.version, descriptor.expires) == (ident, version, expires)
-    assert cbcl.render_descriptor(descriptor, comment=comment) == payload
+    assert cbcl.descriptor.render_descriptor(descriptor, comment=comment) == payload
 
 
 def test_render_refuses_what_is_not_a_descriptor() -> None:
     with pytest.raises(TypeError):
-        cbcl.render_descriptor(b"(protocol-descriptor)")  # type: ignore[arg-type]
+        cbcl.descriptor.render_descriptor(b"(protocol-descriptor)")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"U\+000D"):
-        cbcl.render_descriptor(SHIPPED_DESCRIPTORS[0], comment="a\r\nb")
+        cbcl.descriptor.render_descriptor(SHIPPED_DESCRIPTORS[0], comment="a\r\nb")
 
 
 # --------------------------------------------------------------------------- make_descriptors
@@ -317,7 +317,7 @@ def test_cli_build_with_expires(capsys: pytest.CaptureFixture[str], tmp_path: Pa
                        "--grammar", str(tmp_path / "g.lark"), "--intents", "PROPOSE",
                        "--expires", "1700000000000", "-o", str(out))
     assert (code, err) == (0, "")
-    assert cbcl.read_descriptor(out.read_bytes()).expires == 1_700_000_000_000
+    assert cbcl.descriptor.read_descriptor(out.read_bytes()).expires == 1_700_000_000_000
     code, out_text, _ = run(capsys, "descriptor", "inspect", str(out))
     assert code == 0 and "expires: 1700000000000" in out_text
 
@@ -432,7 +432,7 @@ def test_new_then_build_sign_parse(capsys: pytest.CaptureFixture[str], tmp_path:
     assert outputs[0].startswith("LALR(1)")
     example = cbcl.read((directory / "auction-v1.example.cbcl").read_bytes())
     assert outputs[-1] == cbcl.canonical(example) + "\n"
-    descriptor = cbcl.read_descriptor((directory / "auction-v1.cbcl").read_bytes())
+    descriptor = cbcl.descriptor.read_descriptor((directory / "auction-v1.cbcl").read_bytes())
     assert descriptor.schema is not None and descriptor.id == cbcl.Symbol("auction/v1")
     # The starting schema is in force: a body against it is refused (exit 7), and the
     # grammar too (exit 3), which takes keyword arguments in any order and each intent's

@@ -10,12 +10,13 @@ from strategies import mutate_tokens, values
 from test_protocol import SHIPPED, _shared_registry as registry, generator
 
 import cbcl
-from cbcl import Symbol, _kernel as kernel
-from cbcl._automaton import ACCEPT, REFUSED, StackAutomaton
-from cbcl._lalr import value_states
-from cbcl._pass2 import _recognise_c, recognise_body, start_node, start_stack, walk_body
-from cbcl._protocol import Protocol
-from cbcl._values import ATOM_TERMINALS
+from cbcl import Symbol
+from cbcl.core._values import ATOM_TERMINALS
+from cbcl.grammar import _kernel as kernel
+from cbcl.grammar._automaton import ACCEPT, REFUSED, StackAutomaton
+from cbcl.grammar._lalr import value_states
+from cbcl.protocol._pass2 import _recognise_c, recognise_body, start_node, start_stack, walk_body
+from cbcl.protocol._protocol import Protocol
 
 
 def plain_recognise(protocol: Protocol, body: Any, intent: cbcl.Intent | None = None) -> bool:

@@ -12,12 +12,12 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import cbcl_bench as _bench
 import jsonschema
 import msgspec
 import pytest
 
-from cbcl import _bench
-from cbcl._cli_bench import register
+from cbcl.cli._bench import register
 
 KEYS = {"machine", "command", "throughput", "sizes", "load", "scaling", "targets", "seconds"}
 PEERS = ("cbcl_text_parse_us", "cbcl_binary_decode_us", "cbcl_text_encode_us",
@@ -241,7 +241,7 @@ def _accepts(validate: Callable[[bytes], object], payload: bytes) -> bool:
 
 
 def test_command_without_descriptors(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """``cbcl bench`` (as registered by cbcl._cli_bench) says where the corpus must be."""
+    """``cbcl bench`` (as registered by cbcl.cli._bench) says where the corpus must be."""
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--quick", "--json", str(tmp_path / "out.json"),

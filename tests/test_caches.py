@@ -20,8 +20,11 @@ from typing import Any
 import pytest
 
 import cbcl
-from cbcl import Limits, Registry, _codec, _evaluator, _fields, _reader, _schema
-from cbcl._codec import Decoder, Encoder
+from cbcl import Limits, Registry
+from cbcl.binary import _codec
+from cbcl.binary._codec import Decoder, Encoder
+from cbcl.core import _reader
+from cbcl.protocol import _evaluator, _fields, _schema
 
 ROOT = Path(__file__).parent.parent
 ANY = (b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM NOT-UNDERSTOOD) '
@@ -287,9 +290,9 @@ def test_the_schema_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(memo) <= N
     again = _schema.compile_schema(_schema_section(0))  # dropped: compiled again, equal
     assert again is not compiled[0] and again == compiled[0]
-    cbcl.check_schema(again, cbcl.read("(r0 :n 5)"))
+    cbcl.conversation.check_schema(again, cbcl.read("(r0 :n 5)"))
     with pytest.raises(cbcl.SchemaError):
-        cbcl.check_schema(_schema_section(0), cbcl.read("(r0 :n -1)"))
+        cbcl.conversation.check_schema(_schema_section(0), cbcl.read("(r0 :n -1)"))
     with pytest.raises(cbcl.DescriptorError):
         _schema.compile_schema(cbcl.read("(schema (nope))"))
     assert len(memo) <= N
@@ -348,7 +351,7 @@ def test_every_functools_cache_in_the_package_is_bounded() -> None:
                 found.append((info.name, name))
                 assert info_of().maxsize is not None or not inspect.signature(
                     value).parameters, (info.name, name)
-    assert not [name for name in found if name[0] == "cbcl._evaluator"]
+    assert not [name for name in found if name[0] == "cbcl.protocol._evaluator"]
 
 
 def test_the_spec_lists_every_process_wide_memo() -> None:

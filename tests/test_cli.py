@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cbcl._cli import main
+from cbcl.cli import main
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "descriptors" / "examples" / "task-assignment-v1.cbcl"

@@ -13,20 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from cbcl._cli import main
-from cbcl._cli_common import INT64_MAX, MAX_DOCUMENT_BYTES, int_in, seconds
-from cbcl._cli_conversation import MAX_BUDGET, MAX_EVAL_DEPTH
-from cbcl._cli_negotiate import (
+from cbcl.cli._common import INT64_MAX, MAX_DOCUMENT_BYTES, int_in, seconds
+from cbcl.cli._conversation import MAX_BUDGET, MAX_EVAL_DEPTH
+from cbcl.cli import build_parser, main
+from cbcl.cli._negotiate import (
     CONNECTION_OPTIONS,
     MAX_PACE_MS,
     SERVER_OPTIONS,
-    build_parser,
     connection_limits,
     server_limits,
 )
-from cbcl._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH
-from cbcl._limits import DEFAULT_LIMITS
-from cbcl._transport import ConnectionLimits, ServerLimits
+from cbcl.core._limits import DEFAULT_LIMITS
+from cbcl.net._transport import ConnectionLimits, ServerLimits
+from cbcl.protocol._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "descriptors" / "examples" / "task-assignment-v1.cbcl"

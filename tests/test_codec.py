@@ -26,7 +26,7 @@ from cbcl import (
     Registry,
     UnknownProtocolError,
 )
-from cbcl._codec import HEADER_BYTES, Decoder, Encoder, decode, encode
+from cbcl.binary._codec import HEADER_BYTES, Decoder, Encoder, decode, encode
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -158,7 +158,7 @@ def test_any_value_round_trips(registry: Registry, body: Any, conversation: Any,
     message = cbcl.Message(message_id="m-1", sender="agent://a", receiver="agent://b",
                            intent="INFORM", protocol="any/v1", conversation_id=conversation,
                            timestamp=stamp, reply_by=stamp, body=body,
-                           signature=cbcl.Signature("k", "c2ln") if signed else None)
+                           signature=cbcl.trust.Signature("k", "c2ln") if signed else None)
     frame = Encoder(registry).encode(message)
     assert both(registry, frame) == message
     assert Encoder(registry).encode(cbcl.parse(message.canonical(), registry=registry)) == frame
@@ -299,7 +299,7 @@ def test_signature_and_deep_limits(registry: Registry) -> None:
     for decoder in decoders(registry, Limits(max_depth=5001)):
         with pytest.raises(LimitError):
             decoder.decode(frame)
-    signed = dataclasses.replace(message, body="x", signature=cbcl.Signature("k", "v"))
+    signed = dataclasses.replace(message, body="x", signature=cbcl.trust.Signature("k", "v"))
     frame = encode(signed, registry=registry)
     text = signed.canonical()
     for limits in (Limits(max_list_items=8), Limits(max_list_items=7), Limits(max_nodes=25),
@@ -457,8 +457,8 @@ def test_encoder_errors(registry: Registry) -> None:
 
 
 def run_cli(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
-    from cbcl import _cli
-    from cbcl._cli_codec import register
+    from cbcl.cli import _main as _cli
+    from cbcl.cli._codec import register
 
     original = _cli.build_parser
 
@@ -512,7 +512,7 @@ def _one(path: str) -> Registry:
 
 
 def test_decoder_verifies_message_signatures_like_parse(tmp_path: Path) -> None:
-    from cbcl._trust import load_private_key
+    from cbcl.protocol._trust import load_private_key
 
     keys = ROOT / "descriptors" / "keys"
     registry = cbcl.Registry(trust=keys, cache_dir=tmp_path)
@@ -520,7 +520,7 @@ def test_decoder_verifies_message_signatures_like_parse(tmp_path: Path) -> None:
     example = (ROOT / "descriptors" / "examples" / "contract-net-v1.cbcl").read_bytes()
     message = cbcl.parse(example, registry=registry)
     key = load_private_key((keys / "cbcl-example.key").read_bytes())
-    signed = cbcl.sign_message(message, key, "cbcl-example")
+    signed = cbcl.trust.sign_message(message, key, "cbcl-example")
     assert cbcl.decode(cbcl.encode(signed, registry=registry), registry=registry) == signed
     forged = dataclasses.replace(signed, message_id="cn-999")
     with pytest.raises(cbcl.TrustError):
@@ -542,7 +542,7 @@ _TOKEN_VALUES = st.one_of(
 
 
 def _builders() -> list[Any]:
-    from cbcl import _codec
+    from cbcl.binary import _codec
 
     builders: list[Any] = [_codec._fast_body_loop]
     if _codec._build_body_c is None:  # not built here: only the Python loop runs
@@ -567,7 +567,7 @@ def _fast_frames(registry: Registry) -> list[bytes]:
 
 
 def _careful(table: Any, tokens: list[Any], limits: Limits) -> Any:
-    from cbcl._codec import _decode_tokens
+    from cbcl.binary._codec import _decode_tokens
 
     frame = b"".join(msgpack.packb(token) for token in tokens)
     try:
@@ -611,7 +611,7 @@ def test_the_fast_path_decodes_as_the_careful_one_or_declines(registry: Registry
 def _fast_agrees(table: Any, tokens: list[Any], limits: Limits) -> None:
     """The fast path, with the Python loop and with its C twin (when built), gives what
     the careful path gives, or declines; and both loops give exactly the same."""
-    from cbcl._codec import _fast_message
+    from cbcl.binary._codec import _fast_message
 
     careful = _careful(table, list(tokens), limits)  # also remembers the envelope's limits
     results = []
@@ -659,7 +659,7 @@ def test_the_fast_path_at_every_token_and_edge_value(registry: Registry,
 
 
 def test_the_fast_path_takes_the_shipped_examples(registry: Registry) -> None:
-    from cbcl._codec import _fast_message
+    from cbcl.binary._codec import _fast_message
 
     decoder = Decoder(registry)
     for frame in _frames(registry):
@@ -670,7 +670,7 @@ def test_the_fast_path_takes_the_shipped_examples(registry: Registry) -> None:
 
 
 def test_known_uris_are_validated_once_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cbcl import _codec
+    from cbcl.binary import _codec
 
     monkeypatch.setattr(_codec, "MEMO_ENTRIES", 2)
     memos = _codec._Memos()  # a decoder's own (tests/test_caches.py has the rest)
@@ -700,7 +700,7 @@ def _speedups_or_skip() -> Any:
 
 def test_the_accelerator_is_built_where_required() -> None:
     module = _speedups_or_skip()
-    from cbcl import _codec
+    from cbcl.binary import _codec
 
     assert _codec.SPEEDUPS and _codec._build_body_c is module.build_body
     assert _codec._frame_envelope_c is module.frame_envelope
@@ -761,7 +761,7 @@ def test_the_accelerated_walk_survives_automaton_flushes(registry: Registry) -> 
     _speedups_or_skip()
     import gc
 
-    from cbcl._automaton import StackAutomaton
+    from cbcl.grammar._automaton import StackAutomaton
 
     decoder = Decoder(registry)
     for frame in _fast_frames(registry):

@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cbcl._canonical import quote
-from cbcl._compat import (
+from cbcl.core._canonical import quote
+from cbcl.core._errors import DescriptorError, GrammarError
+from cbcl.core._values import Keyword, Symbol
+from cbcl.grammar._subset import read_grammar
+from cbcl.protocol._compat import (
     BREAKING,
     COMPATIBLE,
     UNKNOWN,
@@ -23,11 +26,8 @@ from cbcl._compat import (
     diff_descriptors,
     generate_bodies,
 )
-from cbcl._descriptor import read_descriptor
-from cbcl._errors import DescriptorError, GrammarError
-from cbcl._message import Intent
-from cbcl._subset import read_grammar
-from cbcl._values import Keyword, Symbol
+from cbcl.protocol._descriptor import read_descriptor
+from cbcl.protocol._message import Intent
 
 
 def descriptor(grammar: str, intents: str = "REQUEST", schema: str = "",
@@ -404,7 +404,7 @@ def test_cli_diff(tmp_path: Path) -> None:
 def test_cli_diff_signed_and_errors(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cbcl._trust import sign_descriptor
+    from cbcl.protocol._trust import sign_descriptor
 
     key = Ed25519PrivateKey.generate()
     signed = tmp_path / "signed.cbcl"

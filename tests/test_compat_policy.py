@@ -16,14 +16,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-import cbcl._compat
-import cbcl._compile
-from cbcl import Registry, TrustError, TrustPolicy
-from cbcl._canonical import quote
-from cbcl._compat import MODES, CompatLimits, diff_descriptors
-from cbcl._limits import Limits
-from cbcl._reasons import error_code, reject_reason
-from cbcl._state import (
+import cbcl.grammar._compile
+import cbcl.protocol._compat
+from cbcl import Registry, TrustError
+from cbcl.core._canonical import quote
+from cbcl.core._limits import Limits
+from cbcl.protocol._compat import MODES, CompatLimits, diff_descriptors
+from cbcl.protocol._state import (
     MAX_RECORD_BYTES,
     MAX_STATE_FILE_BYTES,
     StateRecord,
@@ -31,7 +30,9 @@ from cbcl._state import (
     file_name,
     state_file_cap,
 )
-from cbcl._trust import COMPATIBILITY_MODES, Rule, public_key_pem, raw_public_bytes
+from cbcl.protocol._trust import COMPATIBILITY_MODES, Rule, public_key_pem, raw_public_bytes
+from cbcl.session._reasons import error_code, reject_reason
+from cbcl.trust import TrustPolicy
 
 FAILED = "descriptor verification failed"
 ASK = 'body: "(" "ask" ":item" STRING [":note" STRING] ")"\n'
@@ -190,7 +191,7 @@ def test_the_same_update_is_refused_again_at_once(world: World,
         calls.append("diff")
         return diff_descriptors(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cbcl._compat, "diff_descriptors", counting)
+    monkeypatch.setattr(cbcl.protocol._compat, "diff_descriptors", counting)
     bad = signed(descriptor(2, ASK_BARE))
     first = world.refused(bad, "breaking")
     assert calls == ["diff"]
@@ -291,8 +292,8 @@ def test_the_registry_compiles_only_through_itself(world: World,
     def forbidden(*args: object, **kwargs: object) -> object:
         raise AssertionError("the diff compiled or analysed a grammar by itself")
 
-    monkeypatch.setattr(cbcl._compile, "compile_grammar", forbidden)
-    monkeypatch.setattr(cbcl._compat, "analyse", forbidden)
+    monkeypatch.setattr(cbcl.grammar._compile, "compile_grammar", forbidden)
+    monkeypatch.setattr(cbcl.protocol._compat, "analyse", forbidden)
     compiled: list[str] = []
     original = world.registry.compiled
 
@@ -309,9 +310,9 @@ def test_the_registry_compiles_only_through_itself(world: World,
 def test_diff_compile_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
 
-    def compile(d: cbcl.ProtocolDescriptor) -> cbcl._compile.CompiledGrammar:
+    def compile(d: cbcl.descriptor.ProtocolDescriptor) -> cbcl.grammar._compile.CompiledGrammar:
         seen.append(d.version)
-        return cbcl._compile.compile_grammar(d.grammar, starts=d.start_rules)
+        return cbcl.grammar._compile.compile_grammar(d.grammar, starts=d.start_rules)
 
     report = diff_descriptors(descriptor(1), descriptor(2, ASK_BARE), compile=compile)
     assert report.verdict == "breaking" and seen == [1, 2]  # each once, both up front
@@ -319,7 +320,7 @@ def test_diff_compile_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
     assert diff_descriptors(descriptor(1), descriptor(2, ASK_QTY),
                             compile=compile).verdict == "compatible" and seen == [1, 2]
 
-    def refuses(d: cbcl.ProtocolDescriptor) -> cbcl._compile.CompiledGrammar:
+    def refuses(d: cbcl.descriptor.ProtocolDescriptor) -> cbcl.grammar._compile.CompiledGrammar:
         raise cbcl.GrammarError("no", verdict="rejected")
 
     with pytest.raises(cbcl.GrammarError):
@@ -339,7 +340,7 @@ def test_guarded_worker_end_to_end(tmp_path: Path) -> None:
 
 
 def test_an_accepted_grammar_refused_now_refuses_the_update(tmp_path: Path) -> None:
-    from cbcl._subset import GrammarLimits
+    from cbcl.grammar._subset import GrammarLimits
 
     w = World(tmp_path)
     w.registry.load(signed(descriptor(1, ASK_AGAIN)))  # two rules

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import cbcl
 from cbcl import ConversationError, DescriptorError, Intent, Message, Symbol
-from cbcl._conversation import (
+from cbcl.protocol._conversation import (
     CANCELLED,
     Conversation,
     ConversationTracker,
@@ -37,7 +37,7 @@ def descriptor_bytes(name: str) -> bytes:
     """The shipped descriptor NAME with this work's section files inserted before its final
     ``)``, in descriptor field order; sections it already carries are not added twice."""
     raw = (DESCRIPTORS / f"{name}.cbcl").read_bytes()
-    present = cbcl.read_descriptor(raw)
+    present = cbcl.descriptor.read_descriptor(raw)
     extra = b""
     for field in FIELDS:
         path = SECTIONS / f"{name}.{field}.cbcl"
@@ -47,8 +47,8 @@ def descriptor_bytes(name: str) -> bytes:
     return raw[:end] + extra + raw[end:]
 
 
-def descriptor(name: str) -> cbcl.ProtocolDescriptor:
-    return cbcl.read_descriptor(descriptor_bytes(name))
+def descriptor(name: str) -> cbcl.descriptor.ProtocolDescriptor:
+    return cbcl.descriptor.read_descriptor(descriptor_bytes(name))
 
 
 def machine(name: str) -> Machine:
@@ -169,11 +169,11 @@ def test_read_descriptor_validates_sections() -> None:
     end = raw.rindex(b")")
     bad = raw[:end] + b"\n(conversation (roles a b))" + raw[end:]
     with pytest.raises(DescriptorError):
-        cbcl.read_descriptor(bad)
+        cbcl.descriptor.read_descriptor(bad)
     ungoverned = raw[:end] + (b"\n(conversation (roles a b) (initial s) (final e) "
                               b"(transitions (s CFP a e)))") + raw[end:]
     with pytest.raises(DescriptorError, match="not among"):
-        cbcl.read_descriptor(ungoverned)
+        cbcl.descriptor.read_descriptor(ungoverned)
 
 
 # --------------------------------------------------------------------------- FIPA Request
@@ -504,8 +504,8 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureF
         ) -> object:
     """``cbcl`` with this work's commands registered (if the lead has not wired them in
     yet), and descriptors with the sections spliced in, written to tmp_path."""
-    from cbcl import _cli
-    from cbcl._cli_conversation import register
+    from cbcl.cli import _main as _cli
+    from cbcl.cli._conversation import register
 
     original = _cli.build_parser
 

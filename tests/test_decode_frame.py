@@ -10,12 +10,13 @@ import dataclasses
 from typing import Any
 
 import pytest
+from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import CBCLError, Intent, Limits, Registry, _codec
-from cbcl._bench import PROTOCOLS, find_descriptors, load_registry, varied
-from cbcl._codec import Decoder, Encoder, _shape_refusal, envelope_limits, frame_shapes
+from cbcl import CBCLError, Intent, Limits, Registry
+from cbcl.binary import _codec
+from cbcl.binary._codec import Decoder, Encoder, _shape_refusal, envelope_limits, frame_shapes
 
 pytestmark = pytest.mark.skipif(_codec._decode_frame_c is None,
                                 reason="cbcl._speedups is not built here")
@@ -128,7 +129,7 @@ def test_short_ids_and_signatures() -> None:
     decoder = Decoder(REGISTRY, short_ids={7: digest})
     assert decoder.decode(short) == message
     assert in_c(decoder, short) is None  # the header the Python path reads
-    signed = dataclasses.replace(message, signature=cbcl.Signature("key-1", "c2ln"))
+    signed = dataclasses.replace(message, signature=cbcl.trust.Signature("key-1", "c2ln"))
     assert in_c(warm(), ENCODER.encode(signed)) == signed
 
 

@@ -1,5 +1,5 @@
 """The atoms a binary frame writes in full, judged in C (``cbcl._speedups``) exactly as in
-Python (issue 19): the lexical rules of :mod:`cbcl._vocabulary` mirrored by
+Python (issue 19): the lexical rules of :mod:`cbcl.core._vocabulary` mirrored by
 ``check_atom``/``build_body`` over every code point of the BMP, and on adversarial atoms
 (names at the length limit and one past it, names that start like numbers, non-ASCII,
 URIs with odd characters, decimals at the text limit), decoded by the C and the Python
@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import CBCLError, Limits, Registry, _codec
-from cbcl._codec import Decoder, SymbolTable, _fast_body, _fast_body_loop
-from cbcl._vocabulary import (
+from cbcl import CBCLError, Limits, Registry
+from cbcl.binary import _codec
+from cbcl.binary._codec import Decoder, SymbolTable, _fast_body, _fast_body_loop
+from cbcl.core._vocabulary import (
     CODE_DECIMAL,
     CODE_KEYWORD,
     CODE_LPAR,

@@ -18,9 +18,10 @@ from strategies import atoms, ids, uris, values
 from test_protocol import DESCRIPTORS, SHIPPED, generator
 
 import cbcl
-from cbcl import URI, Intent, Keyword, Message, Registry, Signature, Symbol
-from cbcl._canonical import canonical_value, canonical_value_python
-from cbcl._codec import INTENTS, Encoder
+from cbcl import URI, Intent, Keyword, Message, Registry, Symbol
+from cbcl.binary._codec import INTENTS, Encoder
+from cbcl.core._canonical import canonical_value, canonical_value_python
+from cbcl.trust import Signature
 
 _I64 = 2**63
 
@@ -300,7 +301,7 @@ def test_the_encoder_uses_the_c_twin_where_built(native: Any, registry: Registry
     message = _message((Symbol("request"), Keyword("action"), Symbol("go")))
     assert Encoder(registry)._table(message)[2] is not None
     assert Encoder(registry, pure_python=True)._table(message)[2] is None
-    assert cbcl._canonical.native is native
+    assert cbcl.core._canonical.native is native
 
 
 # --------------------------------------------------------------------------- whole messages
@@ -499,15 +500,15 @@ def test_what_the_message_twins_decline(native: Any, registry: Registry) -> None
 
 
 def test_message_slots_and_decimal_layout_are_found(native: Any) -> None:
-    import cbcl._canonical
-    import cbcl._message
+    import cbcl.core._canonical
+    import cbcl.protocol._message
 
-    assert cbcl._message._canonical_message is native.canonical_message
+    assert cbcl.protocol._message._canonical_message is native.canonical_message
     assert native.setup_message(Message, Signature, (Symbol("a"),), ()) is False  # names
     assert native.setup_message(DuckSignature, Signature, (Symbol("a"),) * 12, ()) is False
-    assert cbcl._canonical.decimal_layout is (sys.implementation.name == "cpython")
+    assert cbcl.core._canonical.decimal_layout is (sys.implementation.name == "cpython")
     # (setup_message again, as _message.py calls it: what the other tests rely on)
-    from cbcl._message import _FIELD, _INTENT_SYMBOL, _VERSION_SYMBOL
+    from cbcl.protocol._message import _FIELD, _INTENT_SYMBOL, _VERSION_SYMBOL
     assert native.setup_message(Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
                                 tuple(_INTENT_SYMBOL.items())) is True
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import _api, _codec, _message
-from cbcl._bench import PROTOCOLS, find_descriptors, load_registry, varied
-from cbcl._codec import Decoder, Encoder
-from cbcl._trust import load_private_key
+from cbcl.binary import _codec
+from cbcl.binary._codec import Decoder, Encoder
+from cbcl.protocol import _api, _message
+from cbcl.protocol._trust import load_private_key
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = load_registry(find_descriptors())
@@ -167,7 +168,7 @@ def trusted(tmp_path_factory: pytest.TempPathFactory) -> tuple[cbcl.Registry, cb
     example = (ROOT / "descriptors" / "examples" / "contract-net-v1.cbcl").read_bytes()
     message = _api.parse_python(example, registry=registry)
     key = load_private_key((keys / "cbcl-example.key").read_bytes())
-    return registry, message, cbcl.sign_message(message, key, "cbcl-example")
+    return registry, message, cbcl.trust.sign_message(message, key, "cbcl-example")
 
 
 def test_signed_messages_are_verified_by_every_entry(

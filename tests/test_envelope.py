@@ -47,7 +47,7 @@ def test_every_optional_field() -> None:
     assert m.reply_by == 1_700_000_000_000
     assert m.timestamp == 1_699_999_999_000
     assert m.body == (Symbol("x"), 1)
-    assert m.signature == cbcl.Signature("k1", "c2ln")
+    assert m.signature == cbcl.trust.Signature("k1", "c2ln")
 
 
 @pytest.mark.parametrize("intent", [i.value for i in Intent])

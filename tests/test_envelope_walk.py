@@ -1,5 +1,5 @@
 """Pass 1's walk of a document value: the C twin (``cbcl._speedups.envelope``) against the
-Python walk (``cbcl._envelope.message_of_python``, the reference) on valid envelopes and
+Python walk (``cbcl.protocol._envelope.message_of_python``, the reference) on valid envelopes and
 on envelopes broken in every way the grammar refuses: fields out of order, repeated,
 missing or unknown, values of the wrong type, a wrong version, odd signatures. Both give
 the same message (every attribute of the same type) or both refuse."""
@@ -14,8 +14,9 @@ from strategies import messages, values
 from test_reader import same_value
 
 import cbcl
-from cbcl import URI, Symbol, _envelope
-from cbcl._message import Message
+from cbcl import URI, Symbol
+from cbcl.protocol import _envelope
+from cbcl.protocol._message import Message
 
 pytestmark = pytest.mark.skipif(_envelope.message_of is _envelope.message_of_python,
                                 reason="cbcl._speedups is not built here")
@@ -96,7 +97,7 @@ def test_every_intent_and_a_signature() -> None:
                 f' (signature "ed25519" "c2ln"))')
         found = agree(cbcl.read(text))
         assert found is not None and found.intent is intent
-        assert type(found.signature) is cbcl.Signature
+        assert type(found.signature) is cbcl.trust.Signature
     assert agree(cbcl.read('(CBCL/1.0 (message-id "m") (sender a://b) (receiver a://c) '
                            '(intent SHOUT) (protocol p/v1))')) is None
     assert agree(cbcl.read('(CBCL/1.0 (message-id "") (sender a://b) (receiver a://c) '
@@ -106,10 +107,10 @@ def test_every_intent_and_a_signature() -> None:
 def test_trusted_messages_made_in_c_are_the_pythons() -> None:
     """Message._trusted by cbcl._speedups.make_object gives the message object.__new__ and
     object.__setattr__ give; make_object refuses what it cannot make that way."""
-    from cbcl import _message
+    from cbcl.protocol import _message
 
     args = ("m", URI("a://b"), URI("a://c"), cbcl.Intent.INFORM, Symbol("p/v1"), "c", None,
-            5, None, (Symbol("x"),), cbcl.Signature("k", "s"))
+            5, None, (Symbol("x"),), cbcl.trust.Signature("k", "s"))
     made = Message._trusted(*args)
     saved = _message._make_object
     _message._make_object = None

@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 import cbcl
 from cbcl import DescriptorError, EvaluationError, LimitError, Symbol
-from cbcl._evaluator import LIBRARY, evaluate, read_functions
+from cbcl.protocol._evaluator import LIBRARY, evaluate, read_functions
 
 SPEC = Path(__file__).parent.parent / "spec" / "conversations.md"
 MAX, MIN = 2**63 - 1, -(2**63)

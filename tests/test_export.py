@@ -24,9 +24,9 @@ import llguidance
 import pytest
 
 import cbcl
-from cbcl._authoring import render_descriptor
-from cbcl._descriptor import read_descriptor
-from cbcl._export import (
+from cbcl.core._values import INT64_MAX, INT64_MIN
+from cbcl.core._vocabulary import SYMBOL_RE
+from cbcl.llm._export import (
     KEYWORD_SET_CAP,
     _lark_char,
     _python_char,
@@ -37,10 +37,10 @@ from cbcl._export import (
     export_json_schema,
     integer_regex,
 )
-from cbcl._generate import generate_messages
-from cbcl._json import message_to_json
-from cbcl._values import INT64_MAX, INT64_MIN
-from cbcl._vocabulary import SYMBOL_RE
+from cbcl.llm._generate import generate_messages
+from cbcl.protocol._authoring import render_descriptor
+from cbcl.protocol._descriptor import read_descriptor
+from cbcl.protocol._json import message_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -227,7 +227,7 @@ def test_symbol_regex_agrees_with_the_reader() -> None:
 
 def test_string_regex_is_the_canonical_quoting() -> None:
     pattern = _py(_string_regex(0, None))
-    from cbcl._canonical import quote
+    from cbcl.core._canonical import quote
 
     for text in ("", "a", '"', "\\", "\n\r\t", "\x00\x1f\x7f\x85\u202e\u2069", "é日本😀",
                  "\u2028\u00a0\ufeff"):

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import cbcl
 from cbcl import CBCLError, LimitError, MalformedError, Registry
-from cbcl._extract import INPUT_FACTOR, extract
+from cbcl.llm._extract import INPUT_FACTOR, extract
 
 ROOT = Path(__file__).parent.parent
 MESSAGE = ('(CBCL/1.0 (message-id "m-1") (sender agent://a) (receiver agent://b) '

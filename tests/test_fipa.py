@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from cbcl import CBCLError, LimitError, Limits, MalformedError, Message
-from cbcl._cli import main
-from cbcl._fipa import (
+from cbcl.bridges._fipa import (
     AgentId,
     ConversionError,
     DateTime,
@@ -31,8 +30,9 @@ from cbcl._fipa import (
     uri_to_aid,
     write_fipa,
 )
-from cbcl._message import Signature
-from cbcl._reader import read
+from cbcl.cli import main
+from cbcl.core._reader import read
+from cbcl.protocol._message import Signature
 
 VECTORS = Path(__file__).parent / "vectors" / "fipa"
 JADE = sorted(VECTORS.glob("*.acl"))
@@ -432,7 +432,7 @@ def test_convert_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
 
 def test_convert_cbcl_to_a2a_and_back(capsys: pytest.CaptureFixture[str],
                                       tmp_path: Path) -> None:
-    pytest.importorskip("cbcl._a2a")  # written by the A2A work, in the same release
+    pytest.importorskip("cbcl.bridges._a2a")  # written by the A2A work, in the same release
     (tmp_path / "m.cbcl").write_text(MESSAGES[0].canonical())
     code, out, err = run(capsys, "convert", "--from", "cbcl", "--to", "a2a",
                          str(tmp_path / "m.cbcl"))

@@ -1,4 +1,4 @@
-"""The seeded body and message generator (cbcl/_generate.py): deterministic, and everything
+"""The seeded body and message generator (cbcl/llm/_generate.py): deterministic, and everything
 it makes is accepted by ``cbcl.parse`` (both passes and the schema)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import cbcl
-from cbcl._descriptor import read_descriptor
-from cbcl._generate import generate_bodies, generate_messages
-from cbcl._schema import check_schema, compile_schema
+from cbcl.llm._generate import generate_bodies, generate_messages
+from cbcl.protocol._descriptor import read_descriptor
+from cbcl.protocol._schema import check_schema, compile_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "descriptors").glob("*.cbcl")

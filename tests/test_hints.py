@@ -12,8 +12,8 @@ from test_keyword_sets import AUCTION, descriptor, message
 
 import cbcl
 from cbcl import BodyError, CBCLError, EnvelopeError, Registry
-from cbcl._cli import main
-from cbcl._hints import _index
+from cbcl.cli import main
+from cbcl.protocol._hints import _index
 
 BID = "(bid :item STRING :amount NUMBER :bidder URI [:note STRING])"
 

@@ -1,5 +1,5 @@
 """``Symbol(name)`` and ``Keyword(name)`` return the interned object of a name the reader's
-intern tables hold (cbcl._values.SYMBOL_TABLE, KEYWORD_TABLE), so a message built in Python
+intern tables hold (cbcl.core._values.SYMBOL_TABLE, KEYWORD_TABLE), so a message built in Python
 holds the objects the encoders' tables are keyed by; they give what the checked
 construction gives otherwise - the same value, or the same ValueError - and never add a
 name to the tables."""
@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from cbcl_bench import find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import _reader, _values
-from cbcl._bench import find_descriptors, load_registry, varied
-from cbcl._values import KEYWORD_TABLE, SYMBOL_TABLE, Keyword, Symbol, is_name
+from cbcl.core import _reader, _values
+from cbcl.core._values import KEYWORD_TABLE, SYMBOL_TABLE, Keyword, Symbol, is_name
 
 REGISTRY = load_registry(find_descriptors())  # (its grammars' literals: pinned)
 

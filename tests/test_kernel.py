@@ -6,10 +6,13 @@ from typing import Any
 
 import pytest
 
-from cbcl import LimitError, Limits, _codec, _kernel, _vocabulary
-from cbcl._envelope import envelope_tables
-from cbcl._limits import WORDING, Budget, limit_message
-from cbcl._values import _NAME_RE, _URI_RE, is_name
+from cbcl import LimitError, Limits
+from cbcl.binary import _codec
+from cbcl.core import _vocabulary
+from cbcl.core._limits import WORDING, Budget, limit_message
+from cbcl.core._values import _NAME_RE, _URI_RE, is_name
+from cbcl.grammar import _kernel
+from cbcl.protocol._envelope import envelope_tables
 
 _WORDS = ["a", "PROPOSE", "-", "+", "-a", "-1", "+.5", ".5", ".a", "a.b", "a@b", "@a", "1a",
           "é", "a b", "", "x" * 300, "task-assignment/v1", "<=", "a:b"]
@@ -17,7 +20,7 @@ _WORDS = ["a", "PROPOSE", "-", "+", "-a", "-1", "+.5", ".5", ".a", "a.b", "a@b",
 
 @pytest.mark.parametrize("word", _WORDS)
 def test_the_vocabulary_agrees_with_the_value_model(word: str) -> None:
-    # cbcl._values takes its patterns from the vocabulary: one definition, one answer.
+    # cbcl.core._values takes its patterns from the vocabulary: one definition, one answer.
     assert _NAME_RE is _vocabulary.NAME_RE and _URI_RE is _vocabulary.URI_RE
     assert (_vocabulary.NAME_RE.match(word) is not None) == (_NAME_RE.match(word) is not None)
     assert (_vocabulary.SYMBOL_RE.match(word) is not None) == is_name(word)

@@ -15,12 +15,12 @@ from test_protocol import TOKENS
 
 import cbcl
 from cbcl import BodyError, GrammarError, Registry
-from cbcl._automaton import StackAutomaton
-from cbcl._compile import compile_grammar
-from cbcl._lr import LALR1
-from cbcl._pass2 import recognise_body
-from cbcl._protocol import Protocol
-from cbcl._subset import GrammarLimits, KeywordSet, read_grammar
+from cbcl.grammar._automaton import StackAutomaton
+from cbcl.grammar._compile import compile_grammar
+from cbcl.grammar._lr import LALR1
+from cbcl.grammar._subset import GrammarLimits, KeywordSet, read_grammar
+from cbcl.protocol._pass2 import recognise_body
+from cbcl.protocol._protocol import Protocol
 
 AUCTION = """\
 body: "(" "withdraw" STRING ")"
@@ -240,7 +240,7 @@ def test_a_descriptor_naming_an_undefined_start_rule_is_refused() -> None:
                  allow_unsigned=True)
     for bad in ("Bad", "value", "_x"):  # value: a base name (found by fuzzing the grammar)
         with pytest.raises(cbcl.DescriptorError, match="not a rule name"):
-            cbcl.read_descriptor(descriptor('body: "x"\n', f"(PROPOSE {bad})", "broken/v1"))
+            cbcl.descriptor.read_descriptor(descriptor('body: "x"\n', f"(PROPOSE {bad})", "broken/v1"))
 
 
 def test_one_start_rule_for_every_intent_needs_no_start_terminal() -> None:

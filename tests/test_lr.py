@@ -1,4 +1,4 @@
-"""Tests for the LR analysis engine (``cbcl._lr``): verdicts, reports, overlaps, budgets, and
+"""Tests for the LR analysis engine (``cbcl.grammar._lr``): verdicts, reports, overlaps, budgets, and
 a differential test against lark's LALR(1) table builder."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import lark
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from cbcl._cfg import Grammar, Production
-from cbcl._errors import GrammarError
-from cbcl._lr import (
+from cbcl.core._errors import GrammarError
+from cbcl.grammar._cfg import Grammar, Production
+from cbcl.grammar._lr import (
     AMBIGUOUS,
     LALR1,
     LR1_NOT_LALR1,

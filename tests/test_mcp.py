@@ -1,4 +1,4 @@
-"""CBCL over MCP with the real mcp SDK (cbcl/_mcp.py, spec/interop.md §5): ``cbcl mcp``
+"""CBCL over MCP with the real mcp SDK (cbcl/bridges/_mcp.py, spec/interop.md §5): ``cbcl mcp``
 as a real stdio subprocess driven by the SDK's client, the tools' hostile input, and the
 bridge that serves a request/v1 agent as MCP tools, in memory and over stdio."""
 
@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
-from cbcl import Agent, Context, Message, Registry, parse
-from cbcl._mcp import BridgeTool, bridge_server, plain_to_value, tools_server
-from cbcl._values import Keyword, Symbol
+from cbcl import Agent, Message, Registry, parse
+from cbcl.bridges._mcp import BridgeTool, bridge_server, plain_to_value, tools_server
+from cbcl.core._values import Keyword, Symbol
+from cbcl.net import Context
 
 ROOT = Path(__file__).parent.parent
 REQUEST_V1 = ROOT / "descriptors" / "request-v1.cbcl"

@@ -248,14 +248,14 @@ def test_message_refuses_at_construction_and_converts_lists() -> None:
 def test_parsing_keeps_the_trusted_unchecked_path(registry: Registry,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The parser and decoder build messages without the constructor's body check."""
-    import cbcl._message
+    import cbcl.protocol._message
 
     small = cbcl.encode(message((S("a"),)), registry=registry)
 
     def refuse(*args: Any) -> Any:
         raise AssertionError("the body was checked again")
 
-    monkeypatch.setattr(cbcl._message, "check_value", refuse)
+    monkeypatch.setattr(cbcl.protocol._message, "check_value", refuse)
     for example in EXAMPLES:
         parsed = cbcl.parse(example.read_bytes(), registry=registry)
         frame = cbcl.encode(parsed, registry=registry)
@@ -362,7 +362,7 @@ def test_require_gives_one_exact_type() -> None:
         view.require("seller", int)
 
 
-SCHEMA = cbcl.compile_schema(cbcl.read("""
+SCHEMA = cbcl.conversation.compile_schema(cbcl.read("""
 (schema
   (record lot
     (:items (list-of (record item (:name string required) (:rest any))) required)
@@ -573,7 +573,7 @@ def test_the_quick_size_bound_never_accepts_a_message_too_large(m: Message,
                                                                  escapes: str) -> None:
     """The walk that spares most messages being written out bounds their size from
     above: a message one byte over the limit is never found within it."""
-    from cbcl._api import _WITHIN, _within
+    from cbcl.protocol._api import _WITHIN, _within
 
     m = dataclasses.replace(m, body=(escapes, m.body, URI("a://x" + "é" * len(escapes)))
                             if m.body is not None else escapes)
@@ -640,7 +640,7 @@ def _threshold(m: Message, field: str) -> int:
 def test_each_limit_at_its_boundary(field: str, body: Any) -> None:
     """At the smallest limit the text needs the quick walk itself finds the message within,
     and one below it validate refuses it as parse does."""
-    from cbcl._api import _WITHIN, _within
+    from cbcl.protocol._api import _WITHIN, _within
 
     m = message(body)
     at = _threshold(m, field)
@@ -657,11 +657,11 @@ def test_each_limit_at_its_boundary(field: str, body: Any) -> None:
 
 
 def test_envelope_strings_count_in_the_size_bound() -> None:
-    from cbcl._api import _WITHIN, _within
+    from cbcl.protocol._api import _WITHIN, _within
 
     m = dataclasses.replace(message("x"), message_id="\x01" * 1000,
                             conversation_id="\u202e" * 500, in_reply_to="\\" * 300,
-                            signature=cbcl.Signature("\n" * 200, "v"))
+                            signature=cbcl.trust.Signature("\n" * 200, "v"))
     at = _threshold(m, "max_message_bytes")
     assert at == len(m.canonical().encode())
     assert _within(m, Limits(max_message_bytes=at - 1)) != _WITHIN
@@ -749,7 +749,7 @@ def test_readme_snippet(registry: Registry) -> None:
 
 def test_require_names_a_list_of_views_in_its_error() -> None:
     # A list-of records reads as views; a wrong-type require shows the list, as values.
-    from cbcl._schema import compile_schema
+    from cbcl.protocol._schema import compile_schema
 
     schema = compile_schema(cbcl.read(
         b"(schema (record order (:items (list-of (record item (:n integer required))) "

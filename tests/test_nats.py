@@ -27,28 +27,28 @@ from nats_fixtures import (
 )
 from processes import stop_process
 
-from cbcl._agent import Agent, Context, ConversationClosed, NegotiationFailed
-from cbcl._bootstrap import not_understood_frame
-from cbcl._errors import LimitError
-from cbcl._message import Intent, Message
-from cbcl._nats import (
+from cbcl.core._errors import LimitError
+from cbcl.core._reader import read
+from cbcl.demo import respond
+from cbcl.net._agent import Agent, Context, ConversationClosed, NegotiationFailed
+from cbcl.net._nats import (
     NatsBus,
     NatsLimits,
     subject_token,
     token_text,
 )
-from cbcl._reader import read
-from cbcl._transport import ConnectionLimits, ConnectionLost
-from cbcl._trust import (
+from cbcl.net._transport import ConnectionLimits, ConnectionLost
+from cbcl.protocol._message import Intent, Message
+from cbcl.protocol._trust import (
     TrustStore,
     private_key_pem,
     public_key_pem,
     sign_descriptor,
 )
-from cbcl.demo import respond
+from cbcl.session._bootstrap import not_understood_frame
 
 ROOT = Path(__file__).parent.parent
-PAYLOAD = (ROOT / "grammars" / "contract-net-v1.cbcl").read_bytes()
+PAYLOAD = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
 REQUEST = (ROOT / "descriptors" / "request-v1.cbcl").read_bytes()
 SERVER = "agent://test/server"
 CLIENT = "agent://test/client"
@@ -287,8 +287,8 @@ def test_fan_out_cfp_to_five_contractors(server: NatsNode, keys: Keys) -> None:
 def query_frame(keys: Keys, me: str = "agent://test/evil", peer: str = SERVER) -> bytes:
     """A well-formed first frame (a QUERY for contract-net/v1) from ``me``, as a NATS
     payload (no length prefix): what a hostile publisher can make without any key."""
-    from cbcl._registry import Registry
-    from cbcl._session import Query, Session
+    from cbcl.protocol._registry import Registry
+    from cbcl.session._session import Query, Session
 
     registry = Registry()
     protocol = registry.load(PAYLOAD, allow_unsigned=True)
@@ -334,7 +334,7 @@ class Raw:
 
 
 def not_understood_code(payload: bytes) -> str:
-    from cbcl._api import parse
+    from cbcl.protocol._api import parse
 
     message = parse(payload, envelope_only=True)
     assert message.intent is Intent.NOT_UNDERSTOOD, message
@@ -668,7 +668,7 @@ def test_durable_send_to_an_agent_without_an_inbox(server: NatsNode, keys: Keys)
             with pytest.raises(ConnectionLost, match="no durable inbox"):
                 await sender.send_durable(message, descriptor=keys.signed_request)
             # A message the protocol refuses never leaves.
-            from cbcl._errors import CBCLError
+            from cbcl.core._errors import CBCLError
             bad = Message(message_id=sender.durable_id(), sender=CLIENT,
                           receiver="agent://test/nowhere", intent=Intent.REQUEST,
                           protocol="request/v1", body=read(b"(request)"))

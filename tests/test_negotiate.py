@@ -1,7 +1,7 @@
 """``cbcl serve`` and ``cbcl negotiate`` across two OS processes on loopback, and the demo.
 
-The commands run as ``python -m cbcl._cli_negotiate`` (the ``cbcl`` command line with
-these two commands, whether or not they are wired into ``cbcl._cli`` yet)."""
+The commands run as ``python -m cbcl.cli._negotiate`` (the ``cbcl`` command line with
+these two commands, whether or not they are wired into ``cbcl.cli._main`` yet)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import pytest
 from processes import stop_process
 
 import cbcl
-from cbcl._cli_negotiate import build_parser, main, tamper_signature
-from cbcl._transport import parse_address
+from cbcl.cli import build_parser, main
+from cbcl.cli._negotiate import tamper_signature
+from cbcl.net._transport import parse_address
 
 ROOT = Path(__file__).parent.parent
-CLI = [sys.executable, "-m", "cbcl._cli_negotiate"]
+CLI = [sys.executable, "-m", "cbcl.cli._negotiate"]
 
 
 def test_addresses() -> None:
@@ -71,7 +72,7 @@ def test_nothing_listening_is_one_line(tmp_path: Path,
 def _keys(tmp_path: Path) -> dict[str, Path]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cbcl._trust import private_key_pem, public_key_pem, sign_descriptor
+    from cbcl.protocol._trust import private_key_pem, public_key_pem, sign_descriptor
 
     key = Ed25519PrivateKey.generate()
     trust = tmp_path / "trust"
@@ -211,8 +212,8 @@ def test_in_process_demo_runs_its_own_loop() -> None:
 def test_negotiate_with_trust_refuses_an_unsigned_server_confirmation(tmp_path: Path) -> None:
     """With --trust, A requires B's Finished signed by a trusted key: a server started
     without --key cannot complete the handshake (the peer is not who A trusts)."""
-    from cbcl._cli_negotiate import _demo_keys, run_initiator
-    from cbcl._trust import sign_descriptor
+    from cbcl.cli._negotiate import _demo_keys, run_initiator
+    from cbcl.protocol._trust import sign_descriptor
 
     key, trust, _server_key, client_trust = _demo_keys(tmp_path)
     payload = (Path(__file__).parent.parent / "grammars" / "contract-net-v1.cbcl").read_bytes()

@@ -10,8 +10,8 @@ from test_keyword_sets import AUCTION, descriptor
 
 import cbcl
 from cbcl import Intent, Registry
-from cbcl._cli import main
-from cbcl._prompt import render_prompt
+from cbcl.cli import main
+from cbcl.llm._prompt import render_prompt
 
 ROOT = Path(__file__).parent.parent
 SHIPPED = sorted(p for p in (ROOT / "descriptors").glob("*.cbcl")
@@ -34,7 +34,7 @@ def examples_of(prompt: str) -> list[str]:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_every_example_is_accepted(registry: Registry, path: Path) -> None:
-    protocol = registry.get(cbcl.read_descriptor(path.read_bytes()).id)
+    protocol = registry.get(cbcl.descriptor.read_descriptor(path.read_bytes()).id)
     assert protocol is not None
     prompt = render_prompt(protocol, registry=registry, count=2)
     texts = examples_of(prompt)

@@ -17,9 +17,9 @@ from strategies import names, values
 
 import cbcl
 from cbcl import BodyError, DescriptorError, GrammarError, ProtocolError, Registry, TrustError
-from cbcl._compile import compile_grammar, compile_guarded, from_data, to_data
-from cbcl._pass2 import recognise_body
-from cbcl._subset import read_grammar
+from cbcl.grammar._compile import compile_grammar, compile_guarded, from_data, to_data
+from cbcl.grammar._subset import read_grammar
+from cbcl.protocol._pass2 import recognise_body
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = ROOT / "descriptors"
@@ -30,7 +30,7 @@ VECTORS = Path(__file__).resolve().parents[1] / "spec" / "vectors" / "grammars"
 
 def starts_of(name: str) -> tuple[str, ...]:
     """The start rules of the shipped descriptor ``name``."""
-    return cbcl.read_descriptor((DESCRIPTORS / f"{name}.cbcl").read_bytes()).start_rules
+    return cbcl.descriptor.read_descriptor((DESCRIPTORS / f"{name}.cbcl").read_bytes()).start_rules
 
 
 def descriptor_for(example: Path) -> Path:
@@ -62,14 +62,14 @@ def test_shipped_descriptors_match_their_grammar_files() -> None:
 
 def test_read_descriptor_fields() -> None:
     payload = (DESCRIPTORS / "contract-net-v1.cbcl").read_bytes()
-    descriptor = cbcl.read_descriptor(payload)
+    descriptor = cbcl.descriptor.read_descriptor(payload)
     assert descriptor.id == cbcl.Symbol("contract-net/v1")
     assert descriptor.version == 1
     assert cbcl.Intent.CFP in descriptor.intents
     assert descriptor.grammar == (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
     assert descriptor.digest.startswith("sha256:") and len(descriptor.digest) == 71
     # The digest names the exact bytes: a comment changes it.
-    assert cbcl.read_descriptor(b"; x\n" + payload).digest != descriptor.digest
+    assert cbcl.descriptor.read_descriptor(b"; x\n" + payload).digest != descriptor.digest
 
 
 GOOD = '(protocol-descriptor (id p/v1) (version 2) (intents INFORM) (grammar "body: SYMBOL"))'
@@ -100,7 +100,7 @@ GOOD = '(protocol-descriptor (id p/v1) (version 2) (intents INFORM) (grammar "bo
 )
 def test_descriptor_refusals(text: str, fragment: str) -> None:
     with pytest.raises(DescriptorError, match=None) as info:
-        cbcl.read_descriptor(text.encode())
+        cbcl.descriptor.read_descriptor(text.encode())
     assert fragment in info.value.message
     assert info.value.exit_code == 5
 
@@ -212,7 +212,7 @@ TOKENS["value"] = values.map(cbcl.canonical)
 def generator(name: str, intent: str | None = None) -> tuple[st.SearchStrategy[str], str]:
     """Bodies of the shipped descriptor ``name`` for ``intent`` (its first intent by
     default), generated from its grammar with keyword sets shuffled, and its id."""
-    descriptor = cbcl.read_descriptor((DESCRIPTORS / f"{name}.cbcl").read_bytes())
+    descriptor = cbcl.descriptor.read_descriptor((DESCRIPTORS / f"{name}.cbcl").read_bytes())
     source = read_grammar(descriptor.grammar, starts=descriptor.start_rules)
     chosen = descriptor.intents[0] if intent is None else cbcl.Intent(intent)
     start = descriptor.starts[chosen]
@@ -322,7 +322,7 @@ def test_negative_cache_refuses_without_recompiling(tmp_path: Path,
 
 def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from cbcl import _registry
+    from cbcl.protocol import _registry
 
     payload = GOOD.replace('"body: SYMBOL"', '"body: \\"(\\" STRING INTEGER \\")\\""').encode()
     Registry(cache_dir=tmp_path).load(payload, allow_unsigned=True)
@@ -341,7 +341,7 @@ def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
 
 def test_tampered_cache_entries_are_recompiled(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from cbcl import _registry
+    from cbcl.protocol import _registry
 
     Registry(cache_dir=tmp_path).load(GOOD.encode(), allow_unsigned=True)
     (entry,) = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
@@ -357,7 +357,7 @@ def test_tampered_cache_entries_are_recompiled(tmp_path: Path,
 
 
 def test_cache_directory_open_to_others_is_not_used(tmp_path: Path) -> None:
-    from cbcl._cache import DiskCache
+    from cbcl.core._cache import DiskCache
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)

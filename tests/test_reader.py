@@ -13,10 +13,11 @@ from hypothesis import given, settings, strategies as st
 from strategies import values as cbcl_values
 
 import cbcl
-from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol, _reader
-from cbcl._limits import DEFAULT_LIMITS
-from cbcl._reader import read_value_at
-from cbcl._values import Value
+from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol
+from cbcl.core import _reader
+from cbcl.core._limits import DEFAULT_LIMITS
+from cbcl.core._reader import read_value_at
+from cbcl.core._values import Value
 
 
 def err(text: str | bytes) -> MalformedError:
@@ -760,7 +761,7 @@ def test_split_tier_stays_linear_on_hostile_input() -> None:
 
 
 def test_the_token_cache_keeps_names_uris_and_short_numbers_only() -> None:
-    from cbcl import _reader
+    from cbcl.core import _reader
 
     _reader._reset_cache()
     # (the Python tiers' cache: the C tier reads integers and long decimals itself, and

@@ -27,9 +27,10 @@ from strategies import values as cbcl_values
 from test_reader import outcome, public_reads_agree, same_value
 
 import cbcl
-from cbcl import URI, Keyword, Limits, Symbol, _reader
-from cbcl._limits import DEFAULT_LIMITS
-from cbcl._values import Value
+from cbcl import URI, Keyword, Limits, Symbol
+from cbcl.core import _reader
+from cbcl.core._limits import DEFAULT_LIMITS
+from cbcl.core._values import Value
 
 
 def _scanner_tier() -> Any:
@@ -268,7 +269,7 @@ REGISTRY_CACHE: list[cbcl.Registry] = []
 
 def _registry() -> cbcl.Registry:
     if not REGISTRY_CACHE:
-        from cbcl._bench import find_descriptors, load_registry
+        from cbcl_bench import find_descriptors, load_registry
 
         REGISTRY_CACHE.append(load_registry(find_descriptors()))
     return REGISTRY_CACHE[0]

@@ -56,7 +56,7 @@ def test_grammar_check_example_runs_as_shown(capsys) -> None:  # type: ignore[no
     the lines the README shows (``…`` stands for lines left out)."""
     import shlex
 
-    from cbcl._cli import main
+    from cbcl.cli import main
 
     examples = re.findall(r"```\n\$ (cbcl grammar check [^\n]*)\n(.*?)```", README, re.S)
     assert examples, "the README shows no $ cbcl grammar check example"

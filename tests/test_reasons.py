@@ -1,4 +1,4 @@
-"""The reason table (cbcl/_reasons.py) against spec/negotiation.md §4: one row per code,
+"""The reason table (cbcl/session/_reasons.py) against spec/negotiation.md §4: one row per code,
 every error class the session can meet maps to a documented code, the kind of an error
 decides its code and its wording never does, and every TrustError raise site the session
 can meet names its cause."""
@@ -16,10 +16,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-from cbcl._bootstrap import negotiation_registry
-from cbcl._canonical import quote
-from cbcl._errors import CBCLError, TrustError
-from cbcl._reasons import (
+from cbcl.core._canonical import quote
+from cbcl.core._errors import CBCLError, TrustError
+from cbcl.protocol._trust import TrustStore, sign_descriptor, sign_message
+from cbcl.session._bootstrap import negotiation_registry
+from cbcl.session._reasons import (
     NOT_UNDERSTOOD_CODES,
     REASONS,
     REJECT_CODES,
@@ -30,7 +31,6 @@ from cbcl._reasons import (
     error_code,
     reject_reason,
 )
-from cbcl._trust import TrustStore, sign_descriptor, sign_message
 
 ROOT = Path(__file__).parent.parent
 SPEC = (ROOT / "spec" / "negotiation.md").read_text(encoding="utf-8")

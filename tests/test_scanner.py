@@ -20,8 +20,9 @@ from test_reader import outcome, same_value
 from test_reader_tiers import C_TIER, c_read, mixed_texts
 
 import cbcl
-from cbcl import Limits, _reader
-from cbcl._limits import DEFAULT_LIMITS
+from cbcl import Limits
+from cbcl.core import _reader
+from cbcl.core._limits import DEFAULT_LIMITS
 
 pytestmark = pytest.mark.skipif(C_TIER is None, reason="cbcl._scanner is not built here")
 

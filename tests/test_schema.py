@@ -16,8 +16,8 @@ from test_conversation import descriptor
 
 import cbcl
 from cbcl import URI, DescriptorError, Keyword, SchemaError, Symbol
-from cbcl._canonical import canonical_value
-from cbcl._schema import (
+from cbcl.core._canonical import canonical_value
+from cbcl.protocol._schema import (
     AtomType,
     Keys,
     ListOf,
@@ -209,7 +209,7 @@ def test_read_descriptor_refuses_a_malformed_schema() -> None:
     raw = b'(protocol-descriptor (id p/v1) (version 1) (intents INFORM) (grammar "body: value"))'
     end = raw.rindex(b")")
     with pytest.raises(DescriptorError, match=r"\$\.schema\[1\]"):
-        cbcl.read_descriptor(raw[:end] + b"\n(schema (record t (:a nope)))" + raw[end:])
+        cbcl.descriptor.read_descriptor(raw[:end] + b"\n(schema (record t (:a nope)))" + raw[end:])
 
 
 # --------------------------------------------------------------------------- shipped
@@ -669,7 +669,7 @@ def test_compiled_schemas_pickle_with_their_behaviour() -> None:
 def test_the_c_fast_pass_leaves_a_type_of_many_fields_to_the_python_one() -> None:
     """63 fields fit the C twin's bit set; a record of 70 is left to ``_valid`` (None),
     and the answer is the same either way."""
-    from cbcl import _schema
+    from cbcl.protocol import _schema
 
     for count, left in ((63, False), (70, True)):
         keys = " ".join(f"(:k{i} integer)" for i in range(count))

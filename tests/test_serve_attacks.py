@@ -21,23 +21,23 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-from cbcl._cli_negotiate import (
+from cbcl.binary._framing import frame
+from cbcl.cli._negotiate import (
     NegotiationFailed,
     ServeConfig,
     listening_address,
     run_initiator,
     start_serving,
 )
-from cbcl._framing import frame
-from cbcl._session import Established, Query, Session, Unsupported
-from cbcl._transport import (
+from cbcl.net._transport import (
     ConnectionLimits,
     ConnectionLost,
     ServerLimits,
     connect,
     serve,
 )
-from cbcl._trust import TrustStore, public_key_pem, sign_descriptor
+from cbcl.protocol._trust import TrustStore, public_key_pem, sign_descriptor
+from cbcl.session._session import Established, Query, Session, Unsupported
 
 ROOT = Path(__file__).parent.parent
 KEY = Ed25519PrivateKey.generate()
@@ -141,7 +141,7 @@ def query_frame(session: Session) -> bytes:
     protocol = session.registry.get("contract-net/v1")
     assert protocol is not None
     return session.send(Query("contract-net/v1", protocol.digest, (1,)),
-                        now=cbcl._transport.clock_ms())
+                        now=cbcl.net._transport.clock_ms())
 
 
 def slow_grammar(rules: int, salt: str) -> str:
@@ -153,7 +153,7 @@ def slow_grammar(rules: int, salt: str) -> str:
 
 
 def slow_descriptor(salt: str, rules: int = 80) -> bytes:
-    from cbcl._canonical import quote
+    from cbcl.core._canonical import quote
 
     payload = (f"(protocol-descriptor (id slow-{salt}/v1) (version 1) (intents REQUEST) "
                f"(grammar {quote(slow_grammar(rules, salt))}))").encode()
@@ -162,7 +162,7 @@ def slow_descriptor(salt: str, rules: int = 80) -> bytes:
 
 def initiator_registry(document: bytes) -> cbcl.Registry:
     """A registry holding our own descriptor (compiled here, in this process)."""
-    payload = cbcl._trust.read_signed_descriptor_unverified(document).payload
+    payload = cbcl.protocol._trust.read_signed_descriptor_unverified(document).payload
     registry = cbcl.Registry(disk_cache=False, isolate=False)
     registry.load(payload, allow_unsigned=True)
     return registry
@@ -172,7 +172,7 @@ async def offer_only(address: str, document: bytes, tag: str,
                      registry: cbcl.Registry | None = None) -> str:
     """Ask, offer ``document``, and return ``"accepted"`` once the handshake is established
     (the offer recorded), or ``"rejected REASON"``."""
-    from cbcl._session import Offer, Rejected
+    from cbcl.session._session import Offer, Rejected
 
     registry = registry or initiator_registry(document)
     (protocol,) = registry.protocols()
@@ -301,7 +301,7 @@ async def establish(address: str, tag: str) -> Any:
     connection = await connect(address, session)
     await connection.send(Query("contract-net/v1",
                                 session.registry.get("contract-net/v1").digest, (1,)))
-    from cbcl._session import Offer
+    from cbcl.session._session import Offer
 
     while True:
         event = await asyncio.wait_for(connection.next_event(), WAIT)
@@ -354,7 +354,7 @@ def test_a_slow_compile_delays_no_one_and_the_queue_is_bounded(tmp_path: Path) -
     # grammars (which the in-process server shares) is then emptied, so the server's
     # compiles are cold.
     registries = {salt: initiator_registry(document) for salt, document in documents.items()}
-    cbcl._registry.DEFAULT_GRAMMAR_CACHE.clear()
+    cbcl.protocol._registry.DEFAULT_GRAMMAR_CACHE.clear()
 
     async def scenario() -> None:
         caps = ServerLimits(compile_workers=1, compile_queue=0)
@@ -382,7 +382,7 @@ def test_cancel_before_any_handshake_is_not_understood(tmp_path: Path) -> None:
                 message = cbcl.Message(
                     message_id="c-1", sender="agent://attacker", receiver="agent://cbcl/serve",
                     intent="CANCEL", protocol="cbcl-negotiation/v1",
-                    conversation_id="negotiation-x", timestamp=cbcl._transport.clock_ms(),
+                    conversation_id="negotiation-x", timestamp=cbcl.net._transport.clock_ms(),
                     body=body)
                 reader, writer = await srv.raw()
                 writer.write(frame(message.canonical().encode()))

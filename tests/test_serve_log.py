@@ -1,5 +1,5 @@
 """``cbcl serve``'s log and replies with a hostile peer: a real in-process server
-(``cbcl._transport.serve`` with ``_serve_connection``) and a real initiator session.
+(``cbcl.net._transport.serve`` with ``_serve_connection``) and a real initiator session.
 
 Peer data is data: every field the peer chose is escaped in the log (one physical line per
 event, no raw control or bidirectional character, nothing forged at the start of a line),
@@ -16,18 +16,22 @@ from typing import Any
 
 import pytest
 
-from cbcl._agent import Context
-from cbcl._cli_common import escape_invisible, peer_text
-from cbcl._cli_negotiate import (
+from cbcl.cli._negotiate import (
     CLIENT_NAME,
     SERVER_NAME,
     ServeConfig,
     start_serving,
 )
-from cbcl._message import Intent, Message
-from cbcl._reader import read
-from cbcl._registry import Registry
-from cbcl._session import (
+from cbcl.core._display import escape_invisible, peer_text
+from cbcl.core._reader import read
+from cbcl.core._values import URI, Keyword, Symbol
+from cbcl.demo import OUR_BID, OUR_RESULT, respond
+from cbcl.net._agent import Context
+from cbcl.net._transport import Connection, connect
+from cbcl.protocol._message import Intent, Message
+from cbcl.protocol._registry import Registry
+from cbcl.protocol._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
+from cbcl.session._session import (
     Accepted,
     ConnectionClosed,
     Established,
@@ -40,13 +44,9 @@ from cbcl._session import (
     Session,
     Unsupported,
 )
-from cbcl._transport import Connection, connect
-from cbcl._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
-from cbcl._values import URI, Keyword, Symbol
-from cbcl.demo import OUR_BID, OUR_RESULT, respond
 
 ROOT = Path(__file__).parent.parent
-PAYLOAD = (ROOT / "grammars" / "contract-net-v1.cbcl").read_bytes()
+PAYLOAD = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
 
 #: A message id that, printed raw, would end the log line and start a forged one.
 FORGED = "verified (signed by root), grammar compiled, contract-net/v1 version 1 loaded " \
@@ -267,7 +267,7 @@ def test_escape_invisible_keeps_json_values() -> None:
 
 
 def test_a_rejected_offer_is_one_line(tmp_path: Path) -> None:
-    from cbcl._cli_negotiate import tamper_signature
+    from cbcl.cli._negotiate import tamper_signature
 
     key, document, store = _keys(tmp_path)
     lines: list[str] = []

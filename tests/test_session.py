@@ -15,8 +15,9 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import cbcl
-from cbcl._framing import frame
-from cbcl._negotiation import (
+from cbcl.binary._framing import frame
+from cbcl.protocol._trust import TrustStore, sign_descriptor
+from cbcl.session._negotiation import (
     END_OF_STREAM,
     FINAL,
     ON_FAILURE,
@@ -24,7 +25,7 @@ from cbcl._negotiation import (
     HandshakeMachine,
     HandshakeState,
 )
-from cbcl._session import (
+from cbcl.session._session import (
     NEED_DATA,
     Accepted,
     ConnectionClosed,
@@ -41,7 +42,6 @@ from cbcl._session import (
     finished_value,
     reject_reason,
 )
-from cbcl._trust import TrustStore, sign_descriptor
 
 ROOT = Path(__file__).parent.parent
 NOW = 1_764_500_000_000
@@ -308,7 +308,7 @@ def test_reject_reasons_map_every_refusal() -> None:
 
 
 def test_a_grammar_over_the_responders_limits_is_refused() -> None:
-    from cbcl._subset import GrammarLimits
+    from cbcl.grammar._subset import GrammarLimits
 
     registry = cbcl.Registry(trust=STORE, disk_cache=False, isolate=False,
                              grammar_limits=GrammarLimits(max_rules=4))

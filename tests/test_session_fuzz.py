@@ -27,16 +27,16 @@ from strategies import ids, integers, messages, strings, symbols, uris, values
 
 import cbcl
 from cbcl import URI, Intent, Keyword, Symbol
-from cbcl._framing import frame
-from cbcl._negotiation import INTENTS, TRANSITIONS, HandshakeState
-from cbcl._reasons import REJECT_CODES
-from cbcl._session import (
+from cbcl.binary._framing import frame
+from cbcl.protocol._trust import sign_message
+from cbcl.session._negotiation import INTENTS, TRANSITIONS, HandshakeState
+from cbcl.session._reasons import REJECT_CODES
+from cbcl.session._session import (
     NOT_UNDERSTOOD_CODES,
     LocalProtocolError,
     RemoteProtocolError,
     finished_value,
 )
-from cbcl._trust import sign_message
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("fuzz_cbcl", HERE / "fuzz" / "fuzz_cbcl.py")
@@ -82,7 +82,7 @@ def refused(scenario: str, data: bytes, now: int = NOW) -> RemoteProtocolError:
     session = KIT.start(scenario)
     session.receive_data(data)
     with pytest.raises(RemoteProtocolError) as caught:
-        while session.next_event(now=now) is not cbcl.NEED_DATA:
+        while session.next_event(now=now) is not cbcl.session.NEED_DATA:
             pass
     assert session.state is HandshakeState.ERROR
     KIT.check_not_understood(session.data_to_send(), caught.value.code)
@@ -514,7 +514,7 @@ def _outcome(scenario: str, pieces: list[bytes]) -> tuple[object, ...]:
             continue  # b"" is the end of the stream, not a piece of it
         session.receive_data(piece)
         try:
-            while (got := session.next_event(now=NOW)) is not cbcl.NEED_DATA:
+            while (got := session.next_event(now=NOW)) is not cbcl.session.NEED_DATA:
                 events.append(got)
         except RemoteProtocolError as exc:
             code = exc.code

@@ -12,9 +12,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-from cbcl._negotiation import HandshakeState
-from cbcl._registry import _LRU, CompileGate, compiled_size
-from cbcl._session import (
+from cbcl.protocol._registry import _LRU, CompileGate, compiled_size
+from cbcl.protocol._trust import TrustStore, sign_descriptor
+from cbcl.session._negotiation import HandshakeState
+from cbcl.session._session import (
     NEED_DATA,
     NEED_WORK,
     Established,
@@ -26,7 +27,6 @@ from cbcl._session import (
     RemoteProtocolError,
     Session,
 )
-from cbcl._trust import TrustStore, sign_descriptor
 
 ROOT = Path(__file__).parent.parent
 NOW = 1_764_500_000_000
@@ -198,7 +198,7 @@ def test_the_first_signer_of_an_id_is_bound_to_it(tmp_path: Path) -> None:
 
 def test_a_policy_rule_for_the_id_overrides_the_binding(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    policy = cbcl.TrustPolicy.parse(b"(trust-policy (protocol contract-net/v1 (keys alice "
+    policy = cbcl.trust.TrustPolicy.parse(b"(trust-policy (protocol contract-net/v1 (keys alice "
                                     b"mallory)))")
     store = TrustStore({"alice": ALICE.public_key(), "mallory": MALLORY.public_key()},
                        policy)
@@ -294,7 +294,7 @@ def test_a_compiled_grammar_over_max_compiled_bytes_is_refused() -> None:
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)  # same grammar: the size decides
     # Compiled afresh too (no cache in memory), the size refuses it …
-    cbcl._registry.DEFAULT_GRAMMAR_CACHE.clear()
+    cbcl.protocol._registry.DEFAULT_GRAMMAR_CACHE.clear()
     with pytest.raises(cbcl.GrammarError, match=f"the limit is {size - 1}"):
         short.load(version(2, b" "), allow_unsigned=True)
     # … and that refusal is this registry's limit, not a verdict for every registry.
@@ -306,7 +306,7 @@ def test_compiled_size_tracks_the_memory_the_tables_take() -> None:
     import json
     import tracemalloc
 
-    from cbcl._compile import compile_grammar, from_data, to_data
+    from cbcl.grammar._compile import compile_grammar, from_data, to_data
 
     rules = ["body: item*", "item: " + " | ".join(f"r{i}" for i in range(40))]
     rules += [f'r{i}: "(" "k{i}" (STRING | item)* ")"' for i in range(40)]
@@ -376,7 +376,7 @@ def _slow_grammar(rules: int) -> str:
 
 
 def test_the_compile_guard_limits_cpu_time_not_wall_clock() -> None:
-    from cbcl._compile import compile_guarded
+    from cbcl.grammar._compile import compile_guarded
 
     with pytest.raises(cbcl.GrammarError, match="more than 1 s of CPU") as caught:
         compile_guarded(_slow_grammar(150), timeout=1)
@@ -384,7 +384,7 @@ def test_the_compile_guard_limits_cpu_time_not_wall_clock() -> None:
 
 
 def test_an_abandoned_compile_stops_and_is_not_remembered_as_refused() -> None:
-    from cbcl._compile import compile_guarded
+    from cbcl.grammar._compile import compile_guarded
 
     with pytest.raises(cbcl.LimitError, match="abandoned"):
         compile_guarded(_slow_grammar(150), cancelled=lambda: True)

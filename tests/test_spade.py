@@ -1,4 +1,4 @@
-"""The SPADE adapter (cbcl._spade) through a real XMPP server: SPADE's embedded one
+"""The SPADE adapter (cbcl.bridges._spade) through a real XMPP server: SPADE's embedded one
 (``spade run``) in a subprocess, a CBCL agent and a SPADE agent that uses
 spade-fipaproto's Request protocol (AchieveREResponder), completing a request/v1
 conversation (REQUEST → AGREE → INFORM), every message checked by both passes and by the
@@ -19,17 +19,17 @@ import pytest
 from processes import stop_process
 
 from cbcl import Message, Registry, validate
-from cbcl._conversation import ConversationTracker
-from cbcl._fipa import ConversionError, LossyConversionError
-from cbcl._reader import read
-from cbcl._values import Symbol
+from cbcl.bridges._fipa import ConversionError, LossyConversionError
+from cbcl.core._reader import read
+from cbcl.core._values import Symbol
+from cbcl.protocol._conversation import ConversationTracker
 
 spade_agent = pytest.importorskip("spade.agent")  # the fipa extra (in the test extra: CI)
 spade_behaviour = pytest.importorskip("spade.behaviour")
 spade_message = pytest.importorskip("spade.message")
 fipaproto = pytest.importorskip("spade_fipaproto")
 
-from cbcl._spade import jid_to_uri, message_to_spade, spade_to_message  # noqa: E402
+from cbcl.bridges._spade import jid_to_uri, message_to_spade, spade_to_message  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 HOST = "127.0.0.1"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cbcl import TrustError
-from cbcl._state import LOCK_FILE, StateRecord, StateStore, file_name
+from cbcl.protocol._state import LOCK_FILE, StateRecord, StateStore, file_name
 
 ROOT = Path(__file__).parent.parent
 PROTOCOL = "p/v1"
@@ -132,7 +132,7 @@ def test_lock_timeout_against_a_thread(tmp_path: Path) -> None:
 
 WRITER = """
 import sys, time, hashlib
-from cbcl._state import StateRecord, StateStore
+from cbcl.protocol._state import StateRecord, StateStore
 store = StateStore(sys.argv[1], lock_timeout=60)
 def decide(current):
     version = 0 if current is None else current.version

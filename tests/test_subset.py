@@ -1,4 +1,4 @@
-"""Tests for cbcl._subset: the descriptor grammar subset reader and its generators."""
+"""Tests for cbcl.grammar._subset: the descriptor grammar subset reader and its generators."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from lark.lexer import Lexer, Token
 
-from cbcl._cfg import Grammar, Production
-from cbcl._errors import GrammarError, Position
-from cbcl._subset import (
+from cbcl.core._errors import GrammarError, Position
+from cbcl.grammar._cfg import Grammar, Production
+from cbcl.grammar._subset import (
     MAX_GROUP_DEPTH_CEILING,
     GrammarLimits,
     GrammarSource,

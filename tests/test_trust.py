@@ -21,9 +21,9 @@ from strategies import messages
 
 import cbcl
 from cbcl import DescriptorError, MalformedError, Registry, TrustError, TrustStore
-from cbcl._canonical import quote
-from cbcl._cli import main
-from cbcl._trust import pae, public_key_pem, public_key_problem
+from cbcl.cli import main
+from cbcl.core._canonical import quote
+from cbcl.protocol._trust import pae, public_key_pem, public_key_problem
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = ROOT / "descriptors"
@@ -289,7 +289,7 @@ def test_every_small_order_encoding_is_refused(y: str, sign: int) -> None:
 
 
 def test_keys_outside_the_prime_order_subgroup_are_refused() -> None:
-    from cbcl._trust import _P, _add, _decode_point
+    from cbcl.protocol._trust import _P, _add, _decode_point
 
     honest = private("alice").public_key().public_bytes(serialization.Encoding.Raw,
                                                         serialization.PublicFormat.Raw)
@@ -479,7 +479,7 @@ def test_signed_shipped_descriptors_carry_the_exact_bytes() -> None:
     assert store.key_ids == ("cbcl-example",)
     for name in SHIPPED:
         document = (DESCRIPTORS / f"{name}.signed.cbcl").read_bytes()
-        unverified = cbcl.read_signed_descriptor_unverified(document)
+        unverified = cbcl.trust.read_signed_descriptor_unverified(document)
         assert unverified.payload == (DESCRIPTORS / f"{name}.cbcl").read_bytes()
         verified = store.verify_descriptor(document)
         assert verified.signers == ("cbcl-example",)
@@ -512,7 +512,7 @@ def trusted(policy: str | None = None, tmp: Path | None = None) -> Registry:
 def test_message_signature_round_trip() -> None:
     reg = trusted()
     reg.load(descriptor(), allow_unsigned=True, now=0)
-    signed_message = cbcl.sign_message(MESSAGE, private("alice"), "alice")
+    signed_message = cbcl.trust.sign_message(MESSAGE, private("alice"), "alice")
     assert signed_message.signature is not None
     assert signed_message.signature.key_id == "alice"
     text = signed_message.canonical().encode()
@@ -532,7 +532,7 @@ def test_message_signature_round_trip() -> None:
 )
 def test_message_signature_refusals(change, fragment: str) -> None:  # type: ignore[no-untyped-def]
     reg = trusted()
-    text = cbcl.sign_message(MESSAGE, private("alice"), "alice").canonical().encode()
+    text = cbcl.trust.sign_message(MESSAGE, private("alice"), "alice").canonical().encode()
     with pytest.raises(TrustError) as info:
         cbcl.parse(change(text), registry=reg, envelope_only=True)
     assert info.value.message == "message verification failed"
@@ -552,11 +552,11 @@ def test_required_signatures() -> None:
 
 def test_policy_limits_message_signers(tmp_path: Path) -> None:
     reg = trusted("(trust-policy (protocol p/v1 (keys alice) (message-keys bob)))", tmp_path)
-    by_alice = cbcl.sign_message(MESSAGE, private("alice"), "alice").canonical().encode()
+    by_alice = cbcl.trust.sign_message(MESSAGE, private("alice"), "alice").canonical().encode()
     with pytest.raises(TrustError) as info:
         cbcl.parse(by_alice, registry=reg, envelope_only=True)
     assert "key is not allowed to sign p/v1 messages" in info.value.reason
-    by_bob = cbcl.sign_message(MESSAGE, private("bob"), "bob").canonical().encode()
+    by_bob = cbcl.trust.sign_message(MESSAGE, private("bob"), "bob").canonical().encode()
     assert cbcl.parse(by_bob, registry=reg, envelope_only=True).signature.key_id == "bob"  # type: ignore[union-attr]
 
 
@@ -567,7 +567,7 @@ _FLIP_REGISTRY = trusted()
 @given(message=messages, data=st.data())
 def test_changing_any_byte_breaks_the_signature(message: cbcl.Message,
                                                 data: st.DataObject) -> None:
-    original = cbcl.sign_message(message, private("alice"), "alice")
+    original = cbcl.trust.sign_message(message, private("alice"), "alice")
     text = bytearray(original.canonical().encode())
     index = data.draw(st.integers(0, len(text) - 1))
     text[index] ^= data.draw(st.integers(1, 255))
@@ -605,7 +605,7 @@ def test_cli_keygen(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert (cli_env / "k/alice.key").stat().st_mode & 0o777 == 0o600
     cbcl.load_private_key((cli_env / "k/alice.key").read_bytes())
-    cbcl.load_public_key((cli_env / "k/alice.pub").read_bytes())
+    cbcl.trust.load_public_key((cli_env / "k/alice.pub").read_bytes())
     code, _, err = run(capsys, "keygen", "--out", "k/alice")  # never overwrites a key
     assert code == 1 and err.startswith("io: ") and err.count("\n") == 1
 

@@ -13,10 +13,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, strategies as st
 
-import cbcl._trust
+import cbcl.protocol._trust
 from cbcl import CBCLError, TrustError, TrustStore
-from cbcl._files import UnsafeFile, read_regular_file
-from cbcl._state import (
+from cbcl.core._files import UnsafeFile, read_regular_file
+from cbcl.protocol._state import (
     FORMAT,
     MAX_BOUND_KEYS,
     MAX_STATE_FILE_BYTES,
@@ -24,7 +24,7 @@ from cbcl._state import (
     StateStore,
     file_name,
 )
-from cbcl._trust import (
+from cbcl.protocol._trust import (
     MAX_KEY_FILE_BYTES,
     MAX_KEYS,
     MAX_POLICY_BYTES,
@@ -212,7 +212,7 @@ def test_a_deeply_nested_policy_is_a_trust_error(tmp_path: Path) -> None:
 def test_key_count_cap_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The subgroup check costs ~1 ms of pure Python per key and runs twice per key; the cap
     # is what is tested here, so it is skipped (the keys are honest ones anyway).
-    monkeypatch.setattr(cbcl._trust, "public_key_problem", lambda raw: None)
+    monkeypatch.setattr(cbcl.protocol._trust, "public_key_problem", lambda raw: None)
     directory = tmp_path / "trust"
     directory.mkdir()
     for number in range(MAX_KEYS):

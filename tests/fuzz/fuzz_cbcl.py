@@ -120,8 +120,12 @@ class SessionKit:
         import typing
 
         import cbcl
-        from cbcl import _session
-        from cbcl._trust import TrustStore, load_private_key, read_signed_descriptor_unverified
+        from cbcl.protocol._trust import (
+            TrustStore,
+            load_private_key,
+            read_signed_descriptor_unverified,
+        )
+        from cbcl.session import _session
 
         self.cbcl = cbcl
         self.S = _session
@@ -349,7 +353,7 @@ _WORD = re.compile(r"[a-z][a-z0-9_]*")
 def _unreferenced_rules(text: str) -> tuple[str, ...]:
     """The rules no other rule names: the start rules a descriptor would give this text
     (at most 16, so the check stays cheap)."""
-    from cbcl._subset import rule_name_problem
+    from cbcl.grammar._subset import rule_name_problem
 
     text = re.sub(r"//[^\n]*", " ", text)
     heads = list(dict.fromkeys(_RULE_HEAD.findall(text)))
@@ -371,11 +375,12 @@ def outcome(function: Callable[..., object], *args: object, **kwargs: object) ->
 
 def _setup() -> dict[str, Callable[[bytes], None]]:
     import cbcl
-    from cbcl import _api, _codec
-    from cbcl._compile import compile_grammar
-    from cbcl._envelope import scan_envelope
-    from cbcl._reader import decode
-    from cbcl._subset import GrammarLimits
+    from cbcl.binary import _codec
+    from cbcl.core._reader import decode
+    from cbcl.grammar._compile import compile_grammar
+    from cbcl.grammar._subset import GrammarLimits
+    from cbcl.protocol import _api
+    from cbcl.protocol._envelope import scan_envelope
 
     registry = cbcl.Registry(disk_cache=False, isolate=False)
     for name in DESCRIPTORS:
@@ -458,7 +463,7 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
 
     def descriptor(data: bytes) -> None:
         try:
-            cbcl.read_descriptor(data)
+            cbcl.descriptor.read_descriptor(data)
         except cbcl.CBCLError:
             return
         with contextlib.suppress(cbcl.CBCLError):

@@ -111,9 +111,10 @@ def _outcome(fn: Any, *args: Any) -> Any:
 
 def _setup() -> Any:
     import cbcl
-    from cbcl import URI, Intent, Message, Signature, Symbol
-    from cbcl._canonical import canonical_value, canonical_value_python, native
-    from cbcl._codec import Encoder
+    from cbcl import URI, Intent, Message, Symbol
+    from cbcl.binary._codec import Encoder
+    from cbcl.core._canonical import canonical_value, canonical_value_python, native
+    from cbcl.trust import Signature
 
     if native is None:
         raise SystemExit("cbcl._encoders is not built: nothing to compare")

@@ -1,5 +1,5 @@
 """Atheris harness of the text reader's C twin (``cbcl._scanner.read_value``): on every
-input, what it reads is exactly what the careful loop (``cbcl._reader._read_careful``, the
+input, what it reads is exactly what the careful loop (``cbcl.core._reader._read_careful``, the
 reference) reads, value, end and node count, and where it gives up the careful loop raises
 (but at a later position of a text that is not ASCII, which it leaves to the Python tiers).
 
@@ -40,8 +40,9 @@ def _same(a: object, b: object) -> bool:
 
 
 def _setup() -> Any:
-    from cbcl import CBCLError, Limits, _reader
-    from cbcl._limits import DEFAULT_LIMITS
+    from cbcl import CBCLError, Limits
+    from cbcl.core import _reader
+    from cbcl.core._limits import DEFAULT_LIMITS
 
     read_value = _reader._read_value_c
     if read_value is None:

@@ -1,0 +1,588 @@
+"""CBCL over MCP (the Model Context Protocol, ``mcp`` 2.x): CBCL's tools as an MCP server, and
+a bridge that serves a request/v1 agent as MCP tools (spec/interop.md §5).
+
+:func:`tools_server` is what ``cbcl mcp`` runs over stdio: the tools ``parse``, ``canonical``,
+``check``, ``export`` and ``prompt``, each the library call of the CLI command of that name.
+Every argument is hostile input, read under the server's limits; a :class:`~cbcl.CBCLError`
+is a tool result with ``isError`` whose text is the error's one line (spec §6.3), so is a
+bad argument (``usage: …``), and anything else is ``internal: …``: never a crash.
+
+:func:`bridge_server` serves a request/v1 agent — a handler ``respond(message, context)``
+(sync or async) or an :class:`~cbcl.Agent`'s handler for REQUEST — as MCP tools, one per
+action. Each ``tools/call`` becomes a REQUEST message
+``(request :action (action :name TOOL :args (:key value …)))`` from the client's URI to the
+agent's, checked by both passes and the schema and by request/v1's conversation machine;
+the handler's replies are checked the same way, and the last one decides the result:
+INFORM is the tool result, FAILURE and REFUSE are ``isError``.
+
+Needs the ``mcp`` extra (``pip install 'cbcl[mcp]'``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import json
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Annotated, Any, cast
+
+try:
+    import anyio
+    from mcp.server.lowlevel import Server
+    from mcp.server.mcpserver import MCPServer
+    from mcp_types import (
+        CallToolRequestParams,
+        CallToolResult,
+        ListToolsResult,
+        PaginatedRequestParams,
+        TextContent,
+        Tool,
+    )
+    from pydantic import Field
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError("cbcl's MCP server needs the mcp extra: pip install 'cbcl[mcp]'"
+                      ) from exc
+
+from ..core._display import escape_invisible
+from ..core._errors import CBCLError, GrammarError, LimitError, MalformedError, UnknownProtocolError
+from ..core._limits import DEFAULT_LIMITS, Limits
+from ..core._reader import TOKEN, read
+from ..core._values import URI, Keyword, Symbol, Value
+from ..core._version import __version__
+from ..grammar._compile import compile_guarded
+from ..grammar._lr import LALR1
+from ..grammar._subset import read_grammar
+from ..llm._export import export_grammar
+from ..llm._prompt import render_prompt
+from ..net._agent import Agent, Context
+from ..protocol._api import canonical, parse
+from ..protocol._conversation import Conversation, Machine, compile_machine
+from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
+from ..protocol._json import message_to_json, to_json
+from ..protocol._message import Intent, Message
+from ..protocol._protocol import Protocol
+from ..protocol._registry import Registry
+from ..protocol._trust import read_signed_descriptor_unverified
+
+if TYPE_CHECKING:
+    from mcp.server.context import ServerRequestContext
+
+    from ..net._agent import Agent, Handler
+
+__all__ = [
+    "BridgeTool",
+    "bridge_server",
+    "error_result",
+    "plain_to_value",
+    "run_stdio",
+    "tools_server",
+]
+
+#: The protocol the bridge speaks.
+REQUEST_PROTOCOL = "request/v1"
+
+
+# --------------------------------------------------------------------------- results
+
+
+def text_result(text: str, structured: dict[str, Any] | None = None) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content=structured)
+
+
+def error_result(error: BaseException) -> CallToolResult:
+    """The ``isError`` tool result for ``error``: a :class:`CBCLError`'s one line (spec
+    §6.3: ``kind line:column: message``) with its kind, exit code and position as
+    structured content; ``usage: …`` for a ``ValueError``/``TypeError`` of the arguments;
+    ``internal: TYPE: message`` for anything else. Every line is escaped (spec §6.5)."""
+    if isinstance(error, CBCLError):
+        line = error.one_line()
+        details: dict[str, Any] = {"kind": error.kind, "exit": error.exit_code}
+        if error.position is not None:
+            details.update(line=error.position.line, column=error.position.column,
+                           offset=error.position.offset)
+    elif isinstance(error, (ValueError, TypeError)):
+        line, details = f"usage: {error}", {"kind": "usage", "exit": 2}
+    else:
+        line = f"internal: {type(error).__name__}: {error} (please report this)"
+        details = {"kind": "internal", "exit": 70}
+    text = escape_invisible(line.replace("\n", " "))
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content={"error": details}, is_error=True)
+
+
+def _guarded(work: Callable[[], CallToolResult]) -> CallToolResult:
+    try:
+        return work()
+    except Exception as exc:  # every failure is a tool result, never a crash
+        return error_result(exc)
+
+
+def _bounded(name: str, text: str, limits: Limits) -> bytes:
+    """``text`` as UTF-8, refused (:class:`LimitError`) beyond ``max_message_bytes``."""
+    maximum = limits.max_message_bytes
+    if len(text) > maximum:
+        raise LimitError(f"{name}: {len(text)} characters, more than the {maximum} bytes "
+                         f"allowed", limit="max_message_bytes", maximum=maximum)
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) > maximum:
+        raise LimitError(f"{name}: {len(data)} bytes, more than the {maximum} allowed",
+                         limit="max_message_bytes", maximum=maximum)
+    return data
+
+
+# --------------------------------------------------------------------------- cbcl mcp
+
+_INTENT_NAMES = tuple(intent.value for intent in Intent)
+_dumps = json.dumps
+
+
+def tools_server(registry: Registry | None = None, *, limits: Limits | None = None,
+                 name: str = "cbcl") -> MCPServer:
+    """An MCP server with CBCL's tools — ``parse``, ``canonical``, ``check``, ``export``,
+    ``prompt`` — over ``registry`` (the protocols ``parse`` knows and ``export``/``prompt``
+    name by id; ``None``: none) under ``limits`` (default :data:`DEFAULT_LIMITS`). Run it
+    with :func:`run_stdio` (``cbcl mcp``) or connect an in-memory ``mcp.Client`` to it."""
+    limits = DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise TypeError("limits must be a cbcl.Limits")
+    server: MCPServer = MCPServer(
+        name, version=_version(), log_level="WARNING",
+        instructions="CBCL/1.0 messages: parse and check them, write their canonical form, "
+                     "check grammars, export a protocol's grammar for constrained decoding, "
+                     "write a prompt that teaches a protocol. Errors are one line: kind "
+                     "line:column: message.")
+
+    def loaded(protocol: str) -> Protocol:
+        found = None if registry is None else registry.get(protocol)
+        if found is None:
+            raise UnknownProtocolError(
+                f"unknown protocol {escape_invisible(protocol, quote=True, limit=80)}: the "
+                f"server loaded no descriptor for it", protocol=protocol)
+        return found
+
+    def one_of(descriptor: str | None, protocol: str | None) -> None:
+        if (descriptor is None) == (protocol is None):
+            raise ValueError("give exactly one of descriptor (its text) and protocol (the "
+                             "id of a protocol the server loaded)")
+
+    @server.tool(name="parse", description=(
+        "Parse one CBCL/1.0 message: pass 1 (the envelope) and, unless envelope_only, pass 2 "
+        "(the body, by its protocol's grammar, and the schema) with the protocols the server "
+        "loaded. Returns its canonical form, or with json=true its JSON mapping (spec §7). "
+        "isError with the error line (kind line:column: message) when it is refused."))
+    async def parse_tool(message: Annotated[str, Field(description="the message text")],
+                         envelope_only: bool = False, json: bool = False) -> CallToolResult:
+        def work() -> CallToolResult:
+            parsed = parse(_bounded("message", message, limits), limits=limits,
+                           registry=registry, envelope_only=envelope_only)
+            if json:
+                return text_result(escape_invisible(_dumps(message_to_json(parsed),
+                                                           ensure_ascii=False)))
+            return text_result(parsed.canonical())
+        return _guarded(work)  # (in the event loop: bounded input, sub-millisecond work)
+
+    @server.tool(name="canonical", description=(
+        "The canonical form (spec §1.2) of one CBCL document (any value, not only a "
+        "message)."))
+    async def canonical_tool(document: Annotated[str, Field(description="one CBCL document")]
+                             ) -> CallToolResult:
+        def work() -> CallToolResult:
+            return text_result(canonical(read(_bounded("document", document, limits),
+                                              limits=limits)))
+        return _guarded(work)
+
+    @server.tool(name="check", description=(
+        "Check a body grammar, or a descriptor's grammar (spec §4.5), in a guarded worker "
+        "process: the verdict, then the report. isError unless the verdict is LALR(1)."))
+    def check_tool(grammar: Annotated[str, Field(description="grammar text, or a descriptor")],
+                   start: Annotated[list[str] | None, Field(
+                       description="the start rules of grammar text (default: body)",
+                       max_length=64)] = None) -> CallToolResult:
+        return _guarded(lambda: _check(_bounded("grammar", grammar, limits), start, limits))
+
+    @server.tool(name="export", description=(
+        "A protocol's messages as a grammar for constrained decoding (llguidance, gbnf, "
+        "lark) or a JSON Schema of their JSON mapping (spec/llm.md). Give the descriptor's "
+        "text (signed or not; nothing is verified) or the id of a protocol the server "
+        "loaded."))
+    def export_tool(descriptor: str | None = None, protocol: str | None = None,
+                    format: Annotated[str, Field(description="llguidance, gbnf, lark or "
+                                                             "json-schema")] = "llguidance",
+                    intent: Annotated[str | None, Field(description="only this intent's "
+                                                                    "messages")] = None,
+                    schema: bool = True) -> CallToolResult:
+        def work() -> CallToolResult:
+
+            one_of(descriptor, protocol)
+            source: ProtocolDescriptor | bytes = \
+                loaded(cast(str, protocol)).descriptor if descriptor is None \
+                else _unsigned(_bounded("descriptor", descriptor, limits), limits)
+            done = export_grammar(source, format, intent=intent, schema=schema)
+            return text_result(done.text, {"format": done.format,
+                                           "intents": [i.value for i in done.intents],
+                                           "not_carried": list(done.not_carried)})
+        return _guarded(work)
+
+    @server.tool(name="prompt", description=(
+        "A system-prompt section (Markdown) that teaches a model to write one protocol's "
+        "messages, with accepted examples (NOT a verification of the descriptor). Give the "
+        "descriptor's text (signed or not) or the id of a protocol the server loaded."))
+    def prompt_tool(descriptor: str | None = None, protocol: str | None = None,
+                    intent: str | None = None,
+                    examples: Annotated[int, Field(ge=0, le=20)] = 1,
+                    seed: Annotated[int, Field(ge=0, le=1 << 32)] = 0) -> CallToolResult:
+        def work() -> CallToolResult:
+
+            one_of(descriptor, protocol)
+            chosen = None
+            if intent is not None:
+                if intent not in _INTENT_NAMES:
+                    raise ValueError(f"intent: {escape_invisible(intent, limit=40)!r} is not "
+                                     f"an intent")
+                chosen = Intent(intent)
+            if descriptor is None:
+                use, found = cast(Registry, registry), loaded(cast(str, protocol))
+            else:
+                # A grammar from the caller: compiled in a guarded worker, trusted for this
+                # prompt only (a throw-away registry, no disk cache).
+                use = Registry(limits=limits, disk_cache=False)
+                found = use.load(_unsigned(_bounded("descriptor", descriptor, limits),
+                                           limits), allow_unsigned=True)
+            return text_result(render_prompt(found, registry=use, intent=chosen,
+                                             count=examples, seed=seed))
+        return _guarded(work)
+
+    return server
+
+
+def _version() -> str:
+    return __version__
+
+
+def _unsigned(data: bytes, limits: Limits) -> bytes:
+    """The payload of a signed descriptor (unverified), or ``data`` itself."""
+
+    document = read(data, limits=limits)
+    if type(document) is tuple and document and str(document[0]) == "signed-descriptor":
+        return read_signed_descriptor_unverified(data, limits=limits).payload
+    return data
+
+
+def _check(data: bytes, start: list[str] | None, limits: Limits) -> CallToolResult:
+    """``cbcl grammar check`` as a tool: the verdict and the report."""
+
+    head = TOKEN.match(data.decode("utf-8", "replace"))
+    is_descriptor = head is not None and head.lastindex == 1 and data[head.end():].lstrip(
+        ).startswith((b"protocol-descriptor", b"signed-descriptor"))
+    starts: tuple[str, ...] = ("body",) if not start else tuple(dict.fromkeys(start))
+    try:
+        grammar = data
+        if is_descriptor:
+            descriptor = read_descriptor(_unsigned(data, limits), limits=limits)
+            grammar, starts = descriptor.grammar.encode("utf-8"), descriptor.start_rules
+        try:
+            text = grammar.decode("utf-8")
+        except UnicodeDecodeError:
+            read_grammar(grammar)  # refuses it, with the position of the first bad byte
+            raise
+        compiled = compile_guarded(text, starts=starts)
+    except GrammarError as exc:
+        result = error_result(exc)
+        lines = ["rejected", result.content[0].text]  # type: ignore[union-attr]
+        if exc.context:
+            lines.append(escape_invisible(exc.context.replace("\n", "\x00")).replace(
+                "\\u0000", "\n"))
+        result.content = [TextContent(type="text", text="\n".join(lines))]
+        result.structured_content = {"verdict": "rejected", **result.structured_content}
+        return result
+    report = compiled.report.rstrip("\n")
+    return CallToolResult(content=[TextContent(type="text", text=report)],
+                          structured_content={"verdict": compiled.verdict},
+                          is_error=compiled.verdict != LALR1)
+
+
+async def run_stdio(server: MCPServer | Server[Any]) -> None:
+    """Serve ``server`` over this process's standard input and output until the input
+    ends (``cbcl mcp``)."""
+    if isinstance(server, MCPServer):
+        await server.run_stdio_async()
+        return
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+# --------------------------------------------------------------------------- the bridge
+
+
+def plain_to_value(value: Any, limits: Limits = DEFAULT_LIMITS, path: str = "$") -> Value:
+    """A tool argument (plain JSON, as ``json.loads`` gives it) as a CBCL value: a string
+    is a STRING, an integer an INTEGER (int64), a float a DECIMAL (its shortest repr, finite),
+    ``true``/``false`` the symbols, an array a list, an object a keyword list
+    ``(:key value …)`` (each key a keyword name). ``null`` and everything else is refused
+    (:class:`MalformedError` naming the JSON path); nesting beyond ``limits.max_depth``
+    is a :class:`LimitError`."""
+    return _plain(value, limits, path, 0)
+
+
+def _plain(value: Any, limits: Limits, path: str, depth: int) -> Value:
+    if depth > limits.max_depth:
+        raise LimitError(f"{path}: the arguments nest deeper than {limits.max_depth}",
+                         limit="max_depth", maximum=limits.max_depth)
+    kind = type(value)
+    if kind is str:
+        return cast(str, value)
+    if kind is bool:
+        return Symbol("true" if value else "false")
+    if kind is int:
+        if not -(2**63) <= value < 2**63:
+            raise MalformedError(f"{path}: integer outside int64")
+        return cast(int, value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise MalformedError(f"{path}: {value!r} is not a finite number")
+        number = Decimal(repr(value))
+        try:
+            canonical(number)
+        except ValueError as exc:
+            raise MalformedError(f"{path}: {value!r}: {exc}") from None
+        return number
+    if kind is list:
+        items = cast(list[Any], value)
+        if len(items) > limits.max_list_items:
+            raise LimitError(f"{path}: more than {limits.max_list_items} items",
+                             limit="max_list_items", maximum=limits.max_list_items)
+        return tuple(_plain(item, limits, f"{path}[{i}]", depth + 1)
+                     for i, item in enumerate(items))
+    if kind is dict:
+        members = cast(dict[str, Any], value)
+        if 2 * len(members) > limits.max_list_items:
+            raise LimitError(f"{path}: more than {limits.max_list_items // 2} members",
+                             limit="max_list_items", maximum=limits.max_list_items)
+        out: list[Value] = []
+        for key, item in members.items():
+            try:
+                keyword = Keyword(key)
+            except (ValueError, TypeError):
+                shown = escape_invisible(str(key), quote=True, limit=40)
+                raise MalformedError(f"{path}: {shown} is not a keyword name") from None
+            out += [keyword, _plain(item, limits, f"{path}.{key}", depth + 1)]
+        return tuple(out)
+    raise MalformedError(f"{path}: {'null' if value is None else kind.__name__} has no CBCL "
+                         f"value")
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeTool:
+    """One MCP tool of the bridge: the request/v1 action ``name`` (a symbol, also the tool's
+    name), its ``description``, and the JSON Schema of its arguments (checked before the
+    REQUEST is built; default: any object)."""
+
+    name: str
+    description: str = ""
+    input_schema: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "additionalProperties": True})
+
+
+@dataclass
+class _Bridge:
+    handler: Handler
+    registry: Registry
+    tools: dict[str, BridgeTool]
+    agent: URI
+    client: URI
+    timeout: float
+    limits: Limits
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    prefix: str = field(default_factory=lambda: secrets.token_hex(4))
+    validators: dict[str, Any] = field(default_factory=dict)
+    machine: Machine = field(init=False)
+
+    def __post_init__(self) -> None:
+        protocol = self.registry.get(REQUEST_PROTOCOL)
+        assert protocol is not None and protocol.descriptor.conversation is not None
+        self.machine = compile_machine(protocol.descriptor.conversation,
+                                       intents=protocol.descriptor.intents)
+
+    def next_id(self, kind: str) -> str:
+        return f"mcp-{self.prefix}-{kind}-{next(self.ids)}"
+
+    def request(self, tool: BridgeTool, arguments: dict[str, Any]) -> Message:
+        args = plain_to_value(arguments, self.limits, "$.arguments")
+        body = (Symbol("request"), Keyword("action"),
+                (Symbol("action"), Keyword("name"), Symbol(tool.name), Keyword("args"), args))
+        draft = Message(message_id=self.next_id("rq"), sender=self.client,
+                        receiver=self.agent, intent=Intent.REQUEST,
+                        protocol=REQUEST_PROTOCOL, conversation_id=self.next_id("c"),
+                        timestamp=_now(), body=body)
+        # Both passes and the schema, on the text a receiver would read.
+        return parse(draft.canonical(), limits=self.limits, registry=self.registry)
+
+    async def call(self, name: str, arguments: dict[str, Any] | None) -> CallToolResult:
+        tool = self.tools.get(name)
+        if tool is None:
+            return error_result(ValueError(f"unknown tool {escape_invisible(name, limit=60)}"))
+        try:
+            self.check_arguments(tool, arguments or {})
+            request = self.request(tool, arguments or {})
+        except Exception as exc:
+            return error_result(exc)
+        conversation = Conversation(self.machine, protocol=REQUEST_PROTOCOL,
+                                    conversation_id=cast(str, request.conversation_id))
+        conversation.receive(request, now=_now())
+
+        context = Context(request, next_id=lambda: self.next_id("re"))
+        try:
+            with anyio.fail_after(self.timeout):
+                answer: Any = self.handler(request, context)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+        except TimeoutError:
+            return _agent_error(f"the agent did not answer within {self.timeout:g} s")
+        except Exception as exc:
+            return _agent_error(f"the agent failed: {type(exc).__name__}")
+        replies = [answer] if isinstance(answer, Message) or answer is None else answer
+        if not isinstance(replies, Sequence) or not replies or replies == [None]:
+            return _agent_error("the agent did not answer")
+        last: Message | None = None
+        try:
+            for reply in replies:
+                if not isinstance(reply, Message):
+                    raise TypeError(f"the agent returned {type(reply).__name__}, not a "
+                                    f"Message")
+                checked = parse(reply.canonical(), limits=self.limits, registry=self.registry)
+                conversation.receive(checked, now=_now())
+                last = checked
+        except Exception as exc:
+            return error_result(exc)
+        assert last is not None
+        return _reply_result(last, conversation.state)
+
+    def check_arguments(self, tool: BridgeTool, arguments: dict[str, Any]) -> None:
+        validator = self.validators.get(tool.name)
+        if validator is None:
+            import jsonschema
+
+            validator = jsonschema.Draft202012Validator(dict(tool.input_schema))
+            self.validators[tool.name] = validator
+        error = next(iter(validator.iter_errors(arguments)), None)
+        if error is not None:
+            where = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}"
+                                  for p in error.absolute_path)
+            raise MalformedError(f"arguments {where}: {error.message}")
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _agent_error(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=escape_invisible(text))],
+                          structured_content={"error": {"kind": "agent"}}, is_error=True)
+
+
+def _field(body: Value | None, name: str) -> Value | None:
+    if not isinstance(body, tuple):
+        return None
+    for index in range(1, len(body) - 1):
+        if type(body[index]) is Keyword and str.__str__(body[index]) == name:
+            return body[index + 1]
+    return None
+
+
+def _reply_result(reply: Message, state: Symbol) -> CallToolResult:
+    """The tool result for the agent's last reply, in conversation ``state``."""
+    body = reply.body
+    head = str.__str__(body[0]) if isinstance(body, tuple) and body else ""
+    structured: dict[str, Any] = {"intent": reply.intent.value, "state": str(state),
+                                  "message": reply.canonical()}
+    if reply.intent is Intent.INFORM:
+        result = _field(body, "result")
+        if head == "inform-result" and result is not None:
+            structured["result"] = to_json(result)
+            text = result if type(result) is str else canonical(result)
+        else:
+            text = "done"
+        action = _field(body, "action-id")
+        if type(action) is str:
+            structured["action_id"] = action
+        return CallToolResult(content=[TextContent(type="text", text=text)],
+                              structured_content=structured)
+    reason = _field(body, "reason")
+    shown = reason if type(reason) is str else ""
+    if reply.intent is Intent.FAILURE:
+        text = f"failure: {shown}"
+    elif reply.intent is Intent.REFUSE:
+        text = f"refused: {shown}"
+    elif reply.intent is Intent.AGREE:
+        text = "the agent agreed but sent no result"
+    else:
+        text = f"the agent answered {reply.intent.value}"
+    return CallToolResult(content=[TextContent(type="text", text=escape_invisible(text))],
+                          structured_content=structured, is_error=True)
+
+
+def bridge_server(handler: Handler | Agent, tools: Iterable[BridgeTool | str], *,
+                  registry: Registry, client: URI | str = "mcp://client",
+                  agent: URI | str | None = None, timeout: float = 30.0,
+                  limits: Limits | None = None, name: str = "cbcl-bridge") -> Server[Any]:
+    """An MCP server whose tools are request/v1 actions answered by ``handler``.
+
+    ``handler`` is ``respond(message, context)`` (sync or async; returning a reply, a
+    sequence of replies such as AGREE then INFORM, or ``None``) or an :class:`~cbcl.Agent`,
+    whose handler for request/v1 REQUEST answers (and whose name is the agent's URI).
+    ``tools``: the actions, as :class:`BridgeTool` or names. ``registry`` must hold
+    request/v1. Each call's REQUEST goes from ``client`` to ``agent`` (default
+    ``agent://mcp-bridge``) in a new conversation; the handler has ``timeout`` seconds.
+    Raises ``ValueError`` for a registry without request/v1, a tool name that is not a
+    symbol, or a repeated one.
+    """
+
+    if isinstance(handler, Agent):
+        agent = handler.name if agent is None else agent
+        found = handler.handler_for(REQUEST_PROTOCOL, Intent.REQUEST)
+        if found is None:
+            raise ValueError(f"the agent has no handler for {REQUEST_PROTOCOL} REQUEST")
+        handler = found
+    if not callable(handler):
+        raise TypeError("handler must be callable or a cbcl.Agent")
+    protocol = registry.get(REQUEST_PROTOCOL)
+    if protocol is None or protocol.descriptor.conversation is None:
+        raise ValueError(f"the registry must hold {REQUEST_PROTOCOL} (with its conversation)")
+    specs: dict[str, BridgeTool] = {}
+    for item in tools:
+        spec = BridgeTool(item) if isinstance(item, str) else item
+        Symbol(spec.name)  # raises ValueError for a name that is not a symbol
+        if spec.name in specs:
+            raise ValueError(f"tool {spec.name} is given twice")
+        specs[spec.name] = spec
+    if not 0 < timeout <= 86_400:
+        raise ValueError("timeout must be in (0, 86400] seconds")
+    bridge = _Bridge(handler=handler, registry=registry, tools=specs, agent=URI(
+        str(agent or "agent://mcp-bridge")), client=URI(str(client)), timeout=float(timeout),
+        limits=DEFAULT_LIMITS if limits is None else limits)
+    listed = [Tool(name=spec.name, description=spec.description or
+                   f"request/v1 action {spec.name}, answered by a CBCL agent",
+                   input_schema=dict(spec.input_schema)) for spec in specs.values()]
+
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: PaginatedRequestParams | None) -> ListToolsResult:
+        return ListToolsResult(tools=listed)
+
+    async def call_tool(ctx: ServerRequestContext[Any],
+                        params: CallToolRequestParams) -> CallToolResult:
+        try:
+            return await bridge.call(params.name, params.arguments)
+        except Exception as exc:  # never a crash
+            return error_result(exc)
+
+    return Server(name, version=_version(), on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=lambda tool: dict(specs[tool].input_schema)
+                  if tool in specs else None)

@@ -1,0 +1,85 @@
+"""``cbcl mcp``: CBCL's tools (parse, canonical, check, export, prompt) as an MCP server over
+standard input and output, or, with ``--handler``, a request/v1 agent served as MCP tools
+(:mod:`cbcl.bridges._mcp`; needs the ``mcp`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..core._limits import DEFAULT_LIMITS
+from ..net._agent import load_handler
+from ._common import (
+    EXIT_OK,
+    MAX_DOCUMENT_BYTES,
+    add_protocol_options,
+    document_bytes,
+    registry_from_args,
+    seconds,
+    usage_error,
+)
+
+if TYPE_CHECKING:
+    from ._common import Commands
+
+
+def _cmd_mcp(args: argparse.Namespace, data: bytes) -> int:
+    try:
+        import anyio
+
+        from ..bridges import _mcp
+    except ImportError as exc:
+        usage_error("cbcl mcp", f"{exc} (the mcp extra: pip install 'cbcl[mcp]')")
+    registry = registry_from_args(args)
+    if args.respond is None:
+        if args.tool:
+            usage_error("cbcl mcp", "--tool needs --handler")
+        server: object = _mcp.tools_server(registry, limits=args.limits)
+    else:
+
+        if not args.tool:
+            usage_error("cbcl mcp", "--handler needs at least one --tool NAME[=DESCRIPTION]")
+        if registry is None or registry.get(_mcp.REQUEST_PROTOCOL) is None:
+            usage_error("cbcl mcp", f"--handler needs --descriptor of {_mcp.REQUEST_PROTOCOL}")
+        try:
+            respond = load_handler(args.respond)
+        except (ValueError, ImportError, AttributeError, TypeError) as exc:
+            usage_error("cbcl mcp", f"--handler: {exc}")
+        tools = []
+        for spec in args.tool:
+            name, _, description = spec.partition("=")
+            tools.append(_mcp.BridgeTool(name, description))
+        try:
+            server = _mcp.bridge_server(respond, tools, registry=registry, limits=args.limits,
+                                        client=args.client, agent=args.agent,
+                                        timeout=args.handler_timeout)
+        except ValueError as exc:
+            usage_error("cbcl mcp", str(exc))
+    anyio.run(_mcp.run_stdio, server)  # type: ignore[arg-type]
+    return EXIT_OK
+
+
+def register(commands: Commands) -> None:
+    """Add ``mcp`` to ``commands`` (the ``cbcl`` subcommands)."""
+    m = commands.add_parser(
+        "mcp", help="serve CBCL's tools (parse, canonical, check, export, prompt) over MCP "
+                    "stdio; with --handler, a request/v1 agent as MCP tools")
+    add_protocol_options(m)
+    m.add_argument("--handler", dest="respond", metavar="MODULE:CALLABLE", default=None,
+                   help="serve this request/v1 handler, respond(message, context), as MCP "
+                        "tools (needs --descriptor of request/v1 and --tool)")
+    m.add_argument("--tool", action="append", default=[], metavar="NAME[=DESCRIPTION]",
+                   help="with --handler: an action the agent answers, one MCP tool "
+                        "(repeatable)")
+    m.add_argument("--client", default="mcp://client", metavar="URI",
+                   help="with --handler: the sender of the REQUEST messages "
+                        "(default mcp://client)")
+    m.add_argument("--agent", default=None, metavar="URI",
+                   help="with --handler: their receiver (default agent://mcp-bridge)")
+    m.add_argument("--handler-timeout", type=seconds(0.001, 86_400), default=30.0, metavar="S",
+                   help="with --handler: seconds the handler has per call (default 30)")
+    m.add_argument("--max-message-bytes", type=document_bytes, metavar="N",
+                   default=DEFAULT_LIMITS.max_message_bytes,
+                   help=f"message (and tool argument) size limit, 1 to {MAX_DOCUMENT_BYTES} "
+                        f"(default {DEFAULT_LIMITS.max_message_bytes})")
+    m.set_defaults(handler=_cmd_mcp, file=None)

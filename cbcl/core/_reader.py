@@ -1,0 +1,1035 @@
+"""The guarded reader of CBCL text (draft §1).
+
+Theory of operation
+-------------------
+The input is decoded once (strict UTF-8) and scanned with a single compiled regular
+expression, :data:`TOKEN`. Each match skips whitespace and comments, then captures exactly
+one token in a numbered group; ``match.lastindex`` names the token kind, so the hot loop
+dispatches on a small int without a second look at the text. Every quantifier that can
+meet a long run of input is possessive (``*+``, ``++``), so no alternative backtracks more
+than a constant amount: scanning is linear in the input. Atoms must be followed by a
+delimiter (whitespace, ``(``, ``)``, ``;`` or the end); an atom that is not, and any other
+character that starts no token, falls through to the catch-all group, and only then does
+:func:`diagnose` look closely at the text to say precisely what is wrong. The happy path
+never computes a line or column: positions are derived from the character index only when
+an error is raised.
+
+Values are built iteratively with an explicit stack (never recursion), and every limit of
+:class:`~cbcl.Limits` is checked at the token that would exceed it, before the value is
+built: depth at each ``(``, items at each append, nodes at each token, string and name
+sizes before their text is copied or unescaped, and the document size before decoding.
+That careful loop runs only after a faster one, which checks less per token (items when a
+list closes), has given up on the text: well-formed text is read once, and text with an
+error twice, the second time to raise the precise error.
+
+A whole document (a value read from character 0: :func:`read`, the envelope's fast path)
+is first offered to a third tier, :func:`_read_split`, which leaves the per-token regular
+expression to C-level string operations for a list that only whitespace follows. It skips
+leading whitespace and comments, then ``text.split('"')`` separates the strings (the odd
+parts) from the rest; the rest, joined with one ``"`` where each string was, is tokenised
+with ``.replace("(", " ( ").replace(")", " ) ").split()``, and each token is looked up in a
+bounded cache of token text -> value (``_ATOM.fullmatch`` on a miss). A lone ``"`` token
+takes the next string; a string without a delimiter beside it leaves a token like ``a"``
+or ``""`` that is no atom. Rare atoms are read in place, so that a valid message is never
+read twice (issue 19, spec/cbcl-1.0.md "Cost model"): an escaped quote is hidden from the
+split first (:func:`_escape_quotes`: backslashes paired left to right, as escapes read,
+become control characters no valid text holds), comments are cut out of the parts between
+strings (:data:`_COMMENT`; one that holds a quote misled the split and gives up), long
+integers are range-checked, long strings measured. Since those operations accept more
+than CBCL, the tier checks in bulk, before building anything, whatever they would let
+through: whitespace that ``str.split`` knows and CBCL refuses (:data:`_ODD_SPACE`),
+forbidden characters in strings, invalid escapes, the sizes of strings and names, the
+node budget (which also bounds the splits). Depth and items are checked as lists open and
+close, and the list must close at the last token. On any doubt it gives up (``None``),
+never raises, and the two tiers above read the text; the fast loop, too, reads long
+integers and long strings in place, and gives up on errors only.
+Like them it is linear: every pass is a C-level scan or a loop over tokens. It scans to
+the end of the text, so it is never tried at a later position (:func:`value_spans` would
+re-scan the rest per value).
+
+The envelope parser (pass 1) drives the same token expression and calls
+:func:`read_value_at` to capture the body, so a message is scanned exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any, NoReturn
+
+from ._errors import MalformedError, Position
+from ._limits import DEFAULT_LIMITS, Budget, Limits
+from ._values import INT64_MAX, INT64_MIN, KEYWORD_TABLE, SYMBOL_TABLE, URI, Keyword, Symbol, Value
+from ._vocabulary import (
+    INVISIBLE,
+    MAX_DECIMAL_CHARS,
+    NAME,
+    NUMBER_GROUPS,
+    NUMBER_RE,
+    NUMBERLIKE_RE,
+    SYMBOL as SYMBOL_PATTERN,
+    URI_PATTERN,
+)
+
+# Characters refused unescaped in strings (and everywhere else outside them): C0 and C1
+# controls, DEL, and the bidirectional embedding/override/isolate controls.
+_FORBIDDEN = "\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+_DELIM = r"(?=[ \t\r\n();]|\Z)"
+# A comment: from ';' to the line's end. A control character inside it stops the comment
+# and then fails as a token.
+_COMMENT_PATTERN = (r";[^\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+                    r"\u2028\u2029\ufeff]*+")
+
+# Group numbers (match.lastindex) of the token kinds. The alternatives are tried in order
+# of frequency (symbols before URIs, which they cannot match: a symbol never contains ':');
+# every atom must end at a delimiter, so no two alternatives match at the same place.
+LPAR, RPAR, KEYWORD, SYMBOL, STRING, INTEGER, DECIMAL, URI_TOKEN, EOF, BAD = range(1, 11)
+
+TOKEN = re.compile(
+    # Whitespace and comments.
+    r"(?:[ \t\r\n]++|" + _COMMENT_PATTERN + r")*+"
+    r"(?:"
+    r"(\()"  # 1 LPAR
+    r"|(\))"  # 2 RPAR
+    r"|:(" + NAME + r")" + _DELIM +  # 3 KEYWORD (the name)
+    r"|(" + SYMBOL_PATTERN + r")" + _DELIM +  # 4 SYMBOL
+    # 5 STRING: the raw text between the quotes. \u escapes of surrogates do not match.
+    r'|"((?:[^"\\' + _FORBIDDEN + r"]++"
+    r'|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+)"' + _DELIM +
+    r"|" + NUMBER_GROUPS + _DELIM +  # 6 INTEGER, 7 DECIMAL part
+    r"|(" + URI_PATTERN + r")"
+    + _DELIM +  # 8 URI
+    r"|(\Z)"  # 9 EOF
+    r"|((?s:.))"  # 10 BAD: diagnosed separately
+    r")"
+)
+
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|(.))")
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "r": "\r", "t": "\t"}
+_INT_MAX_CHARS = 20  # len("-9223372036854775808")
+
+_new = str.__new__
+
+
+def _unescape_one(m: re.Match[str]) -> str:
+    hex_digits = m.group(1)
+    if hex_digits is not None:
+        return chr(int(hex_digits, 16))
+    return _SIMPLE_ESCAPES[m.group(2)]
+
+
+def token_start(m: re.Match[str]) -> int:
+    """Where the token of a :data:`TOKEN` match starts: at a string's quote, a keyword's
+    colon, a decimal's first digit."""
+    kind = m.lastindex or 0
+    if kind in (STRING, KEYWORD):
+        return m.start(kind) - 1
+    if kind == DECIMAL:
+        return m.start(INTEGER)
+    return m.start(kind)
+
+
+def unescape(raw: str) -> str:
+    """Unescape the raw text of a STRING token the scanner has already validated."""
+    if "\\" not in raw:
+        return raw
+    return _ESCAPE.sub(_unescape_one, raw)
+
+
+# --------------------------------------------------------------------------- positions
+
+
+def position_of(text: str, index: int) -> Position:
+    """The :class:`Position` of character ``index`` in ``text`` (computed on error only)."""
+    index = max(0, min(index, len(text)))
+    line = text.count("\n", 0, index) + 1
+    line_start = text.rfind("\n", 0, index) + 1
+    offset = len(text[:index].encode("utf-8", "surrogatepass"))
+    return Position(line, index - line_start + 1, offset)
+
+
+def context_of(text: str, index: int, width: int = 72) -> str:
+    """The line around ``index`` with a caret under it, clipped to ``width`` characters."""
+    index = max(0, min(index, len(text)))
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    if end == -1:
+        end = len(text)
+    line = text[start:end].rstrip("\r")
+    col = index - start
+    left = max(0, col - width // 2)
+    snippet = line[left : left + width]
+    shown = "".join(ch if ch.isprintable() else "\ufffd" for ch in snippet)
+    return f"{shown}\n{' ' * (col - left)}^"
+
+
+def fail(text: str, index: int, message: str, *,
+         expected: tuple[str, ...] = (), error: type[MalformedError] = MalformedError) -> NoReturn:
+    """Raise ``error`` at character ``index`` of ``text``."""
+    raise error(message, position=position_of(text, index), context=context_of(text, index),
+                expected=expected)
+
+
+def text_budget(text: str, limits: Limits) -> Budget:
+    """The :class:`Budget` of ``text``: its indexes are character indexes."""
+    return Budget(limits, lambda index: (position_of(text, index), context_of(text, index)))
+
+
+def limit(text: str, index: int, limits: Limits, name: str,
+          subject: str | None = None) -> NoReturn:
+    """Raise :class:`LimitError` for limit ``name`` at character ``index`` of ``text``."""
+    text_budget(text, limits).exceeded(name, index, subject)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def utf8_of(data: bytes | bytearray | memoryview | str) -> bytes | None:
+    """The UTF-8 a document was decoded from, where :func:`decode` decoded exact bytes
+    (what the C tier may read instead of encoding the text again), else ``None``."""
+    return data if type(data) is bytes else None
+
+
+def decode(data: bytes | bytearray | memoryview | str, limits: Limits) -> str:
+    """Check the document size, then decode strict UTF-8.
+
+    Raises :class:`LimitError` (``max_message_bytes``) before decoding anything, and
+    :class:`MalformedError` for invalid UTF-8 (a lone surrogate in a ``str``, too), or
+    ``TypeError`` for another type.
+    """
+    maximum = limits.max_message_bytes
+    if isinstance(data, str):
+        if len(data) > maximum:  # each character is at least one byte
+            _too_big(limits)
+        try:
+            size = len(data.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            fail(data, exc.start, "a lone surrogate is not valid UTF-8")
+        if size > maximum:
+            _too_big(limits)
+        return data
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"expected bytes or str, not {type(data).__name__}")
+    if len(data) > maximum:
+        _too_big(limits)
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        good = bytes(data[: exc.start]).decode("utf-8")
+        pos = position_of(good, len(good))
+        raise MalformedError(f"invalid UTF-8 (byte 0x{data[exc.start]:02x})",
+                             position=Position(pos.line, pos.column, exc.start),
+                             context=context_of(good, len(good))) from None
+
+
+def _too_big(limits: Limits) -> NoReturn:
+    Budget(limits, nowhere).exceeded("max_message_bytes", 0)
+
+
+def nowhere(index: int) -> tuple[None, None]:
+    """A :class:`Budget`'s ``locate`` for a refusal that has no position."""
+    return None, None
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def only_space_after(text: str, end: int) -> bool:
+    """Whether nothing but whitespace and comments follows character ``end`` of ``text``
+    (the end of a whole document's one value)."""
+    return end == len(text) or TOKEN.match(text, end).lastindex == EOF  # type: ignore[union-attr]
+
+
+def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                  utf8: bytes | None = None) -> tuple[Value, int, int]:
+    """Read one value starting at character ``pos`` (whitespace and comments may precede).
+
+    ``depth`` is the number of lists already open around the value and ``nodes`` the
+    number of nodes already counted in the document; both count toward the limits.
+    Returns ``(value, end, nodes)`` where ``end`` is the index just after the value.
+    ``utf8``: the bytes ``text`` was decoded from, if the caller has them (the C tier then
+    reads them rather than encoding the text again). Raises :class:`MalformedError` or
+    :class:`LimitError`.
+
+    The C twin of the fast tiers (``cbcl._scanner.read_value``, when built) reads first;
+    where it declines, or is not built, at ``pos`` 0 :func:`_read_split` tries a list that
+    runs to the end of the text. The fast loop (:func:`_read_fast`) reads well-formed
+    text within the limits; on anything else it gives up and :func:`_read_careful` reads
+    the same text again, to raise the precise error at the token that caused it.
+    """
+    if _read_value_c is not None:
+        found = _read_value_c(text, pos, _CACHE, _atom, limits.max_depth - depth,
+                              limits.max_list_items, limits.max_nodes - nodes,
+                              limits.max_string_bytes, limits.max_name_chars, utf8)
+        if found is not None:
+            value, end, count = found
+            return value, end, nodes + count
+    return read_value_python(text, pos, limits, depth, nodes)
+
+
+def read_value_python(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                      ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` by the Python tiers alone (the reference of the C twin,
+    ``cbcl._scanner.read_value``)."""
+    if pos == 0:
+        found = _read_split(text, limits, depth, nodes)
+        if found is not None:
+            return found
+    return _read_tokens(text, pos, limits, depth, nodes)
+
+
+def _read_tokens(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                 ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` by the two tiers that drive :data:`TOKEN`."""
+    found = _read_fast(text, pos, limits, depth, nodes)
+    if found is not None:
+        return found
+    return _read_careful(text, pos, limits, depth, nodes)
+
+
+# Symbols and keywords already made, by name: a message repeats its names, and a name read
+# twice is then one object (so dictionaries keyed by atoms find it by identity, without
+# calling ``_Atom.__eq__``). Every name here is valid (callers check before interning), so
+# finding a name here also validates it. Bounded: when full, a table is emptied down to
+# its pinned names (the grammars' and schemas' literals), so names a peer floods it with
+# cannot keep later names out for good.
+#
+# Process-wide ON PURPOSE (spec/cbcl-1.0.md, "Process-wide memos"): interning is an
+# identity shared by every owner of atoms. The atoms the text reader and the binary
+# decoder (whose fast path is handed these very dicts) return must be the objects that
+# keyed the tables built from grammars and schemas (Protocol.atoms, the codec's symbol
+# tables, compiled schemas), and compiled grammars are shared between registries (the
+# process-wide grammar cache): a table per registry or decoder would give one name
+# several objects, and every lookup by identity would miss. Safe: an interned atom is an
+# immutable value equal to any other of its name, equality is the fallback of every
+# lookup, so a flushed table costs speed, never a different answer; the pinned names stay
+# through flushes (at most _INTERN_MAX // 2 of them).
+_INTERN_MAX = 8192
+_SYMBOLS: dict[str, Symbol] = SYMBOL_TABLE  # (cbcl.core._values': Symbol() looks there too)
+_KEYWORDS: dict[str, Keyword] = KEYWORD_TABLE
+_PINNED_SYMBOLS: dict[str, Symbol] = {}
+_PINNED_KEYWORDS: dict[str, Keyword] = {}
+
+
+def _intern(table: dict[str, Any], pinned: dict[str, Any], kind: type, name: str,
+            pin: bool) -> Any:
+    value = table.get(name)
+    if value is None:
+        value = _new(kind, name)
+        if len(table) >= _INTERN_MAX:
+            table.clear()
+            table.update(pinned)
+        table[name] = value
+    if pin and name not in pinned and len(pinned) < _INTERN_MAX // 2:
+        pinned[name] = value
+    return value
+
+
+def intern_symbol(name: str, *, pin: bool = False) -> Symbol:
+    """The shared :class:`Symbol` named ``name`` (a valid name and an exact ``str``, not
+    checked); ``pin=True`` keeps it in the table for good (a grammar or schema literal)."""
+    value = _SYMBOLS.get(name)
+    if value is None or pin:
+        value = _intern(_SYMBOLS, _PINNED_SYMBOLS, Symbol, name, pin)
+    return value
+
+
+def intern_keyword(name: str, *, pin: bool = False) -> Keyword:
+    """The shared :class:`Keyword` named ``name`` (without the colon, a valid name and an
+    exact ``str``, not checked); ``pin=True`` as for :func:`intern_symbol`."""
+    value = _KEYWORDS.get(name)
+    if value is None or pin:
+        value = _intern(_KEYWORDS, _PINNED_KEYWORDS, Keyword, name, pin)
+    return value
+
+
+def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+               ) -> tuple[Value, int, int] | None:
+    """:func:`read_value_at` for text that reads without an error, or ``None``.
+
+    The same values as :func:`_read_careful`, with fewer checks per token: nodes are
+    counted at every token (so no more than the limit is ever built), a list's items when
+    it closes, and the rare conditions (escapes, long strings and names, long integers)
+    only when they may apply (in place: it gives up on no text that is valid within the
+    limits). Every refusal gives up, never raises."""
+    budget = limits.max_nodes - nodes
+    max_items = limits.max_list_items
+    depth_left = limits.max_depth - depth
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    symbols_get = _SYMBOLS.get
+    keywords_get = _KEYWORDS.get
+    stack: list[list[Value]] = []
+    push = stack.append
+    pop = stack.pop
+    items: list[Value] | None = None
+    count = 0
+    value: Value
+    for m in TOKEN.finditer(text, pos):
+        kind: int = m.lastindex  # type: ignore[assignment]  # TOKEN always matches a group
+        if kind == LPAR:
+            count += 1
+            if count > budget:
+                return None
+            if items is not None:
+                push(items)
+            items = []
+            if len(stack) >= depth_left:  # the new list is len(stack) + 1 deep
+                return None
+            continue
+        if kind == RPAR:
+            if items is None or len(items) > max_items:
+                return None
+            value = tuple(items)
+            if not stack:
+                return value, m.end(), nodes + count
+            items = pop()
+            items.append(value)
+            continue
+        count += 1
+        if kind == KEYWORD:
+            name = m.group(KEYWORD)
+            if len(name) > max_name:
+                return None
+            keyword = keywords_get(name)
+            value = keyword if keyword is not None else intern_keyword(name)
+        elif kind == SYMBOL:
+            name = m.group(SYMBOL)
+            if len(name) > max_name:
+                return None
+            symbol = symbols_get(name)
+            value = symbol if symbol is not None else intern_symbol(name)
+        elif kind == STRING:
+            value = m.group(STRING)
+            if len(value) * 4 > max_string:  # may be over: measure (as _read_careful)
+                if len(value) > 6 * max_string:
+                    return None
+                if "\\" in value:
+                    value = _ESCAPE.sub(_unescape_one, value)
+                if _utf8_size(value) > max_string:
+                    return None
+            elif "\\" in value:
+                value = _ESCAPE.sub(_unescape_one, value)
+        elif kind == INTEGER:
+            value = m.group(INTEGER)
+            if len(value) > 18:  # 18 digits, or 17 and a sign, are always in range
+                if len(value) > _INT_MAX_CHARS:
+                    return None
+                value = int(value)
+                if not INT64_MIN <= value <= INT64_MAX:
+                    return None
+            else:
+                value = int(value)
+        elif kind == URI_TOKEN:
+            value = _new(URI, m.group(URI_TOKEN))
+        elif kind == DECIMAL:
+            value = text[m.start(INTEGER) : m.end(DECIMAL)]
+            if len(value) > MAX_DECIMAL_CHARS:
+                return None
+            value = Decimal(value)
+        else:
+            return None
+        if count > budget:
+            return None
+        if items is None:
+            return value, m.end(), nodes + count
+        items.append(value)
+    return None  # pragma: no cover - TOKEN always matches
+
+
+# --------------------------------------------------------------------------- the split tier
+
+# Characters str.split() takes for whitespace that CBCL does not (only space, tab, CR and
+# LF are): each is refused between tokens, so the split tier must never split on one.
+_ODD_SPACE = re.compile(
+    "[\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+# A comment, as TOKEN skips one: it stops at a line end or at a character it refuses.
+_COMMENT = re.compile(_COMMENT_PATTERN)
+# An atom of the split tier: TOKEN's atom alternatives, matched in full against a run the
+# split left between delimiters; the same order, and groups of the same meaning.
+_ATOM = re.compile(
+    r":(" + NAME + r")"  # 1 keyword name
+    r"|(" + SYMBOL_PATTERN + r")"  # 2 symbol
+    r"|" + NUMBER_GROUPS +  # 3 integer, 4 decimal part
+    r"|(" + URI_PATTERN + r")"  # 5 URI
+)
+# The text between two quotes when its escapes are valid (TOKEN's STRING, less the check
+# of forbidden characters): a backslash at its end escapes no character.
+_ESCAPED = re.compile(r'(?:[^\\]++|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+')
+# What the token cache maps the punctuation to (a '"' token stands for the next string).
+_OPEN = object()
+_CLOSE = object()
+_QUOTE = object()
+# Token text -> value, for tokens up to _CACHED_CHARS long: a cached name is then within
+# every max_name_chars of at least _CACHED_CHARS (a smaller one is checked per document).
+# Names and URIs are kept, and numbers of up to 4 characters: longer numbers seldom recur
+# between messages, and would only churn the cache. Emptied when full.
+#
+# A process-wide memo (spec/cbcl-1.0.md, "Process-wide memos"), kept so because the text
+# path (cbcl.parse, decode) has no object to own it and because it is a pure memo: the
+# key is the token's own text, the value the immutable atom that text denotes (a symbol
+# or keyword as interned, a URI, an int, a short Decimal), the same whether found or made;
+# no limit enters the value (names are checked against max_name_chars by the callers).
+# At most _CACHE_MAX entries of at most _CACHED_CHARS characters. Under threads a reader
+# may miss while another empties it, and then makes the same value.
+_CACHED_CHARS = 128
+_CACHE_MAX = 8192
+_CACHE: dict[str, object] = {}
+
+
+def _reset_cache() -> None:
+    _CACHE.clear()
+    _CACHE.update({"(": _OPEN, ")": _CLOSE, '"': _QUOTE})
+
+
+_reset_cache()
+
+
+def _atom(token: str, max_name: int) -> object | None:
+    """The value of ``token`` (a run between delimiters) if it is one atom within the
+    limits, cached; else ``None``."""
+    m = _ATOM.fullmatch(token)
+    if m is None:
+        return None
+    kind: int = m.lastindex  # type: ignore[assignment]  # one alternative always matches
+    value: Value
+    if kind == 2:
+        if len(token) > max_name:
+            return None
+        value = intern_symbol(token)
+    elif kind == 1:
+        if len(token) - 1 > max_name:
+            return None
+        value = intern_keyword(m.group(1))
+    elif kind == 5:
+        value = _new(URI, token)
+    elif kind == 3:
+        if len(token) > _INT_MAX_CHARS:
+            return None
+        value = int(token)
+        if not INT64_MIN <= value <= INT64_MAX:
+            return None
+    else:
+        if len(token) > MAX_DECIMAL_CHARS:
+            return None
+        value = Decimal(token)
+    if len(token) <= _CACHED_CHARS and (kind <= 2 or kind == 5 or len(token) <= 4):
+        if len(_CACHE) >= _CACHE_MAX:
+            _reset_cache()
+        _CACHE[token] = value
+    return value
+
+
+def _escape_quotes(body: str) -> str:
+    """``body`` with each escaped backslash made ``\\x00`` and each escaped quote
+    ``\\x01`` (backslashes paired left to right, as escapes read) if it holds an escaped
+    quote, else ``""``. A few backslashes are walked by the pieces between them (C-level
+    splits; finding a two-character needle is a slow scan), many by ``str.replace``."""
+    pieces = body.split("\\", 32)
+    if len(pieces) > 32:
+        if '\\"' not in body:
+            return ""
+        return body.replace("\\\\", "\x00").replace('\\"', "\x01")
+    for piece in pieces:
+        if piece[:1] == '"':
+            break
+    else:
+        return ""  # no backslash before a quote (the first piece is before any)
+    out = [pieces[0]]
+    quote = False
+    k = 1
+    last = len(pieces) - 1
+    while k <= last:
+        piece = pieces[k]
+        if not piece and k < last:  # '\\\\': the next piece follows the pair
+            out.append("\x00" + pieces[k + 1])
+            k += 2
+            continue
+        if piece[:1] == '"':
+            quote = True
+            out.append("\x01" + piece[1:])
+        else:
+            out.append("\\" + piece)
+        k += 1
+    return "".join(out) if quote else ""
+
+
+def _close_after(body: str) -> int:
+    """The index just after the last ')' of ``body`` outside comments, when no string
+    follows it (nor a quote in a comment)."""
+    tail_at = body.rfind('"') + 1
+    end = at = tail_at
+    for m in _COMMENT.finditer(body, tail_at):
+        close = body.rfind(")", at, m.start())
+        if close != -1:
+            end = close + 1
+        at = m.end()
+    close = body.rfind(")", at)
+    return close + 1 if close != -1 else end
+
+
+def _utf8_size(s: str) -> int:
+    """The size of ``s`` in UTF-8, or more than any limit if it cannot be encoded."""
+    if s.isascii():
+        return len(s)
+    try:
+        return len(s.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: let the careful loop say
+        return sys.maxsize
+
+
+def _read_split(text: str, limits: Limits, depth: int, nodes: int,
+                ) -> tuple[Value, int, int] | None:
+    """:func:`read_value_at` at character 0 for a list that only whitespace and comments
+    follow, read with C-level string operations; ``None`` for anything else.
+
+    Gives up on whatever it cannot prove well-formed and within the limits, without
+    raising: a comment that holds a quote, an odd number of quotes, an invalid escape,
+    whitespace other than CBCL's, a forbidden character, a string or name over its limit,
+    a token neither cached nor matched in full by :data:`_ATOM`, too many nodes, lists too
+    deep or too long, anything but comments after the list."""
+    budget = limits.max_nodes - nodes
+    depth_left = limits.max_depth - depth
+    if budget < 1 or depth_left < 1:
+        return None
+    first = text[:1]
+    if first == "(":
+        start = 0
+        body = text
+    elif first not in "; \t\r\n":
+        return None  # an atom, or an error
+    else:
+        # Whitespace and comments first. One comment line of printable characters (so of
+        # none that a comment refuses) is common enough to skip without TOKEN.
+        start = text.find("\n") + 1 if first == ";" else 0
+        if not (start and text[start : start + 1] == "("
+                and text[1 : start - 1].isprintable()):
+            m = TOKEN.match(text)
+            if m is None or m.lastindex != LPAR:
+                return None
+            start = m.start(LPAR)
+        body = text[start:]
+    # Strings are the odd parts (each string is one node, so at most `budget` of them),
+    # the rest are the even parts, joined into `code` with one '"' where each string was:
+    # a string without a delimiter on either side leaves a token like 'a"' or '""' that
+    # no atom matches.
+    escaped = _escape_quotes(body) if "\\" in body else ""
+    if escaped:
+        # An escaped quote, which the split must not take for a string's end: first each
+        # pair of backslashes (in a string, an escaped backslash: escapes read left to
+        # right), then each backslash before a quote (an escaped quote) becomes a control
+        # character that valid text never holds (refused in strings and between tokens);
+        # the strings get their raw text back after the split. A backslash between tokens
+        # is an error, and whatever it became leaves a token that is no atom.
+        if "\x00" in body or "\x01" in body or "\x02" in body:
+            return None
+        parts = escaped.split('"', 2 * budget)
+    else:
+        parts = body.split('"', 2 * budget)
+    if not len(parts) & 1 or len(parts) > 2 * budget:
+        return None  # an unterminated string, or too many
+    if len(parts) == 1:
+        code = body
+        strings: list[str] = []
+    else:
+        code = '"'.join(parts[::2])
+        strings = parts[1::2]
+        if escaped:
+            strings = ("\x02".join(strings).replace("\x01", '\\"')
+                       .replace("\x00", "\\\\").split("\x02"))
+    tail_comment = False
+    if ";" in code:
+        # Comments, each from its ';' to the line's end (or to a character a comment
+        # refuses, which is then left between tokens, where it is no atom). A comment
+        # holding a quote misled the split: its part ends inside it, before any line end
+        # (but the last part, which ends the text). Give up on that.
+        pieces = parts[::2]
+        last = len(pieces) - 1
+        tail_comment = ";" in pieces[last]
+        for i, piece in enumerate(pieces):
+            if ";" in piece:
+                if i != last:
+                    after = piece[piece.rfind(";"):]
+                    if "\n" not in after and "\r" not in after:
+                        return None
+                pieces[i] = _COMMENT.sub(" ", piece)
+        code = '"'.join(pieces)
+    if ("\x0b" in code or "\x0c" in code or "\x1c" in code or "\x1d" in code
+            or "\x1e" in code or "\x1f" in code
+            or (not code.isascii() and _ODD_SPACE.search(code))):
+        return None
+    if strings:
+        raw = "".join(strings)
+        if not raw.isprintable() and _FORBIDDEN_RE.search(raw):
+            return None
+        max_string = limits.max_string_bytes
+        if "\\" in raw:
+            # The split took an escaped quote for the end of a string only if the part
+            # before it ends in a backslash that starts an escape: then it is not _ESCAPED.
+            for i, s in enumerate(strings):
+                if "\\" in s:
+                    if len(s) > 6 * max_string:
+                        return None  # (each character is at most 6 raw ones: \uXXXX)
+                    if "\\u" in s:  # (or an escaped backslash before a 'u')
+                        if _ESCAPED.fullmatch(s) is None:
+                            return None
+                        strings[i] = _ESCAPE.sub(_unescape_one, s)
+                        continue
+                    # Escaped backslashes first (escapes read left to right, and no
+                    # string holds a \x00); then a backslash left over is an error.
+                    t = (s.replace("\\\\", "\x00").replace('\\"', '"').replace("\\n", "\n")
+                         .replace("\\t", "\t").replace("\\r", "\r"))
+                    if "\\" in t:
+                        return None
+                    strings[i] = t.replace("\x00", "\\") if "\x00" in t else t
+        if len(raw) * 4 > max_string:  # else no string can be over (4 bytes a character)
+            for s in strings:
+                if len(s) * 4 > max_string and _utf8_size(s) > max_string:
+                    return None
+    # A list within the budget has at most twice as many tokens (a node, and a ')').
+    tokens = code.replace("(", " ( ").replace(")", " ) ").split(None, 2 * budget)
+    total = len(tokens) - code.count(")")  # the nodes, if the list ends the text
+    max_name = limits.max_name_chars
+    if len(tokens) > 2 * budget or total > budget:
+        return None
+    if max_name < _CACHED_CHARS and max(map(len, tokens)) > max_name:
+        for token in tokens:  # a name too long may be cached: only URIs have no limit
+            if len(token) > max_name and not (  # (a keyword's name may hold "://")
+                    len(token) == max_name + 1 if token[0] == ":" else "://" in token):
+                return None
+    max_items = limits.max_list_items
+    get = _CACHE.get
+    next_string = iter(strings).__next__
+    stack: list[list[Value]] = []
+    push = stack.append
+    pop = stack.pop
+    items: list[Value] = []
+    tokens_left = iter(tokens)
+    next(tokens_left)  # the first '('
+    value: object
+    for token in tokens_left:
+        value = get(token)
+        if value is None:
+            value = _atom(token, max_name)
+            if value is None:
+                return None
+        if value is _OPEN:
+            push(items)
+            items = []
+            if len(stack) >= depth_left:  # the new list is len(stack) + 1 deep
+                return None
+        elif value is _CLOSE:
+            if len(items) > max_items:
+                return None
+            value = tuple(items)
+            if not stack:
+                if next(tokens_left, None) is not None:
+                    return None
+                if tail_comment:  # the list's ')' is the last one outside comments
+                    return value, start + _close_after(body), nodes + total
+                return value, start + body.rfind(")") + 1, nodes + total
+            items = pop()
+            items.append(value)
+        elif value is _QUOTE:
+            items.append(next_string())
+        else:
+            items.append(value)  # type: ignore[arg-type]
+    return None
+
+
+def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                  ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` checking every limit at the token that would exceed it."""
+    max_depth = limits.max_depth
+    max_items = limits.max_list_items
+    max_nodes = limits.max_nodes
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    stack: list[list[Value]] = []
+    items: list[Value] | None = None
+    for m in TOKEN.finditer(text, pos):
+        kind: int = m.lastindex  # type: ignore[assignment]  # TOKEN always matches a group
+        nodes += 1
+        if nodes > max_nodes and kind != RPAR and kind != EOF:
+            limit(text, m.start(kind), limits, "max_nodes")
+        value: Value
+        if kind == LPAR:
+            depth += 1
+            if depth > max_depth:
+                limit(text, m.start(kind), limits, "max_depth")
+            if items is not None:
+                if len(items) >= max_items:
+                    limit(text, m.start(kind), limits, "max_list_items")
+                stack.append(items)
+            items = []
+            continue
+        if kind == RPAR:
+            nodes -= 1
+            if items is None:
+                fail(text, m.start(kind), "unexpected ')'", expected=("a value",))
+            value = tuple(items)
+            depth -= 1
+            if not stack:
+                return value, m.end(), nodes
+            items = stack.pop()
+            items.append(value)
+            continue
+        if kind == STRING:
+            raw = m.group(STRING)
+            if len(raw) * 4 <= max_string:  # cannot be over: skip measuring
+                value = unescape(raw)
+            else:
+                # Each value character comes from at most 6 raw characters (\\uXXXX) and
+                # is at least one byte, so a raw text over 6x the limit is over it.
+                if len(raw) > 6 * max_string or len(
+                        (value := unescape(raw)).encode("utf-8")) > max_string:
+                    limit(text, m.start(kind) - 1, limits, "max_string_bytes")
+        elif kind == SYMBOL:
+            value = m.group(SYMBOL)
+            if len(value) > max_name:
+                limit(text, m.start(kind), limits, "max_name_chars", "symbol")
+            value = _new(Symbol, value)
+        elif kind == INTEGER:
+            token = m.group(INTEGER)
+            if len(token) > _INT_MAX_CHARS:
+                fail(text, m.start(kind), "integer out of the signed 64-bit range")
+            value = int(token)
+            if not INT64_MIN <= value <= INT64_MAX:
+                fail(text, m.start(kind), "integer out of the signed 64-bit range")
+        elif kind == KEYWORD:
+            value = m.group(KEYWORD)
+            if len(value) > max_name:
+                limit(text, m.start(kind) - 1, limits, "max_name_chars", "keyword")
+            value = _new(Keyword, value)
+        elif kind == URI_TOKEN:
+            value = _new(URI, m.group(URI_TOKEN))
+        elif kind == DECIMAL:
+            start = m.start(INTEGER)
+            token = text[start : m.end(DECIMAL)]
+            if len(token) > MAX_DECIMAL_CHARS:
+                fail(text, start, f"decimal longer than {MAX_DECIMAL_CHARS} characters")
+            value = Decimal(token)
+        elif kind == EOF:
+            if items is None:
+                fail(text, m.start(kind), "expected a value, found the end of the input",
+                     expected=("a value",))
+            fail(text, m.start(kind), f"{depth} unclosed list(s) at the end of the input",
+                 expected=("')'",))
+        else:
+            diagnose(text, m.start(kind))
+        if items is None:
+            return value, m.end(), nodes
+        if len(items) >= max_items:
+            limit(text, m.start(kind), limits, "max_list_items")
+        items.append(value)
+    raise AssertionError("unreachable: TOKEN always matches")  # pragma: no cover
+
+
+def expect_end(text: str, pos: int) -> None:
+    """Raise :class:`MalformedError` unless only whitespace and comments follow ``pos``."""
+    m = TOKEN.match(text, pos)
+    assert m is not None
+    if m.lastindex == EOF:
+        return
+    if m.lastindex == BAD:
+        diagnose(text, m.start(BAD))
+    fail(text, m.start(m.lastindex or 0) - (1 if m.lastindex in (STRING, KEYWORD) else 0),
+         "unexpected data after the end of the document", expected=("the end of the input",))
+
+
+def read(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None) -> Value:
+    """Read one CBCL value from a whole document (bytes in UTF-8, or ``str``).
+
+    Raises :class:`MalformedError` for text that is not exactly one value (comments and
+    whitespace aside), :class:`LimitError` when a limit is exceeded, ``TypeError`` for
+    input that is neither bytes nor str.
+    """
+    limits = DEFAULT_LIMITS if limits is None else limits
+    text = decode(data, limits)
+    value, end, _ = read_value_at(text, 0, limits, 0, 0, utf8_of(data))
+    expect_end(text, end)
+    return value
+
+
+def read_all(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+             ) -> list[Value]:
+    """Read every value in a document holding zero or more values, in order.
+
+    ``limits`` apply to the whole document's size and to each value's depth, items and
+    nodes. Raises as :func:`read`.
+    """
+    limits = DEFAULT_LIMITS if limits is None else limits
+    return [value for value, _, _ in value_spans(decode(data, limits), limits)]
+
+
+def value_spans(text: str, limits: Limits) -> Iterator[tuple[Value, int, int]]:
+    """Each value of a decoded document holding zero or more, with the character indexes
+    where its text starts (at its first token) and ends. Raises as :func:`read`."""
+    pos = 0
+    while True:
+        m = TOKEN.match(text, pos)
+        assert m is not None
+        if m.lastindex == EOF:
+            return
+        start = token_start(m)
+        value, pos, _ = read_value_at(text, pos, limits, 0, 0)
+        yield value, start, pos
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+_FORBIDDEN_RE = re.compile("[" + _FORBIDDEN + "]")
+_INVISIBLE_RE = re.compile("[" + INVISIBLE + "]")
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_NAME_START = frozenset(_LETTERS + "+-*/<>=!?_.")
+_NAME_CHARS = _NAME_START | frozenset("0123456789@%&")
+_RUN_END = re.compile(r"[ \t\r\n();\"]|\Z")
+_URI_PREFIX = re.compile(r"[a-z][a-z0-9+.\-]*://")
+
+
+def _char_name(ch: str) -> str:
+    if ch.isprintable():
+        return f"{ch!r} (U+{ord(ch):04X})"
+    return f"U+{ord(ch):04X}"
+
+
+def _forbidden_reason(ch: str) -> str:
+    if "\u202a" <= ch <= "\u202e" or "\u2066" <= ch <= "\u2069":
+        return f"bidirectional control {_char_name(ch)}"
+    if _INVISIBLE_RE.match(ch):
+        return f"invisible or space character {_char_name(ch)}"
+    return f"control character {_char_name(ch)}"
+
+
+def diagnose(text: str, index: int) -> NoReturn:
+    """Raise the precise :class:`MalformedError` for the token that starts at ``index``
+    and that :data:`TOKEN` did not accept."""
+    ch = text[index]
+    if ch == '"':
+        _diagnose_string(text, index)
+    if _FORBIDDEN_RE.match(ch):
+        where = " in a comment" if _in_comment(text, index) else ""
+        fail(text, index, f"{_forbidden_reason(ch)}{where} is not allowed")
+    if ch in "\u2028\u2029\ufeff" and _in_comment(text, index):
+        fail(text, index, f"{_char_name(ch)} is not allowed in a comment")
+    _refuse_special(text, index, ch)
+    end = _RUN_END.search(text, index).start()  # type: ignore[union-attr]
+    token = text[index:end]
+    if NUMBERLIKE_RE.match(token):
+        _diagnose_number(text, index, token)
+    if token.startswith(":"):
+        if len(token) == 1:
+            fail(text, index, "a keyword needs a name after ':'")
+        if token[1] not in _NAME_START:
+            fail(text, index + 1, f"a keyword name cannot start with {_char_name(token[1])}")
+        _diagnose_name(text, index + 1, token[1:], "keyword")
+    uri = _URI_PREFIX.match(token)
+    if uri:
+        if uri.end() == len(token):
+            fail(text, index, "a URI needs at least one character after '://'")
+        bad = _FORBIDDEN_RE.search(token) or _INVISIBLE_RE.search(token)
+        if bad:
+            fail(text, index + bad.start(), f"{_forbidden_reason(bad.group())} in a URI")
+        _diagnose_delimiter(text, end, token)
+    if ch not in _NAME_START:
+        if ord(ch) > 127:
+            fail(text, index, f"unexpected {_char_name(ch)}: non-ASCII text must be in a "
+                 "string")
+        fail(text, index, f"unexpected {_char_name(ch)}", expected=("a value",))
+    _diagnose_name(text, index, token, "symbol")
+
+
+def _refuse_special(text: str, index: int, ch: str) -> None:
+    """Fail with a specific reason if ``ch`` is a control, BOM or non-CBCL space."""
+    if _FORBIDDEN_RE.match(ch):
+        fail(text, index, f"{_forbidden_reason(ch)} is not allowed")
+    if ch == "\ufeff":
+        fail(text, index, "a byte order mark (U+FEFF) is not allowed")
+    if ch.isspace():
+        fail(text, index, f"{_char_name(ch)} is not whitespace in CBCL (only space, tab, "
+             "CR and LF are)")
+
+
+def _in_comment(text: str, index: int) -> bool:
+    """Whether the comment that the scanner skipped runs right up to ``index``. A line
+    never starts inside a string (strings hold no raw LF), so scan from the line start."""
+    for m in TOKEN.finditer(text, text.rfind("\n", 0, index) + 1):
+        kind = m.lastindex or 0
+        if m.start(kind) >= index:
+            skipped = text[m.start() : m.start(kind)]
+            semicolon = skipped.rfind(";")
+            return semicolon != -1 and not any(c in skipped[semicolon:] for c in "\r\n")
+    return False  # pragma: no cover - TOKEN reaches every index
+
+
+def _diagnose_name(text: str, index: int, token: str, what: str) -> NoReturn:
+    for offset, ch in enumerate(token):
+        if ch not in _NAME_CHARS:
+            _refuse_special(text, index + offset, ch)
+            if ch == ":" and what == "symbol" and token[offset:offset + 3] == "://":
+                fail(text, index, "a URI scheme must be lowercase ASCII: [a-z][a-z0-9+.-]*")
+            fail(text, index + offset, f"{_char_name(ch)} is not allowed in a {what}")
+    _diagnose_delimiter(text, index + len(token), token)
+
+
+def _diagnose_delimiter(text: str, end: int, token: str) -> NoReturn:
+    fail(text, end, f"expected whitespace, '(', ')' or ';' after {token!r}",
+         expected=("whitespace", "'('", "')'", "';'"))
+
+
+def _diagnose_number(text: str, index: int, token: str) -> NoReturn:
+    body = token[1:] if token[0] == "-" else token
+    if token[0] == "+":
+        fail(text, index, "a number cannot start with '+'")
+    if body.startswith("."):
+        fail(text, index, f"malformed number {token!r}: a decimal needs digits before '.'")
+    if token == "-0":
+        fail(text, index, "'-0' is not an integer: write 0")
+    if len(body) > 1 and body[0] == "0" and body[1].isdigit():
+        fail(text, index, f"malformed number {token!r}: leading zeros are not allowed")
+    if re.fullmatch(r"-?[0-9]+\.", token):
+        fail(text, index, f"malformed number {token!r}: a decimal needs digits after '.'")
+    if NUMBER_RE.match(token):
+        _diagnose_delimiter(text, index + len(token), token)
+    fail(text, index, f"malformed number {token!r} (no exponents, signs other than a "
+         "leading '-', or other characters)")
+
+
+def _diagnose_string(text: str, index: int) -> NoReturn:
+    i = index + 1
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            _diagnose_delimiter(text, i + 1, text[index : i + 1])
+        if ch == "\\":
+            esc = text[i + 1 : i + 2]
+            if esc == "u":
+                digits = text[i + 2 : i + 6]
+                if len(digits) < 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                    fail(text, i, "\\u must be followed by four hex digits")
+                if 0xD800 <= int(digits, 16) <= 0xDFFF:
+                    fail(text, i, f"\\u{digits} is a surrogate, which is not a character")
+                i += 6
+                continue
+            if esc and esc in _SIMPLE_ESCAPES:
+                i += 2
+                continue
+            if not esc:
+                break
+            fail(text, i, f"invalid escape '\\{esc}' (only \\\" \\\\ \\n \\r \\t and \\uXXXX "
+                 "exist)")
+        if _FORBIDDEN_RE.match(ch):
+            fail(text, i, f"unescaped {_forbidden_reason(ch)} in a string")
+        i += 1
+    fail(text, index, "unterminated string", expected=("'\"'",))
+
+
+try:
+    from .._scanner import read_value as _scanner_read_value
+except ImportError:  # not built: the Python tiers read alone
+    _read_value_c: Any = None
+else:
+    _read_value_c = _scanner_read_value

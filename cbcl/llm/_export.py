@@ -1,0 +1,1706 @@
+"""Grammar exports for constrained decoding (spec/llm.md): the messages of one protocol as an
+llguidance, GBNF or lark grammar, or as a JSON Schema of their JSON mapping (spec §7).
+
+Theory of operation
+-------------------
+An export describes exactly the *canonical* messages (spec §1.2) of a protocol: the
+envelope of §2 written out field by field, then the body the descriptor's grammar (§4)
+accepts for the message's intent, with single spaces between siblings, no comments and
+canonical strings. Every text the grammar generates is one that ``cbcl.parse`` accepts, and
+is its own canonical form. It is built in four steps, all sans-io and deterministic:
+
+1. *Lowering.* The descriptor grammar (:class:`~cbcl.grammar._subset.GrammarSource`) is walked from
+   each intent's start rule into a small token-level EBNF (``_Tok``/``_Seq``/``_Alt``/
+   ``_Rep``/``_Ref``). Where the descriptor has a ``(schema …)``, the walk carries the type
+   the schema gives each position (the record a body's head names, the type of the value
+   after each ``:key``) and compiles in what a grammar can say: a ``one-of`` becomes the
+   alternatives of its atoms, a kind narrows a terminal (``NUMBER`` under ``integer`` is an
+   ``INTEGER``), integer ranges, string lengths (up to :data:`STRING_LENGTH_CAP`), a URI
+   scheme, ``boolean``; keyword-set members the record does not allow are dropped and the
+   keys it requires become required members. A rule used under different types is copied
+   once per type. What cannot be carried is written down as a note (``not_carried``) and
+   left to ``cbcl.parse``, which checks the schema after the grammar.
+2. *Keyword sets* (``(":a" X & [":b" Y])``) are exact: one nonterminal per subset of the
+   members already given (2^n states), each offering the members not yet given and, once
+   every required member is in, the end of the set; so every order the protocol accepts
+   can be generated, and no other. Beyond :data:`KEYWORD_SET_CAP` members the export falls
+   back to the declared order (sound, but not every order) and says so in the notes.
+3. *Canonical spacing.* A space precedes every token except ``)`` and a token right after
+   ``(``. This is a two-state automaton (after ``(`` or at the start: state ``l``;
+   elsewhere: ``o``), intersected with the EBNF (the Bar-Hillel construction, kept in EBNF
+   form): every nonterminal ``N`` becomes ``N_pq``, entered in state ``p`` and left in
+   ``q``, only for the pairs some derivation realises; repetitions stay repetitions
+   (``x*`` after ``(`` is ``(x_l x_o*)?``). No ``%ignore`` is ever emitted.
+4. *Rendering.* Terminals are small regular expressions (``_RLit``/``_RClass``/``_RSeq``/
+   ``_RAlt``/``_RRep``) over code-point ranges, rendered per dialect: Rust ``regex`` syntax
+   for llguidance, Python ``re`` for lark (each terminal followed by a look-ahead for the
+   delimiter, since lark's dynamic lexer takes the first alternative that matches, not the
+   longest), character-level rules for GBNF. Classes are always written as positive ranges
+   that skip the surrogates (no negated class can let an encoded surrogate through). The
+   lexical rules of §1 are translated exactly, with the limits that are regular: INTEGER
+   within int64 (a range expression), DECIMAL up to 40 characters, SYMBOL and KEYWORD
+   names up to 128 characters, the string escapes of the canonical form only.
+
+The JSON Schema export (:func:`export_json_schema`) reuses step 1: each list of a body
+becomes an array schema; a list whose element sequences are finite and few (up to
+:data:`JSON_SEQUENCES_CAP`, keyword sets included) is an exact ``anyOf`` of ``prefixItems``,
+any other keeps its leading fixed elements exact and lets the rest be any element that may
+occur there (a note says which lists are approximated).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, TypeAlias, Union
+
+from ..core._canonical import canonical_value
+from ..core._errors import ProtocolError
+from ..core._reader import TOKEN, read
+from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..core._vocabulary import MAX_DECIMAL_CHARS
+from ..grammar._subset import (
+    GrammarSource,
+    Group,
+    Item,
+    KeywordSet,
+    Literal,
+    Reference,
+    Repeat,
+    read_grammar,
+)
+from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
+from ..protocol._json import to_json
+from ..protocol._message import Intent
+from ..protocol._schema import (
+    AtomType,
+    Keys,
+    ListOf,
+    OneOf,
+    Record,
+    Schema,
+    SchemaType,
+    compile_schema,
+)
+from ..protocol._trust import read_signed_descriptor_unverified
+
+__all__ = [
+    "FORMATS",
+    "JSON_SEQUENCES_CAP",
+    "KEYWORD_SET_CAP",
+    "LIMITS_NOT_CARRIED",
+    "STRING_LENGTH_CAP",
+    "GrammarExport",
+    "export_grammar",
+    "export_json_schema",
+]
+
+#: The export formats (``cbcl grammar export --format``).
+FORMATS = ("llguidance", "gbnf", "lark", "json-schema")
+#: Keyword sets of at most this many members are exported exactly (2^n states each).
+KEYWORD_SET_CAP = 8
+#: String lengths (``:min-length``/``:max-length``) up to this are bounded repetitions.
+STRING_LENGTH_CAP = 256
+#: The JSON Schema export enumerates at most this many element sequences of one list.
+JSON_SEQUENCES_CAP = 64
+#: The longest symbol or keyword name (spec §1.1).
+MAX_NAME_CHARS = 128
+#: Limits of spec §1.1 no export carries (they are not regular or too large to unroll);
+#: ``cbcl.parse`` checks them.
+LIMITS_NOT_CARRIED = (
+    "limit: message size 1,048,576 bytes",
+    "limit: nesting depth 64",
+    "limit: 4,096 items in one list",
+    "limit: 65,536 nodes in one document",
+    "limit: one string 65,536 UTF-8 bytes",
+)
+
+# --------------------------------------------------------------------------------------
+# Regular expressions over code points, rendered per dialect
+
+_MAX_CP = 0x10FFFF
+_Ranges: TypeAlias = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _RLit:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _RClass:
+    ranges: _Ranges
+
+
+@dataclass(frozen=True, slots=True)
+class _RSeq:
+    items: tuple[_Re, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _RAlt:
+    items: tuple[_Re, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _RRep:
+    item: _Re
+    low: int
+    high: int | None
+
+
+_Re: TypeAlias = Union[_RLit, _RClass, _RSeq, _RAlt, _RRep]  # noqa: UP007
+
+
+def _normalise(ranges: Iterable[tuple[int, int]]) -> _Ranges:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _chars(text: str) -> _Ranges:
+    return _normalise((ord(c), ord(c)) for c in text)
+
+
+def _minus(ranges: _Ranges, excluded: _Ranges) -> _Ranges:
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        start = lo
+        for elo, ehi in excluded:
+            if ehi < start or elo > hi:
+                continue
+            if elo > start:
+                out.append((start, elo - 1))
+            start = max(start, ehi + 1)
+        if start <= hi:
+            out.append((start, hi))
+    return tuple(out)
+
+
+def _union(*parts: _Ranges) -> _Ranges:
+    return _normalise(r for part in parts for r in part)
+
+
+_SURROGATES: _Ranges = ((0xD800, 0xDFFF),)
+_ALL: _Ranges = _minus(((0, _MAX_CP),), _SURROGATES)
+_FORBIDDEN: _Ranges = ((0x00, 0x1F), (0x7F, 0x9F), (0x202A, 0x202E), (0x2066, 0x2069))
+_INVISIBLE: _Ranges = (*_chars("\u00a0\u061c\u1680\u3000\ufeff"), (0x2000, 0x200F),
+                       (0x2028, 0x202F), (0x205F, 0x2064))
+_DIGIT = _normalise([(0x30, 0x39)])
+_LETTER = _normalise([(0x41, 0x5A), (0x61, 0x7A)])
+_NAME_START = _union(_LETTER, _chars("+-*/<>=!?_."))
+_NAME_REST = _union(_LETTER, _DIGIT, _chars("+-*/<>=!?_.@%&"))
+
+
+def _cls(ranges: _Ranges) -> _RClass:
+    return _RClass(_normalise(ranges))
+
+
+def _seq(*items: _Re) -> _Re:
+    flat: list[_Re] = []
+    for item in items:
+        if isinstance(item, _RSeq):
+            flat.extend(item.items)
+        elif not (isinstance(item, _RLit) and not item.text):
+            flat.append(item)
+    merged: list[_Re] = []
+    for item in flat:
+        if merged and isinstance(item, _RLit) and isinstance(merged[-1], _RLit):
+            merged[-1] = _RLit(merged[-1].text + item.text)
+        else:
+            merged.append(item)
+    return merged[0] if len(merged) == 1 else _RSeq(tuple(merged))
+
+
+def _alt(*items: _Re) -> _Re:
+    flat: list[_Re] = []
+    for item in items:
+        for one in (item.items if isinstance(item, _RAlt) else (item,)):
+            if one not in flat:
+                flat.append(one)
+    if not flat:
+        raise ValueError("an empty alternation")
+    return flat[0] if len(flat) == 1 else _RAlt(tuple(flat))
+
+
+def _rep(item: _Re, low: int, high: int | None) -> _Re:
+    if low == high == 1:
+        return item
+    return _RRep(item, low, high)
+
+
+def _rust_char(cp: int) -> str:
+    c = chr(cp)
+    return c if c.isascii() and c.isalnum() else f"\\x{{{cp:X}}}"
+
+
+def _python_char(cp: int) -> str:
+    """A character in a Python ``re`` pattern (JSON Schema patterns use these too)."""
+    c = chr(cp)
+    if c.isascii() and c.isalnum():
+        return c
+    if cp < 0x100:
+        return f"\\x{cp:02x}"
+    return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+
+def _lark_char(cp: int) -> str:
+    """A character in a regular expression inside lark's ``/…/``: lark evaluates ``\\x``,
+    ``\\u`` and ``\\U`` escapes itself (so those reach ``re`` as the characters) and passes
+    every other backslash pair on; an ASCII punctuation character is escaped for ``re``."""
+    c = chr(cp)
+    if c.isascii() and c.isalnum():
+        return c
+    if 0x21 <= cp <= 0x7E:
+        return "\\\\" if c == "\\" else "\\" + c
+    if cp < 0x100:
+        return f"\\x{cp:02x}"
+    return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+
+def _render_regex(re_: _Re, char: Callable[[int], str], top: bool = True) -> str:
+    """A regular expression in Rust ``regex`` / Python ``re`` syntax (``char`` escapes)."""
+    if isinstance(re_, _RLit):
+        text = "".join(char(ord(c)) for c in re_.text)
+        return text if len(re_.text) == 1 or top else f"(?:{text})"
+    if isinstance(re_, _RClass):
+        if len(re_.ranges) == 1 and re_.ranges[0][0] == re_.ranges[0][1]:
+            return char(re_.ranges[0][0])
+        return "[" + "".join(char(lo) if lo == hi else f"{char(lo)}-{char(hi)}"
+                             for lo, hi in re_.ranges) + "]"
+    if isinstance(re_, _RSeq):
+        text = "".join(_render_regex(i, char, top=isinstance(i, (_RClass, _RRep)))
+                       for i in re_.items)
+        return text if top else f"(?:{text})"
+    if isinstance(re_, _RAlt):
+        return "(?:" + "|".join(_render_regex(i, char) for i in re_.items) + ")"
+    inner = _render_regex(re_.item, char, top=False)
+    return inner + _quantifier(re_.low, re_.high)
+
+
+def _quantifier(low: int, high: int | None) -> str:
+    if (low, high) == (0, None):
+        return "*"
+    if (low, high) == (1, None):
+        return "+"
+    if (low, high) == (0, 1):
+        return "?"
+    if high is None:
+        return f"{{{low},}}"
+    return f"{{{low}}}" if low == high else f"{{{low},{high}}}"
+
+
+def _render_gbnf_regex(re_: _Re) -> str:
+    """A terminal as a GBNF expression (GBNF has no lexer: terminals are character rules)."""
+    if isinstance(re_, _RLit):
+        return _gbnf_literal(re_.text)
+    if isinstance(re_, _RClass):
+        return "[" + "".join(_gbnf_class_char(lo) if lo == hi
+                             else f"{_gbnf_class_char(lo)}-{_gbnf_class_char(hi)}"
+                             for lo, hi in re_.ranges) + "]"
+    if isinstance(re_, _RSeq):
+        return "(" + " ".join(_render_gbnf_regex(i) for i in re_.items) + ")"
+    if isinstance(re_, _RAlt):
+        return "(" + " | ".join(_render_gbnf_regex(i) for i in re_.items) + ")"
+    inner = _render_gbnf_regex(re_.item)
+    if not inner.startswith(("(", "[", '"')) or (inner.startswith('"') and len(re_.item.text
+                                                   if isinstance(re_.item, _RLit) else "") > 1):
+        inner = f"({inner})"
+    return inner + _quantifier(re_.low, re_.high)
+
+
+def _gbnf_class_char(cp: int) -> str:
+    c = chr(cp)
+    if c.isascii() and c.isalnum():
+        return c
+    if cp < 0x80:
+        return f"\\x{cp:02X}"
+    if 0x1000 <= cp < 0x10000:
+        return f"\\u{cp:04X}"
+    # The character itself, UTF-8 encoded (valid GBNF): llguidance's GBNF reader drops the
+    # leading zeros of \u00A0 and \U0010FFFF, which its regular expressions then refuse.
+    return c
+
+
+def _gbnf_literal(text: str) -> str:
+    return '"' + "".join(c if " " <= c <= "~" and c not in '"\\' else _gbnf_class_char(ord(c))
+                         for c in text) + '"'
+
+
+# --------------------------------------------------------------------------------------
+# The lexical rules of spec §1 as regular expressions
+
+
+def _digits_range(x: str, y: str) -> _Re:
+    """Decimal digit strings of the same length from ``x`` to ``y`` (``x <= y``)."""
+    if x == y:
+        return _RLit(x)
+    if len(x) == 1:
+        return _cls(((ord(x), ord(y)),))
+    n = len(x) - 1
+    if x[1:] == "0" * n and y[1:] == "9" * n:
+        return _seq(_cls(((ord(x[0]), ord(y[0])),)), _rep(_cls(_DIGIT), n, n))
+    if x[0] == y[0]:
+        return _seq(_RLit(x[0]), _digits_range(x[1:], y[1:]))
+    parts: list[_Re] = [_seq(_RLit(x[0]), _digits_range(x[1:], "9" * n))]
+    if ord(x[0]) + 1 <= ord(y[0]) - 1:
+        parts.append(_seq(_cls(((ord(x[0]) + 1, ord(y[0]) - 1),)), _rep(_cls(_DIGIT), n, n)))
+    parts.append(_seq(_RLit(y[0]), _digits_range("0" * n, y[1:])))
+    return _alt(*parts)
+
+
+def _natural_range(low: int, high: int) -> _Re | None:
+    """Canonical decimal texts of the integers ``low``..``high`` (``0 <= low``)."""
+    parts: list[_Re] = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        lo = max(low, 0 if digits == 1 else 10 ** (digits - 1))
+        hi = min(high, 10 ** digits - 1)
+        if lo <= hi:
+            parts.append(_digits_range(str(lo).rjust(digits, "0"), str(hi)))
+    return _alt(*parts) if parts else None
+
+
+def integer_regex(low: int = INT64_MIN, high: int = INT64_MAX) -> _Re | None:
+    """INTEGER texts (``0 | -?[1-9][0-9]*``) of the values ``low``..``high``, or ``None``
+    for an empty range."""
+    low, high = max(low, INT64_MIN), min(high, INT64_MAX)
+    if low > high:
+        return None
+    parts: list[_Re] = []
+    if high >= 0:
+        natural = _natural_range(max(low, 0), high)
+        if natural is not None:
+            parts.append(natural)
+    if low < 0:
+        negative = _natural_range(max(-high, 1), -low)
+        if negative is not None:
+            parts.append(_seq(_RLit("-"), negative))
+    return _alt(*parts) if parts else None
+
+
+def _decimal_regex(non_negative: bool) -> _Re:
+    """DECIMAL texts ``-?(0|[1-9][0-9]*)\\.[0-9]+`` of at most 40 characters."""
+    digit = _cls(_DIGIT)
+    parts: list[_Re] = []
+    for sign in ("",) if non_negative else ("", "-"):
+        room = MAX_DECIMAL_CHARS - len(sign) - 1  # characters for the two digit runs
+        for whole in range(1, room):
+            head = digit if whole == 1 else _seq(_cls(((0x31, 0x39),)),
+                                                 _rep(digit, whole - 1, whole - 1))
+            parts.append(_seq(_RLit(sign), head, _RLit("."), _rep(digit, 1, room - whole)))
+    return _alt(*parts)
+
+
+def _string_regex(low: int, high: int | None) -> _Re:
+    """A canonical STRING (spec §1.2) of ``low``..``high`` characters after unescaping."""
+    plain = _cls(_minus(_ALL, _union(_FORBIDDEN, _chars('"\\'))))
+    hexes = _alt(_seq(_RLit("000"), _cls(_chars("012345678bcef"))),
+                 _seq(_RLit("001"), _cls(_union(_DIGIT, _chars("abcdef")))),
+                 _RLit("007f"),
+                 _seq(_RLit("00"), _cls(_chars("89")), _cls(_union(_DIGIT, _chars("abcdef")))),
+                 _seq(_RLit("202"), _cls(_chars("abcde"))),
+                 _seq(_RLit("206"), _cls(_chars("6789"))))
+    escape = _seq(_RLit("\\"), _alt(_cls(_chars('"\\nrt')), _seq(_RLit("u"), hexes)))
+    return _seq(_RLit('"'), _rep(_alt(plain, escape), low, high), _RLit('"'))
+
+
+def _name_regex(first: _Ranges, rest_max: int) -> _Re:
+    return _seq(_cls(first), _rep(_cls(_NAME_REST), 0, rest_max))
+
+
+def _symbol_regex() -> _Re:
+    """A SYMBOL: a NAME of at most 128 characters that does not start like a number
+    (``[+-]?\\.?[0-9]``), written without look-ahead."""
+    rest = _cls(_NAME_REST)
+    no_digit = _minus(_NAME_REST, _DIGIT)
+    no_digit_dot = _minus(no_digit, _chars("."))
+    sign = _cls(_chars("+-"))
+    n = MAX_NAME_CHARS
+    return _alt(
+        _seq(_cls(_minus(_NAME_START, _chars("+-."))), _rep(rest, 0, n - 1)),
+        _seq(sign, _rep(_seq(_cls(no_digit_dot), _rep(rest, 0, n - 2)), 0, 1)),
+        _seq(sign, _RLit("."), _rep(_seq(_cls(no_digit), _rep(rest, 0, n - 3)), 0, 1)),
+        _seq(_RLit("."), _rep(_seq(_cls(no_digit), _rep(rest, 0, n - 2)), 0, 1)),
+    )
+
+
+def _uri_regex(scheme: str | None) -> _Re:
+    rest = _cls(_minus(_ALL, _union(((0x00, 0x20), (0x7F, 0x9F)), _chars('()";'),
+                                    ((0x2066, 0x2069),), _INVISIBLE)))
+    head: _Re = _RLit(scheme) if scheme is not None else _seq(
+        _cls(((0x61, 0x7A),)), _rep(_cls(_union(((0x61, 0x7A),), _DIGIT, _chars("+.-"))),
+                                    0, None))
+    return _seq(head, _RLit("://"), _rep(rest, 1, None))
+
+
+# --------------------------------------------------------------------------------------
+# Token-level EBNF
+
+
+@dataclass(frozen=True, slots=True)
+class _Tok:
+    """A token: ``kind`` is ``(`` or ``)``, ``lit`` (``text`` is the exact text of one atom)
+    or ``term`` (``text`` names a terminal); after spacing, ``text`` (exact output)."""
+
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Seq:
+    items: tuple[_E, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Alt:
+    items: tuple[_E, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Rep:
+    item: _E
+    op: str  # "*", "+" or "?"
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    name: str
+
+
+_E: TypeAlias = Union[_Tok, _Seq, _Alt, _Rep, _Ref]  # noqa: UP007
+_EMPTY = _Seq(())
+_NEVER = _Alt(())
+_LP, _RP = _Tok("(", "("), _Tok(")", ")")
+
+
+def _s(*items: _E) -> _E:
+    flat: list[_E] = []
+    for item in items:
+        if item == _NEVER:
+            return _NEVER
+        flat.extend(item.items if isinstance(item, _Seq) else (item,))
+    return flat[0] if len(flat) == 1 else _Seq(tuple(flat))
+
+
+def _a(*items: _E) -> _E:
+    flat: list[_E] = []
+    for item in items:
+        for one in (item.items if isinstance(item, _Alt) else (item,)):
+            if one not in flat:
+                flat.append(one)
+    if not flat:
+        return _NEVER
+    return flat[0] if len(flat) == 1 else _Alt(tuple(flat))
+
+
+def _r(item: _E, op: str) -> _E:
+    if item == _NEVER:
+        return _EMPTY if op in "*?" else _NEVER
+    if item == _EMPTY:
+        return _EMPTY
+    return _Rep(item, op)
+
+
+# --------------------------------------------------------------------------------------
+# Step 1: lowering, with the schema's types
+
+
+_KINDS = ("STRING", "INTEGER", "DECIMAL", "SYMBOL", "KEYWORD", "URI")
+_BASE_KINDS: dict[str, frozenset[str]] = {
+    "STRING": frozenset({"STRING"}), "INTEGER": frozenset({"INTEGER"}),
+    "DECIMAL": frozenset({"DECIMAL"}), "NUMBER": frozenset({"INTEGER", "DECIMAL"}),
+    "SYMBOL": frozenset({"SYMBOL"}), "KEYWORD": frozenset({"KEYWORD"}),
+    "URI": frozenset({"URI"}), "value": frozenset({*_KINDS, "LIST"}),
+}
+_SCHEMA_KINDS: dict[str, frozenset[str]] = {
+    "string": frozenset({"STRING"}), "integer": frozenset({"INTEGER"}),
+    "decimal": frozenset({"DECIMAL"}), "number": frozenset({"INTEGER", "DECIMAL"}),
+    "symbol": frozenset({"SYMBOL"}), "keyword": frozenset({"KEYWORD"}),
+    "uri": frozenset({"URI"}), "boolean": frozenset({"SYMBOL"}),
+    "any": frozenset({*_KINDS, "LIST"}),
+}
+_VALUE_KINDS = {str: "STRING", int: "INTEGER", Decimal: "DECIMAL", Symbol: "SYMBOL",
+                Keyword: "KEYWORD", URI: "URI"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """The pseudo-type of a body: the schema picks the record by the body's head."""
+
+    schema: Schema
+
+
+_Type: TypeAlias = Union[SchemaType, _Body, None]  # noqa: UP007
+
+
+class _Lowerer:
+    def __init__(self, source: GrammarSource, schema: Schema | None, set_cap: int) -> None:
+        self.source = source
+        self.schema = schema
+        self.set_cap = set_cap
+        self.rules: dict[str, _E] = {}
+        self.terminals: dict[str, _Re] = {}
+        self.terminal_keys: dict[tuple[Any, ...], str] = {}
+        self.terminal_info: dict[str, tuple[str, AtomType | None]] = {}
+        self.notes: list[str] = []
+        self.memo: dict[tuple[str, str, int], str] = {}
+        self.counts: dict[str, int] = {}
+        self.sets = 0
+        self.anchors: list[object] = []
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    # ----------------------------------------------------------------- terminals
+
+    def terminal(self, kind: str, atom: AtomType | None = None, path: str = "") -> _E:
+        """The token of one atom of ``kind`` (``STRING`` …), narrowed by ``atom``."""
+        key: tuple[Any, ...]
+        regex: _Re | None
+        if kind == "STRING":
+            low, high = 0, None
+            if atom is not None and atom.min_length is not None:
+                if atom.min_length <= STRING_LENGTH_CAP:
+                    low = atom.min_length
+                else:
+                    self.note(f"schema: {path}: :min-length {atom.min_length} (over the cap "
+                              f"of {STRING_LENGTH_CAP} characters)")
+            if atom is not None and atom.max_length is not None:
+                if atom.max_length <= STRING_LENGTH_CAP:
+                    high = atom.max_length
+                else:
+                    self.note(f"schema: {path}: :max-length {atom.max_length} (over the cap "
+                              f"of {STRING_LENGTH_CAP} characters)")
+            if high is not None and low > high:
+                return _NEVER
+            key, regex = ("STRING", low, high), _string_regex(low, high)
+        elif kind == "INTEGER":
+            low_i, high_i = INT64_MIN, INT64_MAX
+            if atom is not None:
+                if atom.low is not None:
+                    low_i = max(low_i, math.ceil(atom.low))
+                if atom.high is not None:
+                    high_i = min(high_i, math.floor(atom.high))
+            key, regex = ("INTEGER", low_i, high_i), integer_regex(low_i, high_i)
+        elif kind == "DECIMAL":
+            non_negative = atom is not None and atom.low is not None and atom.low >= 0
+            if atom is not None and ((atom.low is not None and atom.low > 0)
+                                     or atom.high is not None):
+                self.note(f"schema: {path}: decimal range {atom.describe()} (only the "
+                          "sign of a minimum of 0 is carried)")
+            key, regex = ("DECIMAL", non_negative), _decimal_regex(non_negative)
+        elif kind == "SYMBOL":
+            if atom is not None and (atom.min_length is not None or atom.max_length is not None):
+                self.note(f"schema: {path}: symbol length {atom.describe()}")
+            key, regex = ("SYMBOL",), _symbol_regex()
+        elif kind == "KEYWORD":
+            key, regex = ("KEYWORD",), _seq(_RLit(":"), _name_regex(_NAME_START,
+                                                                    MAX_NAME_CHARS - 1))
+        else:
+            scheme = atom.scheme if atom is not None else None
+            key, regex = ("URI", scheme), _uri_regex(scheme)
+        if regex is None:
+            return _NEVER
+        name = self.terminal_keys.get(key)
+        if name is None:
+            name = f"{kind}_{len(self.terminal_keys)}"
+            self.terminal_keys[key] = name
+            self.terminals[name] = regex
+            self.terminal_info[name] = (kind, atom)
+        return _Tok("term", name)
+
+    def value_rule(self) -> _E:
+        if "value" not in self.rules:
+            self.rules["value"] = _NEVER  # (reserved: the rule refers to itself)
+            atoms = [self.terminal(kind) for kind in _KINDS]
+            self.rules["value"] = _a(*atoms, _s(_LP, _r(_Ref("value"), "*"), _RP))
+        return _Ref("value")
+
+    def base(self, name: str, typ: _Type, path: str) -> _E:
+        """A base name (``SYMBOL`` … ``value``) as one value of type ``typ``."""
+        kinds = _BASE_KINDS[name]
+        if typ is None or isinstance(typ, _Body) or (isinstance(typ, AtomType)
+                                                     and typ.kind == "any"):
+            return self.value_rule() if name == "value" else _a(*(self.terminal(k)
+                                                                   for k in sorted(kinds)))
+        if isinstance(typ, OneOf):
+            return _a(*(self.literal_atom(v) for v in typ.values
+                        if _VALUE_KINDS.get(type(v)) in kinds))
+        if isinstance(typ, AtomType):
+            if typ.kind == "boolean":
+                return _a(*(_Tok("lit", t) for t in ("true", "false"))) \
+                    if "SYMBOL" in kinds else _NEVER
+            allowed = kinds & _SCHEMA_KINDS[typ.kind]
+            return _a(*(self.terminal(k, typ, path) for k in _KINDS if k in allowed))
+        # a list type (record, keys, list-of)
+        if "LIST" not in kinds:
+            return _NEVER
+        self.note(f"schema: {path}: {typ.describe()} where the grammar has `value`")
+        return self.value_rule()
+
+    def literal_atom(self, value: Value) -> _E:
+        return _Tok("lit", canonical_value(value))
+
+    # ----------------------------------------------------------------- rules
+
+    def rule_ref(self, name: str, typ: _Type, how: str, path: str,
+                 keys: Keys | None = None) -> _E:
+        """``name`` as one value of ``typ`` (``how == "value"``) or as items of a list
+        level whose keys are ``keys`` (``how == "level"``)."""
+        anchor: object = typ if how == "value" else keys
+        key = (name, how, id(anchor) if anchor is not None else 0)
+        found = self.memo.get(key)
+        if found is None:
+            self.anchors.append(anchor)  # (ids stay unique while the lowering runs)
+            if anchor is None and how == "value":
+                found = "r_" + name
+            else:
+                count = self.counts[name] = self.counts.get(name, 0) + 1
+                found = f"r_{name}_{count}"
+            self.memo[key] = found
+            self.rules[found] = _NEVER
+            rule = self.source.rule(name)
+            if how == "value":
+                body = _a(*(self.value_items(alt.items, typ, path)
+                            for alt in rule.alternatives))
+            else:
+                body = _a(*(self.level_items(alt.items, keys, path, guaranteed=None)
+                            for alt in rule.alternatives))
+            self.rules[found] = body
+        return _Ref(found)
+
+    def value_item(self, item: Item, typ: _Type, path: str) -> _E:
+        """One item that is one value of type ``typ``."""
+        if isinstance(item, Reference):
+            if item.is_base:
+                return self.base(item.name, typ, path)
+            return self.rule_ref(item.name, typ, "value", path)
+        if isinstance(item, Literal):
+            kind = "KEYWORD" if item.is_keyword else "SYMBOL"
+            if item.text in "()":
+                return self.plain(item)
+            if isinstance(typ, OneOf):
+                return _Tok("lit", item.text) if any(
+                    _VALUE_KINDS.get(type(v)) == kind and canonical_value(v) == item.text
+                    for v in typ.values) else _NEVER
+            if isinstance(typ, AtomType) and (
+                    kind not in _SCHEMA_KINDS[typ.kind]
+                    or (typ.kind == "boolean" and item.text not in ("true", "false"))):
+                return _NEVER
+            if isinstance(typ, (Record, Keys, ListOf)):
+                return _NEVER
+            return self.plain(item)
+        if isinstance(item, Group):
+            body = _a(*(self.value_items(alt.items, typ, path) for alt in item.alternatives))
+            return _r(body, "?") if item.optional else body
+        if typ is not None and not (isinstance(typ, AtomType) and typ.kind == "any"):
+            self.note(f"schema: {path}: {_describe(typ)} (the grammar has a repetition or a "
+                      "keyword set there)")
+        return self.plain(item)
+
+    def value_items(self, items: tuple[Item, ...], typ: _Type, path: str) -> _E:
+        """A sequence of items that is one value of type ``typ``."""
+        if len(items) == 1:
+            return self.value_item(items[0], typ, path)
+        is_list = (len(items) >= 2 and isinstance(items[0], Literal) and items[0].text == "("
+                   and isinstance(items[-1], Literal) and items[-1].text == ")"
+                   and _closes_at_end(items))
+        if not is_list or typ is None or (isinstance(typ, AtomType) and typ.kind == "any"):
+            if typ is not None and not is_list and not (isinstance(typ, AtomType)
+                                                        and typ.kind == "any"):
+                self.note(f"schema: {path}: {_describe(typ)} (the grammar's value there is "
+                          "not one list or one atom)")
+            return self.plain_seq(items)
+        if isinstance(typ, (AtomType, OneOf)):
+            return _NEVER  # a list where the schema wants an atom
+        inner = items[1:-1]
+        if isinstance(typ, _Body):
+            heads = _leading_symbols(inner)
+            record, unsure = _record_for(typ.schema, heads)
+            if unsure:
+                self.note(f"schema: {path}: a record whose heads the grammar does not fix")
+            if record is None:
+                return self.plain_seq(items)
+            typ = record
+        if isinstance(typ, ListOf):
+            self.note(f"schema: {path}: {typ.describe()} (list-of: element types and "
+                      "lengths)")
+            return self.plain_seq(items)
+        if isinstance(typ, Record):
+            heads = _leading_symbols(inner)
+            count = len(typ.heads)
+            if tuple(heads[:count]) != tuple(str(h) for h in typ.heads):
+                if len(heads) >= count or (heads and heads != [str(h) for h in
+                                                               typ.heads[:len(heads)]]):
+                    return _NEVER  # the schema refuses every value of this shape
+                self.note(f"schema: {path}: {typ.describe()} (heads the grammar does not "
+                          "fix)")
+                return self.plain_seq(items)
+            where = f"{path}.{typ.heads[0]}" if path else str(typ.heads[0])
+            guaranteed: set[str] = set()
+            body = self.level_items(inner[count:], typ.keys, where, guaranteed)
+            heads_e = [self.plain(i) for i in inner[:count]]
+            self.check_required(typ.keys, guaranteed, where)
+            return _s(_LP, *heads_e, body, _RP)
+        assert isinstance(typ, Keys)
+        guaranteed = set()
+        body = self.level_items(inner, typ, path, guaranteed)
+        self.check_required(typ, guaranteed, path)
+        return _s(_LP, body, _RP)
+
+    def check_required(self, keys: Keys, guaranteed: set[str], path: str) -> None:
+        for key in keys.required:
+            if ":" + str(key) not in guaranteed:
+                self.note(f"schema: {path}: required key :{key} (the grammar does not "
+                          "require it)")
+
+    def level_items(self, items: tuple[Item, ...], keys: Keys | None, path: str,
+                    guaranteed: set[str] | None) -> _E:
+        """Items inside a list whose keyword arguments have the types ``keys``;
+        ``guaranteed`` collects the keys every match of this sequence gives."""
+        if keys is None:
+            return self.plain_seq(items)
+        out: list[_E] = []
+        i = 0
+        while i < len(items):
+            item = items[i]
+            if isinstance(item, Literal) and item.is_keyword and i + 1 < len(items):
+                typ = _field_type(keys, item.text)
+                if typ is None:
+                    return _NEVER  # a key the schema does not allow
+                end = _value_end(items, i + 1)
+                where = f"{path}[{item.text}]"
+                value = (self.value_items(items[i + 1:end], typ, where) if end > i + 2
+                         else self.value_item(items[i + 1], typ, where))
+                out += [self.plain(item), value]
+                if guaranteed is not None:
+                    guaranteed.add(item.text)
+                i = end
+                continue
+            if isinstance(item, Reference) and item.name == "KEYWORD" and keys.other is None \
+                    and i + 1 < len(items):
+                # a general keyword where the schema lists every allowed key: one
+                # alternative per key, each with its value's type
+                end = _value_end(items, i + 1)
+                choices = []
+                for key, typ in keys.fields.items():
+                    where = f"{path}[:{key}]"
+                    value = (self.value_items(items[i + 1:end], typ, where) if end > i + 2
+                             else self.value_item(items[i + 1], typ, where))
+                    choices.append(_s(_Tok("lit", ":" + str(key)), value))
+                out.append(_a(*choices))
+                self.unique_note(keys, path)
+                i = end
+                continue
+            if isinstance(item, KeywordSet):
+                out.append(self.keyword_set(item, keys, path, guaranteed))
+            elif isinstance(item, Reference) and not item.is_base:
+                out.append(self.rule_ref(item.name, None, "level", path, keys))
+                self.unique_note(keys, path)
+            elif isinstance(item, Group):
+                body = _a(*(self.level_items(alt.items, keys, path, None)
+                            for alt in item.alternatives))
+                out.append(_r(body, "?") if item.optional else body)
+            elif isinstance(item, Repeat):
+                inner = item.item
+                alternatives = (inner.alternatives if isinstance(inner, Group)
+                                and not inner.optional else None)
+                body = (_a(*(self.level_items(alt.items, keys, path, None)
+                             for alt in alternatives)) if alternatives is not None
+                        else self.level_items((inner,), keys, path, None))
+                if isinstance(inner, Group) and inner.optional:
+                    body = _r(body, "?")
+                out.append(_r(body, item.op))
+                if item.op != "?":
+                    self.unique_note(keys, path)
+            else:
+                if isinstance(item, Reference) and item.name in ("KEYWORD", "value"):
+                    self.unique_note(keys, path)
+                out.append(self.plain(item))
+            i += 1
+        return _s(*out)
+
+    def unique_note(self, keys: Keys, path: str) -> None:
+        if keys.fields or keys.required:
+            self.note(f"schema: {path}: keys outside keyword sets (which keys are allowed, "
+                      "their types, and that none repeats)")
+
+    def keyword_set(self, item: KeywordSet, keys: Keys | None, path: str,
+                    guaranteed: set[str] | None) -> _E:
+        members: list[tuple[str, _E, bool]] = []
+        for member in item.members:
+            required = not member.optional
+            if keys is not None:
+                typ = _field_type(keys, member.keyword)
+                if typ is None:
+                    if required:
+                        return _NEVER
+                    continue
+                required = required or any(":" + str(k) == member.keyword
+                                           for k in keys.required)
+                value = self.value_item(member.item, typ, f"{path}[{member.keyword}]")
+            else:
+                value = self.plain(member.item)
+            if value == _NEVER:
+                if required:
+                    return _NEVER
+                continue
+            members.append((member.keyword, value, required))
+            if required and guaranteed is not None:
+                guaranteed.add(member.keyword)
+        self.sets += 1
+        if len(members) > self.set_cap:
+            self.note(f"keyword set at {item.position.line}:{item.position.column}: "
+                      f"{len(members)} members, over the cap of {self.set_cap}: only the "
+                      "declared order is generated")
+            return _s(*(_s(_Tok("lit", k), v) if req else _r(_s(_Tok("lit", k), v), "?")
+                        for k, v, req in members))
+        prefix = f"set{self.sets}"
+        required_mask = sum(1 << n for n, (_, _, req) in enumerate(members) if req)
+        full = (1 << len(members)) - 1
+
+        def state(mask: int) -> _E:
+            name = f"{prefix}_{mask:x}"
+            if name not in self.rules:
+                self.rules[name] = _NEVER
+                choices: list[_E] = [_EMPTY] if mask & required_mask == required_mask else []
+                for n, (keyword, value, _) in enumerate(members):
+                    if not mask & (1 << n):
+                        rest = state(mask | (1 << n)) if mask | (1 << n) != full else _EMPTY
+                        choices.append(_s(_Tok("lit", keyword), value, rest))
+                self.rules[name] = _a(*choices) if choices else _EMPTY
+            return _Ref(name)
+
+        return state(0) if members else _EMPTY
+
+    # ----------------------------------------------------------------- untyped
+
+    def plain(self, item: Item) -> _E:
+        if isinstance(item, Literal):
+            return _LP if item.text == "(" else _RP if item.text == ")" else _Tok(
+                "lit", item.text)
+        if isinstance(item, Reference):
+            if item.is_base:
+                return self.base(item.name, None, "")
+            return self.rule_ref(item.name, None, "value", "")
+        if isinstance(item, Group):
+            body = _a(*(self.plain_seq(alt.items) for alt in item.alternatives))
+            return _r(body, "?") if item.optional else body
+        if isinstance(item, Repeat):
+            inner = item.item
+            if isinstance(inner, Group) and not inner.optional:
+                body = _a(*(self.plain_seq(alt.items) for alt in inner.alternatives))
+            else:
+                body = self.plain(inner)
+            return _r(body, item.op)
+        return self.keyword_set(item, None, "", None)
+
+    def plain_seq(self, items: tuple[Item, ...]) -> _E:
+        return _s(*(self.plain(i) for i in items))
+
+
+def _describe(typ: _Type) -> str:
+    if isinstance(typ, _Body):
+        return "the body's record"
+    return typ.describe() if typ is not None else "any value"
+
+
+def _field_type(keys: Keys, keyword: str) -> SchemaType | None:
+    for key, typ in keys.fields.items():
+        if ":" + str(key) == keyword:
+            return typ
+    return keys.other
+
+
+def _closes_at_end(items: tuple[Item, ...]) -> bool:
+    """True if the ``(`` that starts ``items`` is closed by its last item."""
+    depth = 0
+    for n, item in enumerate(items):
+        if isinstance(item, Literal) and item.text in "()":
+            depth += 1 if item.text == "(" else -1
+            if depth == 0:
+                return n == len(items) - 1
+        elif depth == 0:
+            return False
+    return False
+
+
+def _value_end(items: tuple[Item, ...], start: int) -> int:
+    """The end of the value that starts at ``items[start]``: one item, or a ``(`` up to
+    its matching ``)`` literal in the same sequence."""
+    first = items[start]
+    if not (isinstance(first, Literal) and first.text == "("):
+        return start + 1
+    depth = 0
+    for n in range(start, len(items)):
+        item = items[n]
+        if isinstance(item, Literal) and item.text in "()":
+            depth += 1 if item.text == "(" else -1
+            if depth == 0:
+                return n + 1
+    return start + 1
+
+
+def _leading_symbols(items: tuple[Item, ...]) -> list[str]:
+    heads: list[str] = []
+    for item in items:
+        if not isinstance(item, Literal) or item.is_keyword or item.text in "()":
+            break
+        heads.append(item.text)
+    return heads
+
+
+def _record_for(schema: Schema, heads: list[str]) -> tuple[Record | None, bool]:
+    """The record a body starting with the literal symbols ``heads`` meets (as
+    :meth:`Schema.record_for` picks it), and whether that depends on more than ``heads``
+    (then ``None``)."""
+    for record in schema.records:
+        shared = min(len(record.heads), len(heads))
+        if any(str(record.heads[i]) != heads[i] for i in range(shared)):
+            continue
+        if len(record.heads) > len(heads):
+            return None, True
+        return record, False
+    return None, False
+
+
+# --------------------------------------------------------------------------------------
+# Step 3: canonical spacing (a two-state automaton intersected with the EBNF)
+
+_L, _O = "l", "o"
+
+
+class _Spacer:
+    def __init__(self, rules: Mapping[str, _E]) -> None:
+        self.rules = dict(rules)
+        self.outs: dict[tuple[str, str], frozenset[str]] = {}
+        self.out_rules: dict[str, _E] = {}
+        self.helpers = 0
+        self._fix()
+
+    def _fix(self) -> None:
+        while True:
+            self.outs = {(n, p): frozenset() for n in self.rules for p in (_L, _O)}
+            changed = True
+            while changed:
+                changed = False
+                for name, body in self.rules.items():
+                    for p in (_L, _O):
+                        found = self.out_states(body, p)
+                        if found != self.outs[(name, p)]:
+                            self.outs[(name, p)] = found
+                            changed = True
+            if not self._rewrite_irregular():
+                return
+
+    def _rewrite_irregular(self) -> bool:
+        """Replace repetitions whose item may be empty or end with ``(`` by recursive
+        helper rules (``H: ε | x H``), which the general construction handles."""
+        changed = False
+
+        def walk(e: _E) -> _E:
+            nonlocal changed
+            if isinstance(e, _Seq):
+                return _Seq(tuple(walk(i) for i in e.items))
+            if isinstance(e, _Alt):
+                return _Alt(tuple(walk(i) for i in e.items))
+            if isinstance(e, _Rep):
+                item = walk(e.item)
+                if e.op != "?" and not self.regular(item):
+                    changed = True
+                    self.helpers += 1
+                    name = f"rep{self.helpers}"
+                    self.rules[name] = _a(_EMPTY, _s(item, _Ref(name)))
+                    return _Ref(name) if e.op == "*" else _s(item, _Ref(name))
+                return _Rep(item, e.op)
+            return e
+
+        for name in list(self.rules):
+            self.rules[name] = walk(self.rules[name])
+        return changed
+
+    def regular(self, item: _E) -> bool:
+        return self.out_states(item, _L) <= {_O} and self.out_states(item, _O) <= {_O}
+
+    def out_states(self, e: _E, p: str) -> frozenset[str]:
+        if isinstance(e, _Tok):
+            if e.kind == "text":
+                return frozenset({_L if e.text.endswith((" ", "(")) else _O})
+            return frozenset({_L}) if e.kind == "(" else frozenset({_O})
+        if isinstance(e, _Ref):
+            return self.outs.get((e.name, p), frozenset())
+        if isinstance(e, _Seq):
+            states = frozenset({p})
+            for item in e.items:
+                states = frozenset(q for s in states for q in self.out_states(item, s))
+            return states
+        if isinstance(e, _Alt):
+            return frozenset(q for item in e.items for q in self.out_states(item, p))
+        reached = frozenset({p}) if e.op in "*?" else frozenset()
+        frontier = self.out_states(e.item, p)
+        while not frontier <= reached:
+            reached |= frontier
+            if e.op == "?":
+                break
+            frontier = frozenset(q for s in frontier for q in self.out_states(e.item, s))
+        return reached
+
+    def ref(self, name: str, p: str, q: str) -> _E:
+        out = f"{name}_{p}{q}"
+        if out not in self.out_rules:
+            self.out_rules[out] = _NEVER
+            self.out_rules[out] = self.trans(self.rules[name], p).get(q, _NEVER)
+        return _Ref(out)
+
+    def trans(self, e: _E, p: str) -> dict[str, _E]:
+        """``e`` entered in state ``p``: its spaced forms, by the state they leave."""
+        if isinstance(e, _Tok):
+            if e.kind == "text":  # fixed text (the envelope's), spaced by its author
+                return {_L if e.text.endswith((" ", "(")) else _O: e}
+            if e.kind == ")":
+                return {_O: _Tok("text", ")")}
+            space = "" if p == _L else " "
+            if e.kind == "(":
+                return {_L: _Tok("text", space + "(")}
+            if e.kind == "lit":
+                return {_O: _Tok("text", space + e.text)}
+            return {_O: _s(_Tok("text", " "), e) if space else e}
+        if isinstance(e, _Ref):
+            return {q: self.ref(e.name, p, q) for q in sorted(self.outs[(e.name, p)])}
+        if isinstance(e, _Seq):
+            current: dict[str, _E] = {p: _EMPTY}
+            for item in e.items:
+                following: dict[str, list[_E]] = {}
+                for s, before in current.items():
+                    for q, after in self.trans(item, s).items():
+                        following.setdefault(q, []).append(_s(before, after))
+                current = {q: _a(*forms) for q, forms in following.items()}
+            return current
+        if isinstance(e, _Alt):
+            found: dict[str, list[_E]] = {}
+            for item in e.items:
+                for q, form in self.trans(item, p).items():
+                    found.setdefault(q, []).append(form)
+            return {q: _a(*forms) for q, forms in found.items()}
+        once = self.trans(e.item, p)
+        if e.op == "?":
+            result = dict(once)
+            result[p] = _a(result[p], _EMPTY) if p in result else _EMPTY
+            return result
+        # regular: every form ends in state o (checked by _rewrite_irregular)
+        first = once.get(_O, _NEVER)
+        if p == _O:
+            return {_O: _r(first, e.op)}
+        more = _r(self.trans(e.item, _O).get(_O, _NEVER), "*")
+        seq = _s(first, more)
+        if e.op == "+":
+            return {_O: seq}
+        return {_L: _EMPTY, _O: seq}
+
+
+# --------------------------------------------------------------------------------------
+# Simplification and rendering
+
+
+def _simplify(rules: dict[str, _E], start: str) -> dict[str, _E]:
+    """Inline rules that match only the empty text or one token; drop unreachable ones."""
+    def inline(e: _E, table: Mapping[str, _E]) -> _E:
+        if isinstance(e, _Ref):
+            target = table.get(e.name)
+            if target is not None and (target in (_EMPTY, _NEVER) or isinstance(target, _Tok)):
+                return target
+            return e
+        if isinstance(e, _Seq):
+            return _s(*(inline(i, table) for i in e.items))
+        if isinstance(e, _Alt):
+            return _a(*(inline(i, table) for i in e.items))
+        if isinstance(e, _Rep):
+            return _r(inline(e.item, table), e.op)
+        return e
+
+    changed = True
+    while changed:
+        changed = False
+        for name in list(rules):
+            body = _optionals(inline(rules[name], rules))
+            if body != rules[name]:
+                rules[name] = body
+                changed = True
+    reachable: dict[str, _E] = {}
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name in reachable:
+            continue
+        reachable[name] = rules[name]
+        todo.extend(_refs(rules[name]))
+    return {name: rules[name] for name in rules if name in reachable}
+
+
+def _optionals(e: _E) -> _E:
+    """``a | ε`` as ``a?``; merges ``text`` tokens in sequences."""
+    if isinstance(e, _Seq):
+        items: list[_E] = []
+        for item in (_optionals(i) for i in e.items):
+            if items and isinstance(item, _Tok) and item.kind == "text" \
+                    and isinstance(items[-1], _Tok) and items[-1].kind == "text":
+                items[-1] = _Tok("text", items[-1].text + item.text)
+            else:
+                items.append(item)
+        return _s(*items)
+    if isinstance(e, _Alt):
+        rest = [_optionals(i) for i in e.items if i != _EMPTY]
+        body = _a(*rest) if rest else _EMPTY
+        return _r(body, "?") if _EMPTY in e.items and rest else body
+    if isinstance(e, _Rep):
+        return _r(_optionals(e.item), e.op)
+    return e
+
+
+def _refs(e: _E) -> Iterable[str]:
+    if isinstance(e, _Ref):
+        yield e.name
+    elif isinstance(e, (_Seq, _Alt)):
+        for item in e.items:
+            yield from _refs(item)
+    elif isinstance(e, _Rep):
+        yield from _refs(e.item)
+
+
+@dataclass(frozen=True, slots=True)
+class _Dialect:
+    name: str
+    rule: Callable[[str], str]
+    terminal: Callable[[str], str]
+    text: Callable[[str], str]
+    sep: str
+
+
+def _lark_text(text: str) -> str:
+    if all(c.isascii() and c.isprintable() and c not in '"\\' for c in text):
+        return json.dumps(text)
+    return "/" + _render_regex(_RLit(text), _lark_char) + "/"
+
+
+def _llg_text(text: str) -> str:
+    if all(c.isascii() and c.isprintable() and c not in '"\\' for c in text):
+        return json.dumps(text)
+    return "/" + _render_regex(_RLit(text), _rust_char) + "/"
+
+
+_DIALECTS = {
+    "llguidance": _Dialect("llguidance", lambda n: n, lambda n: "T_" + n.upper(), _llg_text,
+                           ":"),
+    "lark": _Dialect("lark", lambda n: n, lambda n: "T_" + n.upper(), _lark_text, ":"),
+    "gbnf": _Dialect("gbnf", lambda n: n.replace("_", "-"),
+                     lambda n: "t-" + n.lower().replace("_", "-"), _gbnf_literal, " ::="),
+}
+
+
+def _render_expr(e: _E, d: _Dialect, top: bool = True) -> str:
+    if isinstance(e, _Tok):
+        return d.text(e.text) if e.kind == "text" else d.terminal(e.text)
+    if isinstance(e, _Ref):
+        return d.rule(e.name)
+    if isinstance(e, _Seq):
+        if not e.items:
+            return '""'
+        text = " ".join(_render_expr(i, d, top=False) for i in e.items)
+        return text if top else f"({text})"
+    if isinstance(e, _Alt):
+        text = " | ".join(_render_expr(i, d) for i in e.items)
+        return text if top or len(e.items) == 1 else f"({text})"
+    inner = _render_expr(e.item, d, top=False)
+    if isinstance(e.item, _Rep):
+        inner = f"({inner})"
+    return inner + e.op
+
+
+# --------------------------------------------------------------------------------------
+# The envelope, and the public functions
+
+_ENVELOPE_OPTIONAL = (("conversation-id", "ID"), ("in-reply-to", "ID"),
+                      ("reply-by", "INTEGER"), ("timestamp", "INTEGER"))
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarExport:
+    """An export: ``text`` in ``format``, the ``intents`` it covers, and ``not_carried``,
+    the constraints ``cbcl.parse`` checks that the export does not (limits, parts of the
+    schema), one line each."""
+
+    format: str
+    text: str
+    intents: tuple[Intent, ...]
+    not_carried: tuple[str, ...]
+    start: str = "start"
+
+
+def _descriptor_of(descriptor: ProtocolDescriptor | bytes) -> ProtocolDescriptor:
+    if isinstance(descriptor, ProtocolDescriptor):
+        return descriptor
+    if isinstance(descriptor, (bytes, bytearray, memoryview)):
+        data = bytes(descriptor)
+
+        head = TOKEN.match(data.decode("utf-8", "replace"))
+        if head is not None and data[head.end():].lstrip().startswith(b"signed-descriptor"):
+
+            data = read_signed_descriptor_unverified(data).payload
+        return read_descriptor(data)
+    raise TypeError(f"a descriptor is a ProtocolDescriptor or bytes, not "
+                    f"{type(descriptor).__name__}")
+
+
+def _intents_of(descriptor: ProtocolDescriptor, intent: Intent | str | None
+                ) -> tuple[Intent, ...]:
+    if intent is None:
+        return descriptor.intents
+    try:
+        chosen = Intent(intent)
+    except ValueError:
+        raise ValueError(f"{intent!r} is not an intent") from None
+    if chosen not in descriptor.intents:
+        raise ProtocolError(f"{descriptor.id} does not govern {chosen.value} (it governs "
+                            + " ".join(i.value for i in descriptor.intents) + ")")
+    return (chosen,)
+
+
+def _lower(descriptor: ProtocolDescriptor, intents: tuple[Intent, ...], schema: bool,
+           set_cap: int) -> tuple[_Lowerer, dict[str, list[Intent]]]:
+    source = read_grammar(descriptor.grammar, starts=descriptor.start_rules)
+    compiled = compile_schema(descriptor.schema) if schema and descriptor.schema is not None \
+        else None
+    lowerer = _Lowerer(source, compiled, set_cap)
+    by_rule: dict[str, list[Intent]] = {}
+    for intent in intents:
+        by_rule.setdefault(descriptor.starts[intent], []).append(intent)
+    for rule in by_rule:
+        body_type: _Type = _Body(compiled) if compiled is not None else None
+        ref = lowerer.rule_ref(rule, body_type, "value", "$.body")
+        lowerer.rules["body_" + rule] = ref
+    return lowerer, by_rule
+
+
+def _envelope(descriptor: ProtocolDescriptor, lowerer: _Lowerer,
+              by_rule: Mapping[str, list[Intent]]) -> _E:
+    """The message rule: the envelope of §2 with the body of each intent (canonical
+    spacing written out: the envelope is fixed text around its atoms)."""
+    ident = lowerer.terminal("STRING", AtomType("string", min_length=1))
+    uri = lowerer.terminal("URI")
+    integer = lowerer.terminal("INTEGER")
+    optional: list[_E] = []
+    for name, kind in _ENVELOPE_OPTIONAL:
+        optional.append(_r(_s(_Tok("text", f" ({name} "), ident if kind == "ID" else integer,
+                              _Tok("text", ")")), "?"))
+    choices: list[_E] = []
+    for rule, intents in by_rule.items():
+        names = _a(*(_Tok("text", i.value) for i in intents))
+        choices.append(_s(names, _Tok("text", f") (protocol {descriptor.id})"), *optional,
+                          _Tok("text", " (body "), _Ref("body_" + rule), _Tok("text", "))")))
+    return _s(_Tok("text", "(CBCL/1.0 (message-id "), ident, _Tok("text", ") (sender "), uri,
+              _Tok("text", ") (receiver "), uri, _Tok("text", ") (intent "), _a(*choices))
+
+
+def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguidance", *,
+                   intent: Intent | str | None = None, schema: bool = True,
+                   keyword_set_cap: int = KEYWORD_SET_CAP) -> GrammarExport:
+    """The grammar of the canonical messages of ``descriptor``'s protocol (spec/llm.md).
+
+    ``format`` is ``llguidance`` (llguidance's Lark dialect), ``gbnf`` (llama.cpp,
+    XGrammar), ``lark`` (the Python lark library, ``parser="earley"``) or ``json-schema``
+    (the JSON mapping, :func:`export_json_schema`). With ``intent`` the messages of that
+    intent only; without, every governed intent, each with its own body rule. With
+    ``schema`` (the default) the descriptor's schema is compiled in where a grammar can
+    carry it. The text starts with comment lines naming what is not carried (also in
+    ``not_carried``). ``descriptor`` is a :class:`ProtocolDescriptor` or the bytes of a
+    descriptor, signed or not (a signature is not verified: an export trusts nothing).
+
+    Raises ``ValueError`` for an unknown format or intent name, :class:`ProtocolError`
+    for an intent the protocol does not govern, and what reading the descriptor raises
+    (:class:`DescriptorError`, :class:`GrammarError`, :class:`MalformedError` …).
+    """
+    if format == "json-schema":
+        document, notes, intents = _json_schema(descriptor, intent, schema, keyword_set_cap)
+        return GrammarExport(format, json.dumps(document, indent=1, ensure_ascii=True) + "\n",
+                             intents, notes)
+    dialect = _DIALECTS.get(format)
+    if dialect is None:
+        raise ValueError(f"unknown format {format!r} (formats: {', '.join(FORMATS)})")
+    if type(keyword_set_cap) is not int or not 0 <= keyword_set_cap <= 16:
+        raise ValueError("keyword_set_cap must be an int from 0 to 16")
+    desc = _descriptor_of(descriptor)
+    intents = _intents_of(desc, intent)
+    lowerer, by_rule = _lower(desc, intents, schema, keyword_set_cap)
+    lowerer.rules["message"] = _envelope(desc, lowerer, by_rule)
+    spacer = _Spacer(lowerer.rules)
+    start = spacer.ref("message", _L, _O)
+    assert isinstance(start, _Ref)
+    rules = _simplify(dict(spacer.out_rules), start.name)
+    notes = (*LIMITS_NOT_CARRIED, *lowerer.notes)
+    if format == "gbnf":
+        notes = (*notes, "gbnf: a string's characters are code points; a decoder must "
+                 "produce well-formed UTF-8")
+    used_terminals = {t.text for e in rules.values() for t in _tokens(e) if t.kind == "term"}
+    lines = [f"{'#' if format == 'gbnf' else '//'} CBCL {desc.id} version {desc.version} "
+             f"({desc.digest}): canonical messages, "
+             + ("intent " + intents[0].value if intent is not None else "every intent"),
+             f"{'#' if format == 'gbnf' else '//'} not carried (cbcl.parse checks them):"]
+    lines += [f"{'#' if format == 'gbnf' else '//'}   {note}" for note in notes]
+    if format == "llguidance":
+        lines.append("%llguidance {}")
+    head = "root" if format == "gbnf" else "start"
+    lines.append(f"{head}{dialect.sep} {dialect.rule(start.name)}")
+    for name, body in rules.items():
+        lines.append(f"{dialect.rule(name)}{dialect.sep} {_render_expr(body, dialect)}")
+    for name in lowerer.terminals:
+        if name not in used_terminals:
+            continue
+        regex = lowerer.terminals[name]
+        if format == "gbnf":
+            lines.append(f"{dialect.terminal(name)} ::= {_render_gbnf_regex(regex)}")
+        elif format == "lark":
+            lines.append(f"{dialect.terminal(name)}: /{_render_regex(regex, _lark_char)}"
+                         r"(?=[\ \)]|\Z)/")
+        else:
+            lines.append(f"{dialect.terminal(name)}: /{_render_regex(regex, _rust_char)}/")
+    return GrammarExport(format, "\n".join(lines) + "\n", intents, notes,
+                         "root" if format == "gbnf" else "start")
+
+
+def _tokens(e: _E) -> Iterable[_Tok]:
+    if isinstance(e, _Tok):
+        yield e
+    elif isinstance(e, (_Seq, _Alt)):
+        for item in e.items:
+            yield from _tokens(item)
+    elif isinstance(e, _Rep):
+        yield from _tokens(e.item)
+
+
+# --------------------------------------------------------------------------------------
+# JSON Schema (spec §7)
+
+_JSON_SAFE = 2**53 - 1
+
+
+class _Approximate(Exception):
+    """A list whose element sequences the JSON Schema cannot state exactly."""
+
+
+#: An element sequence: ("elem", schema), ("seq", [...]), ("alt", [...]) or ("rep", x, op).
+_ERe: TypeAlias = tuple[Any, ...]
+
+
+class _JsonBuilder:
+    def __init__(self, lowerer: _Lowerer) -> None:
+        self.lowerer = lowerer
+        self.rules = lowerer.rules
+        self.defs: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.busy: set[str] = set()
+        self.not_values: set[str] = set()
+
+    # ------------------------------------------------------------ atoms
+
+    def terminal(self, name: str) -> Any:
+        if name not in self.defs:
+            self.defs[name] = self.terminal_schema(name)
+        return {"$ref": f"#/$defs/{name}"}
+
+    def terminal_schema(self, name: str) -> Any:
+        kind, atom = self.lowerer.terminal_info[name]
+        regex = self.lowerer.terminals[name]
+        if kind == "STRING":
+            out: dict[str, Any] = {"type": "string"}
+            if atom is not None and atom.min_length is not None:
+                out["minLength"] = atom.min_length
+            if atom is not None and atom.max_length is not None:
+                out["maxLength"] = atom.max_length
+            return out
+        if kind == "INTEGER":
+            low, high = INT64_MIN, INT64_MAX
+            if atom is not None and atom.low is not None:
+                low = max(low, math.ceil(atom.low))
+            if atom is not None and atom.high is not None:
+                high = min(high, math.floor(atom.high))
+            forms: list[Any] = []
+            if max(low, -_JSON_SAFE) <= min(high, _JSON_SAFE):
+                forms.append({"type": "integer", "minimum": max(low, -_JSON_SAFE),
+                              "maximum": min(high, _JSON_SAFE)})
+            forms.append(_tagged("int", regex))
+            return forms[0] if len(forms) == 1 else {"anyOf": forms}
+        if kind == "KEYWORD":
+            assert isinstance(regex, _RSeq)
+            return _tagged("keyword", _seq(*regex.items[1:]))
+        return _tagged(kind.lower(), regex)
+
+    def literal(self, text: str) -> Any:
+
+        value = read(text.encode("utf-8"))
+        mapped = to_json(value)
+        if type(value) is int:
+            return {"anyOf": [{"const": mapped}, {"const": {"int": str(value)}}]} \
+                if -_JSON_SAFE <= value <= _JSON_SAFE else {"const": mapped}
+        return {"const": mapped}
+
+    # ------------------------------------------------------------ element sequences
+
+    def elements(self, e: _E) -> _ERe:
+        """The elements ``e`` contributes to the list it is in."""
+        if isinstance(e, _Tok):
+            if e.kind in "()":
+                raise _Approximate  # an unbalanced parenthesis across rules
+            return ("elem", self.literal(e.text) if e.kind == "lit" else self.terminal(e.text))
+        if isinstance(e, _Ref):
+            if e.name == "value":
+                return ("elem", {"$ref": "#/$defs/value"})
+            if e.name in self.defs:
+                return ("elem", {"$ref": f"#/$defs/{e.name}"})
+            if e.name in self.busy:
+                raise _Approximate  # recursion at one list level
+            self.busy.add(e.name)
+            try:
+                regex = self.elements(self.rules[e.name])
+            finally:
+                self.busy.discard(e.name)
+            single = _single(regex)
+            if single is not None and e.name not in self.not_values:
+                self.defs[e.name] = single
+                return ("elem", {"$ref": f"#/$defs/{e.name}"})
+            self.not_values.add(e.name)
+            return regex
+        if isinstance(e, _Alt):
+            return ("alt", [self.elements(i) for i in e.items])
+        if isinstance(e, _Rep):
+            return ("rep", self.elements(e.item), e.op)
+        out: list[_ERe] = []
+        items = e.items
+        i = 0
+        while i < len(items):
+            item = items[i]
+            if isinstance(item, _Tok) and item.kind == "(":
+                depth, j = 0, i
+                while j < len(items):
+                    t = items[j]
+                    if isinstance(t, _Tok) and t.kind in "()":
+                        depth += 1 if t.kind == "(" else -1
+                        if depth == 0:
+                            break
+                    j += 1
+                if j == len(items):
+                    raise _Approximate
+                out.append(("elem", self.array(_s(*items[i + 1:j]))))
+                i = j + 1
+                continue
+            out.append(self.elements(item))
+            i += 1
+        return ("seq", out)
+
+    def array(self, inner: _E) -> Any:
+        """The schema of a list whose elements are ``inner``."""
+        regex = self.elements(inner)
+        sequences = _enumerate(regex, JSON_SEQUENCES_CAP)
+        if sequences is not None:
+            forms = [{"type": "array", "prefixItems": seq, "minItems": len(seq),
+                      "items": False} if seq else {"type": "array", "maxItems": 0}
+                     for seq in sequences]
+            return forms[0] if len(forms) == 1 else {"anyOf": forms}
+        prefix, rest = _split_prefix(regex)
+        schemas = _all_elements(rest)
+        out: dict[str, Any] = {"type": "array", "minItems": len(prefix) + _min_length(rest)}
+        if prefix:
+            out["prefixItems"] = prefix
+        out["items"] = {"anyOf": schemas} if len(schemas) > 1 else schemas[0] if schemas \
+            else False
+        shown = json.dumps(prefix[0]) if prefix else "a list"
+        self.notes.append(f"json-schema: the order of the elements after the first of "
+                          f"{shown[:60]} (any element that may occur is allowed)")
+        return out
+
+    def value_schema(self, e: _E) -> Any:
+        regex = self.elements(e)
+        sequences = _enumerate(regex, JSON_SEQUENCES_CAP)
+        if sequences is None or any(len(seq) != 1 for seq in sequences):
+            raise _Approximate
+        schemas = []
+        for seq in sequences:
+            if seq[0] not in schemas:
+                schemas.append(seq[0])
+        return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+    def value_defs(self) -> None:
+        atoms = [self.terminal(self.lowerer.terminal(k).text)  # type: ignore[union-attr]
+                 for k in _KINDS]
+        self.defs["value"] = {"anyOf": [*atoms, {"type": "array",
+                                                 "items": {"$ref": "#/$defs/value"}}]}
+
+
+def _single(regex: _ERe) -> Any:
+    """The schema of the one element every sequence of ``regex`` has, or ``None``."""
+    if regex[0] == "elem":
+        return regex[1]
+    if regex[0] == "seq" and len(regex[1]) == 1:
+        return _single(regex[1][0])
+    if regex[0] == "alt" and regex[1]:
+        schemas = [_single(r) for r in regex[1]]
+        if any(x is None for x in schemas):
+            return None
+        unique: list[Any] = []
+        for x in schemas:
+            if x not in unique:
+                unique.append(x)
+        return unique[0] if len(unique) == 1 else {"anyOf": unique}
+    return None
+
+
+def _tagged(tag: str, regex: _Re) -> Any:
+    pattern = "^" + _render_regex(regex, _python_char) + "$"
+    return {"type": "object", "properties": {tag: {"type": "string", "pattern": pattern}},
+            "required": [tag], "additionalProperties": False}
+
+
+def _enumerate(regex: _ERe, cap: int) -> list[list[Any]] | None:
+    """Every element sequence of ``regex``, or ``None`` if infinite or more than ``cap``."""
+    kind = regex[0]
+    if kind == "elem":
+        return [[regex[1]]]
+    if kind == "rep":
+        if regex[2] != "?":
+            return None
+        inner = _enumerate(regex[1], cap)
+        return None if inner is None or len(inner) + 1 > cap else [[], *inner]
+    if kind == "alt":
+        singles = [r for r in regex[1] if r[0] == "elem"]
+        out: list[list[Any]] = []
+        if len(singles) > 1:
+            out.append([{"anyOf": [r[1] for r in singles]}])
+        elif singles:
+            out.append([singles[0][1]])
+        for r in regex[1]:
+            if r[0] == "elem":
+                continue
+            found = _enumerate(r, cap)
+            if found is None:
+                return None
+            out += [seq for seq in found if seq not in out]
+            if len(out) > cap:
+                return None
+        return out
+    result: list[list[Any]] = [[]]
+    for part in regex[1]:
+        found = _enumerate(part, cap)
+        if found is None or len(found) * len(result) > cap:
+            return None
+        result = [a + b for a in result for b in found]
+    return result
+
+
+def _split_prefix(regex: _ERe) -> tuple[list[Any], _ERe]:
+    if regex[0] != "seq":
+        return [], regex
+    prefix: list[Any] = []
+    parts = list(regex[1])
+    while parts and parts[0][0] == "elem":
+        prefix.append(parts.pop(0)[1])
+    return prefix, ("seq", parts)
+
+
+def _all_elements(regex: _ERe) -> list[Any]:
+    if regex[0] == "elem":
+        return [regex[1]]
+    if regex[0] == "rep":
+        return _all_elements(regex[1])
+    out: list[Any] = []
+    for part in regex[1]:
+        for schema in _all_elements(part):
+            if schema not in out:
+                out.append(schema)
+    return out
+
+
+def _min_length(regex: _ERe) -> int:
+    if regex[0] == "elem":
+        return 1
+    if regex[0] == "rep":
+        return 0 if regex[2] != "+" else _min_length(regex[1])
+    if regex[0] == "alt":
+        return min((_min_length(r) for r in regex[1]), default=0)
+    return sum(_min_length(r) for r in regex[1])
+
+
+def _json_schema(descriptor: ProtocolDescriptor | bytes, intent: Intent | str | None,
+                 schema: bool, set_cap: int
+                 ) -> tuple[dict[str, Any], tuple[str, ...], tuple[Intent, ...]]:
+    desc = _descriptor_of(descriptor)
+    intents = _intents_of(desc, intent)
+    lowerer, by_rule = _lower(desc, intents, schema, set_cap)
+    builder = _JsonBuilder(lowerer)
+    builder.value_defs()
+    identifier = {"type": "string", "minLength": 1}
+    integer = builder.terminal(lowerer.terminal("INTEGER").text)  # type: ignore[union-attr]
+    uri = {"type": "string",
+           "pattern": "^" + _render_regex(_uri_regex(None), _python_char) + "$"}
+    forms: list[Any] = []
+    for rule, rule_intents in by_rule.items():
+        body_rule = "body_" + rule
+        try:
+            body = builder.value_schema(lowerer.rules[body_rule])
+        except _Approximate:
+            builder.notes.append(f"json-schema: the body of {rule}: any value")
+            body = {"$ref": "#/$defs/value"}
+        names = [i.value for i in rule_intents]
+        forms.append({
+            "type": "object",
+            "properties": {
+                "version": {"const": "CBCL/1.0"}, "message-id": identifier,
+                "sender": uri, "receiver": uri,
+                "intent": {"const": names[0]} if len(names) == 1 else {"enum": names},
+                "protocol": {"const": str(desc.id)},
+                "conversation-id": identifier, "in-reply-to": identifier,
+                "reply-by": integer, "timestamp": integer, "body": body,
+            },
+            "required": ["version", "message-id", "sender", "receiver", "intent", "protocol",
+                         "body"],
+            "additionalProperties": False,
+        })
+    document: dict[str, Any] = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"CBCL {desc.id} version {desc.version} messages (JSON mapping, spec §7)",
+        "$comment": f"descriptor {desc.digest}; not carried: "
+                    + "; ".join((*LIMITS_NOT_CARRIED, *lowerer.notes, *builder.notes,
+                                 *_JSON_NOTES)),
+    }
+    if len(forms) == 1:
+        document.update(forms[0])
+    else:
+        document["anyOf"] = forms
+    document["$defs"] = builder.defs
+    notes = tuple(dict.fromkeys((*LIMITS_NOT_CARRIED, *lowerer.notes, *builder.notes,
+                                 *_JSON_NOTES)))
+    return document, notes, intents
+
+
+_JSON_NOTES = (
+    "json-schema: JSON numbers with a zero fraction (1.0) pass \"type\": \"integer\"; the "
+    "mapping refuses them",
+    "json-schema: a pattern's $ also matches before a final line feed",
+    "json-schema: strings holding lone surrogates",
+)
+
+
+def export_json_schema(descriptor: ProtocolDescriptor | bytes, *,
+                       intent: Intent | str | None = None, schema: bool = True
+                       ) -> dict[str, Any]:
+    """The JSON Schema (2020-12) of the JSON mapping (spec §7.2) of the protocol's messages
+    (of ``intent``, or of every governed intent). See :func:`export_grammar`."""
+    document, _, _ = _json_schema(descriptor, intent, schema, KEYWORD_SET_CAP)
+    return document
+

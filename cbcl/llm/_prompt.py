@@ -1,0 +1,259 @@
+"""Prompts: a system-prompt section that teaches a model to speak one protocol.
+
+:func:`render_prompt` writes, for a loaded protocol, the envelope's template, the rules of
+CBCL text a model gets wrong most (quotes, numbers, keywords, case), each governed intent's
+body shape rendered from the grammar's syntax tree (the renderer of :mod:`cbcl.protocol._hints`:
+``(bid :price NUMBER :currency SYMBOL [:eta INTEGER])``, keyword sets as "in any order"),
+and valid example messages. Every example is generated from the grammar
+(:func:`example_bodies`, deterministic for a seed) and kept only when :func:`cbcl.parse`
+accepts the whole message with the protocol loaded — both passes and the schema — so a
+prompt never teaches a message the receiver would refuse.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+
+from ..core._errors import CBCLError
+from ..core._values import Keyword, Symbol, Value
+from ..grammar._subset import (
+    BASE_NAMES,
+    Group,
+    Item,
+    KeywordSet,
+    Literal,
+    Reference,
+    Repeat,
+    derivation_heights,
+    item_height,
+)
+from ..protocol._api import parse
+from ..protocol._hints import (
+    ENVELOPE_TEMPLATE,
+    grammar_index,
+    start_templates,
+    where_lines,
+)
+from ..protocol._message import Intent
+from ..protocol._protocol import Protocol
+from ..protocol._registry import Registry
+
+__all__ = ["example_bodies", "example_message", "render_prompt"]
+
+#: Attempts per example before giving up on an intent (a schema may refuse most drafts).
+_ATTEMPTS = 400
+
+
+def _schema_atoms(schema: Value | None, limit: int = 256) -> tuple[list[str], list[str]]:
+    """The symbols a schema's ``(one-of …)`` lists allow and the keywords it names (as
+    text, ``":cpu"``): the values a generated body is likelier to satisfy it with."""
+    symbols: list[str] = []
+    keywords: list[str] = []
+    stack: list[Value] = [] if schema is None else [schema]
+    while stack and len(symbols) + len(keywords) < limit:
+        item = stack.pop()
+        if type(item) is tuple:
+            if item and type(item[0]) is Symbol and str(item[0]) == "one-of":
+                symbols.extend(str(x) for x in item[1:]
+                               if type(x) is Symbol and str(x) not in symbols)
+            stack.extend(reversed(item))
+        elif type(item) is Keyword and f":{item}" not in keywords:
+            keywords.append(f":{item}")
+    return symbols, keywords
+
+
+def _pools(protocol: Protocol) -> dict[str, list[str]]:
+    symbols, keywords = _schema_atoms(protocol.descriptor.schema)
+    return {
+        "STRING": ['"example"', '"t-1"', '"a short note"', '"n-0123456789abcdef"',
+                   '"sha256:' + "0" * 64 + '"'],
+        "INTEGER": ["1", "60000", "1764500000000", "3"],
+        "DECIMAL": ["12.50", "0.5"],
+        "NUMBER": ["10", "12.50"],
+        "SYMBOL": ["example", *symbols],
+        "KEYWORD": keywords or [":size", ":name", ":mode"],
+        "URI": ["agent://example/peer", "https://example.org/item"],
+        "value": ['"value"', "42", "(x 1)"],
+    }
+
+
+def example_bodies(protocol: Protocol, intent: Intent, *, seed: int = 0,
+                   max_depth: int = 4) -> Iterator[str]:
+    """Body texts that the grammar's start rule for ``intent`` derives (tokens separated
+    by one space), drawn deterministically from ``seed``: endless; the schema is not
+    consulted (callers keep those :func:`cbcl.parse` accepts)."""
+    index = grammar_index(protocol.descriptor)
+    rules = index.rules
+    heights = derivation_heights(index.source)
+    pools = _pools(protocol)
+    rng = random.Random(seed)
+    start = protocol.descriptor.starts[intent]
+
+    def alt_height(alt: object) -> int:
+        items: Sequence[Item] = alt.items  # type: ignore[attr-defined]
+        return max((item_height(i, heights) for i in items), default=0)
+
+    def choose(options: list[object], depth: int) -> object:
+        if depth > max_depth:
+            least = min(alt_height(o) for o in options)
+            options = [o for o in options if alt_height(o) == least]
+        return rng.choice(options)
+
+    def emit(item: Item, depth: int, out: list[str]) -> None:
+        if isinstance(item, Literal):
+            out.append(item.text)
+        elif isinstance(item, Reference):
+            if item.name in BASE_NAMES:
+                out.append(rng.choice(pools[item.name]))
+            else:
+                alt = choose(list(rules[item.name].alternatives), depth)
+                for inner in alt.items:  # type: ignore[attr-defined]
+                    emit(inner, depth + 1, out)
+        elif isinstance(item, Repeat):
+            low = 1 if item.op == "+" else 0
+            high = 1 if item.op == "?" else 2
+            for _ in range(low if depth > max_depth else rng.randint(low, high)):
+                emit(item.item, depth + 1, out)
+        elif isinstance(item, KeywordSet):
+            chosen = [m for m in item.members
+                      if not m.optional or (depth <= max_depth and rng.random() < 0.5)]
+            for member in chosen:  # the author's order: what a reader expects to see
+                out.append(member.keyword)
+                emit(member.item, depth + 1, out)
+        else:
+            assert isinstance(item, Group)
+            if item.optional and (depth > max_depth or rng.random() < 0.5):
+                return
+            alt = choose(list(item.alternatives), depth)
+            for inner in alt.items:  # type: ignore[attr-defined]
+                emit(inner, depth + 1, out)
+
+    while True:
+        out: list[str] = []
+        emit(Reference(start, rules[start].position), 0, out)
+        yield " ".join(out).replace("( ", "(").replace(" )", ")")
+
+
+def example_message(protocol: Protocol, intent: Intent, body: str, number: int = 1) -> str:
+    """The text of an example message of ``protocol`` with ``body``."""
+    return (f'(CBCL/1.0 (message-id "m-{number}") (sender agent://example/a) '
+            f"(receiver agent://example/b) (intent {intent.value}) (protocol {protocol.id}) "
+            f"(body {body}))")
+
+
+def examples(registry: Registry, protocol: Protocol, intents: Sequence[Intent],
+             count: int = 1, seed: int = 0) -> list[str]:
+    """Example messages, each accepted by :func:`cbcl.parse` with ``registry`` (which holds
+    ``protocol``), for ``intents`` (which share a start rule): ``count`` per form of the
+    body (per list head), for up to four forms, distinct, cycling through the intents."""
+    index = grammar_index(protocol.descriptor)
+    forms = start_templates(index, protocol.descriptor.starts[intents[0]])
+    wanted = count * min(len(forms), 4)
+    found: list[str] = []
+    heads: dict[str, int] = {}
+    drafts = example_bodies(protocol, intents[0], seed=seed)
+    for attempt in range(_ATTEMPTS * max(1, len(forms))):
+        if len(found) == wanted:
+            break
+        intent = intents[len(found) % len(intents)]
+        body = next(drafts)
+        head = body.split(" ", 1)[0].rstrip(")")
+        if heads.get(head, 0) >= count and attempt < _ATTEMPTS * len(forms) // 2:
+            continue  # another form first, while attempts last
+        text = example_message(protocol, intent, body, len(found) + 1)
+        try:
+            message = parse(text, registry=registry)
+        except CBCLError:
+            continue
+        canonical = message.canonical()
+        if canonical not in found:
+            found.append(canonical)
+            heads[head] = heads.get(head, 0) + 1
+    return found
+
+
+_VALUES = """\
+- STRING: text in double quotes, "like this"; the only escapes are \\" \\\\ \\n \\r \\t \
+and \\uXXXX.
+- INTEGER: 42 or -7 (no leading zeros, no + sign). DECIMAL: 12.50 (digits on both sides of \
+the point, no exponent). NUMBER: an INTEGER or a DECIMAL.
+- SYMBOL: a bare name, not quoted (render-video, EUR). KEYWORD: a name after a colon \
+(:task-id). URI: scheme://rest (agent://example/peer).
+- VALUE: any one value, a list ( … ) included.
+- Names — field names, intents, keywords, symbols — are case-sensitive: write them exactly \
+as shown."""
+
+
+def render_prompt(protocol: Protocol, *, registry: Registry, intent: Intent | None = None,
+                  count: int = 1, seed: int = 0) -> str:
+    """A system-prompt section (Markdown) that teaches a model to write messages of
+    ``protocol`` (held by ``registry``): the envelope, the value syntax, each governed
+    intent's body (only ``intent``'s, if given) and up to ``count`` valid example
+    messages per intent. Raises ``ValueError`` for an intent the protocol does not
+    govern."""
+    descriptor = protocol.descriptor
+    intents = list(descriptor.intents)
+    if intent is not None:
+        if intent not in intents:
+            governed = " ".join(i.value for i in intents)
+            raise ValueError(f"{descriptor.id} does not govern {intent.value} messages "
+                             f"(it governs {governed})")
+        intents = [intent]
+    index = grammar_index(descriptor)
+    lines = [
+        f"## Messages: CBCL/1.0, protocol {descriptor.id}",
+        "",
+        "Every message you send is one CBCL/1.0 message: a single S-expression (never "
+        "JSON), written exactly in the form below. If you write anything else around it, "
+        "put the message alone in a ```cbcl code block.",
+        "",
+        "### The envelope",
+        "",
+        "The fields come in this order, each in its own parentheses; [ ] marks an "
+        f"optional field. The protocol is `{descriptor.id}`; the intent is one of "
+        f"{', '.join(i.value for i in intents)}.",
+        "",
+        "```",
+        ENVELOPE_TEMPLATE,
+        "```",
+        "",
+        "### Values",
+        "",
+        _VALUES,
+        "",
+        "### Bodies",
+        "",
+        "The `(body …)` field holds one value, whose form depends on the intent. In the "
+        "forms below, `<name>` stands for the form given for it, `{a | b}` for one of a or "
+        "b, `x*` for zero or more x, `x+` for one or more, `[x]` for an optional x. "
+        "Keyword arguments (`:name value`) may come in any order, each at most once; "
+        "those in [ ] may be left out.",
+        "",
+    ]
+    groups: dict[str, list[Intent]] = {}
+    for governed in intents:
+        groups.setdefault(descriptor.starts[governed], []).append(governed)
+    references: list[str] = []
+    for rule, members in groups.items():
+        forms = start_templates(index, rule)
+        names = ", ".join(i.value for i in members)
+        if len(forms) == 1:
+            lines.append(f"- {names}: {forms[0][0]}")
+        else:
+            lines.append(f"- {names}: one of")
+            lines.extend(f"  - {text}" for text, _, _ in forms)
+        for _, refs, _ in forms:
+            references.extend(r for r in refs if r not in references)
+    if intent is None:
+        for always in (Intent.NOT_UNDERSTOOD, Intent.CANCEL):
+            if always not in descriptor.intents:
+                lines.append(f'- {always.value}: no body, or a reason STRING ("why").')
+    shown = where_lines(index, references, limit=len(index.rules))
+    if shown:
+        lines += ["", "where", *(f"- {line}" for line in shown)]
+    texts = [text for members in groups.values()
+             for text in examples(registry, protocol, members, count, seed)]
+    if texts:
+        lines += ["", "### Examples", "", "```cbcl", *texts, "```"]
+    return "\n".join(lines) + "\n"

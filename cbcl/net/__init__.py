@@ -1,0 +1,59 @@
+"""Agents over sockets and NATS: the asyncio :class:`Agent`, and the transports it runs on
+(connections, servers, their limits and the pool for slow work; ``NatsBus`` and
+``NatsLimits``, spec/nats.md, imported when first used: they need the ``nats`` extra)."""
+
+from typing import Any as _Any
+
+from ._agent import (
+    Agent,
+    AgentConversation,
+    Context,
+    ConversationClosed,
+    LearnedLibrary,
+    Link,
+    NegotiationFailed,
+    load_handler,
+)
+from ._transport import (
+    Connection,
+    ConnectionLimits,
+    ConnectionLost,
+    Server,
+    ServerLimits,
+    WorkPool,
+    connect,
+    serve,
+)
+
+__all__ = [
+    "Agent",
+    "AgentConversation",
+    "Connection",
+    "ConnectionLimits",
+    "ConnectionLost",
+    "Context",
+    "ConversationClosed",
+    "LearnedLibrary",
+    "Link",
+    "NatsBus",
+    "NatsLimits",
+    "NegotiationFailed",
+    "Server",
+    "ServerLimits",
+    "WorkPool",
+    "connect",
+    "load_handler",
+    "serve",
+]
+
+_NATS_NAMES = ("NatsBus", "NatsLimits")
+
+
+def __getattr__(name: str) -> _Any:
+    """``NatsBus`` and ``NatsLimits``, from :mod:`cbcl.net._nats` when first asked for (it
+    imports nats-py, which takes longer to import than CBCL)."""
+    if name in _NATS_NAMES:
+        from . import _nats
+
+        return getattr(_nats, name)
+    raise AttributeError(f"module 'cbcl.net' has no attribute {name!r}")

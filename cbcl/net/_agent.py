@@ -1,0 +1,847 @@
+"""An asyncio agent: an identity, a trust store, the protocols it has learned, and handlers.
+
+Theory of operation. An :class:`Agent` owns what outlives one connection: its name and
+signing key, its trust store and state directory, a bounded :class:`LearnedLibrary` of the
+protocols peers taught it (kept for the life of the process and, with a state directory,
+across restarts: each accepted signed descriptor is saved and verified again at the next
+start), and the handlers registered per protocol and intent. Every connection — served
+(:meth:`Agent.serve`) or opened (:meth:`Agent.connect`) — is one :class:`Link`: a
+sans-io :class:`Session` on a :class:`Connection`, whose events one task (the link's
+*pump*) takes in order. A message of the agreed protocol either answers a conversation this
+side is waiting on (it goes to that :class:`AgentConversation`'s queue) or is handed to the
+handler for its protocol and intent, whose reply is sent in the same conversation. Nothing
+here parses or judges bytes: the session did both passes, the schema, the replay window and
+the conversation machine before an event exists.
+
+Ends are events, never stray exceptions: when the stream ends, a deadline passes or the
+peer is refused, every open conversation is ended with the reason (awaiting a reply then
+raises :class:`ConversationClosed`) and :attr:`Link.closed` is set; handler failures are
+logged, one escaped line each, and answered with nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import itertools
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from ..core._display import escape_invisible, peer_text
+from ..core._errors import CBCLError, ConversationClosed, NegotiationFailed
+from ..core._files import UnsafeFile, read_regular_file, write_atomically
+from ..core._limits import DEFAULT_LIMITS, Limits
+from ..core._values import URI, Value
+from ..protocol._descriptor import ProtocolDescriptor
+from ..protocol._message import Intent, Message
+from ..protocol._protocol import Protocol
+from ..protocol._registry import PreparedDescriptor, Registry, compiled_size
+from ..protocol._trust import TrustStore, read_signed_descriptor_unverified
+from ..session._session import (
+    Accepted,
+    ConnectionClosed,
+    Established,
+    NotUnderstood,
+    Offer,
+    ProtocolMessage,
+    Query,
+    Rejected,
+    RemoteProtocolError,
+    Session,
+    Unsupported,
+)
+from ._transport import (
+    Connection,
+    ConnectionLimits,
+    ConnectionLost,
+    LearnedProtocols,
+    Server,
+    ServerLimits,
+    WorkPool,
+    connect,
+    serve,
+)
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ..protocol._conversation import Step
+
+#: What a handler may return: a reply (sent in the same conversation) or nothing.
+Reply = Message | None
+Handler = Callable[[Message, "Context"], Reply | Awaitable[Reply]]
+
+#: Exit status for each reject reason (draft §6: 4 limit, 5 protocol, 6 trust).
+REJECT_EXIT = {"limit": 4, "grammar-refused": 5, "malformed": 5, "no-common-encoding": 5}
+
+LEARNED_DIR = "learned"
+
+
+# --------------------------------------------------------------------------- learned
+
+
+class LearnedLibrary:
+    """The protocols an agent learned from peers: at most ``max_protocols`` ids and
+    ``max_bytes`` of compiled tables (the least recently used go first; a returning peer
+    then offers again). With ``directory``, each learned signed descriptor is saved there
+    (``sha256-HEX.cbcl``, written atomically) and :meth:`restore` loads them again, each
+    verified afresh by the registry it is loaded into."""
+
+    def __init__(self, *, max_protocols: int = 64, max_bytes: int = 64 << 20,
+                 directory: str | Path | None = None) -> None:
+        if type(max_protocols) is not int or max_protocols < 0:
+            raise ValueError("max_protocols must be an int >= 0")
+        if type(max_bytes) is not int or max_bytes < 0:
+            raise ValueError("max_bytes must be an int >= 0")
+        self.max_protocols = max_protocols
+        self.max_bytes = max_bytes
+        self.directory = Path(directory) if directory is not None else None
+        self._entries: OrderedDict[str, tuple[Protocol, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size(self) -> int:
+        """Bytes of compiled tables held."""
+        return self._bytes
+
+    def protocols(self) -> list[Protocol]:
+        return [protocol for protocol, _ in self._entries.values()]
+
+    def knows(self, protocol: Protocol | ProtocolDescriptor) -> bool:
+        """Whether this library holds ``protocol`` (its id, with this digest)."""
+        entry = self._entries.get(str(protocol.id))
+        return entry is not None and entry[0].digest == protocol.digest
+
+    def add(self, protocol: Protocol, document: bytes | None = None) -> bool:
+        """Keep ``protocol`` (replacing an older version of its id); save ``document``, its
+        signed descriptor, when there is a directory. Returns whether it is kept (one larger
+        than ``max_bytes`` is not)."""
+        ident = str(protocol.id)
+        size = compiled_size(protocol)
+        if size > self.max_bytes or self.max_protocols == 0:
+            return False
+        old = self._entries.pop(ident, None)
+        if old is not None:
+            self._bytes -= old[1]
+            if old[0].digest != protocol.digest:
+                self._unsave(old[0])
+        self._entries[ident] = (protocol, size)
+        self._bytes += size
+        while len(self._entries) > self.max_protocols or self._bytes > self.max_bytes:
+            _, (dropped, dropped_size) = self._entries.popitem(last=False)
+            self._bytes -= dropped_size
+            self._unsave(dropped)
+        if document is not None and ident in self._entries:
+            self._save(protocol, document)
+        return ident in self._entries
+
+    def touch(self, protocol: Protocol) -> None:
+        if self.knows(protocol):
+            self._entries.move_to_end(str(protocol.id))
+
+    def _path(self, protocol: Protocol) -> Path | None:
+        if self.directory is None:
+            return None
+        return self.directory / (protocol.digest.replace(":", "-") + ".cbcl")
+
+    def _save(self, protocol: Protocol, document: bytes) -> None:
+        path = self._path(protocol)
+        if path is None or path.exists():
+            return
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomically(path, document, prefix=".learned-")
+
+    def _unsave(self, protocol: Protocol) -> None:
+        path = self._path(protocol)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def restore(self, registry: Registry, *, limits: Limits = DEFAULT_LIMITS,
+                say: Callable[[str], None] | None = None) -> list[Protocol]:
+        """Load every saved descriptor into ``registry`` (verified: signatures, policy,
+        rollback and equivocation against its state) and keep it. A file that no longer
+        verifies is skipped, and named through ``say``. Returns the protocols kept."""
+        if self.directory is None or not self.directory.is_dir():
+            return []
+        kept = []
+        for path in sorted(self.directory.glob("sha256-*.cbcl"))[: 4 * self.max_protocols]:
+            try:
+                document = read_regular_file(path, max_bytes=limits.max_message_bytes,
+                                             what="descriptor")
+                protocol = registry.load(document)
+            except (CBCLError, UnsafeFile, OSError) as exc:
+                if say is not None:
+                    detail = exc.one_line() if isinstance(exc, CBCLError) else str(exc)
+                    say(f"learned descriptor {path.name} skipped: {detail}")
+                continue
+            if self.add(protocol):
+                kept.append(protocol)
+        return kept
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+class Context:
+    """What a handler knows besides the message: the :class:`Link` it came on (``None``
+    for a handler called outside an agent, in a test say). :meth:`reply` builds an answer
+    in the same conversation, with an id from ``next_id`` (default: the link's)."""
+
+    def __init__(self, message: Message, *, link: Link | None = None,
+                 next_id: Callable[[], str] | None = None) -> None:
+        if next_id is None:
+            if link is None:
+                raise ValueError("a Context needs a link or next_id")
+            next_id = link.next_id
+        self.message = message
+        self.link = link
+        self._next_id = next_id
+
+    @property
+    def peer(self) -> str:
+        """The peer's address (``HOST:PORT``, or the address we connected to)."""
+        return "" if self.link is None else self.link.connection.peer
+
+    @property
+    def protocol(self) -> Protocol | None:
+        """The protocol agreed on the link."""
+        return None if self.link is None else self.link.session.protocol
+
+    def reply(self, intent: Intent | str, body: Value | None = None, *,
+              reply_by: int | None = None) -> Message:
+        """A reply to :attr:`message`: from its receiver to its sender, in its protocol and
+        conversation, ``in-reply-to`` its id; our id, the peer's ids only as values. Raises
+        ``TypeError``/``ValueError`` for a field of the wrong type (as :class:`Message`
+        does)."""
+        message = self.message
+        return Message(message_id=self._next_id(), sender=message.receiver,
+                       receiver=message.sender, intent=Intent(intent),
+                       protocol=message.protocol, conversation_id=message.conversation_id,
+                       in_reply_to=message.message_id, reply_by=reply_by, body=body)
+
+
+def load_handler(spec: str) -> Handler:
+    """``MODULE:CALLABLE`` (``pkg.mod:name``, attributes dotted) → the callable, imported
+    with the current directory on the import path (as uvicorn does). Raises ``ValueError``
+    for a malformed spec and ``ImportError``/``AttributeError`` for a missing one,
+    ``TypeError`` when the object is not callable."""
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"a handler is MODULE:CALLABLE, not {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{spec} is not callable")
+    return cast("Handler", target)  # (a callable, as checked)
+
+
+# --------------------------------------------------------------------------- links
+
+
+class AgentConversation:
+    """One conversation on a :class:`Link`, started by this side. :meth:`send` sends a
+    message in it and, by default, awaits the peer's next message in it."""
+
+    def __init__(self, link: Link, conversation_id: str, *, max_queued: int = 64) -> None:
+        self.link = link
+        self.id = conversation_id
+        self._queue: deque[Message] = deque()
+        self._max_queued = max_queued
+        self._waiter: asyncio.Future[None] | None = None
+        self.ended: str | None = None  # why it ended, once it has
+        self.finished = False  # reached a final state of the protocol's machine
+
+    def _deliver(self, message: Message, finished: bool) -> None:
+        if len(self._queue) >= self._max_queued:
+            self._queue.popleft()  # bounded: the oldest unread message goes
+        self._queue.append(message)
+        self.finished = self.finished or finished
+        self._wake()
+
+    def _end(self, reason: str) -> None:
+        if self.ended is None:
+            self.ended = reason
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def send(self, intent: Intent | str, body: Value | None = None, *,
+                   expect_reply: bool = True, timeout: float | None = None,
+                   reply_by: int | None = None) -> Message | None:
+        """Send ``(intent, body)`` in this conversation; return the peer's next message in
+        it (``None`` with ``expect_reply=False``, or when this message finished the
+        conversation). ``timeout`` (seconds, default the agent's ``reply_timeout``).
+        Raises :class:`ConversationClosed` (the link ended, or no reply in time),
+        :class:`~cbcl.ProtocolError`/``ViolationError`` for a message the protocol refuses
+        (nothing is sent), ``TypeError``/``ValueError`` for a body that is no CBCL value."""
+        link = self.link
+        protocol = link.session.protocol
+        if protocol is None:
+            raise ConversationClosed("no protocol is established", reason="closed")
+        message = Message(message_id=link.next_id(), sender=link.me, receiver=link.peer,
+                          intent=Intent(intent), protocol=protocol.id,
+                          conversation_id=self.id, reply_by=reply_by, body=body)
+        step = await link.send(message)
+        if step is not None and step.finished:
+            self.finished = True
+            link._forget(self)
+            return None
+        if not expect_reply:
+            return None
+        return await self.next(timeout=timeout)
+
+    async def next(self, *, timeout: float | None = None) -> Message:
+        """The peer's next message in this conversation. Raises
+        :class:`ConversationClosed`."""
+        wait = self.link.agent.reply_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while not self._queue:
+            if self.ended is not None:
+                raise ConversationClosed(f"conversation {self.id!r} ended: {self.ended}",
+                                         reason=self.ended)
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ConversationClosed(f"no reply in conversation {self.id!r} within "
+                                         f"{wait:g} s", reason="no-reply")
+            self._waiter = loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._waiter, left)
+            self._waiter = None
+        return self._queue.popleft()
+
+
+class Link:
+    """One connection of an :class:`Agent`, served or opened: its session, its
+    conversations and the task that takes its events (:meth:`run`)."""
+
+    def __init__(self, agent: Agent, connection: Connection, number: int, tag: str) -> None:
+        self.agent = agent
+        self.connection = connection
+        self.session = connection.session
+        self.number = number
+        self.tag = f"{tag}[{number}]"
+        self._ids = itertools.count(1)
+        self._id_prefix = "reply" if tag == "serve" else f"m-{secrets.token_hex(4)}"
+        # Each bounded by the agent's ``server_limits.max_conversations`` (see _keep).
+        self._conversations: OrderedDict[str, AgentConversation] = OrderedDict()
+        #: Waiters for the reply to a message sent without a conversation-id, by its id.
+        self._replies: OrderedDict[str, AgentConversation] = OrderedDict()
+        self._offer: bytes | None = None
+        self.established: asyncio.Future[Established] = \
+            asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        #: The task taking this link's events, for a link opened by :meth:`Agent.connect`.
+        self.task: asyncio.Task[str] | None = None
+
+    @property
+    def protocol(self) -> Protocol | None:
+        """The protocol agreed on this link (``None`` before)."""
+        return self.session.protocol
+
+    @property
+    def encoding(self) -> str | None:
+        """The encoding agreed on this link (``None`` before)."""
+        return self.session.encoding
+
+    @property
+    def me(self) -> URI:
+        me = self.session.me
+        if me is None:  # pragma: no cover - a responder learns it from the first message
+            raise RuntimeError("this link has no name yet")
+        return me
+
+    @property
+    def peer(self) -> URI:
+        peer = self.session.peer
+        if peer is None:  # pragma: no cover - set once the handshake is done
+            raise RuntimeError("this link has no peer yet")
+        return peer
+
+    def next_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    def log(self, text: str) -> None:
+        say = self.agent.log
+        if say is not None:
+            say(escape_invisible(f"{self.tag}: {text}"))  # one line, whatever slipped
+
+    def conversation(self, conversation_id: str | None = None) -> AgentConversation:
+        """A new conversation (a fresh id unless ``conversation_id``). Raises
+        ``ValueError`` for an id already in use on this link. At most the agent's
+        ``server_limits.max_conversations`` are open on a link: one more ends the oldest
+        (a wait in it raises :class:`ConversationClosed` ``no-reply``)."""
+        cid = conversation_id or f"c-{secrets.token_hex(6)}"
+        if cid in self._conversations:
+            raise ValueError(f"conversation {cid!r} is already open on this link")
+        conversation = AgentConversation(self, cid)
+        self._keep(self._conversations, cid, conversation)
+        return conversation
+
+    def expect_reply(self, message_id: str) -> AgentConversation:
+        """A waiter for the peer's message ``in-reply-to`` ``message_id`` (for a message
+        sent without a conversation-id); :meth:`AgentConversation.next` returns it. At most
+        ``server_limits.max_conversations`` wait at once (see :meth:`conversation`)."""
+        waiter = AgentConversation(self, f"reply to {message_id}")
+        self._keep(self._replies, message_id, waiter)
+        return waiter
+
+    def _keep(self, table: OrderedDict[str, AgentConversation], key: str,
+              waiter: AgentConversation) -> None:
+        """Put ``waiter`` in ``table``, which holds at most the agent's
+        ``server_limits.max_conversations``: beyond that the oldest is ended with
+        ``no-reply`` (a protocol without a conversation machine never says that one is
+        over, so nothing else would ever drop it)."""
+        table[key] = waiter
+        while len(table) > self.agent.server_limits.max_conversations:
+            _, dropped = table.popitem(last=False)
+            dropped._end("no-reply")
+
+    def _forget(self, conversation: AgentConversation) -> None:
+        """Drop a finished conversation (its final message went either way)."""
+        if self._conversations.get(conversation.id) is conversation:
+            del self._conversations[conversation.id]
+
+    def conversation_for(self, conversation_id: str) -> AgentConversation:
+        """The open conversation ``conversation_id`` of this link, made if new."""
+        found = self._conversations.get(conversation_id)
+        return found if found is not None else self.conversation(conversation_id)
+
+    async def send(self, message: Message) -> Step | None:
+        """Send one message of the agreed protocol (validated first, see
+        :meth:`Session.send`); returns its conversation step, if any. Raises
+        :class:`ConversationClosed` once the link is closed."""
+        if self.closed.done():
+            raise ConversationClosed(f"the link is closed ({self.closed.result()})",
+                                     reason=self.closed.result())
+        await self.connection.send(ProtocolMessage(message))
+        return self.session.last_sent_step
+
+    async def close(self) -> None:
+        """Close the link: open conversations end with ``closed``."""
+        await self.connection.close()
+        self._finish("closed")
+
+    def _finish(self, reason: str) -> None:
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        if not self.established.done():
+            self.established.set_exception(ConversationClosed(
+                f"the link closed before a protocol was agreed ({reason})", reason=reason))
+            self.established.exception()  # retrieved: awaiting it is optional
+        for conversation in [*self._conversations.values(), *self._replies.values()]:
+            conversation._end(reason)
+        self.agent._links.discard(self)
+
+    async def run(self) -> str:
+        """Take the link's events until it ends; returns why it ended (``closed``, a
+        NOT-UNDERSTOOD code, ``timeout``, ``busy``, ``error``). Never raises for what the
+        peer did."""
+        reason = "closed"
+        try:
+            reason = await self._pump()
+        except ConnectionLost as exc:
+            reason = exc.code or "error"
+            self.log(peer_text(exc.one_line(), 240, tail=100))
+            if exc.code == "busy":
+                raise  # the server counts it as a refusal
+        except RemoteProtocolError as exc:
+            reason = exc.code
+            self.log(self._ended_text(exc))
+        except CBCLError as exc:  # our side's session failed (a message it refused to send)
+            reason = "error"
+            self.log(peer_text(exc.one_line(), 240, tail=100))
+        finally:
+            self._finish(reason)
+            if self.session.role == "initiator":  # a server closes its own connections
+                await self.connection.close()
+        return reason
+
+    def _ended_text(self, exc: RemoteProtocolError) -> str:
+        if exc.code == "closed":
+            open_ones = [] if self.session.tracker is None else [
+                c for c in self.session.tracker.conversations() if not c.finished]
+            if open_ones:
+                names = ", ".join(f'"{peer_text(c.conversation_id, 40)}" (in state '
+                                  f"{peer_text(c.state, 32)})" for c in open_ones[:4])
+                more = f" and {len(open_ones) - 4} more" if len(open_ones) > 4 else ""
+                return f"closed by the peer with conversation {names}{more} unfinished"
+        return peer_text(exc.one_line(), 240, tail=100)  # the reason is at the end
+
+    async def _pump(self) -> str:
+        connection, session = self.connection, self.session
+        while True:
+            event = await connection.next_event()
+            if isinstance(event, Query):
+                answer = "supported" if session.protocol is not None else "unsupported"
+                self.log(f"asked for {peer_text(event.protocol, 64)} "
+                         f"{peer_text(event.digest, 19)} versions "
+                         f"({_peer_list(event.versions)}), encodings "
+                         f"{_peer_list(event.encodings)} -> {answer}")
+            elif isinstance(event, Offer):
+                self._offer = event.document
+                self.log(f"offer received ({len(event.document)} bytes of signed "
+                         "descriptor); verifying and compiling it off the event loop")
+            elif isinstance(event, Accepted):
+                self.log(f"verified (signed by "
+                         f"{', '.join(peer_text(s, 40) for s in event.signers)}), "
+                         f"{_grammar_source(connection.last_work_source)}, "
+                         f"{connection.last_work_ms:.1f} ms; "
+                         f"{peer_text(event.protocol, 64)} version "
+                         f"{peer_text(event.version, 20)} loaded -> accepted "
+                         f"({peer_text(event.encoding, 16)})")
+            elif isinstance(event, Rejected):
+                self.log(f"rejected: {peer_text(event.reason, 32)} "
+                         f"[{peer_text(event.detail, 200)}] "
+                         f"({connection.last_work_ms:.1f} ms)")
+                if session.role == "initiator":
+                    return self._rejected(event)
+            elif isinstance(event, Established):
+                self._on_established(event)
+            elif isinstance(event, ProtocolMessage):
+                await self._on_message(event)
+            elif isinstance(event, NotUnderstood):
+                self.log(f"the peer did not understand: {peer_text(event.reason, 64)}")
+                if not self.established.done():
+                    self.established.set_exception(NegotiationFailed(
+                        f"the peer did not understand: {event.reason}", reason=event.reason,
+                        exit_code=not_understood_exit(event.reason)))
+                    self.established.exception()  # retrieved: a served link awaits nothing
+                return event.reason
+            elif isinstance(event, ConnectionClosed):
+                self.log("closed")
+                return "closed"
+            elif isinstance(event, Unsupported) and self._offer is not None:
+                await connection.send(Offer(self._offer))  # Supported, Finished: no answer
+
+    def _rejected(self, event: Rejected) -> str:
+        if not self.established.done():
+            self.established.set_exception(NegotiationFailed(
+                f"the peer rejected the offer: {event.reason}", reason=event.reason,
+                exit_code=REJECT_EXIT.get(event.reason, 6)))
+            self.established.exception()  # retrieved: awaiting it is optional
+        return event.reason
+
+    def _on_established(self, event: Established) -> None:
+        session = self.session
+        self.log(f"established {peer_text(event.protocol, 64)} in "
+                 f"{peer_text(event.encoding, 16)}")
+        protocol = session.protocol
+        library = self.agent.learned
+        if protocol is not None and session.role == "responder":
+            if library.knows(protocol):
+                library.touch(protocol)
+            elif self._offer is not None:
+                library.add(protocol, self._offer)
+        if not self.established.done():
+            self.established.set_result(event)
+
+    async def _on_message(self, event: ProtocolMessage) -> None:
+        message, step = event.message, event.step
+        where = (f" ({peer_text(step.before, 32)} -> {peer_text(step.after, 32)})"
+                 if step else "")
+        self.log(f'received "{peer_text(message.message_id, 64)}" '
+                 f"{message.intent.value}{where}")
+        cid = message.conversation_id
+        waiting = self._conversations.get(cid) if cid is not None else None
+        if waiting is not None:
+            waiting._deliver(message, event.finished)
+            if event.finished:
+                self._forget(waiting)
+            return
+        if message.in_reply_to is not None:
+            answered = self._replies.pop(message.in_reply_to, None)
+            if answered is not None:
+                answered._deliver(message, True)
+                return
+        handler = self.agent.handler_for(str(message.protocol), message.intent)
+        if handler is None:
+            return
+        try:
+            answer = handler(message, Context(message, link=self))
+            if inspect.isawaitable(answer):  # (a plain function cannot be interrupted)
+                async with asyncio.timeout(self.agent.handler_timeout):
+                    answer = await answer
+        except TimeoutError:
+            self.log(f"the handler did not answer within {self.agent.handler_timeout:g} s")
+            return
+        except Exception as exc:  # user code: logged, never the end of the link
+            self.log(f"the handler failed: {type(exc).__name__}: "
+                     f"{peer_text(str(exc), 160)}")
+            return
+        if answer is None:
+            return
+        if not isinstance(answer, Message):
+            self.log(f"the handler returned {type(answer).__name__}, not a Message: "
+                     "nothing sent")
+            return
+        try:
+            await self.send(answer)
+        except ConversationClosed:
+            return
+        except CBCLError as exc:
+            if isinstance(exc, ConnectionLost):
+                raise
+            self.log(f"our reply was not sent: {peer_text(exc.one_line(), 200)}")
+            return
+        self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value}')
+
+
+#: NOT-UNDERSTOOD codes that are trust failures (exit 6), and those that say the server
+#: refused or dropped the connection for its own limits (exit 1: try again later).
+TRUST_CODES = frozenset({"transcript-mismatch", "bad-signature", "untrusted-signer",
+                         "rollback", "equivocation", "expired", "digest-mismatch"})
+BUSY_CODES = frozenset({"busy", "timeout"})
+
+
+def not_understood_exit(code: str) -> int:
+    """The exit status when the peer answers NOT-UNDERSTOOD ``code`` (spec/negotiation.md
+    §7): 6 for trust failures, 1 for busy or timeout, 4 for a limit, else 5."""
+    if code in TRUST_CODES:
+        return 6
+    if code in BUSY_CODES:
+        return 1
+    return REJECT_EXIT.get(code, 5)
+
+
+def _grammar_source(source: str) -> str:
+    if source in ("memory cache", "disk cache"):
+        return f"grammar from the {source}"
+    return "grammar compiled"
+
+
+def _peer_list(values: Any, limit: int = 8) -> str:
+    """Up to ``limit`` values from a peer, each escaped and shortened, space-separated."""
+    items = list(values) if isinstance(values, (tuple, list)) else [values]
+    shown = " ".join(peer_text(item, 24) for item in items[:limit])
+    return shown + (f" … ({len(items)} in all)" if len(items) > limit else "")
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+class Agent:
+    """An agent: ``name`` (its URI), ``key`` (``(key id, Ed25519 private key)``: signs its
+    transcript confirmations), ``trust`` (a :class:`TrustStore` or a trust directory: who
+    may teach it protocols, and whose confirmations it accepts), ``state`` (a directory:
+    rollback state, key bindings and the learned descriptors persist there), ``descriptors``
+    (signed descriptor documents, or protocols already loaded, it speaks from the start).
+
+    Handlers: :meth:`on` registers one per protocol id and intent (``intent=None``: every
+    intent of that protocol); ``handler`` is the fallback for everything else. A handler is
+    ``handler(message, context) -> Message | None`` (or a coroutine function); a returned
+    message is sent as the reply. Each link runs its handlers one at a time, in the order the
+    messages came; a coroutine handler is cancelled after ``handler_timeout`` seconds.
+    ``reply_timeout``: how long :meth:`AgentConversation.send` waits for a reply by
+    default.
+
+    Limits: ``limits`` for every message, ``connection_limits`` per connection,
+    ``server_limits`` for :meth:`serve`; ``max_learned`` protocol ids and
+    ``max_learned_bytes`` of compiled tables kept from what peers taught. ``log``: called
+    with one escaped line per event (``cbcl serve`` prints them). Raises ``TypeError`` /
+    ``ValueError`` for bad arguments and :class:`CBCLError` for a descriptor that does not
+    load.
+    """
+
+    def __init__(self, name: URI | str, *, key: tuple[str, Ed25519PrivateKey] | None = None,
+                 trust: TrustStore | str | Path | None = None,
+                 state: str | Path | None = None,
+                 descriptors: Iterable[bytes | Protocol] = (),
+                 limits: Limits | None = None,
+                 connection_limits: ConnectionLimits | None = None,
+                 server_limits: ServerLimits | None = None, handler: Handler | None = None,
+                 handler_timeout: float = 30.0, reply_timeout: float = 10.0,
+                 encodings: Iterable[str] = ("binary", "text"), max_learned: int = 64,
+                 max_learned_bytes: int = 64 << 20,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.name = URI(str(name))
+        self.key = key
+        self.limits = limits or DEFAULT_LIMITS
+        if isinstance(trust, (str, Path)):
+            trust = TrustStore.from_directory(trust, limits=self.limits)
+        self.trust = trust
+        self._own_state: Path | None = None
+        self.state = Path(state) if state is not None else None
+        self.connection_limits = connection_limits or ConnectionLimits()
+        self.server_limits = server_limits or ServerLimits()
+        for label, value in (("handler_timeout", handler_timeout),
+                             ("reply_timeout", reply_timeout)):
+            if type(value) not in (int, float) or not 0 < value <= 86_400:
+                raise ValueError(f"{label} must be a number of seconds in (0, 86400]")
+        self.handler_timeout = float(handler_timeout)
+        self.reply_timeout = float(reply_timeout)
+        self.encodings = tuple(encodings)
+        self.log = log
+        self.fallback = handler
+        self._handlers: dict[tuple[str, str | None], Handler] = {}
+        self.learned = LearnedLibrary(
+            max_protocols=max_learned, max_bytes=max_learned_bytes,
+            directory=None if self.state is None else self.state / LEARNED_DIR)
+        self._links: set[Link] = set()
+        self._servers: list[Server] = []
+        self._numbers = itertools.count(1)
+        self.pool = WorkPool(self.server_limits.compile_workers,
+                             self.server_limits.compile_queue)
+        self._learned_per_peer = LearnedProtocols(self.server_limits.max_learned_per_peer)
+        base = self._registry()
+        self.preloaded = [item if isinstance(item, Protocol) else base.load(item)
+                          for item in descriptors]
+        restored = self.learned.restore(base, limits=self.limits, say=self._say)
+        if restored:
+            self._say(f"agent: {len(restored)} learned protocol(s) restored from "
+                      f"{self.learned.directory}: "
+                      + ", ".join(f"{p.id} version {p.descriptor.version}" for p in restored))
+
+    def _say(self, text: str) -> None:
+        if self.log is not None:
+            self.log(escape_invisible(text))
+
+    def _registry(self) -> Registry:
+        state = self.state
+        if state is None:
+            if self._own_state is None:  # one for the agent's sessions to share; removed
+                self._own_state = Path(tempfile.mkdtemp(prefix="cbcl-agent-state-"))
+                weakref.finalize(self, shutil.rmtree, self._own_state, ignore_errors=True)
+            state = self._own_state
+        return Registry(trust=self.trust, state_dir=state, limits=self.limits,
+                        compile_gate=self.pool.compile_gate)
+
+    # ----------------------------------------------------------------- handlers
+
+    def on(self, protocol: str, intent: Intent | str | None = None
+           ) -> Callable[[Handler], Handler]:
+        """Decorator: ``handler`` answers messages of ``protocol`` (an id such as
+        ``auction/v1``) with ``intent`` (every intent when ``None``)."""
+        key = (str(protocol), None if intent is None else Intent(intent).value)
+
+        def register(handler: Handler) -> Handler:
+            if not callable(handler):
+                raise TypeError("a handler must be callable")
+            self._handlers[key] = handler
+            return handler
+        return register
+
+    def handler_for(self, protocol: str, intent: Intent) -> Handler | None:
+        return (self._handlers.get((protocol, intent.value))
+                or self._handlers.get((protocol, None)) or self.fallback)
+
+    # ----------------------------------------------------------------- sessions
+
+    def _session(self, role: str, registry: Registry, peer: URI | str | None = None,
+                 encodings: Iterable[str] | None = None) -> Session:
+        return Session(role, registry=registry, me=self.name, peer=peer,
+                       encodings=self.encodings if encodings is None else encodings,
+                       signing_key=self.key,
+                       require_signed_finished=role == "responder" or self.trust is not None,
+                       limits=self.limits,
+                       max_frame_bytes=self.connection_limits.max_frame_bytes,
+                       max_pending_frames=self.connection_limits.max_pending_frames,
+                       max_conversations=self.server_limits.max_conversations)
+
+    def _responder(self) -> Session:
+        registry = self._registry()
+        for protocol in itertools.chain(self.preloaded, self.learned.protocols()):
+            registry.adopt(protocol)
+        return self._session("responder", registry)
+
+    async def serve(self, address: str) -> Server:
+        """Listen on ``address`` (``HOST:PORT``, port 0 picks one, or ``unix:PATH``) and
+        answer every connection: negotiate, learn what trusted peers offer, run handlers.
+        Raises ``ValueError`` without a trust store (a responder verifies confirmations) and
+        :class:`ConnectionLost` when the address cannot be used."""
+        if self.trust is None:
+            raise ValueError("a serving agent needs a trust store")
+
+        async def handle(connection: Connection) -> None:
+            peer = connection.peer
+            connection.vet_offer = lambda prepared: self._vet(peer, prepared)
+            link = Link(self, connection, next(self._numbers), "serve")
+            self._links.add(link)
+            try:
+                await link.run()
+            finally:
+                connection.session.registry.abandon()  # its compiles stop: nobody waits
+
+        def refused(peer: str, reason: str) -> None:
+            self._say(f"serve: refused a connection from {peer_text(peer, 64)}: {reason}")
+
+        server = await serve(address, self._responder, handle,
+                             limits=self.connection_limits, server_limits=self.server_limits,
+                             pool=self.pool, on_refusal=refused)
+        self._servers.append(server)
+        return server
+
+    def _vet(self, peer: str, prepared: PreparedDescriptor) -> None:
+        # A protocol the agent already learned is no new burden: only new ones count.
+        if not self.learned.knows(prepared.descriptor):
+            self._learned_per_peer.vet(peer, prepared)
+
+    async def connect(self, address: str, *, peer: URI | str, descriptor: bytes,
+                      encodings: Iterable[str] | None = None,
+                      timeout: float = 10.0) -> Link:
+        """Connect to ``address``, agree on the protocol of the signed ``descriptor`` (asked
+        for first; offered when the peer does not hold it) and return the established
+        :class:`Link`; its events are taken by a task of its own until it closes. Raises
+        :class:`NegotiationFailed` (rejected, or not understood), :class:`ConnectionLost`,
+        :class:`ConversationClosed` and the errors of loading ``descriptor``."""
+        registry = self._registry()
+        payload = read_signed_descriptor_unverified(descriptor).payload
+        protocol = registry.load(payload, allow_unsigned=True)  # our own descriptor
+        session = self._session("initiator", registry, peer=peer, encodings=encodings)
+        connection = await connect(address, session, limits=self.connection_limits,
+                                   timeout=timeout, pool=self.pool)
+        link = Link(self, connection, next(self._numbers), "link")
+        link._offer = descriptor
+        self._links.add(link)
+        try:
+            await connection.send(Query(str(protocol.id), protocol.digest,
+                                        (protocol.descriptor.version,), session.encodings))
+        except BaseException:
+            await connection.close()
+            raise
+        link.task = asyncio.get_running_loop().create_task(link.run())
+        try:
+            async with asyncio.timeout(self.connection_limits.handshake_timeout):
+                await asyncio.shield(link.established)
+        except BaseException:
+            await link.close()
+            raise
+        return link
+
+    async def close(self) -> None:
+        """Stop serving, close every open link and the work pool."""
+        for server in self._servers:
+            server.close()
+        for link in list(self._links):
+            await link.close()
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers.clear()
+        self.pool.close()
+        if self._own_state is not None:
+            shutil.rmtree(self._own_state, ignore_errors=True)
+
+
+__all__ = ["Agent", "AgentConversation", "Context", "ConversationClosed", "LearnedLibrary",
+           "Link",
+           "NegotiationFailed", "load_handler", "not_understood_exit"]

@@ -1,0 +1,1160 @@
+"""CBCL over NATS (spec/nats.md): another edge for the sans-io Session, like the socket
+transport, for agents on many machines that share a NATS server or cluster.
+
+Theory of operation
+-------------------
+A :class:`NatsBus` is one :class:`~cbcl.Agent`'s connection to NATS. Agents are addressed
+by their URI, mapped to subject tokens by :func:`subject_token` (injective: every byte
+outside ``[A-Za-z0-9-]`` becomes ``_`` and two hex digits). Nothing here parses or judges
+a message: each NATS message on a session subject is one frame, fed to the same
+:class:`~cbcl.session._session.Session` as over TCP, which does both passes, the schema, the
+replay window, the transcript hash and the conversation machine.
+
+- The handshake is request/reply: the initiator publishes its QUERY on the responder's
+  agent subject, ``P.agent.<B>``, with its own session subject as the reply subject;
+  every later frame goes on the two session subjects ``P.s.<to>.<from>.<sid>.<role>``
+  (``role`` ``r`` to the responder, ``i`` to the initiator; ``sid`` 32 hex digits chosen
+  by the initiator). Messages of the agreed protocol go on per-conversation subjects, the
+  session subject plus the conversation id's token (``_`` for none), and one that arrives
+  on another conversation's subject is refused. An empty message is the end of the
+  stream.
+- NATS delivers at most once; a node that fails loses what was in flight. The opener of a
+  link repeats its last frame when nothing came back within ``retransmit_after``; the
+  other side drops a frame it has seen (by SHA-256, ``dedupe_window``) and answers a
+  repeat with what it answered the first time (``reply_cache``). So a lost frame costs a
+  repeat and no message reaches a session twice.
+- A publisher on an agent's subject is an unauthenticated peer: every first frame starts
+  a session under the limits of TCP (frame size, pending frames, handshake and idle
+  deadlines) and of :class:`NatsLimits` (sessions at once, starts per second, session ids
+  remembered so a replayed first frame is dropped). Refusals are NOT-UNDERSTOOD values,
+  sent only to a subject that names the refused peer.
+- :meth:`NatsBus.fan_out` publishes one call on a group subject many agents listen on
+  (:meth:`NatsBus.join`); every member answers with its name, and each gets its own
+  session and conversation.
+- Durable delivery (:meth:`NatsBus.enable_durable`, :meth:`NatsBus.send_durable`) keeps
+  an agent's messages in a JetStream stream while it is down. The CBCL message id is the
+  ``Nats-Msg-Id``, so the server drops a repeat within its duplicate window and the
+  receiver's replay window drops it again; a message is acknowledged only after both
+  passes accepted it and its handler ran, and a refused one is terminated.
+
+nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import inspect
+import re
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+try:
+    import nats
+    import nats.errors
+    import nats.js.errors
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.js import api as js_api
+except ImportError as exc:  # pragma: no cover - the optional extra is missing
+    raise ImportError("CBCL over NATS needs nats-py: pip install 'cbcl[nats]'") from exc
+
+from ..binary._framing import PREFIX_BYTES
+from ..core._display import peer_text
+from ..core._errors import CBCLError, LimitError, MalformedError
+from ..core._files import write_atomically
+from ..core._values import URI, Value
+from ..protocol._api import check_outgoing, parse
+from ..protocol._message import Intent, Message
+from ..protocol._protocol import Protocol
+from ..protocol._registry import Registry
+from ..protocol._trust import read_signed_descriptor_unverified
+from ..session._session import (
+    ConnectionClosed,
+    Event,
+    NotUnderstood,
+    ProtocolMessage,
+    Query,
+    RemoteProtocolError,
+    Session,
+    not_understood_frame,
+)
+from ._agent import Agent, Context, ConversationClosed, Link
+from ._transport import (
+    _HANDSHAKE_OVER,
+    Connection,
+    ConnectionLimits,
+    ConnectionLost,
+    _check_count,
+    _check_seconds,
+    clock_ms,
+)
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+DEFAULT_PREFIX = "cbcl"
+#: Subject-token bytes kept as they are; every other byte is ``_`` and two hex digits.
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+_BYTE_TOKEN = tuple(chr(b) if b in _SAFE else f"_{b:02x}" for b in range(256))
+_TOKEN_RE = re.compile(r"(?:[A-Za-z0-9-]|_[0-9a-f]{2})+")
+_SID_RE = re.compile(r"[0-9a-f]{32}")
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+NO_CONVERSATION = "_"
+#: The ``Nats-Msg-Id`` header JetStream deduplicates by.
+MSG_ID = "Nats-Msg-Id"
+
+
+# --------------------------------------------------------------------------- subjects
+
+
+def subject_token(text: str, *, limit: int = 600) -> str:
+    """The NATS subject token of ``text`` (an agent URI, a conversation id): its UTF-8 bytes,
+    ``[A-Za-z0-9-]`` as they are and every other byte as ``_`` and two lowercase hex
+    digits. Injective (:func:`token_text` inverts it). Raises ``ValueError`` for an empty
+    text and :class:`LimitError` for a token longer than ``limit`` characters."""
+    if not text:
+        raise ValueError("an empty name has no subject token")
+    token = "".join([_BYTE_TOKEN[b] for b in text.encode("utf-8")])
+    if len(token) > limit:
+        raise LimitError(f"the subject token of {peer_text(text, 40)} is {len(token)} "
+                         f"characters; at most {limit}", limit="max_token_bytes",
+                         maximum=limit)
+    return token
+
+
+def token_text(token: str) -> str:
+    """The text whose :func:`subject_token` is ``token``. Raises ``ValueError`` for anything
+    :func:`subject_token` does not produce (bad escapes, escaped safe bytes, bad UTF-8)."""
+    if _TOKEN_RE.fullmatch(token) is None:
+        raise ValueError("not a CBCL subject token")
+    data = bytearray()
+    at = 0
+    while at < len(token):
+        if token[at] == "_":
+            data.append(int(token[at + 1:at + 3], 16))
+            at += 3
+        else:
+            data.append(ord(token[at]))
+            at += 1
+    text = data.decode("utf-8")  # raises UnicodeDecodeError, a ValueError
+    if "".join([_BYTE_TOKEN[b] for b in data]) != token:
+        raise ValueError("not the canonical token of its text")
+    return text
+
+
+# --------------------------------------------------------------------------- limits
+
+
+@dataclass(frozen=True, slots=True)
+class NatsLimits:
+    """What one :class:`NatsBus` allows (spec/nats.md §5); per session the agent's
+    :class:`~cbcl.net.ConnectionLimits` apply as over TCP.
+
+    ``max_sessions``: sessions this agent answers at once (one more first frame: ``busy``);
+    ``start_rate``/``start_burst``: first frames accepted per second on the agent's subject
+    (a token bucket; beyond it ``busy``); ``remembered_sessions``: ended session ids kept,
+    so a replayed first frame is dropped; ``dedupe_window``: frame digests remembered per
+    session (a repeat is dropped); ``reply_cache``: received frames per session whose
+    answers are kept to answer a repeat; ``retransmit_after``/``max_retransmits``: when and
+    how often the opener of a link repeats its last frame; ``max_token_bytes``: the longest
+    subject token (URI, conversation id); ``pending_msgs``: messages nats-py buffers per
+    subscription (beyond: dropped, a slow consumer); ``max_call_replies``: answers taken
+    for one :meth:`NatsBus.fan_out`; ``request_timeout``: every NATS request (JetStream
+    API and publish acknowledgements) and the connect.
+
+    Durable delivery: ``durable_batch`` messages fetched at once; ``ack_wait`` before an
+    unacknowledged message is delivered again, at most ``max_deliver`` times;
+    ``duplicate_window`` (seconds) of the server's ``Nats-Msg-Id`` deduplication;
+    ``durable_max_age``, ``durable_max_msgs``, ``durable_max_bytes`` bound the stream
+    (oldest dropped); ``durable_replay_window`` message ids the receiver remembers.
+    Raises ``ValueError`` for a value out of range."""
+
+    max_sessions: int = 256
+    start_rate: float = 500.0
+    start_burst: int = 256
+    remembered_sessions: int = 16_384
+    dedupe_window: int = 256
+    reply_cache: int = 32
+    retransmit_after: float = 0.5
+    max_retransmits: int = 10
+    max_token_bytes: int = 600
+    pending_msgs: int = 65_536
+    max_call_replies: int = 64
+    request_timeout: float = 5.0
+    durable_batch: int = 64
+    ack_wait: float = 30.0
+    max_deliver: int = 5
+    duplicate_window: float = 120.0
+    durable_max_age: float = 86_400.0
+    durable_max_msgs: int = 1_000_000
+    durable_max_bytes: int = 1 << 28
+    durable_replay_window: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "start_burst", "remembered_sessions", "dedupe_window",
+                     "reply_cache", "pending_msgs", "max_call_replies", "durable_batch",
+                     "max_deliver", "durable_max_msgs", "durable_replay_window"):
+            _check_count(name, getattr(self, name))
+        _check_count("max_retransmits", self.max_retransmits, lower=0, upper=1 << 10)
+        _check_count("max_token_bytes", self.max_token_bytes, lower=16, upper=1024)
+        _check_count("durable_max_bytes", self.durable_max_bytes, upper=1 << 40)
+        for name in ("retransmit_after", "request_timeout", "ack_wait", "duplicate_window",
+                     "durable_max_age"):
+            _check_seconds(name, getattr(self, name), upper=86_400.0 * 365)
+        _check_seconds("start_rate", self.start_rate, upper=1e6)
+
+
+class _Bucket:
+    """A token bucket: ``rate`` per second, at most ``burst`` saved."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def _nats_lost(what: str, exc: BaseException) -> ConnectionLost:
+    """nats-py's exception ``exc`` while doing ``what``, as CBCL's error (exit 1)."""
+    detail = str(exc) or type(exc).__name__
+    return ConnectionLost(f"NATS: {what}: {peer_text(detail, 160)}")
+
+
+def _unframe(data: bytes) -> list[bytes]:
+    """Our own session output (whole frames, one after another) as frame payloads."""
+    out = []
+    at = 0
+    while at + PREFIX_BYTES <= len(data):
+        size = int.from_bytes(data[at:at + PREFIX_BYTES], "big")
+        out.append(data[at + PREFIX_BYTES:at + PREFIX_BYTES + size])
+        at += PREFIX_BYTES + size
+    return out
+
+
+# --------------------------------------------------------------------------- a session
+
+
+class NatsConnection(Connection):
+    """A :class:`Session` whose frames travel as NATS messages: the
+    :class:`~cbcl.net._transport.Connection` of the NATS edge, so a :class:`~cbcl.net.Link` runs on
+    it unchanged. One NATS message is one frame (its payload, the length prefix being
+    NATS's own); ``b""`` is the end of the stream. Made by :class:`NatsBus`."""
+
+    def __init__(self, bus: NatsBus, session: Session, *, key: tuple[str, str, str],
+                 out_subject: str, inbox: str, peer: str, opener: bool,
+                 first_subject: str | None = None) -> None:
+        # No stream: Connection's state without its reader and writer; its reading is
+        # replaced (_receive, _accepted).
+        self._start(session, limits=bus.agent.connection_limits, clock=clock_ms,
+                    pool=bus.agent.pool, peer=peer, slot=None)
+        self.bus = bus
+        self.key = key
+        self.out_subject = out_subject
+        self.inbox = inbox
+        self.opener = opener
+        self._first_subject = first_subject
+        self._inbox: deque[tuple[str | None, bytes]] = deque()
+        self._arrived = asyncio.Event()
+        self._overflow = False
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._answers: OrderedDict[bytes, list[tuple[str, bytes]]] = OrderedDict()
+        self._current: bytes | None = None  # digest of the frame being handled
+        self._suffix: str | None = None  # its conversation token (None: a handshake subject)
+        self._last_activity = self._loop.time()
+        self._resend: tuple[str, bytes, str] | None = None
+        self._resent = 0
+        self._resend_at = 0.0
+        self._peer_checked = False
+        self._closed = False
+        self._no_responders = False
+        #: Frames dropped as repeats, and frames this side repeated.
+        self.duplicates = 0
+        self.retransmits = 0
+
+    # ----------------------------------------------------------------- input
+
+    async def deliver(self, suffix: str | None, payload: bytes, *,
+                      no_responders: bool = False) -> None:
+        """Take one NATS message of this session (called by the bus, in order)."""
+        if self._closed:
+            return
+        if no_responders:
+            self._no_responders = True
+            self._arrived.set()
+            return
+        digest = hashlib.sha256(payload).digest()
+        if digest in self._seen:
+            self.duplicates += 1
+            self.bus.stats["duplicates"] += 1
+            for subject, data in self._answers.get(digest, ()):
+                await self.bus._publish(subject, data)
+            return
+        self._seen[digest] = None
+        while len(self._seen) > self.bus.limits.dedupe_window:
+            self._seen.popitem(last=False)
+        if len(self._inbox) >= self.limits.max_pending_frames:
+            self._overflow = True
+        else:
+            self._inbox.append((suffix, payload))
+            self._answers[digest] = []
+            while len(self._answers) > self.bus.limits.reply_cache:
+                self._answers.popitem(last=False)
+        self._arrived.set()
+
+    def seen(self, payload: bytes) -> bool:
+        return hashlib.sha256(payload).digest() in self._seen
+
+    async def _accepted(self, event: Event) -> None:
+        await self._check_subjects(event)  # (Connection.next_event's hook)
+
+    async def _receive(self) -> None:
+        """The next frame from this session's inbox (a NATS message carries one frame
+        without its prefix; an empty one ends the stream)."""
+        suffix, payload = await self._take()
+        self._suffix = suffix
+        self._current = hashlib.sha256(payload).digest() if payload else None
+        self.bytes_received += len(payload)
+        if payload:
+            self.session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
+        else:
+            self.session.receive_data(b"")  # the peer ended the stream
+
+    async def _check_subjects(self, event: Event) -> None:
+        """A conversation's message must come on that conversation's subject, handshake
+        messages on the session subject, and the responder's peer must be the one its
+        subjects name."""
+        session = self.session
+        if not self._peer_checked and session.peer is not None:
+            self._peer_checked = True
+            try:
+                named = subject_token(str(session.peer), limit=self.bus.limits.max_token_bytes)
+            except (ValueError, CBCLError):
+                named = ""
+            if named != self.key[0]:
+                await self._refuse("malformed", f"the session subject names "
+                                   f"{peer_text(self.key[0], 40)}, not the sender "
+                                   f"{peer_text(session.peer, 40)}")
+        if isinstance(event, NotUnderstood):
+            return
+        if isinstance(event, ProtocolMessage):
+            expected = self.bus._cid_token(event.message.conversation_id)
+            if self._suffix != expected:
+                await self._refuse("malformed", "a message of conversation "
+                                   f"{peer_text(event.message.conversation_id, 40)} came on "
+                                   f"the subject of {peer_text(self._suffix, 40)}")
+        elif self._suffix is not None and self._current is not None:
+            await self._refuse("malformed", "a handshake message came on a conversation's "
+                               "subject")
+
+    async def _refuse(self, code: str, why: str) -> None:
+        with contextlib.suppress(ConnectionLost):
+            await self._write(self.session.refuse(code))
+        raise RemoteProtocolError(why, code=code)
+
+    async def _take(self) -> tuple[str | None, bytes]:
+        """The next frame of the peer, waiting under the deadlines and repeating our last
+        frame when nothing comes back."""
+        limits = self.limits
+        while True:
+            if self._overflow:
+                await self._refuse("limit", f"more than {limits.max_pending_frames} frames "
+                                   "are waiting (max_pending_frames)")
+            if self._no_responders:
+                raise ConnectionLost(f"no agent {peer_text(self.peer, 60)} listens on the bus")
+            if self._inbox:
+                self._last_activity = self._loop.time()
+                if self._resend is not None:
+                    self._resend = None  # an answer came: nothing to repeat
+                return self._inbox.popleft()
+            now = self._loop.time()
+            deadline = self._last_activity + limits.idle_timeout
+            why = f"no message for {limits.idle_timeout:g} s"
+            if self.session.state not in _HANDSHAKE_OVER and self._handshake_deadline < deadline:
+                deadline = self._handshake_deadline
+                why = f"the handshake did not finish within {limits.handshake_timeout:g} s"
+            wake = deadline
+            if self._resend is not None and self._resent < self.bus.limits.max_retransmits:
+                wake = min(wake, self._resend_at)
+            if now >= deadline:
+                await self._time_out(why)
+            if self._resend is not None and now >= self._resend_at \
+                    and self._resent < self.bus.limits.max_retransmits:
+                subject, data, reply = self._resend
+                self._resent += 1
+                self.retransmits += 1
+                self.bus.stats["retransmits"] += 1
+                self._resend_at = now + self.bus.limits.retransmit_after * (1 + self._resent)
+                await self.bus._publish(subject, data, reply)
+                continue
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(wake):
+                    await self._arrived.wait()
+
+    # ----------------------------------------------------------------- output
+
+    def _arm(self, subject: str, data: bytes, reply: str = "") -> None:
+        if self.opener:
+            self._resend = (subject, data, reply)
+            self._resent = 0
+            self._resend_at = self._loop.time() + self.bus.limits.retransmit_after
+            self._arrived.set()  # the pump's wait recomputes its wake-up time
+
+    async def _emit(self, subject: str, data: bytes, reply: str = "") -> None:
+        await self.bus._publish(subject, data, reply)
+        self.bytes_sent += len(data)
+        if self._current is not None:
+            answers = self._answers.get(self._current)
+            if answers is not None and len(answers) < 8:
+                answers.append((subject, data))
+
+    async def _write(self, data: bytes) -> None:
+        """Publish what the session produced by itself (handshake answers, the initiator's
+        Finished, a NOT-UNDERSTOOD) on the session subject."""
+        for payload in _unframe(data):
+            await self._emit(self.out_subject, payload)
+            if self.session.state not in _HANDSHAKE_OVER:
+                self._arm(self.out_subject, payload)  # the initiator's Finished awaits one
+
+    async def send(self, event: Event) -> int:
+        """Send ``event``: the first frame (the QUERY) on the peer's agent subject, the rest
+        on the session subject, a protocol message on its conversation's subject."""
+        data = self.session.send(event, now=self.clock())
+        if not data:
+            return 0
+        payload = data[PREFIX_BYTES:]
+        if isinstance(event, Query) and self._first_subject is not None:
+            subject, reply = self._first_subject, self.inbox
+            self._first_subject = None
+        elif isinstance(event, ProtocolMessage):
+            subject = f"{self.out_subject}.{self.bus._cid_token(event.message.conversation_id)}"
+            reply = ""
+        else:
+            subject, reply = self.out_subject, ""
+        await self._emit(subject, payload, reply)
+        step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
+        if step is not None and step.finished:
+            self._resend = None
+        else:
+            self._arm(subject, payload, reply)
+        return len(data)
+
+    async def close(self) -> None:
+        """End the stream: tell the session, publish the end (an empty message), forget
+        the session's subjects."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(CBCLError):
+            self.session.send(ConnectionClosed(), now=self.clock())
+        if self._first_subject is None:  # something was sent: the peer may hold a session
+            with contextlib.suppress(ConnectionLost):
+                await self.bus._publish(self.out_subject, b"")
+        self.bus._forget(self)
+        self._arrived.set()
+
+
+# --------------------------------------------------------------------------- fan-out
+
+
+@dataclass
+class Bid:
+    """One answer to :meth:`NatsBus.fan_out`: the member, its link and conversation, and
+    its reply (or why there is none: ``error``)."""
+
+    peer: str
+    link: Link | None
+    conversation: Any | None
+    reply: Message | None
+    error: CBCLError | None = None
+
+
+# --------------------------------------------------------------------------- the bus
+
+
+class NatsBus:
+    """One agent on NATS: make it with :meth:`connect`. :meth:`serve` answers sessions on
+    the agent's subject, :meth:`open_link` negotiates with another agent and returns an
+    established :class:`~cbcl.net.Link`, :meth:`join`/:meth:`fan_out` run group calls,
+    :meth:`enable_durable`/:meth:`send_durable` JetStream delivery. :attr:`stats` counts
+    what was refused, dropped and repeated."""
+
+    def __init__(self, agent: Agent, client: Client, *, prefix: str = DEFAULT_PREFIX,
+                 limits: NatsLimits | None = None) -> None:
+        if _PREFIX_RE.fullmatch(prefix) is None:
+            raise ValueError(f"a subject prefix is dot-separated [A-Za-z0-9_-] tokens, not "
+                             f"{prefix!r}")
+        self.agent = agent
+        self.client = client
+        self.prefix = prefix
+        self.limits = limits or NatsLimits()
+        self.me = subject_token(str(agent.name), limit=self.limits.max_token_bytes)
+        self._session_prefix = f"{prefix}.s.{self.me}."
+        self._sessions: dict[tuple[str, str, str], NatsConnection] = {}
+        self._links: dict[tuple[str, str, str], Link] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._bucket = _Bucket(self.limits.start_rate, self.limits.start_burst)
+        self._responders = 0
+        self._subs: list[Any] = []
+        self._durable_task: asyncio.Task[None] | None = None
+        self._durable_stop = False
+        self._durable_registry: Registry | None = None
+        self._durable_seen: deque[str] = deque()
+        self._durable_seen_set: set[str] = set()
+        self._send_registries: OrderedDict[str, Registry] = OrderedDict()
+        self._closing = False
+        self.stats: dict[str, int] = {
+            "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
+            "retransmits": 0, "durable_accepted": 0, "durable_refused": 0,
+            "durable_duplicates": 0, "errors": 0}
+
+    # ----------------------------------------------------------------- connecting
+
+    @classmethod
+    async def connect(cls, agent: Agent, servers: str | Iterable[str], *,
+                      prefix: str = DEFAULT_PREFIX, limits: NatsLimits | None = None,
+                      reconnect_wait: float = 0.25, max_reconnects: int = 240,
+                      ping_interval: float = 10.0, pending_bytes: int = 8 << 20,
+                      randomize: bool = False) -> NatsBus:
+        """Connect ``agent`` to the NATS servers ``servers`` (``nats://HOST:PORT``, a
+        comma-separated list, or several): on a failure the client moves to another server
+        of the cluster (those it names, and those the cluster announces), waiting
+        ``reconnect_wait`` s between rounds, at most ``max_reconnects`` times, publishing
+        into a ``pending_bytes`` buffer meanwhile. Subscribes to the agent's session
+        subjects. Raises :class:`ConnectionLost` when no server answers within
+        ``limits.request_timeout``."""
+        limits = limits or NatsLimits()
+        urls = [s.strip() for s in ([servers] if isinstance(servers, str) else servers)
+                for s in s.split(",") if s.strip()]
+        if not urls:
+            raise ValueError("no NATS server given")
+        client = Client()
+        bus_ref: list[NatsBus] = []
+
+        async def on_error(exc: Exception) -> None:
+            if bus_ref:
+                bus_ref[0].stats["errors"] += 1
+                bus_ref[0].agent._say(f"nats: {type(exc).__name__}: {peer_text(exc, 160)}")
+
+        async def on_disconnect() -> None:
+            if bus_ref and not bus_ref[0]._closing:
+                bus_ref[0].agent._say("nats: disconnected; reconnecting")
+
+        async def on_reconnect() -> None:
+            if bus_ref:
+                url = client.connected_url
+                bus_ref[0].agent._say(f"nats: reconnected to "
+                                      f"{peer_text(url.netloc if url else '?', 64)}")
+
+        try:
+            async with asyncio.timeout(limits.request_timeout):
+                await client.connect(
+                    servers=urls, error_cb=on_error, disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnect, name=str(agent.name)[:128],
+                    connect_timeout=max(1, int(limits.request_timeout)),
+                    reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
+                    max_reconnect_attempts=max_reconnects,
+                    ping_interval=ping_interval,  # type: ignore[arg-type]
+                    pending_size=pending_bytes, dont_randomize=not randomize,
+                    allow_reconnect=True)
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise _nats_lost(f"cannot connect to {', '.join(urls)}", exc) from None
+        bus = cls(agent, client, prefix=prefix, limits=limits)
+        bus_ref.append(bus)
+        try:
+            await bus._subscribe(f"{bus._session_prefix}>", bus._on_session_message)
+        except BaseException:
+            await bus.close()
+            raise
+        return bus
+
+    async def _subscribe(self, subject: str, callback: Callable[[Msg], Awaitable[None]]
+                         ) -> Any:
+        try:
+            sub = await self.client.subscribe(subject, cb=callback,
+                                              pending_msgs_limit=self.limits.pending_msgs,
+                                              pending_bytes_limit=self.limits.pending_msgs
+                                              * 2048)
+            # The server has the interest once it answered a PING sent after it: only then
+            # is a publisher's message on the subject sure to reach us.
+            await self.client.flush(timeout=max(1, int(self.limits.request_timeout)))
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _nats_lost(f"cannot subscribe to {subject}", exc) from None
+        self._subs.append(sub)
+        return sub
+
+    async def _publish(self, subject: str, data: bytes, reply: str = "") -> None:
+        try:
+            await self.client.publish(subject, data, reply=reply)
+        except nats.errors.Error as exc:
+            raise _nats_lost(f"cannot publish on {subject[:80]}", exc) from None
+
+    def agent_subject(self, uri: URI | str) -> str:
+        """Where ``uri``'s sessions start (``P.agent.TOKEN``)."""
+        return f"{self.prefix}.agent.{self._token(str(uri))}"
+
+    def group_subject(self, uri: URI | str) -> str:
+        """Where ``uri``'s group calls go (``P.group.TOKEN``)."""
+        return f"{self.prefix}.group.{self._token(str(uri))}"
+
+    def durable_subject(self, uri: URI | str) -> str:
+        """Where durable messages to ``uri`` go (``P.d.TOKEN``)."""
+        return f"{self.prefix}.d.{self._token(str(uri))}"
+
+    def stream_name(self, uri: URI | str) -> str:
+        """The JetStream stream that keeps ``uri``'s durable messages."""
+        digest = hashlib.sha256(f"{self.prefix} {uri}".encode()).hexdigest()[:40]
+        return f"CBCL_{digest}"
+
+    def _token(self, text: str) -> str:
+        return subject_token(text, limit=self.limits.max_token_bytes)
+
+    def _cid_token(self, cid: str | None) -> str:
+        if cid is None:
+            return NO_CONVERSATION
+        return self._token(cid)
+
+    # ----------------------------------------------------------------- receiving
+
+    async def _on_session_message(self, msg: Msg) -> None:
+        """A message on one of our session subjects: hand it to its session, or drop it."""
+        rest = msg.subject[len(self._session_prefix):].split(".")
+        if len(rest) not in (3, 4):
+            self.stats["unknown"] += 1
+            return
+        connection = self._sessions.get((rest[0], rest[1], rest[2]))
+        if connection is None:
+            self.stats["unknown"] += 1
+            return
+        data = msg.data
+        headers = msg.headers or {}
+        no_responders = not data and headers.get("Status") == "503"
+        await connection.deliver(rest[3] if len(rest) == 4 else None, data,
+                                 no_responders=no_responders)
+
+    async def serve(self) -> None:
+        """Answer sessions on this agent's subject (``P.agent.TOKEN``): negotiate, learn what
+        trusted peers offer, run the agent's handlers, as :meth:`Agent.serve` does. Raises
+        ``ValueError`` without a trust store."""
+        if self.agent.trust is None:
+            raise ValueError("a serving agent needs a trust store")
+        await self._subscribe(self.agent_subject(self.agent.name), self._on_start)
+
+    async def _on_start(self, msg: Msg) -> None:
+        """A first frame on the agent's subject: a new session, under the caps."""
+        reply = msg.reply or ""
+        head = f"{self.prefix}.s."
+        parts = reply[len(head):].split(".") if reply.startswith(head) else []
+        if len(parts) != 4 or parts[1] != self.me or parts[3] != "i" \
+                or _SID_RE.fullmatch(parts[2]) is None:
+            self.stats["refused"] += 1
+            self.agent._say(f"nats: dropped a first frame whose reply subject "
+                            f"{peer_text(reply, 80)} is not a session subject for this agent")
+            return
+        peer_token, sid = parts[0], parts[2]
+        try:
+            peer = token_text(peer_token)
+        except ValueError:
+            self.stats["refused"] += 1
+            self.agent._say(f"nats: dropped a first frame from an undecodable name "
+                            f"{peer_text(peer_token, 60)}")
+            return
+        key = (peer_token, sid, "r")
+        live = self._sessions.get(key)
+        if live is not None and live.seen(msg.data):
+            await live.deliver(None, msg.data)  # a repeat: answered from its cache
+            return
+        if live is not None or (peer_token, sid) in self._ended:
+            self.stats["replays"] += 1
+            self.agent._say(f"nats: dropped a first frame for session {sid[:12]}… of "
+                            f"{peer_text(peer, 60)}, which was used before (a replay)")
+            return
+        if self._responders >= self.limits.max_sessions or not self._bucket.take():
+            self.stats["busy"] += 1
+            why = (f"{self.limits.max_sessions} sessions are open (max_sessions)"
+                   if self._responders >= self.limits.max_sessions
+                   else f"more than {self.limits.start_rate:g} session starts per second "
+                        "(start_rate)")
+            self.agent._say(f"nats: refused a session from {peer_text(peer, 60)}: {why}")
+            self._remember_ended(peer_token, sid)
+            refusal = not_understood_frame("busy", now=clock_ms())
+            with contextlib.suppress(ConnectionLost):
+                await self._publish(reply, refusal[PREFIX_BYTES:])
+            return
+        agent = self.agent
+        session = agent._responder()
+        connection = NatsConnection(
+            self, session, key=key, out_subject=reply,
+            inbox=f"{self._session_prefix}{peer_token}.{sid}.r", peer=peer, opener=False)
+        connection.vet_offer = lambda prepared: agent._vet(peer, prepared)
+        link = Link(agent, connection, next(agent._numbers), "serve")
+        self._register(connection, link)
+        self._responders += 1
+        agent._links.add(link)
+        self._spawn(self._run_responder(connection, link))
+        await connection.deliver(None, msg.data)
+
+    async def _run_responder(self, connection: NatsConnection, link: Link) -> None:
+        try:
+            with contextlib.suppress(ConnectionLost):
+                await link.run()
+        finally:
+            if link.established.done() and not link.established.cancelled():
+                link.established.exception()  # nobody awaits a served link's agreement
+            self._responders -= 1
+            await connection.close()
+            connection.session.registry.abandon()
+
+    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _register(self, connection: NatsConnection, link: Link | None) -> None:
+        self._sessions[connection.key] = connection
+        if link is not None:
+            self._links[connection.key] = link
+
+    def _forget(self, connection: NatsConnection) -> None:
+        if self._sessions.get(connection.key) is connection:
+            del self._sessions[connection.key]
+            self._links.pop(connection.key, None)
+        self._remember_ended(connection.key[0], connection.key[1])
+
+    def _remember_ended(self, peer_token: str, sid: str) -> None:
+        self._ended[(peer_token, sid)] = None
+        while len(self._ended) > self.limits.remembered_sessions:
+            self._ended.popitem(last=False)
+
+    # ----------------------------------------------------------------- opening
+
+    def open_connection(self, session: Session, peer: URI | str) -> NatsConnection:
+        """A :class:`NatsConnection` for the initiator ``session`` to the agent ``peer`` (a
+        fresh session id); its first :meth:`~NatsConnection.send` (the QUERY) goes on the
+        peer's agent subject. For a driver of its own (``cbcl negotiate``);
+        :meth:`open_link` is the agent's way."""
+        peer_token = self._token(str(peer))
+        sid = secrets.token_hex(16)
+        connection = NatsConnection(
+            self, session, key=(peer_token, sid, "i"),
+            out_subject=f"{self.prefix}.s.{peer_token}.{self.me}.{sid}.r",
+            inbox=f"{self._session_prefix}{peer_token}.{sid}.i", peer=str(peer),
+            opener=True, first_subject=self.agent_subject(peer))
+        self._register(connection, None)
+        return connection
+
+    async def open_link(self, peer: URI | str, *, descriptor: bytes,
+                        encodings: Iterable[str] | None = None) -> Link:
+        """Negotiate the protocol of the signed ``descriptor`` with the agent ``peer`` over
+        NATS (asked first, offered when the peer does not hold it) and return the
+        established :class:`~cbcl.net.Link`, as :meth:`Agent.connect` does. Raises
+        :class:`~cbcl.NegotiationFailed`, :class:`ConnectionLost` (no such agent on the
+        bus, a deadline), :class:`~cbcl.ConversationClosed`."""
+        agent = self.agent
+        registry = agent._registry()
+        payload = read_signed_descriptor_unverified(descriptor).payload
+        protocol = registry.load(payload, allow_unsigned=True)  # our own descriptor
+        session = agent._session("initiator", registry, peer=peer, encodings=encodings)
+        connection = self.open_connection(session, peer)
+        link = Link(agent, connection, next(agent._numbers), "link")
+        self._links[connection.key] = link
+        link._offer = descriptor
+        agent._links.add(link)
+        try:
+            await connection.send(Query(str(protocol.id), protocol.digest,
+                                        (protocol.descriptor.version,), session.encodings))
+        except BaseException:
+            await link.close()
+            raise
+        link.task = asyncio.get_running_loop().create_task(link.run())
+        try:
+            async with asyncio.timeout(agent.connection_limits.handshake_timeout):
+                await asyncio.shield(link.established)
+        except TimeoutError:
+            await link.close()
+            raise ConnectionLost(f"the handshake with {peer_text(peer, 60)} did not finish "
+                                 f"within {agent.connection_limits.handshake_timeout:g} s",
+                                 code="timeout") from None
+        except BaseException:
+            await link.close()
+            if connection._no_responders:
+                raise ConnectionLost(f"no agent {peer_text(peer, 60)} listens on the bus"
+                                     ) from None
+            raise
+        return link
+
+    # ----------------------------------------------------------------- groups
+
+    async def join(self, group: URI | str) -> None:
+        """Listen for calls to ``group`` (:meth:`fan_out`) and answer each with this agent's
+        name; the caller then opens a session with each member."""
+        group_subject = self.group_subject(group)
+        await self._subscribe(group_subject, self._on_call)
+
+    async def _on_call(self, msg: Msg) -> None:
+        reply = msg.reply or ""
+        head = f"{self.prefix}.call."
+        parts = reply[len(head):].split(".") if reply.startswith(head) else []
+        if len(parts) != 2 or _SID_RE.fullmatch(parts[1]) is None \
+                or len(msg.data) > self.limits.max_token_bytes:
+            self.stats["refused"] += 1
+            return
+        try:
+            caller = URI(msg.data.decode("utf-8"))
+            valid = self._token(str(caller)) == parts[0]
+        except (ValueError, CBCLError):
+            valid = False
+        if not valid:  # answer only the caller the reply subject names
+            self.stats["refused"] += 1
+            self.agent._say(f"nats: dropped a group call whose caller is not the one its "
+                            f"reply subject {peer_text(reply, 80)} names")
+            return
+        if not self._bucket.take():
+            self.stats["busy"] += 1
+            return
+        with contextlib.suppress(ConnectionLost):
+            await self._publish(reply, str(self.agent.name).encode())
+
+    async def fan_out(self, group: URI | str, *, descriptor: bytes, intent: Intent | str,
+                      body: Value | None, window: float = 0.5,
+                      max_replies: int | None = None,
+                      reply_timeout: float | None = None) -> list[Bid]:
+        """Call ``group``: one message on its subject; every member listening answers with
+        its name within ``window`` seconds (at most ``max_replies``, default
+        ``limits.max_call_replies``). Then, with each, a session (negotiating the protocol
+        of ``descriptor``) and a new conversation that starts with ``(intent, body)``: each
+        reply is its own conversation. Returns one :class:`Bid` per member, in the order
+        they answered."""
+        _check_seconds("window", window)
+        cap = self.limits.max_call_replies if max_replies is None else max_replies
+        _check_count("max_replies", cap)
+        call = secrets.token_hex(16)
+        reply = f"{self.prefix}.call.{self.me}.{call}"
+        names: list[str] = []
+        full = asyncio.Event()
+
+        async def collect(msg: Msg) -> None:
+            if len(names) >= cap or len(msg.data) > self.limits.max_token_bytes:
+                return
+            try:
+                name = str(URI(msg.data.decode("utf-8")))
+            except ValueError:
+                self.stats["refused"] += 1
+                return
+            if name not in names:
+                names.append(name)
+            if len(names) >= cap:
+                full.set()
+
+        sub = await self._subscribe(reply, collect)
+        try:
+            await self._publish(self.group_subject(group), str(self.agent.name).encode(),
+                                reply)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(window):
+                    await full.wait()
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+        async def bid(name: str) -> Bid:
+            link = None
+            try:
+                link = await self.open_link(name, descriptor=descriptor)
+                conversation = link.conversation()
+                answer = await conversation.send(intent, body, timeout=reply_timeout)
+                return Bid(name, link, conversation, answer)
+            except CBCLError as exc:
+                return Bid(name, link, None, None, exc)
+
+        return list(await asyncio.gather(*(bid(name) for name in names)))
+
+    # ----------------------------------------------------------------- durable
+
+    def _jetstream(self) -> JetStreamContext:
+        return self.client.jetstream(timeout=self.limits.request_timeout)
+
+    async def enable_durable(self, *, replicas: int = 1) -> None:
+        """Keep this agent's durable messages in a JetStream stream (made if missing,
+        ``replicas`` copies in a cluster) and take them with a durable pull consumer:
+        messages sent while the agent was down arrive now. Each is judged like a session's
+        message (both passes, the schema, receiver, timestamp within
+        ``durable_max_age`` and 30 s of the future, the replay window) against the
+        protocols the agent holds, then handed to its handler and acknowledged; a refused
+        one is terminated. Raises :class:`ConnectionLost`."""
+        _check_count("replicas", replicas, upper=5)
+        limits = self.limits
+        subject = self.durable_subject(self.agent.name)
+        name = self.stream_name(self.agent.name)
+        config = js_api.StreamConfig(
+            name=name, subjects=[subject], max_age=limits.durable_max_age,
+            max_msgs=limits.durable_max_msgs, max_bytes=limits.durable_max_bytes,
+            max_msg_size=self.agent.connection_limits.max_frame_bytes,
+            duplicate_window=limits.duplicate_window, num_replicas=replicas,
+            discard=js_api.DiscardPolicy.OLD, storage=js_api.StorageType.FILE)
+        js = self._jetstream()
+        try:
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await js.update_stream(config)  # the stream exists: keep it, take the limits
+            consumer = js_api.ConsumerConfig(
+                durable_name="cbcl", ack_policy=js_api.AckPolicy.EXPLICIT,
+                ack_wait=limits.ack_wait, max_deliver=limits.max_deliver,
+                max_ack_pending=limits.durable_batch * 4,
+                deliver_policy=js_api.DeliverPolicy.ALL)
+            subscription = await js.pull_subscribe(subject, durable="cbcl", stream=name,
+                                                   config=consumer)
+        except nats.errors.Error as exc:
+            raise _nats_lost("cannot set up durable delivery", exc) from None
+        registry = self.agent._registry()
+        for protocol in (*self.agent.preloaded, *self.agent.learned.protocols()):
+            registry.adopt(protocol)
+        self._durable_registry = registry
+        self._load_durable_seen()
+        self._durable_stop = False
+        self._durable_task = asyncio.ensure_future(self._durable_loop(subscription))
+
+    def _seen_path(self) -> Path | None:
+        state = self.agent.state
+        return None if state is None else state / "nats-durable-seen"
+
+    def _load_durable_seen(self) -> None:
+        path = self._seen_path()
+        if path is None or not path.is_file():
+            return
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            limit = self.limits.durable_replay_window
+            lines = path.read_bytes()[: limit * 300].decode("utf-8").splitlines()
+            for line in lines[-limit:]:
+                self._note_durable(line)
+
+    def _save_durable_seen(self) -> None:
+        path = self._seen_path()
+        if path is None or self._durable_registry is None:
+            return
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_atomically(path, "".join(f"{i}\n" for i in self._durable_seen).encode(),
+                             prefix=".seen-")
+
+    def _note_durable(self, message_id: str) -> None:
+        self._durable_seen.append(message_id)
+        self._durable_seen_set.add(message_id)
+        while len(self._durable_seen) > self.limits.durable_replay_window:
+            self._durable_seen_set.discard(self._durable_seen.popleft())
+
+    async def _durable_loop(self, subscription: Any) -> None:
+        while not self._durable_stop:
+            try:
+                batch = await subscription.fetch(self.limits.durable_batch, timeout=0.5)
+            except nats.errors.TimeoutError:
+                continue
+            except nats.errors.Error as exc:
+                if self._durable_stop:
+                    return
+                self.stats["errors"] += 1
+                self.agent._say(f"nats: durable fetch failed: {peer_text(exc, 120)}")
+                await asyncio.sleep(0.25)
+                continue
+            for msg in batch:
+                await self._take_durable(msg)
+
+    def _judge_durable(self, msg: Msg) -> Message:
+        """The durable message in ``msg``, checked; raises :class:`CBCLError`."""
+        data = msg.data
+        limit = self.agent.connection_limits.max_frame_bytes
+        if len(data) > limit:
+            raise LimitError(f"a durable message of {len(data)} bytes; at most {limit}",
+                             limit="max_frame_bytes", maximum=limit)
+        if self._durable_registry is None:  # pragma: no cover - set before the loop runs
+            raise MalformedError("durable delivery is not enabled")
+        message = parse(data, limits=self.agent.limits, registry=self._durable_registry)
+        if message.receiver != self.agent.name:
+            raise RemoteProtocolError(f"a durable message to {peer_text(message.receiver, 60)}"
+                                      " on this agent's subject", code="malformed")
+        header = (msg.headers or {}).get(MSG_ID)
+        if header != message.message_id:
+            raise RemoteProtocolError(f"the {MSG_ID} {peer_text(header, 40)} is not the "
+                                      "message's id", code="malformed")
+        now = clock_ms()
+        if message.timestamp is None or message.timestamp > now + 30_000 \
+                or message.timestamp < now - int(self.limits.durable_max_age * 1000):
+            raise RemoteProtocolError(f"durable message {peer_text(message.message_id, 40)} "
+                                      "has no timestamp or one out of range", code="stale")
+        return message
+
+    async def _take_durable(self, msg: Msg) -> None:
+        try:
+            message = self._judge_durable(msg)
+        except CBCLError as exc:
+            self.stats["durable_refused"] += 1
+            self.agent._say(f"nats: durable message refused and terminated: "
+                            f"{peer_text(exc.one_line(), 200)}")
+            await self._settle(msg, accepted=False)
+            return
+        if message.message_id in self._durable_seen_set:
+            self.stats["durable_duplicates"] += 1
+            self.agent._say(f'nats: durable message "{peer_text(message.message_id, 64)}" '
+                            "is a replay: terminated")
+            await self._settle(msg, accepted=False)
+            return
+        self._note_durable(message.message_id)
+        self.stats["durable_accepted"] += 1
+        handler = self.agent.handler_for(str(message.protocol), message.intent)
+        if handler is not None:
+            await self._run_durable_handler(handler, message)
+        await self._settle(msg, accepted=True)
+
+    async def _run_durable_handler(self, handler: Any, message: Message) -> None:
+
+        numbers = iter(range(1, 1 << 62))
+        context = Context(message, next_id=lambda: f"d-{secrets.token_hex(12)}-"
+                                                    f"{next(numbers)}")
+        try:
+            answer = handler(message, context)
+            if inspect.isawaitable(answer):
+                async with asyncio.timeout(self.agent.handler_timeout):
+                    answer = await answer
+        except Exception as exc:  # user code: logged, never the end of delivery
+            self.agent._say(f"nats: the durable handler failed: {type(exc).__name__}: "
+                            f"{peer_text(exc, 160)}")
+            return
+        if isinstance(answer, Message):
+            try:
+                await self.send_durable(answer)
+            except CBCLError as exc:
+                self.agent._say(f"nats: the durable reply was not sent: "
+                                f"{peer_text(exc.one_line(), 160)}")
+
+    async def _settle(self, msg: Msg, *, accepted: bool) -> None:
+        try:
+            await (msg.ack() if accepted else msg.term())
+        except nats.errors.Error as exc:
+            self.stats["errors"] += 1
+            self.agent._say(f"nats: could not acknowledge a durable message: "
+                            f"{peer_text(exc, 120)}")
+
+    def durable_id(self) -> str:
+        """A fresh message id for a durable message (128 random bits: ``Nats-Msg-Id``
+        deduplicates by it, so it must not repeat)."""
+        return f"d-{secrets.token_hex(16)}"
+
+    def _protocol_for(self, message: Message, descriptor: bytes | None) -> Protocol:
+        if descriptor is not None:
+            payload = read_signed_descriptor_unverified(descriptor).payload
+            digest = hashlib.sha256(payload).hexdigest()
+            registry = self._send_registries.get(digest)
+            if registry is None:
+                registry = self.agent._registry()
+                registry.load(payload, allow_unsigned=True)  # our own descriptor
+                self._send_registries[digest] = registry
+                while len(self._send_registries) > 16:
+                    self._send_registries.popitem(last=False)
+            found = registry.get(message.protocol)
+        else:
+            found = None
+            for protocol in (*self.agent.preloaded, *self.agent.learned.protocols()):
+                if protocol.id == message.protocol:
+                    found = protocol
+        if found is None:
+            raise ValueError(f"{message.protocol} is not the protocol of the descriptor given "
+                             "(or one this agent holds)")
+        return found
+
+    async def send_durable(self, message: Message, *, descriptor: bytes | None = None
+                           ) -> bool:
+        """Store ``message`` in its receiver's durable stream (``Nats-Msg-Id`` = its id),
+        checked first as the receiver will check it, in canonical text; the protocol is
+        ``descriptor``'s (signed), or one the agent holds. A publish whose acknowledgement
+        does not come is repeated (at most three times, with the same id). Returns whether
+        the server had the id already (a duplicate, dropped). Raises the message's
+        :class:`CBCLError` (nothing is sent), ``ValueError`` for an id that cannot be a
+        header value, :class:`ConnectionLost` (no durable inbox, no server)."""
+        ident = message.message_id
+        if not ident.isprintable() or ident != ident.strip() or len(ident) > 256:
+            raise ValueError("a durable message id is at most 256 printable characters, "
+                             "without surrounding spaces")
+        protocol = self._protocol_for(message, descriptor)
+        if message.timestamp is None:
+            message = replace(message, timestamp=clock_ms())
+        check_outgoing(protocol, message, self.agent.limits)
+        data = message.canonical().encode("utf-8")
+        subject = self.durable_subject(message.receiver)
+        js = self._jetstream()
+        last: BaseException | None = None
+        for _ in range(3):
+            try:
+                ack = await js.publish(subject, data, timeout=self.limits.request_timeout,
+                                       headers={MSG_ID: ident})
+            except nats.js.errors.NoStreamResponseError:
+                raise ConnectionLost(f"{peer_text(message.receiver, 60)} has no durable "
+                                     "inbox on this bus") from None
+            except (nats.errors.TimeoutError, nats.errors.ConnectionReconnectingError,
+                    nats.errors.NoRespondersError) as exc:
+                last = exc
+                await asyncio.sleep(self.limits.retransmit_after)
+                continue
+            except nats.errors.Error as exc:
+                raise _nats_lost("durable publish failed", exc) from None
+            return bool(ack.duplicate)
+        raise _nats_lost("durable publish not acknowledged", last or TimeoutError())
+
+    # ----------------------------------------------------------------- closing
+
+    async def close(self) -> None:
+        """Stop durable delivery (after the batch in hand), close every link of this bus,
+        flush and close the NATS connection."""
+        self._closing = True
+        if self._durable_task is not None:
+            self._durable_stop = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._durable_task, 5.0)
+            self._durable_task = None
+            self._save_durable_seen()
+        for link in list(self._links.values()):
+            with contextlib.suppress(CBCLError):
+                await link.close()
+        for connection in list(self._sessions.values()):
+            await connection.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, CBCLError):
+                await task
+        with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+            if self.client.is_connected:
+                await self.client.flush(timeout=2)
+        with contextlib.suppress(nats.errors.Error, OSError):
+            await self.client.close()
+
+
+async def connect_bus(agent: Agent, servers: str | Iterable[str], **options: Any) -> NatsBus:
+    """:meth:`NatsBus.connect`."""
+    return await NatsBus.connect(agent, servers, **options)
+
+
+__all__ = ["DEFAULT_PREFIX", "Bid", "ConnectionLimits", "ConversationClosed", "NatsBus",
+           "NatsConnection", "NatsLimits", "connect_bus", "subject_token", "token_text"]
+

@@ -1,0 +1,326 @@
+"""The top-level operations: :func:`parse`, :func:`canonical`, :func:`validate`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+from ..core._canonical import canonical_value
+from ..core._entries import entry_doc
+from ..core._errors import CBCLError, UnknownProtocolError
+from ..core._limits import DEFAULT_LIMITS, Limits
+from ..core._reader import (
+    _CACHE,
+    _atom,
+    _read_value_c,
+    context_of,
+    decode,
+    only_space_after,
+    position_of,
+    utf8_of,
+)
+from ..core._values import ATOM_TERMINALS, INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..grammar._automaton import ACCEPT, REFUSED
+from ._envelope import ENVELOPE_TABLES, message_of_python, parse_envelope, scan_envelope
+from ._message import Message
+from ._pass2 import check_intent_and_body, explain_body
+from ._protocol import Protocol
+from ._registry import Registry
+from ._schema import _has_heads
+
+try:
+    from .._speedups import accept_document as _accept_document_speedups
+except ImportError:  # not built: parse() takes the careful path only
+    _accept_document_c: Any = None
+else:
+    _accept_document_c = None if _read_value_c is None else _accept_document_speedups
+
+#: What cbcl._speedups.accept_document takes with each document: the envelope's tables
+#: (as cbcl.protocol._envelope.message_of passes them) and pass 2's (the atoms' terminals, the
+#: automaton's outcomes, the schema's head test).
+_DOCUMENT_TABLES = (*ENVELOPE_TABLES, ATOM_TERMINALS, REFUSED, ACCEPT, _has_heads)
+
+
+def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+          envelope_only: bool = False, registry: Registry | None = None,
+          require_signatures: bool = False) -> Message:
+    """Parse one CBCL/1.0 message: pass 1 (envelope) and, unless ``envelope_only``, pass 2
+    (the body, by the grammar of the message's protocol in ``registry``). A message is
+    returned only when both passes accept it.
+
+    When ``registry`` has a trust store, a signed message's signature is verified after
+    pass 1 and before pass 2 (also with ``envelope_only``); ``require_signatures=True``
+    refuses unsigned messages and needs such a registry. Without a trust store a signature
+    is carried but NOT verified.
+
+    Raises :class:`MalformedError` (:class:`EnvelopeError` for a bad envelope,
+    :class:`BodyError` for a body its grammar refuses), :class:`LimitError`,
+    :class:`UnknownProtocolError` for a protocol the registry does not hold,
+    :class:`ProtocolError` for an intent the protocol does not govern,
+    :class:`TrustError` (``"message verification failed"``) for a bad, unknown-key or
+    disallowed signature or a missing required one, ``TypeError`` for input that is not
+    bytes or str, and ``ValueError`` for ``require_signatures`` without a trust store.
+    """
+    limits = DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise TypeError("limits must be a cbcl.Limits")
+    trust = registry.trust if registry is not None else None
+    if require_signatures and trust is None:
+        raise ValueError("require_signatures needs a registry with a trust store")
+    text = None  # (stays None where both passes accepted the document in C)
+    message = None
+    if _accept_document_c is not None and registry is not None and not envelope_only and \
+            type(data) is bytes and len(data) <= limits.max_message_bytes:
+        message = _accepted(data, limits, registry)
+    if message is None:
+        text = decode(data, limits)
+        message = parse_envelope(text, limits, utf8_of(data))
+    if trust is not None and (message.signature is not None or require_signatures):
+        trust.verify_message(message)
+    if envelope_only or text is None:
+        return message
+    protocol = registry.get(message.protocol) if registry is not None else None
+    if protocol is None:
+        at = scan_envelope(text, limits).protocol_at
+        raise UnknownProtocolError(
+            f"unknown protocol {message.protocol}: no descriptor for it is loaded",
+            protocol=str(message.protocol), position=position_of(text, at),
+            context=context_of(text, at))
+    if check_intent_and_body(protocol, message) is False:
+        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
+                     message.intent)
+    return message
+
+
+def _verified(message: Message, registry: Registry) -> Message:
+    """``message``, one that must be verified (signed, or signatures required), once the
+    trust store of ``registry`` (if it has one) has verified it, as :func:`parse` and
+    :meth:`Decoder.decode` do. Raises :class:`TrustError`."""
+    trust = registry.trust
+    if trust is not None:
+        trust.verify_message(message)
+    return message
+
+
+def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None:
+    """:func:`parse`'s fast path, by the C tiers alone: the document read in one call
+    (``cbcl._scanner.read_value``), both passes over its value in another
+    (``cbcl._speedups.accept_document``, the twin of :func:`accept_document_python`).
+    The message, or ``None`` for anything the careful path must judge (it reads the
+    document again, to accept it or raise the precise error). Only an accepted message is
+    returned, so the careful path's order of checks (the signature before pass 2) cannot
+    change an outcome: a message both passes accept fails only on its signature there too.
+    """
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return None
+    found = _read_value_c(text, 0, _CACHE, _atom, limits.max_depth, limits.max_list_items,
+                          limits.max_nodes, limits.max_string_bytes, limits.max_name_chars,
+                          data)
+    if found is None:
+        return None
+    value, end, _ = found
+    if not only_space_after(text, end):
+        return None
+    # (the registry's own dict of loaded protocols: one lookup in C, no copy)
+    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)
+    return message
+
+
+# parse itself becomes a C function where the accelerators are built (cbcl/_entry.h,
+# cbcl._speedups.parse_entry): parse(data, registry=registry) of bytes within the default
+# limits is _accepted's work in one C call; any other call, or a document it declines, is
+# the Python function above, which stays the reference and lends its documentation.
+#: The Python function, whatever parse is bound to (the reference the tests hold it to).
+parse_python = parse
+if _accept_document_c is not None:
+    from .._speedups import parse_entry as _parse_entry
+
+    _entry = _parse_entry(
+        parse, entry_doc(parse, method=False), _verified, only_space_after, _DOCUMENT_TABLES,
+        _CACHE, _atom, (DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_depth,
+                        DEFAULT_LIMITS.max_list_items, DEFAULT_LIMITS.max_nodes,
+                        DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars))
+    if _entry is not None:
+        parse = _entry
+
+
+def accept_document_python(value: Value, registry: Registry) -> Message | None:
+    """The message a whole document's ``value`` holds when both passes accept it, with
+    the protocol ``registry`` holds for it, else ``None`` (an error the careful path
+    raises is ``None`` here too). The reference of ``cbcl._speedups.accept_document``,
+    which may also decline (``None``) a message this accepts: a NOT-UNDERSTOOD or CANCEL
+    its protocol does not govern, or a schema type of more than 63 fields."""
+    message = message_of_python(value)
+    if message is None:
+        return None
+    protocol = registry.get(message.protocol)
+    if protocol is None:
+        return None
+    try:
+        accepted = check_intent_and_body(protocol, message)
+    except CBCLError:
+        return None
+    return message if accepted is not False else None
+
+
+def canonical(value: Value | Message) -> str:
+    """The canonical text (draft §1.2) of a value or a :class:`Message`.
+
+    Raises ``TypeError`` for a non-CBCL value and ``ValueError`` for one out of range.
+    """
+    if isinstance(value, Message):
+        return value.canonical()
+    return canonical_value(value)
+
+
+def validate(message: Message, *, registry: Registry, limits: Limits | None = None) -> None:
+    """Check ``message`` as a receiver would, without sending it: the document's limits
+    (``limits``, default :data:`DEFAULT_LIMITS`), then that ``registry`` holds its protocol,
+    then pass 2 - the intent is one the protocol governs, its grammar accepts the body, and
+    the body satisfies the schema. Returns ``None``; a message that validates is accepted
+    by ``parse(canonical(message), registry=registry, limits=limits)`` and, as a binary
+    frame, by a :class:`Decoder` with the same limits (:class:`Encoder` also checks the
+    frame's own size: it can exceed the text's by a few bytes per decimal).
+
+    Signatures are not checked (a receiver with a trust store verifies them). The walk that
+    checks the limits is in Python; only a message near a limit has its text written out.
+
+    Raises what :func:`parse` raises on the canonical text, with positions in that text:
+    :class:`LimitError`, :class:`UnknownProtocolError`, :class:`ProtocolError` (an intent
+    the protocol does not govern), :class:`BodyError` (a body the grammar refuses, or a
+    missing one) and :class:`SchemaError`; ``TypeError`` for arguments of the wrong type.
+    """
+    if not isinstance(message, Message):
+        raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
+    if not isinstance(registry, Registry):
+        raise TypeError("registry must be a cbcl.Registry")
+    limits = DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise TypeError("limits must be a cbcl.Limits")
+    _check_limits(message, limits)
+    protocol = registry.get(message.protocol)
+    if protocol is None:
+        text = message.canonical()
+        at = scan_envelope(text, limits).protocol_at
+        raise UnknownProtocolError(
+            f"unknown protocol {message.protocol}: no descriptor for it is loaded",
+            protocol=str(message.protocol), position=position_of(text, at),
+            context=context_of(text, at))
+    _check_body(protocol, message, limits)
+
+
+def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAULT_LIMITS,
+                   ) -> None:
+    """:func:`validate` for a sender that holds the message's ``protocol`` already (as a
+    session or an :class:`Encoder` does): the limits, then pass 2, without the registry
+    lookup or argument checks. ``message.protocol`` must be ``protocol.id`` and ``limits``
+    a :class:`Limits` (neither is checked). Raises as :func:`validate`."""
+    _check_limits(message, limits)
+    _check_body(protocol, message, limits)
+
+
+def _check_body(protocol: Protocol, message: Message, limits: Limits) -> None:
+    """Pass 2, as :func:`parse` runs it; a refused body is explained on its text."""
+    if check_intent_and_body(protocol, message) is False:
+        text = message.canonical()
+        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
+                     message.intent)
+
+
+def _check_limits(message: Message, limits: Limits) -> None:
+    """Raise the :class:`LimitError` the receiver of the message's canonical text would
+    raise, if any. A quick walk decides most messages; the rest are written out."""
+    verdict = _within(message, limits)
+    if verdict is _WITHIN:
+        return
+    text = message.canonical()
+    if verdict is _SIZE and not _utf8_over(text, limits.max_message_bytes):
+        return
+    parse_envelope(decode(text, limits), limits)  # pass 1: raises, or finds it within
+
+
+def _utf8_over(text: str, maximum: int) -> bool:
+    """Whether ``text`` takes more than ``maximum`` bytes in UTF-8."""
+    if len(text) * 4 <= maximum:
+        return False
+    try:
+        return len(text.encode("utf-8")) > maximum
+    except UnicodeEncodeError:
+        return True
+
+
+_WITHIN, _SIZE, _UNSURE = "within", "size", "unsure"
+
+
+def _within(message: Message, limits: Limits) -> str:
+    """Whether the canonical text of ``message`` is within ``limits``, from one walk of
+    the body that counts nodes, items and depth as the reader does and checks each
+    string's and name's size: ``_WITHIN`` (certainly), ``_SIZE`` (all but the document's
+    size, which the walk bounds from above only) or ``_UNSURE`` (a limit may be exceeded,
+    or a value is not of an exact CBCL type)."""
+    max_string = limits.max_string_bytes
+    max_name = limits.max_name_chars
+    max_items = limits.max_list_items
+    conversation_id = message.conversation_id
+    in_reply_to = message.in_reply_to
+    signature = message.signature
+    body = message.body
+    fields = 5 + (conversation_id is not None) + (in_reply_to is not None) + \
+        (message.reply_by is not None) + (message.timestamp is not None) + \
+        (signature is not None) + (body is not None)
+    # Limits so small that the envelope alone may exceed them (its field names take 15
+    # characters, its lists 12 items and 3 levels) are left to the text.
+    if max_name < 15 or max_items < 12 or limits.max_depth < 3 or \
+            len(message.protocol) > max_name:
+        return _UNSURE
+    # The size bound: the envelope's names; 43 bytes a node (the longest decimal, or a
+    # list's parentheses, a string's quotes, a keyword's colon, and a space), and 6 bytes
+    # a string's character (an escape), 4 a URI's, 1 a name's. (A message past it is
+    # written out to be measured.)
+    size = 250 + len(message.protocol) + 4 * (len(message.sender) + len(message.receiver))
+    for text in (message.message_id, conversation_id, in_reply_to) if signature is None \
+            else (message.message_id, conversation_id, in_reply_to, signature.key_id,
+                  signature.value):
+        if text is not None:
+            if len(text) * 4 > max_string and _utf8_over(text, max_string):
+                return _UNSURE
+            size += 6 * len(text) + 2
+    nodes = 2 + 3 * fields + (1 if signature is not None else 0)  # the body's root too
+    if body is not None:
+        deepest = limits.max_depth - 2  # the lists around the body: (CBCL/1.0 (body …
+        stack: list[Iterator[Any]] = [iter((body,))]  # the (body …) list's value
+        item: Any
+        while stack:
+            for item in stack[-1]:
+                kind = type(item)
+                if kind is str:
+                    if len(item) * 4 > max_string and _utf8_over(item, max_string):
+                        return _UNSURE
+                    size += 6 * len(item)
+                elif kind is tuple:  # a list 2 + len(stack) deep, its items counted here
+                    if len(item) > max_items or len(stack) > deepest:
+                        return _UNSURE
+                    nodes += len(item)
+                    stack.append(iter(item))
+                    break
+                elif kind is Symbol or kind is Keyword:
+                    if len(item) > max_name:
+                        return _UNSURE
+                    size += len(item)
+                elif kind is int:
+                    if not INT64_MIN <= item <= INT64_MAX:
+                        return _UNSURE
+                elif kind is URI:
+                    size += 4 * len(item)
+                elif kind is not Decimal:
+                    return _UNSURE
+            else:
+                stack.pop()
+    if nodes > limits.max_nodes:
+        return _UNSURE
+    return _SIZE if size + 43 * nodes > limits.max_message_bytes else _WITHIN
+
+

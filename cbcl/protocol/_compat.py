@@ -1,0 +1,1858 @@
+"""Compatibility between two versions of a descriptor (spec/compatibility.md).
+
+Theory of operation
+-------------------
+A body is a value tree, and what a descriptor accepts for an intent is the set of trees its
+start rule derives (as token strings: ``(`` and ``)`` around each list, atoms as
+themselves) that also satisfy its schema. When every alternative keeps its parentheses
+balanced and rules refer to one another in sequence position without self-embedding, that
+set is a *regular tree language*, and inclusion between two of them is decidable. This
+module decides it, sans I/O, in five steps:
+
+1. **Hedge terms.** Each rule becomes a regular expression over atoms, rule references and
+   *tree terms* ``"(" … ")"`` (matched within one alternative; an unmatched parenthesis
+   makes the answer ``unknown``). Each syntactic tree term is a *tree type* whose content
+   is a horizontal language.
+2. **Atom classes.** The atoms are partitioned into finitely many classes on which every
+   predicate of both descriptors is constant: each literal or one-of value (symbols,
+   keywords, strings, numbers, URIs) is a class of its own; the other atoms of a kind are
+   cut at every bound either schema names (integer and decimal ranges, string and symbol
+   lengths, URI schemes). Integers are cut to the signed 64-bit range. Keywords that no
+   descriptor names form one class of *fresh* keywords (each occurrence in a witness gets
+   a new name) and, when a schema has ``(else …)`` keys, a class of *marked* keywords (all
+   occurrences in one list are the same keyword: this is how a repeated unnamed key,
+   which a schema refuses and a grammar does not notice, is represented exactly). Each
+   class has a representative value, and a predicate's truth on a class is its truth on
+   the representative, computed by the real schema code.
+3. **Automata.** Every tree type's content becomes an NFA (Thompson's construction; a
+   rule is inlined where it is referenced; a strongly connected set of rules is inlined
+   once as a right- or left-linear NFA fragment; anything else there is self-embedding
+   and ``unknown``). Keyword sets become subset-of-members automata. Schema types
+   (records, keyword lists with required keys and ``else``, ``list-of`` with lengths) are
+   deterministic automata with lazily built states, and a record's *prefix* (its head
+   symbols) is a tree type too, for the schema's first-record-by-heads rule.
+4. **Bottom-up determinisation** (the subset construction for tree automata, as in
+   Hosoya–Vouillon–Pierce's subtyping for regular expression types). A tree's *signature*
+   is the exact set of tree types (of both descriptors, grammar and schema) it belongs to.
+   All content automata run together over a list's children; the product state after the
+   last child gives the list's signature. The reachable product states and signatures are
+   computed to a fixpoint, with the atom classes and the signatures found so far as the
+   alphabet; product states in which no tree type of the side that must be covered is
+   alive are pruned (no subtree of a body that side accepts passes through them). A body
+   is one value: for each intent and each atom class or signature, each side's start rule
+   (on that single letter) and schema root decide acceptance. Backward compatibility is:
+   every letter OLD accepts, NEW accepts.
+5. **Witnesses.** A failing letter is turned into a concrete body (the product state that
+   produced each signature records the letters that lead to it, so the witness is built
+   bottom-up from recorded paths). Before it is reported, it is printed, read back with
+   the real reader and judged by both real recognisers (pass 2 tables and schema check);
+   if they disagree with the analysis the verdict is ``unknown`` (and that is a bug).
+
+Where the grammars are not of that shape, or a limit (:class:`CompatLimits`) is reached,
+the verdict is ``unknown``, never ``compatible``; a bounded random search over bodies the
+covered side's grammar generates then looks for a witness with the real recognisers, and a
+witness found that way makes the verdict ``breaking``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from decimal import ROUND_FLOOR, Decimal
+from typing import Any
+
+from ..core._canonical import canonical_value
+from ..core._errors import CBCLError, GrammarError
+from ..core._limits import DEFAULT_LIMITS
+from ..core._reader import read
+from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..grammar._compile import CompiledGrammar, compile_grammar
+from ..grammar._lr import LALR1, analyse
+from ..grammar._subset import (
+    NUMBER,
+    Alternative,
+    GrammarLimits,
+    GrammarSource,
+    Group,
+    Item,
+    KeywordSet,
+    Literal,
+    Reference,
+    Repeat,
+    derivation_heights,
+    item_height,
+    read_grammar,
+    to_cfg,
+)
+from ._descriptor import ProtocolDescriptor, read_descriptor
+from ._message import Intent, Message
+from ._pass2 import check_intent_and_body
+from ._protocol import Protocol
+from ._schema import (
+    AtomType,
+    Keys,
+    ListOf,
+    OneOf,
+    Record,
+    Schema,
+    SchemaType,
+    _atom_problem,
+    _one_of,
+    compile_schema,
+)
+
+__all__ = [
+    "BACKWARD",
+    "BREAKING",
+    "COMPATIBLE",
+    "FORWARD",
+    "FULL",
+    "MODES",
+    "UNKNOWN",
+    "CompatLimits",
+    "CompatReport",
+    "Compile",
+    "Witness",
+    "diff_descriptors",
+    "generate_bodies",
+]
+
+COMPATIBLE, BREAKING, UNKNOWN = "compatible", "breaking", "unknown"
+BACKWARD, FORWARD, FULL = "backward", "forward", "full"
+MODES = (BACKWARD, FORWARD, FULL)
+#: Exit status of ``cbcl descriptor diff`` for each verdict.
+EXIT_CODES = {COMPATIBLE: 0, BREAKING: 5, UNKNOWN: 5}
+#: How :func:`diff_descriptors` gets a descriptor's compiled grammar (``compile=``).
+Compile = Callable[[ProtocolDescriptor], CompiledGrammar]
+
+
+@dataclass(frozen=True, slots=True)
+class CompatLimits:
+    """Limits on one comparison; reaching one makes the verdict ``unknown`` (never an
+    exception), with the limit named in the report.
+
+    * ``max_states`` (20,000): product states (and, separately, signatures) explored by
+      the determinisation of step 4;
+    * ``max_steps`` (2,000,000): product transitions computed (bounds the time);
+    * ``max_nfa_states`` (200,000): NFA states built for both grammars (inlining rules can
+      multiply them);
+    * ``max_members`` (12): members of one keyword set handled exactly (its automaton has
+      a state per subset of members);
+    * ``max_witness_nodes`` (10,000): atoms plus lists of a witness body;
+    * ``max_atom_chars`` (65,536): the length of a string or symbol a class needs as its
+      representative (a schema's ``:min-length`` above it is not analysed);
+    * ``search_bodies`` (500) and ``search_depth`` (6): the bounded witness search made
+      when the verdict is ``unknown``: bodies generated (and at most 100 grammar items
+      expanded per body asked for, in all), and rule nesting before the generator takes
+      the shortest way out.
+
+    Raises ``ValueError`` for a limit that is not a positive ``int``.
+    """
+
+    max_states: int = 20_000
+    max_steps: int = 2_000_000
+    max_nfa_states: int = 200_000
+    max_members: int = 12
+    max_witness_nodes: int = 10_000
+    max_atom_chars: int = 65_536
+    search_bodies: int = 500
+    search_depth: int = 6
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"CompatLimits.{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Witness:
+    """A body for ``intent`` that the side ``accepted_by`` (``"old"`` or ``"new"``)
+    accepts and the other refuses (or does not govern), re-checked by both recognisers.
+    ``text`` is its canonical text."""
+
+    intent: Intent
+    body: Value
+    text: str
+    accepted_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompatReport:
+    """The answer of :func:`diff_descriptors`: the verdict, what changed (one line each),
+    the witnesses (for ``breaking``), why the answer is ``unknown`` (``reasons``) and what
+    the bounded search did (``search``, for ``unknown``)."""
+
+    verdict: str
+    mode: str
+    changes: tuple[str, ...] = ()
+    witnesses: tuple[Witness, ...] = ()
+    reasons: tuple[str, ...] = ()
+    search: str | None = None
+    #: Product states and signatures explored (for benchmarks and curiosity).
+    explored: tuple[int, int] = (0, 0)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def render(self) -> str:
+        """The text ``cbcl descriptor diff`` prints: the verdict first."""
+        lines = [self.verdict, f"mode: {self.mode} ({_MODE_TEXT[self.mode]})"]
+        if self.changes:
+            lines.append("changes:")
+            lines.extend(f"  {change}" for change in self.changes)
+        else:
+            lines.append("changes: none")
+        for witness in self.witnesses:
+            other = "NEW" if witness.accepted_by == "old" else "OLD"
+            lines.append(f"witness {witness.intent.value}: accepted by "
+                         f"{witness.accepted_by.upper()}, refused by {other}: {witness.text}")
+        lines.extend(f"unknown: {reason}" for reason in self.reasons)
+        if self.search is not None:
+            lines.append(f"search: {self.search}")
+        return "\n".join(lines) + "\n"
+
+
+_MODE_TEXT = {BACKWARD: "NEW accepts every body OLD accepts",
+              FORWARD: "OLD accepts every body NEW accepts",
+              FULL: "both accept the same bodies"}
+
+
+class _Unknown(Exception):
+    """The analysis cannot decide: the reason, in the report's words."""
+
+
+# --------------------------------------------------------------------------- hedge terms
+#
+# A term is a tuple: ("eps",) ("atom", pred) ("any",) ("tree", node) ("ref", rule)
+# ("seq", terms) ("alt", terms) ("rep", term, op) ("kset", ((kw pred, term, optional), ...)).
+# An atom predicate is ("lit", Symbol|Keyword) or ("kind", NAME). A tree node is a
+# _TreeNode (its identity is the tree type).
+
+Term = tuple[Any, ...]
+_EPS: Term = ("eps",)
+
+
+class _TreeNode:
+    __slots__ = ("content",)
+
+    def __init__(self, content: Term) -> None:
+        self.content = content
+
+
+def _atom_of(item: Literal | Reference) -> Term:
+    if isinstance(item, Literal):
+        text = item.text
+        return ("atom", ("lit", Keyword(text[1:]) if text.startswith(":") else Symbol(text)))
+    if item.name == "value":
+        return ("any",)
+    return ("atom", ("kind", item.name))
+
+
+class _Terms:
+    """The hedge terms of one grammar (step 1)."""
+
+    def __init__(self, source: GrammarSource, max_members: int) -> None:
+        self.max_members = max_members
+        self.rules: dict[str, Term] = {}
+        for rule in source.rules:
+            self.rules[rule.name] = self.alternatives(rule.alternatives, rule.name)
+
+    def alternatives(self, alternatives: tuple[Alternative, ...], where: str) -> Term:
+        return ("alt", tuple(self.sequence(alt.items, where) for alt in alternatives))
+
+    def sequence(self, items: tuple[Item, ...], where: str) -> Term:
+        stack: list[list[Term]] = [[]]
+        for item in items:
+            if isinstance(item, Literal) and item.text == "(":
+                stack.append([])
+            elif isinstance(item, Literal) and item.text == ")":
+                if len(stack) == 1:
+                    raise _Unknown(f"rule {where}: a ')' at {item.position} closes a list "
+                                   f"opened outside its alternative (parentheses not "
+                                   f"balanced within one alternative)")
+                content = stack.pop()
+                stack[-1].append(("tree", _TreeNode(("seq", tuple(content)))))
+            else:
+                stack[-1].append(self.item(item, where))
+        if len(stack) != 1:
+            raise _Unknown(f"rule {where}: a '(' is not closed within its alternative "
+                           f"(parentheses not balanced within one alternative)")
+        return ("seq", tuple(stack[0]))
+
+    def item(self, item: Item, where: str) -> Term:
+        if isinstance(item, Literal):
+            if item.text in "()":
+                raise _Unknown(f"rule {where}: a parenthesis at {item.position} inside a "
+                               f"group or repetition (parentheses not balanced within one "
+                               f"alternative)")
+            return _atom_of(item)
+        if isinstance(item, Reference):
+            if item.is_base:
+                return _atom_of(item)
+            return ("ref", item.name)
+        if isinstance(item, Group):
+            inner = self.alternatives(item.alternatives, where)
+            return ("alt", (_EPS, inner)) if item.optional else inner
+        if isinstance(item, Repeat):
+            return ("rep", self.item(item.item, where), item.op)
+        if isinstance(item, KeywordSet):
+            if len(item.members) > self.max_members:
+                raise _Unknown(f"rule {where}: a keyword set of {len(item.members)} members "
+                               f"(more than max_members, {self.max_members})")
+            return ("kset", tuple((("lit", Keyword(m.keyword[1:])), self.item(m.item, where),
+                                   m.optional) for m in item.members))
+        raise _Unknown(f"rule {where}: an item of an unknown kind")  # pragma: no cover
+
+
+def _walk_terms(term: Term, into_trees: bool = False) -> Iterator[Term]:
+    stack = [term]
+    while stack:
+        t = stack.pop()
+        yield t
+        kind = t[0]
+        if kind in ("seq", "alt"):
+            stack.extend(t[1])
+        elif kind == "rep":
+            stack.append(t[1])
+        elif kind == "kset":
+            stack.extend(member[1] for member in t[1])
+        elif kind == "tree" and into_trees:
+            stack.append(t[1].content)
+
+
+def _horizontal_refs(term: Term) -> set[str]:
+    return {t[1] for t in _walk_terms(term) if t[0] == "ref"}
+
+
+def _mentions(term: Term, scc: frozenset[str]) -> bool:
+    return not _horizontal_refs(term).isdisjoint(scc)
+
+
+def _linear(term: Term, scc: frozenset[str], last: bool) -> bool:
+    """Whether references to ``scc`` occur in ``term`` only in its last (``last``) or
+    first position."""
+    kind = term[0]
+    if kind == "seq":
+        items = term[1]
+        if not items:
+            return True
+        edge = items[-1] if last else items[0]
+        rest = items[:-1] if last else items[1:]
+        return all(not _mentions(t, scc) for t in rest) and _linear(edge, scc, last)
+    if kind == "alt":
+        return all(_linear(t, scc, last) for t in term[1])
+    if kind == "rep":
+        return (term[2] == "?" and _linear(term[1], scc, last)) or not _mentions(term[1], scc)
+    if kind == "kset":
+        return not _mentions(term, scc)
+    return True
+
+
+def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    advanced = True
+                    break
+                if child in on:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                out.append(component)
+    return out
+
+
+# --------------------------------------------------------------------------- atom classes
+
+
+@dataclass(frozen=True, slots=True)
+class _Class:
+    """An atom class: its kind, a representative, whether it is one value, and ``fresh``
+    (1: a new unnamed keyword at each occurrence; 2: the list's marked keyword)."""
+
+    kind: type
+    rep: Value
+    point: bool
+    fresh: int = 0
+
+
+def _schema_types(schema: Schema | None) -> Iterator[SchemaType]:
+    if schema is None:
+        return
+    stack: list[SchemaType] = list(schema.records)
+    seen: set[int] = set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        yield t
+        if isinstance(t, Record):
+            stack.append(t.keys)
+        elif isinstance(t, Keys):
+            stack.extend(t.fields.values())
+            if t.other is not None:
+                stack.append(t.other)
+        elif isinstance(t, ListOf):
+            stack.append(t.item)
+
+
+def _near_zero(lo: int, hi: int, avoid: set[Any], make: Callable[[int], Any],
+               ) -> Iterator[Any]:
+    """Values ``make(k)`` for integers k in [lo, hi], nearest 0 first, not in ``avoid``."""
+    if lo > hi:
+        return
+    start = min(max(0, lo), hi)
+    tried = 0
+    for step in range(0, hi - lo + 1):
+        for k in ((start + step, start - step) if step else (start,)):
+            if lo <= k <= hi:
+                value = make(k)
+                if value not in avoid:
+                    yield value
+                    return
+                tried += 1
+                if tried > len(avoid) + 2:
+                    return
+
+
+def _regions(bounds: Iterable[Any]) -> list[tuple[Any, Any]]:
+    """The elementary regions cut by ``bounds``: open intervals ``(a, b)`` (``None`` for
+    infinite) and points ``(b, b)``."""
+    out: list[tuple[Any, Any]] = []
+    previous = None
+    for b in sorted(set(bounds)):
+        out.append((previous, b))
+        out.append((b, b))
+        previous = b
+    out.append((previous, None))
+    return out
+
+
+def _decimal(k: Any) -> Decimal:
+    value = Decimal(k)
+    if value.as_tuple().exponent >= 0:  # type: ignore[operator]
+        value = value.quantize(Decimal("0.0"))
+    return value
+
+
+class _Atoms:
+    """The partition of step 2 for two descriptors."""
+
+    def __init__(self, predicates: set[Term], schemas: list[Schema | None],
+                 limits: CompatLimits) -> None:
+        points: dict[type, set[Any]] = {t: set() for t in (Symbol, Keyword, str, int, Decimal,
+                                                           URI)}
+        int_bounds: set[Any] = set()
+        dec_bounds: set[Any] = set()
+        str_lengths: set[int] = set()
+        sym_lengths: set[int] = set()
+        schemes: set[str] = set()
+        marked = False
+        for pred in predicates:
+            if pred[0] == "lit":
+                points[type(pred[1])].add(pred[1])
+        for schema in schemas:
+            for t in _schema_types(schema):
+                if isinstance(t, AtomType):
+                    if t.kind in ("integer", "number"):
+                        int_bounds.update(b for b in (t.low, t.high) if b is not None)
+                    if t.kind in ("decimal", "number"):
+                        dec_bounds.update(b for b in (t.low, t.high) if b is not None)
+                    lengths = {b for b in (t.min_length, t.max_length) if b is not None}
+                    if t.kind == "string":
+                        str_lengths.update(lengths)
+                    elif t.kind == "symbol":
+                        sym_lengths.update(lengths)
+                    if t.kind == "boolean":
+                        points[Symbol].update((Symbol("true"), Symbol("false")))
+                    if t.scheme is not None:
+                        schemes.add(t.scheme)
+                elif isinstance(t, OneOf):
+                    for v in t.values:
+                        if type(v) in points:
+                            points[type(v)].add(Decimal(v) if type(v) is Decimal else v)
+                elif isinstance(t, Keys):
+                    points[Keyword].update(k for k in t.fields if type(k) is Keyword)
+                    marked = marked or t.other is not None
+                elif isinstance(t, Record):
+                    points[Symbol].update(h for h in t.heads if type(h) is Symbol)
+        self.points = points
+        classes: list[_Class] = []
+        for kind, values in points.items():
+            for v in sorted(values, key=lambda v: (str(type(v)), str(v))):
+                if kind is int and not INT64_MIN <= v <= INT64_MAX:
+                    continue
+                classes.append(_Class(kind, v, True))
+        # integers, cut by the bounds, inside the 64-bit range
+        for a, b in _regions(int_bounds):
+            if a is not None and a == b:
+                if a == math.floor(a) and INT64_MIN <= a <= INT64_MAX:
+                    lo = hi = int(a)
+                else:
+                    continue
+            else:
+                lo = INT64_MIN if a is None else max(INT64_MIN, math.floor(a) + 1)
+                hi = INT64_MAX if b is None else min(INT64_MAX, math.ceil(b) - 1)
+            for value in _near_zero(lo, hi, points[int], int):
+                classes.append(_Class(int, value, False))
+        for a, b in _regions(dec_bounds):
+            value = self._decimal_in(a, b, points[Decimal])
+            if value is not None:
+                classes.append(_Class(Decimal, value, False))
+            elif a is None or a != b:  # an open interval of decimals is never empty
+                raise _Unknown(f"no representative decimal between {a} and {b}")
+        for kind, lengths, low_length in ((str, str_lengths, 0), (Symbol, sym_lengths, 1)):
+            for a, b in _regions(lengths):
+                if a is not None and a == b:
+                    lo = hi = int(a)
+                else:
+                    lo = 0 if a is None else int(a) + 1
+                    hi = (1 << 62) if b is None else int(b) - 1
+                lo = max(lo, low_length)
+                if lo > hi:
+                    continue
+                if lo > limits.max_atom_chars:
+                    raise _Unknown(f"a schema needs a {kind.__name__.lower()} of at least "
+                                   f"{lo} characters (more than max_atom_chars, "
+                                   f"{limits.max_atom_chars})")
+                value = self._text_of(kind, lo, min(hi, lo + 1), points[kind])
+                if value is not None:
+                    classes.append(_Class(kind, value, False))
+                elif not (lo == hi == 0 and kind is str):  # (only "" itself, a point)
+                    raise _Unknown(f"no representative {kind.__name__.lower()} of "
+                                   f"{lo} to {hi} characters outside the named values")
+        classes.append(_Class(Keyword, self.fresh_keyword("k", 0), False, 1))
+        if marked:
+            classes.append(_Class(Keyword, self.fresh_keyword("m", 0), False, 2))
+        for scheme in sorted(schemes):
+            uri = self._uri(scheme)
+            if uri is not None:
+                classes.append(_Class(URI, uri, False))
+        other = next(f"x{i}" if i else "x" for i in range(len(schemes) + 1)
+                     if (f"x{i}" if i else "x") not in schemes)
+        uri = self._uri(other)
+        assert uri is not None
+        classes.append(_Class(URI, uri, False))
+        self.classes = classes
+        self.all = frozenset(range(len(classes)))
+        self.keyword_classes = frozenset(i for i, c in enumerate(classes) if c.kind is Keyword)
+
+    def _decimal_in(self, a: Any, b: Any, avoid: set[Any]) -> Decimal | None:
+        if a is not None and a == b:
+            value = _decimal(a)
+            return None if value in avoid else value
+        candidates: list[Decimal] = []
+        if a is None and b is None:
+            candidates = [_decimal(k) for k in range(0, len(avoid) + 2)]
+        elif a is None:
+            top = math.ceil(b) - 1
+            candidates = [_decimal(top - k) for k in range(len(avoid) + 2)]
+        elif b is None:
+            bottom = math.floor(a) + 1
+            candidates = [_decimal(bottom + k) for k in range(len(avoid) + 2)]
+        else:
+            # the shortest decimals above a: multiples of 0.1, then of 0.01, ...
+            da = Decimal(a)
+            for places in range(1, 30):
+                unit = Decimal(1).scaleb(-places)
+                first = (da / unit).to_integral_value(rounding=ROUND_FLOOR) + 1
+                for k in range(len(avoid) + 2):
+                    value = ((first + k) * unit).quantize(unit)
+                    if value < b:
+                        candidates.append(value)
+                if len(candidates) > len(avoid):
+                    break
+        for value in candidates:
+            if value not in avoid and (a is None or value > a) and (b is None or value < b):
+                return value
+        return None
+
+    @staticmethod
+    def _text_of(kind: type, lo: int, hi: int, avoid: set[Any]) -> Any:
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        for length in range(lo, hi + 1):
+            if length == 0:
+                if kind("") not in avoid if kind is str else False:
+                    return ""
+                continue
+            for i in range(len(avoid) + 2):
+                text = "x" * (length - 1) + letters[i % 26] if length > 0 else ""
+                if i >= 26:
+                    text = letters[(i // 26) % 26] + text[1:] if length > 1 else text
+                value = kind(text)
+                if value not in avoid:
+                    return value
+        return None
+
+    def _uri(self, scheme: str) -> URI | None:
+        for i in range(len(self.points[URI]) + 2):
+            try:
+                uri = URI(f"{scheme}://w{i}")
+            except ValueError:
+                return None
+            if uri not in self.points[URI]:
+                return uri
+        return None  # pragma: no cover
+
+    def fresh_keyword(self, stem: str, n: int) -> Keyword:
+        """The ``n``-th keyword named ``stem<k>`` that no descriptor names."""
+        k = 0
+        found = -1
+        while True:
+            kw = Keyword(f"{stem}{k}")
+            k += 1
+            if kw not in self.points[Keyword]:
+                found += 1
+                if found == n:
+                    return kw
+
+    def grammar_classes(self, pred: Term) -> frozenset[int]:
+        kind, what = pred
+        out = set()
+        for i, c in enumerate(self.classes):
+            if kind == "lit":
+                if c.point and type(c.rep) is type(what) and c.rep == what:
+                    out.add(i)
+            elif what == NUMBER:
+                if c.kind in (int, Decimal):
+                    out.add(i)
+            elif c.kind is _KIND_TYPES[what]:
+                out.add(i)
+        return frozenset(out)
+
+    def schema_classes(self, t: AtomType | OneOf) -> frozenset[int]:
+        out = set()
+        for i, c in enumerate(self.classes):
+            if isinstance(t, OneOf):
+                if c.point and _one_of(t, c.rep):
+                    out.add(i)
+            elif _atom_problem(t, c.rep) is None:
+                out.add(i)
+        return frozenset(out)
+
+
+_KIND_TYPES: dict[str, type] = {"SYMBOL": Symbol, "KEYWORD": Keyword, "STRING": str,
+                                "INTEGER": int, "DECIMAL": Decimal, "URI": URI}
+
+
+# --------------------------------------------------------------------------- grammar NFAs
+
+_ANY_LABEL = -1  # a move on any value (atom or tree)
+
+
+class _Builder:
+    """Thompson NFAs for the tree types and start rules of both grammars (step 3)."""
+
+    def __init__(self, atoms: _Atoms, limits: CompatLimits) -> None:
+        self.atoms = atoms
+        self.limit = limits.max_nfa_states
+        self.eps: list[list[int]] = []
+        #: per state: (classes or None for a tree move, tree type or _ANY_LABEL, target)
+        self.moves: list[list[tuple[frozenset[int] | None, int, int]]] = []
+        self.tree_ids: dict[int, int] = {}  # id(_TreeNode) -> tree type
+        self.tree_nodes: list[_TreeNode] = []
+        self.tree_bounds: list[tuple[int, int]] = []
+        self.uses_value = False
+        self._classes: dict[Term, frozenset[int]] = {}
+
+    def new(self) -> int:
+        if len(self.eps) >= self.limit:
+            raise _Unknown(f"the grammars need more than {self.limit} NFA states "
+                           f"(max_nfa_states)")
+        self.eps.append([])
+        self.moves.append([])
+        return len(self.eps) - 1
+
+    def tree_type(self, node: _TreeNode, terms: _Terms, pending: list[int]) -> int:
+        key = id(node)
+        found = self.tree_ids.get(key)
+        if found is None:
+            found = len(self.tree_nodes)
+            self.tree_ids[key] = found
+            self.tree_nodes.append(node)
+            self.tree_bounds.append((-1, -1))
+            pending.append(found)
+        return found
+
+    def build_side(self, terms: _Terms, analysis: _Horizontal, starts: Iterable[str],
+                   ) -> tuple[dict[str, tuple[int, int]], list[int]]:
+        """Build the start rules' hedge NFAs and every tree type they reach; returns the
+        start fragments and the tree types made."""
+        pending: list[int] = []
+        made: list[int] = []
+        roots: dict[str, tuple[int, int]] = {}
+        for start in starts:
+            s, e = self.new(), self.new()
+            self.fragment(("ref", start), s, e, terms, analysis, pending)
+            roots[start] = (s, e)
+        while pending:
+            tid = pending.pop()
+            made.append(tid)
+            s, e = self.new(), self.new()
+            self.tree_bounds[tid] = (s, e)
+            self.fragment(self.tree_nodes[tid].content, s, e, terms, analysis, pending)
+        return roots, made
+
+    def fragment(self, term: Term, start: int, end: int, terms: _Terms,
+                 analysis: _Horizontal, pending: list[int]) -> None:
+        # An explicit work list: (term, start, end, instances of the rule components that
+        # are being inlined).
+        work: list[tuple[Term, int, int, dict[int, Any]]] = [(term, start, end, {})]
+        while work:
+            t, s, e, ctx = work.pop()
+            kind = t[0]
+            if kind == "eps":
+                self.eps[s].append(e)
+            elif kind == "atom":
+                classes = self._classes.get(t[1])
+                if classes is None:
+                    classes = self._classes[t[1]] = self.atoms.grammar_classes(t[1])
+                self.moves[s].append((classes, 0, e))
+            elif kind == "any":
+                self.uses_value = True
+                self.moves[s].append((self.atoms.all, _ANY_LABEL, e))
+            elif kind == "tree":
+                self.moves[s].append((None, self.tree_type(t[1], terms, pending), e))
+            elif kind == "seq":
+                items = t[1]
+                if not items:
+                    self.eps[s].append(e)
+                    continue
+                states = [s] + [self.new() for _ in items[1:]] + [e]
+                for k, item in enumerate(items):
+                    work.append((item, states[k], states[k + 1], ctx))
+            elif kind == "alt":
+                for branch in t[1]:
+                    work.append((branch, s, e, ctx))
+            elif kind == "rep":
+                inner, op = t[1], t[2]
+                if op == "?":
+                    self.eps[s].append(e)
+                    work.append((inner, s, e, ctx))
+                elif op == "*":
+                    q = self.new()
+                    self.eps[s].append(q)
+                    self.eps[q].append(e)
+                    work.append((inner, q, q, ctx))
+                else:
+                    q, r = self.new(), self.new()
+                    self.eps[s].append(q)
+                    self.eps[r].append(q)
+                    self.eps[r].append(e)
+                    work.append((inner, q, r, ctx))
+            elif kind == "kset":
+                self.keyword_set(t[1], s, e, ctx, work)
+            else:  # ref
+                self.reference(t[1], s, e, ctx, terms, analysis, work)
+
+    def keyword_set(self, members: tuple[Any, ...], s: int, e: int, ctx: dict[int, Any],
+                    work: list[Any]) -> None:
+        n = len(members)
+        required = sum(1 << i for i, m in enumerate(members) if not m[2])
+        hubs = [self.new() for _ in range(1 << n)]
+        self.eps[s].append(hubs[0])
+        for subset in range(1 << n):
+            if subset & required == required:
+                self.eps[hubs[subset]].append(e)
+            for i, (pred, item, _) in enumerate(members):
+                if subset >> i & 1:
+                    continue
+                a = self.new()
+                classes = self.atoms.grammar_classes(pred)
+                self.moves[hubs[subset]].append((classes, 0, a))
+                work.append((item, a, hubs[subset | 1 << i], ctx))
+
+    def reference(self, name: str, s: int, e: int, ctx: dict[int, Any], terms: _Terms,
+                  analysis: _Horizontal, work: list[Any]) -> None:
+        component = analysis.component[name]
+        shape = analysis.shape[component]
+        if shape == "plain":
+            work.append((terms.rules[name], s, e, ctx))
+            return
+        instance = ctx.get(component)
+        if shape == "right":
+            if instance is None:  # entered from outside: all members end at e
+                instance = {"exit": e, "entries": {}}
+                ctx = {**ctx, component: instance}
+            entries = instance["entries"]
+            entry = entries.get(name)
+            if entry is None:
+                entry = entries[name] = self.new()
+                work.append((terms.rules[name], entry, instance["exit"], ctx))
+            self.eps[s].append(entry)
+        else:  # left-linear: all members start at the entry
+            if instance is None:
+                instance = {"entry": s, "exits": {}}
+                ctx = {**ctx, component: instance}
+            exits = instance["exits"]
+            out = exits.get(name)
+            if out is None:
+                out = exits[name] = self.new()
+                work.append((terms.rules[name], instance["entry"], out, ctx))
+            self.eps[out].append(e)
+
+
+class _Horizontal:
+    """How rules refer to one another in sequence position: their components and the
+    shape of each (``plain``: not recursive; ``right``/``left``: linear)."""
+
+    def __init__(self, terms: _Terms) -> None:
+        graph = {name: _horizontal_refs(term) for name, term in terms.rules.items()}
+        self.component: dict[str, int] = {}
+        self.shape: list[str] = []
+        for k, members in enumerate(_sccs(graph)):
+            for name in members:
+                self.component[name] = k
+            group = frozenset(members)
+            recursive = len(members) > 1 or members[0] in graph[members[0]]
+            if not recursive:
+                self.shape.append("plain")
+            elif all(_linear(terms.rules[m], group, True) for m in members):
+                self.shape.append("right")
+            elif all(_linear(terms.rules[m], group, False) for m in members):
+                self.shape.append("left")
+            else:
+                names = ", ".join(sorted(members)[:4])
+                raise _Unknown(f"rule{'s' if len(members) > 1 else ''} {names} refer to "
+                               f"themselves in sequence position in a way that may nest "
+                               f"(not right- or left-linear outside parentheses), so the "
+                               f"body language may not be a regular tree language")
+
+
+# --------------------------------------------------------------------------- schema automata
+
+_KEY = -1  # a keyword list's state that expects a key
+
+
+@dataclass(slots=True)
+class _Spec:
+    classes: frozenset[int]
+    tree: int | None  # a schema tree type
+    any: bool
+
+
+class _SchemaSide:
+    """The schema of one side as deterministic automata (step 3)."""
+
+    def __init__(self, schema: Schema | None, atoms: _Atoms, first_tid: int) -> None:
+        self.atoms = atoms
+        self.first = first_tid
+        self.types: list[tuple[Any, ...]] = []  # ("list", ListOf) ("keys", Keys, heads)
+        self.ids: dict[int, int] = {}
+        self.specs: dict[int, _Spec] = {}
+        self.roots: list[tuple[int, int]] = []  # (prefix tid, record tid), in order
+        self.schema = schema
+        if schema is None:
+            return
+        for record in schema.records:
+            prefix = self._add(("prefix", record.heads))
+            self.roots.append((prefix, self.tid(record)))
+
+    def _add(self, entry: tuple[Any, ...]) -> int:
+        self.types.append(entry)
+        return self.first + len(self.types) - 1
+
+    def tid(self, t: SchemaType) -> int:
+        found = self.ids.get(id(t))
+        if found is None:
+            if isinstance(t, ListOf):
+                found = self._add(("list", t, self.spec(t.item)))
+            elif isinstance(t, Record):
+                found = self._add(("keys", t.keys, t.heads))
+            else:
+                assert isinstance(t, Keys)
+                found = self._add(("keys", t, ()))
+            self.ids[id(t)] = found
+            entry = self.types[found - self.first]
+            if entry[0] == "keys":
+                keys: Keys = entry[1]
+                fields = list(keys.fields)
+                specs = [self.spec(keys.fields[k]) for k in fields]
+                other = None if keys.other is None else self.spec(keys.other)
+                bits = {k: 1 << i for i, k in enumerate(fields)}
+                required = 0
+                for k in keys.required:
+                    required |= bits.get(k, 0)
+                self.types[found - self.first] = (
+                    "keys", keys, tuple(entry[2]),
+                    {k: (bits[k], i) for i, k in enumerate(fields)}, specs, other, required)
+        return found
+
+    def spec(self, t: SchemaType) -> _Spec:
+        key = id(t)
+        found = self.specs.get(key)
+        if found is not None:
+            return found
+        if isinstance(t, AtomType) and t.kind == "any":
+            found = _Spec(self.atoms.all, None, True)
+        elif isinstance(t, (AtomType, OneOf)):
+            found = _Spec(self.atoms.schema_classes(t), None, False)
+        else:
+            found = _Spec(frozenset(), None, False)
+            self.specs[key] = found
+            found.tree = self.tid(t)
+        self.specs[key] = found
+        return found
+
+    def initial(self) -> Iterator[tuple[int, Any]]:
+        for k, entry in enumerate(self.types):
+            yield self.first + k, (0 if entry[0] != "keys" else (0, _KEY, 0, 0, frozenset()))
+
+    @staticmethod
+    def matches(spec: _Spec, letter: int | frozenset[int], is_atom: bool) -> bool:
+        if is_atom:
+            return letter in spec.classes
+        return spec.any or spec.tree in letter  # type: ignore[operator]
+
+    def step(self, tid: int, state: Any, letter: Any, is_atom: bool) -> Any:
+        entry = self.types[tid - self.first]
+        kind = entry[0]
+        classes = self.atoms.classes
+        if kind == "prefix":
+            heads = entry[1]
+            if state == len(heads):
+                return state
+            if is_atom:
+                c = classes[letter]
+                if c.point and type(c.rep) is Symbol and c.rep == heads[state]:
+                    return state + 1
+            return None
+        if kind == "list":
+            t: ListOf = entry[1]
+            if not self.matches(entry[2], letter, is_atom):
+                return None
+            count = state + 1
+            if t.max_length is not None:
+                return count if count <= t.max_length else None
+            return min(count, t.min_length or 0)
+        # keys (after heads)
+        _, _, heads, table, specs, other, _ = entry
+        position, phase, bits, marked, others = state
+        if position < len(heads):
+            if is_atom:
+                c = classes[letter]
+                if c.point and type(c.rep) is Symbol and c.rep == heads[position]:
+                    return (position + 1, phase, bits, marked, others)
+            return None
+        if phase == _KEY:
+            if not is_atom:
+                return None
+            c = classes[letter]
+            if c.kind is not Keyword:
+                return None
+            if c.point and c.rep in table:
+                bit, index = table[c.rep]
+                if bits & bit:
+                    return None
+                return (position, index, bits | bit, marked, others)
+            if other is None:
+                return None
+            if c.point:
+                if c.rep in others:
+                    return None
+                others = others | {c.rep}
+            elif c.fresh == 2:
+                if marked:
+                    return None
+                marked = 1
+            return (position, len(specs), bits, marked, others)
+        spec = other if phase == len(specs) else specs[phase]
+        if not self.matches(spec, letter, is_atom):
+            return None
+        return (position, _KEY, bits, marked, others)
+
+    def accepting(self, tid: int, state: Any) -> bool:
+        entry = self.types[tid - self.first]
+        kind = entry[0]
+        if kind == "prefix":
+            return bool(state == len(entry[1]))
+        if kind == "list":
+            t: ListOf = entry[1]
+            return (t.min_length is None or state >= t.min_length)
+        position, phase, bits, _, _ = state
+        required = entry[6]
+        return bool(position == len(entry[2]) and phase == _KEY and bits & required == required)
+
+    def root_accepts(self, letter: Any, is_atom: bool) -> bool:
+        if is_atom or self.schema is None:
+            return True
+        for prefix, record in self.roots:
+            if prefix in letter:
+                return bool(record in letter)
+        return True
+
+
+# --------------------------------------------------------------------------- determinisation
+
+
+@dataclass(slots=True)
+class _Side:
+    descriptor: ProtocolDescriptor
+    source: GrammarSource
+    schema: Schema | None
+    terms: _Terms | None = None
+    roots: dict[str, tuple[int, int]] = field(default_factory=dict)
+    trees: list[int] = field(default_factory=list)
+    schema_side: _SchemaSide | None = None
+
+
+class _Product:
+    """Step 4: the reachable product states and signatures."""
+
+    def __init__(self, builder: _Builder, schemas: list[_SchemaSide], driving: set[int],
+                 prune: bool, limits: CompatLimits) -> None:
+        self.b = builder
+        self.schemas = schemas
+        self.limits = limits
+        self.atoms = builder.atoms
+        self.closures: dict[int, frozenset[int]] = {}
+        self.end_of: dict[int, int] = {e: tid for tid, (_, e) in enumerate(builder.tree_bounds)}
+        self.driving = driving
+        self.prune = prune
+        self.owner: dict[int, _SchemaSide] = {}
+        for side in schemas:
+            for k in range(len(side.types)):
+                self.owner[side.first + k] = side
+        self.owner_step = {tid: side.step for tid, side in self.owner.items()}
+        self.states: dict[Any, int] = {}
+        self.state_list: list[Any] = []
+        self.parent: list[tuple[int, Any] | None] = []
+        self.sigs: dict[frozenset[int], int] = {}
+        self.sig_list: list[frozenset[int]] = []
+        self.sig_origin: list[int] = []
+        self.sig_of: list[int] = []  # product state -> its signature
+        self.edges: list[tuple[int, Any, bool, int]] = []
+        #: tree type -> product states whose covered side moves on it / signatures holding it
+        self.waiting: dict[int, list[int]] = {}
+        self.holding: dict[int, list[int]] = {}
+        self.size: list[int] = []
+        self.steps = 0
+
+    def closure(self, states: Iterable[int]) -> frozenset[int]:
+        out: set[int] = set()
+        for s in states:
+            found = self.closures.get(s)
+            if found is None:
+                seen = {s}
+                stack = [s]
+                while stack:
+                    for t in self.b.eps[stack.pop()]:
+                        if t not in seen:
+                            seen.add(t)
+                            stack.append(t)
+                found = self.closures[s] = frozenset(seen)
+            out |= found
+        return frozenset(out)
+
+    def move(self, gstates: frozenset[int], letter: Any, is_atom: bool) -> frozenset[int]:
+        out: list[int] = []
+        moves = self.b.moves
+        for s in gstates:
+            for classes, tree, target in moves[s]:
+                if classes is not None:
+                    if tree == _ANY_LABEL or (is_atom and letter in classes):
+                        out.append(target)
+                elif not is_atom and tree in letter:
+                    out.append(target)
+        return self.closure(out) if out else frozenset()
+
+    def step(self, hstate: Any, letter: Any, is_atom: bool) -> Any:
+        gstates, sstates = hstate
+        g = self.move(gstates, letter, is_atom)
+        if self.prune and g.isdisjoint(self.driving):
+            return None
+        s = []
+        steps = self.owner_step
+        for tid, local in sstates:
+            nxt = steps[tid](tid, local, letter, is_atom)
+            if nxt is not None:
+                s.append((tid, nxt))
+        return (g, frozenset(s))
+
+    def signature(self, hstate: Any) -> frozenset[int]:
+        gstates, sstates = hstate
+        sig = {self.end_of[s] for s in gstates if s in self.end_of}
+        sig.update(tid for tid, local in sstates if self.owner[tid].accepting(tid, local))
+        return frozenset(sig)
+
+    def run(self) -> None:
+        starts = [s for s, _ in self.b.tree_bounds]
+        sstates = frozenset((tid, local) for side in self.schemas for tid, local in
+                            side.initial())
+        initial = (self.closure(starts), sstates)
+        atom_letters = list(range(len(self.atoms.classes)))
+        queue: list[tuple[int, Any, bool]] = []
+        self._add(initial, None, queue, atom_letters)
+        limits = self.limits
+        while queue:
+            h, letter, is_atom = queue.pop()
+            self.steps += 1
+            if self.steps > limits.max_steps:
+                raise _Unknown(f"the comparison needs more than {limits.max_steps} product "
+                               f"transitions (max_steps)")
+            target = self.step(self.state_list[h], letter if is_atom else self.sig_list[letter],
+                               is_atom)
+            if target is None:
+                continue
+            t = self.states.get(target)
+            if t is None:
+                t = self._add(target, (h, (letter, is_atom)), queue, atom_letters)
+            self.edges.append((h, letter, is_atom, t))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Smallest witnesses: Knuth's generalisation of Dijkstra's algorithm over the
+        recorded transitions (a product state costs the nodes of the children that reach
+        it; a signature costs one more than its cheapest product state)."""
+        infinite = float("inf")
+        # A cost is (nodes << 32) + characters: fewest nodes first, then the shortest text.
+        unit = 1 << 32
+        atom_cost = [unit + min(len(canonical_value(c.rep)), 1000) for c in self.atoms.classes]
+        cost: list[float] = [infinite] * len(self.state_list)
+        size: list[float] = [infinite] * len(self.sig_list)
+        done_h = [False] * len(self.state_list)
+        done_s = [False] * len(self.sig_list)
+        out: dict[int, list[tuple[Any, bool, int]]] = {}
+        uses: dict[int, list[tuple[int, int]]] = {}
+        for h, letter, is_atom, t in self.edges:
+            out.setdefault(h, []).append((letter, is_atom, t))
+            if not is_atom:
+                uses.setdefault(letter, []).append((h, t))
+        heap: list[tuple[float, int, int]] = [(0, 0, 0)]
+        cost[0] = 0
+        parent = self.parent
+
+        def relax(t: int, c: float, via: tuple[int, Any]) -> None:
+            if c < cost[t]:
+                cost[t] = c
+                parent[t] = via
+                heapq.heappush(heap, (c, 0, t))
+
+        while heap:
+            c, kind, x = heapq.heappop(heap)
+            if kind == 0:
+                if done_h[x]:
+                    continue
+                done_h[x] = True
+                k = self.sig_of[x]
+                if c + unit + 2 < size[k]:
+                    size[k] = c + unit + 2
+                    self.sig_origin[k] = x
+                    heapq.heappush(heap, (c + unit + 2, 1, k))
+                for letter, is_atom, t in out.get(x, ()):
+                    if is_atom:
+                        relax(t, c + atom_cost[letter], (x, (letter, True)))
+                    elif done_s[letter]:
+                        relax(t, c + size[letter], (x, (letter, False)))
+            else:
+                if done_s[x]:
+                    continue
+                done_s[x] = True
+                for h, t in uses.get(x, ()):
+                    if done_h[h]:
+                        relax(t, cost[h] + size[x], (h, (x, False)))
+        self.size = [int(v) for v in size]
+
+    def _add(self, hstate: Any, parent: tuple[int, Any] | None,
+             queue: list[tuple[int, Any, bool]], atom_letters: list[int]) -> int:
+        limits = self.limits
+        if len(self.state_list) >= limits.max_states:
+            raise _Unknown(f"the comparison needs more than {limits.max_states} product "
+                           f"states (max_states)")
+        h = len(self.state_list)
+        self.states[hstate] = h
+        self.state_list.append(hstate)
+        self.parent.append(parent)
+        if self.prune:
+            # Only letters that some state of the covered side moves on can lead anywhere
+            # (every other target is pruned): its atom classes, and the signatures holding
+            # one of its tree types (now, and as they are found).
+            classes: set[int] = set()
+            trees: set[int] = set()
+            moves = self.b.moves
+            for state in hstate[0] & self.driving:
+                for on, tree, _ in moves[state]:
+                    if on is not None:
+                        classes |= on
+                    else:
+                        trees.add(tree)
+            queue.extend((h, c, True) for c in sorted(classes))
+            for tree in trees:
+                self.waiting.setdefault(tree, []).append(h)
+            wanted = {k for tree in trees for k in self.holding.get(tree, ())}
+            queue.extend((h, k, False) for k in sorted(wanted))
+        else:
+            queue.extend((h, c, True) for c in atom_letters)
+            queue.extend((h, k, False) for k in range(len(self.sig_list)))
+        sig = self.signature(hstate)
+        if sig not in self.sigs:
+            if len(self.sig_list) >= limits.max_states:
+                raise _Unknown(f"the comparison needs more than {limits.max_states} "
+                               f"signatures (max_states)")
+            k = len(self.sig_list)
+            self.sigs[sig] = k
+            self.sig_list.append(sig)
+            self.sig_origin.append(h)
+            if self.prune:
+                for tree in sig:
+                    self.holding.setdefault(tree, []).append(k)
+                waiting = {g for tree in sig for g in self.waiting.get(tree, ())}
+                queue.extend((g, k, False) for g in sorted(waiting))
+            else:
+                queue.extend((g, k, False) for g in range(len(self.state_list)))
+        self.sig_of.append(self.sigs[sig])
+        return h
+
+    # ---- witnesses
+
+    def path(self, h: int) -> list[tuple[Any, bool]]:
+        letters: list[tuple[Any, bool]] = []
+        while True:
+            parent = self.parent[h]
+            if parent is None:
+                break
+            h, letter = parent
+            letters.append(letter)
+        letters.reverse()
+        return letters
+
+    def witness(self, letter: Any, is_atom: bool) -> Value:
+        if is_atom:
+            return self._atom(letter, [0])
+        built: dict[int, Value] = {}
+        stack = [letter]
+        while stack:
+            k = stack[-1]
+            if k in built:
+                stack.pop()
+                continue
+            letters = self.path(self.sig_origin[k])
+            missing = [x for x, is_atom in letters if not is_atom and x not in built]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            fresh = [0]
+            built[k] = tuple(self._atom(x, fresh) if is_atom else built[x]
+                             for x, is_atom in letters)
+        return built[letter]
+
+    def _atom(self, k: int, fresh: list[int]) -> Value:
+        c = self.atoms.classes[k]
+        if c.fresh == 1:
+            fresh[0] += 1
+            return self.atoms.fresh_keyword("k", fresh[0])
+        return c.rep
+
+
+# --------------------------------------------------------------------------- the comparison
+
+
+def _as_descriptor(value: ProtocolDescriptor | bytes) -> ProtocolDescriptor:
+    if isinstance(value, ProtocolDescriptor):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return read_descriptor(bytes(value))
+    raise TypeError(f"expected a ProtocolDescriptor or its bytes, got {type(value).__name__}")
+
+
+def _side(descriptor: ProtocolDescriptor, grammar_limits: GrammarLimits | None) -> _Side:
+    source = read_grammar(descriptor.grammar, limits=grammar_limits,
+                          starts=descriptor.start_rules)
+    schema = None if descriptor.schema is None else compile_schema(descriptor.schema)
+    return _Side(descriptor, source, schema)
+
+
+class _Checker:
+    """The real recognisers of one side, compiled on first use (for re-checks) by
+    ``compile`` (default: :func:`~cbcl.grammar._compile.compile_grammar`, in this process)."""
+
+    def __init__(self, descriptor: ProtocolDescriptor, compile: Compile | None = None,
+                 grammar_limits: GrammarLimits | None = None) -> None:
+        self.descriptor = descriptor
+        self.protocol: Any = None
+        self.compile = compile
+        self.grammar_limits = grammar_limits
+        self._compiled: CompiledGrammar | None = None
+
+    def compiled(self) -> CompiledGrammar:
+        if self._compiled is None:
+            if self.compile is not None:
+                compiled = self.compile(self.descriptor)
+                if not isinstance(compiled, CompiledGrammar):
+                    raise TypeError("compile must return a CompiledGrammar")
+            else:
+
+                compiled = compile_grammar(self.descriptor.grammar, self.grammar_limits,
+                                           starts=self.descriptor.start_rules)
+            self._compiled = compiled
+        return self._compiled
+
+    def lr_verdict(self, source: GrammarSource) -> str:
+        """The grammar's LR verdict: the compiled grammar's with ``compile``, else the
+        analysis alone (cheaper than compiling, in this process)."""
+        if self.compile is not None:
+            return self.compiled().verdict
+        try:
+            return analyse(to_cfg(source)).verdict
+        except GrammarError as exc:  # over an analysis budget
+            return f"not analysed ({exc.message})"
+
+    def accepts(self, intent: Intent, body: Value) -> bool:
+
+        if self.protocol is None:
+            compiled = self.compiled()
+            if compiled.tables is None:
+                raise _Unknown(f"the grammar of {self.descriptor.id} version "
+                               f"{self.descriptor.version} is {compiled.verdict}, not "
+                               f"LALR(1): its bodies cannot be re-checked")
+            self.protocol = Protocol.from_compiled(self.descriptor, compiled)
+        if intent not in self.descriptor.intents:
+            return False
+        message = Message(message_id="diff", sender=URI("agent://diff/a"),
+                          receiver=URI("agent://diff/b"), intent=intent,
+                          protocol=self.descriptor.id, body=body)
+        try:
+            return check_intent_and_body(self.protocol, message) is True
+        except CBCLError:
+            return False
+
+
+def _readable(body: Value) -> Value | None:
+    """``body`` as the real reader reads its canonical text (None if it cannot)."""
+    try:
+        return read(canonical_value(body).encode("utf-8"), limits=DEFAULT_LIMITS)
+    except (CBCLError, TypeError, ValueError):
+        return None
+
+
+def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | bytes, *,
+                     mode: str = BACKWARD, limits: CompatLimits | None = None,
+                     compile: Compile | None = None,
+                     grammar_limits: GrammarLimits | None = None) -> CompatReport:
+    """Compare two descriptors (read, or their exact bytes) for ``mode``: ``backward``
+    (NEW accepts every body OLD accepts, intent by intent), ``forward`` (the reverse) or
+    ``full`` (both).
+
+    ``compile``: how a descriptor's grammar is compiled for the recognisers that re-check
+    witnesses (called at most once per side, with the descriptor; it returns a
+    :class:`~cbcl.grammar._compile.CompiledGrammar` or raises). By default both grammars are
+    compiled in this process, when a re-check needs them — right for the caller's own
+    files (``cbcl descriptor diff``). A registry passes its guarded, cached compile
+    (:meth:`Registry.compiled`): then both grammars are compiled through it *before*
+    anything else reads them, their LR verdicts are the compiled ones, and no grammar is
+    analysed in this process unless ``compile`` has accepted it. ``grammar_limits`` bound
+    the grammars as they are read (default :class:`GrammarLimits`).
+
+    Returns a :class:`CompatReport`: ``compatible`` only with a proof, ``breaking`` with a
+    re-checked witness per failing intent, or ``unknown`` with the reasons and the bounded
+    search made. Raises :class:`DescriptorError` or :class:`GrammarError` for a descriptor
+    or grammar that cannot be read, whatever ``compile`` raises, ``ValueError`` for an
+    unknown mode and ``TypeError`` for arguments of the wrong type.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    limits = CompatLimits() if limits is None else limits
+    if not isinstance(limits, CompatLimits):
+        raise TypeError(f"limits must be CompatLimits, got {type(limits).__name__}")
+    if compile is not None and not callable(compile):
+        raise TypeError("compile must be a function of a ProtocolDescriptor")
+    if grammar_limits is not None and not isinstance(grammar_limits, GrammarLimits):
+        raise TypeError(f"grammar_limits must be GrammarLimits, got "
+                        f"{type(grammar_limits).__name__}")
+    old_d, new_d = _as_descriptor(old), _as_descriptor(new)
+    checkers = [_Checker(old_d, compile, grammar_limits),
+                _Checker(new_d, compile, grammar_limits)]
+    if compile is not None:
+        for checker in checkers:  # the guarded compile sees each grammar first
+            checker.compiled()
+    sides = [_side(old_d, grammar_limits), _side(new_d, grammar_limits)]
+    changes = tuple(_changes(sides[0], sides[1]))
+    directions = [(0, 1)] if mode == BACKWARD else [(1, 0)] if mode == FORWARD \
+        else [(0, 1), (1, 0)]
+    try:
+        witnesses, explored = _decide(sides, directions, checkers, limits)
+    except _Unknown as exc:
+        reason = str(exc)
+        try:
+            found, search = _search(sides, directions, checkers, limits)
+        except _Unknown as inner:
+            found, search = [], f"not made: {inner}"
+        if found:
+            return CompatReport(BREAKING, mode, changes, tuple(found), (), None)
+        return CompatReport(UNKNOWN, mode, changes, (), (reason,), search)
+    if not witnesses:
+        for side, checker in zip(sides, checkers, strict=True):
+            # The model of §4.3 (no literal/terminal overlap) must hold.
+            lr_verdict = checker.lr_verdict(side.source)
+            if lr_verdict != LALR1:
+                d = side.descriptor
+                return CompatReport(UNKNOWN, mode, changes, (), (
+                    f"the grammar of {d.id} version {d.version} is {lr_verdict}, not "
+                    f"LALR(1): it cannot be loaded, and its bodies are not what the "
+                    f"analysis assumed",), "not made", explored)
+    verdict = BREAKING if witnesses else COMPATIBLE
+    return CompatReport(verdict, mode, changes, tuple(witnesses), (), None, explored)
+
+
+def _decide(sides: list[_Side], directions: list[tuple[int, int]], checkers: list[_Checker],
+            limits: CompatLimits) -> tuple[list[Witness], tuple[int, int]]:
+    for side in sides:
+        side.terms = _Terms(side.source, limits.max_members)
+    predicates: set[Term] = set()
+    for side in sides:
+        assert side.terms is not None
+        for term in side.terms.rules.values():
+            for t in _walk_terms(term, into_trees=True):
+                if t[0] == "atom":
+                    predicates.add(t[1])
+                elif t[0] == "kset":
+                    predicates.update(member[0] for member in t[1])
+    atoms = _Atoms(predicates, [side.schema for side in sides], limits)
+    builder = _Builder(atoms, limits)
+    driving_sides = {a for a, _ in directions}
+    driving: set[int] = set()
+    prune = True
+    for k, side in enumerate(sides):
+        assert side.terms is not None
+        analysis = _Horizontal(side.terms)
+        before = len(builder.eps)
+        builder.uses_value = False
+        side.roots, side.trees = builder.build_side(side.terms, analysis,
+                                                    side.descriptor.start_rules)
+        if k in driving_sides:
+            driving.update(range(before, len(builder.eps)))
+            # Under a `value` of the covered side any tree may stand: explore them all.
+            prune = prune and not builder.uses_value
+    first = len(builder.tree_bounds)
+    schema_sides: list[_SchemaSide] = []
+    for side in sides:
+        schema_side = _SchemaSide(side.schema, atoms, first)
+        first += len(schema_side.types)
+        side.schema_side = schema_side
+        schema_sides.append(schema_side)
+    product = _Product(builder, schema_sides, driving, prune, limits)
+    product.run()
+    sizes = product.size
+
+    letters: list[tuple[Any, bool]] = [(c, True) for c in range(len(atoms.classes))]
+    letters += [(k, False) for k in range(len(product.sig_list))]
+
+    def accepts(side: _Side, intent: Intent, letter: Any, is_atom: bool) -> bool:
+        rule = side.descriptor.starts.get(intent)
+        if rule is None:
+            return False
+        s, e = side.roots[rule]
+        value = letter if is_atom else product.sig_list[letter]
+        after = product.move(product.closure((s,)), value, is_atom)
+        if e not in after:
+            return False
+        assert side.schema_side is not None
+        return side.schema_side.root_accepts(value, is_atom)
+
+    witnesses: list[Witness] = []
+    for a, b in directions:
+        covered, cover = sides[a], sides[b]
+        for intent in covered.descriptor.intents:
+            best: tuple[int, Any, bool] | None = None
+            for letter, is_atom in letters:
+                if accepts(covered, intent, letter, is_atom) and not accepts(
+                        cover, intent, letter, is_atom):
+                    size = (1 << 32) + len(canonical_value(atoms.classes[letter].rep)) \
+                        if is_atom else sizes[letter]
+                    if best is None or size < best[0]:
+                        best = (size, letter, is_atom)
+            if best is None:
+                continue
+            size, letter, is_atom = best
+            size >>= 32
+            if size > limits.max_witness_nodes:
+                raise _Unknown(f"the smallest witness for {intent.value} has {size} nodes "
+                               f"(more than max_witness_nodes, {limits.max_witness_nodes})")
+            body = product.witness(letter, is_atom)
+            witness = _confirm(intent, body, a, b, checkers)
+            if witness is None:
+                raise _Unknown(f"the witness found for {intent.value}, "
+                               f"{_clip(canonical_value(body))}, was not confirmed by the "
+                               f"recognisers (an analysis bug; please report it)")
+            witnesses.append(witness)
+    return witnesses, (len(product.state_list), len(product.sig_list))
+
+
+def _confirm(intent: Intent, body: Value, a: int, b: int,
+             checkers: list[_Checker]) -> Witness | None:
+    read_back = _readable(body)
+    if read_back is None:
+        return None
+    if checkers[a].accepts(intent, read_back) and not checkers[b].accepts(intent, read_back):
+        return Witness(intent, read_back, canonical_value(read_back), "old" if a == 0 else "new")
+    return None
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- bounded search
+
+
+def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
+                    seed: int = 0, atoms: dict[str, list[Value]] | None = None,
+                    max_tokens: int = 2_000, max_total: int | None = None,
+                    ) -> Iterator[Value]:
+    """Up to ``count`` bodies derived from rule ``start`` of ``source`` by a random walk
+    (``seed``), taking the shortest way out of rules nested more than ``depth`` deep.
+    ``atoms`` gives the values tried for each base terminal. A derivation is abandoned
+    after ``max_tokens`` items, and bodies that are not one value are skipped; at most
+    ``2 * count`` derivations, and ``max_total`` items in all (default ``100 * count``),
+    are tried."""
+    rng = random.Random(seed)
+    rules = {rule.name: rule for rule in source.rules}
+    height = derivation_heights(source)
+    pool = dict(_DEFAULT_ATOMS)
+    if atoms:
+        for key, values in atoms.items():
+            if values:
+                pool[key] = pool.get(key, []) + list(values)
+
+    heights: dict[int, int] = {}
+
+    def alt_height(alt: Alternative) -> int:
+        found = heights.get(id(alt))
+        if found is None:
+            found = heights[id(alt)] = max((item_height(i, height) for i in alt.items),
+                                           default=0)
+        return found
+
+    def emit(items: Iterable[Item], level: int, out: list[Any], budget: list[int]) -> None:
+        for item in items:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _TooBig
+            if isinstance(item, Literal):
+                text = item.text
+                out.append(_Paren(text) if text in "()" else
+                           Keyword(text[1:]) if text.startswith(":") else Symbol(text))
+            elif isinstance(item, Reference):
+                if item.name == "value":
+                    out.append(rng.choice(pool["value"]))
+                elif item.name == NUMBER:
+                    out.append(rng.choice(pool["INTEGER"] + pool["DECIMAL"]))
+                elif item.is_base:
+                    out.append(rng.choice(pool[item.name]))
+                else:
+                    rule = rules[item.name]
+                    alts = rule.alternatives
+                    if level >= depth:
+                        least = min(alt_height(a) for a in alts)
+                        alts = tuple(a for a in alts if alt_height(a) == least)
+                    emit(rng.choice(alts).items, level + 1, out, budget)
+            elif isinstance(item, Group):
+                if item.optional and rng.random() < 0.5:
+                    continue
+                alts = item.alternatives
+                if level >= depth:
+                    least = min(alt_height(a) for a in alts)
+                    alts = tuple(a for a in alts if alt_height(a) == least)
+                emit(rng.choice(alts).items, level, out, budget)
+            elif isinstance(item, Repeat):
+                low = 1 if item.op == "+" else 0
+                high = 1 if item.op == "?" else (low if level >= depth else 3)
+                for _ in range(rng.randint(low, max(low, high))):
+                    emit((item.item,), level, out, budget)
+            else:
+                members = list(item.members)
+                rng.shuffle(members)
+                for member in members:
+                    if member.optional and rng.random() < 0.5:
+                        continue
+                    out.append(Keyword(member.keyword[1:]))
+                    emit((member.item,), level, out, budget)
+
+    made = 0
+    tries = 0
+    left = 100 * count if max_total is None else max_total
+    while made < count and tries < count * 2 and left > 0:
+        tries += 1
+        tokens: list[Any] = []
+        allowed = min(max_tokens, left)
+        budget = [allowed]
+        try:
+            emit((Reference(start, rules[start].position),), 0, tokens, budget)
+        except _TooBig:
+            left -= allowed
+            continue
+        finally:
+            left -= allowed - max(budget[0], 0) if budget[0] >= 0 else 0
+        value = _assemble(tokens)
+        if value is not None:
+            made += 1
+            yield value
+
+
+class _TooBig(Exception):
+    pass
+
+
+_DEFAULT_ATOMS: dict[str, list[Value]] = {
+    "SYMBOL": [Symbol("s"), Symbol("true")], "KEYWORD": [Keyword("k"), Keyword("m")],
+    "STRING": ["", "x"], "INTEGER": [0, 1, -1], "DECIMAL": [Decimal("0.5")],
+    "URI": [URI("agent://x")], "value": [Symbol("v"), 0, "x", ()],
+}
+
+
+def _assemble(tokens: list[Any]) -> Value | None:
+    stack: list[list[Value]] = [[]]
+    for token in tokens:
+        if _is_paren(token) and token == "(":
+            stack.append([])
+        elif _is_paren(token):
+            if len(stack) == 1:
+                return None
+            done = tuple(stack.pop())
+            stack[-1].append(done)
+        else:
+            stack[-1].append(token)
+    if len(stack) != 1 or len(stack[0]) != 1:
+        return None
+    return stack[0][0]
+
+
+class _Paren(str):
+    pass
+
+
+def _is_paren(token: Any) -> bool:
+    return type(token) is _Paren
+
+
+def _search(sides: list[_Side], directions: list[tuple[int, int]], checkers: list[_Checker],
+            limits: CompatLimits) -> tuple[list[Witness], str]:
+    """The bounded witness search made when the analysis cannot decide."""
+    pool = _search_atoms(sides, limits)
+    tried = 0
+    found: list[Witness] = []
+    for a, b in directions:
+        covered = sides[a]
+        for intent in covered.descriptor.intents:
+            rule = covered.descriptor.starts[intent]
+            for body in generate_bodies(covered.source, rule, limits.search_bodies,
+                                        limits.search_depth, seed=tried, atoms=pool,
+                                        max_tokens=limits.max_witness_nodes):
+                tried += 1
+                witness = _confirm(intent, body, a, b, checkers)
+                if witness is not None:
+                    found.append(witness)
+                    break
+    side = " and ".join("OLD" if a == 0 else "NEW" for a, _ in directions)
+    return found, (f"{tried} bodies generated from {side} (rule nesting up to "
+                   f"{limits.search_depth}) and re-checked: "
+                   + ("a witness found" if found else "no witness found; this proves nothing"))
+
+
+def _search_atoms(sides: list[_Side], limits: CompatLimits) -> dict[str, list[Value]]:
+    """Atoms worth trying: the representatives of the atom classes, where they can be
+    computed."""
+    try:
+        atoms = _Atoms(set(), [side.schema for side in sides], limits)
+    except _Unknown:
+        return {}
+    pool: dict[str, list[Value]] = {name: [] for name in _KIND_TYPES}
+    names = {t: name for name, t in _KIND_TYPES.items()}
+    for c in atoms.classes:
+        pool[names[c.kind]].append(c.rep)
+    pool["value"] = [c.rep for c in atoms.classes]
+    return pool
+
+
+# --------------------------------------------------------------------------- what changed
+
+
+def _render_items(items: Iterable[Item]) -> str:
+    return " ".join(_render_item(i) for i in items)
+
+
+def _render_item(item: Item) -> str:
+    if isinstance(item, Literal):
+        return f'"{item.text}"'
+    if isinstance(item, Reference):
+        return item.name
+    if isinstance(item, Repeat):
+        return _render_item(item.item) + item.op
+    if isinstance(item, KeywordSet):
+        parts = []
+        for m in item.members:
+            text = f'"{m.keyword}" {_render_item(m.item)}'
+            parts.append(f"[{text}]" if m.optional else text)
+        return "(" + " & ".join(parts) + ")"
+    inner = " | ".join(_render_items(alt.items) for alt in item.alternatives)
+    return f"[{inner}]" if item.optional else f"({inner})"
+
+
+def _rule_text(alternatives: tuple[Alternative, ...]) -> str:
+    return " | ".join(_render_items(alt.items) for alt in alternatives)
+
+
+def _keyword_sets(items: Iterable[Item]) -> Iterator[KeywordSet]:
+    for item in items:
+        if isinstance(item, KeywordSet):
+            yield item
+            yield from _keyword_sets(m.item for m in item.members)
+        elif isinstance(item, Repeat):
+            yield from _keyword_sets((item.item,))
+        elif isinstance(item, Group):
+            for alt in item.alternatives:
+                yield from _keyword_sets(alt.items)
+
+
+def _changes(old: _Side, new: _Side) -> Iterator[str]:
+    od, nd = old.descriptor, new.descriptor
+    if od.id != nd.id:
+        yield f"id: {od.id} -> {nd.id}"
+    if od.version != nd.version:
+        yield f"version: {od.version} -> {nd.version}"
+    for intent in od.intents:
+        if intent not in nd.intents:
+            yield f"intent removed: {intent.value}"
+    for intent in nd.intents:
+        if intent not in od.intents:
+            yield f"intent added: {intent.value}"
+        elif od.starts[intent] != nd.starts[intent]:
+            yield f"intent {intent.value}: start rule {od.starts[intent]} -> " \
+                  f"{nd.starts[intent]}"
+    old_rules = {r.name: r for r in old.source.rules}
+    new_rules = {r.name: r for r in new.source.rules}
+    for name, rule in old_rules.items():
+        if name not in new_rules:
+            yield f"rule removed: {name}: {_clip(_rule_text(rule.alternatives))}"
+    for name, rule in new_rules.items():
+        if name not in old_rules:
+            yield f"rule added: {name}: {_clip(_rule_text(rule.alternatives))}"
+            continue
+        before, after = _rule_text(old_rules[name].alternatives), _rule_text(rule.alternatives)
+        if before != after:
+            yield f"rule changed: {name}: {_clip(before)}  =>  {_clip(after)}"
+            old_sets = [s for alt in old_rules[name].alternatives
+                        for s in _keyword_sets(alt.items)]
+            new_sets = [s for alt in rule.alternatives for s in _keyword_sets(alt.items)]
+            for k, (a, b) in enumerate(zip(old_sets, new_sets, strict=False)):
+                yield from _member_changes(name, k, a, b)
+    yield from _schema_changes(old.schema, new.schema)
+
+
+def _member_changes(rule: str, k: int, old: KeywordSet, new: KeywordSet) -> Iterator[str]:
+    where = f"keyword set {k + 1} of {rule}"
+    before = {m.keyword: m for m in old.members}
+    after = {m.keyword: m for m in new.members}
+    for key, m in before.items():
+        if key not in after:
+            yield f"{where}: member {key} removed"
+        elif m.optional != after[key].optional:
+            yield f"{where}: member {key} made {'optional' if after[key].optional else 'required'}"
+        elif _render_item(m.item) != _render_item(after[key].item):
+            yield f"{where}: member {key}: {_render_item(m.item)} -> " \
+                  f"{_render_item(after[key].item)}"
+    for key, m in after.items():
+        if key not in before:
+            yield f"{where}: member {key} added ({'optional' if m.optional else 'required'})"
+
+
+def _type_text(t: SchemaType | None) -> str:
+    if t is None:
+        return "none"
+    if isinstance(t, AtomType):
+        return t.describe()
+    if isinstance(t, OneOf):
+        return t.describe()
+    if isinstance(t, ListOf):
+        return f"a list of ({_type_text(t.item)}) of {t.min_length or 0} to " \
+               f"{t.max_length if t.max_length is not None else '…'} elements"
+    if isinstance(t, Record):
+        return f"(record {' '.join(t.heads)} …)"
+    return "(keys …)"
+
+
+def _keys_changes(where: str, old: Keys, new: Keys) -> Iterator[str]:
+    for key, t in old.fields.items():
+        if key not in new.fields:
+            yield f"{where}: field {key.text} removed"
+            continue
+        u = new.fields[key]
+        if isinstance(t, (Keys, Record)) and isinstance(u, (Keys, Record)):
+            yield from _keys_changes(f"{where}[{key.text}]", t if isinstance(t, Keys)
+                                     else t.keys, u if isinstance(u, Keys) else u.keys)
+        elif t != u:
+            yield f"{where}: field {key.text}: {_type_text(t)} -> {_type_text(u)}"
+        if (key in old.required) != (key in new.required):
+            yield f"{where}: field {key.text} made " \
+                  f"{'required' if key in new.required else 'optional'}"
+    for key, u in new.fields.items():
+        if key not in old.fields:
+            yield f"{where}: field {key.text} added " \
+                  f"({'required' if key in new.required else 'optional'}): {_type_text(u)}"
+    if (old.other is None) != (new.other is None) or (
+            old.other is not None and old.other != new.other):
+        yield f"{where}: other keys: {_type_text(old.other)} -> {_type_text(new.other)}"
+
+
+def _schema_changes(old: Schema | None, new: Schema | None) -> Iterator[str]:
+    if old is None and new is None:
+        return
+    if old is None:
+        yield "schema added"
+    if new is None:
+        yield "schema removed"
+        return
+    before = {r.heads: r for r in old.records} if old is not None else {}
+    after = {r.heads: r for r in new.records}
+    for heads in before:
+        if heads not in after:
+            yield f"schema: record {' '.join(heads)} removed"
+    for heads, record in after.items():
+        name = " ".join(heads)
+        if heads not in before:
+            yield f"schema: record {name} added"
+        else:
+            yield from _keys_changes(f"schema: record {name}", before[heads].keys, record.keys)
+    if old is not None and [r.heads for r in old.records if r.heads in after] != [
+            r.heads for r in new.records if r.heads in before]:
+        yield "schema: records reordered"

@@ -1,0 +1,261 @@
+"""The message model: a parsed CBCL/1.0 envelope (draft §2) with typed fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..core._canonical import canonical_value, native as _native
+from ..core._entries import entry_doc
+from ..core._errors import UnknownProtocolError
+from ..core._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
+from ._fields import _SURROGATE, Fields, FieldsError, check_value
+
+if TYPE_CHECKING:
+    from ._registry import Registry
+
+VERSION = "CBCL/1.0"
+_new = object.__new__
+_set = object.__setattr__
+
+
+class Intent(StrEnum):
+    """The intents of draft §2. The value is the symbol as written (``NOT-UNDERSTOOD``)."""
+
+    PROPOSE = "PROPOSE"
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    INFORM = "INFORM"
+    QUERY = "QUERY"
+    REQUEST = "REQUEST"
+    CFP = "CFP"
+    SUBSCRIBE = "SUBSCRIBE"
+    NOTIFY = "NOTIFY"
+    AGREE = "AGREE"
+    REFUSE = "REFUSE"
+    FAILURE = "FAILURE"
+    CANCEL = "CANCEL"
+    CONFIRM = "CONFIRM"
+    NOT_UNDERSTOOD = "NOT-UNDERSTOOD"
+
+    # Hash as the str it equals (Enum hashes the member's name, in Python, and so slowly
+    # and unlike "NOT-UNDERSTOOD", which the member equals).
+    __hash__ = str.__hash__
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """A message signature: the signer's key id (a hint) and the base64 Ed25519 value."""
+
+    key_id: str
+    value: str
+
+
+def _check_int64(name: str, value: object) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name} is outside the signed 64-bit range")
+
+
+def _check_id(name: str, value: object) -> None:
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must not be empty")
+    if not value.isascii() and _SURROGATE.search(value) is not None:
+        raise ValueError(f"{name} holds a lone surrogate, not UTF-8 text")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """A CBCL/1.0 message. Fields follow the envelope's order; optional ones may be ``None``
+    (``body is None`` means the message has no ``(body …)``).
+
+    Construct one directly to send it: ``sender``/``receiver`` may be given as ``str``
+    (converted to :class:`URI`), ``intent`` as ``str`` and ``protocol`` as ``str``. The
+    ``body`` must be a CBCL value, built with :func:`cbcl.body` or given as Python values
+    that convert as :func:`cbcl.as_value` does (a ``list`` is stored as a ``tuple``).
+    Raises ``TypeError``/``ValueError`` for a field of the wrong type or out of range, the
+    body included (``Message body `$.body.bid[:amount]`: float is not a CBCL value …``).
+    Whether the body is one its protocol accepts is :func:`cbcl.validate`'s question.
+    """
+
+    message_id: str
+    sender: URI
+    receiver: URI
+    intent: Intent
+    protocol: Symbol
+    conversation_id: str | None = None
+    in_reply_to: str | None = None
+    reply_by: int | None = None
+    timestamp: int | None = None
+    body: Value | None = None
+    signature: Signature | None = None
+
+    version: ClassVar[str] = VERSION
+
+    if TYPE_CHECKING:
+        # What the generated ``__init__`` accepts: ``__post_init__`` converts ``sender``,
+        # ``receiver``, ``intent``, ``protocol`` and ``body`` to the fields' types, so a
+        # field's declared type is what reading it gives, this what constructing takes.
+        # Declared for the type checker only: at run time the dataclass's own ``__init__``
+        # is the one (and ``_trusted``, the parsers' path, bypasses it).
+        def __init__(self, *, message_id: str, sender: URI | str, receiver: URI | str,
+                     intent: Intent | str, protocol: Symbol | str,
+                     conversation_id: str | None = None, in_reply_to: str | None = None,
+                     reply_by: int | None = None, timestamp: int | None = None,
+                     body: ValueInput | None = None,
+                     signature: Signature | None = None) -> None: ...
+
+    def __post_init__(self) -> None:
+        _check_id("message_id", self.message_id)
+        for name in ("sender", "receiver"):
+            value = getattr(self, name)
+            if type(value) is not URI:
+                object.__setattr__(self, name, URI(value))
+        if type(self.intent) is not Intent:
+            object.__setattr__(self, "intent", Intent(self.intent))
+        if type(self.protocol) is not Symbol:
+            object.__setattr__(self, "protocol", Symbol(self.protocol))
+        for name in ("conversation_id", "in_reply_to"):
+            if getattr(self, name) is not None:
+                _check_id(name, getattr(self, name))
+        for name in ("reply_by", "timestamp"):
+            if getattr(self, name) is not None:
+                _check_int64(name, getattr(self, name))
+        if self.signature is not None and type(self.signature) is not Signature:
+            raise TypeError("signature must be a Signature")
+        if self.body is not None:
+            body = check_value(self.body, "Message body", "$.body")
+            if body is not self.body:
+                object.__setattr__(self, "body", body)
+
+    @classmethod
+    def _trusted(cls, message_id: str, sender: URI, receiver: URI, intent: Intent,
+                 protocol: Symbol, conversation_id: str | None = None,
+                 in_reply_to: str | None = None, reply_by: int | None = None,
+                 timestamp: int | None = None, body: Value | None = None,
+                 signature: Signature | None = None) -> Message:
+        """A message from fields a parser has already checked, each of its exact type
+        (the checks of ``__post_init__`` are skipped: the parse paths are hot)."""
+        if _make_object is not None and cls is Message:
+            made: Message = _make_object(Message, _ATTRIBUTES, (
+                message_id, sender, receiver, intent, protocol, conversation_id,
+                in_reply_to, reply_by, timestamp, body, signature))
+            return made
+        message = _new(cls)
+        _set(message, "message_id", message_id)
+        _set(message, "sender", sender)
+        _set(message, "receiver", receiver)
+        _set(message, "intent", intent)
+        _set(message, "protocol", protocol)
+        _set(message, "conversation_id", conversation_id)
+        _set(message, "in_reply_to", in_reply_to)
+        _set(message, "reply_by", reply_by)
+        _set(message, "timestamp", timestamp)
+        _set(message, "body", body)
+        _set(message, "signature", signature)
+        return message
+
+    def to_value(self) -> tuple[Value, ...]:
+        """The message as a CBCL value: the envelope list, fields in order."""
+        fields: list[Value] = [
+            _VERSION_SYMBOL,
+            (_FIELD["message-id"], self.message_id),
+            (_FIELD["sender"], self.sender),
+            (_FIELD["receiver"], self.receiver),
+            (_FIELD["intent"], _INTENT_SYMBOL[self.intent]),
+            (_FIELD["protocol"], self.protocol),
+        ]
+        if self.conversation_id is not None:
+            fields.append((_FIELD["conversation-id"], self.conversation_id))
+        if self.in_reply_to is not None:
+            fields.append((_FIELD["in-reply-to"], self.in_reply_to))
+        if self.reply_by is not None:
+            fields.append((_FIELD["reply-by"], self.reply_by))
+        if self.timestamp is not None:
+            fields.append((_FIELD["timestamp"], self.timestamp))
+        if self.body is not None:
+            fields.append((_FIELD["body"], self.body))
+        if self.signature is not None:
+            fields.append((_FIELD["signature"], self.signature.key_id, self.signature.value))
+        return tuple(fields)
+
+    def canonical(self) -> str:
+        """The canonical text of the message (draft §1.2). Raises as
+        :func:`cbcl.canonical`."""
+        if _canonical_message is not None:  # the C twin; None: declined (or not built)
+            text = _canonical_message(self)
+            if text is not None:
+                return text
+        return canonical_value(self.to_value())
+
+    def signing_bytes(self) -> bytes:
+        """What a message signature covers (draft §2): the canonical UTF-8 form of the
+        message with its ``signature`` element removed."""
+        if self.signature is None:
+            return self.canonical().encode("utf-8")
+        return Message._trusted(self.message_id, self.sender, self.receiver, self.intent,
+                                self.protocol, self.conversation_id, self.in_reply_to,
+                                self.reply_by, self.timestamp, self.body,
+                                None).canonical().encode("utf-8")
+
+    def fields(self, registry: Registry | None = None) -> Fields:
+        """The body read by field name (see :class:`cbcl.Fields`): ``reply.fields()["price"]``.
+        With ``registry``, by the types of the protocol's schema (when it governs the
+        intent), after checking the body against it.
+
+        Raises :class:`FieldsError` for a message without a body or with one not of the
+        form ``(head … :key value …)``, :class:`UnknownProtocolError` for a protocol the
+        registry does not hold, and :class:`SchemaError` for a body its schema refuses.
+        """
+        schema = None
+        if registry is not None:
+            protocol = registry.get(self.protocol)
+            if protocol is None:
+                raise UnknownProtocolError(
+                    f"unknown protocol {self.protocol}: no descriptor for it is loaded",
+                    protocol=str(self.protocol))
+            if self.intent in protocol.governed:
+                schema = protocol.schema
+        if self.body is None:
+            raise FieldsError("$.body: the message has no body", path="$.body")
+        return Fields(self.body, schema=schema, path="$.body")
+
+
+# The envelope's symbols, made once (Symbol() validates its name on every call).
+_VERSION_SYMBOL = Symbol(VERSION)
+_FIELD = {name: Symbol(name) for name in (
+    "message-id", "sender", "receiver", "intent", "protocol", "conversation-id",
+    "in-reply-to", "reply-by", "timestamp", "body", "signature")}
+_INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
+
+# The C twin of ``canonical()`` (cbcl._encoders.canonical_message), which writes the text of
+# ``canonical_value(message.to_value())`` from the message's slots, or declines (None) for
+# anything but an exact Message with an Intent member and an exact Signature or none: then
+# the Python path above writes it, or raises. None where the module is not built.
+# Message.canonical itself becomes a C method (cbcl._encoders.canonical_entry): that text,
+# else the Python method above (its fallback, whose documentation it shows).
+_canonical_message = None
+#: The Python method, whatever Message.canonical is bound to (the reference).
+canonical_python = Message.canonical
+if _native is not None and _native.setup_message(
+        Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
+        tuple(_INTENT_SYMBOL.items())):
+    _canonical_message = _native.canonical_message
+    setattr(Message, "canonical", _native.canonical_entry(  # noqa: B010 (mypy: a method)
+        Message.canonical, entry_doc(Message.canonical, method=True)))
+
+
+#: The attributes Message._trusted sets, in order.
+_ATTRIBUTES = ("message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
+               "in_reply_to", "reply_by", "timestamp", "body", "signature")
+
+try:
+    from .._speedups import make_object as _make_object_c
+except ImportError:  # not built: object.__setattr__ per field
+    _make_object: Any = None
+else:
+    _make_object = _make_object_c
