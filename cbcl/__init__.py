@@ -15,8 +15,8 @@ these public modules and ``cli``. ``import cbcl`` loads neither asyncio nor argp
 :class:`Agent` and the layers above ``session`` are imported when first named.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any as _Any
+import importlib as _importlib
+import typing as _typing
 
 from .binary._codec import (
     Decoder,
@@ -78,7 +78,6 @@ from .protocol._message import (
     Intent,
     Message,
 )
-from .protocol._protocol import Protocol as Protocol
 from .protocol._registry import (
     Registry,
 )
@@ -151,7 +150,7 @@ __all__ = [
     "validate",
 ]
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .llm import extract
     from .net import Agent
 
@@ -169,14 +168,14 @@ _LAZY_NAMES = {"Agent": "cbcl.net", "extract": "cbcl.llm"}
 _LAZY_MODULES = ("net", "llm", "interop")
 
 
-def __getattr__(name: str) -> _Any:
+def __getattr__(name: str) -> _typing.Any:
     """The names and modules that import asyncio or take long to import (:class:`Agent`,
     :func:`extract`, :mod:`cbcl.net`, :mod:`cbcl.llm`, :mod:`cbcl.interop`), imported when
     first asked for; raises ``AttributeError`` for any other name."""
     if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+        value = getattr(_importlib.import_module(_LAZY_NAMES[name]), name)
     elif name in _LAZY_MODULES:
-        value = importlib.import_module(f"cbcl.{name}")
+        value = _importlib.import_module(f"cbcl.{name}")
     else:
         raise AttributeError(f"module 'cbcl' has no attribute {name!r}")
     globals()[name] = value

@@ -11,7 +11,7 @@ half is public on purpose, so anyone can regenerate these; trust your own keys, 
 one). Ed25519 signatures are deterministic, so --check compares bytes.
 tests/test_protocol.py runs --check.
 
-The descriptors in PACKAGED are also written, byte for byte, to ../grammars/ (the package
+The descriptors in PACKAGED are also written, byte for byte, to ../cbcl/grammars/ (the package
 ``cbcl.grammars``), so they ship inside the wheel: cbcl-negotiation/v1, which every session
 speaks, and contract-net/v1, which ``cbcl negotiate --demo`` teaches.
 """
@@ -39,7 +39,7 @@ SHIPPED = {
     "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
                             "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),
 }
-PACKAGE_DATA = HERE.parent / "grammars"
+PACKAGE_DATA = HERE.parent / "cbcl" / "grammars"
 PACKAGED = ("cbcl-negotiation-v1", "contract-net-v1")
 
 

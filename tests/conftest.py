@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=100, deadline=None)
@@ -9,3 +10,21 @@ settings.register_profile(
     "ci", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+#: The files whose tests start processes or real services (nats-server, SPADE's XMPP server,
+#: the MCP and A2A SDKs, a wheel build) or drive an exporter's real counterpart: marked
+#: ``slow``, so that ``pytest -m "not slow"`` is the edit-test loop's subset
+#: (docs/development.md). The whole suite is what CI runs.
+SLOW_FILES = frozenset({
+    "test_a2a.py", "test_agent.py", "test_bench_runtime.py", "test_bench_smoke.py",
+    "test_export.py", "test_mcp.py", "test_nats.py", "test_negotiate.py", "test_packaging.py",
+    "test_readme.py", "test_serve_attacks.py", "test_serve_log.py", "test_session_runtime.py",
+    "test_spade.py", "test_fuzz.py", "test_cli.py", "test_state_lock.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`SLOW_FILES` ``slow``."""
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)

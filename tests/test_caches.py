@@ -341,7 +341,7 @@ def test_every_functools_cache_in_the_package_is_bounded() -> None:
     import cbcl as package
 
     found = []
-    for info in pkgutil.iter_modules(package.__path__, "cbcl."):
+    for info in pkgutil.walk_packages(package.__path__, "cbcl."):
         if info.name.endswith(("__main__", "_compile_worker", "_speedups")):  # (no Python)
             continue
         module = importlib.import_module(info.name)
@@ -359,9 +359,9 @@ def test_the_spec_lists_every_process_wide_memo() -> None:
     text = (ROOT / "spec" / "cbcl-1.0.md").read_text(encoding="utf-8")
     section = text.split("#### Process-wide memos", 1)[1].split("\n#", 1)[0]
     names = [name for row in re.findall(r"^\| ([^|]*) \|", section, re.MULTILINE)
-             for name in re.findall(r"`cbcl\.(\w+)\.(\w+)`", row)]
+             for name in re.findall(r"`cbcl\.([\w.]+)\.(\w+)`", row)]
     assert {f"{module}.{name}" for module, name in names} >= {
-        "_codec._ENVELOPE_WITHIN_LIMITS", "_reader._CACHE", "_reader._SYMBOLS",
-        "_reader._KEYWORDS", "_schema._CACHE", "_fields._PYTHON_KEYS"}
+        "binary._codec._ENVELOPE_WITHIN_LIMITS", "core._reader._CACHE", "core._reader._SYMBOLS",
+        "core._reader._KEYWORDS", "protocol._schema._CACHE", "protocol._fields._PYTHON_KEYS"}
     for module, name in names:
         assert hasattr(importlib.import_module(f"cbcl.{module}"), name), (module, name)

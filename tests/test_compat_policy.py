@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 import cbcl
 import cbcl.grammar._compile
 import cbcl.protocol._compat
+import cbcl.protocol._registry
 from cbcl import Registry, TrustError
 from cbcl.core._canonical import quote
 from cbcl.core._limits import Limits
@@ -191,7 +192,7 @@ def test_the_same_update_is_refused_again_at_once(world: World,
         calls.append("diff")
         return diff_descriptors(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cbcl.protocol._compat, "diff_descriptors", counting)
+    monkeypatch.setattr(cbcl.protocol._registry, "diff_descriptors", counting)
     bad = signed(descriptor(2, ASK_BARE))
     first = world.refused(bad, "breaking")
     assert calls == ["diff"]

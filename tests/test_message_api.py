@@ -329,7 +329,7 @@ def test_fields_refuses_what_is_no_cbcl_value(registry: Registry) -> None:
         Fields([S("a")])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="float is not a CBCL value"):
         Fields(1.5)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"schema must be a cbcl\.Schema"):
+    with pytest.raises(TypeError, match=r"schema must be a cbcl\.conversation\.Schema"):
         Fields((S("a"),), schema="x")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Fields((S("a"),))[1]  # type: ignore[index]

@@ -1,6 +1,7 @@
-"""The README's examples run as written: the library example, the grammar check, and
-"Your own protocol in five minutes" (shell and Python, each against a server in another
-process); and its two set-up commands exist."""
+"""The README's and the documentation's examples run as written: the library example, the
+grammar check, the language-model and interop examples (docs/), and "Your own protocol in
+five minutes" (the README: shell and Python, each against a server in another process);
+and the README's two set-up commands exist."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ from shell_env import user_shell_env
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+#: The README and every page of the documentation site: marked examples live in both.
+PAGES = "\n".join([README, *(page.read_text() for page in sorted((ROOT / "docs").rglob("*.md")))])
 
 
 def _marked(marker: str) -> str:
-    """The code block right after ``<!-- marker -->``."""
-    block = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", README, re.S)
+    """The code block right after ``<!-- marker -->``, in the README or a docs/ page."""
+    block = re.search(rf"<!-- {marker} -->\n```\w*\n(.*?)```", PAGES, re.S)
     assert block is not None, marker
     return block.group(1)
 
@@ -45,7 +48,7 @@ def test_two_setup_commands() -> None:
 
 def test_no_example_reaches_outside_the_clone() -> None:
     """Every file an example names is in the repository (a clone has no ``../shared``)."""
-    commands = [line for line in README.splitlines()
+    commands = [line for line in PAGES.splitlines()
                 if re.match(r"\s*(\$ )?(cbcl|python|\.venv/bin/)", line)]
     assert commands
     assert [line for line in commands if "../" in line] == []
@@ -58,8 +61,8 @@ def test_grammar_check_example_runs_as_shown(capsys) -> None:  # type: ignore[no
 
     from cbcl.cli import main
 
-    examples = re.findall(r"```\n\$ (cbcl grammar check [^\n]*)\n(.*?)```", README, re.S)
-    assert examples, "the README shows no $ cbcl grammar check example"
+    examples = re.findall(r"```\n\$ (cbcl grammar check [^\n]*)\n(.*?)```", PAGES, re.S)
+    assert examples, "neither the README nor docs/ shows a $ cbcl grammar check example"
     for command, shown in examples:
         *_, name = shlex.split(command)
         path = (ROOT / name).resolve()

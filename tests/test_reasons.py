@@ -151,11 +151,11 @@ def test_a_session_code_must_be_in_the_table() -> None:
 
 
 def test_the_codes_and_causes_written_in_the_source_are_in_the_table() -> None:
-    session = (ROOT / "cbcl" / "_session.py").read_text(encoding="utf-8")
+    session = (ROOT / "cbcl" / "session" / "_session.py").read_text(encoding="utf-8")
     codes = re.findall(r'code="([^"]+)"', session) + re.findall(r'_reject\("([^"]+)"', session)
     assert codes and set(codes) <= NOT_UNDERSTOOD_CODES
     assert set(re.findall(r'_reject\("([^"]+)"', session)) <= REJECT_CODES
-    for path in (ROOT / "cbcl").glob("*.py"):
+    for path in (ROOT / "cbcl").rglob("*.py"):
         causes = re.findall(r'\bcause="([^"]+)"', path.read_text(encoding="utf-8"))
         assert set(causes) <= TRUST_CAUSES, path.name
 
