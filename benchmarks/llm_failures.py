@@ -301,7 +301,8 @@ def cases(registry: cbcl.Registry, messages: list[cbcl.Message]) -> Iterator[Cas
                 renamed = replacements[(number + index) % len(replacements)]
                 yield Case("field-renamed", text[:at + 1] + renamed + text[at + 1 + len(name):],
                            [text], _contains(f"({name} …)"), f"{name} -> {renamed}")
-        as_json = json.dumps(cbcl.json_mapping.message_to_json(message), indent=2, ensure_ascii=False)
+        as_json = json.dumps(cbcl.json_mapping.message_to_json(message), indent=2,
+                             ensure_ascii=False)
         yield Case("json", "Here is the message:\n```json\n" + as_json + "\n```", [text],
                    _contains("S-expression", "(CBCL/1.0"))
         for where, cut in (("half", len(text) // 2), ("most", len(text) * 9 // 10),

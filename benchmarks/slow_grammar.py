@@ -46,7 +46,8 @@ def protocol_id(seed: int) -> str:
 def slow_descriptor(seed: int, rules: int = DEFAULT_RULES,
                     alternatives: int = DEFAULT_ALTERNATIVES) -> bytes:
     """An unsigned ``(protocol-descriptor …)`` payload with the slow grammar (sign it with
-    ``cbcl.protocol._trust.sign_descriptor``). Each seed has its own protocol id, so offers of several
+    ``cbcl.protocol._trust.sign_descriptor``). Each seed has its own protocol id, so offers of
+    several
     seeds to one server are neither rollbacks nor equivocations."""
     from cbcl.core._canonical import quote
 

@@ -8,7 +8,8 @@ fresh keys, empty grammar cache); the baseline server (``python benchmarks/strea
 _baseline``: asyncio streams, one JSON line per message); and the client, this process.
 
 CBCL: the client negotiates request/v1 (binary; and text, for information) with the
-library's initiator (``cbcl.session._session.Session`` on a ``cbcl.net._transport.Connection``), then
+library's initiator (``cbcl.session._session.Session`` on a
+``cbcl.net._transport.Connection``), then
 sends REQUESTs, each its own conversation-id and message-id, bodies drawn in turn from a
 pool of ``--pool`` distinct request bodies that request/v1's grammar and schema accept;
 the server answers each with INFORM ``(inform-done :action-id …)`` (``respond`` in

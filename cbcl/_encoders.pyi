@@ -6,7 +6,7 @@ in their input and return ``None`` when the Python twin must write (or refuse) i
 from decimal import Decimal
 from typing import Any
 
-from ._values import Value
+from .core._values import Value
 
 def canonical(value: object, /) -> str | None:
     """The canonical text of ``value``, or ``None`` for anything the Python twin must

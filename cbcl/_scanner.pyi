@@ -4,7 +4,7 @@ in its text and returns ``None`` when the Python tiers must read it."""
 
 from collections.abc import Callable
 
-from ._values import Value
+from .core._values import Value
 
 def read_value(
     text: str,

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 from _typeshed import ReadableBuffer
 
-from ._message import Message
-from ._values import Value
+from .core._values import Value
+from .protocol._message import Message
 
 # A node of a protocol's StackAutomaton (cbcl/grammar/_automaton.py): an exact dict holding the
 # node's reserved keys (its stack) and its transitions by token class, whose values are

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cbcl.cli import build_parser, main
 from cbcl.cli._common import INT64_MAX, MAX_DOCUMENT_BYTES, int_in, seconds
 from cbcl.cli._conversation import MAX_BUDGET, MAX_EVAL_DEPTH
-from cbcl.cli import build_parser, main
 from cbcl.cli._negotiate import (
     CONNECTION_OPTIONS,
     MAX_PACE_MS,

@@ -240,7 +240,8 @@ def test_a_descriptor_naming_an_undefined_start_rule_is_refused() -> None:
                  allow_unsigned=True)
     for bad in ("Bad", "value", "_x"):  # value: a base name (found by fuzzing the grammar)
         with pytest.raises(cbcl.DescriptorError, match="not a rule name"):
-            cbcl.descriptor.read_descriptor(descriptor('body: "x"\n', f"(PROPOSE {bad})", "broken/v1"))
+            cbcl.descriptor.read_descriptor(
+                descriptor('body: "x"\n', f"(PROPOSE {bad})", "broken/v1"))
 
 
 def test_one_start_rule_for_every_intent_needs_no_start_terminal() -> None:

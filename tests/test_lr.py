@@ -1,4 +1,5 @@
-"""Tests for the LR analysis engine (``cbcl.grammar._lr``): verdicts, reports, overlaps, budgets, and
+"""Tests for the LR analysis engine (``cbcl.grammar._lr``): verdicts, reports, overlaps,
+budgets, and
 a differential test against lark's LALR(1) table builder."""
 
 from __future__ import annotations

@@ -216,7 +216,8 @@ def test_negotiate_with_trust_refuses_an_unsigned_server_confirmation(tmp_path: 
     from cbcl.protocol._trust import sign_descriptor
 
     key, trust, _server_key, client_trust = _demo_keys(tmp_path)
-    payload = (Path(__file__).parent.parent / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
+    payload = (Path(__file__).parent.parent / "cbcl" / "grammars" / "contract-net-v1.cbcl"
+               ).read_bytes()
     document = sign_descriptor(payload, [("demo", key)])
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
     server = subprocess.Popen([sys.executable, "-m", "cbcl", "serve", "--listen",

@@ -405,7 +405,7 @@ def test_compile_guard_limits_memory() -> None:
     grammar = (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
     # The worker dies of the memory limit ("the grammar compiler …"); on a loaded machine
     # the same starved worker may first pass its deadline ("compiling the grammar took …").
-    with pytest.raises(GrammarError, match="compiler|compiling the grammar") as info:
+    with pytest.raises(GrammarError, match=r"compiler|compiling the grammar") as info:
         compile_guarded(grammar, memory=24 << 20,  # too little to even load lark
                         starts=starts_of("contract-net-v1"))
     assert info.value.verdict == "rejected"

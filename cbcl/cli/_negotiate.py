@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..core._canonical import canonical_value
 from ..core._display import escape_invisible
-from ..core._errors import TrustError
+from ..core._errors import ConnectionLost, TrustError
 from ..core._files import UnsafeFile, read_regular_file
 from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._reader import read
@@ -45,7 +45,6 @@ from ..net._agent import (
 from ..net._transport import (
     Connection,
     ConnectionLimits,
-    ConnectionLost,
     Server,
     ServerLimits,
     connect,

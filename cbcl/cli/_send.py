@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..core._display import escape_invisible
+from ..core._errors import ConnectionLost
 from ..core._files import UnsafeFile, read_regular_file
 from ..core._limits import DEFAULT_LIMITS
 from ..net._agent import Agent, ConversationClosed, Link, not_understood_exit
-from ..net._transport import ConnectionLimits, ConnectionLost, parse_address
+from ..net._transport import ConnectionLimits, parse_address
 from ..protocol._api import parse
 from ..protocol._message import Message
 from ._common import (

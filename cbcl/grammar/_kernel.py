@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 Every careful recogniser in CBCL (pass 1's :func:`cbcl.protocol._envelope.scan_envelope`, pass 2's
-:func:`cbcl.protocol._pass2.explain_body`, the binary decoder's :func:`cbcl.binary._codec._walk_body`,
+:func:`cbcl.protocol._pass2.explain_body`, the binary decoder's
+:func:`cbcl.binary._codec._walk_body`,
 and the tests' oracle) is a loop that turns its input into terminals and hands each one to
 :func:`feed`, which does what an LALR(1) driver does with one lookahead: reduce while the
 tables say reduce (popping the stack and taking the goto), then shift, accept or refuse.

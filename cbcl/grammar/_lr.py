@@ -3,7 +3,8 @@ reports in the grammar author's terms, keyword-in-context overlaps, and ambiguit
 
 Theory of operation
 -------------------
-:func:`analyse` takes a BNF :class:`~cbcl.grammar._cfg.Grammar` (EBNF already expanded by the reader)
+:func:`analyse` takes a BNF :class:`~cbcl.grammar._cfg.Grammar` (EBNF already expanded by the
+reader)
 and returns a :class:`Report` whose first rendered line is one verdict of draft §4.
 
 1. *Compile.* Symbols become ints: terminals ``0..T-1`` (``0`` is ``$END``), nonterminals

@@ -4,6 +4,7 @@
 
 from typing import Any as _Any
 
+from ..core._errors import ConnectionLost
 from ._agent import (
     Agent,
     AgentConversation,
@@ -17,7 +18,6 @@ from ._agent import (
 from ._transport import (
     Connection,
     ConnectionLimits,
-    ConnectionLost,
     Server,
     ServerLimits,
     WorkPool,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core._display import escape_invisible, peer_text
-from ..core._errors import CBCLError, ConversationClosed, NegotiationFailed
+from ..core._errors import CBCLError, ConnectionLost, ConversationClosed, NegotiationFailed
 from ..core._files import UnsafeFile, read_regular_file, write_atomically
 from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._values import URI, Value
@@ -63,7 +63,6 @@ from ..session._session import (
 from ._transport import (
     Connection,
     ConnectionLimits,
-    ConnectionLost,
     LearnedProtocols,
     Server,
     ServerLimits,

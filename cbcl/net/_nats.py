@@ -67,7 +67,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 from ..binary._framing import PREFIX_BYTES
 from ..core._display import peer_text
-from ..core._errors import CBCLError, LimitError, MalformedError
+from ..core._errors import CBCLError, ConnectionLost, LimitError, MalformedError
 from ..core._files import write_atomically
 from ..core._values import URI, Value
 from ..protocol._api import check_outgoing, parse
@@ -90,7 +90,6 @@ from ._transport import (
     _HANDSHAKE_OVER,
     Connection,
     ConnectionLimits,
-    ConnectionLost,
     _check_count,
     _check_seconds,
     clock_ms,

@@ -442,7 +442,8 @@ class Fields(Mapping[str, "FieldValue"]):
     def __init__(self, value: Value, *, schema: Schema | None = None,
                  path: str = "$") -> None:
         if schema is not None and not isinstance(schema, Schema):
-            raise TypeError(f"schema must be a cbcl.conversation.Schema, not {type(schema).__name__}")
+            raise TypeError("schema must be a cbcl.conversation.Schema, not "
+                            f"{type(schema).__name__}")
         kind: Record | None = None
         if schema is not None:
             kind = schema.record_for(value)
