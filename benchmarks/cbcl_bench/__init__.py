@@ -594,7 +594,8 @@ def _constrained(t: Any, annotation: Callable[..., Any], constraints: dict[str, 
     """``t`` annotated with ``annotation(**constraints)`` (msgspec's ``Meta``, pydantic's
     ``Field``), the constraints given as ``None`` left out; ``t`` itself without any."""
     given = {name: value for name, value in constraints.items() if value is not None}
-    return Annotated.__class_getitem__((t, annotation(**given))) if given else t  # type: ignore[attr-defined]
+    # (subscripted, not Annotated.__class_getitem__, which CPython 3.13 no longer has)
+    return Annotated[t, annotation(**given)] if given else t
 
 
 def _spec_type(spec: tuple[Any, ...], meta: Callable[..., Any],

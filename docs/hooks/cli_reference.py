@@ -24,7 +24,7 @@ from mkdocs.structure.files import File, Files
 
 #: Where ``build_parser`` lives: after the package's restructure into layer subpackages,
 #: then during it, then before it. The first that imports wins.
-PARSER_LOCATIONS = ("cbcl.cli", "cbcl.cli._main", "cbcl._cli")
+PARSER_LOCATIONS = ("cbcl.cli",)
 PAGE = "cli.md"
 #: The width usage lines are wrapped at, whatever the terminal of the build is.
 WIDTH = "88"
