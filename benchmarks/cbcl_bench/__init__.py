@@ -737,7 +737,7 @@ def _pydantic_model(protocol: str) -> Any:
                   for rec in records]
         if len(models) == 1:
             return models[0]
-        return Annotated.__class_getitem__((_union(models), Field(discriminator="kind")))  # type: ignore[attr-defined]
+        return Annotated[_union(models), Field(discriminator="kind")]
 
     nonempty = meta(str, min_length=1)
     uri = meta(str, pattern=URI_PATTERN)
@@ -756,8 +756,8 @@ def _pydantic_model(protocol: str) -> Any:
         messages.append(create_model(intent.title().replace("-", ""), __config__=closed,
                                      intent=(_literal((intent,)), ...), **envelope,
                                      body=(str, None)))
-    union = Annotated.__class_getitem__((_union(messages), Field(discriminator="intent")))  # type: ignore[attr-defined]
-    return RootModel[union]  # type: ignore[valid-type]
+    union: Any = Annotated[_union(messages), Field(discriminator="intent")]
+    return RootModel[union]
 
 
 _TYPED: dict[str, TypedPeers] = {}
