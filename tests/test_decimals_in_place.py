@@ -1,6 +1,6 @@
-"""Decimals the C readers make in place (``decimal_of``, cbcl/_cstack.h): for every CBCL
-decimal text, the text reader (``cbcl._scanner``) and the binary decoder
-(``cbcl._speedups``) give a ``Decimal`` indistinguishable from ``Decimal(text)``: its
+"""Decimals the C readers make in place (``decimal_of``, cbcl/_native_src/cstack.h): for every CBCL
+decimal text, the text reader (``cbcl._native``) and the binary decoder
+(``cbcl._native``) give a ``Decimal`` indistinguishable from ``Decimal(text)``: its
 tuple, text, hash, comparisons and arithmetic. Coefficients of up to 19 significant
 digits are written into the object; longer ones are ``Decimal(text)``'s."""
 
@@ -16,8 +16,8 @@ from hypothesis import example, given, settings, strategies as st
 import cbcl
 from cbcl import Registry
 
-scanner = pytest.importorskip("cbcl._scanner")
-speedups = pytest.importorskip("cbcl._speedups")
+scanner = pytest.importorskip("cbcl._native")
+speedups = pytest.importorskip("cbcl._native")
 
 ANY = (b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM NOT-UNDERSTOOD) '
        b'(grammar "body: value"))')

@@ -1,4 +1,4 @@
-/* What the C readers share (cbcl/_scanner.c: text; cbcl/_speedups.c: binary frames): the
+/* What the C readers share (cbcl/_native_src/scanner.c: text; cbcl/_native_src/speedups.c: binary frames): the
  * types of the values they make, and the values of the lists under way: the items of every open list one after another in
  * `items`, and where each open list's items start in `opens`. A list's close makes the
  * tuple of the top list's items directly (no Python list per list), and a tuple that can
