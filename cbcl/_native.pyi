@@ -34,6 +34,12 @@ def read_value(
     atom, read only) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every
     atom but integers and decimals of more than 4 characters, which are made in C."""
 
+def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
+    """Whether the layout check of ``cbcl/_native_src/cstack.h`` holds for ``type`` (its
+    objects may be made in place), and whether they may be untracked by the cyclic
+    collector (not a GC type, or one whose objects visit only their type); for the tests.
+    Changes nothing."""
+
 # ---- the binary decoder, pass 2, the envelope, the entries (cbcl/_native_src/speedups.c)
 
 # A node of a protocol's StackAutomaton (cbcl/grammar/_automaton.py): an exact dict holding the

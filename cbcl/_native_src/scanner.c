@@ -507,7 +507,24 @@ cleanup:
     return result;
 }
 
+/* decimal_layout_holds(type) -> (bool, bool): whether cstack.h's layout check holds for
+ * `type`, and whether its objects may be untracked; for the tests (which hand it types
+ * it must refuse). Changes nothing. */
+static PyObject *
+decimal_layout_holds_for(PyObject *Py_UNUSED(self), PyObject *type)
+{
+    int untrackable = 0, holds = decimal_layout_holds(type, &untrackable);
+    if (holds < 0)
+        return NULL;
+    return Py_BuildValue("(OO)", holds ? Py_True : Py_False,
+                         untrackable ? Py_True : Py_False);
+}
+
 PyMethodDef cbcl_scanner_methods[] = {
+    {"decimal_layout_holds", decimal_layout_holds_for, METH_O,
+     "decimal_layout_holds(type, /) -> (bool, bool): whether the Decimal layout check of "
+     "cbcl/_native_src/cstack.h holds for type, and whether its objects may be untracked "
+     "(for the tests)."},
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
      "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "
