@@ -1,4 +1,4 @@
-"""Binary decode (a reused ``Decoder``) with the C twins of ``cbcl._speedups``, with an
+"""Binary decode (a reused ``Decoder``) with the C twins of ``cbcl._native``, with an
 older build of them (``--baseline``, to measure a change in the same run), with the Python
 twins, and msgspec's typed msgpack decode of the same content (issue 19).
 
@@ -13,8 +13,8 @@ into the tagged ``Struct`` union ``cbcl bench`` models it with
 it is left out for the generated set, whose bodies its model does not cover. Rounds are
 interleaved and the best is kept (µs per message); ratios are from the same run.
 
-``--baseline SO``: a ``_speedups`` shared object with the same ``frame_envelope`` and
-``build_body`` signatures (for instance a copy of ``cbcl/_speedups*.so`` taken before a
+``--baseline SO``: a ``_native`` shared object with the same ``frame_envelope`` and
+``build_body`` signatures (for instance a copy of ``cbcl/_native*.so`` taken before a
 change), loaded beside the current one and timed as ``C (baseline)``.
 """
 
@@ -41,9 +41,9 @@ PROTOCOLS = ("request-v1", "contract-net-v1")
 
 
 def load_baseline(path: str) -> Any:
-    """The extension at ``path``, loaded as ``cbcl._speedups`` but not registered."""
-    loader = importlib.machinery.ExtensionFileLoader("cbcl._speedups", path)
-    spec = importlib.util.spec_from_file_location("cbcl._speedups", path, loader=loader)
+    """The extension at ``path``, loaded as ``cbcl._native`` but not registered."""
+    loader = importlib.machinery.ExtensionFileLoader("cbcl._native", path)
+    spec = importlib.util.spec_from_file_location("cbcl._native", path, loader=loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)

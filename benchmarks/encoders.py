@@ -1,4 +1,4 @@
-"""The encoders with and without their C twins (``cbcl._encoders``), and msgspec's JSON and
+"""The encoders with and without their C twins (``cbcl._native``), and msgspec's JSON and
 msgpack encoders on the same content, over many different messages.
 
     python benchmarks/encoders.py [--messages N] [--rounds R] [--json FILE]
@@ -14,11 +14,11 @@ left out when it is not installed) encoding the same value tree, prepared once o
 the timing as plain lists, ``str`` atoms and ``Decimal``\\ s (msgspec writes decimals as
 strings; it refuses ``str`` subclasses such as :class:`cbcl.Symbol`).
 
-Contenders: ``text`` is ``Message.canonical()`` (C: ``cbcl._encoders.canonical_message``,
+Contenders: ``text`` is ``Message.canonical()`` (C: ``cbcl._native.canonical_message``,
 from the message's slots; Python: ``canonical_value_python(message.to_value())``), ``text
 value`` is ``canonical_value`` of the message's value tree built beforehand (what msgspec
 is given too), ``binary`` is ``Encoder(validate=False).encode`` (as ``cbcl bench`` times
-it; C: one ``cbcl._encoders.encode_message`` call), each with the C twin and with the
+it; C: one ``cbcl._native.encode_message`` call), each with the C twin and with the
 Python one.
 """
 

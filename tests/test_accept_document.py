@@ -1,4 +1,4 @@
-"""Both passes over a document value in one C call (``cbcl._speedups.accept_document``)
+"""Both passes over a document value in one C call (``cbcl._native.accept_document``)
 against its Python twin (``cbcl.protocol._api.accept_document_python``: pass 1's walk, the
 registry, ``check_intent_and_body``), and :func:`cbcl.parse`'s fast path that runs it.
 
@@ -23,7 +23,7 @@ from cbcl.protocol._message import Message
 from cbcl.protocol._pass2 import _ALWAYS_ADMITTED
 
 pytestmark = pytest.mark.skipif(_api._accept_document_c is None,
-                                reason="cbcl._speedups or cbcl._scanner is not built here")
+                                reason="cbcl._native or cbcl._native is not built here")
 
 SHIPPED = load_registry(find_descriptors())
 CORPUS = [message for protocol in PROTOCOLS for size in ("small", "medium")

@@ -342,7 +342,7 @@ def test_every_functools_cache_in_the_package_is_bounded() -> None:
 
     found = []
     for info in pkgutil.walk_packages(package.__path__, "cbcl."):
-        if info.name.endswith(("__main__", "_compile_worker", "_speedups")):  # (no Python)
+        if info.name.endswith(("__main__", "_compile_worker", "_native")):  # (no Python)
             continue
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():

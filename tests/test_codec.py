@@ -47,7 +47,7 @@ def registry() -> Registry:
 
 
 # One decoder per registry and limits kept across tests: its memos hold every protocol's
-# frame plan, so cbcl._speedups.decode_frame (which declines a protocol it has no plan for
+# frame plan, so cbcl._native.decode_frame (which declines a protocol it has no plan for
 # yet) reads each frame whole, where a fresh decoder's first frame goes the Python way.
 _WARM: dict[tuple[int, Limits | None], tuple[Registry, Decoder]] = {}
 
@@ -686,15 +686,15 @@ def test_known_uris_are_validated_once_and_bounded(monkeypatch: pytest.MonkeyPat
 # --------------------------------------------------------------------------- the accelerator
 
 def _speedups_or_skip() -> Any:
-    """cbcl._speedups, or a skip where it is not built (CI requires it: CBCL_REQUIRE_SPEEDUPS)."""
+    """cbcl._native, or a skip where it is not built (CI requires it: CBCL_REQUIRE_SPEEDUPS)."""
     import os
 
     try:
-        import cbcl._speedups as module
+        import cbcl._native as module
     except ImportError:
         if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
             raise
-        pytest.skip("cbcl._speedups is not built here")
+        pytest.skip("cbcl._native is not built here")
     return module
 
 

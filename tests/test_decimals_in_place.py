@@ -1,8 +1,10 @@
-"""Decimals the C readers make in place (``decimal_of``, cbcl/_cstack.h): for every CBCL
-decimal text, the text reader (``cbcl._scanner``) and the binary decoder
-(``cbcl._speedups``) give a ``Decimal`` indistinguishable from ``Decimal(text)``: its
-tuple, text, hash, comparisons and arithmetic. Coefficients of up to 19 significant
-digits are written into the object; longer ones are ``Decimal(text)``'s."""
+"""Decimals the C readers make in place (``decimal_of``, cbcl/_native_src/cstack.h): for
+every CBCL decimal text, the text reader and the binary decoder of ``cbcl._native`` give a
+``Decimal`` indistinguishable from ``Decimal(text)``: its tuple, text, hash, comparisons
+and arithmetic. Coefficients of up to 19 significant digits are written into the object;
+longer ones are ``Decimal(text)``'s. The layout check covers 3.11 to 3.13, where Decimal
+became a GC type (its objects tracked): it refuses a type laid out otherwise, and on 3.13
+the Decimals of a body are untracked so the tuples that hold them are too."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from hypothesis import example, given, settings, strategies as st
 import cbcl
 from cbcl import Registry
 
-scanner = pytest.importorskip("cbcl._scanner")
-speedups = pytest.importorskip("cbcl._speedups")
+scanner = pytest.importorskip("cbcl._native")
+speedups = pytest.importorskip("cbcl._native")
 
 ANY = (b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM NOT-UNDERSTOOD) '
        b'(grammar "body: value"))')
@@ -32,6 +34,47 @@ def test_the_layout_check_holds_where_ci_builds_the_extensions() -> None:
     if os.environ.get("CBCL_REQUIRE_SPEEDUPS") and sys.implementation.name == "cpython":
         assert scanner.decimals_in_place() and speedups.decimals_in_place()
     assert scanner.decimals_in_place() == speedups.decimals_in_place()
+
+
+def test_the_layout_check_refuses_other_layouts_and_knows_the_collector() -> None:
+    import _pydecimal
+    import gc
+
+    class Slotted(Decimal):
+        __slots__ = ("extra",)
+
+    holds, untrackable = scanner.decimal_layout_holds(Decimal)
+    assert holds == scanner.decimals_in_place()
+    if holds:  # (3.11, 3.12: not a GC type; 3.13: a GC type whose objects visit the type)
+        assert untrackable
+        assert gc.is_tracked(Decimal("1.5")) == (sys.version_info >= (3, 13))
+    # another layout (a subclass with a slot, the pure-Python Decimal, not a type): refused,
+    # and the readers then make Decimal(text) (the tests below hold either way)
+    assert scanner.decimal_layout_holds(Slotted) == (False, False)
+    assert scanner.decimal_layout_holds(_pydecimal.Decimal) == (False, False)
+    assert scanner.decimal_layout_holds(int) == (False, False)
+    assert scanner.decimal_layout_holds("decimal") == (False, False)
+
+
+@pytest.mark.parametrize("text", ["2.5", "-934.32", "0.1234567890123456789",
+                                  "12345678901234567890.5"])
+def test_bodies_of_decimals_stay_out_of_the_collector(text: str) -> None:
+    """From 3.13 Decimal is GC-tracked: the readers untrack the Decimals of a body (they
+    refer to their type only), so a tuple of atoms and decimals is untracked as on 3.12 (a
+    short decimal comes from the reader's token cache, a long one is made in C)."""
+    import gc
+
+    if not scanner.decimal_layout_holds(Decimal)[1]:
+        pytest.skip("Decimal's objects may not be untracked here")
+    data = HEAD + f"(x {text} (y {text}))))".encode()
+    frame = ENCODER.encode(cbcl.parse(data, registry=REGISTRY))
+    DECODER.decode(frame)  # (a first message may take the careful path)
+    for message in (cbcl.parse(data, registry=REGISTRY), DECODER.decode(frame)):
+        body = message.body
+        assert isinstance(body, tuple)
+        assert not gc.is_tracked(body), body
+        assert not gc.is_tracked(body[1]) and not gc.is_tracked(body[2])
+        indistinguishable(body[1], text)
 
 
 def indistinguishable(found: object, text: str) -> None:

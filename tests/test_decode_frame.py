@@ -1,4 +1,4 @@
-"""A whole binary frame in one C call (``cbcl._speedups.decode_frame``, the first thing
+"""A whole binary frame in one C call (``cbcl._native.decode_frame``, the first thing
 :meth:`cbcl.Decoder.decode` tries) against the Python decoder, the reference: on every
 frame it gives the decoder's message or ``None`` (never another message, never an error),
 and the decoder's outcome - message or error, its text and offset - does not depend on it.
@@ -19,7 +19,7 @@ from cbcl.binary import _codec
 from cbcl.binary._codec import Decoder, Encoder, _shape_refusal, envelope_limits, frame_shapes
 
 pytestmark = pytest.mark.skipif(_codec._decode_frame_c is None,
-                                reason="cbcl._speedups is not built here")
+                                reason="cbcl._native is not built here")
 
 REGISTRY = load_registry(find_descriptors())
 ENCODER = Encoder(REGISTRY)

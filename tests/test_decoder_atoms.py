@@ -1,4 +1,4 @@
-"""The atoms a binary frame writes in full, judged in C (``cbcl._speedups``) exactly as in
+"""The atoms a binary frame writes in full, judged in C (``cbcl._native``) exactly as in
 Python (issue 19): the lexical rules of :mod:`cbcl.core._vocabulary` mirrored by
 ``check_atom``/``build_body`` over every code point of the BMP, and on adversarial atoms
 (names at the length limit and one past it, names that start like numbers, non-ASCII,
@@ -32,7 +32,7 @@ from cbcl.core._vocabulary import (
     URI_RE,
 )
 
-speedups = pytest.importorskip("cbcl._speedups")
+speedups = pytest.importorskip("cbcl._native")
 
 ANY = (b'(protocol-descriptor (id any/v1) (version 1) (intents INFORM NOT-UNDERSTOOD) '
        b'(grammar "body: value"))')

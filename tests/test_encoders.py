@@ -1,4 +1,4 @@
-"""The C twins of the encoders (``cbcl._encoders``) against their Python twins, byte for
+"""The C twins of the encoders (``cbcl._native``) against their Python twins, byte for
 byte: the canonical text of any value (``canonical_value`` vs ``canonical_value_python``)
 and binary frames (``Encoder`` vs ``Encoder(pure_python=True)``), errors included: a value
 the C twin declines is written, or refused, by the Python twin, so both paths must give
@@ -27,14 +27,14 @@ _I64 = 2**63
 
 
 def _native_or_skip() -> Any:
-    """cbcl._encoders, or a skip where it is not built (CI requires it:
+    """cbcl._native, or a skip where it is not built (CI requires it:
     CBCL_REQUIRE_SPEEDUPS)."""
     try:
-        import cbcl._encoders as module
+        import cbcl._native as module
     except ImportError:
         if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
             raise
-        pytest.skip("cbcl._encoders is not built here")
+        pytest.skip("cbcl._native is not built here")
     return module
 
 

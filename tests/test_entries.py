@@ -1,4 +1,4 @@
-"""The C entry points (cbcl/_entry.h) that stand in for ``cbcl.parse``,
+"""The C entry points (cbcl/_native_src/entry.h) that stand in for ``cbcl.parse``,
 ``Message.canonical``, ``Encoder.encode``, ``Decoder.decode`` and ``cbcl.decode`` where the
 accelerators are built: each gives what the Python function it stands in for gives - the
 same result, or the same exception with the same text - for every call, the ordinary ones
@@ -322,7 +322,7 @@ def test_one_shot_decode_is_served_in_c(monkeypatch: pytest.MonkeyPatch) -> None
     """Once a registry's state is made, the ordinary call never runs decode's Python
     function (which calls the module's _decode_frame_c: spied here)."""
     if cbcl.decode is _codec.decode_one_shot_python:
-        pytest.skip("cbcl._speedups is not built")
+        pytest.skip("cbcl._native is not built")
     registry = load_registry(find_descriptors())
     calls: list[bytes] = []
     real = getattr(_codec, "_decode_frame_c")  # noqa: B009 (private to the module)

@@ -1,4 +1,4 @@
-"""Pass 1's walk of a document value: the C twin (``cbcl._speedups.envelope``) against the
+"""Pass 1's walk of a document value: the C twin (``cbcl._native.envelope``) against the
 Python walk (``cbcl.protocol._envelope.message_of_python``, the reference) on valid envelopes and
 on envelopes broken in every way the grammar refuses: fields out of order, repeated,
 missing or unknown, values of the wrong type, a wrong version, odd signatures. Both give
@@ -19,7 +19,7 @@ from cbcl.protocol import _envelope
 from cbcl.protocol._message import Message
 
 pytestmark = pytest.mark.skipif(_envelope.message_of is _envelope.message_of_python,
-                                reason="cbcl._speedups is not built here")
+                                reason="cbcl._native is not built here")
 
 ATTRIBUTES = _envelope._C_ATTRIBUTES
 
@@ -105,7 +105,7 @@ def test_every_intent_and_a_signature() -> None:
 
 
 def test_trusted_messages_made_in_c_are_the_pythons() -> None:
-    """Message._trusted by cbcl._speedups.make_object gives the message object.__new__ and
+    """Message._trusted by cbcl._native.make_object gives the message object.__new__ and
     object.__setattr__ give; make_object refuses what it cannot make that way."""
     from cbcl.protocol import _message
 
@@ -120,7 +120,7 @@ def test_trusted_messages_made_in_c_are_the_pythons() -> None:
         _message._make_object = saved
     assert made == reference and hash(made) == hash(reference)
     assert [getattr(made, name) for name in _message._ATTRIBUTES] == list(args)
-    from cbcl._speedups import make_object
+    from cbcl._native import make_object
 
     with pytest.raises(TypeError):
         make_object(int, ("real",), (1,))

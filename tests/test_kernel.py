@@ -39,12 +39,12 @@ def test_the_decimal_pattern(text: str, decimal: bool) -> None:
 def test_binary_codes_are_the_vocabulary() -> None:
     codes = (_codec.LPAR, _codec.RPAR, _codec.INTEGER, _codec.DECIMAL, _codec.SYMBOL,
              _codec.KEYWORD, _codec.URI_CODE)
-    assert codes == tuple(range(7))  # spec/binary.md, and the enum of cbcl/_speedups.c
+    assert codes == tuple(range(7))  # spec/binary.md, and the enum of cbcl/_native_src/speedups.c
     assert _codec.FIRST_ENTRY == _vocabulary.FIRST_ENTRY == 7
 
 
 def test_the_speedups_probe_tells_a_disagreeing_twin() -> None:
-    # The probe the codec runs when it loads cbcl._speedups: agreeing twins pass, a twin
+    # The probe the codec runs when it loads cbcl._native: agreeing twins pass, a twin
     # that reads the known body otherwise (a shifted C enum would) fails.
     assert _codec._speedups_agree(_codec._fast_body_loop, _python_unpack)
 

@@ -8,10 +8,10 @@ The differential properties: each tier gives exactly the careful loop's value, e
 count, or gives up; the public functions raise exactly the careful loop's errors (message,
 position, context); and on valid text the split tier and the fast loop never give up but
 for the documented reasons (a comment holding a quote, for the split tier). The C twin
-of the fast tiers (``cbcl._scanner.read_value``, tests/test_scanner.py) is one more tier
+of the fast tiers (``cbcl._native.read_value``, tests/test_scanner.py) is one more tier
 here, held to the same properties and never giving up on valid text. The binary decoder
 has a C twin too, so messages holding the same rare atoms are also decoded with and
-without ``cbcl._speedups`` and must give the text's values.
+without ``cbcl._native`` and must give the text's values.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from cbcl.core._values import Value
 
 def _scanner_tier() -> Any:
     """The C tier as a tier of ``tiers`` (``(text, limits, depth, nodes)``), or ``None``
-    where cbcl._scanner is not built (CI requires it: CBCL_REQUIRE_SPEEDUPS)."""
+    where cbcl._native is not built (CI requires it: CBCL_REQUIRE_SPEEDUPS)."""
     if _reader._read_value_c is None:
         if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
-            raise ImportError("cbcl._scanner is not built")
+            raise ImportError("cbcl._native is not built")
         return None
 
     def read(text: str, limits: Limits, depth: int, nodes: int) -> Any:
@@ -48,7 +48,7 @@ def _scanner_tier() -> Any:
 
 
 def c_read(text: str, pos: int, limits: Limits, depth: int = 0, nodes: int = 0) -> Any:
-    """``cbcl._scanner.read_value`` called as ``read_value_at`` calls it: the Python tiers'
+    """``cbcl._native.read_value`` called as ``read_value_at`` calls it: the Python tiers'
     ``(value, end, nodes)``, or ``None`` where it leaves the text to them."""
     found = _reader._read_value_c(text, pos, _reader._CACHE, _reader._atom,
                                   limits.max_depth - depth, limits.max_list_items,

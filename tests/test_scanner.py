@@ -1,4 +1,4 @@
-"""The C twin of the text reader's fast tiers (``cbcl._scanner.read_value``).
+"""The C twin of the text reader's fast tiers (``cbcl._native.read_value``).
 
 It is held to the careful loop (``_read_careful``, the reference) on every text: where it
 reads a value, the value (types and decimal texts included), the end and the node count
@@ -24,7 +24,7 @@ from cbcl import Limits
 from cbcl.core import _reader
 from cbcl.core._limits import DEFAULT_LIMITS
 
-pytestmark = pytest.mark.skipif(C_TIER is None, reason="cbcl._scanner is not built here")
+pytestmark = pytest.mark.skipif(C_TIER is None, reason="cbcl._native is not built here")
 
 
 def agree(text: str, pos: int = 0, limits: Limits = DEFAULT_LIMITS, depth: int = 0,

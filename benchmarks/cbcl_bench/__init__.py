@@ -1055,7 +1055,7 @@ def _contenders(case: Case, registry: Registry, encoder: Encoder, decoder: Decod
     accept (or decode back) every message it reads."""
     texts, messages = case.texts, case.messages
     frames = [encoder.encode(message) for message in messages]
-    pure = Decoder(registry)  # the decoder where cbcl._speedups is not built (msgpack's C is)
+    pure = Decoder(registry)  # the decoder where cbcl._native is not built (msgpack's C is)
     pure._fast_c = None  # (neither its fast tier's C twins
     pure._frame_state = None  # nor the whole-frame call: until now it still made that call)
     for frame, message in zip(frames, messages, strict=True):
@@ -1368,7 +1368,7 @@ def _extensions() -> list[str]:
     import importlib
 
     built = []
-    for name in ("_scanner", "_speedups", "_encoders"):
+    for name in ("_native",):
         try:
             importlib.import_module(f"cbcl.{name}")
         except ImportError:

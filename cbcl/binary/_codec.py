@@ -21,7 +21,7 @@ Decoding has two tiers. The fast tier (:func:`_fast_message`, :func:`_fast_body`
 a frame that needs no error in one pass: it builds the body with an explicit stack, checks
 each limit where it could be exceeded, steps the protocol's :class:`StackAutomaton`, and
 declines (returns ``None``, never raises) on anything else; its two hot loops have C twins
-in the optional extension ``cbcl._speedups``. The careful tier (:func:`_decode_tokens`)
+in the optional extension ``cbcl._native``. The careful tier (:func:`_decode_tokens`)
 then walks the declined frame's tokens, checking every limit at the token that would
 exceed it and driving the LALR tables with the recognition kernel (:mod:`._kernel`, which
 also words the refusal, as for text), and raises errors in the order the text path raises
@@ -123,7 +123,7 @@ def _decline(*args: object) -> None:
     """What the C twins below are where the module is not built: they decline."""
 
 
-# The C twins of Encoder.encode's frame writer (cbcl._encoders.pack_message and
+# The C twins of Encoder.encode's frame writer (cbcl._native.pack_message and
 # encode_message): they write the tokens Encoder.encode's Python path builds, from the
 # message's slots, or decline (None) for anything but the ordinary case.
 _pack_message: Callable[[bytes, Message, object], bytes | None] = _decline
@@ -229,7 +229,7 @@ class Encoder:
     ``validate=False`` skips that, for a trusted hot path that has validated already; then
     a message its protocol refuses gives a frame every decoder refuses, exactly as its
     text would be refused. ``pure_python=True`` writes frames with the Python twin of the
-    optional accelerator ``cbcl._encoders`` (the frames and errors are the same).
+    optional accelerator ``cbcl._native`` (the frames and errors are the same).
     """
 
     # (slots: Encoder.encode's C entry reads validate, registry, _tables and
@@ -260,7 +260,7 @@ class Encoder:
         self.limits = limits
         self._short = {digest: key for key, digest in _check_short_ids(short_ids).items()}
         # Per protocol: its symbol table, frame header and the table as the C twin takes it
-        # (cbcl._encoders.prepare; None: the Python twin writes, as under pure_python=True).
+        # (cbcl._native.prepare; None: the Python twin writes, as under pure_python=True).
         self._tables: dict[Protocol, tuple[SymbolTable, bytes, object]] = {}
         self._native = None if pure_python else _native
         # The registry and its dict of loaded protocols (the same dict for its lifetime),
@@ -424,7 +424,7 @@ class Decoder:
     ``limits`` are those of the text path (default :data:`DEFAULT_LIMITS`); the frame's
     size counts against ``max_message_bytes``. ``short_ids`` maps negotiated short ids to
     protocol digests. ``pure_python=True`` uses msgpack's pure-Python unpacker instead of
-    its C extension, and the Python twins of the optional accelerator ``cbcl._speedups``
+    its C extension, and the Python twins of the optional accelerator ``cbcl._native``
     (results and errors are the same). As in :func:`cbcl.parse`, a signed
     message is verified when the registry has a trust store, and ``require_signatures``
     refuses unsigned ones (it needs a trust store: ``ValueError`` otherwise).
@@ -464,7 +464,7 @@ class Decoder:
         self.require_signatures = require_signatures
         self._short = _check_short_ids(short_ids)
         self._unpacker = msgpack.fallback.Unpacker if pure_python else msgpack.Unpacker
-        # cbcl._speedups, when built, runs the fast path (_fast_frame: its envelope reader
+        # cbcl._native, when built, runs the fast path (_fast_frame: its envelope reader
         # and body builder), except under pure_python=True: then the Python loop reads
         # msgpack's tokens.
         self._fast_c: tuple[Any, Any] | None = None if pure_python or \
@@ -472,7 +472,7 @@ class Decoder:
         # This decoder's own symbol tables and atom memos; the one-shot decode()'s are
         # shared, one per registry (_one_shot_memos).
         self._memos = memos = _one_shot_memos(registry) if one_shot else _Memos()
-        # What cbcl._speedups.decode_frame reads with each frame (None: not built, or
+        # What cbcl._native.decode_frame reads with each frame (None: not built, or
         # pure_python): the whole frame in one call where it can (_frame_state).
         self._frame_state = None if self._fast_c is None or _decode_frame_c is None else \
             _frame_state(registry, limits, memos)
@@ -513,7 +513,7 @@ class Decoder:
         """
         state = self._frame_state
         message = None
-        if state is not None and type(data) is bytes:  # cbcl._speedups: the whole frame
+        if state is not None and type(data) is bytes:  # cbcl._native: the whole frame
             message = _decode_frame_c(data, state)    # in one call (None: not that way)
         if message is None:
             message = self._decode_tiers(data)
@@ -531,7 +531,7 @@ class Decoder:
         if size > limits.max_message_bytes:
             _limit(limits, "max_message_bytes", 0, "frame")
         table, start = self._header(data)
-        if self._fast_c is not None:  # cbcl._speedups reads the frame's bytes
+        if self._fast_c is not None:  # cbcl._native reads the frame's bytes
             message = _fast_frame(table, data, start, limits, self._memos, *self._fast_c)
             if message is None:  # a frame it declines: msgpack reads it, carefully
                 message = _decode_tokens(table, self._tokens(data, start), limits, data,
@@ -640,7 +640,7 @@ MEMO_ENTRIES = 1024
 #: few recur, and kept they would hold up to MEMO_ENTRIES frames' worth of bytes).
 MEMO_CHARS = 128
 #: The longest decimal a decoder remembers (as the reader: short ones recur, longer ones
-#: seldom); ``cbcl/_speedups.c`` constructs longer ones itself (DECIMAL_MEMO_CHARS).
+#: seldom); ``cbcl/_native_src/speedups.c`` constructs longer ones itself (DECIMAL_MEMO_CHARS).
 _DECIMAL_MEMO_CHARS = 4
 
 
@@ -666,7 +666,7 @@ class _Memos:
         self.by_digest: dict[bytes, SymbolTable] = {}
         #: The registry's protocols when :attr:`by_digest` was made.
         self.built_from: tuple[Protocol, ...] = ()
-        #: The tables of :attr:`by_digest` as cbcl._speedups.decode_frame reads them
+        #: The tables of :attr:`by_digest` as cbcl._native.decode_frame reads them
         #: (:func:`_frame_plan`), made with them.
         self.frame_plans: dict[bytes, tuple[Any, ...]] = {}
         #: The one-shot decode()'s frame states (:func:`_frame_state`) by the id of their
@@ -678,7 +678,7 @@ class _Memos:
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}
         #: By token code, the atoms already made of each kind written in full, by text:
-        #: what the fast path (and its C twin, cbcl._speedups.build_body) looks in first.
+        #: what the fast path (and its C twin, cbcl._native.build_body) looks in first.
         self.caches: tuple[dict[str, Any] | None, ...] = (
             None, None, None, self.decimals, _SYMBOLS, _KEYWORDS, self.uris)
         #: The fast path's make_atom, bound once (the Python loop calls it on a miss).
@@ -711,7 +711,7 @@ class _Memos:
         return value
 
     def _keep(self, code: int, text: str) -> Value:
-        """The atom of kind ``code`` written ``text``, which ``cbcl._speedups`` has
+        """The atom of kind ``code`` written ``text``, which ``cbcl._native`` has
         validated (by C mirrors of the rules :meth:`_make_atom` applies): made and
         remembered as :meth:`_make_atom` does, without checking it again."""
         if code == URI_CODE:
@@ -751,7 +751,7 @@ def _one_shot_memos(registry: Registry) -> _Memos:
 
 
 def _frame_plan(table: SymbolTable) -> tuple[Any, ...]:
-    """What cbcl._speedups.decode_frame reads of ``table`` (its layout is documented
+    """What cbcl._native.decode_frame reads of ``table`` (its layout is documented
     there): the protocol, its id and the id's length, the table's entries and codes, the
     protocol's acceptance plan."""
     protocol = table.protocol
@@ -760,7 +760,7 @@ def _frame_plan(table: SymbolTable) -> tuple[Any, ...]:
 
 
 def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> tuple[Any, ...]:
-    """What cbcl._speedups.decode_frame reads with each frame of a decoder (its layout is
+    """What cbcl._native.decode_frame reads with each frame of a decoder (its layout is
     documented there): the memos' frame plans, the registry's loaded protocols, the
     intents and their names' lengths, the envelope shapes within ``limits``
     (:func:`frame_shapes`), the atom memos, the limits, the envelope's nodes by bits,
@@ -774,7 +774,7 @@ def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> tuple[Any
 
 def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
                 memos: _Memos, frame_envelope: Any, build_body: Any) -> Message | None:
-    """:func:`_fast_message` by ``cbcl._speedups``, from the frame's bytes: the envelope's
+    """:func:`_fast_message` by ``cbcl._native``, from the frame's bytes: the envelope's
     fields read and checked by its ``frame_envelope``, the body by its ``build_body``."""
     head = frame_envelope(data, start, INTENTS, memos.uris, limits.max_string_bytes,
                           memos.entries)
@@ -1070,7 +1070,7 @@ _DEFAULT_SHAPES = _shapes_of(DEFAULT_LIMITS)
 def frame_shapes(limits: Limits) -> bytes:
     """By fields present, 1 where :func:`envelope_limits` passes an envelope of those
     fields under ``limits`` whatever its intent and protocol id, as long as neither name is
-    longer than ``max_name_chars`` (what cbcl._speedups.decode_frame checks), else 0.
+    longer than ``max_name_chars`` (what cbcl._native.decode_frame checks), else 0.
     Remembered for at most :data:`_SHAPES_MAX` limits (a pure function of them)."""
     if limits is DEFAULT_LIMITS:  # (a Limits hashes in Python: the common case skips it)
         return _DEFAULT_SHAPES
@@ -1268,7 +1268,7 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     :func:`_walk_body` reads the same tokens to raise the precise error.
 
     The hot loop of decoding, run by ``build``: :func:`_fast_body_loop`, the reference of
-    ``cbcl._speedups.build_body`` (which :func:`_fast_body_at` runs on the frame's bytes
+    ``cbcl._native.build_body`` (which :func:`_fast_body_at` runs on the frame's bytes
     where it is built; :func:`build_body_on_tokens` runs it on tokens). Checks that cannot fail are
     skipped (nodes, when there are too few tokens left to exceed the limit); a list's
     items are counted when it closes (the node check bounds what is built before then);
@@ -1292,7 +1292,7 @@ def _fast_body_at(table: SymbolTable, data: bytes, offset: int, limits: Limits,
                   nodes: int, governed: Intent | None, memos: _Memos,
                   build_body: Any) -> Value | None:
     """:func:`_fast_body` for the body whose tokens are ``data[offset:]``, read from the
-    bytes by ``build_body`` (``cbcl._speedups``'s, which counts the nodes itself)."""
+    bytes by ``build_body`` (``cbcl._native``'s, which counts the nodes itself)."""
     start = start_node(table.protocol, governed) if governed is not None else None
     if start is REFUSED:
         return None
@@ -1311,7 +1311,7 @@ def build_body_on_tokens(tokens: list[Any], index: int,
                          step: Callable[[Any, str], Any], max_depth: int, max_items: int,
                          max_string: int, max_name: int, next_code: int, refused: Any,
                          accept: Any) -> Value | None:
-    """``cbcl._speedups.build_body`` called as :func:`_fast_body_loop` is, on tokens (for
+    """``cbcl._native.build_body`` called as :func:`_fast_body_loop` is, on tokens (for
     the tests and the probe that hold the two to each other): the tokens are packed with
     msgpack, as a frame holds them, and no node budget applies (the loop has none)."""
     data = b"".join(msgpack.packb(token) for token in tokens[index:])
@@ -1328,7 +1328,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                     step: Callable[[Any, str], Any], max_depth: int, max_items: int,
                     max_string: int, max_name: int, next_code: int, refused: Any,
                     accept: Any) -> Value | None:
-    """The loop of :func:`_fast_body` in Python (``cbcl._speedups.build_body`` is its
+    """The loop of :func:`_fast_body` in Python (``cbcl._native.build_body`` is its
     twin in C): the body, or ``None``."""
     learned: dict[int, tuple[Value, str]] = {}  # atoms written in full in this frame
     seen: set[Value] = set()
@@ -1431,7 +1431,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
 
 def _speedups_agree(build_body: Any, unpack: Any) -> bool:
     """Whether the C twins read a known body as the Python twin does: the C enum of token
-    codes (``cbcl/_speedups.c``, which exports no constants) against :mod:`._vocabulary`.
+    codes (``cbcl/_native_src/speedups.c``, which exports no constants) against :mod:`._vocabulary`.
     Every code is used: each kind written in full, a static entry, a learned one."""
     tokens: list[Any] = [LPAR, INTEGER, 5, DECIMAL, "1.5", SYMBOL, "a", KEYWORD, "k",
                          URI_CODE, "a://b", "s", FIRST_ENTRY, FIRST_ENTRY + 1, RPAR]
@@ -1451,7 +1451,7 @@ def _speedups_agree(build_body: Any, unpack: Any) -> bool:
 
 
 try:
-    from .._speedups import (
+    from .._native import (
         build_body as _build_body_c,
         decode_frame as _decode_frame_c,
         frame_envelope as _frame_envelope_c,
@@ -1461,11 +1461,11 @@ except ImportError:  # not built: the Python twins run
     _build_body_c = None  # type: ignore[assignment]
     _decode_frame_c = None  # type: ignore[assignment]
     _frame_envelope_c = None  # type: ignore[assignment]
-    #: Whether the optional C accelerator cbcl._speedups is built (and agrees).
+    #: Whether the optional C accelerator cbcl._native is built (and agrees).
     SPEEDUPS = False
 else:
     if not _speedups_agree(build_body_on_tokens, _unpack_c):  # pragma: no cover - stale
-        raise ImportError("cbcl._speedups disagrees with cbcl.core._vocabulary's token codes "
+        raise ImportError("cbcl._native disagrees with cbcl.core._vocabulary's token codes "
                           "(rebuild the extension)")
     SPEEDUPS = True
 
@@ -1578,8 +1578,8 @@ FRAME_STATES = 16
 
 
 # Encoder.encode and Decoder.decode become C methods where the accelerators are built
-# (cbcl/_entry.h): the ordinary call served in C (encode_message; decode_frame), any other,
-# or one they decline, by the Python methods above, which stay the reference and whose
+# (cbcl/_native_src/entry.h): the ordinary call served in C (encode_message; decode_frame),
+# any other, or one they decline, by the Python methods above, which stay the reference and whose
 # documentation they show.
 #: The Python methods, whatever the names are bound to (the references the tests hold the
 #: entries to).
@@ -1591,21 +1591,21 @@ if _native is not None:
     if _entry is not None:
         setattr(Encoder, "encode", _entry)  # noqa: B010 (mypy: a method)
 if _decode_frame_c is not None:
-    from .._speedups import decode_entry as _decode_entry
+    from .._native import decode_entry as _decode_entry
 
     _entry = _decode_entry(Decoder, Decoder.decode, _verify_signed,
                            entry_doc(Decoder.decode, method=True))
     if _entry is not None:
         setattr(Decoder, "decode", _entry)  # noqa: B010 (mypy: a method)
 
-# decode itself becomes a C function likewise (cbcl._speedups.one_shot_entry): decode(data,
+# decode itself becomes a C function likewise (cbcl._native.one_shot_entry): decode(data,
 # registry=registry) of bytes, once the registry's one-shot memos hold the default limits'
 # frame state, is the whole-frame C call, without decode's Python frame (~0.5 us of a
 # ~2 us ~370 B frame); any other call, or a frame it declines, is the function above.
 #: The Python function, whatever decode is bound to (the reference the tests hold it to).
 decode_one_shot_python = decode
 if _decode_frame_c is not None:
-    from .._speedups import one_shot_entry as _one_shot_entry
+    from .._native import one_shot_entry as _one_shot_entry
 
     _entry = _one_shot_entry(decode, entry_doc(decode, method=False), _verify_signed,
                              Registry, _Memos)

@@ -24,23 +24,23 @@ from ._vocabulary import (
     FIRST_ENTRY,
 )
 
-# The optional C twins of the encoders (cbcl/_encoders.c): canonical_value below, the
+# The optional C twins of the encoders (cbcl/_native_src/encoders.c): canonical_value below, the
 # message's canonical() and the binary frame writer of cbcl.binary._codec.Encoder try them first;
 # None where it is not built. (decimal_layout: whether it reads _decimal's own layout.)
 decimal_layout = False
 try:
-    from .. import _encoders
+    from .. import _native
 except ImportError:  # pragma: no cover - built wherever a C compiler exists
-    _encoders = None  # type: ignore[assignment]
+    _native = None  # type: ignore[assignment]
 else:
-    if not all(hasattr(_encoders, name) for name in (
+    if not all(hasattr(_native, name) for name in (
             "canonical", "canonical_message", "pack_frame", "pack_message", "encode_message",
             "prepare", "setup_message", "setup_frame")):
-        raise ImportError("cbcl._encoders is a stale build (rebuild the extension)")
-    decimal_layout = _encoders.setup(Symbol, Keyword, URI, Decimal, MAX_DECIMAL_CHARS,
-                                     (CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL,
-                                      CODE_SYMBOL, CODE_KEYWORD, CODE_URI, FIRST_ENTRY))
-native = _encoders
+        raise ImportError("cbcl._native is a stale build (rebuild the extension)")
+    decimal_layout = _native.setup(Symbol, Keyword, URI, Decimal, MAX_DECIMAL_CHARS,
+                                   (CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL,
+                                    CODE_SYMBOL, CODE_KEYWORD, CODE_URI, FIRST_ENTRY))
+native = _native
 
 # Characters a canonical string escapes; lone surrogates are matched so they can be refused.
 _NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
@@ -136,7 +136,7 @@ def canonical_value(value: ValueInput) -> str:
 
 def canonical_value_python(value: ValueInput) -> str:
     """:func:`canonical_value` in Python: the reference (and the fallback) of its C twin
-    ``cbcl._encoders.canonical``, which gives the same text or declines."""
+    ``cbcl._native.canonical``, which gives the same text or declines."""
     if not isinstance(value, (tuple, list)):
         return _atom_text(value)
     # Post-order without recursion: each open list gathers its items' texts, and is

@@ -1,4 +1,4 @@
-"""The C entry points that stand in for Python functions and methods (cbcl/_entry.h): the
+"""The C entry points that stand in for Python functions and methods (cbcl/_native_src/entry.h): the
 documentation each takes from the Python function it stands in for, its *fallback*."""
 
 from __future__ import annotations

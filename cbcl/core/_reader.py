@@ -253,7 +253,7 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     reads them rather than encoding the text again). Raises :class:`MalformedError` or
     :class:`LimitError`.
 
-    The C twin of the fast tiers (``cbcl._scanner.read_value``, when built) reads first;
+    The C twin of the fast tiers (``cbcl._native.read_value``, when built) reads first;
     where it declines, or is not built, at ``pos`` 0 :func:`_read_split` tries a list that
     runs to the end of the text. The fast loop (:func:`_read_fast`) reads well-formed
     text within the limits; on anything else it gives up and :func:`_read_careful` reads
@@ -272,7 +272,7 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
 def read_value_python(text: str, pos: int, limits: Limits, depth: int, nodes: int,
                       ) -> tuple[Value, int, int]:
     """:func:`read_value_at` by the Python tiers alone (the reference of the C twin,
-    ``cbcl._scanner.read_value``)."""
+    ``cbcl._native.read_value``)."""
     if pos == 0:
         found = _read_split(text, limits, depth, nodes)
         if found is not None:
@@ -1028,7 +1028,7 @@ def _diagnose_string(text: str, index: int) -> NoReturn:
 
 
 try:
-    from .._scanner import read_value as _scanner_read_value
+    from .._native import read_value as _scanner_read_value
 except ImportError:  # not built: the Python tiers read alone
     _read_value_c: Any = None
 else:

@@ -3,8 +3,8 @@
 Every module that recognises atoms (the reader's token expression, the value types'
 constructors, the binary decoder) builds its expressions from the patterns here, so a
 change to what a NAME or a DECIMAL is is made in one place. The binary token codes are
-mirrored by the enum of ``cbcl/_speedups.c``; :func:`cbcl.binary._codec` checks the two agree
-when it loads the extension.
+mirrored by the enum of ``cbcl/_native_src/speedups.c``; :func:`cbcl.binary._codec` checks
+the two agree when it loads the extension.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ VALUE_FIRST = ("LPAR", SYMBOL_KIND, STRING_KIND, INTEGER_KIND, DECIMAL_KIND, KEY
 
 # --------------------------------------------------------------------------- binary codes
 
-#: Body token codes of the binary form (spec/binary.md); ``cbcl/_speedups.c`` has the same
-#: enum. Codes from ``FIRST_ENTRY`` on name symbol-table entries.
+#: Body token codes of the binary form (spec/binary.md); ``cbcl/_native_src/speedups.c`` has
+#: the same enum. Codes from ``FIRST_ENTRY`` on name symbol-table entries.
 CODE_LPAR, CODE_RPAR, CODE_INTEGER, CODE_DECIMAL, CODE_SYMBOL, CODE_KEYWORD, CODE_URI = range(7)
 FIRST_ENTRY = 7
 #: The kind of each code that is followed by the atom's text (or integer).

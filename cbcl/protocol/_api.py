@@ -30,13 +30,13 @@ from ._registry import Registry
 from ._schema import _has_heads
 
 try:
-    from .._speedups import accept_document as _accept_document_speedups
+    from .._native import accept_document as _accept_document_speedups
 except ImportError:  # not built: parse() takes the careful path only
     _accept_document_c: Any = None
 else:
     _accept_document_c = None if _read_value_c is None else _accept_document_speedups
 
-#: What cbcl._speedups.accept_document takes with each document: the envelope's tables
+#: What cbcl._native.accept_document takes with each document: the envelope's tables
 #: (as cbcl.protocol._envelope.message_of passes them) and pass 2's (the atoms' terminals, the
 #: automaton's outcomes, the schema's head test).
 _DOCUMENT_TABLES = (*ENVELOPE_TABLES, ATOM_TERMINALS, REFUSED, ACCEPT, _has_heads)
@@ -105,8 +105,8 @@ def _verified(message: Message, registry: Registry) -> Message:
 
 def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None:
     """:func:`parse`'s fast path, by the C tiers alone: the document read in one call
-    (``cbcl._scanner.read_value``), both passes over its value in another
-    (``cbcl._speedups.accept_document``, the twin of :func:`accept_document_python`).
+    (``cbcl._native.read_value``), both passes over its value in another
+    (``cbcl._native.accept_document``, the twin of :func:`accept_document_python`).
     The message, or ``None`` for anything the careful path must judge (it reads the
     document again, to accept it or raise the precise error). Only an accepted message is
     returned, so the careful path's order of checks (the signature before pass 2) cannot
@@ -129,14 +129,14 @@ def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None
     return message
 
 
-# parse itself becomes a C function where the accelerators are built (cbcl/_entry.h,
-# cbcl._speedups.parse_entry): parse(data, registry=registry) of bytes within the default
+# parse itself becomes a C function where the accelerators are built (cbcl/_native_src/entry.h,
+# cbcl._native.parse_entry): parse(data, registry=registry) of bytes within the default
 # limits is _accepted's work in one C call; any other call, or a document it declines, is
 # the Python function above, which stays the reference and lends its documentation.
 #: The Python function, whatever parse is bound to (the reference the tests hold it to).
 parse_python = parse
 if _accept_document_c is not None:
-    from .._speedups import parse_entry as _parse_entry
+    from .._native import parse_entry as _parse_entry
 
     _entry = _parse_entry(
         parse, entry_doc(parse, method=False), _verified, only_space_after, _DOCUMENT_TABLES,
@@ -150,7 +150,7 @@ if _accept_document_c is not None:
 def accept_document_python(value: Value, registry: Registry) -> Message | None:
     """The message a whole document's ``value`` holds when both passes accept it, with
     the protocol ``registry`` holds for it, else ``None`` (an error the careful path
-    raises is ``None`` here too). The reference of ``cbcl._speedups.accept_document``,
+    raises is ``None`` here too). The reference of ``cbcl._native.accept_document``,
     which may also decline (``None``) a message this accepts: a NOT-UNDERSTOOD or CANCEL
     its protocol does not govern, or a schema type of more than 63 fields."""
     message = message_of_python(value)

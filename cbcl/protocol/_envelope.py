@@ -183,7 +183,7 @@ def parse_envelope(text: str, limits: Limits, utf8: bytes | None = None) -> Mess
 def message_of_python(value: Any) -> Message | None:
     """The :class:`Message` whose value is ``value`` (a whole document), or ``None`` if the
     envelope grammar refuses it: :func:`_walk`, then ``Message._trusted`` (every field
-    checked by the walk and the reader). The reference of ``cbcl._speedups.envelope``."""
+    checked by the walk and the reader). The reference of ``cbcl._native.envelope``."""
     fields = _walk(value)
     return None if fields is None else Message._trusted(**fields)
 
@@ -372,7 +372,7 @@ _REDUCERS: dict[str, Any] = {
 }
 
 
-# The tables of the C twin of message_of_python (cbcl._speedups.envelope): keyed by the
+# The tables of the C twin of message_of_python (cbcl._native.envelope): keyed by the
 # pinned interned symbols, which the reader returns, so each lookup is one identity check.
 _C_FIELDS = {intern_symbol(name, pin=True): (order, kind)
              for name, (order, _, kind) in _FIELDS.items()}
@@ -380,16 +380,16 @@ _C_INTENTS = {intern_symbol(name, pin=True): intent for name, intent in _INTENTS
 _C_ATTRIBUTES = tuple(key for _, key, _ in sorted(_FIELDS.values()))
 _C_VERSION = intern_symbol(VERSION, pin=True)
 
-#: cbcl._speedups.envelope's arguments after the value.
+#: cbcl._native.envelope's arguments after the value.
 ENVELOPE_TABLES = (_C_VERSION, _C_FIELDS, _C_INTENTS, Signature, Message, _C_ATTRIBUTES,
                    URI, Symbol)
 
 try:
-    from .._speedups import envelope as _speedups_envelope
+    from .._native import envelope as _speedups_envelope
 except ImportError:  # not built: the Python walk runs
     message_of: Callable[[Any], Message | None] = message_of_python
 else:
     def message_of(value: Any) -> Message | None:
-        """:func:`message_of_python` by its C twin, ``cbcl._speedups.envelope``."""
+        """:func:`message_of_python` by its C twin, ``cbcl._native.envelope``."""
         message: Message | None = _speedups_envelope(value, *ENVELOPE_TABLES)
         return message

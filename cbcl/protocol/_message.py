@@ -232,11 +232,11 @@ _FIELD = {name: Symbol(name) for name in (
     "in-reply-to", "reply-by", "timestamp", "body", "signature")}
 _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
 
-# The C twin of ``canonical()`` (cbcl._encoders.canonical_message), which writes the text of
+# The C twin of ``canonical()`` (cbcl._native.canonical_message), which writes the text of
 # ``canonical_value(message.to_value())`` from the message's slots, or declines (None) for
 # anything but an exact Message with an Intent member and an exact Signature or none: then
 # the Python path above writes it, or raises. None where the module is not built.
-# Message.canonical itself becomes a C method (cbcl._encoders.canonical_entry): that text,
+# Message.canonical itself becomes a C method (cbcl._native.canonical_entry): that text,
 # else the Python method above (its fallback, whose documentation it shows).
 _canonical_message = None
 #: The Python method, whatever Message.canonical is bound to (the reference).
@@ -254,7 +254,7 @@ _ATTRIBUTES = ("message_id", "sender", "receiver", "intent", "protocol", "conver
                "in_reply_to", "reply_by", "timestamp", "body", "signature")
 
 try:
-    from .._speedups import make_object as _make_object_c
+    from .._native import make_object as _make_object_c
 except ImportError:  # not built: object.__setattr__ per field
     _make_object: Any = None
 else:

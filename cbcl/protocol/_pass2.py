@@ -43,7 +43,7 @@ from ._protocol import Protocol
 from ._schema import check_schema
 
 try:
-    from .._speedups import recognise as _speedups_recognise
+    from .._native import recognise as _speedups_recognise
 except ImportError:  # not built: the Python walk runs
     _recognise_c: Any = None
 else:
@@ -89,7 +89,7 @@ def recognise_body(protocol: Protocol, body: Value, intent: Intent | None = None
     Each token is one transition of the protocol's :class:`StackAutomaton`; where the
     grammar takes any ``value``, a whole list is taken at once
     (:func:`cbcl.grammar._lalr.value_states`): it has been read, and any value is one. The walk is
-    ``cbcl._speedups.recognise`` where that is built, else :func:`walk_body`."""
+    ``cbcl._native.recognise`` where that is built, else :func:`walk_body`."""
     node = start_node(protocol, intent)
     if node is REFUSED:
         return False
@@ -102,7 +102,7 @@ def recognise_body(protocol: Protocol, body: Value, intent: Intent | None = None
 
 def walk_body(protocol: Protocol, body: Value, node: Any) -> bool:
     """The walk of :func:`recognise_body` from ``node``, in Python (the reference of its C
-    twin, ``cbcl._speedups.recognise``)."""
+    twin, ``cbcl._native.recognise``)."""
     step = protocol.automaton.step
     classes = protocol.atoms
     pending: list[Any] = []

@@ -46,7 +46,7 @@ class Protocol:
     governed: frozenset[Intent] = field(init=False)
     #: Intent -> the start terminal fed before its body (empty: one start rule for all).
     entries: dict[Intent, str] = field(init=False)
-    #: Pass 2's plan for the C twins (``cbcl._speedups``: its layout is documented there):
+    #: Pass 2's plan for the C twins (``cbcl._native``: its layout is documented there):
     #: the governed intents, the start terminals, the automaton and its ``step``, the
     #: literal atoms and the schema's records by head (:meth:`Schema.record_index`).
     acceptance: tuple[Any, ...] = field(init=False, repr=False)

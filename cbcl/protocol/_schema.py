@@ -209,7 +209,7 @@ class Schema:
         """What :meth:`record_for` looks records up by, each record as its ``_Pairs`` (the
         form the schema's fast pass reads): the head symbols whose first record has that
         one head, and every head's ``(pairs, heads)`` to try in order. For C twins
-        (``cbcl._speedups``, through :attr:`cbcl.protocol._protocol.Protocol.acceptance`)."""
+        (``cbcl._native``, through :attr:`cbcl.protocol._protocol.Protocol.acceptance`)."""
         return ({head: record._pairs for head, record in self._sole.items()},
                 {head: tuple((record._pairs, heads) for record, heads in tried)
                  for head, tried in self._candidates.items()})
@@ -894,12 +894,12 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
 
 
 try:
-    from .._speedups import schema_valid as _schema_valid_c
+    from .._native import schema_valid as _schema_valid_c
 except ImportError:  # not built: the Python fast pass runs
     fast_pass: Callable[[Record, tuple[Value, ...]], bool] = _valid
 else:
     def fast_pass(record: Record, body: tuple[Value, ...]) -> bool:
-        """:func:`_valid` by its C twin, ``cbcl._speedups.schema_valid`` (which leaves a
+        """:func:`_valid` by its C twin, ``cbcl._native.schema_valid`` (which leaves a
         type of more than 63 fields to :func:`_valid`)."""
         valid: bool | None = _schema_valid_c(record._pairs, body, _has_heads)
         return _valid(record, body) if valid is None else valid

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The C twins (cbcl/_encoders.c: canonical text and binary frames; cbcl/_scanner.c: the text
-# reader; cbcl/_speedups.c: the binary decoder) under AddressSanitizer and UBSan: builds
-# each extension with -fsanitize=address,undefined (and warnings as errors) into a
+# The C twins (cbcl/_native_src/: encoders.c, canonical text and binary frames; scanner.c, the
+# text reader; speedups.c, the binary decoder) under AddressSanitizer and UBSan: builds
+# the extension cbcl._native with -fsanitize=address,undefined (and warnings as errors) into a
 # temporary copy of the package, then runs against it the differential tests
 # (tests/test_encoders.py, test_scanner.py, test_reader_tiers.py, test_decoder_atoms.py,
 # test_envelope_walk.py, test_automaton.py, test_schema.py, test_accept_document.py,
@@ -32,13 +32,11 @@ rm -rf "$work/pkg/cbcl/__pycache__" "$work/pkg/cbcl"/*.so "$work/pkg/cbcl"/*.pyd
 
 include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 suffix=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-for module in _encoders _scanner _speedups; do
-    target="$work/pkg/cbcl/$module$suffix"
-    echo "+ $CC -fsanitize=address,undefined … cbcl/$module.c -> $target"
-    "$CC" -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
-        -fno-sanitize-recover=all -Wall -Wextra -Werror -I"$include" "cbcl/$module.c" \
-        -o "$target"
-done
+target="$work/pkg/cbcl/_native$suffix"
+echo "+ $CC -fsanitize=address,undefined … cbcl/_native_src/*.c -> $target"
+"$CC" -shared -fPIC -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+    -fno-sanitize-recover=all -Wall -Wextra -Werror -I"$include" cbcl/_native_src/module.c \
+    cbcl/_native_src/scanner.c cbcl/_native_src/speedups.c cbcl/_native_src/encoders.c -o "$target"
 
 LD_PRELOAD="$("$CC" -print-file-name=libasan.so) $("$CC" -print-file-name=libubsan.so)"
 export LD_PRELOAD
@@ -52,10 +50,9 @@ export CBCL_REQUIRE_SPEEDUPS=1  # a skip for want of the extension would hide no
 cd "$work"  # not the checkout: its cbcl/ would come first on sys.path
 ln -s "$root/descriptors" descriptors  # (what `cbcl bench`'s corpus, used by a test, finds)
 
-"$PY" -c "import sys, cbcl._encoders, cbcl._scanner, cbcl._speedups
-for m in (cbcl._encoders, cbcl._scanner, cbcl._speedups):
-    assert m.__file__.startswith(sys.argv[1]), m.__file__
-    print('+ sanitized build:', m.__file__)" "$work/pkg"
+"$PY" -c "import sys, cbcl._native as m
+assert m.__file__.startswith(sys.argv[1]), m.__file__
+print('+ sanitized build:', m.__file__)" "$work/pkg"
 echo "+ pytest (differential tests) against the sanitized builds"
 "$PY" -m pytest -q -p no:cacheprovider "$root/tests/test_encoders.py" \
     "$root/tests/test_canonical.py" "$root/tests/test_codec.py" \

@@ -1,4 +1,4 @@
-"""Atheris harness of the encoders' C twins (``cbcl._encoders``): on every input, the C and
+"""Atheris harness of the encoders' C twins (``cbcl._native``): on every input, the C and
 the Python twins give the same canonical text and the same binary frame, or raise the same
 exception with the same message.
 
@@ -117,7 +117,7 @@ def _setup() -> Any:
     from cbcl.trust import Signature
 
     if native is None:
-        raise SystemExit("cbcl._encoders is not built: nothing to compare")
+        raise SystemExit("cbcl._native is not built: nothing to compare")
     registry = cbcl.Registry(disk_cache=False, isolate=False)
     for name in DESCRIPTORS:
         registry.load((ROOT / "descriptors" / f"{name}.cbcl").read_bytes(),

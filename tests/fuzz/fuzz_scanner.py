@@ -1,4 +1,4 @@
-"""Atheris harness of the text reader's C twin (``cbcl._scanner.read_value``): on every
+"""Atheris harness of the text reader's C twin (``cbcl._native.read_value``): on every
 input, what it reads is exactly what the careful loop (``cbcl.core._reader._read_careful``, the
 reference) reads, value, end and node count, and where it gives up the careful loop raises
 (but at a later position of a text that is not ASCII, which it leaves to the Python tiers).
@@ -46,7 +46,7 @@ def _setup() -> Any:
 
     read_value = _reader._read_value_c
     if read_value is None:
-        raise SystemExit("cbcl._scanner is not built")
+        raise SystemExit("cbcl._native is not built")
     small = [Limits(max_depth=d, max_list_items=i, max_nodes=n, max_string_bytes=s,
                     max_name_chars=c)
              for d, i, n, s, c in ((2, 3, 8, 4, 3), (4, 8, 40, 16, 12), (8, 2, 12, 1, 1),

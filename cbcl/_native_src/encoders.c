@@ -67,7 +67,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include "_entry.h"
+#include "entry.h"
+#include "native.h"
 
 #define MAX_DEPTH 10000
 
@@ -1474,7 +1475,7 @@ end:
 
 /* ------------------------------------------------------------------------- tables */
 
-static const char TABLE[] = "cbcl._encoders.table";
+static const char TABLE[] = "cbcl._native.table";
 
 static void
 table_free(PyObject *capsule)
@@ -1776,7 +1777,7 @@ encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* ------------------------------------------------------------------------- entries */
 
-/* Message.canonical and Encoder.encode as C methods (cbcl/_entry.h): the text or frame of
+/* Message.canonical and Encoder.encode as C methods (cbcl/_native_src/entry.h): the text or frame of
  * canonical_message / encode_message, else the Python method they stand in for. */
 
 static PyObject *message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored));
@@ -2010,7 +2011,7 @@ setup_frame(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyMethodDef methods[] = {
+PyMethodDef cbcl_encoders_methods[] = {
     {"canonical", canonical, METH_O,
      "canonical(value, /) -> str | None: the canonical text of a value, or None to decline."},
     {"pack_frame", (PyCFunction)(void (*)(void))pack_frame, METH_FASTCALL,
@@ -2036,7 +2037,7 @@ static PyMethodDef methods[] = {
      "the registry type whose _protocols encode_message reads."},
     {"canonical_entry", canonical_entry, METH_VARARGS,
      "canonical_entry(fallback, doc, /) -> descriptor: Message.canonical in C, falling back "
-     "to the Python method (cbcl/_entry.h)."},
+     "to the Python method (cbcl/_native_src/entry.h)."},
     {"encode_entry", encode_entry, METH_VARARGS,
      "encode_entry(Encoder, fallback, doc, /) -> descriptor | None: Encoder.encode in C, "
      "falling back to the Python method; None if its slots are not as expected."},
@@ -2049,19 +2050,14 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cbcl._encoders",
-    "Optional C twins of the canonical text writer and the binary frame writer.", -1,
-    methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__encoders(void)
+/* The escape table of the text writer (module.c's exec). */
+int
+cbcl_encoders_exec(PyObject *Py_UNUSED(module))
 {
     for (int c = 0; c < 0x20; c++)
         ESCAPE1[c] = 1;
     for (int c = 0x7f; c <= 0x9f; c++)
         ESCAPE1[c] = 1;
     ESCAPE1['"'] = ESCAPE1['\\'] = ESCAPE1['\n'] = ESCAPE1['\r'] = ESCAPE1['\t'] = 2;
-    return PyModule_Create(&module);
+    return 0;
 }

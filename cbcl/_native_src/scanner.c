@@ -35,8 +35,8 @@
  * comments are judged here, by C mirrors of TOKEN's rules that tests/test_scanner.py and
  * tests/fuzz/fuzz_scanner.py hold to the Python tiers.
  */
-#include "_cstack.h"
-#include "_scanner.h"
+#include "cstack.h"
+#include "native.h"
 
 static int
 is_space(unsigned char c)
@@ -311,7 +311,7 @@ chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
 }
 
 /* The scanner's own memo of atoms by their token's bytes, in front of `cache`
- * (MemoSlot, cbcl/_cstack.h): direct-mapped, MEMO_SLOTS slots of ASCII tokens of at most
+ * (MemoSlot, cbcl/_native_src/cstack.h): direct-mapped, MEMO_SLOTS slots of ASCII tokens of at most
  * MEMO_CHARS characters, each holding the token and the atom `cache` or make_atom gave
  * for it. A pure memo, as `cache` is (spec/cbcl-1.0.md, "Process-wide memos"): the atom a
  * token denotes does not depend on when it was read, and no limit is stored (the name
@@ -374,12 +374,6 @@ char_index(const unsigned char *p, Py_ssize_t at, int ascii)
     return ascii ? at : chars_of(p, 0, at);
 }
 
-static PyObject *read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache,
-                               PyObject *make_atom, Py_ssize_t depth_left,
-                               Py_ssize_t max_items, Py_ssize_t budget, Py_ssize_t max_string,
-                               Py_ssize_t max_name, PyObject *utf8, Py_ssize_t *end_out,
-                               Py_ssize_t *nodes_out);
-
 static PyObject *
 read_value(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -393,16 +387,17 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "utf8 must be the text's UTF-8 (bytes) or None");
         return NULL;
     }
-    PyObject *value = read_value_of(text, pos, cache, make_atom, depth_left, max_items, budget,
-                                    max_string, max_name, utf8, &end, &nodes);
+    PyObject *value = cbcl_read_value_of(text, pos, cache, make_atom, depth_left, max_items, budget,
+                                         max_string, max_name, utf8, &end, &nodes);
     if (value == NULL || value == Py_None)
         return value;
     return Py_BuildValue("(Nnn)", value, end, nodes);
 }
 
-/* read_value's work: ReadValueOf of cbcl/_scanner.h, exported in its capsule. */
-static PyObject *
-read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *make_atom,
+/* read_value's work, read_value's arguments checked (text a str, cache a dict, utf8 the
+ * text's UTF-8 as bytes or Py_None); also called directly by speedups.c's parse entry. */
+PyObject *
+cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *make_atom,
               Py_ssize_t depth_left, Py_ssize_t max_items, Py_ssize_t budget,
               Py_ssize_t max_string, Py_ssize_t max_name, PyObject *utf8, Py_ssize_t *end_out,
               Py_ssize_t *nodes_out)
@@ -435,7 +430,7 @@ read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *make_at
         i = 0;
     }
 
-    Stack st = STACK_INIT; /* the lists under way (cbcl/_cstack.h) */
+    Stack st = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
     PyObject *value = NULL;
     PyObject *result = NULL;
     Py_ssize_t nodes = 0, end = 0;
@@ -512,18 +507,24 @@ cleanup:
     return result;
 }
 
-/* decimals_in_place() -> bool: whether decimal_of makes decimals in place here (the
- * layout check of cbcl/_cstack.h held), for the tests. */
+/* decimal_layout_holds(type) -> (bool, bool): whether cstack.h's layout check holds for
+ * `type`, and whether its objects may be untracked; for the tests (which hand it types
+ * it must refuse). Changes nothing. */
 static PyObject *
-decimals_in_place(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+decimal_layout_holds_for(PyObject *Py_UNUSED(self), PyObject *type)
 {
-    return PyBool_FromLong(DecimalInPlace);
+    int untrackable = 0, holds = decimal_layout_holds(type, &untrackable);
+    if (holds < 0)
+        return NULL;
+    return Py_BuildValue("(OO)", holds ? Py_True : Py_False,
+                         untrackable ? Py_True : Py_False);
 }
 
-static PyMethodDef methods[] = {
-    {"decimals_in_place", decimals_in_place, METH_NOARGS,
-     "decimals_in_place() -> bool: whether this module makes Decimals in place "
-     "(cbcl/_cstack.h's layout check held), else by Decimal(text)."},
+PyMethodDef cbcl_scanner_methods[] = {
+    {"decimal_layout_holds", decimal_layout_holds_for, METH_O,
+     "decimal_layout_holds(type, /) -> (bool, bool): whether the Decimal layout check of "
+     "cbcl/_native_src/cstack.h holds for type, and whether its objects may be untracked "
+     "(for the tests)."},
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
      "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "
@@ -531,25 +532,16 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cbcl._scanner",
-    "Optional C twin of the text reader's fast tiers (see cbcl/core/_reader.py).", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__scanner(void)
+/* The value types and the Decimal layout check of this unit's copy of cstack.h. */
+int
+cbcl_scanner_exec(PyObject *Py_UNUSED(module))
 {
-    if (init_value_types() < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL)
-        return NULL;
-    PyObject *api = PyCapsule_New((void *)(ReadValueOf)read_value_of, SCANNER_CAPSULE, NULL);
-    if (api == NULL || PyModule_AddObject(m, "_C_API", api) < 0) {
-        Py_XDECREF(api);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return init_value_types();
+}
+
+/* Whether this unit's decimal_of makes decimals in place (module.c's decimals_in_place). */
+int
+cbcl_scanner_decimals_in_place(void)
+{
+    return DecimalInPlace;
 }

@@ -48,9 +48,9 @@
  * decoder's own (cbcl.binary._codec._Memos), passed with each call: this module keeps no state
  * but its interned strings and the types it makes (cbcl.core._values' atoms, Decimal).
  */
-#include "_cstack.h"
-#include "_entry.h"
-#include "_scanner.h"
+#include "cstack.h"
+#include "entry.h"
+#include "native.h"
 #include <structmember.h>
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
@@ -296,7 +296,7 @@ valid_name(PyObject *text, int symbol)
 
 #define DECIMAL_MEMO_CHARS 4 /* cbcl.binary._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
 
-/* DECIMAL_RE, of at most MAX_DECIMAL_CHARS characters: is_decimal (cbcl/_cstack.h) over the
+/* DECIMAL_RE, of at most MAX_DECIMAL_CHARS characters: is_decimal (cbcl/_native_src/cstack.h) over the
  * str's bytes (a decimal is ASCII). */
 static int
 valid_decimal(PyObject *text)
@@ -393,7 +393,7 @@ remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
 }
 
 /* The decoder's memo of atoms written in full, by kind and bytes, in front of the
- * decoders' own (MemoSlot, cbcl/_cstack.h, as cbcl/_scanner.c keeps one in front of the
+ * decoders' own (MemoSlot, cbcl/_native_src/cstack.h, as cbcl/_native_src/scanner.c keeps one in front of the
  * text reader's cache): direct-mapped, ATOM_SLOTS slots of symbols, keywords and URIs of
  * at most ATOM_CHARS ASCII characters. A pure memo (spec/cbcl-1.0.md, "Process-wide
  * memos"): the atom a kind and text denote does not depend on when it was read; no limit
@@ -580,7 +580,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
     Learned learned = LEARNED_INIT; /* the atoms written in full, in order */
     PyObject *value = NULL;   /* owned */
-    Stack st = STACK_INIT;    /* the lists under way (cbcl/_cstack.h) */
+    Stack st = STACK_INIT;    /* the lists under way (cbcl/_native_src/cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
     Py_ssize_t nodes = 0;
     Py_ssize_t i = offset;
@@ -2154,7 +2154,7 @@ frame_message(PyObject *data, PyObject *state, int require, PyObject *verified,
     return checked;
 }
 
-/* Decoder.decode as a C method (cbcl/_entry.h): for one positional argument of exact bytes
+/* Decoder.decode as a C method (cbcl/_native_src/entry.h): for one positional argument of exact bytes
  * and a decoder with a frame state (Decoder._frame_state), frame_message with the
  * decoder's registry and require_signatures. Anything else, or a frame decode_frame
  * declines, falls back to the Python method. */
@@ -2186,10 +2186,10 @@ decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     return entry_call_method(&DECODE_ENTRY, self, args, nargs, kwnames);
 }
 
-/* cbcl.parse as a C function (cbcl/_entry.h): the ordinary call, parse(data,
+/* cbcl.parse as a C function (cbcl/_native_src/entry.h): the ordinary call, parse(data,
  * registry=registry) with data exact bytes within the default limits, is what parse's
  * fast path (cbcl.protocol._api._accepted) does, in C: the UTF-8 decoded, the document read by
- * cbcl._scanner's reader (its capsule), both passes by accept_document_of. An unsigned
+ * cbcl._native's reader (its capsule), both passes by accept_document_of. An unsigned
  * message is returned as it is; a signed one goes through PARSE_VERIFIED (the registry's
  * trust store, as parse has it). Any other call, or a document the C tiers decline, falls
  * back to the Python function (which reads it again, to accept it or raise). */
@@ -2198,7 +2198,6 @@ static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t 
 static CEntry PARSE_ENTRY = {
     {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
     NULL, NULL};
-static ReadValueOf read_value_of; /* cbcl._scanner's, from its capsule */
 /* parse_entry's arguments: PARSE_VERIFIED(message, registry) -> message;
  * PARSE_SPACE_AFTER(text, end) -> bool (cbcl.core._reader.only_space_after); accept_document's
  * tables; the reader's token cache and atom maker; the default limits */
@@ -2232,10 +2231,10 @@ parse_fast(PyObject *data, PyObject *registry)
         goto decline;
     }
     Py_ssize_t end = 0, nodes = 0;
-    value = read_value_of(text, 0, PARSE_CACHE, PARSE_ATOM, PARSE_LIMITS[L_DEPTH],
-                          PARSE_LIMITS[L_LIST_ITEMS], PARSE_LIMITS[L_NODES],
-                          PARSE_LIMITS[L_STRING_BYTES], PARSE_LIMITS[L_NAME_CHARS], data, &end,
-                          &nodes);
+    value = cbcl_read_value_of(text, 0, PARSE_CACHE, PARSE_ATOM, PARSE_LIMITS[L_DEPTH],
+                               PARSE_LIMITS[L_LIST_ITEMS], PARSE_LIMITS[L_NODES],
+                               PARSE_LIMITS[L_STRING_BYTES], PARSE_LIMITS[L_NAME_CHARS], data,
+                               &end, &nodes);
     if (value == NULL)
         goto cleanup;
     if (value == Py_None)
@@ -2299,7 +2298,7 @@ parse_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
 }
 
 /* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits)
- * -> function | None: cbcl.parse in C (see parse_call); None if cbcl._scanner is not
+ * -> function | None: cbcl.parse in C (see parse_call); None if cbcl._native is not
  * built. limits: the default limits' max_message_bytes, max_depth, max_list_items,
  * max_nodes, max_string_bytes and max_name_chars. */
 static PyObject *
@@ -2326,18 +2325,12 @@ parse_entry(PyObject *module, PyObject *args)
         if (values[k] == -1 && PyErr_Occurred())
             return NULL;
     }
-    ReadValueOf reader = (ReadValueOf)PyCapsule_Import(SCANNER_CAPSULE, 0);
-    if (reader == NULL) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
     if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
         (S_PROTOCOLS_ATTRIBUTE == NULL &&
          (S_PROTOCOLS_ATTRIBUTE = PyUnicode_InternFromString("_protocols")) == NULL))
         return NULL;
     if (entry_set(&PARSE_ENTRY, fallback, doc) < 0)
         return NULL;
-    read_value_of = reader;
     Py_XSETREF(PARSE_VERIFIED, Py_NewRef(verified));
     Py_XSETREF(PARSE_SPACE_AFTER, Py_NewRef(space_after));
     Py_XSETREF(PARSE_TABLES, Py_NewRef(tables));
@@ -2374,7 +2367,7 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
     return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
 }
 
-/* cbcl.decode as a C function (cbcl/_entry.h): the ordinary call, decode(data,
+/* cbcl.decode as a C function (cbcl/_native_src/entry.h): the ordinary call, decode(data,
  * registry=registry) with data exact bytes and registry an exact cbcl.Registry whose
  * one-shot memos (Registry._one_shot, a cbcl.binary._codec._Memos) hold the default limits'
  * frame state (_Memos.default_state), is decode_frame_of with that state; a signed message
@@ -2449,28 +2442,17 @@ one_shot_entry(PyObject *module, PyObject *args)
     return entry_function(&ONE_SHOT_ENTRY, module);
 }
 
-/* decimals_in_place() -> bool: whether decimal_of makes decimals in place here (the
- * layout check of cbcl/_cstack.h held), for the tests. */
-static PyObject *
-decimals_in_place(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
-{
-    return PyBool_FromLong(DecimalInPlace);
-}
-
-static PyMethodDef methods[] = {
-    {"decimals_in_place", decimals_in_place, METH_NOARGS,
-     "decimals_in_place() -> bool: whether this module makes Decimals in place "
-     "(cbcl/_cstack.h's layout check held), else by Decimal(text)."},
+PyMethodDef cbcl_speedups_methods[] = {
     {"parse_entry", parse_entry, METH_VARARGS,
      "parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, "
      "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "
-     "(cbcl/_entry.h); None if cbcl._scanner is not built."},
+     "(cbcl/_native_src/entry.h); None if cbcl._native is not built."},
     {"decode_entry", decode_entry, METH_VARARGS,
      "decode_entry(Decoder, fallback, verified, doc, /) -> descriptor | None: Decoder.decode "
-     "in C, falling back to the Python method (cbcl/_entry.h)."},
+     "in C, falling back to the Python method (cbcl/_native_src/entry.h)."},
     {"one_shot_entry", one_shot_entry, METH_VARARGS,
      "one_shot_entry(fallback, doc, verified, Registry, _Memos, /) -> function | None: "
-     "cbcl.decode in C, falling back to the Python function (cbcl/_entry.h)."},
+     "cbcl.decode in C, falling back to the Python function (cbcl/_native_src/entry.h)."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl.binary._codec._fast_frame)."},
@@ -2504,14 +2486,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cbcl._speedups",
-    "Optional C twins of the binary decoder's fast path (see cbcl/binary/_codec.py).", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC
-PyInit__speedups(void)
+/* The interned strings and the value types of speedups.c (module.c's exec): 0, or -1. */
+int
+cbcl_speedups_exec(PyObject *Py_UNUSED(module))
 {
     if ((S_LPAR = PyUnicode_InternFromString("LPAR")) == NULL ||
         (S_RPAR = PyUnicode_InternFromString("RPAR")) == NULL ||
@@ -2522,15 +2499,23 @@ PyInit__speedups(void)
         (S_KINDS[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
         (S_KINDS[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
         (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
-        return NULL;
+        return -1;
     if (init_value_types() < 0)
-        return NULL;
+        return -1;
     if ((S_PACKED = PyUnicode_InternFromString("packed")) == NULL ||
         (S_MIN_LENGTH = PyUnicode_InternFromString("min_length")) == NULL ||
         (S_MAX_LENGTH = PyUnicode_InternFromString("max_length")) == NULL ||
         (S_ITEM = PyUnicode_InternFromString("_item")) == NULL ||
         (S_START = PyUnicode_InternFromString("start")) == NULL ||
         (S_ACCEPTANCE = PyUnicode_InternFromString("acceptance")) == NULL)
-        return NULL;
-    return PyModule_Create(&module);
+        return -1;
+    return 0;
+}
+
+/* decimals_in_place() -> bool: whether decimal_of makes decimals in place (the layout
+ * check of cstack.h held in this unit and the scanner's: module.c), for the tests. */
+int
+cbcl_speedups_decimals_in_place(void)
+{
+    return DecimalInPlace;
 }

@@ -1,5 +1,5 @@
 /* Entry points: C functions installed in place of a Python function or method (included by
- * cbcl/_encoders.c and cbcl/_speedups.c, static: each module has its own copy).
+ * cbcl/_native_src/encoders.c and cbcl/_native_src/speedups.c, static: each module has its own copy).
  *
  * Theory of operation
  * -------------------

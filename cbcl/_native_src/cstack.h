@@ -1,4 +1,4 @@
-/* What the C readers share (cbcl/_scanner.c: text; cbcl/_speedups.c: binary frames): the
+/* What the C readers share (cbcl/_native_src/scanner.c: text; cbcl/_native_src/speedups.c: binary frames): the
  * types of the values they make, and the values of the lists under way: the items of every open list one after another in
  * `items`, and where each open list's items start in `opens`. A list's close makes the
  * tuple of the top list's items directly (no Python list per list), and a tuple that can
@@ -124,12 +124,27 @@ init_value_types(void)
 /* Decimals made in place. Decimal(text) costs ~0.25 us, most of it argument parsing and
  * libmpdec's general string reader; a CBCL decimal (is_decimal: -?digits.digits) of at
  * most DECIMAL_WORD_DIGITS significant digits is one coefficient word and an exponent, so
- * decimal_of writes the object _decimal's own constructor would write: its mpd_t, with the
- * coefficient in the object's inline data, laid out as DecimalLayout. That layout is
- * CPython's (Modules/_decimal: PyDecObject, libmpdec's mpd_t), not a public API, so
- * init_value_types checks it first (decimal_layout_ok): the type's size, then, field by
- * field, the decimals _decimal makes of sample texts against the ones made here, and their
- * text, hash and value. Where it does not hold, every decimal is Decimal(text). */
+ * decimal_in_place writes the object _decimal's own constructor would write: its mpd_t,
+ * with the coefficient in the object's inline data, laid out as DecimalLayout. That layout
+ * is CPython's (Modules/_decimal: PyDecObject, libmpdec's mpd_t), not a public API, so
+ * init_value_types checks it first (decimal_layout_holds): the type's size, then, field by
+ * field, the decimals _decimal makes of sample texts against the ones made here, their
+ * text, hash and value, and how the cyclic collector sees them. Where it does not hold,
+ * every decimal is Decimal(text).
+ *
+ * The collector. Up to 3.12 Decimal is not a GC type; from 3.13 it is (a heap type whose
+ * objects visit their type), and _decimal's objects are tracked. The object is allocated
+ * by the type's own tp_alloc, which allocates the GC header in front of the object when
+ * the type has one and tracks the object, as _decimal's do: the check requires that ours
+ * and theirs agree (a GC type or not; tracked or not) and that the PyObject fields sit
+ * where DecimalLayout says (the header is before the object pointer, not in the struct).
+ *
+ * Untracking. A Decimal is immutable and refers to nothing but its type, so it can be in
+ * no reference cycle the type is not in: on 3.13 the readers untrack the Decimals they
+ * put in a body (decimal_untrackable: the check found, by the type's tp_traverse, that a
+ * sample visits its type and nothing else), so that a tuple of atoms and decimals is
+ * still untracked (is_inert), as on 3.11 and 3.12. Where tp_traverse visits anything else,
+ * Decimals stay tracked and tuples that hold them stay tracked (CPython's own rule). */
 typedef struct {
     uint8_t flags; /* MPD_NEG, MPD_STATIC, MPD_STATIC_DATA ... */
     Py_ssize_t exp, digits, len, alloc;
@@ -145,7 +160,45 @@ typedef struct {
 
 enum { MPD_NEG_FLAG = 1, MPD_STATIC_FLAGS = 16 | 32 }; /* MPD_STATIC | MPD_STATIC_DATA */
 #define DECIMAL_WORD_DIGITS 19 /* MPD_RDIGITS: a word holds 10**19 - 1 */
-static int DecimalInPlace; /* 1: decimal_layout_ok held */
+static int DecimalInPlace;     /* 1: decimal_layout_holds held */
+static int DecimalUntrackable; /* 1: a Decimal visits only its type (see above) */
+
+/* The Decimal of type `type` of p[0:n], a CBCL decimal token, made in place (the layout
+ * check must have held for `type`): a new reference; NULL with an exception; or Py_None
+ * (a new reference) if its coefficient is longer than one word. */
+static PyObject *
+decimal_in_place(PyTypeObject *type, const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t fraction = 0, digits = 0;
+    int negative = n > 0 && p[0] == '-', after_point = 0;
+    uint64_t coefficient = 0;
+    for (Py_ssize_t i = negative; i < n; i++) {
+        unsigned char c = p[i];
+        if (c == '.') {
+            after_point = 1;
+            continue;
+        }
+        fraction += after_point;
+        if (digits == 0 && c == '0')
+            continue; /* a leading zero */
+        if (++digits > DECIMAL_WORD_DIGITS)
+            Py_RETURN_NONE;
+        coefficient = coefficient * 10 + (uint64_t)(c - '0');
+    }
+    /* tp_alloc: zeroed, the GC header (if any) in front, tracked if a GC type */
+    DecimalLayout *d = (DecimalLayout *)type->tp_alloc(type, 0);
+    if (d == NULL)
+        return NULL;
+    d->hash = -1;
+    d->dec.flags = (uint8_t)(MPD_STATIC_FLAGS | (negative ? MPD_NEG_FLAG : 0));
+    d->dec.exp = -fraction;
+    d->dec.digits = digits ? digits : 1;
+    d->dec.len = 1;
+    d->dec.alloc = 4;
+    d->dec.data = d->data;
+    d->data[0] = coefficient;
+    return (PyObject *)d;
+}
 
 /* The Decimal of p[0:n], a CBCL decimal token: a new reference, or NULL with an exception.
  * `text`: that token as a str, or NULL (made here if Decimal(text) must make it). */
@@ -153,37 +206,10 @@ static PyObject *
 decimal_of(const unsigned char *p, Py_ssize_t n, PyObject *text)
 {
     if (DecimalInPlace) {
-        Py_ssize_t i = 0, fraction = 0, digits = 0;
-        int negative = n > 0 && p[0] == '-', after_point = 0;
-        uint64_t coefficient = 0;
-        for (i = negative; i < n; i++) {
-            unsigned char c = p[i];
-            if (c == '.') {
-                after_point = 1;
-                continue;
-            }
-            fraction += after_point;
-            if (digits == 0 && c == '0')
-                continue; /* a leading zero */
-            if (++digits > DECIMAL_WORD_DIGITS)
-                break;
-            coefficient = coefficient * 10 + (uint64_t)(c - '0');
-        }
-        if (digits <= DECIMAL_WORD_DIGITS) {
-            PyTypeObject *type = (PyTypeObject *)DecimalType;
-            DecimalLayout *d = (DecimalLayout *)type->tp_alloc(type, 0);
-            if (d == NULL)
-                return NULL;
-            d->hash = -1;
-            d->dec.flags = (uint8_t)(MPD_STATIC_FLAGS | (negative ? MPD_NEG_FLAG : 0));
-            d->dec.exp = -fraction;
-            d->dec.digits = digits ? digits : 1;
-            d->dec.len = 1;
-            d->dec.alloc = 4;
-            d->dec.data = d->data;
-            d->data[0] = coefficient;
-            return (PyObject *)d;
-        }
+        PyObject *made = decimal_in_place((PyTypeObject *)DecimalType, p, n);
+        if (made != Py_None)
+            return made;
+        Py_DECREF(made);
     }
     if (text != NULL)
         return PyObject_CallOneArg(DecimalType, text);
@@ -195,35 +221,73 @@ decimal_of(const unsigned char *p, Py_ssize_t n, PyObject *text)
     return value;
 }
 
-/* Whether decimal_of may make decimals in place (see above): 1, 0, or -1. */
+/* decimal_untrackable's visitor: counts the objects visited that are not `arg`'s type. */
+typedef struct {
+    PyObject *type;
+    int others;
+} VisitCount;
+
 static int
-decimal_layout_ok(void)
+visit_count(PyObject *object, void *arg)
+{
+    VisitCount *count = arg;
+    if (object != count->type)
+        count->others++;
+    return 0;
+}
+
+/* Whether `sample`, a Decimal, may be untracked: not a GC object at all, or one whose
+ * tp_traverse visits its type and nothing else (see above). */
+static int
+decimal_untrackable(PyObject *sample)
+{
+    if (!PyObject_IS_GC(sample))
+        return 1;
+    traverseproc traverse = Py_TYPE(sample)->tp_traverse;
+    if (traverse == NULL)
+        return 0;
+    VisitCount count = {(PyObject *)Py_TYPE(sample), 0};
+    return traverse(sample, visit_count, &count) == 0 && count.others == 0;
+}
+
+/* Whether decimal_in_place may make decimals of `type` (see above): 1, 0, or -1 with an
+ * exception; *untrackable (if 1) whether they may be untracked. */
+static int
+decimal_layout_holds(PyObject *decimal_type, int *untrackable)
 {
     static const char *const samples[] = {
         "0.0", "-0.0", "0.00000", "-0.50", "1.5", "-934.32", "551.79", "10.0", "100.001",
         "0.000000000000000000001", "999999999999999999.9", "-999999999.9999999999",
         "1234567890123456789.0", "0.1234567890123456789", "000.10",
         "12345678901234567890.5" /* (20 digits: Decimal(text) makes it) */};
-    PyTypeObject *type = (PyTypeObject *)DecimalType;
-    if (!PyType_Check(DecimalType) || type->tp_basicsize != (Py_ssize_t)sizeof(DecimalLayout) ||
-            strcmp(type->tp_name, "decimal.Decimal") != 0 || type->tp_itemsize != 0)
+    *untrackable = 0;
+    if (!PyType_Check(decimal_type))
         return 0;
-    int holds = 1;
-    DecimalInPlace = 1; /* (for the samples: reset below unless every one agrees) */
+    PyTypeObject *type = (PyTypeObject *)decimal_type;
+    if (type->tp_basicsize != (Py_ssize_t)sizeof(DecimalLayout) ||
+            strcmp(type->tp_name, "decimal.Decimal") != 0 || type->tp_itemsize != 0 ||
+            type->tp_alloc == NULL)
+        return 0;
+    int holds = 1, all_untrackable = 1;
     for (size_t k = 0; holds && k < sizeof samples / sizeof samples[0]; k++) {
         const unsigned char *p = (const unsigned char *)samples[k];
         Py_ssize_t n = (Py_ssize_t)strlen(samples[k]);
         PyObject *text = PyUnicode_FromStringAndSize(samples[k], n);
-        PyObject *theirs = text == NULL ? NULL : PyObject_CallOneArg(DecimalType, text);
-        PyObject *ours = theirs == NULL ? NULL : decimal_of(p, n, NULL);
+        PyObject *theirs = text == NULL ? NULL : PyObject_CallOneArg(decimal_type, text);
+        PyObject *ours = theirs == NULL ? NULL : decimal_in_place(type, p, n);
         if (ours == NULL) {
             Py_XDECREF(text);
             Py_XDECREF(theirs);
-            DecimalInPlace = 0;
             return -1;
         }
+        if (ours == Py_None) /* (longer than a word: Decimal(text) makes it) */
+            goto next;
         const DecimalLayout *a = (const DecimalLayout *)theirs, *b = (const DecimalLayout *)ours;
         holds = Py_TYPE(theirs) == type && Py_TYPE(ours) == type &&
+                /* the collector sees ours as it sees theirs */
+                PyObject_IS_GC(theirs) == PyObject_IS_GC(ours) &&
+                (!PyObject_IS_GC(theirs) ||
+                 PyObject_GC_IsTracked(theirs) == PyObject_GC_IsTracked(ours)) &&
                 a->dec.flags == b->dec.flags && a->dec.exp == b->dec.exp &&
                 a->dec.digits == b->dec.digits && a->dec.len == b->dec.len &&
                 a->dec.alloc == b->dec.alloc && a->dec.data == a->data &&
@@ -238,19 +302,26 @@ decimal_layout_ok(void)
                     PyUnicode_Compare(their_text, our_text) == 0;
             Py_XDECREF(their_text);
             Py_XDECREF(our_text);
-            if (PyErr_Occurred()) {
-                Py_DECREF(text);
-                Py_DECREF(theirs);
-                Py_DECREF(ours);
-                DecimalInPlace = 0;
-                return -1;
-            }
+            all_untrackable = all_untrackable && decimal_untrackable(theirs) &&
+                              decimal_untrackable(ours);
         }
+    next:
         Py_DECREF(text);
         Py_DECREF(theirs);
         Py_DECREF(ours);
+        if (PyErr_Occurred())
+            return -1;
     }
-    DecimalInPlace = holds;
+    *untrackable = holds && all_untrackable;
+    return holds;
+}
+
+static int
+decimal_layout_ok(void)
+{
+    int untrackable = 0, holds = decimal_layout_holds(DecimalType, &untrackable);
+    DecimalInPlace = holds == 1;
+    DecimalUntrackable = holds == 1 && untrackable;
     return holds;
 }
 
@@ -304,7 +375,10 @@ memo_keep(MemoSlot *slot, long kind, PyObject *text, PyObject *value)
 }
 
 /* Whether `value` can hold no reference to a container: an object the collector does not
- * track (exact str, int, Decimal), an untracked tuple, or a cbcl atom. */
+ * track (exact str, int, Decimal up to 3.12), an untracked tuple, or a cbcl atom. A
+ * Decimal of the GC type of 3.13 is untracked here, then inert, where the layout check
+ * found that it refers to its type only (DecimalUntrackable, see above); else it is not
+ * inert (a GC object: CPython's own rule for the tuples that hold it). */
 static int
 is_inert(PyObject *value)
 {
@@ -314,7 +388,13 @@ is_inert(PyObject *value)
         return 1;
     if (type == &PyTuple_Type)
         return !PyObject_GC_IsTracked(value);
-    return !PyObject_IS_GC(value);
+    if (!PyObject_IS_GC(value))
+        return 1;
+    if ((PyObject *)type == DecimalType && DecimalUntrackable) {
+        PyObject_GC_UnTrack(value); /* (immutable; visits only its type) */
+        return 1;
+    }
+    return 0;
 }
 
 /* The tuple of the top list's items, moved out of the stack, and the list closed: a new

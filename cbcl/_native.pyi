@@ -1,16 +1,46 @@
-"""Types of the optional C accelerator ``cbcl/_speedups.c``: the C twins of the binary
-decoder's fast path (``cbcl.binary._codec``) and the lexical rules they apply. The functions take
-positional arguments only; ``unpack`` and ``build_body`` raise nothing
-for anything in their input and return ``None`` when the careful Python decoder must read
-the frame again."""
+"""Types of the optional C accelerator ``cbcl._native`` (``cbcl/_native_src/``: one module,
+built from scanner.c, speedups.c and encoders.c). Its functions take positional arguments
+only; the twins raise nothing for anything in their input and return ``None`` when the
+Python twin must read, write or refuse it."""
 
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, TypeVar
 
 from _typeshed import ReadableBuffer
 
 from .core._values import Value
 from .protocol._message import Message
+
+# ---- the text reader's fast tiers (cbcl/_native_src/scanner.c)
+
+def read_value(
+    text: str,
+    pos: int,
+    cache: dict[str, object],
+    make_atom: Callable[[str, int], object | None],
+    depth_left: int,
+    max_items: int,
+    budget: int,
+    max_string: int,
+    max_name: int,
+    /,
+) -> tuple[Value, int, int] | None:
+    """The value at character ``pos`` of ``text`` (whitespace and comments may precede
+    it), the character index just after it and the number of its nodes; or ``None`` for
+    anything but a well-formed value within the limits (``depth_left`` lists deep,
+    ``max_items`` items a list, ``budget`` nodes, strings of ``max_string`` UTF-8 bytes,
+    names of ``max_name`` characters). ``cache`` is ``cbcl.core._reader._CACHE`` (token text ->
+    atom, read only) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every
+    atom but integers and decimals of more than 4 characters, which are made in C."""
+
+def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
+    """Whether the layout check of ``cbcl/_native_src/cstack.h`` holds for ``type`` (its
+    objects may be made in place), and whether they may be untracked by the cyclic
+    collector (not a GC type, or one whose objects visit only their type); for the tests.
+    Changes nothing."""
+
+# ---- the binary decoder, pass 2, the envelope, the entries (cbcl/_native_src/speedups.c)
 
 # A node of a protocol's StackAutomaton (cbcl/grammar/_automaton.py): an exact dict holding the
 # node's reserved keys (its stack) and its transitions by token class, whose values are
@@ -147,7 +177,8 @@ def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...]
     gives it: ``Message._trusted``'s construction, its fields checked by the caller."""
 
 def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> Any:
-    """``Decoder.decode`` as a C method (``cbcl/_entry.h``): for one positional argument of
+    """``Decoder.decode`` as a C method (``cbcl/_native_src/entry.h``): for one positional
+    argument of
     exact bytes and a decoder with a frame state, :func:`decode_frame`'s message (through
     ``verified(message, decoder.registry)`` when it is signed or signatures are required);
     else, or when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if
@@ -156,7 +187,7 @@ def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> An
 
 def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos: type,
                    /) -> Any:
-    """``cbcl.decode`` as a C function (``cbcl/_entry.h``): ``decode(data, registry=R)``
+    """``cbcl.decode`` as a C function (``cbcl/_native_src/entry.h``): ``decode(data, registry=R)``
     of exact bytes, with ``R`` an exact ``registry`` whose one-shot memos (``R._one_shot``,
     a ``memos``) hold the default limits' frame state, is :func:`decode_frame`'s message
     (through ``verified(message, R)`` when it is signed); any other call, or a frame it
@@ -167,11 +198,85 @@ def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
                 limits: tuple[int, int, int, int, int, int], /) -> Any:
     """``cbcl.parse`` as a C function: ``parse(data, registry=registry)`` of exact bytes
     within ``limits`` (the default limits' max_message_bytes, max_depth, max_list_items,
-    max_nodes, max_string_bytes, max_name_chars) read by ``cbcl._scanner``'s reader (its
+    max_nodes, max_string_bytes, max_name_chars) read by ``cbcl._native``'s reader (its
     capsule) and accepted by :func:`accept_document` (a signed message through
     ``verified(message, registry)``); any other call, or a document declined,
-    ``fallback(*args, **kwargs)``. ``None`` if ``cbcl._scanner`` is not built."""
+    ``fallback(*args, **kwargs)``. ``None`` if ``cbcl._native`` is not built."""
+
+# ---- the encoders (cbcl/_native_src/encoders.c)
+
+def canonical(value: object, /) -> str | None:
+    """The canonical text of ``value``, or ``None`` for anything the Python twin must
+    handle (a type that is not exactly a CBCL type, a value out of range, deep nesting)."""
+
+def canonical_message(message: object, /) -> str | None:
+    """``Message.canonical()``'s text (that of ``canonical_value(message.to_value())``),
+    written from the slots of an exact :class:`cbcl.Message`, or ``None`` for anything the
+    Python path must handle (a subclass, an intent that is not an ``Intent`` member, a
+    signature that is not an exact ``Signature``, or a field :func:`canonical` declines)."""
+
+def pack_message(header: bytes, message: object, table: object, /) -> bytes | None:
+    """``Encoder.encode``'s frame of ``message``: ``header``, the envelope tokens, then the
+    body's under ``table`` (what :func:`prepare` returned), from the slots of an exact
+    :class:`cbcl.Message`, or ``None`` for anything the Python path must handle (as
+    :func:`canonical_message`, and a token :func:`pack_frame` declines)."""
+
+def setup_message(message: type, signature: type, names: tuple[Any, ...],
+                  intents: tuple[tuple[Any, Any], ...], /) -> bool:
+    """``Message`` and ``Signature`` (slotted: their fields are read at their member
+    descriptors' offsets), the envelope's symbols (the version, then each field's, in the
+    fields' order) and the intents as ``(member, symbol)`` pairs; ``False`` (every message
+    declined) if the types are not slotted as expected."""
+
+def encode_message(message: object, registry: object, tables: dict[Any, Any], /) -> bytes | None:
+    """:func:`pack_message` with the header and table an ``Encoder`` cached for the
+    message's protocol (``Encoder._tables``), found as ``registry.get`` finds the protocol
+    (``registry`` an exact ``Registry``), or ``None``: not cached yet, or declined."""
+
+def setup_frame(intents: tuple[Any, ...], present_bits: tuple[int, int, int, int, int, int],
+                registry: type, /) -> None:
+    """The intents by code (``cbcl.binary._codec.INTENTS``), the present bits of
+    conversation-id, in-reply-to, reply-by, timestamp, signature and body, and the
+    ``Registry`` type; until it is called :func:`pack_message` and :func:`encode_message`
+    return ``None``."""
+
+def prepare(codes: dict[Value, int], /) -> object | None:
+    """A symbol table's codes (``SymbolTable.codes``, read once) as :func:`pack_frame`
+    takes them, or ``None`` if they are not a dict of exact symbols, keywords and URIs to
+    ints (then the Python twin writes every frame)."""
+
+def pack_frame(header: bytes, tokens: list[Any], body: object, table: object, /) -> bytes | None:
+    """``header``, then the msgpack of each envelope token (ints and strs, as
+    ``msgpack.packb`` writes them, without the array header), then the tokens of ``body``
+    (``None``: no body) under ``table`` (what :func:`prepare` returned), or ``None``."""
+
+def setup(
+    symbol: type[str],
+    keyword: type[str],
+    uri: type[str],
+    decimal: type[Decimal],
+    max_decimal_chars: int,
+    codes: tuple[int, int, int, int, int, int, int, int],
+    /,
+) -> bool:
+    """The types of ``cbcl.core._values``, ``MAX_DECIMAL_CHARS`` and the token codes
+    ``LPAR, RPAR, INTEGER, DECIMAL, SYMBOL, KEYWORD, URI, FIRST_ENTRY`` of
+    ``cbcl.core._vocabulary``; until it is called every function returns ``None``. Returns
+    whether decimals are read from ``_decimal``'s own layout (checked on samples), else
+    from their text."""
+
+def canonical_entry(fallback: Any, doc: str, /) -> Any:
+    """``Message.canonical`` as a C method (a method descriptor of ``Message``, which
+    ``setup_message`` must have found): :func:`canonical_message`'s text, else
+    ``fallback(message)``, the Python method it stands in for; ``doc`` is its ``ml_doc``
+    (``cbcl.core._entries.entry_doc``)."""
+
+def encode_entry(encoder: type, fallback: Any, doc: str, /) -> Any:
+    """``Encoder.encode`` as a C method: for one positional argument and an encoder whose
+    ``validate`` slot is ``False``, :func:`encode_message` with its ``registry`` and
+    ``_tables`` slots; else, or when that declines, ``fallback(encoder, *args,
+    **kwargs)``. ``None`` if ``encoder`` does not keep those three in slots."""
 
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of
-    ``cbcl/_cstack.h`` held on this interpreter), else by ``Decimal(text)``."""
+    ``cbcl/_native_src/cstack.h`` held on this interpreter), else by ``Decimal(text)``."""
