@@ -551,6 +551,12 @@ async def serve(address: str, make_session: Callable[[], Session],
                     raise
             finally:
                 await connection.close()
+        except asyncio.CancelledError:
+            # The server is closing: this connection's task is the top of its own task
+            # (asyncio.start_server's), whose result nobody awaits. Re-raised, CPython 3.11's
+            # stream callback logs the cancellation as an error with a traceback (3.12 checks
+            # task.cancelled() first); the connection is closed above either way.
+            return
         finally:
             counts.remove(peer)
             if holding:
