@@ -363,16 +363,16 @@ def test_hostile_descriptors_answer_quickly() -> None:
     rules = ["body: \"(\" \"x\" r0 \")\""] + [f"r{i}: r{i + 1} r{i + 1}" for i in range(40)]
     rules.append("r40: INTEGER")
     hostile = descriptor("\n".join(rules) + "\n")
-    started = time.perf_counter()
+    started = time.process_time()
     report = diff_descriptors(hostile, hostile)
     assert report.verdict == UNKNOWN
-    assert time.perf_counter() - started < 10
+    assert time.process_time() - started < 10
     # a keyword set at the member limit, against a fixed order
     big = members(12)
-    started = time.perf_counter()
+    started = time.process_time()
     report = diff_descriptors(big, big)
     assert report.verdict in (COMPATIBLE, UNKNOWN)
-    assert time.perf_counter() - started < 20
+    assert time.process_time() - started < 20
 
 
 # --------------------------------------------------------------------------- the CLI

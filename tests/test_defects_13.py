@@ -259,14 +259,14 @@ def test_decimals_across_exponents(coefficient: int, exponent: int) -> None:
 
 
 def test_a_huge_exponent_is_refused_at_once() -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     for text in ("1e-999999999", "1e999999999", "0E-999999999", "9" * 50 + "e-99999999"):
         with pytest.raises(MalformedError, match="longer than 40 characters"):
             cbcl.canonical(Decimal(text))
         with pytest.raises(MalformedError):  # the JSON mapping, as input
             from_json({"decimal": text})
     assert cbcl.canonical(Decimal("0E+999999999")) == "0.0"
-    assert time.perf_counter() - started < 1.0  # never written out digit by digit
+    assert time.process_time() - started < 1.0  # never written out digit by digit
 
 
 def test_a_refused_decimal_is_a_cbcl_error_and_a_value_error() -> None:

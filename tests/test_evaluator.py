@@ -213,14 +213,14 @@ def nested(n: int, op: str = "-", leaf: object = 1) -> object:
 
 
 def test_five_thousand_unary_minuses_end_quickly() -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(LimitError) as info:
         evaluate(nested(5000))  # type: ignore[arg-type]
     assert info.value.limit == "max_depth"
     # With the limits raised it is evaluated iteratively: no RecursionError.
     assert evaluate(nested(5000), max_depth=5000, budget=5001) == 1  # type: ignore[arg-type]
     assert evaluate(nested(5001), max_depth=6000, budget=6000) == -1  # type: ignore[arg-type]
-    assert time.perf_counter() - start < 2
+    assert time.process_time() - start < 2
 
 
 def test_depth_limit_boundary() -> None:
@@ -253,7 +253,7 @@ def test_wide_expression_is_bounded_by_the_budget() -> None:
 
 
 def test_huge_products_end_quickly() -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(EvaluationError):
         ev("(expt 10 100)")  # there is no power function
     big = " ".join(["9223372036854775807"] * 4000)
@@ -265,7 +265,7 @@ def test_huge_products_end_quickly() -> None:
     squares = "(* " + " ".join(["(* 3037000499 3037000499)"] * 1000) + ")"
     with pytest.raises(EvaluationError, match="overflow"):
         ev(squares, budget=10_000)
-    assert time.perf_counter() - start < 2
+    assert time.process_time() - start < 2
 
 
 @pytest.mark.parametrize("expr, ok", [

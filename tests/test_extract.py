@@ -158,10 +158,10 @@ def test_bytes_in_and_bad_utf8(registry: Registry) -> None:
     '{"version":' * 20_000,
 ])
 def test_hostile_input_is_refused_quickly(registry: Registry, text: str) -> None:
-    began = time.perf_counter()
+    began = time.process_time()
     with pytest.raises(CBCLError):
         extract(text, registry=registry)
-    assert time.perf_counter() - began < 3
+    assert time.process_time() - began < 3
 
 
 PIECES = st.sampled_from(["```", "```cbcl\n", "\n", " ", "(", ")", '"', "\\", ";", "CBCL/1.0",

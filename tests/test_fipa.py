@@ -328,10 +328,10 @@ def test_hostile_inputs_are_refused_fast() -> None:
     for text in (b"(" * 100_000, b"(inform :content " + b'"' + b"a" * 500_000,
                  b"(inform :in-reply-to (" + b"a " * 200_000 + b"))",
                  b'(inform :content "' + b'\\"' * 300_000):
-        start = time.perf_counter()
+        start = time.process_time()
         with pytest.raises(CBCLError):
             read_fipa(text)
-        assert time.perf_counter() - start < 2.0
+        assert time.process_time() - start < 2.0
 
 
 @given(st.binary(max_size=300))

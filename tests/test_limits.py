@@ -128,9 +128,9 @@ def test_name_chars_boundary() -> None:
 )
 def test_hostile_inputs_are_refused_quickly(make, limit: str) -> None:  # type: ignore[no-untyped-def]
     data = make()
-    started = time.perf_counter()
+    started = time.process_time()
     refused(data, limit)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def test_raised_limits_let_big_strings_through_and_still_refuse_bigger() -> None:

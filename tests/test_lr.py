@@ -387,12 +387,12 @@ def test_malformed_grammars_rejected() -> None:
 
 def test_state_budget_raises_quickly() -> None:
     grammar = build(_chain(100))
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(GrammarError) as info:
         analyse(grammar, max_states=50)
     assert info.value.verdict == "rejected"
     assert "max_states" in str(info.value)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     # The canonical automaton has its own count: LALR fits, LR(1) does not.
     _, dangling = vector("dangling-else.lark")
     with pytest.raises(GrammarError):
@@ -440,19 +440,19 @@ def _wide(rules: int) -> str:
 
 def test_hundred_level_precedence_chain() -> None:
     grammar = build(_chain(100))
-    started = time.perf_counter()
+    started = time.process_time()
     report = analyse(grammar)
     assert report.verdict == LALR1
-    assert time.perf_counter() - started < 30
+    assert time.process_time() - started < 30
 
 
 def test_256_rule_grammar() -> None:
     grammar = build(_wide(256))
     assert len(grammar.nonterminals - grammar.synthetic - {"value"}) == 256
-    started = time.perf_counter()
+    started = time.process_time()
     report = analyse(grammar)
     assert report.verdict == LALR1
-    assert time.perf_counter() - started < 30
+    assert time.process_time() - started < 30
 
 
 def test_ambiguous_chain_found_quickly() -> None:

@@ -435,11 +435,11 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_grammars_are_rejected_quickly(name: str) -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(GrammarError) as info:
         compile_grammar(HOSTILE[name])
     assert info.value.verdict == "rejected"
-    assert time.perf_counter() - started < 1
+    assert time.process_time() - started < 1
 
 
 # --------------------------------------------------------------------------- CLI

@@ -744,7 +744,7 @@ def test_split_tier_cache_is_bounded_and_interns(monkeypatch: pytest.MonkeyPatch
 
 
 def test_split_tier_stays_linear_on_hostile_input() -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(LimitError):
         cbcl.read("(" * 100_000)
     with pytest.raises(LimitError):
@@ -757,7 +757,7 @@ def test_split_tier_stays_linear_on_hostile_input() -> None:
         Symbol("a" * 500_000),)
     many = "(a) " * 20_000  # read_all must not re-split the rest of the text per value
     assert len(cbcl.read_all(many)) == 20_000
-    assert time.perf_counter() - started < 20
+    assert time.process_time() - started < 20
 
 
 def test_the_token_cache_keeps_names_uris_and_short_numbers_only() -> None:

@@ -549,10 +549,10 @@ def test_hostile_inputs_refused_quickly(name: str) -> None:
     for _ in range(3):
         gc.disable()
         try:
-            began = time.perf_counter()
+            began = time.process_time()
             with contextlib.suppress(GrammarError):
                 read_grammar(text)
-            tries.append(time.perf_counter() - began)
+            tries.append(time.process_time() - began)
         finally:
             gc.enable()
     elapsed = min(tries)
@@ -576,11 +576,11 @@ def test_largest_accepted_grammars_are_fast() -> None:
     rules += [f'r{k}: "k{k}" [(SYMBOL | ":x{k}")* "e"]' for k in range(1, 255)]
     text = "\n".join(rules)
     assert len(text.encode()) < 32_768
-    began = time.perf_counter()
+    began = time.process_time()
     source = read_grammar(text)
     to_cfg(source)
     to_lark(source)
-    assert time.perf_counter() - began < 1.0
+    assert time.process_time() - began < 1.0
 
 
 # --------------------------------------------------------------------------------------
@@ -684,9 +684,9 @@ def test_to_lark_exponential_ebnf_stays_linear() -> None:
     # Lark itself would distribute these optionals into 2**24 alternatives.
     source = read_grammar("body: " + " ".join(f'"a{k}"?' for k in range(24)))
     generated = to_lark(source)
-    began = time.perf_counter()
+    began = time.process_time()
     compile_lark(generated.text, generated.start, parser="lalr", strict=True)
-    assert time.perf_counter() - began < 5.0
+    assert time.process_time() - began < 5.0
 
 
 # --------------------------------------------------------------------------------------
