@@ -12,7 +12,7 @@ from _typeshed import ReadableBuffer
 from .core._values import Value
 from .protocol._message import Message
 
-# ---- the text reader's fast tiers (cbcl/_native_src/scanner.c)
+# ---- the text reader's C twin (cbcl/_native_src/scanner.c)
 
 def read_value(
     text: str,

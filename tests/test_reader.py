@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -358,14 +357,16 @@ def test_comment_detection_in_messages(text: str, column: int, in_comment: bool)
     assert ("in a comment" in error.message) is in_comment
 
 
-# --------------------------------------------------------------------------- the split tier
+# --------------------------------------------------------------------------- the tiers
 #
-# _read_split reads a whole list with C-level string operations and gives up (None) on
-# anything it cannot prove well-formed and within the limits. The differential property:
-# whatever it returns is exactly what the careful loop returns, and the public functions
-# raise exactly the errors the careful loop raises.
+# The reader has two tiers: the C twin (cbcl._native.read_value, where built), which reads
+# well-formed text and declines anything else, and the Python reference
+# (_reader.read_value_python), which reads everything the C twin declines and raises the
+# precise errors. The differential property: whatever the C twin returns is exactly what
+# the reference returns, it declines only what the reference refuses, and the public
+# functions raise exactly the errors the reference raises.
 
-SPLIT_LIMITS = Limits(max_depth=4, max_list_items=5, max_nodes=30, max_string_bytes=12,
+SMALL_LIMITS = Limits(max_depth=4, max_list_items=5, max_nodes=30, max_string_bytes=12,
                       max_name_chars=6)
 
 
@@ -398,8 +399,8 @@ def same_outcome(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
 
 
 def careful_read(text: str, limits: Limits) -> Value:
-    """The public ``read`` as it was: the careful loop, then nothing but the end."""
-    value, end, _ = _reader._read_careful(text, 0, limits, 0, 0)
+    """The public ``read`` by the reference alone: the value, then nothing but the end."""
+    value, end, _ = _reader.read_value_python(text, 0, limits, 0, 0)
     _reader.expect_end(text, end)
     return value
 
@@ -408,32 +409,53 @@ def careful_read_all(text: str, limits: Limits) -> list[Value]:
     out = []
     pos = 0
     while _reader.TOKEN.match(text, pos).lastindex != _reader.EOF:  # type: ignore[union-attr]
-        value, pos, _ = _reader._read_careful(text, pos, limits, 0, 0)
+        value, pos, _ = _reader.read_value_python(text, pos, limits, 0, 0)
         out.append(value)
     return out
 
 
-def check_split(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
-                nodes: int = 0) -> tuple[Value, int, int] | None:
-    """Check the split tier against the careful loop on ``text``; return what it read."""
-    careful = outcome(lambda: _reader._read_careful(text, 0, limits, depth, nodes))
-    found = _reader._read_split(text, limits, depth, nodes)
+def c_tier(text: str, limits: Limits, depth: int = 0, nodes: int = 0,
+           ) -> tuple[Value, int, int] | None:
+    """What the C twin reads at character 0 (``None``: declined), as ``read_value_at``
+    counts it; ``None`` too where cbcl._native is not built."""
+    if _reader._read_value_c is None:
+        return None
+    found = _reader._read_value_c(text, 0, _reader._CACHE, _reader._atom,
+                                  limits.max_depth - depth, limits.max_list_items,
+                                  limits.max_nodes - nodes, limits.max_string_bytes,
+                                  limits.max_name_chars, None)
+    if found is None:
+        return None
+    value, end, count = found
+    return value, end, nodes + count
+
+
+def check_read(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
+               nodes: int = 0) -> tuple[Value, int, int] | None:
+    """Hold the tiers to the reference on ``text`` (the property above). Returns what the
+    reference read if ``text`` is one whole document (only whitespace and comments after
+    the value), else ``None``."""
+    reference = outcome(lambda: _reader.read_value_python(text, 0, limits, depth, nodes))
+    found = c_tier(text, limits, depth, nodes)
     if found is not None:
-        assert careful[0] == "ok", (text, careful)
+        assert reference[0] == "ok", (text, reference)
         value, end, count = found
-        expected_value, expected_end, expected_count = careful[1]  # type: ignore[misc]
+        expected_value, expected_end, expected_count = reference[1]  # type: ignore[misc]
         assert same_value(value, expected_value), (text, value, expected_value)
         assert (end, count) == (expected_end, expected_count), text
-        # only whitespace and comments follow the list
-        assert _reader.TOKEN.match(text, end).lastindex == _reader.EOF, text  # type: ignore[union-attr]
-    public_reads_agree(text, limits, depth, nodes, careful)
-    return found
+    elif _reader._read_value_c is not None:
+        assert reference[0] == "error", (text, "the C twin declined valid text")
+    public_reads_agree(text, limits, depth, nodes, reference)
+    if reference[0] != "ok":
+        return None
+    read: tuple[Value, int, int] = reference[1]  # type: ignore[assignment]
+    return read if _reader.only_space_after(text, read[1]) else None
 
 
 def public_reads_agree(text: str, limits: Limits, depth: int, nodes: int,
                        careful: tuple[object, ...]) -> None:
     """``read_value_at`` at 0 (and, for a whole document, ``cbcl.read`` and
-    ``cbcl.read_all``) give what the careful loop gave: ``careful``, its outcome."""
+    ``cbcl.read_all``) give what the reference gave: ``careful``, its outcome."""
     at = outcome(lambda: read_value_at(text, 0, limits, depth, nodes))
     if careful[0] == "ok":
         assert at[0] == "ok", (text, at)
@@ -508,7 +530,7 @@ def texts(draw: st.DrawFn) -> str:
     return text
 
 
-limit_sets = st.sampled_from([DEFAULT_LIMITS, SPLIT_LIMITS]) | st.builds(
+limit_sets = st.sampled_from([DEFAULT_LIMITS, SMALL_LIMITS]) | st.builds(
     Limits, max_depth=st.integers(1, 5), max_list_items=st.integers(1, 6),
     max_nodes=st.integers(1, 40), max_string_bytes=st.integers(1, 50),
     max_name_chars=st.integers(1, 25))
@@ -516,58 +538,50 @@ limit_sets = st.sampled_from([DEFAULT_LIMITS, SPLIT_LIMITS]) | st.builds(
 
 @settings(max_examples=500, deadline=None)
 @given(text=texts(), limits=limit_sets)
-def test_split_tier_reads_exactly_what_the_careful_loop_reads(text: str, limits: Limits) -> None:
-    check_split(text, limits)
+def test_reader_reads_exactly_what_the_careful_loop_reads(text: str, limits: Limits) -> None:
+    check_read(text, limits)
 
 
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(alphabet=ODD_CHARS, max_size=30).map(lambda t: "(" + t),
        limits=limit_sets)
-def test_split_tier_on_garbage(text: str, limits: Limits) -> None:
-    check_split(text, limits)
+def test_reader_on_garbage(text: str, limits: Limits) -> None:
+    check_read(text, limits)
 
 
 @settings(max_examples=100, deadline=None)
 @given(text=texts(), limits=limit_sets, depth=st.integers(0, 3), nodes=st.integers(0, 10))
-def test_split_tier_counts_from_the_depth_and_nodes_given(text: str, limits: Limits,
+def test_reader_counts_from_the_depth_and_nodes_given(text: str, limits: Limits,
                                                           depth: int, nodes: int) -> None:
-    check_split(text, limits, depth, nodes)
+    check_read(text, limits, depth, nodes)
 
 
 @settings(max_examples=200, deadline=None)
 @given(value=cbcl_values.filter(lambda v: isinstance(v, tuple)))
-def test_split_tier_reads_canonical_lists(value: tuple[Value, ...]) -> None:
+def test_reader_reads_canonical_lists(value: tuple[Value, ...]) -> None:
     text = cbcl.canonical(value)
-    found = check_split(text)
-    if not any('"' in s for s in strings_of(value)):  # an escaped quote gives up
-        assert found is not None, text
-        assert found[1] == len(text)
+    found = check_read(text)
+    assert found is not None, text
+    assert found[1] == len(text)
 
 
-def test_split_tier_reads_the_shipped_examples() -> None:
+def test_reader_reads_the_shipped_examples() -> None:
     examples = sorted((Path(__file__).parent.parent / "descriptors" / "examples").glob("*.cbcl"))
     assert examples
     for path in examples:
         text = path.read_text(encoding="utf-8")
-        assert check_split(text) is not None, path
-
-
-def test_odd_space_is_every_space_str_split_knows_but_cbcl_does_not() -> None:
-    spaces = {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
-    odd = {ch for ch in spaces if _reader._ODD_SPACE.fullmatch(ch)}
-    assert odd == spaces - set(" \t\r\n")
-    assert all(len(f"a{ch}b".split()) == 2 for ch in odd)
+        assert check_read(text) is not None, path
 
 
 @pytest.mark.parametrize("ch", ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x85",
                                 "\xa0", "\u1680", "\u2000", "\u200a", "\u2028", "\u2029",
                                 "\u202f", "\u205f", "\u3000"])
-def test_split_tier_never_splits_on_odd_space(ch: str) -> None:
+def test_reader_never_splits_on_odd_space(ch: str) -> None:
     for text in (f"(a{ch}b)", f"(a{ch})", f"({ch}a)", f'("s"{ch}b)', f"(a)\n{ch}"):
-        assert check_split(text) is None, repr(text)
+        assert check_read(text) is None, repr(text)
         with pytest.raises(MalformedError):
             cbcl.read(text)
-    found = check_split(f'("a{ch}b")')  # in a string only the controls are refused
+    found = check_read(f'("a{ch}b")')  # in a string only the controls are refused
     assert (found is None) == (ch < "\xa0")
 
 
@@ -588,8 +602,8 @@ def test_split_tier_never_splits_on_odd_space(ch: str) -> None:
      ("(a))", "after the end"), ("(a) b", "after the end"), ("(é)", "non-ASCII"),
      ("(\ufeff)", "byte order mark"), ("(a\x00)", "control"), ("(a b", "unclosed")],
 )
-def test_split_tier_gives_up_where_the_careful_loop_refuses(text: str, fragment: str) -> None:
-    assert check_split(text) is None
+def test_reader_gives_up_where_the_careful_loop_refuses(text: str, fragment: str) -> None:
+    assert check_read(text) is None
     assert fragment in err(text).message
 
 
@@ -605,32 +619,30 @@ def test_split_tier_gives_up_where_the_careful_loop_refuses(text: str, fragment:
      ("(a :b c://d)", (Symbol("a"), Keyword("b"), URI("c://d"))),
      ("(urn-x://é/ü)", (URI("urn-x://é/ü"),))],
 )
-def test_split_tier_values(text: str, value: Value) -> None:
-    found = check_split(text)
+def test_reader_values(text: str, value: Value) -> None:
+    found = check_read(text)
     assert same_value(cbcl.read(text), value)
-    if '\\"' not in text:
-        assert found is not None and same_value(found[0], value)
+    assert found is not None and same_value(found[0], value)
 
 
 @pytest.mark.parametrize(
-    ("text", "value", "end", "split"),
-    [('; say "hi" (not a list)\n(a "b")', (Symbol("a"), "b"), 31, True),
-     ('; one\n; two "x"\n  (a)', (Symbol("a"),), 21, True),
-     (';\tlead\n(a)', (Symbol("a"),), 10, True),
-     ("\t(a)\r\n", (Symbol("a"),), 4, True),
-     ('(a ; "x\n "b")', (Symbol("a"), "b"), 13, False),
-     ('(a)\n; done "x"\n', (Symbol("a"),), 3, False),
-     ('(a ; x\n "b")', (Symbol("a"), "b"), 12, True),
-     ('(a ; (x) \\ \n "b" ;y)\n "c")', (Symbol("a"), "b", "c"), 26, True),
-     ('(a) ; (x)', (Symbol("a"),), 3, True),
-     ('(a "b") ; ) (\n ; )\n', (Symbol("a"), "b"), 7, True),
-     ('(a "\\"" ; x\n)', (Symbol("a"), '"'), 13, True),
-     ('(a "\\"" ; "\n)', (Symbol("a"), '"'), 13, False)],
+    ("text", "value", "end"),
+    [('; say "hi" (not a list)\n(a "b")', (Symbol("a"), "b"), 31),
+     ('; one\n; two "x"\n  (a)', (Symbol("a"),), 21),
+     (';\tlead\n(a)', (Symbol("a"),), 10),
+     ("\t(a)\r\n", (Symbol("a"),), 4),
+     ('(a ; "x\n "b")', (Symbol("a"), "b"), 13),
+     ('(a)\n; done "x"\n', (Symbol("a"),), 3),
+     ('(a ; x\n "b")', (Symbol("a"), "b"), 12),
+     ('(a ; (x) \\ \n "b" ;y)\n "c")', (Symbol("a"), "b", "c"), 26),
+     ('(a) ; (x)', (Symbol("a"),), 3),
+     ('(a "b") ; ) (\n ; )\n', (Symbol("a"), "b"), 7),
+     ('(a "\\"" ; x\n)', (Symbol("a"), '"'), 13),
+     ('(a "\\"" ; "\n)', (Symbol("a"), '"'), 13)],
 )
-def test_split_tier_and_comments(text: str, value: Value, end: int, split: bool) -> None:
-    """Comments are skipped where they are; one holding a quote gives up (the split took
-    its quote for a string's)."""
-    assert (check_split(text) is not None) is split
+def test_reader_and_comments(text: str, value: Value, end: int) -> None:
+    """Comments are skipped where they are, whatever they hold (quotes, parentheses)."""
+    assert check_read(text) is not None
     found = read_value_at(text, 0, DEFAULT_LIMITS, 0, 0)
     assert same_value(found[0], value)
     assert found[1] == end
@@ -640,7 +652,7 @@ def test_split_tier_and_comments(text: str, value: Value, end: int, split: bool)
 @pytest.mark.parametrize(("text", "end"), [("(a) (b)", 3), ("(a)(b)", 3), ("(a) b", 3),
                                            ('(a) "b"', 3), ("(a)  ", 3), ("((a) b) ; c", 7)])
 def test_read_value_at_ends_just_after_the_value(text: str, end: int) -> None:
-    check_split(text)
+    check_read(text)
     assert read_value_at(text, 0, DEFAULT_LIMITS, 0, 0)[1] == end
 
 
@@ -650,24 +662,23 @@ def test_read_value_at_ends_just_after_the_value(text: str, end: int) -> None:
      ("; \x01\n(a)", "in a comment"), ("; \u202e\n(a)", "in a comment"),
      ("; \u2028\n(a)", "in a comment"), ("\ufeff(a)", "byte order mark")],
 )
-def test_split_tier_gives_up_before_and_after_the_list(text: str, fragment: str) -> None:
-    assert check_split(text) is None
+def test_reader_gives_up_before_and_after_the_list(text: str, fragment: str) -> None:
+    assert check_read(text) is None
     assert fragment in err(text).message
 
 
-def test_split_tier_counts_the_depth_around_the_value() -> None:
+def test_reader_counts_the_depth_around_the_value() -> None:
     for depth in (3, 4):
         with pytest.raises(LimitError):
             read_value_at("(a)", 0, Limits(max_depth=3), depth, 0)
-        assert check_split("(a)", Limits(max_depth=3), depth) is None
-    assert check_split("(a)", Limits(max_depth=3), 2) is not None
-    assert check_split("(a)", Limits(max_nodes=3), 0, 3) is None
-    assert check_split("(a)", Limits(max_nodes=4), 0, 2) == ((Symbol("a"),), 3, 4)
+        assert check_read("(a)", Limits(max_depth=3), depth) is None
+    assert check_read("(a)", Limits(max_depth=3), 2) is not None
+    assert check_read("(a)", Limits(max_nodes=3), 0, 3) is None
+    assert check_read("(a)", Limits(max_nodes=4), 0, 2) == ((Symbol("a"),), 3, 4)
 
 
 def test_read_all_reads_every_value_the_split_tier_would_give_up_on() -> None:
     text = '(a "x") ; c\n(b)\n"s" (c (d))'
-    assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is None
     assert cbcl.read_all(text) == [(Symbol("a"), "x"), (Symbol("b"),), "s",
                                    (Symbol("c"), (Symbol("d"),))]
 
@@ -683,8 +694,8 @@ def test_read_all_reads_every_value_the_split_tier_would_give_up_on() -> None:
      ("(abcd)", Limits(max_name_chars=3), "max_name_chars"),
      ("(:abcd)", Limits(max_name_chars=3), "max_name_chars")],
 )
-def test_split_tier_limits(text: str, limits: Limits, name: str) -> None:
-    assert check_split(text, limits) is None
+def test_reader_limits(text: str, limits: Limits, name: str) -> None:
+    assert check_read(text, limits) is None
     with pytest.raises(LimitError) as info:
         cbcl.read(text, limits=limits)
     assert info.value.limit == name
@@ -696,54 +707,56 @@ def test_split_tier_limits(text: str, limits: Limits, name: str) -> None:
      ("(a (b) c)", Limits(max_nodes=5)), ('("é" "abc")', Limits(max_string_bytes=3)),
      ("(abc :abc)", Limits(max_name_chars=3))],
 )
-def test_split_tier_reads_up_to_the_limits(text: str, limits: Limits) -> None:
-    assert check_split(text, limits) is not None
+def test_reader_reads_up_to_the_limits(text: str, limits: Limits) -> None:
+    assert check_read(text, limits) is not None
 
 
 @pytest.mark.parametrize("text", ["(" + "n" * 100 + ")", "(:" + "k" * 100 + ")"])
 def test_cached_names_are_checked_against_smaller_limits(text: str) -> None:
-    assert check_split(text) is not None  # now cached
-    assert check_split(text, Limits(max_name_chars=100)) is not None
-    assert check_split(text, Limits(max_name_chars=99)) is None
+    assert check_read(text) is not None  # now cached
+    assert check_read(text, Limits(max_name_chars=100)) is not None
+    assert check_read(text, Limits(max_name_chars=99)) is None
     with pytest.raises(LimitError) as info:
         cbcl.read(text, limits=Limits(max_name_chars=99))
     assert info.value.limit == "max_name_chars"
     uri = "(a://" + "u" * 100 + ")"  # no limit on a URI's length
-    assert check_split(uri, Limits(max_name_chars=1)) is not None
+    assert check_read(uri, Limits(max_name_chars=1)) is not None
 
 
 def test_names_at_the_cache_boundary() -> None:
     n = _reader._CACHED_CHARS
     for name in ("c" * n, "d" * (n + 1)):
         for text in (f"({name})", f"(:{name})"):
-            assert check_split(text, Limits(max_name_chars=n + 1)) is not None  # maybe cached
-            assert check_split(text, Limits(max_name_chars=len(name) - 1)) is None
+            assert check_read(text, Limits(max_name_chars=n + 1)) is not None  # maybe cached
+            assert check_read(text, Limits(max_name_chars=len(name) - 1)) is None
             with pytest.raises(LimitError):
                 cbcl.read(text, limits=Limits(max_name_chars=len(name) - 1))
 
 
 def test_long_names_are_checked_at_every_read() -> None:
     long = "x" * 200  # longer than the cache keeps
-    assert check_split(f"({long})", Limits(max_name_chars=200)) is not None
-    assert check_split(f"({long})", Limits(max_name_chars=199)) is None
+    assert check_read(f"({long})", Limits(max_name_chars=200)) is not None
+    assert check_read(f"({long})", Limits(max_name_chars=199)) is None
 
 
-def test_split_tier_cache_is_bounded_and_interns(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_atom_cache_is_bounded_and_names_are_interned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_reader, "_CACHE_MAX", 40)
     sizes = []
     for i in range(100):
-        assert check_split(f"(cache-test-{i} {i} {i}.5)") is not None
-        sizes.append(len(_reader._CACHE))
+        for token in (f"cache-test-{i}", f":k-{i}", f"{i}.5"):
+            assert _reader._atom(token, DEFAULT_LIMITS.max_name_chars) is not None
+            sizes.append(len(_reader._CACHE))
+        assert check_read(f"(cache-test-{i} {i} {i}.5)") is not None
     assert max(sizes) <= 40
-    assert check_split('("a" (b))') is not None  # the punctuation survives emptying
-    a = _reader._read_split("(same :same)", DEFAULT_LIMITS, 0, 0)
-    b = _reader._read_split("(same :same)", DEFAULT_LIMITS, 0, 0)
-    assert a is not None and b is not None
-    assert a[0][0] is b[0][0] is _reader.intern_symbol("same")
-    assert a[0][1] is b[0][1] is _reader.intern_keyword("same")
+    a = cbcl.read("(same :same)")
+    b = _reader.read_value_python("(same :same)", 0, DEFAULT_LIMITS, 0, 0)[0]
+    assert isinstance(a, tuple) and isinstance(b, tuple)
+    assert a[0] is b[0] is _reader.intern_symbol("same")
+    assert a[1] is b[1] is _reader.intern_keyword("same")
 
 
-def test_split_tier_stays_linear_on_hostile_input() -> None:
+def test_reader_stays_linear_on_hostile_input() -> None:
     started = time.process_time()
     with pytest.raises(LimitError):
         cbcl.read("(" * 100_000)
@@ -761,14 +774,12 @@ def test_split_tier_stays_linear_on_hostile_input() -> None:
 
 
 def test_the_token_cache_keeps_names_uris_and_short_numbers_only() -> None:
-    from cbcl.core import _reader
-
-    _reader._reset_cache()
-    # (the Python tiers' cache: the C tier reads integers and long decimals itself, and
-    # finds other atoms in its own memo first)
-    value, _, _ = _reader.read_value_python(
-        "(alpha :beta agent://x 12 1.5 123456 12.345)", 0, DEFAULT_LIMITS, 0, 0)
-    assert value == (
+    _reader._CACHE.clear()
+    # (the C twin's atom cache: it reads integers and long decimals itself, and finds
+    # other atoms in its own memo first, so the rules are asked of _atom directly)
+    tokens = ("alpha", ":beta", "agent://x", "12", "1.5", "123456", "12.345")
+    values = tuple(_reader._atom(token, DEFAULT_LIMITS.max_name_chars) for token in tokens)
+    assert values == (
         cbcl.Symbol("alpha"), cbcl.Keyword("beta"), cbcl.URI("agent://x"), 12,
         Decimal("1.5"), 123456, Decimal("12.345"))
     kept = set(_reader._CACHE)

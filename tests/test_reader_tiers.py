@@ -2,16 +2,13 @@
 
 A rare atom — an escaped quote, a 19- or 20-digit integer, a long decimal, a non-ASCII
 string, \\u escapes, a URI with odd characters, a comment, a string or name at its limit —
-is read in place by the split tier (``_read_split``) and by the fast loop
-(``_read_fast``), so a valid message that holds one is never handed down to a slower tier.
-The differential properties: each tier gives exactly the careful loop's value, end and node
-count, or gives up; the public functions raise exactly the careful loop's errors (message,
-position, context); and on valid text the split tier and the fast loop never give up but
-for the documented reasons (a comment holding a quote, for the split tier). The C twin
-of the fast tiers (``cbcl._native.read_value``, tests/test_scanner.py) is one more tier
-here, held to the same properties and never giving up on valid text. The binary decoder
-has a C twin too, so messages holding the same rare atoms are also decoded with and
-without ``cbcl._native`` and must give the text's values.
+is read in place by the C twin (``cbcl._native.read_value``), so a valid message that holds
+one is never handed down to the Python reference (``_reader.read_value_python``). The
+differential properties: the C twin gives exactly the reference's value, end and node
+count, or declines; the public functions raise exactly the reference's errors (message,
+position, context); and on valid text within the limits the C twin never declines. The
+binary decoder has a C twin too, so messages holding the same rare atoms are also decoded
+with and without ``cbcl._native`` and must give the text's values.
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ def _scanner_tier() -> Any:
 
 
 def c_read(text: str, pos: int, limits: Limits, depth: int = 0, nodes: int = 0) -> Any:
-    """``cbcl._native.read_value`` called as ``read_value_at`` calls it: the Python tiers'
+    """``cbcl._native.read_value`` called as ``read_value_at`` calls it: the reference's
     ``(value, end, nodes)``, or ``None`` where it leaves the text to them."""
     found = _reader._read_value_c(text, pos, _reader._CACHE, _reader._atom,
                                   limits.max_depth - depth, limits.max_list_items,
@@ -81,7 +78,7 @@ RARE_GOOD = [
 ]
 # Comments, which need a line end unless they end the text (the renderer adds one).
 COMMENTS = ["; note", '; say "hi"', "; (not a list) \\", "; \t tab", ";;", '; "', "; é ✓"]
-# Broken or over-limit atoms: every tier must give up or raise the careful loop's error.
+# Broken or over-limit atoms: the C tier must decline, and the reference raise its error.
 RARE_BAD = [
     "9223372036854775808", "-9223372036854775809", "1" * 21, "1" * 40, "1." + "0" * 39,
     '"\\q"', '"\\ud800"', '"a\\"', '"\\u12"', '"tab\there"', '"\x01"', "agent://",
@@ -148,11 +145,10 @@ def mixed_texts(draw: st.DrawFn, *, bad: bool) -> str:
 
 
 def tiers(text: str, limits: Limits, depth: int = 0, nodes: int = 0) -> tuple[object, ...]:
-    """Check every tier of the reader against the careful loop on ``text``; return the
-    careful loop's outcome."""
-    careful = outcome(lambda: _reader._read_careful(text, 0, limits, depth, nodes))
-    for tier in (_reader._read_split, lambda *a: _reader._read_fast(a[0], 0, *a[1:]),
-                 *C_TIERS):
+    """Check the C tier (where built) and the public functions against the reference on
+    ``text``; return the reference's outcome."""
+    careful = outcome(lambda: _reader.read_value_python(text, 0, limits, depth, nodes))
+    for tier in C_TIERS:
         found = tier(text, limits, depth, nodes)
         if found is not None:
             assert careful[0] == "ok", (text, careful)
@@ -187,28 +183,14 @@ def test_tiers_agree_inside_a_document(text: str, depth: int, nodes: int) -> Non
     tiers(text, DEFAULT_LIMITS, depth, nodes)
 
 
-def _holds_quoted_comment(text: str) -> bool:
-    """Whether a comment of ``text`` holds a quote (the careful loop's view)."""
-    for m in _reader.TOKEN.finditer(text):
-        skipped = text[m.start() : _reader.token_start(m)]
-        if ";" in skipped and '"' in skipped[skipped.index(";"):]:
-            return True
-        if m.lastindex == _reader.EOF:
-            return False
-    return False  # pragma: no cover
-
-
 @settings(max_examples=400, deadline=None)
 @given(text=mixed_texts(bad=False))
 def test_no_tier_gives_up_on_a_rare_atom(text: str) -> None:
     """On valid text within the limits, the first tier reads it: no cliff."""
     careful = tiers(text, DEFAULT_LIMITS)
     assert careful[0] == "ok", careful
-    assert _reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is not None, text
-    for tier in C_TIERS:  # the C tier reads comments holding quotes too
+    for tier in C_TIERS:
         assert tier(text, DEFAULT_LIMITS, 0, 0) is not None, text
-    if not _holds_quoted_comment(text):
-        assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None, text
 
 
 @pytest.mark.parametrize("rare", RARE_GOOD)
@@ -216,8 +198,6 @@ def test_each_rare_atom_is_read_in_place(rare: str) -> None:
     text = f'(x :y "z" {rare} 7 (w {rare}))'
     careful = tiers(text, DEFAULT_LIMITS)
     assert careful[0] == "ok"
-    assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None
-    assert _reader._read_fast(text, 0, DEFAULT_LIMITS, 0, 0) is not None
     for tier in C_TIERS:
         assert tier(text, DEFAULT_LIMITS, 0, 0) is not None
 
@@ -234,7 +214,8 @@ def test_comments_are_read_in_place(comment: str) -> None:
     for text in (f"(a {comment}\n b)", f"(a \"s\" {comment}\n)", f"(a){comment}",
                  f"(a (b {comment}\r\n c) \"d\"){comment}\n"):
         assert tiers(text, DEFAULT_LIMITS)[0] == "ok", text
-        assert (_reader._read_split(text, DEFAULT_LIMITS, 0, 0) is None) is ('"' in comment)
+        for tier in C_TIERS:
+            assert tier(text, DEFAULT_LIMITS, 0, 0) is not None, text
 
 
 @pytest.mark.parametrize("at", [18, 19, 20])
@@ -243,8 +224,8 @@ def test_long_integers_at_the_range_edges(at: int) -> None:
         text = f"(a {number} b)"
         careful = tiers(text, DEFAULT_LIMITS)
         assert (careful[0] == "ok") is (-(2**63) <= number < 2**63)
-        # The fast loop reads the token in place (or gives up on an error only).
-        for tier in (lambda *a: _reader._read_fast(a[0], 0, *a[1:]), *C_TIERS):
+        # The C tier reads the token in place (or declines on an error only).
+        for tier in C_TIERS:
             assert (tier(text, DEFAULT_LIMITS, 0, 0) is None) is (careful[0] == "error")
 
 
@@ -256,8 +237,6 @@ def test_long_strings_are_measured_in_place() -> None:
         text = f'(a "{s}" b)'
         careful = tiers(text, limits)
         assert (careful[0] == "ok") is ok, text
-        assert (_reader._read_fast(text, 0, limits, 0, 0) is None) is (not ok)
-        assert (_reader._read_split(text, limits, 0, 0) is None) is (not ok)
         for tier in C_TIERS:
             assert (tier(text, limits, 0, 0) is None) is (not ok)
 
@@ -296,7 +275,6 @@ def test_binary_decode_reads_rare_atoms_with_and_without_the_extension(
                                receiver=URI("agent://c/d"), intent="INFORM",
                                protocol=Symbol("request/v1"), body=body)
         text = cbcl.canonical(message)
-        assert _reader._read_split(text, DEFAULT_LIMITS, 0, 0) is not None
         from_text = cbcl.parse(text, registry=registry)
         from_binary = decoder.decode(encoder.encode(message))
         assert same_value(from_binary.body, from_text.body)

@@ -1,8 +1,8 @@
-"""The C twin of the text reader's fast tiers (``cbcl._native.read_value``).
+"""The C twin of the text reader (``cbcl._native.read_value``).
 
-It is held to the careful loop (``_read_careful``, the reference) on every text: where it
+It is held to the Python reference (``read_value_python``) on every text: where it
 reads a value, the value (types and decimal texts included), the end and the node count
-are the careful loop's; where it gives up, the careful loop raises, so it gives up on no
+are the reference's; where it gives up, the reference raises, so it gives up on no
 valid text (no cliff) but one: a text that is not ASCII, after its start.
 ``tests/test_reader_tiers.py`` runs it as one more tier on the rare atoms; here it meets
 arbitrary text, every start position, the limits at N and N+1, and text that is not
@@ -20,7 +20,7 @@ from test_reader import outcome, same_value
 from test_reader_tiers import C_TIER, c_read, mixed_texts
 
 import cbcl
-from cbcl import Limits
+from cbcl import LimitError, Limits
 from cbcl.core import _reader
 from cbcl.core._limits import DEFAULT_LIMITS
 
@@ -29,8 +29,8 @@ pytestmark = pytest.mark.skipif(C_TIER is None, reason="cbcl._native is not buil
 
 def agree(text: str, pos: int = 0, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
           nodes: int = 0) -> Any:
-    """Check the C tier against the careful loop at ``pos``; return what C read."""
-    careful = outcome(lambda: _reader._read_careful(text, pos, limits, depth, nodes))
+    """Check the C tier against the reference at ``pos``; return what C read."""
+    careful = outcome(lambda: _reader.read_value_python(text, pos, limits, depth, nodes))
     found = c_read(text, pos, limits, depth, nodes)
     if found is None:  # (a text that is not ASCII is read from its start only)
         assert careful[0] == "error" or (pos and not text.isascii()), (text, pos, careful)
@@ -100,7 +100,7 @@ def test_indexes_are_characters_in_text_that_is_not_ascii() -> None:
 @pytest.mark.parametrize("prefix", ['"é"', '"𝄞✓" ', '(a "ü") '])
 def test_text_that_is_not_ascii_is_read_from_its_start_only(prefix: str) -> None:
     """Finding a later character in the UTF-8 costs its index: a text that is not ASCII
-    is left to the Python tiers after its start, so that reading value after value (as
+    is left to the reference after its start, so that reading value after value (as
     read_all and the error paths do) stays linear; an ASCII one is read anywhere."""
     text = prefix + '(k "x") (y)'
     assert c_read(text, len(prefix), DEFAULT_LIMITS) is None
@@ -180,17 +180,18 @@ def test_public_read_goes_through_the_c_tier() -> None:
     """cbcl.read, cbcl.parse: the C tier reads first (a wrong answer here would show)."""
     text = '(x "a\\"b" 1234567890123456789 :k)'
     assert c_read(text, 0, DEFAULT_LIMITS) is not None
-    assert same_value(cbcl.read(text), _reader._read_careful(text, 0, DEFAULT_LIMITS, 0, 0)[0])
+    assert same_value(cbcl.read(text), _reader.read_value_python(text, 0, DEFAULT_LIMITS, 0, 0)[0])
 
 
 def test_a_cached_keyword_holding_a_uri_separator_keeps_its_name_limit() -> None:
     """Found by tests/fuzz/fuzz_scanner.py: ``://x`` is a keyword (``//x``), which the
     token cache may hold from a document read under a larger limit; its name is over a
-    limit of 1 however it reads "://". The split tier had the same rule, and the same bug."""
+    limit of 1 however it reads "://"."""
     cbcl.read("(://x)")  # cached
     limits = Limits(max_name_chars=1)
     assert agree("(://x)", 0, limits) is None
-    assert _reader._read_split("(://x)", limits, 0, 0) is None
+    with pytest.raises(LimitError):
+        cbcl.read("(://x)", limits=limits)
     assert agree("(a://x)", 0, limits) is not None  # a URI: no name limit
 
 

@@ -1,18 +1,17 @@
-/* Optional C twin of the text reader's fast tiers (cbcl/core/_reader.py).
+/* Optional C twin of the text reader (cbcl/core/_reader.py).
  *
  * Theory of operation
  * -------------------
  * One function, read_value(text, pos, cache, make_atom, depth_left, max_items, budget,
  * max_string, max_name[, utf8]) -> (value, end, nodes) | None, the twin of cbcl.core._reader's
- * _read_fast (and of _read_split, for a value at character 0): it reads the one value that
+ * read_value_python (the reference, and the fallback): it reads the one value that
  * starts at character `pos` of `text` (whitespace and comments may precede it) and returns
- * it with the character index just after it and the number of nodes it holds. The Python
- * tiers stay the reference and the fallback.
+ * it with the character index just after it and the number of nodes it holds.
  *
  * It serves only the happy path and never raises for anything in its input: on any doubt
  * (a character no token may hold, a string that is not closed or holds a forbidden
  * character or an invalid escape, an atom the atom rules refuse, a limit: depth, items,
- * nodes, string bytes, name characters) it returns None, and the Python tiers read the same
+ * nodes, string bytes, name characters) it returns None, and the Python reference read the same
  * text again, to return the same value or raise the precise error. Exceptions come only
  * from the interpreter (MemoryError) or from make_atom.
  *
@@ -20,7 +19,7 @@
  * the bytes it was decoded from, when the caller has them, else the UTF-8 the str
  * caches), so it is one byte loop whatever the str's kind; indexes are converted
  * to characters only at the end, for a text that is not ASCII, which is read from its
- * start only (a later `pos` is left to the Python tiers, so that reading value after
+ * start only (a later `pos` is left to the Python reference, so that reading value after
  * value stays linear). Whitespace is CBCL's four
  * characters; a comment runs from ';' to the first character a comment refuses (the line
  * end among them), as cbcl.core._reader.TOKEN skips one. An atom is the run of characters up to
@@ -33,7 +32,7 @@
  * which makes the atom, remembers it, or returns None). So which runs are atoms, and what
  * atom each is, has one definition, in Python; only integers, strings, whitespace and
  * comments are judged here, by C mirrors of TOKEN's rules that tests/test_scanner.py and
- * tests/fuzz/fuzz_scanner.py hold to the Python tiers.
+ * tests/fuzz/fuzz_scanner.py hold to the Python reference.
  */
 #include "cstack.h"
 #include "native.h"
@@ -287,7 +286,7 @@ read_integer(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int *kind)
 /* Whether the run p[i:k] of k - i > max_name characters may be an atom within the name
  * limit: a keyword of exactly max_name characters after its colon, or a URI (a run that
  * holds "://" and is no keyword: a keyword's name may hold "://" too), as
- * cbcl.core._reader._read_split rules for cached names. */
+ * cbcl.core._reader._atom rules for cached names. */
 static int
 long_run_allowed(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, Py_ssize_t chars,
                  Py_ssize_t max_name)
@@ -417,14 +416,14 @@ cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *ma
             n = PyBytes_GET_SIZE(utf8);
         } else {
             p = (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n);
-            if (p == NULL) { /* a lone surrogate: the Python tiers say so */
+            if (p == NULL) { /* a lone surrogate: the Python reference say so */
                 PyErr_Clear();
                 Py_RETURN_NONE;
             }
         }
         /* Only from the start: finding character `pos` in the UTF-8 would cost `pos`
          * steps a call, and a caller reading value after value (read_all, the error
-         * paths) would pay the text's length per value. The Python tiers index the str. */
+         * paths) would pay the text's length per value. The Python reference index the str. */
         if (pos != 0)
             Py_RETURN_NONE;
         i = 0;
@@ -528,7 +527,7 @@ PyMethodDef cbcl_scanner_methods[] = {
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
      "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "
-     "None to leave it to the Python tiers."},
+     "None to leave it to the Python reference."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,34 +18,12 @@ Values are built iteratively with an explicit stack (never recursion), and every
 :class:`~cbcl.Limits` is checked at the token that would exceed it, before the value is
 built: depth at each ``(``, items at each append, nodes at each token, string and name
 sizes before their text is copied or unescaped, and the document size before decoding.
-That careful loop runs only after a faster one, which checks less per token (items when a
-list closes), has given up on the text: well-formed text is read once, and text with an
-error twice, the second time to raise the precise error.
-
-A whole document (a value read from character 0: :func:`read`, the envelope's fast path)
-is first offered to a third tier, :func:`_read_split`, which leaves the per-token regular
-expression to C-level string operations for a list that only whitespace follows. It skips
-leading whitespace and comments, then ``text.split('"')`` separates the strings (the odd
-parts) from the rest; the rest, joined with one ``"`` where each string was, is tokenised
-with ``.replace("(", " ( ").replace(")", " ) ").split()``, and each token is looked up in a
-bounded cache of token text -> value (``_ATOM.fullmatch`` on a miss). A lone ``"`` token
-takes the next string; a string without a delimiter beside it leaves a token like ``a"``
-or ``""`` that is no atom. Rare atoms are read in place, so that a valid message is never
-read twice (issue 19, spec/cbcl-1.0.md "Cost model"): an escaped quote is hidden from the
-split first (:func:`_escape_quotes`: backslashes paired left to right, as escapes read,
-become control characters no valid text holds), comments are cut out of the parts between
-strings (:data:`_COMMENT`; one that holds a quote misled the split and gives up), long
-integers are range-checked, long strings measured. Since those operations accept more
-than CBCL, the tier checks in bulk, before building anything, whatever they would let
-through: whitespace that ``str.split`` knows and CBCL refuses (:data:`_ODD_SPACE`),
-forbidden characters in strings, invalid escapes, the sizes of strings and names, the
-node budget (which also bounds the splits). Depth and items are checked as lists open and
-close, and the list must close at the last token. On any doubt it gives up (``None``),
-never raises, and the two tiers above read the text; the fast loop, too, reads long
-integers and long strings in place, and gives up on errors only.
-Like them it is linear: every pass is a C-level scan or a loop over tokens. It scans to
-the end of the text, so it is never tried at a later position (:func:`value_spans` would
-re-scan the rest per value).
+This Python reader is the reference and the fallback: the C twin
+(``cbcl._native.read_value``, cbcl/_native_src/scanner.c) reads well-formed text first
+where it is built, and hands this loop only what it declines (text with an error, which
+is then read again here to raise the precise error, and a non-ASCII text read from a
+later position). There is no third tier (issue 28): what the fallback costs without the
+extension is stated in docs/performance.md.
 
 The envelope parser (pass 1) drives the same token expression and calls
 :func:`read_value_at` to capture the body, so a message is scanned exactly once.
@@ -54,7 +32,6 @@ The envelope parser (pass 1) drives the same token expression and calls
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any, NoReturn
@@ -253,11 +230,9 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
     reads them rather than encoding the text again). Raises :class:`MalformedError` or
     :class:`LimitError`.
 
-    The C twin of the fast tiers (``cbcl._native.read_value``, when built) reads first;
-    where it declines, or is not built, at ``pos`` 0 :func:`_read_split` tries a list that
-    runs to the end of the text. The fast loop (:func:`_read_fast`) reads well-formed
-    text within the limits; on anything else it gives up and :func:`_read_careful` reads
-    the same text again, to raise the precise error at the token that caused it.
+    The C twin (``cbcl._native.read_value``, when built) reads first; where it declines,
+    or is not built, :func:`read_value_python` reads the text, to return the same value or
+    raise the precise error at the token that caused it.
     """
     if _read_value_c is not None:
         found = _read_value_c(text, pos, _CACHE, _atom, limits.max_depth - depth,
@@ -267,26 +242,6 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
             value, end, count = found
             return value, end, nodes + count
     return read_value_python(text, pos, limits, depth, nodes)
-
-
-def read_value_python(text: str, pos: int, limits: Limits, depth: int, nodes: int,
-                      ) -> tuple[Value, int, int]:
-    """:func:`read_value_at` by the Python tiers alone (the reference of the C twin,
-    ``cbcl._native.read_value``)."""
-    if pos == 0:
-        found = _read_split(text, limits, depth, nodes)
-        if found is not None:
-            return found
-    return _read_tokens(text, pos, limits, depth, nodes)
-
-
-def _read_tokens(text: str, pos: int, limits: Limits, depth: int, nodes: int,
-                 ) -> tuple[Value, int, int]:
-    """:func:`read_value_at` by the two tiers that drive :data:`TOKEN`."""
-    found = _read_fast(text, pos, limits, depth, nodes)
-    if found is not None:
-        return found
-    return _read_careful(text, pos, limits, depth, nodes)
 
 
 # Symbols and keywords already made, by name: a message repeats its names, and a name read
@@ -345,123 +300,19 @@ def intern_keyword(name: str, *, pin: bool = False) -> Keyword:
     return value
 
 
-def _read_fast(text: str, pos: int, limits: Limits, depth: int, nodes: int,
-               ) -> tuple[Value, int, int] | None:
-    """:func:`read_value_at` for text that reads without an error, or ``None``.
+# --------------------------------------------------------------------------- atoms
 
-    The same values as :func:`_read_careful`, with fewer checks per token: nodes are
-    counted at every token (so no more than the limit is ever built), a list's items when
-    it closes, and the rare conditions (escapes, long strings and names, long integers)
-    only when they may apply (in place: it gives up on no text that is valid within the
-    limits). Every refusal gives up, never raises."""
-    budget = limits.max_nodes - nodes
-    max_items = limits.max_list_items
-    depth_left = limits.max_depth - depth
-    max_string = limits.max_string_bytes
-    max_name = limits.max_name_chars
-    symbols_get = _SYMBOLS.get
-    keywords_get = _KEYWORDS.get
-    stack: list[list[Value]] = []
-    push = stack.append
-    pop = stack.pop
-    items: list[Value] | None = None
-    count = 0
-    value: Value
-    for m in TOKEN.finditer(text, pos):
-        kind: int = m.lastindex  # type: ignore[assignment]  # TOKEN always matches a group
-        if kind == LPAR:
-            count += 1
-            if count > budget:
-                return None
-            if items is not None:
-                push(items)
-            items = []
-            if len(stack) >= depth_left:  # the new list is len(stack) + 1 deep
-                return None
-            continue
-        if kind == RPAR:
-            if items is None or len(items) > max_items:
-                return None
-            value = tuple(items)
-            if not stack:
-                return value, m.end(), nodes + count
-            items = pop()
-            items.append(value)
-            continue
-        count += 1
-        if kind == KEYWORD:
-            name = m.group(KEYWORD)
-            if len(name) > max_name:
-                return None
-            keyword = keywords_get(name)
-            value = keyword if keyword is not None else intern_keyword(name)
-        elif kind == SYMBOL:
-            name = m.group(SYMBOL)
-            if len(name) > max_name:
-                return None
-            symbol = symbols_get(name)
-            value = symbol if symbol is not None else intern_symbol(name)
-        elif kind == STRING:
-            value = m.group(STRING)
-            if len(value) * 4 > max_string:  # may be over: measure (as _read_careful)
-                if len(value) > 6 * max_string:
-                    return None
-                if "\\" in value:
-                    value = _ESCAPE.sub(_unescape_one, value)
-                if _utf8_size(value) > max_string:
-                    return None
-            elif "\\" in value:
-                value = _ESCAPE.sub(_unescape_one, value)
-        elif kind == INTEGER:
-            value = m.group(INTEGER)
-            if len(value) > 18:  # 18 digits, or 17 and a sign, are always in range
-                if len(value) > _INT_MAX_CHARS:
-                    return None
-                value = int(value)
-                if not INT64_MIN <= value <= INT64_MAX:
-                    return None
-            else:
-                value = int(value)
-        elif kind == URI_TOKEN:
-            value = _new(URI, m.group(URI_TOKEN))
-        elif kind == DECIMAL:
-            value = text[m.start(INTEGER) : m.end(DECIMAL)]
-            if len(value) > MAX_DECIMAL_CHARS:
-                return None
-            value = Decimal(value)
-        else:
-            return None
-        if count > budget:
-            return None
-        if items is None:
-            return value, m.end(), nodes + count
-        items.append(value)
-    return None  # pragma: no cover - TOKEN always matches
-
-
-# --------------------------------------------------------------------------- the split tier
-
-# Characters str.split() takes for whitespace that CBCL does not (only space, tab, CR and
-# LF are): each is refused between tokens, so the split tier must never split on one.
-_ODD_SPACE = re.compile(
-    "[\x0b\x0c\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
-# A comment, as TOKEN skips one: it stops at a line end or at a character it refuses.
-_COMMENT = re.compile(_COMMENT_PATTERN)
-# An atom of the split tier: TOKEN's atom alternatives, matched in full against a run the
-# split left between delimiters; the same order, and groups of the same meaning.
+# The atoms of the C twin (cbcl/_native_src/scanner.c judges strings, integers,
+# whitespace and comments itself, and hands every other run between delimiters to
+# :func:`_atom` through :data:`_CACHE`): so which runs are atoms, and what atom each is,
+# has one definition, here. :data:`TOKEN`'s atom alternatives, matched in full against a
+# run; the same order, and groups of the same meaning.
 _ATOM = re.compile(
     r":(" + NAME + r")"  # 1 keyword name
     r"|(" + SYMBOL_PATTERN + r")"  # 2 symbol
     r"|" + NUMBER_GROUPS +  # 3 integer, 4 decimal part
     r"|(" + URI_PATTERN + r")"  # 5 URI
 )
-# The text between two quotes when its escapes are valid (TOKEN's STRING, less the check
-# of forbidden characters): a backslash at its end escapes no character.
-_ESCAPED = re.compile(r'(?:[^\\]++|\\["\\nrt]|\\u(?![dD][89a-fA-F])[0-9a-fA-F]{4})*+')
-# What the token cache maps the punctuation to (a '"' token stands for the next string).
-_OPEN = object()
-_CLOSE = object()
-_QUOTE = object()
 # Token text -> value, for tokens up to _CACHED_CHARS long: a cached name is then within
 # every max_name_chars of at least _CACHED_CHARS (a smaller one is checked per document).
 # Names and URIs are kept, and numbers of up to 4 characters: longer numbers seldom recur
@@ -479,17 +330,9 @@ _CACHE_MAX = 8192
 _CACHE: dict[str, object] = {}
 
 
-def _reset_cache() -> None:
-    _CACHE.clear()
-    _CACHE.update({"(": _OPEN, ")": _CLOSE, '"': _QUOTE})
-
-
-_reset_cache()
-
-
 def _atom(token: str, max_name: int) -> object | None:
     """The value of ``token`` (a run between delimiters) if it is one atom within the
-    limits, cached; else ``None``."""
+    limits, cached; else ``None`` (the C twin's atom rules: :data:`_ATOM`)."""
     m = _ATOM.fullmatch(token)
     if m is None:
         return None
@@ -517,244 +360,49 @@ def _atom(token: str, max_name: int) -> object | None:
         value = Decimal(token)
     if len(token) <= _CACHED_CHARS and (kind <= 2 or kind == 5 or len(token) <= 4):
         if len(_CACHE) >= _CACHE_MAX:
-            _reset_cache()
+            _CACHE.clear()
         _CACHE[token] = value
     return value
 
 
-def _escape_quotes(body: str) -> str:
-    """``body`` with each escaped backslash made ``\\x00`` and each escaped quote
-    ``\\x01`` (backslashes paired left to right, as escapes read) if it holds an escaped
-    quote, else ``""``. A few backslashes are walked by the pieces between them (C-level
-    splits; finding a two-character needle is a slow scan), many by ``str.replace``."""
-    pieces = body.split("\\", 32)
-    if len(pieces) > 32:
-        if '\\"' not in body:
-            return ""
-        return body.replace("\\\\", "\x00").replace('\\"', "\x01")
-    for piece in pieces:
-        if piece[:1] == '"':
-            break
-    else:
-        return ""  # no backslash before a quote (the first piece is before any)
-    out = [pieces[0]]
-    quote = False
-    k = 1
-    last = len(pieces) - 1
-    while k <= last:
-        piece = pieces[k]
-        if not piece and k < last:  # '\\\\': the next piece follows the pair
-            out.append("\x00" + pieces[k + 1])
-            k += 2
-            continue
-        if piece[:1] == '"':
-            quote = True
-            out.append("\x01" + piece[1:])
-        else:
-            out.append("\\" + piece)
-        k += 1
-    return "".join(out) if quote else ""
-
-
-def _close_after(body: str) -> int:
-    """The index just after the last ')' of ``body`` outside comments, when no string
-    follows it (nor a quote in a comment)."""
-    tail_at = body.rfind('"') + 1
-    end = at = tail_at
-    for m in _COMMENT.finditer(body, tail_at):
-        close = body.rfind(")", at, m.start())
-        if close != -1:
-            end = close + 1
-        at = m.end()
-    close = body.rfind(")", at)
-    return close + 1 if close != -1 else end
-
-
-def _utf8_size(s: str) -> int:
-    """The size of ``s`` in UTF-8, or more than any limit if it cannot be encoded."""
-    if s.isascii():
-        return len(s)
-    try:
-        return len(s.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate: let the careful loop say
-        return sys.maxsize
-
-
-def _read_split(text: str, limits: Limits, depth: int, nodes: int,
-                ) -> tuple[Value, int, int] | None:
-    """:func:`read_value_at` at character 0 for a list that only whitespace and comments
-    follow, read with C-level string operations; ``None`` for anything else.
-
-    Gives up on whatever it cannot prove well-formed and within the limits, without
-    raising: a comment that holds a quote, an odd number of quotes, an invalid escape,
-    whitespace other than CBCL's, a forbidden character, a string or name over its limit,
-    a token neither cached nor matched in full by :data:`_ATOM`, too many nodes, lists too
-    deep or too long, anything but comments after the list."""
-    budget = limits.max_nodes - nodes
-    depth_left = limits.max_depth - depth
-    if budget < 1 or depth_left < 1:
-        return None
-    first = text[:1]
-    if first == "(":
-        start = 0
-        body = text
-    elif first not in "; \t\r\n":
-        return None  # an atom, or an error
-    else:
-        # Whitespace and comments first. One comment line of printable characters (so of
-        # none that a comment refuses) is common enough to skip without TOKEN.
-        start = text.find("\n") + 1 if first == ";" else 0
-        if not (start and text[start : start + 1] == "("
-                and text[1 : start - 1].isprintable()):
-            m = TOKEN.match(text)
-            if m is None or m.lastindex != LPAR:
-                return None
-            start = m.start(LPAR)
-        body = text[start:]
-    # Strings are the odd parts (each string is one node, so at most `budget` of them),
-    # the rest are the even parts, joined into `code` with one '"' where each string was:
-    # a string without a delimiter on either side leaves a token like 'a"' or '""' that
-    # no atom matches.
-    escaped = _escape_quotes(body) if "\\" in body else ""
-    if escaped:
-        # An escaped quote, which the split must not take for a string's end: first each
-        # pair of backslashes (in a string, an escaped backslash: escapes read left to
-        # right), then each backslash before a quote (an escaped quote) becomes a control
-        # character that valid text never holds (refused in strings and between tokens);
-        # the strings get their raw text back after the split. A backslash between tokens
-        # is an error, and whatever it became leaves a token that is no atom.
-        if "\x00" in body or "\x01" in body or "\x02" in body:
-            return None
-        parts = escaped.split('"', 2 * budget)
-    else:
-        parts = body.split('"', 2 * budget)
-    if not len(parts) & 1 or len(parts) > 2 * budget:
-        return None  # an unterminated string, or too many
-    if len(parts) == 1:
-        code = body
-        strings: list[str] = []
-    else:
-        code = '"'.join(parts[::2])
-        strings = parts[1::2]
-        if escaped:
-            strings = ("\x02".join(strings).replace("\x01", '\\"')
-                       .replace("\x00", "\\\\").split("\x02"))
-    tail_comment = False
-    if ";" in code:
-        # Comments, each from its ';' to the line's end (or to a character a comment
-        # refuses, which is then left between tokens, where it is no atom). A comment
-        # holding a quote misled the split: its part ends inside it, before any line end
-        # (but the last part, which ends the text). Give up on that.
-        pieces = parts[::2]
-        last = len(pieces) - 1
-        tail_comment = ";" in pieces[last]
-        for i, piece in enumerate(pieces):
-            if ";" in piece:
-                if i != last:
-                    after = piece[piece.rfind(";"):]
-                    if "\n" not in after and "\r" not in after:
-                        return None
-                pieces[i] = _COMMENT.sub(" ", piece)
-        code = '"'.join(pieces)
-    if ("\x0b" in code or "\x0c" in code or "\x1c" in code or "\x1d" in code
-            or "\x1e" in code or "\x1f" in code
-            or (not code.isascii() and _ODD_SPACE.search(code))):
-        return None
-    if strings:
-        raw = "".join(strings)
-        if not raw.isprintable() and _FORBIDDEN_RE.search(raw):
-            return None
-        max_string = limits.max_string_bytes
-        if "\\" in raw:
-            # The split took an escaped quote for the end of a string only if the part
-            # before it ends in a backslash that starts an escape: then it is not _ESCAPED.
-            for i, s in enumerate(strings):
-                if "\\" in s:
-                    if len(s) > 6 * max_string:
-                        return None  # (each character is at most 6 raw ones: \uXXXX)
-                    if "\\u" in s:  # (or an escaped backslash before a 'u')
-                        if _ESCAPED.fullmatch(s) is None:
-                            return None
-                        strings[i] = _ESCAPE.sub(_unescape_one, s)
-                        continue
-                    # Escaped backslashes first (escapes read left to right, and no
-                    # string holds a \x00); then a backslash left over is an error.
-                    t = (s.replace("\\\\", "\x00").replace('\\"', '"').replace("\\n", "\n")
-                         .replace("\\t", "\t").replace("\\r", "\r"))
-                    if "\\" in t:
-                        return None
-                    strings[i] = t.replace("\x00", "\\") if "\x00" in t else t
-        if len(raw) * 4 > max_string:  # else no string can be over (4 bytes a character)
-            for s in strings:
-                if len(s) * 4 > max_string and _utf8_size(s) > max_string:
-                    return None
-    # A list within the budget has at most twice as many tokens (a node, and a ')').
-    tokens = code.replace("(", " ( ").replace(")", " ) ").split(None, 2 * budget)
-    total = len(tokens) - code.count(")")  # the nodes, if the list ends the text
-    max_name = limits.max_name_chars
-    if len(tokens) > 2 * budget or total > budget:
-        return None
-    if max_name < _CACHED_CHARS and max(map(len, tokens)) > max_name:
-        for token in tokens:  # a name too long may be cached: only URIs have no limit
-            if len(token) > max_name and not (  # (a keyword's name may hold "://")
-                    len(token) == max_name + 1 if token[0] == ":" else "://" in token):
-                return None
-    max_items = limits.max_list_items
-    get = _CACHE.get
-    next_string = iter(strings).__next__
-    stack: list[list[Value]] = []
-    push = stack.append
-    pop = stack.pop
-    items: list[Value] = []
-    tokens_left = iter(tokens)
-    next(tokens_left)  # the first '('
-    value: object
-    for token in tokens_left:
-        value = get(token)
-        if value is None:
-            value = _atom(token, max_name)
-            if value is None:
-                return None
-        if value is _OPEN:
-            push(items)
-            items = []
-            if len(stack) >= depth_left:  # the new list is len(stack) + 1 deep
-                return None
-        elif value is _CLOSE:
-            if len(items) > max_items:
-                return None
-            value = tuple(items)
-            if not stack:
-                if next(tokens_left, None) is not None:
-                    return None
-                if tail_comment:  # the list's ')' is the last one outside comments
-                    return value, start + _close_after(body), nodes + total
-                return value, start + body.rfind(")") + 1, nodes + total
-            items = pop()
-            items.append(value)
-        elif value is _QUOTE:
-            items.append(next_string())
-        else:
-            items.append(value)  # type: ignore[arg-type]
-    return None
-
-
-def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
-                  ) -> tuple[Value, int, int]:
-    """:func:`read_value_at` checking every limit at the token that would exceed it."""
+def read_value_python(text: str, pos: int, limits: Limits, depth: int, nodes: int,
+                      ) -> tuple[Value, int, int]:
+    """:func:`read_value_at` in Python: the reference of the C twin and the fallback where
+    it is not built or declines. Every limit is checked at the token that would exceed it,
+    before the value is built; raises :class:`MalformedError` or :class:`LimitError`."""
     max_depth = limits.max_depth
     max_items = limits.max_list_items
     max_nodes = limits.max_nodes
     max_string = limits.max_string_bytes
     max_name = limits.max_name_chars
+    symbols_get = _SYMBOLS.get
+    keywords_get = _KEYWORDS.get
     stack: list[list[Value]] = []
+    push = stack.append
+    pop = stack.pop
     items: list[Value] | None = None
+    value: Value
     for m in TOKEN.finditer(text, pos):
         kind: int = m.lastindex  # type: ignore[assignment]  # TOKEN always matches a group
+        if kind == RPAR:
+            if items is None:
+                fail(text, m.start(kind), "unexpected ')'", expected=("a value",))
+            value = tuple(items)
+            depth -= 1
+            if not stack:
+                return value, m.end(), nodes
+            items = pop()
+            items.append(value)  # (counted against max_list_items when it opened)
+            continue
+        if kind == EOF:
+            if items is None:
+                fail(text, m.start(kind), "expected a value, found the end of the input",
+                     expected=("a value",))
+            fail(text, m.start(kind), f"{depth} unclosed list(s) at the end of the input",
+                 expected=("')'",))
         nodes += 1
-        if nodes > max_nodes and kind != RPAR and kind != EOF:
+        if nodes > max_nodes:
             limit(text, m.start(kind), limits, "max_nodes")
-        value: Value
         if kind == LPAR:
             depth += 1
             if depth > max_depth:
@@ -762,47 +410,37 @@ def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
             if items is not None:
                 if len(items) >= max_items:
                     limit(text, m.start(kind), limits, "max_list_items")
-                stack.append(items)
+                push(items)
             items = []
             continue
-        if kind == RPAR:
-            nodes -= 1
-            if items is None:
-                fail(text, m.start(kind), "unexpected ')'", expected=("a value",))
-            value = tuple(items)
-            depth -= 1
-            if not stack:
-                return value, m.end(), nodes
-            items = stack.pop()
-            items.append(value)
-            continue
-        if kind == STRING:
-            raw = m.group(STRING)
-            if len(raw) * 4 <= max_string:  # cannot be over: skip measuring
-                value = unescape(raw)
-            else:
-                # Each value character comes from at most 6 raw characters (\\uXXXX) and
-                # is at least one byte, so a raw text over 6x the limit is over it.
-                if len(raw) > 6 * max_string or len(
-                        (value := unescape(raw)).encode("utf-8")) > max_string:
-                    limit(text, m.start(kind) - 1, limits, "max_string_bytes")
+        if kind == KEYWORD:
+            value = m.group(KEYWORD)
+            if len(value) > max_name:
+                limit(text, m.start(kind) - 1, limits, "max_name_chars", "keyword")
+            keyword = keywords_get(value)
+            value = keyword if keyword is not None else intern_keyword(value)
         elif kind == SYMBOL:
             value = m.group(SYMBOL)
             if len(value) > max_name:
                 limit(text, m.start(kind), limits, "max_name_chars", "symbol")
-            value = _new(Symbol, value)
+            symbol = symbols_get(value)
+            value = symbol if symbol is not None else intern_symbol(value)
+        elif kind == STRING:
+            raw = m.group(STRING)
+            if len(raw) * 4 <= max_string:  # cannot be over: skip measuring
+                value = raw if "\\" not in raw else _ESCAPE.sub(_unescape_one, raw)
+            # Each value character comes from at most 6 raw characters (\\uXXXX) and is at
+            # least one byte, so a raw text over 6x the limit is over it.
+            elif len(raw) > 6 * max_string or len(
+                    (value := unescape(raw)).encode("utf-8")) > max_string:
+                limit(text, m.start(kind) - 1, limits, "max_string_bytes")
         elif kind == INTEGER:
             token = m.group(INTEGER)
-            if len(token) > _INT_MAX_CHARS:
+            # (18 digits, or 17 and a sign, are always in range; 21 characters never are)
+            if len(token) > 18 and (len(token) > _INT_MAX_CHARS
+                                    or not INT64_MIN <= int(token) <= INT64_MAX):
                 fail(text, m.start(kind), "integer out of the signed 64-bit range")
             value = int(token)
-            if not INT64_MIN <= value <= INT64_MAX:
-                fail(text, m.start(kind), "integer out of the signed 64-bit range")
-        elif kind == KEYWORD:
-            value = m.group(KEYWORD)
-            if len(value) > max_name:
-                limit(text, m.start(kind) - 1, limits, "max_name_chars", "keyword")
-            value = _new(Keyword, value)
         elif kind == URI_TOKEN:
             value = _new(URI, m.group(URI_TOKEN))
         elif kind == DECIMAL:
@@ -811,12 +449,6 @@ def _read_careful(text: str, pos: int, limits: Limits, depth: int, nodes: int,
             if len(token) > MAX_DECIMAL_CHARS:
                 fail(text, start, f"decimal longer than {MAX_DECIMAL_CHARS} characters")
             value = Decimal(token)
-        elif kind == EOF:
-            if items is None:
-                fail(text, m.start(kind), "expected a value, found the end of the input",
-                     expected=("a value",))
-            fail(text, m.start(kind), f"{depth} unclosed list(s) at the end of the input",
-                 expected=("')'",))
         else:
             diagnose(text, m.start(kind))
         if items is None:
@@ -1029,7 +661,7 @@ def _diagnose_string(text: str, index: int) -> NoReturn:
 
 try:
     from .._native import read_value as _scanner_read_value
-except ImportError:  # not built: the Python tiers read alone
+except ImportError:  # not built: the Python reference reads alone
     _read_value_c: Any = None
 else:
     _read_value_c = _scanner_read_value

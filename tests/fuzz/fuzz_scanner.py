@@ -1,7 +1,8 @@
 """Atheris harness of the text reader's C twin (``cbcl._native.read_value``): on every
-input, what it reads is exactly what the careful loop (``cbcl.core._reader._read_careful``, the
-reference) reads, value, end and node count, and where it gives up the careful loop raises
-(but at a later position of a text that is not ASCII, which it leaves to the Python tiers).
+input, what it reads is exactly what the Python reference
+(``cbcl.core._reader.read_value_python``) reads, value, end and node count, and where it
+gives up the reference raises (but at a later position of a text that is not ASCII, which
+it leaves to the reference).
 
     pip install '.[fuzz]'
     python tests/fuzz/fuzz_scanner.py [libFuzzer options] [corpus dirs]
@@ -59,7 +60,7 @@ def _setup() -> Any:
         text = data[2:].decode("utf-8", "replace")
         pos = data[1] % (len(text) + 1) if data[1] >= 128 else 0
         try:
-            careful: Any = _reader._read_careful(text, pos, limits, 0, 0)
+            careful: Any = _reader.read_value_python(text, pos, limits, 0, 0)
         except CBCLError:
             careful = None
         found = read_value(text, pos, _reader._CACHE, _reader._atom, limits.max_depth,
