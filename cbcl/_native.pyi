@@ -165,11 +165,11 @@ def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, 
 def schema_valid(pairs: Any, body: tuple[Value, ...],
                  has_heads: Callable[[tuple[Value, ...], tuple[Any, ...]], bool], /,
                  ) -> bool | None:
-    """The schema's fast pass over ``body``, whose heads ``Schema.record_for`` matched to
-    the record whose ``_Pairs`` is ``pairs``: the twin of ``cbcl.protocol._schema._valid``, reading
-    the same prepared structures. ``False`` also where the Python pass would raise (which
-    ``check_schema`` takes as ``False``); ``None`` for a type of more than 63 fields, which
-    it leaves to the Python pass. ``has_heads`` is ``cbcl.protocol._schema._has_heads``."""
+    """The schema check over ``body``, whose heads ``Schema.record_for`` matched to the
+    record whose ``_Pairs`` is ``pairs``: the C twin of ``cbcl.protocol._schema._explain``
+    (which names the violation where this says ``False``), reading the prepared structures
+    of ``cbcl.protocol._schema``. ``None`` for a type of more than 63 fields, which it
+    leaves to the reference. ``has_heads`` is ``cbcl.protocol._schema._has_heads``."""
 
 def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...], /) -> Any:
     """An instance of ``type`` (one ``object.__new__`` makes; ``TypeError`` otherwise)

@@ -13,7 +13,7 @@
  *   envelope(...)        -> Message | None twin of cbcl.protocol._envelope._walk and Message._trusted
  *   make_object(...)     -> object         Message._trusted's construction
  *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl.binary._codec._fast_message
- *   schema_valid(...)    -> bool | None    twin of cbcl.protocol._schema._valid, the schema's fast pass
+ *   schema_valid(...)    -> bool | None    the schema check's C twin (cbcl.protocol._schema._explain)
  *   decode_frame(...)    -> Message | None twin of cbcl.binary._codec._fast_frame: a whole frame,
  *                                          header to Message, in one call
  *   accept_document(...) -> Message | None twin of cbcl.protocol._api.accept_document_python: both
@@ -1278,14 +1278,14 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
                        uri_type, symbol_type, NULL);
 }
 
-/* schema_valid(pairs, body, has_heads) -> True | False | None: the twin of the fast pass
- * cbcl.protocol._schema._valid over a body whose heads record_for matched to the record `pairs`
- * is of (its _Pairs). It reads the same prepared structures: each _Pairs' slots (open,
+/* schema_valid(pairs, body, has_heads) -> True | False | None: the C twin of the schema
+ * check (cbcl.protocol._schema._explain, the reference, which also names the violation)
+ * over a body whose heads record_for matched to the record `pairs` is of (its _Pairs). It reads the same prepared structures: each _Pairs' slots (open,
  * start, head, heads, first, table, other, required: its `packed` tuple), each _Field (bit, kinds, how, a, b,
  * the next key and _Field), each spec (kinds, how, a, b) and each ListOf's min_length,
- * max_length and _item. True or False as the Python pass decides (False also for any
- * exception it would raise, which check_schema takes as False); None to leave the body
- * to the Python pass: a type with more than 63 fields (its bits do not fit). */
+ * max_length and _item. True or False as the reference decides (False also for any
+ * exception it meets, which check_schema takes as False); None to leave the body
+ * to the reference: a type with more than 63 fields (its bits do not fit). */
 enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, HOW_AT_MOST,
        HOW_TESTED, HOW_MEMBER, HOW_OPEN };
 
@@ -2463,8 +2463,8 @@ PyMethodDef cbcl_speedups_methods[] = {
      "make_object(type, attributes, values) -> object: an instance given its attributes "
      "without __init__ (Message._trusted)."},
     {"schema_valid", schema_valid, METH_VARARGS,
-     "schema_valid(pairs, body, has_heads) -> bool | None: the schema's fast pass "
-     "(cbcl.protocol._schema._valid)."},
+     "schema_valid(pairs, body, has_heads) -> bool | None: the schema check's C twin "
+     "(of cbcl.protocol._schema._explain)."},
     {"frame_envelope", frame_envelope, METH_VARARGS,
      "frame_envelope(data, start, intents, uris, max_string, entries) -> tuple | None: "
      "a frame's envelope fields and where its body starts."},

@@ -26,17 +26,16 @@ closures, never generated code: a schema comes from an untrusted descriptor):
 
 Checking a body (:func:`check_schema`) takes one pass, or two when the body is refused:
 
-1. The fast pass (:func:`_valid`) decides, in one loop without a call per list: it checks
-   keys and atoms inline and puts list children on explicit work lists (never recursion: a
-   body may be thousands deep). It builds no paths and needs no reading order. Most bodies
-   end here, accepted.
-2. Only when the fast pass refuses a body (or raises), the explaining pass
-   (:func:`_explain`) walks it again in reading order, the way the rules are written, and
-   raises :class:`SchemaError` at the first violation, with a path such as
+1. Where the extension is built, its C twin (``cbcl._native.schema_valid``) decides from
+   the specs and :class:`_Pairs` above, in one loop with explicit work lists (never
+   recursion: a body may be thousands deep), building no paths. Most bodies end here,
+   accepted. It may decline (a type of more than 63 fields, a Python value outside the
+   value model) but never accepts what the explaining pass refuses.
+2. Otherwise, and whenever the C twin refuses, the explaining pass (:func:`_explain`, the
+   reference) walks the body in reading order, the way the rules are written, and raises
+   :class:`SchemaError` at the first violation, with a path such as
    ``$.body.task[:resources][:cpu]`` (built as text only then). This pass is the
-   definition: the fast pass may refuse what it cannot judge cheaply (a hand-built type
-   with unusual attributes, a Python value outside the value model) but never accepts what
-   this pass refuses.
+   definition, and the whole check where the extension is not built.
 """
 
 from __future__ import annotations
@@ -116,7 +115,7 @@ class ListOf:
     item: SchemaType
     min_length: int | None = None
     max_length: int | None = None
-    #: The element's spec (derived, for the fast pass).
+    #: The element's spec (derived, for the C twin).
     _item: _Spec = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -137,7 +136,7 @@ class Keys:
     fields: dict[Keyword, SchemaType] = field(hash=False)
     required: tuple[Keyword, ...]
     other: SchemaType | None = None
-    #: How the fast pass checks it (derived).
+    #: How the C twin checks it (derived).
     _pairs: _Pairs = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -156,7 +155,7 @@ class Record:
 
     heads: tuple[Symbol, ...]
     keys: Keys
-    #: How the fast pass checks it: as its keys, after its heads (derived).
+    #: How the C twin checks it: as its keys, after its heads (derived).
     _pairs: _Pairs = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -207,7 +206,7 @@ class Schema:
 
     def record_index(self) -> tuple[dict[Symbol, Any], dict[Symbol, tuple[Any, ...]]]:
         """What :meth:`record_for` looks records up by, each record as its ``_Pairs`` (the
-        form the schema's fast pass reads): the head symbols whose first record has that
+        form the schema's C twin reads): the head symbols whose first record has that
         one head, and every head's ``(pairs, heads)`` to try in order. For C twins
         (``cbcl._native``, through :attr:`cbcl.protocol._protocol.Protocol.acceptance`)."""
         return ({head: record._pairs for head, record in self._sole.items()},
@@ -469,9 +468,10 @@ def _one_of(t: OneOf, value: Value) -> bool:
     return any(type(value) is type(v) and value == v for v in t.values)
 
 
-# ----------------------------------------------------------------- checking: fast pass
+# ------------------------------------------------------- checking: the C twin's tables
 #
-# A spec says how a parent checks a child of some type inline: (kinds, how, a, b), where
+# What the C twin of the check (cbcl._native.schema_valid) reads. A spec says how a parent
+# checks a child of some type inline: (kinds, how, a, b), where
 # kinds are the Python types it may have (None for any) and how says what else to check:
 #   _PLAIN     nothing                        _SIZED     its length is in the range a
 #   _AT_LEAST  not below a (value < a)        _AT_MOST   not above b (value > b)
@@ -496,7 +496,7 @@ _NEVER = sys.maxsize  # more heads than any list has
 
 
 class _Pairs:
-    """How the fast pass checks a keyword-argument list, or a record after its heads.
+    """How the C twin checks a keyword-argument list, or a record after its heads.
 
     ``start`` is the number of heads, ``heads`` those heads as the symbols the reader
     shares (a body's are found by identity) and ``head`` the only one (see
@@ -507,7 +507,7 @@ class _Pairs:
     required keys. If the keys need only be distinct keywords (``(keys (else any))``),
     ``open`` is a predicate that checks the whole list (else ``None``). A hand-built type
     with a key, required key or head that is not a keyword or symbol gets ``start``
-    :data:`_NEVER`: the fast pass refuses every list, and the explaining pass says what
+    :data:`_NEVER`: the C twin refuses every list, and the explaining pass says what
     happens.
     """
 
@@ -517,7 +517,7 @@ class _Pairs:
     def __init__(self, keys: Keys, heads: tuple[Symbol, ...] | None = None) -> None:
         """For a :class:`Keys`, or with ``heads`` a record's."""
         self._prepare(keys, heads)
-        #: The slots the C twin of the fast pass reads, in one tuple (one lookup a list).
+        #: The slots the C twin reads, in one tuple (one lookup a list).
         self.packed = (self.open, self.start, self.head, self.heads, self.first, self.table,
                        self.other, self.required)
 
@@ -656,129 +656,6 @@ _LENGTH = (int, type(None))
 _BOUND = (int, Decimal, type(None))
 
 
-def _valid(record: Record, body: tuple[Value, ...]) -> bool:
-    """The fast pass: True if ``body``, whose heads :meth:`Schema.record_for` has matched
-    to ``record``, satisfies it. False (or an exception) means only that the explaining
-    pass must judge.
-
-    One loop, without a call per list: it checks a keyword-argument list or record (the
-    body first), its atoms inline, and puts its list children on the work lists ``keyed``
-    and ``lists`` (in any order: this pass needs no reading order); when ``keyed`` is empty
-    it checks lists-of from ``lists`` until one puts a keyword-argument list on ``keyed``.
-    """
-    pairs = record._pairs
-    if pairs.open is not None:  # (the body's record: others are _TESTED)
-        return pairs.open(body)
-    items = body
-    keyed: list[tuple[_Pairs, tuple[Value, ...]]] = []
-    lists: list[tuple[ListOf, tuple[Value, ...]]] = []
-    while True:
-        start = pairs.start
-        n = len(items)
-        if start and (n < start or (items is not body  # (record_for matched the body's heads)
-                                    and items[0] is not pairs.head
-                                    and not _has_heads(items, pairs.heads))):
-            return False
-        if (n - start) % 2:
-            return False
-        # The field the schema lists first, then the one it lists after the last key.
-        # (Below, the spec, `how`, says what `value` is, which mypy cannot narrow by; the
-        # ignores stand for that, on the hot path where a cast would cost a call.)
-        expected, following = pairs.first
-        others: set[Keyword] | None = None
-        seen = 0  # the bits of the fields seen
-        for i in range(start, n, 2):
-            key = items[i]
-            if key is expected:  # (the reader shares keywords)
-                # (never None: ``expected`` is a key only while a field follows)
-                bit, kinds, how, a, b, expected, following = following  # type: ignore[misc]
-            elif type(key) is not Keyword:  # (before hashing it)
-                return False
-            elif (entry := pairs.table.get(key)) is not None:
-                bit, kinds, how, a, b, expected, following = entry
-            elif pairs.other is not None and (others is None or key not in others):
-                if others is None:
-                    others = set()
-                others.add(key)
-                kinds, how, a, b = pairs.other
-                bit = 0
-            else:  # not allowed, or repeated
-                return False
-            if seen & bit:
-                return False
-            seen |= bit
-            value = items[i + 1]
-            if kinds is not None and type(value) not in kinds:
-                return False
-            if how:  # (as for a list's elements below)
-                if how == _SIZED:
-                    if len(value) not in a:  # type: ignore[arg-type]
-                        return False
-                elif how == _BETWEEN:
-                    if value < a or value > b:
-                        return False
-                elif how == _AT_LEAST:
-                    if value < a:
-                        return False
-                elif how == _KEYED:
-                    keyed.append((b, value))  # type: ignore[arg-type]
-                elif how == _MEMBER:
-                    if (type(value), value) not in a:
-                        return False
-                elif how == _TESTED:
-                    if not a(value):
-                        return False
-                elif how == _LISTED:
-                    lists.append((b, value))  # type: ignore[arg-type]
-                elif how == _OPEN:
-                    if not a(value):
-                        return False
-                elif value > b:  # (_AT_MOST)
-                    return False
-        if seen & pairs.required != pairs.required:
-            return False
-        while not keyed:
-            if not lists:
-                return True
-            t, items = lists.pop()
-            n = len(items)
-            if ((t.min_length is not None and n < t.min_length)
-                    or (t.max_length is not None and n > t.max_length)):
-                return False
-            kinds, how, a, b = t._item  # (the ignores below: as in the loop above)
-            if kinds is None and not how:
-                continue
-            for value in items:
-                if kinds is not None and type(value) not in kinds:
-                    return False
-                if how:  # (as for a key's value above)
-                    if how == _SIZED:
-                        if len(value) not in a:  # type: ignore[arg-type]
-                            return False
-                    elif how == _BETWEEN:
-                        if value < a or value > b:
-                            return False
-                    elif how == _AT_LEAST:
-                        if value < a:
-                            return False
-                    elif how == _KEYED:
-                        keyed.append((b, value))  # type: ignore[arg-type]
-                    elif how == _MEMBER:
-                        if (type(value), value) not in a:
-                            return False
-                    elif how == _TESTED:
-                        if not a(value):
-                            return False
-                    elif how == _LISTED:
-                        lists.append((b, value))  # type: ignore[arg-type]
-                    elif how == _OPEN:
-                        if not a(value):
-                            return False
-                    elif value > b:  # (_AT_MOST)
-                        return False
-        pairs, items = keyed.pop()
-
-
 # ----------------------------------------------------------- checking: explaining pass
 
 # A path is built only when a check fails: while checking, it is the root text or a
@@ -884,22 +761,19 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
     record = compiled.record_for(body)
     if record is None:
         return
-    try:
-        # (a tuple: record_for found its heads; no cast, a call, on the decoders' path)
-        valid = fast_pass(record, body)  # type: ignore[arg-type]
-    except Exception:  # an odd value or hand-built type: the explaining pass raises it
-        valid = False  # in its place in reading order
-    if not valid:
-        _explain(record, body, path)
+    if _schema_valid_c is not None:
+        try:
+            # (a tuple: record_for found its heads; no cast, a call, on the decoders' path)
+            if _schema_valid_c(record._pairs, body, _has_heads) is True:
+                return
+        except Exception:  # an odd value or hand-built type: the explaining pass raises
+            pass  # it in its place in reading order
+    _explain(record, body, path)
 
 
 try:
-    from .._native import schema_valid as _schema_valid_c
-except ImportError:  # not built: the Python fast pass runs
-    fast_pass: Callable[[Record, tuple[Value, ...]], bool] = _valid
+    from .._native import schema_valid as _native_schema_valid
+except ImportError:  # not built: the explaining pass alone
+    _schema_valid_c: Any = None
 else:
-    def fast_pass(record: Record, body: tuple[Value, ...]) -> bool:
-        """:func:`_valid` by its C twin, ``cbcl._native.schema_valid`` (which leaves a
-        type of more than 63 fields to :func:`_valid`)."""
-        valid: bool | None = _schema_valid_c(record._pairs, body, _has_heads)
-        return _valid(record, body) if valid is None else valid
+    _schema_valid_c = _native_schema_valid
