@@ -21,8 +21,9 @@ whose states are LR stacks, one transition at a time:
   terminal: the literal-or-data decision is made once per stack and class, as part of the
   transition. ``LPAR`` maps to ``(next node, whole)``, where ``whole`` says that the list
   is a whole ``value`` which the walker may take without walking it (:func:`value_states`).
-* A missing transition is computed by the plain driver (:meth:`StackAutomaton.step`, the
-  twin on nodes of :func:`cbcl.grammar._kernel.feed`) and remembered. The hot loop is
+* A missing transition is computed by the one LR driver, :func:`cbcl.grammar._kernel.feed`,
+  run on the node itself (:class:`_NodeStack`: popping is following parents, pushing is
+  the hash-consed push), and remembered (:meth:`StackAutomaton.step`). The hot loop is
   ``node.get(cls)``, and ``automaton.step(node, cls)`` when that is ``None``.
 
 A keyword set's mask (:mod:`cbcl.grammar._kernel`) is part of the stack: the node of a state a
@@ -37,9 +38,11 @@ a transition is a pure function of the stack and the class.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from ._lalr import VALUE_RULE, Tables, value_states
+from ._kernel import ACCEPTED, REFUSED as REFUSED_BY_KERNEL, WHOLE, feed, take_value
+from ._lalr import Tables, value_states
 
 
 class _Outcome:
@@ -128,47 +131,17 @@ class StackAutomaton:
         return result
 
     def _feed(self, node: Node, terminal: str) -> Any:
-        # The kernel's step (cbcl.grammar._kernel.feed, whole values included) walked on nodes
-        # rather than on a list: a twin kept for the miss path's speed (rebuilding the
-        # list stack costs each miss its depth). test_automaton checks it against the
-        # kernel.
-        actions = self.tables.actions
-        rules = self.tables.rules
-        end_state = self.tables.end_state
-        sets = self.tables.keyword_sets
-        set_rules = self.tables.set_rules
+        walk = _NodeStack(self, node)
+        outcome = feed(self.tables, walk, terminal, whole=self._whole, marks=walk)
         lpar = terminal == "LPAR"
-        while True:
-            if sets:
-                spec = sets.get(node[_STATE])
-                if spec is not None:
-                    seen = node.get(_MARK, 0)
-                    bit = spec.bits.get(terminal)
-                    if bit is not None:
-                        if seen & bit:
-                            return REFUSED
-                        node = self._push(node[_PARENT], node[_STATE], seen | bit)
-                    elif spec.required & ~seen:
-                        return (REFUSED, False) if lpar else REFUSED
-            row = actions[node[_STATE]]
-            action = row.get(terminal)
-            if action is None:
-                return (REFUSED, False) if lpar else REFUSED
-            if action >= 0:
-                if action == self._whole.get(terminal):  # a whole value: take its goto
-                    after = self._push(node, row[VALUE_RULE])
-                    return (after, True) if lpar else after
-                after = self._push(node, action)
-                return (after, False) if lpar else after
-            rule = rules[~action]
-            mark = 0
-            for _ in range(rule.size):
-                mark = node.get(_MARK, 0)  # the deepest popped: a set's own node
-                node = node[_PARENT]
-            node = self._push(node, actions[node[_STATE]][rule.origin],
-                              mark if rule.origin in set_rules else 0)
-            if terminal == "$END" and node[_STATE] == end_state:
-                return ACCEPT
+        if outcome == REFUSED_BY_KERNEL:
+            return (REFUSED, False) if lpar else REFUSED
+        if outcome == ACCEPTED:
+            return ACCEPT
+        if outcome == WHOLE:  # a list that is a whole value: take its goto
+            take_value(self.tables, walk)
+            return walk.node, True
+        return (walk.node, False) if lpar else walk.node
 
     @staticmethod
     def marks(node: Node) -> dict[int, int]:
@@ -189,3 +162,66 @@ class StackAutomaton:
             node = node[_PARENT]
         states.reverse()
         return states
+
+
+#: Where a :class:`_NodeStack`'s depths start: above any stack's depth.
+_BASE_DEPTH = sys.maxsize // 2
+
+
+class _NodeStack:
+    """A node as the stack and the masks :func:`cbcl.grammar._kernel.feed` works on
+    (:class:`cbcl.grammar._kernel.LRStack` and :class:`~cbcl.grammar._kernel.Marks`), for
+    one transition: ``node`` is the top, which each push and pop moves. Its depth counts
+    from :data:`_BASE_DEPTH`, deeper than any stack (the driver uses depths only relative
+    to ``len``, so the node's true depth is never walked for), and the
+    masks live on the nodes: a member given replaces the top by its node of the new mask,
+    and a set's nonterminal, pushed again after its rule is reduced, takes the mask of the
+    deepest node popped (the set's own), as the driver's ``marks[depth]`` would keep it."""
+
+    __slots__ = ("_automaton", "_depth", "_popped_mark", "_sets", "node")
+
+    def __init__(self, automaton: StackAutomaton, node: Node) -> None:
+        self._automaton = automaton
+        self._sets = automaton.tables.keyword_sets
+        self.node = node
+        self._depth = _BASE_DEPTH
+        self._popped_mark = 0
+
+    def __getitem__(self, index: int, /) -> int:
+        if index != -1:
+            raise IndexError("a node stack reads its top only")
+        state: int = self.node[_STATE]
+        return state
+
+    def __len__(self) -> int:
+        return self._depth
+
+    def append(self, state: int, /) -> None:
+        mark = self._popped_mark if state in self._sets else 0
+        self._popped_mark = 0
+        self.node = self._automaton._push(self.node, state, mark)
+        self._depth += 1
+
+    def __delitem__(self, index: slice, /) -> None:
+        node = self.node
+        mark = 0
+        for _ in range(self._depth - index.start):
+            mark = node.get(_MARK, 0)  # the deepest popped: a set's own node
+            node = node[_PARENT]
+        self._depth = index.start
+        self.node = node
+        self._popped_mark = mark
+
+    def get(self, depth: int, default: int, /) -> int:
+        if depth != self._depth - 1:
+            raise KeyError("a node stack holds the mask of its top only")
+        mark: int = self.node.get(_MARK, default)
+        return mark
+
+    def __setitem__(self, depth: int, mask: int, /) -> None:
+        if depth == self._depth:  # a set starts at the depth about to be pushed: mask 0
+            return
+        if depth != self._depth - 1:
+            raise KeyError("a node stack holds the mask of its top only")
+        node = self.node
+        self.node = self._automaton._push(node[_PARENT], node[_STATE], mask)

@@ -34,9 +34,11 @@ feeding the start rule's terminal (:attr:`Tables.start_terminals`) before the bo
 
 When :func:`feed` refuses, :func:`body_refusal` words the error for a body, in the
 grammar's own terms; text (pass 2) and binary (the decoder) both raise what it returns,
-so the two forms of one body are refused alike. The fast paths (the stack automaton, the
-fast decoder loop and its C twin) do not call the kernel; their contract is to agree with
-it, which the differential tests and the fuzz targets enforce.
+so the two forms of one body are refused alike. The stack automaton
+(:mod:`cbcl.grammar._automaton`) computes each transition it lacks with :func:`feed` too,
+on its own stacks (:class:`LRStack`, :class:`Marks`); the C twins (the decoder's and pass
+2's walks) do not call the kernel, and their contract is to agree with it, which the
+differential tests and the fuzz targets enforce.
 """
 
 from __future__ import annotations
@@ -47,15 +49,38 @@ from typing import Protocol as _Protocol
 from ..core._canonical import canonical_value
 from ._lalr import VALUE_RULE, Rule, Tables
 
+
+class LRStack(_Protocol):
+    """What :func:`feed` does to a stack of LR states: a ``list[int]``, bottom first, or
+    any stack that reads its top (``[-1]``), its depth, pushes and pops the same way."""
+
+    def __getitem__(self, index: int, /) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def append(self, state: int, /) -> None: ...
+
+    def __delitem__(self, index: slice, /) -> None: ...
+
+
+class Marks(_Protocol):
+    """The keyword sets' masks by stack depth (a ``dict[int, int]``): :func:`feed` reads
+    and writes the top's, and starts a set at the depth about to be pushed."""
+
+    def get(self, depth: int, default: int, /) -> int: ...
+
+    def __setitem__(self, depth: int, mask: int, /) -> None: ...
+
+
 #: What :func:`feed` did with a terminal.
 SHIFTED, WHOLE, ACCEPTED, REFUSED = range(4)
 END = "$END"
 
 
-def feed(tables: Tables, stack: list[int], terminal: str, *,
+def feed(tables: Tables, stack: LRStack, terminal: str, *,
          whole: Mapping[str, int] | None = None,
          reduce: Callable[[Rule], None] | None = None,
-         marks: dict[int, int] | None = None) -> int:
+         marks: Marks | None = None) -> int:
     """Feed ``terminal`` to the LR ``stack`` (changed in place): :data:`SHIFTED`,
     :data:`ACCEPTED` (``$END`` completed the input), :data:`REFUSED` (the stack is left
     where the refusal was found, for :func:`expected`), or :data:`WHOLE` (``LPAR`` starts a
@@ -107,7 +132,7 @@ def feed(tables: Tables, stack: list[int], terminal: str, *,
             return ACCEPTED
 
 
-def take_value(tables: Tables, stack: list[int]) -> None:
+def take_value(tables: Tables, stack: LRStack) -> None:
     """After :data:`WHOLE`: the list has been read as one ``value``; take its goto."""
     stack.append(tables.actions[stack[-1]][VALUE_RULE])
 
