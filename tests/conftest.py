@@ -1,4 +1,5 @@
-"""Shared test configuration: hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` runs more)."""
+"""Shared test configuration: hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` runs more,
+``quick`` fewer: the edit-test loop's) and the ``slow`` marker."""
 
 import os
 
@@ -9,7 +10,12 @@ settings.register_profile("dev", max_examples=100, deadline=None)
 settings.register_profile(
     "ci", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+#: The edit-test loop's profile (docs/development.md): every property, those that ask for
+#: more examples included, runs at most QUICK_EXAMPLES.
+QUICK_EXAMPLES = 10
+settings.register_profile("quick", max_examples=QUICK_EXAMPLES, deadline=None)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "dev")
+settings.load_profile(PROFILE)
 
 #: The files whose tests start processes or real services (nats-server, SPADE's XMPP server,
 #: the MCP and A2A SDKs, a wheel build) or drive an exporter's real counterpart: marked
@@ -24,7 +30,20 @@ SLOW_FILES = frozenset({
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of :data:`SLOW_FILES` ``slow``."""
+    """Mark the tests of :data:`SLOW_FILES` ``slow``; under the ``quick`` profile, cap
+    each property's own ``@settings(max_examples=…)`` at :data:`QUICK_EXAMPLES`."""
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+        if PROFILE == "quick":
+            _cap_examples(getattr(item, "obj", None))
+
+
+def _cap_examples(test: object) -> None:
+    # Hypothesis has no public cap over a test's explicit settings: the settings its
+    # @given wrapper reads at each call are replaced by a copy with fewer examples (a
+    # no-op, not an error, should the attribute ever go).
+    own = getattr(test, "_hypothesis_internal_use_settings", None)
+    if isinstance(own, settings) and own.max_examples > QUICK_EXAMPLES:
+        test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+            own, max_examples=QUICK_EXAMPLES)

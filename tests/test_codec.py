@@ -756,6 +756,7 @@ def test_unpack_refuses_invalid_utf8_and_bounds() -> None:
     assert module.unpack(b"", 0) == [] and module.unpack(b"\x05", 1) == []
 
 
+@pytest.mark.slow  # (gc.collect() per frame: ~17 s)
 def test_the_accelerated_walk_survives_automaton_flushes(registry: Registry) -> None:
     """A walk keeps its nodes alive when a step flushes the automaton under it."""
     _speedups_or_skip()
@@ -779,6 +780,7 @@ def test_the_accelerated_walk_survives_automaton_flushes(registry: Registry) -> 
             object.__setattr__(protocol, "automaton", original)
 
 
+@pytest.mark.slow  # (a soak of its own: ~16 s)
 def test_the_accelerated_decoder_does_not_leak(registry: Registry) -> None:
     _speedups_or_skip()
     import gc
