@@ -71,6 +71,8 @@ __all__ = [
     "inner_sequences",
     "list_end",
     "read_grammar",
+    "render_alternatives",
+    "render_item",
     "to_cfg",
     "to_lark",
     "walk",
@@ -856,21 +858,27 @@ class SetMember(NamedTuple):
     keyword: str  # its text, ":amount"
 
 
-def _render(item: Item) -> str:
-    """The author's text for an item, with normalised spacing."""
+def render_item(item: Item) -> str:
+    """The author's text for an item, with normalised spacing (``"a" [b | c]*``)."""
     if isinstance(item, Literal):
         return f'"{item.text}"'
     if isinstance(item, Reference):
         return item.name
     if isinstance(item, Repeat):
-        return _render(item.item) + item.op
+        return render_item(item.item) + item.op
     if isinstance(item, KeywordSet):
         return "(" + " & ".join(
-            (f"[{_render(Literal(m.keyword, m.position))} {_render(m.item)}]" if m.optional
-             else f"{_render(Literal(m.keyword, m.position))} {_render(m.item)}")
+            (f'["{m.keyword}" {render_item(m.item)}]' if m.optional
+             else f'"{m.keyword}" {render_item(m.item)}')
             for m in item.members) + ")"
-    inner = " | ".join(" ".join(_render(i) for i in alt.items) for alt in item.alternatives)
+    inner = render_alternatives(item.alternatives)
     return f"[{inner}]" if item.optional else f"({inner})"
+
+
+def render_alternatives(alternatives: tuple[Alternative, ...]) -> str:
+    """Alternatives as the author's text (``a b | c``), as :func:`render_item` writes
+    items; aliases are left out."""
+    return " | ".join(" ".join(render_item(i) for i in alt.items) for alt in alternatives)
 
 
 class _Expander:
@@ -929,7 +937,7 @@ class _Expander:
     def synthetic(self, kind: str, item: Item) -> str:
         name = f"__{self.rule_name}_{kind}_{self.counter}"
         self.counter += 1
-        self.display[name] = _render(item)
+        self.display[name] = render_item(item)
         return name
 
     def sequence(self, items: tuple[Item, ...]) -> tuple[str, ...]:
