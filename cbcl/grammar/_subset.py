@@ -68,11 +68,14 @@ __all__ = [
     "Repeat",
     "Rule",
     "SetMember",
+    "derivation_heights",
     "inner_sequences",
+    "item_height",
     "list_end",
     "read_grammar",
     "render_alternatives",
     "render_item",
+    "sequence_height",
     "to_cfg",
     "to_lark",
     "walk",
@@ -1250,8 +1253,7 @@ def derivation_heights(source: GrammarSource) -> dict[str, int]:
     while changed:
         changed = False
         for rule in source.rules:
-            best = min(max((item_height(i, heights) for i in alt.items), default=0)
-                       for alt in rule.alternatives) + 1
+            best = min(sequence_height(alt.items, heights) for alt in rule.alternatives) + 1
             if best < heights[rule.name]:
                 heights[rule.name] = best
                 changed = True
@@ -1272,8 +1274,13 @@ def item_height(item: Item, heights: Mapping[str, int]) -> int:
                    default=0)
     if item.optional:
         return 0
-    return min(max((item_height(i, heights) for i in alt.items), default=0)
-               for alt in item.alternatives)
+    return min(sequence_height(alt.items, heights) for alt in item.alternatives)
+
+
+def sequence_height(items: tuple[Item, ...], heights: Mapping[str, int]) -> int:
+    """The least derivation depth of a sequence of items (an alternative): its deepest
+    item's. A generator past its depth bound takes an alternative of least height."""
+    return max((item_height(i, heights) for i in items), default=0)
 
 
 def rule_name_problem(name: str) -> str | None:
