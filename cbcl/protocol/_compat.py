@@ -84,10 +84,10 @@ from ..grammar._subset import (
     Repeat,
     Rule,
     derivation_heights,
-    item_height,
     read_grammar,
     render_alternatives,
     render_item,
+    sequence_height,
     to_cfg,
     walk,
 )
@@ -1563,8 +1563,7 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
     def alt_height(alt: Alternative) -> int:
         found = heights.get(id(alt))
         if found is None:
-            found = heights[id(alt)] = max((item_height(i, height) for i in alt.items),
-                                           default=0)
+            found = heights[id(alt)] = sequence_height(alt.items, height)
         return found
 
     def emit(items: Iterable[Item], level: int, out: list[Any], budget: list[int]) -> None:
