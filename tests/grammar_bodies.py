@@ -26,7 +26,7 @@ from cbcl.grammar._subset import (
     Repeat,
     Rule,
     derivation_heights,
-    item_height,
+    sequence_height,
 )
 
 
@@ -44,7 +44,7 @@ def bodies(source: GrammarSource, start: str, tokens: Mapping[str, st.SearchStra
         return draw(st.sampled_from(options))
 
     def alt_height(alt: Any) -> int:
-        return max((item_height(i, heights) for i in alt.items), default=0)
+        return sequence_height(alt.items, heights)
 
     def emit(draw: Any, item: Item, depth: int, out: list[str]) -> None:
         if isinstance(item, Literal):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import cbcl
-from cbcl.llm._generate import generate_bodies, generate_messages
+from cbcl.llm._generate import _MAX_TOKENS, generate_bodies, generate_messages
 from cbcl.protocol._descriptor import read_descriptor
 from cbcl.protocol._schema import check_schema, compile_schema
 
@@ -67,3 +67,32 @@ def test_errors() -> None:
     with pytest.raises(ValueError):
         generate_bodies(data, "AGREE", 1, max_depth=0)
     assert generate_bodies(data, "AGREE", 0) == []
+
+
+def _descriptor(grammar: str) -> bytes:
+    return (f"(protocol-descriptor (id t/v1) (version 1) (intents INFORM) "
+            f"(grammar {cbcl.canonical(grammar)}))").encode()
+
+
+def _atoms(value: cbcl.Value) -> int:
+    return sum(map(_atoms, value)) if isinstance(value, tuple) else 1
+
+
+def test_recursion_without_lists_ends() -> None:
+    # Eight references a level, with no list between them: the walk used to run into
+    # RecursionError here; past 4 * max_depth open rules or _MAX_TOKENS tokens it is shallow.
+    data = _descriptor('body: "(" "a" x ")"\nx: x x x x x x x x | SYMBOL\n')
+    bodies = generate_bodies(data, "INFORM", 20, seed=1, schema=False)
+    assert len(bodies) == 20
+    assert max(_atoms(b) for b in bodies) < 2 * _MAX_TOKENS
+    critical = _descriptor('body: "(" "a" x ")"\nx: "a" x x | "b"\n')
+    assert len(generate_bodies(critical, "INFORM", 200, seed=2, schema=False)) == 200
+
+
+def test_a_start_rule_that_gives_no_single_value() -> None:
+    data = _descriptor("body: SYMBOL SYMBOL\n")
+    with pytest.raises(ValueError, match="no single value in 200 draws"):
+        generate_bodies(data, "INFORM", 1, schema=False)
+    mixed = _descriptor("body: SYMBOL | SYMBOL SYMBOL\n")  # such draws are drawn again
+    assert all(type(b) is cbcl.Symbol
+               for b in generate_bodies(mixed, "INFORM", 20, schema=False))

@@ -123,3 +123,12 @@ def test_cli_extract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "Write :task-id, not :taskId" in err
     assert main(["extract", str(source), *options]) == 3
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_body_that_is_not_one_value_gives_no_examples() -> None:
+    registry = Registry(disk_cache=False, isolate=False)
+    protocol = registry.load(descriptor("body: SYMBOL SYMBOL\n", intents="INFORM",
+                                        ident="pair/v1"), allow_unsigned=True)
+    prompt = render_prompt(protocol, registry=registry)
+    assert "- INFORM: SYMBOL SYMBOL" in prompt
+    assert "### Examples" not in prompt

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -23,9 +25,13 @@ from cbcl.grammar._subset import (
     Literal,
     Reference,
     Repeat,
+    inner_sequences,
+    list_end,
     read_grammar,
     to_cfg,
     to_lark,
+    walk,
+    walk_positions,
 )
 
 VECTORS = Path(__file__).resolve().parents[1] / "spec" / "vectors" / "grammars"
@@ -818,3 +824,33 @@ def test_generated_grammars_round_trip(text: str, rng: random.Random) -> None:
     earley = compile_lark(generated.text, generated.start, parser="earley")
     sentence = derive(grammar, rng)
     earley.parse([(name, generated.literals.get(name, "x")) for name in sentence])
+
+
+def test_walk_is_pre_order_in_source_order() -> None:
+    source = read_grammar('body: "(" "a" [x | "b"]* (":k" y & [":m" "c"]) ")"\n'
+                          'x: SYMBOL\ny: "(" "z" ")"')
+    items = source.rule("body").alternatives[0].items
+    shown = [i.text if isinstance(i, Literal) else i.name if isinstance(i, Reference)
+             else type(i).__name__ for i in walk(items)]
+    assert shown == ["(", "a", "Repeat", "Group", "x", "b", "KeywordSet", "y", "c", ")"]
+    places = list(walk_positions(items))
+    assert [sequence[index] for sequence, index in places] == list(walk(items))
+    assert places[0] == (items, 0) and places[-1] == (items, len(items) - 1)
+    assert list_end(items, 0) == len(items)
+    assert list_end(items[:-1], 0) is None
+    assert [len(s) for s in inner_sequences(items[2])] == [1]  # the repeated group
+    assert inner_sequences(items[0]) == ()
+
+
+def test_walk_keeps_no_python_frames_per_level() -> None:
+    depth = MAX_GROUP_DEPTH_CEILING
+    text = "body: " + "[" * depth + '"x"' + "]" * depth
+    source = read_grammar(text, limits=GrammarLimits(max_group_depth=depth))
+    items = source.rule("body").alternatives[0].items
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 20)
+    try:
+        found = list(walk(items))
+    finally:
+        sys.setrecursionlimit(limit)
+    assert len(found) == depth + 1 and isinstance(found[-1], Literal)

@@ -31,8 +31,11 @@ can take exponential time, PR #1651, and whose ``%import`` reads files). Instead
    in one rule take over a second to compile, and every further one doubles it) and would
    also make lark's LALR table differ from the one the analyser checked.
 
-Recursion appears only in the tree walkers of steps 3 and 4, whose depth is bounded by
-``max_group_depth`` (itself capped at :data:`MAX_GROUP_DEPTH_CEILING`).
+Recursion appears only in the tree walkers that build something per item (the BNF
+expansion of steps 3 and 4, the renderer, item heights), whose depth is bounded by
+``max_group_depth`` (itself capped at :data:`MAX_GROUP_DEPTH_CEILING`). The plain
+traversal of the tree, :func:`walk` (and :func:`walk_positions`), keeps an explicit stack;
+it is the one the checks of step 3 and the visitors in the layers above share.
 """
 
 from __future__ import annotations
@@ -65,9 +68,18 @@ __all__ = [
     "Repeat",
     "Rule",
     "SetMember",
+    "derivation_heights",
+    "inner_sequences",
+    "item_height",
+    "list_end",
     "read_grammar",
+    "render_alternatives",
+    "render_item",
+    "sequence_height",
     "to_cfg",
     "to_lark",
+    "walk",
+    "walk_positions",
 ]
 
 #: The general terminals a descriptor grammar may name.
@@ -849,21 +861,27 @@ class SetMember(NamedTuple):
     keyword: str  # its text, ":amount"
 
 
-def _render(item: Item) -> str:
-    """The author's text for an item, with normalised spacing."""
+def render_item(item: Item) -> str:
+    """The author's text for an item, with normalised spacing (``"a" [b | c]*``)."""
     if isinstance(item, Literal):
         return f'"{item.text}"'
     if isinstance(item, Reference):
         return item.name
     if isinstance(item, Repeat):
-        return _render(item.item) + item.op
+        return render_item(item.item) + item.op
     if isinstance(item, KeywordSet):
         return "(" + " & ".join(
-            (f"[{_render(Literal(m.keyword, m.position))} {_render(m.item)}]" if m.optional
-             else f"{_render(Literal(m.keyword, m.position))} {_render(m.item)}")
+            (f'["{m.keyword}" {render_item(m.item)}]' if m.optional
+             else f'"{m.keyword}" {render_item(m.item)}')
             for m in item.members) + ")"
-    inner = " | ".join(" ".join(_render(i) for i in alt.items) for alt in item.alternatives)
+    inner = render_alternatives(item.alternatives)
     return f"[{inner}]" if item.optional else f"({inner})"
+
+
+def render_alternatives(alternatives: tuple[Alternative, ...]) -> str:
+    """Alternatives as the author's text (``a b | c``), as :func:`render_item` writes
+    items; aliases are left out."""
+    return " | ".join(" ".join(render_item(i) for i in alt.items) for alt in alternatives)
 
 
 class _Expander:
@@ -922,7 +940,7 @@ class _Expander:
     def synthetic(self, kind: str, item: Item) -> str:
         name = f"__{self.rule_name}_{kind}_{self.counter}"
         self.counter += 1
-        self.display[name] = _render(item)
+        self.display[name] = render_item(item)
         return name
 
     def sequence(self, items: tuple[Item, ...]) -> tuple[str, ...]:
@@ -1007,21 +1025,59 @@ def _expand(source: GrammarSource, text: str = "") -> _Expansion:
 
 
 # --------------------------------------------------------------------------------------
+# Walking the syntax tree (the one traversal every visitor of it shares)
+
+
+def inner_sequences(item: Item) -> tuple[tuple[Item, ...], ...]:
+    """The item sequences directly inside ``item``: a group's alternatives, a repetition's
+    item, each keyword-set member's item (the member's keyword is not an item); none for a
+    literal or a reference (a reference is not followed into its rule)."""
+    if isinstance(item, Group):
+        return tuple(alt.items for alt in item.alternatives)
+    if isinstance(item, Repeat):
+        return ((item.item,),)
+    if isinstance(item, KeywordSet):
+        return tuple((member.item,) for member in item.members)
+    return ()
+
+
+def walk_positions(items: tuple[Item, ...]) -> Iterator[tuple[tuple[Item, ...], int]]:
+    """Where every item of ``items`` and of the sequences inside them is, as ``(sequence,
+    index)`` with ``sequence[index]`` the item: in source order, depth first, each item
+    before the items inside it (pre-order). Iterative (an explicit stack of sequences), so
+    nesting costs no Python frames."""
+    stack: list[tuple[tuple[Item, ...], int]] = [(items, 0)]
+    while stack:
+        sequence, index = stack.pop()
+        if index == len(sequence):
+            continue
+        stack.append((sequence, index + 1))
+        yield sequence, index
+        stack.extend((inner, 0) for inner in reversed(inner_sequences(sequence[index])))
+
+
+def walk(items: tuple[Item, ...]) -> Iterator[Item]:
+    """Every item of ``items`` and inside them, in the order of :func:`walk_positions`."""
+    for sequence, index in walk_positions(items):
+        yield sequence[index]
+
+
+def list_end(items: tuple[Item, ...], start: int) -> int | None:
+    """The end (an exclusive index) of the list whose ``"("`` is ``items[start]``: just
+    after the ``")"`` that closes it in the same sequence, or ``None`` if the sequence does
+    not close it."""
+    depth = 0
+    for at in range(start, len(items)):
+        piece = items[at]
+        if isinstance(piece, Literal) and piece.text in ("(", ")"):
+            depth += 1 if piece.text == "(" else -1
+            if depth == 0:
+                return at + 1
+    return None
+
+
+# --------------------------------------------------------------------------------------
 # Whole-grammar checks
-
-
-def _walk(items: tuple[Item, ...]) -> Iterator[Item]:
-    """Items in source order, depth first (recursion bounded by the group depth)."""
-    for item in items:
-        yield item
-        if isinstance(item, Repeat):
-            yield from _walk((item.item,))
-        elif isinstance(item, KeywordSet):
-            for member in item.members:
-                yield from _walk((member.item,))
-        elif isinstance(item, Group):
-            for alt in item.alternatives:
-                yield from _walk(alt.items)
 
 
 def _names(names: list[str]) -> str:
@@ -1038,7 +1094,7 @@ def _check(source: GrammarSource, text: str) -> None:
     undefined: dict[str, Position] = {}
     for rule in source.rules:
         for alt in rule.alternatives:
-            for item in _walk(alt.items):
+            for item in walk(alt.items):
                 if (isinstance(item, Reference) and not item.is_base
                         and item.name not in rules and item.name not in undefined):
                     undefined[item.name] = item.position
@@ -1197,8 +1253,7 @@ def derivation_heights(source: GrammarSource) -> dict[str, int]:
     while changed:
         changed = False
         for rule in source.rules:
-            best = min(max((item_height(i, heights) for i in alt.items), default=0)
-                       for alt in rule.alternatives) + 1
+            best = min(sequence_height(alt.items, heights) for alt in rule.alternatives) + 1
             if best < heights[rule.name]:
                 heights[rule.name] = best
                 changed = True
@@ -1219,8 +1274,13 @@ def item_height(item: Item, heights: Mapping[str, int]) -> int:
                    default=0)
     if item.optional:
         return 0
-    return min(max((item_height(i, heights) for i in alt.items), default=0)
-               for alt in item.alternatives)
+    return min(sequence_height(alt.items, heights) for alt in item.alternatives)
+
+
+def sequence_height(items: tuple[Item, ...], heights: Mapping[str, int]) -> int:
+    """The least derivation depth of a sequence of items (an alternative): its deepest
+    item's. A generator past its depth bound takes an alternative of least height."""
+    return max((item_height(i, heights) for i in items), default=0)
 
 
 def rule_name_problem(name: str) -> str | None:

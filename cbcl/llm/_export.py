@@ -70,6 +70,7 @@ from ..grammar._subset import (
     Literal,
     Reference,
     Repeat,
+    list_end,
     read_grammar,
 )
 from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
@@ -711,8 +712,7 @@ class _Lowerer:
         if len(items) == 1:
             return self.value_item(items[0], typ, path)
         is_list = (len(items) >= 2 and isinstance(items[0], Literal) and items[0].text == "("
-                   and isinstance(items[-1], Literal) and items[-1].text == ")"
-                   and _closes_at_end(items))
+                   and list_end(items, 0) == len(items))
         if not is_list or typ is None or (isinstance(typ, AtomType) and typ.kind == "any"):
             if typ is not None and not is_list and not (isinstance(typ, AtomType)
                                                         and typ.kind == "any"):
@@ -920,33 +920,12 @@ def _field_type(keys: Keys, keyword: str) -> SchemaType | None:
     return keys.other
 
 
-def _closes_at_end(items: tuple[Item, ...]) -> bool:
-    """True if the ``(`` that starts ``items`` is closed by its last item."""
-    depth = 0
-    for n, item in enumerate(items):
-        if isinstance(item, Literal) and item.text in "()":
-            depth += 1 if item.text == "(" else -1
-            if depth == 0:
-                return n == len(items) - 1
-        elif depth == 0:
-            return False
-    return False
-
-
 def _value_end(items: tuple[Item, ...], start: int) -> int:
     """The end of the value that starts at ``items[start]``: one item, or a ``(`` up to
     its matching ``)`` literal in the same sequence."""
     first = items[start]
-    if not (isinstance(first, Literal) and first.text == "("):
-        return start + 1
-    depth = 0
-    for n in range(start, len(items)):
-        item = items[n]
-        if isinstance(item, Literal) and item.text in "()":
-            depth += 1 if item.text == "(" else -1
-            if depth == 0:
-                return n + 1
-    return start + 1
+    end = list_end(items, start) if isinstance(first, Literal) and first.text == "(" else None
+    return start + 1 if end is None else end
 
 
 def _leading_symbols(items: tuple[Item, ...]) -> list[str]:

@@ -5,29 +5,21 @@ CBCL text a model gets wrong most (quotes, numbers, keywords, case), each govern
 body shape rendered from the grammar's syntax tree (the renderer of :mod:`cbcl.protocol._hints`:
 ``(bid :price NUMBER :currency SYMBOL [:eta INTEGER])``, keyword sets as "in any order"),
 and valid example messages. Every example is generated from the grammar
-(:func:`example_bodies`, deterministic for a seed) and kept only when :func:`cbcl.parse`
-accepts the whole message with the protocol loaded — both passes and the schema — so a
-prompt never teaches a message the receiver would refuse.
+(:func:`example_bodies`, deterministic for a seed: the generator of
+:mod:`cbcl.llm._generate` with readable values and keyword sets in the author's order) and
+kept only when :func:`cbcl.parse` accepts the whole message with the protocol loaded — both
+passes and the schema — so a prompt never teaches a message the receiver would refuse.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 
+from ..core._canonical import canonical_value
 from ..core._errors import CBCLError
-from ..core._values import Keyword, Symbol, Value
-from ..grammar._subset import (
-    BASE_NAMES,
-    Group,
-    Item,
-    KeywordSet,
-    Literal,
-    Reference,
-    Repeat,
-    derivation_heights,
-    item_height,
-)
+from ..core._values import URI, Keyword, Symbol, Value
 from ..protocol._api import parse
 from ..protocol._hints import (
     ENVELOPE_TEMPLATE,
@@ -38,101 +30,60 @@ from ..protocol._hints import (
 from ..protocol._message import Intent
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
+from ._generate import draw_bodies
 
 __all__ = ["example_bodies", "example_message", "render_prompt"]
 
 #: Attempts per example before giving up on an intent (a schema may refuse most drafts).
 _ATTEMPTS = 400
+#: The lists an example body nests, at most (beyond it, every choice is the shortest).
+_EXAMPLE_DEPTH = 3
 
 
-def _schema_atoms(schema: Value | None, limit: int = 256) -> tuple[list[str], list[str]]:
-    """The symbols a schema's ``(one-of …)`` lists allow and the keywords it names (as
-    text, ``":cpu"``): the values a generated body is likelier to satisfy it with."""
-    symbols: list[str] = []
-    keywords: list[str] = []
+def _schema_atoms(schema: Value | None, limit: int = 256) -> tuple[list[Symbol], list[Keyword]]:
+    """The symbols a schema's ``(one-of …)`` lists allow and the keywords it names: the
+    values a generated body is likelier to satisfy it with."""
+    symbols: list[Symbol] = []
+    keywords: list[Keyword] = []
     stack: list[Value] = [] if schema is None else [schema]
     while stack and len(symbols) + len(keywords) < limit:
         item = stack.pop()
         if type(item) is tuple:
             if item and type(item[0]) is Symbol and str(item[0]) == "one-of":
-                symbols.extend(str(x) for x in item[1:]
-                               if type(x) is Symbol and str(x) not in symbols)
+                symbols.extend(x for x in item[1:] if type(x) is Symbol and x not in symbols)
             stack.extend(reversed(item))
-        elif type(item) is Keyword and f":{item}" not in keywords:
-            keywords.append(f":{item}")
+        elif type(item) is Keyword and item not in keywords:
+            keywords.append(item)
     return symbols, keywords
 
 
-def _pools(protocol: Protocol) -> dict[str, list[str]]:
+def _pools(protocol: Protocol) -> dict[str, list[Value]]:
     symbols, keywords = _schema_atoms(protocol.descriptor.schema)
     return {
-        "STRING": ['"example"', '"t-1"', '"a short note"', '"n-0123456789abcdef"',
-                   '"sha256:' + "0" * 64 + '"'],
-        "INTEGER": ["1", "60000", "1764500000000", "3"],
-        "DECIMAL": ["12.50", "0.5"],
-        "NUMBER": ["10", "12.50"],
-        "SYMBOL": ["example", *symbols],
-        "KEYWORD": keywords or [":size", ":name", ":mode"],
-        "URI": ["agent://example/peer", "https://example.org/item"],
-        "value": ['"value"', "42", "(x 1)"],
+        "STRING": ["example", "t-1", "a short note", "n-0123456789abcdef",
+                   "sha256:" + "0" * 64],
+        "INTEGER": [1, 60000, 1764500000000, 3],
+        "DECIMAL": [Decimal("12.50"), Decimal("0.5")],
+        "NUMBER": [10, Decimal("12.50")],
+        "SYMBOL": [Symbol("example"), *symbols],
+        "KEYWORD": list(keywords) or [Keyword("size"), Keyword("name"), Keyword("mode")],
+        "URI": [URI("agent://example/peer"), URI("https://example.org/item")],
+        "value": ["value", 42, (Symbol("x"), 1)],
     }
 
 
 def example_bodies(protocol: Protocol, intent: Intent, *, seed: int = 0,
-                   max_depth: int = 4) -> Iterator[str]:
-    """Body texts that the grammar's start rule for ``intent`` derives (tokens separated
-    by one space), drawn deterministically from ``seed``: endless; the schema is not
-    consulted (callers keep those :func:`cbcl.parse` accepts)."""
-    index = grammar_index(protocol.descriptor)
-    rules = index.rules
-    heights = derivation_heights(index.source)
-    pools = _pools(protocol)
-    rng = random.Random(seed)
-    start = protocol.descriptor.starts[intent]
-
-    def alt_height(alt: object) -> int:
-        items: Sequence[Item] = alt.items  # type: ignore[attr-defined]
-        return max((item_height(i, heights) for i in items), default=0)
-
-    def choose(options: list[object], depth: int) -> object:
-        if depth > max_depth:
-            least = min(alt_height(o) for o in options)
-            options = [o for o in options if alt_height(o) == least]
-        return rng.choice(options)
-
-    def emit(item: Item, depth: int, out: list[str]) -> None:
-        if isinstance(item, Literal):
-            out.append(item.text)
-        elif isinstance(item, Reference):
-            if item.name in BASE_NAMES:
-                out.append(rng.choice(pools[item.name]))
-            else:
-                alt = choose(list(rules[item.name].alternatives), depth)
-                for inner in alt.items:  # type: ignore[attr-defined]
-                    emit(inner, depth + 1, out)
-        elif isinstance(item, Repeat):
-            low = 1 if item.op == "+" else 0
-            high = 1 if item.op == "?" else 2
-            for _ in range(low if depth > max_depth else rng.randint(low, high)):
-                emit(item.item, depth + 1, out)
-        elif isinstance(item, KeywordSet):
-            chosen = [m for m in item.members
-                      if not m.optional or (depth <= max_depth and rng.random() < 0.5)]
-            for member in chosen:  # the author's order: what a reader expects to see
-                out.append(member.keyword)
-                emit(member.item, depth + 1, out)
-        else:
-            assert isinstance(item, Group)
-            if item.optional and (depth > max_depth or rng.random() < 0.5):
-                return
-            alt = choose(list(item.alternatives), depth)
-            for inner in alt.items:  # type: ignore[attr-defined]
-                emit(inner, depth + 1, out)
-
-    while True:
-        out: list[str] = []
-        emit(Reference(start, rules[start].position), 0, out)
-        yield " ".join(out).replace("( ", "(").replace(" )", ")")
+                   max_depth: int = _EXAMPLE_DEPTH) -> Iterator[str | None]:
+    """Body texts (canonical) that the grammar's start rule for ``intent`` derives, drawn
+    deterministically from ``seed`` by the package's body generator
+    (:func:`cbcl.llm._generate.draw_bodies`) with values from small readable pools (the
+    schema's ``one-of`` symbols and keywords among them) and keyword sets in the author's
+    order: endless, ``None`` for a draft that is not one value. The schema does not guide
+    the draw (callers keep the bodies :func:`cbcl.parse` accepts)."""
+    source = grammar_index(protocol.descriptor).source
+    for body in draw_bodies(source, protocol.descriptor.starts[intent], random.Random(seed),
+                            max_depth=max_depth, pools=_pools(protocol), ordered=True):
+        yield None if body is None else canonical_value(body)
 
 
 def example_message(protocol: Protocol, intent: Intent, body: str, number: int = 1) -> str:
@@ -158,6 +109,8 @@ def examples(registry: Registry, protocol: Protocol, intents: Sequence[Intent],
             break
         intent = intents[len(found) % len(intents)]
         body = next(drafts)
+        if body is None:
+            continue
         head = body.split(" ", 1)[0].rstrip(")")
         if heads.get(head, 0) >= count and attempt < _ATTEMPTS * len(forms) // 2:
             continue  # another form first, while attempts last

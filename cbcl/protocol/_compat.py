@@ -82,10 +82,14 @@ from ..grammar._subset import (
     Literal,
     Reference,
     Repeat,
+    Rule,
     derivation_heights,
-    item_height,
     read_grammar,
+    render_alternatives,
+    render_item,
+    sequence_height,
     to_cfg,
+    walk,
 )
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._message import Intent, Message
@@ -1559,8 +1563,7 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
     def alt_height(alt: Alternative) -> int:
         found = heights.get(id(alt))
         if found is None:
-            found = heights[id(alt)] = max((item_height(i, height) for i in alt.items),
-                                           default=0)
+            found = heights[id(alt)] = sequence_height(alt.items, height)
         return found
 
     def emit(items: Iterable[Item], level: int, out: list[Any], budget: list[int]) -> None:
@@ -1707,43 +1710,6 @@ def _search_atoms(sides: list[_Side], limits: CompatLimits) -> dict[str, list[Va
 # --------------------------------------------------------------------------- what changed
 
 
-def _render_items(items: Iterable[Item]) -> str:
-    return " ".join(_render_item(i) for i in items)
-
-
-def _render_item(item: Item) -> str:
-    if isinstance(item, Literal):
-        return f'"{item.text}"'
-    if isinstance(item, Reference):
-        return item.name
-    if isinstance(item, Repeat):
-        return _render_item(item.item) + item.op
-    if isinstance(item, KeywordSet):
-        parts = []
-        for m in item.members:
-            text = f'"{m.keyword}" {_render_item(m.item)}'
-            parts.append(f"[{text}]" if m.optional else text)
-        return "(" + " & ".join(parts) + ")"
-    inner = " | ".join(_render_items(alt.items) for alt in item.alternatives)
-    return f"[{inner}]" if item.optional else f"({inner})"
-
-
-def _rule_text(alternatives: tuple[Alternative, ...]) -> str:
-    return " | ".join(_render_items(alt.items) for alt in alternatives)
-
-
-def _keyword_sets(items: Iterable[Item]) -> Iterator[KeywordSet]:
-    for item in items:
-        if isinstance(item, KeywordSet):
-            yield item
-            yield from _keyword_sets(m.item for m in item.members)
-        elif isinstance(item, Repeat):
-            yield from _keyword_sets((item.item,))
-        elif isinstance(item, Group):
-            for alt in item.alternatives:
-                yield from _keyword_sets(alt.items)
-
-
 def _changes(old: _Side, new: _Side) -> Iterator[str]:
     od, nd = old.descriptor, new.descriptor
     if od.id != nd.id:
@@ -1763,20 +1729,25 @@ def _changes(old: _Side, new: _Side) -> Iterator[str]:
     new_rules = {r.name: r for r in new.source.rules}
     for name, rule in old_rules.items():
         if name not in new_rules:
-            yield f"rule removed: {name}: {_clip(_rule_text(rule.alternatives))}"
+            yield f"rule removed: {name}: {_clip(render_alternatives(rule.alternatives))}"
     for name, rule in new_rules.items():
         if name not in old_rules:
-            yield f"rule added: {name}: {_clip(_rule_text(rule.alternatives))}"
+            yield f"rule added: {name}: {_clip(render_alternatives(rule.alternatives))}"
             continue
-        before, after = _rule_text(old_rules[name].alternatives), _rule_text(rule.alternatives)
+        before = render_alternatives(old_rules[name].alternatives)
+        after = render_alternatives(rule.alternatives)
         if before != after:
             yield f"rule changed: {name}: {_clip(before)}  =>  {_clip(after)}"
-            old_sets = [s for alt in old_rules[name].alternatives
-                        for s in _keyword_sets(alt.items)]
-            new_sets = [s for alt in rule.alternatives for s in _keyword_sets(alt.items)]
+            old_sets = _keyword_sets(old_rules[name])
+            new_sets = _keyword_sets(rule)
             for k, (a, b) in enumerate(zip(old_sets, new_sets, strict=False)):
                 yield from _member_changes(name, k, a, b)
     yield from _schema_changes(old.schema, new.schema)
+
+
+def _keyword_sets(rule: Rule) -> list[KeywordSet]:
+    return [item for alt in rule.alternatives for item in walk(alt.items)
+            if isinstance(item, KeywordSet)]
 
 
 def _member_changes(rule: str, k: int, old: KeywordSet, new: KeywordSet) -> Iterator[str]:
@@ -1788,9 +1759,9 @@ def _member_changes(rule: str, k: int, old: KeywordSet, new: KeywordSet) -> Iter
             yield f"{where}: member {key} removed"
         elif m.optional != after[key].optional:
             yield f"{where}: member {key} made {'optional' if after[key].optional else 'required'}"
-        elif _render_item(m.item) != _render_item(after[key].item):
-            yield f"{where}: member {key}: {_render_item(m.item)} -> " \
-                  f"{_render_item(after[key].item)}"
+        elif render_item(m.item) != render_item(after[key].item):
+            yield f"{where}: member {key}: {render_item(m.item)} -> " \
+                  f"{render_item(after[key].item)}"
     for key, m in after.items():
         if key not in before:
             yield f"{where}: member {key} added ({'optional' if m.optional else 'required'})"

@@ -51,7 +51,9 @@ from ..grammar._subset import (
     Reference,
     Repeat,
     Rule,
+    list_end,
     read_grammar,
+    walk_positions,
 )
 
 if TYPE_CHECKING:
@@ -171,31 +173,17 @@ class GrammarIndex:
 
 
 def _index_lists(items: tuple[Item, ...], found: dict[str, list[tuple[Item, ...]]]) -> None:
-    """Record every ``"(" "head" …`` in ``items`` (and in the groups inside them)."""
-    for index, item in enumerate(items):
-        if isinstance(item, Literal) and item.text == "(" and index + 1 < len(items):
-            head = items[index + 1]
+    """Record every ``"(" "head" …`` in ``items`` (and in the sequences inside them), up to
+    the ``")"`` that closes it in its sequence (or the sequence's end)."""
+    for sequence, index in walk_positions(items):
+        item = sequence[index]
+        if isinstance(item, Literal) and item.text == "(" and index + 1 < len(sequence):
+            head = sequence[index + 1]
             if isinstance(head, Literal) and head.text not in ("(", ")") \
                     and not head.is_keyword:
-                depth = 0
-                end = len(items)
-                for at in range(index, len(items)):
-                    piece = items[at]
-                    if isinstance(piece, Literal) and piece.text in ("(", ")"):
-                        depth += 1 if piece.text == "(" else -1
-                        if depth == 0:
-                            end = at + 1
-                            break
-                found.setdefault(head.text, []).append(items[index:end])
-        inner: list[tuple[Item, ...]] = []
-        if isinstance(item, Group):
-            inner = [alt.items for alt in item.alternatives]
-        elif isinstance(item, Repeat):
-            inner = [(item.item,)]
-        elif isinstance(item, KeywordSet):
-            inner = [(member.item,) for member in item.members]
-        for sequence in inner:
-            _index_lists(sequence, found)
+                end = list_end(sequence, index)
+                found.setdefault(head.text, []).append(
+                    sequence[index:len(sequence) if end is None else end])
 
 
 @functools.lru_cache(maxsize=32)
