@@ -237,20 +237,22 @@ def test_one_shot_decode_checks_its_arguments(registry: Registry) -> None:
 
 
 def test_the_reader_token_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Process-wide (a pure memo of token text -> atom); bounded, and right after it
-    empties."""
-    _reader._reset_cache()
-    base = len(_reader._CACHE)  # the punctuation
-    monkeypatch.setattr(_reader, "_CACHE_MAX", base + N)
+    """Process-wide (a pure memo of token text -> atom, which the C twin fills through
+    ``_atom``); bounded, and right after it empties."""
+    _reader._CACHE.clear()
+    monkeypatch.setattr(_reader, "_CACHE_MAX", N)
+    max_name = cbcl.Limits().max_name_chars
     for i in range(N):
-        assert cbcl.read(f"(memo-{i})") == (cbcl.Symbol(f"memo-{i}"),)
-    assert len(_reader._CACHE) == base + N
+        assert _reader._atom(f"memo-{i}", max_name) == cbcl.Symbol(f"memo-{i}")
+    assert len(_reader._CACHE) == N
     for i in range(N, 3 * N):
+        assert _reader._atom(f"memo-{i}", max_name) == cbcl.Symbol(f"memo-{i}")
+        assert _reader._atom(f"agent://m{i}", max_name) == cbcl.URI(f"agent://m{i}")
+        assert len(_reader._CACHE) <= N
         assert cbcl.read(f"(memo-{i} agent://m{i})") == (
             cbcl.Symbol(f"memo-{i}"), cbcl.URI(f"agent://m{i}"))
-        assert len(_reader._CACHE) <= base + N
     assert cbcl.read('(memo-0 "s" (x))') == (cbcl.Symbol("memo-0"), "s", (cbcl.Symbol("x"),))
-    _reader._reset_cache()
+    _reader._CACHE.clear()
 
 
 def test_the_intern_tables_are_bounded_and_keep_identity(
