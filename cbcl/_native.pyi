@@ -223,8 +223,8 @@ def pack_message(header: bytes, message: object, table: object, /) -> bytes | No
 
 def setup_message(message: type, signature: type, names: tuple[Any, ...],
                   intents: tuple[tuple[Any, Any], ...], /) -> bool:
-    """``Message`` and ``Signature`` (slotted: their fields are read at their member
-    descriptors' offsets), the envelope's symbols (the version, then each field's, in the
+    """``Message`` and ``Signature`` (slotted: their fields are read through their member
+    descriptors), the envelope's symbols (the version, then each field's, in the
     fields' order) and the intents as ``(member, symbol)`` pairs; ``False`` (every message
     declined) if the types are not slotted as expected."""
 

@@ -51,7 +51,6 @@
 #include "cstack.h"
 #include "entry.h"
 #include "native.h"
-#include <structmember.h>
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
        FIRST_ENTRY = 7 };
@@ -1065,15 +1064,15 @@ enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 1
  * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None) as
  * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
  * or NULL with an exception. */
-/* The slots new_with_attributes last found for a type and attribute tuple: where each
- * attribute's member descriptor keeps it in an instance (the type and tuple are held). */
+/* The member descriptors new_with_attributes last found for a type and attribute tuple
+ * (strong references, the type and tuple too): the slots it writes each attribute with. */
 static PyTypeObject *slots_type;
 static PyObject *slots_names;
-static Py_ssize_t slot_offsets[F_COUNT];
+static PyObject *slot_members[F_COUNT];
 
-/* Whether every attribute of `attributes` is a plain object slot of `type` (a writable
- * member descriptor, as a slots dataclass has, frozen or not: its __setattr__ is not the
- * descriptor's), remembering their offsets: 1 or 0. */
+/* Whether every attribute of `attributes` is a slot of `type` (its own member descriptor,
+ * entry.h, as a slots dataclass has, frozen or not: its __setattr__ is not the
+ * descriptor's), remembering their descriptors: 1 or 0 (no exception). */
 static int
 slots_found(PyTypeObject *type, PyObject *attributes)
 {
@@ -1082,20 +1081,21 @@ slots_found(PyTypeObject *type, PyObject *attributes)
     Py_ssize_t count = PyTuple_GET_SIZE(attributes);
     if (count > F_COUNT)
         return 0;
-    Py_ssize_t offsets[F_COUNT];
+    PyObject *members[F_COUNT] = {NULL};
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *name = PyTuple_GET_ITEM(attributes, k);
-        PyObject *found = PyUnicode_Check(name) ? _PyType_Lookup(type, name) : NULL;
-        if (found == NULL || !Py_IS_TYPE(found, &PyMemberDescr_Type))
+        const char *text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+        if (text == NULL || (members[k] = entry_member(type, text)) == NULL) {
+            PyErr_Clear();
+            for (Py_ssize_t j = 0; j < k; j++)
+                Py_DECREF(members[j]);
             return 0;
-        PyMemberDef *member = ((PyMemberDescrObject *)found)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY))
-            return 0;
-        offsets[k] = member->offset;
+        }
     }
     Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
     Py_XSETREF(slots_names, Py_NewRef(attributes));
-    memcpy(slot_offsets, offsets, sizeof offsets);
+    for (Py_ssize_t k = 0; k < F_COUNT; k++)
+        Py_XSETREF(slot_members[k], members[k]);
     return 1;
 }
 
@@ -1105,16 +1105,11 @@ new_with_attributes(PyTypeObject *type, PyObject *attributes, PyObject *const *v
     PyObject *made = type->tp_alloc(type, 0);
     if (made == NULL)
         return NULL;
-    if (slots_found(type, attributes)) { /* what object.__setattr__ does, without lookups */
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
-            PyObject **slot = (PyObject **)((char *)made + slot_offsets[k]);
-            Py_XSETREF(*slot, Py_NewRef(values[k] != NULL ? values[k] : Py_None));
-        }
-        return made;
-    }
+    int slots = slots_found(type, attributes); /* (the descriptors: no lookup by name) */
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
-        if (PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k),
-                                    values[k] != NULL ? values[k] : Py_None) < 0) {
+        PyObject *value = values[k] != NULL ? values[k] : Py_None;
+        if ((slots ? entry_put(slot_members[k], made, value) :
+                     PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value)) < 0) {
             Py_DECREF(made);
             return NULL;
         }
@@ -1291,10 +1286,11 @@ enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, H
 
 static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
 
-/* cbcl.protocol._schema._Pairs and the offset of its `packed` slot, found at the first _Pairs met
- * (NULL: not yet): its packed tuple is then read there, not looked up by name. */
+/* cbcl.protocol._schema._Pairs and its `packed` slot's member descriptor, found at the first
+ * _Pairs met (NULL: not yet; strong references): its packed tuple is then read through
+ * the descriptor, not looked up by name. */
 static PyTypeObject *PAIRS_TYPE;
-static Py_ssize_t PAIRS_PACKED;
+static PyObject *PAIRS_PACKED;
 
 /* pairs.packed: a new reference, or NULL with an exception. */
 static PyObject *
@@ -1302,12 +1298,12 @@ packed_of(PyObject *pairs)
 {
     PyTypeObject *type = Py_TYPE(pairs);
     if (PAIRS_TYPE == NULL && strcmp(type->tp_name, "_Pairs") == 0 &&
-            entry_slot_offset(type, "packed", &PAIRS_PACKED))
+            (PAIRS_PACKED = entry_member(type, "packed")) != NULL)
         PAIRS_TYPE = (PyTypeObject *)Py_NewRef((PyObject *)type);
     if (type == PAIRS_TYPE) {
-        PyObject *packed = entry_slot(pairs, PAIRS_PACKED);
+        PyObject *packed = entry_get(PAIRS_PACKED, pairs);
         if (packed != NULL)
-            return Py_NewRef(packed);
+            return packed;
     }
     return PyObject_GetAttr(pairs, S_PACKED); /* (unset: the AttributeError) */
 }
@@ -2164,24 +2160,30 @@ static CEntry DECODE_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
      NULL}, NULL, NULL};
 static PyObject *DECODE_VERIFIED; /* cbcl.protocol._api._verified(message, registry) -> message */
-/* The slots of cbcl.binary._codec.Decoder decoder_decode reads (0: not found) */
-static Py_ssize_t DECODER_FRAME_STATE, DECODER_REQUIRE, DECODER_REGISTRY;
+/* The member descriptors of the slots of cbcl.binary._codec.Decoder decoder_decode reads
+ * (strong references; NULL: not found) */
+static PyObject *DECODER_FRAME_STATE, *DECODER_REQUIRE, *DECODER_REGISTRY;
 
 static PyObject *
 decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs == 1 && kwnames == NULL && DECODER_FRAME_STATE > 0 &&
+    if (nargs == 1 && kwnames == NULL && DECODER_FRAME_STATE != NULL &&
             PyBytes_CheckExact(args[0])) {
-        PyObject *state = entry_slot(self, DECODER_FRAME_STATE);
-        PyObject *require = entry_slot(self, DECODER_REQUIRE);
-        PyObject *registry = entry_slot(self, DECODER_REGISTRY);
-        if (state != NULL && state != Py_None && require != NULL && registry != NULL) {
-            PyObject *message = frame_message(args[0], state, require != Py_False,
-                                              DECODE_VERIFIED, registry);
-            if (message != Py_None)
-                return message; /* (or NULL: an exception) */
-            Py_DECREF(message);
+        PyObject *message = Py_None; /* (borrowed while None: not decoded) */
+        PyObject *state = entry_get(DECODER_FRAME_STATE, self);
+        PyObject *require = state == NULL ? NULL : entry_get(DECODER_REQUIRE, self);
+        PyObject *registry = require == NULL ? NULL : entry_get(DECODER_REGISTRY, self);
+        if (registry != NULL && state != Py_None) {
+            message = frame_message(args[0], state, require != Py_False, DECODE_VERIFIED,
+                                    registry);
+            if (message == Py_None)
+                Py_DECREF(message);
         }
+        Py_XDECREF(state);
+        Py_XDECREF(require);
+        Py_XDECREF(registry);
+        if (message != Py_None)
+            return message; /* (or NULL: an exception) */
     }
     return entry_call_method(&DECODE_ENTRY, self, args, nargs, kwnames);
 }
@@ -2342,7 +2344,7 @@ parse_entry(PyObject *module, PyObject *args)
 
 /* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
  * C; None if the type does not keep _frame_state, require_signatures and registry in
- * slots. */
+ * slots (its own member descriptors). */
 static PyObject *
 decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
 {
@@ -2353,17 +2355,22 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    Py_ssize_t state, require, registry;
-    if (!entry_slot_offset((PyTypeObject *)type, "_frame_state", &state) ||
-        !entry_slot_offset((PyTypeObject *)type, "require_signatures", &require) ||
-        !entry_slot_offset((PyTypeObject *)type, "registry", &registry))
+    PyObject *state = entry_member((PyTypeObject *)type, "_frame_state");
+    PyObject *require = entry_member((PyTypeObject *)type, "require_signatures");
+    PyObject *registry = entry_member((PyTypeObject *)type, "registry");
+    if (state == NULL || require == NULL || registry == NULL ||
+            entry_set(&DECODE_ENTRY, fallback, doc) < 0) {
+        Py_XDECREF(state);
+        Py_XDECREF(require);
+        Py_XDECREF(registry);
+        if (PyErr_Occurred())
+            return NULL;
         Py_RETURN_NONE;
-    if (entry_set(&DECODE_ENTRY, fallback, doc) < 0)
-        return NULL;
+    }
     Py_XSETREF(DECODE_VERIFIED, Py_NewRef(verified));
-    DECODER_FRAME_STATE = state;
-    DECODER_REQUIRE = require;
-    DECODER_REGISTRY = registry;
+    Py_XSETREF(DECODER_FRAME_STATE, state);
+    Py_XSETREF(DECODER_REQUIRE, require);
+    Py_XSETREF(DECODER_REGISTRY, registry);
     return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
 }
 
@@ -2384,7 +2391,7 @@ static PyObject *ONE_SHOT_VERIFIED;        /* cbcl.protocol._api._verified(messa
 static PyTypeObject *ONE_SHOT_REGISTRY;    /* cbcl.Registry (strong reference) */
 static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl.binary._codec._Memos (strong reference) */
 static PyObject *S_ONE_SHOT;               /* "_one_shot" */
-static Py_ssize_t MEMOS_DEFAULT_STATE;     /* _Memos.default_state's slot offset */
+static PyObject *MEMOS_DEFAULT_STATE;      /* _Memos.default_state's member descriptor */
 
 /* The message of one_shot_call's ordinary case; None: not that case (or declined). */
 static PyObject *
@@ -2400,10 +2407,11 @@ one_shot_fast(PyObject *data, PyObject *registry)
         Py_RETURN_NONE;
     }
     PyObject *state = Py_TYPE(memos) == ONE_SHOT_MEMOS ?
-                      entry_slot(memos, MEMOS_DEFAULT_STATE) : NULL;
+                      entry_get(MEMOS_DEFAULT_STATE, memos) : NULL;
+    Py_DECREF(memos);
     PyObject *message = state == NULL || state == Py_None ? Py_NewRef(Py_None) :
                         frame_message(data, state, 0, ONE_SHOT_VERIFIED, registry);
-    Py_DECREF(memos); /* (held until now: the state is borrowed from its slot) */
+    Py_XDECREF(state);
     return message;
 }
 
@@ -2427,18 +2435,19 @@ one_shot_entry(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    Py_ssize_t offset;
-    if (!entry_slot_offset((PyTypeObject *)memos, "default_state", &offset))
+    PyObject *member = entry_member((PyTypeObject *)memos, "default_state");
+    if (member == NULL)
         Py_RETURN_NONE;
     if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
-        (S_ONE_SHOT == NULL && (S_ONE_SHOT = PyUnicode_InternFromString("_one_shot")) == NULL))
+        (S_ONE_SHOT == NULL && (S_ONE_SHOT = PyUnicode_InternFromString("_one_shot")) == NULL) ||
+        entry_set(&ONE_SHOT_ENTRY, fallback, doc) < 0) {
+        Py_DECREF(member);
         return NULL;
-    if (entry_set(&ONE_SHOT_ENTRY, fallback, doc) < 0)
-        return NULL;
+    }
     Py_XSETREF(ONE_SHOT_VERIFIED, Py_NewRef(verified));
     Py_XSETREF(ONE_SHOT_REGISTRY, (PyTypeObject *)Py_NewRef(registry));
     Py_XSETREF(ONE_SHOT_MEMOS, (PyTypeObject *)Py_NewRef(memos));
-    MEMOS_DEFAULT_STATE = offset;
+    Py_XSETREF(MEMOS_DEFAULT_STATE, member);
     return entry_function(&ONE_SHOT_ENTRY, module);
 }
 

@@ -233,7 +233,7 @@ class Encoder:
     """
 
     # (slots: Encoder.encode's C entry reads validate, registry, _tables and
-    # _registry_protocols at their offsets)
+    # _registry_protocols through their member descriptors)
     __slots__ = (
         "__weakref__",
         "_native",
@@ -430,8 +430,8 @@ class Decoder:
     refuses unsigned ones (it needs a trust store: ``ValueError`` otherwise).
     """
 
-    # (slots: Decoder.decode's C entry reads _frame_state and require_signatures at their
-    # offsets)
+    # (slots: Decoder.decode's C entry reads _frame_state, require_signatures and registry
+    # through their member descriptors)
     __slots__ = (
         "__weakref__",
         "_fast_c",
