@@ -5,7 +5,7 @@ Python twin must read, write or refuse it."""
 
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, TypeVar, final
 
 from _typeshed import ReadableBuffer
 
@@ -144,13 +144,119 @@ def envelope(
     ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
     ``Signature`` raises."""
 
-def decode_frame(data: bytes, state: tuple[Any, ...], /) -> Message | None:
+@final
+class FrameState:
+    """What :func:`decode_frame` reads with each frame of a decoder, by name
+    (``cbcl.binary._codec._frame_state`` makes one per decoder; the one-shot ``decode``
+    one per registry and limits). Every argument is keyword-only and required, and is
+    checked here (``TypeError`` for one of the wrong type or size); the fields are
+    read-only. The dicts are shared with the memos and the registry, which change them in
+    place."""
+
+    def __init__(
+        self,
+        *,
+        frame_plans: dict[bytes, tuple[Any, ...]],
+        protocols: dict[Any, Any],
+        intents: tuple[Any, ...],
+        intent_lengths: tuple[int, ...],
+        shapes: bytes,
+        uris: dict[str, Any],
+        caches: tuple[dict[str, Any] | None, ...],
+        keep: Callable[[int, str], Any],
+        envelope_nodes: tuple[int, ...],
+        refused: object,
+        accept: object,
+        has_heads: Callable[..., bool],
+        symbol: type,
+        message: type,
+        signature: type,
+        attributes: tuple[str, ...],
+        memo_entries: int,
+        max_message_bytes: int,
+        max_string_bytes: int,
+        max_body_depth: int,
+        max_list_items: int,
+        max_name_chars: int,
+        max_nodes: int,
+    ) -> None: ...
+    @property
+    def frame_plans(self) -> dict[bytes, tuple[Any, ...]]:
+        """The memos' frame plans by digest (``_Memos.frame_plans``)."""
+    @property
+    def protocols(self) -> dict[Any, Any]:
+        """The registry's loaded protocols by id (``Registry._protocols_by_id()``)."""
+    @property
+    def intents(self) -> tuple[Any, ...]:
+        """The ``Intent`` members by wire index."""
+    @property
+    def intent_lengths(self) -> tuple[int, ...]:
+        """Each intent's name's length, by wire index."""
+    @property
+    def shapes(self) -> bytes:
+        """By presence bits (64 bytes): 1 where the envelope is within the limits."""
+    @property
+    def uris(self) -> dict[str, Any]:
+        """The memos' URI memo."""
+    @property
+    def caches(self) -> tuple[dict[str, Any] | None, ...]:
+        """The memos' atom caches by token code."""
+    @property
+    def keep(self) -> Callable[[int, str], Any]:
+        """The memos' ``keep(code, text)``, called for an atom validated in C."""
+    @property
+    def envelope_nodes(self) -> tuple[int, ...]:
+        """The envelope's nodes by presence bits (64)."""
+    @property
+    def refused(self) -> object:
+        """The automaton's ``REFUSED``."""
+    @property
+    def accept(self) -> object:
+        """The automaton's ``ACCEPT``."""
+    @property
+    def has_heads(self) -> Callable[..., bool]:
+        """``cbcl.protocol._schema._has_heads``."""
+    @property
+    def symbol(self) -> type:
+        """The ``Symbol`` type."""
+    @property
+    def message(self) -> type:
+        """The ``Message`` type."""
+    @property
+    def signature(self) -> type:
+        """The ``Signature`` type."""
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        """``Message``'s 11 attribute names, in grammar order."""
+    @property
+    def memo_entries(self) -> int:
+        """The most entries an atom memo holds."""
+    @property
+    def max_message_bytes(self) -> int:
+        """The limits' ``max_message_bytes``."""
+    @property
+    def max_string_bytes(self) -> int:
+        """The limits' ``max_string_bytes``."""
+    @property
+    def max_body_depth(self) -> int:
+        """The limits' ``max_depth`` less the envelope's two lists."""
+    @property
+    def max_list_items(self) -> int:
+        """The limits' ``max_list_items``."""
+    @property
+    def max_name_chars(self) -> int:
+        """The limits' ``max_name_chars``."""
+    @property
+    def max_nodes(self) -> int:
+        """The limits' ``max_nodes``."""
+
+def decode_frame(data: bytes, state: FrameState, /) -> Message | None:
     """A whole frame decoded and recognised in one call (the twin of
     ``cbcl.binary._codec._fast_frame`` and its header and table lookup): the ``Message``, or
     ``None`` for anything the Python decoder must judge (a short id, a digest without a
     frame plan in ``state``, an ungoverned intent, any doubt). ``state`` is a decoder's
-    (``cbcl.binary._codec._frame_state``). ``TypeError`` for data that is not bytes or a
-    misshapen state or plan."""
+    (``cbcl.binary._codec._frame_state``). ``TypeError`` for data that is not bytes, a state
+    that is not a :class:`FrameState`, or a misshapen plan."""
 
 def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, Any], /,
                     ) -> Message | None:

@@ -1682,12 +1682,12 @@ pack_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* The (header, prepared table) of message's protocol in an Encoder's cache: protocols (an
- * exact cbcl.Registry's _protocols dict, protocols_of) holds the protocol under the
+ * exact cbcl.Registry's _protocols_by_id(), protocols_of) holds the protocol under the
  * message's exact Symbol, as Registry.get finds it, and tables (Encoder._tables) maps that
  * protocol to (SymbolTable, header, prepared). DECLINE for anything else: a protocol
  * unknown or not cached yet (Encoder._table then finds it, or raises). *header and
  * *capsule are strong references (the table lives while a frame is written). */
-static PyObject *STR_PROTOCOLS; /* "_protocols", interned */
+static PyObject *STR_PROTOCOLS; /* "_protocols_by_id", interned */
 
 static int
 cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject **header,
@@ -1722,16 +1722,18 @@ cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject *
     return DECLINE;
 }
 
-/* The registry's dict of loaded protocols (Registry._protocols, a strong reference), or
- * NULL (no exception) if registry is not an exact cbcl.Registry holding one. */
+/* The registry's dict of loaded protocols (Registry._protocols_by_id(), a strong
+ * reference), or NULL (no exception) if registry is not an exact cbcl.Registry. */
 static PyObject *
 protocols_of(PyObject *registry)
 {
     if (Py_TYPE(registry) != T_REGISTRY)
         return NULL;
-    PyObject *protocols = PyObject_GetAttr(registry, STR_PROTOCOLS);
+    PyObject *protocols = PyObject_CallMethodNoArgs(registry, STR_PROTOCOLS);
     if (protocols == NULL)
         PyErr_Clear();
+    else if (!PyDict_CheckExact(protocols))
+        Py_CLEAR(protocols);
     return protocols;
 }
 
@@ -2008,7 +2010,8 @@ setup_frame(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!(llllll)O!", &PyTuple_Type, &intents, &bits[0], &bits[1],
                           &bits[2], &bits[3], &bits[4], &bits[5], &PyType_Type, &registry))
         return NULL;
-    if (STR_PROTOCOLS == NULL && (STR_PROTOCOLS = PyUnicode_InternFromString("_protocols")) == NULL)
+    if (STR_PROTOCOLS == NULL &&
+            (STR_PROTOCOLS = PyUnicode_InternFromString("_protocols_by_id")) == NULL)
         return NULL;
     for (int i = 0; i < 6; i++) {
         if (bits[i] < 1 || bits[i] > 0x7f) {
@@ -2047,7 +2050,7 @@ PyMethodDef cbcl_encoders_methods[] = {
     {"setup_frame", setup_frame, METH_VARARGS,
      "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
      "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
-     "the registry type whose _protocols encode_message reads."},
+     "the registry type whose _protocols_by_id() encode_message reads."},
     {"canonical_entry", canonical_entry, METH_VARARGS,
      "canonical_entry(fallback, doc, /) -> descriptor: Message.canonical in C, falling back "
      "to the Python method (cbcl/_native_src/entry.h)."},

@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgpack
 import msgpack.fallback
@@ -94,6 +94,9 @@ from ..protocol._pass2 import _ALWAYS_ADMITTED, start_node, start_stack
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
 from ..protocol._schema import _has_heads, check_schema
+
+if TYPE_CHECKING:  # (only where the extension is built: the Python path never makes one)
+    from .._native import FrameState
 
 MAGIC = b"\xcbL"
 FORMAT_VERSION = 1
@@ -266,7 +269,7 @@ class Encoder:
         # The registry and its dict of loaded protocols (the same dict for its lifetime),
         # so the C entry finds a message's protocol without reading the registry's
         # attribute; it reads the registry's again if self.registry is another one.
-        self._registry_protocols = (registry, registry._protocols)
+        self._registry_protocols = (registry, registry._protocols_by_id())
 
     def _table(self, message: Message) -> tuple[SymbolTable, bytes, object]:
         protocol = self.registry.get(message.protocol)
@@ -474,8 +477,8 @@ class Decoder:
         self._memos = memos = _one_shot_memos(registry) if one_shot else _Memos()
         # What cbcl._native.decode_frame reads with each frame (None: not built, or
         # pure_python): the whole frame in one call where it can (_frame_state).
-        self._frame_state = None if self._fast_c is None or _decode_frame_c is None else \
-            _frame_state(registry, limits, memos)
+        self._frame_state: FrameState | None = None if self._fast_c is None or \
+            _decode_frame_c is None else _frame_state(registry, limits, memos)
 
     def _table(self, digest: bytes, offset: int) -> SymbolTable:
         memos = self._memos
@@ -672,9 +675,9 @@ class _Memos:
         #: The one-shot decode()'s frame states (:func:`_frame_state`) by the id of their
         #: limits, each with those limits (held: an id is not reused while they are here);
         #: at most FRAME_STATES, emptied when full.
-        self.frame_states: dict[int, tuple[Limits, tuple[Any, ...]]] = {}
+        self.frame_states: dict[int, tuple[Limits, FrameState]] = {}
         #: The one-shot decode()'s frame state for DEFAULT_LIMITS (None until made).
-        self.default_state: tuple[Any, ...] | None = None
+        self.default_state: FrameState | None = None
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}
         #: By token code, the atoms already made of each kind written in full, by text:
@@ -759,17 +762,24 @@ def _frame_plan(table: SymbolTable) -> tuple[Any, ...]:
             protocol.acceptance)
 
 
-def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> tuple[Any, ...]:
-    """What cbcl._native.decode_frame reads with each frame of a decoder (its layout is
-    documented there): the memos' frame plans, the registry's loaded protocols, the
-    intents and their names' lengths, the envelope shapes within ``limits``
-    (:func:`frame_shapes`), the atom memos, the limits, the envelope's nodes by bits,
+def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> FrameState:
+    """What cbcl._native.decode_frame reads with each frame of a decoder (only where the
+    extension is built): the memos' frame plans, atom memos and caches, the registry's
+    loaded protocols, the intents and their names' lengths, the envelope shapes within
+    ``limits`` (:func:`frame_shapes`), the limits, the envelope's nodes by presence bits,
     and the types and outcomes a message is made of."""
-    return (memos.frame_plans, registry._protocols, INTENTS, _INTENT_LENGTHS,
-            frame_shapes(limits), memos.uris, memos.caches, memos.keep, memos.entries,
-            limits.max_message_bytes, limits.max_string_bytes, limits.max_depth - 2,
-            limits.max_list_items, limits.max_name_chars, limits.max_nodes, _ENVELOPE_NODES,
-            REFUSED, ACCEPT, _has_heads, Symbol, Message, _MESSAGE_ATTRIBUTES, Signature)
+    return _FrameState(
+        frame_plans=memos.frame_plans, protocols=registry._protocols_by_id(),
+        intents=INTENTS, intent_lengths=_INTENT_LENGTHS, shapes=frame_shapes(limits),
+        uris=memos.uris, caches=memos.caches, keep=memos.keep,
+        envelope_nodes=_ENVELOPE_NODES, refused=REFUSED, accept=ACCEPT,
+        has_heads=_has_heads, symbol=Symbol, message=Message, signature=Signature,
+        attributes=_MESSAGE_ATTRIBUTES, memo_entries=memos.entries,
+        max_message_bytes=limits.max_message_bytes,
+        max_string_bytes=limits.max_string_bytes,
+        max_body_depth=limits.max_depth - 2,  # (the body sits in the envelope's two lists)
+        max_list_items=limits.max_list_items, max_name_chars=limits.max_name_chars,
+        max_nodes=limits.max_nodes)
 
 
 def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
@@ -1452,6 +1462,7 @@ def _speedups_agree(build_body: Any, unpack: Any) -> bool:
 
 try:
     from .._native import (
+        FrameState as _FrameState,
         build_body as _build_body_c,
         decode_frame as _decode_frame_c,
         frame_envelope as _frame_envelope_c,
@@ -1554,7 +1565,7 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     return decoder.decode(data)
 
 
-def _one_shot_state(registry: Registry, limits: Limits) -> tuple[Any, ...]:
+def _one_shot_state(registry: Registry, limits: Limits) -> FrameState:
     """The frame state (:func:`_frame_state`) the one-shot :func:`decode` uses for
     ``registry`` within ``limits``, made once and kept by the registry's one-shot memos:
     the default limits' in :attr:`_Memos.default_state` (where decode's C entry reads

@@ -125,7 +125,8 @@ def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None
     if not only_space_after(text, end):
         return None
     # (the registry's own dict of loaded protocols: one lookup in C, no copy)
-    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)
+    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES,
+                                                 registry._protocols_by_id())
     return message
 
 
