@@ -282,14 +282,29 @@ def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...]
     made without ``__init__`` and given each attribute its value as ``object.__setattr__``
     gives it: ``Message._trusted``'s construction, its fields checked by the caller."""
 
-def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> Any:
-    """``Decoder.decode`` as a C method (``cbcl/_native_src/entry.h``): for one positional
-    argument of
-    exact bytes and a decoder with a frame state, :func:`decode_frame`'s message (through
-    ``verified(message, decoder.registry)`` when it is signed or signatures are required);
-    else, or when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if
-    ``decoder`` does not keep ``_frame_state``, ``require_signatures`` and ``registry`` in
-    slots."""
+@final
+class MethodEntry:
+    """A C method standing in for a Python method, its fallback (``cbcl/_native_src/entry.h``),
+    made by the ``*_entry`` functions for a class body to bind
+    (``cbcl.core._entries.entry``): a method descriptor whose class, learned from
+    ``__set_name__`` as the class is made, is the one whose instances it takes as
+    ``self`` and whose slots it reads. Not made directly."""
+
+    __name__: str
+    __qualname__: str
+    __wrapped__: Callable[..., Any]
+    __objclass__: type | None
+    def __set_name__(self, owner: type, name: str) -> None: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Any: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+def decode_entry(fallback: Any, doc: str, verified: Any, /) -> MethodEntry:
+    """``Decoder.decode`` as a C method, for ``Decoder``'s class body: for one positional
+    argument of exact bytes and a decoder with a frame state, :func:`decode_frame`'s
+    message (through ``verified(message, decoder.registry)`` when it is signed or
+    signatures are required); else, or when that declines, ``fallback(decoder, *args,
+    **kwargs)``, as it is where the class does not keep ``_frame_state``,
+    ``require_signatures`` and ``registry`` in slots."""
 
 def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos: type,
                    /) -> Any:
@@ -371,17 +386,18 @@ def setup(
     whether decimals are read from ``_decimal``'s own layout (checked on samples), else
     from their text."""
 
-def canonical_entry(fallback: Any, doc: str, /) -> Any:
-    """``Message.canonical`` as a C method (a method descriptor of ``Message``, which
-    ``setup_message`` must have found): :func:`canonical_message`'s text, else
+def canonical_entry(fallback: Any, doc: str, /) -> MethodEntry:
+    """``Message.canonical`` as a C method, for ``Message``'s class body:
+    :func:`canonical_message`'s text (once ``setup_message`` has found the types), else
     ``fallback(message)``, the Python method it stands in for; ``doc`` is its ``ml_doc``
     (``cbcl.core._entries.entry_doc``)."""
 
-def encode_entry(encoder: type, fallback: Any, doc: str, /) -> Any:
-    """``Encoder.encode`` as a C method: for one positional argument and an encoder whose
-    ``validate`` slot is ``False``, :func:`encode_message` with its ``registry`` and
-    ``_tables`` slots; else, or when that declines, ``fallback(encoder, *args,
-    **kwargs)``. ``None`` if ``encoder`` does not keep those three in slots."""
+def encode_entry(fallback: Any, doc: str, /) -> MethodEntry:
+    """``Encoder.encode`` as a C method, for ``Encoder``'s class body: for one positional
+    argument and an encoder whose ``validate`` slot is ``False``, :func:`encode_message`
+    with its ``registry`` and ``_tables`` slots; else, or when that declines,
+    ``fallback(encoder, *args, **kwargs)``, as it is where the class does not keep those
+    in slots."""
 
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of

@@ -1793,11 +1793,13 @@ static PyObject *message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
 
+static int encoder_bind(PyTypeObject *owner);
+
 static CEntry CANONICAL_ENTRY = {
-    {"canonical", message_canonical, METH_NOARGS, NULL}, NULL, NULL};
+    {"canonical", message_canonical, METH_NOARGS, NULL}, NULL, NULL, NULL};
 static CEntry ENCODE_ENTRY = {
     {"encode", (PyCFunction)(void (*)(void))encoder_encode, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL};
+     NULL}, NULL, NULL, encoder_bind};
 /* The member descriptors of the slots of cbcl.binary._codec.Encoder encoder_encode reads
  * (strong references; NULL: not found, every call falls back). */
 static PyObject *ENCODER_VALIDATE, *ENCODER_REGISTRY, *ENCODER_TABLES, *ENCODER_PROTOCOLS;
@@ -1851,8 +1853,9 @@ encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     return entry_call_method(&ENCODE_ENTRY, self, args, nargs, kwnames);
 }
 
-/* canonical_entry(fallback, doc) -> descriptor: Message.canonical in C (setup_message must
- * have found the Message type). */
+/* canonical_entry(fallback, doc) -> MethodEntry: Message.canonical in C, the object the
+ * class body binds (module.c); until setup_message has found the Message type every call
+ * falls back. */
 static PyObject *
 canonical_entry(PyObject *self, PyObject *args)
 {
@@ -1860,40 +1863,41 @@ canonical_entry(PyObject *self, PyObject *args)
     PyObject *fallback, *doc;
     if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
         return NULL;
-    if (T_MESSAGE == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "setup_message() must have found the Message type");
-        return NULL;
-    }
     if (entry_set(&CANONICAL_ENTRY, fallback, doc) < 0)
         return NULL;
-    return PyDescr_NewMethod(T_MESSAGE, &CANONICAL_ENTRY.def);
+    return cbcl_method_entry(&CANONICAL_ENTRY);
 }
 
-/* encode_entry(Encoder, fallback, doc) -> descriptor | None: Encoder.encode in C; None if
- * the type does not hold validate, registry, _tables and _registry_protocols in slots (its
- * own member descriptors). */
-static PyObject *
-encode_entry(PyObject *self, PyObject *args)
+/* ENCODE_ENTRY's bind: the member descriptors of the Encoder's slots validate, registry,
+ * _tables and _registry_protocols (its own); where it has none, every call falls back. */
+static int
+encoder_bind(PyTypeObject *owner)
 {
-    (void)self;
-    PyObject *type, *fallback, *doc;
-    if (!PyArg_ParseTuple(args, "O!OU", &PyType_Type, &type, &fallback, &doc))
-        return NULL;
     static const char *const names[4] = {"validate", "registry", "_tables",
                                          "_registry_protocols"};
-    PyObject *members[4];
-    if (!members_of((PyTypeObject *)type, names, 4, members))
-        Py_RETURN_NONE;
-    if (entry_set(&ENCODE_ENTRY, fallback, doc) < 0) {
+    PyObject *members[4] = {NULL, NULL, NULL, NULL};
+    if (!members_of(owner, names, 4, members)) /* (then all NULL: falls back) */
         for (int i = 0; i < 4; i++)
-            Py_DECREF(members[i]);
-        return NULL;
-    }
+            members[i] = NULL;
     Py_XSETREF(ENCODER_VALIDATE, members[0]);
     Py_XSETREF(ENCODER_REGISTRY, members[1]);
     Py_XSETREF(ENCODER_TABLES, members[2]);
     Py_XSETREF(ENCODER_PROTOCOLS, members[3]);
-    return PyDescr_NewMethod((PyTypeObject *)type, &ENCODE_ENTRY.def);
+    return 0;
+}
+
+/* encode_entry(fallback, doc) -> MethodEntry: Encoder.encode in C, the object the class
+ * body binds (module.c; encoder_bind finds its slots when the class is made). */
+static PyObject *
+encode_entry(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *fallback, *doc;
+    if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
+        return NULL;
+    if (entry_set(&ENCODE_ENTRY, fallback, doc) < 0)
+        return NULL;
+    return cbcl_method_entry(&ENCODE_ENTRY);
 }
 
 /* ------------------------------------------------------------------------- setup */
@@ -2052,11 +2056,12 @@ PyMethodDef cbcl_encoders_methods[] = {
      "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
      "the registry type whose _protocols_by_id() encode_message reads."},
     {"canonical_entry", canonical_entry, METH_VARARGS,
-     "canonical_entry(fallback, doc, /) -> descriptor: Message.canonical in C, falling back "
-     "to the Python method (cbcl/_native_src/entry.h)."},
+     "canonical_entry(fallback, doc, /) -> MethodEntry: Message.canonical in C, falling "
+     "back to the Python method (cbcl/_native_src/entry.h), for Message's class body."},
     {"encode_entry", encode_entry, METH_VARARGS,
-     "encode_entry(Encoder, fallback, doc, /) -> descriptor | None: Encoder.encode in C, "
-     "falling back to the Python method; None if its slots are not as expected."},
+     "encode_entry(fallback, doc, /) -> MethodEntry: Encoder.encode in C, falling back to "
+     "the Python method (cbcl/_native_src/entry.h), for Encoder's class body; where the "
+     "class does not keep the slots it reads, every call falls back."},
     {"prepare", prepare, METH_O,
      "prepare(codes, /) -> object | None: a symbol table's codes as pack_frame takes them."},
     {"setup", setup, METH_VARARGS,

@@ -17,21 +17,20 @@
  * keeps it alive while ml_doc points into it, so help() and inspect.signature() show what
  * they show for the Python function.
  *
- * An entry is made once per process, by its module's install function, from a static
- * PyMethodDef: a method descriptor of the class (PyDescr_NewMethod: bound as methods are,
- * self checked to be an instance) or a module-level builtin function.
+ * An entry is made once per process, from a static CEntry (native.h), by the *_entry
+ * function its Python definition calls where the extension is built (the decorator
+ * cbcl.core._entries.entry), so the name is bound once, to the entry, as the module or
+ * class is made: nothing is set on a class or rebound afterwards. A module-level entry
+ * is a builtin function (entry_function); a method entry a cbcl._native.MethodEntry
+ * (module.c), which the class body binds: a method descriptor that learns its class from
+ * __set_name__ (self is checked to be an instance of it) and runs the entry's bind, which
+ * finds the slots it reads there.
  */
 #ifndef CBCL_ENTRY_H
 #define CBCL_ENTRY_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "native.h" /* (CEntry) */
 
-typedef struct {
-    PyMethodDef def;    /* ml_name, ml_meth and ml_flags static; ml_doc from `doc` */
-    PyObject *fallback; /* strong reference: the Python function */
-    PyObject *doc;      /* strong reference: ml_doc points into its UTF-8 */
-} CEntry;
 
 /* Give `e` its fallback and documentation: 0, or -1 with an exception. */
 static int

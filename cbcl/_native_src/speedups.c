@@ -1089,9 +1089,20 @@ static PyObject *slot_members[F_COUNT];
 static int
 slots_found(PyTypeObject *type, PyObject *attributes)
 {
+    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
     if (type == slots_type && attributes == slots_names)
         return 1;
-    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
+    if (type == slots_type && count == PyTuple_GET_SIZE(slots_names)) {
+        /* (another tuple of the same names: the envelope's and Message._trusted's) */
+        Py_ssize_t k = 0;
+        for (; k < count; k++) {
+            PyObject *a = PyTuple_GET_ITEM(attributes, k), *b = PyTuple_GET_ITEM(slots_names, k);
+            if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
+                break;
+        }
+        if (k == count) /* (PyUnicode_Compare raises nothing for two strs) */
+            return 1;
+    }
     if (count > F_COUNT)
         return 0;
     PyObject *members[F_COUNT] = {NULL};
@@ -2306,9 +2317,10 @@ frame_message(PyObject *data, PyObject *state, int require, PyObject *verified,
  * declines, falls back to the Python method. */
 static PyObject *decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
+static int decoder_bind(PyTypeObject *owner);
 static CEntry DECODE_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL};
+     NULL}, NULL, NULL, decoder_bind};
 static PyObject *DECODE_VERIFIED; /* cbcl.protocol._api._verified(message, registry) -> message */
 /* The member descriptors of the slots of cbcl.binary._codec.Decoder decoder_decode reads
  * (strong references; NULL: not found) */
@@ -2349,7 +2361,7 @@ static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t 
                             PyObject *kwnames);
 static CEntry PARSE_ENTRY = {
     {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
-    NULL, NULL};
+    NULL, NULL, NULL};
 /* parse_entry's arguments: PARSE_VERIFIED(message, registry) -> message;
  * PARSE_SPACE_AFTER(text, end) -> bool (cbcl.core._reader.only_space_after); accept_document's
  * tables; the reader's token cache and atom maker; the default limits */
@@ -2539,36 +2551,41 @@ parse_entry(PyObject *module, PyObject *args)
     return entry_function(&PARSE_ENTRY, module);
 }
 
-/* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
- * C; None if the type does not keep _frame_state, require_signatures and registry in
- * slots (its own member descriptors). */
+/* DECODE_ENTRY's bind: the member descriptors of the Decoder's slots _frame_state,
+ * require_signatures and registry (its own); where it has none, every call falls back. */
+static int
+decoder_bind(PyTypeObject *owner)
+{
+    PyObject *state = entry_member(owner, "_frame_state");
+    PyObject *require = entry_member(owner, "require_signatures");
+    PyObject *registry = entry_member(owner, "registry");
+    if (state == NULL || require == NULL || registry == NULL) {
+        Py_CLEAR(state);
+        Py_CLEAR(require);
+        Py_CLEAR(registry);
+    }
+    Py_XSETREF(DECODER_FRAME_STATE, state);
+    Py_XSETREF(DECODER_REQUIRE, require);
+    Py_XSETREF(DECODER_REGISTRY, registry);
+    return 0;
+}
+
+/* decode_entry(fallback, doc, verified) -> MethodEntry: Decoder.decode in C, the object
+ * the class body binds (module.c; decoder_bind finds its slots when the class is made). */
 static PyObject *
 decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyObject *type, *fallback, *verified, *doc;
-    if (!PyArg_ParseTuple(args, "O!OOU", &PyType_Type, &type, &fallback, &verified, &doc))
+    PyObject *fallback, *doc, *verified;
+    if (!PyArg_ParseTuple(args, "OUO", &fallback, &doc, &verified))
         return NULL;
     if (!PyCallable_Check(verified)) {
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    PyObject *state = entry_member((PyTypeObject *)type, "_frame_state");
-    PyObject *require = entry_member((PyTypeObject *)type, "require_signatures");
-    PyObject *registry = entry_member((PyTypeObject *)type, "registry");
-    if (state == NULL || require == NULL || registry == NULL ||
-            entry_set(&DECODE_ENTRY, fallback, doc) < 0) {
-        Py_XDECREF(state);
-        Py_XDECREF(require);
-        Py_XDECREF(registry);
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE;
-    }
+    if (entry_set(&DECODE_ENTRY, fallback, doc) < 0)
+        return NULL;
     Py_XSETREF(DECODE_VERIFIED, Py_NewRef(verified));
-    Py_XSETREF(DECODER_FRAME_STATE, state);
-    Py_XSETREF(DECODER_REQUIRE, require);
-    Py_XSETREF(DECODER_REGISTRY, registry);
-    return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
+    return cbcl_method_entry(&DECODE_ENTRY);
 }
 
 /* cbcl.decode as a C function (cbcl/_native_src/entry.h): the ordinary call, decode(data,
@@ -2583,7 +2600,7 @@ static PyObject *one_shot_call(PyObject *module, PyObject *const *args, Py_ssize
                                PyObject *kwnames);
 static CEntry ONE_SHOT_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))one_shot_call, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL};
+     NULL}, NULL, NULL, NULL};
 static PyObject *ONE_SHOT_VERIFIED;        /* cbcl.protocol._api._verified(message, registry) */
 static PyTypeObject *ONE_SHOT_REGISTRY;    /* cbcl.Registry (strong reference) */
 static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl.binary._codec._Memos (strong reference) */
@@ -2654,8 +2671,9 @@ PyMethodDef cbcl_speedups_methods[] = {
      "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "
      "(cbcl/_native_src/entry.h); None if cbcl._native is not built."},
     {"decode_entry", decode_entry, METH_VARARGS,
-     "decode_entry(Decoder, fallback, verified, doc, /) -> descriptor | None: Decoder.decode "
-     "in C, falling back to the Python method (cbcl/_native_src/entry.h)."},
+     "decode_entry(fallback, doc, verified, /) -> MethodEntry: Decoder.decode in C, "
+     "falling back to the Python method (cbcl/_native_src/entry.h), for Decoder's class "
+     "body; where the class does not keep the slots it reads, every call falls back."},
     {"one_shot_entry", one_shot_entry, METH_VARARGS,
      "one_shot_entry(fallback, doc, verified, Registry, _Memos, /) -> function | None: "
      "cbcl.decode in C, falling back to the Python function (cbcl/_native_src/entry.h)."},

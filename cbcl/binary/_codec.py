@@ -42,7 +42,7 @@ import msgpack
 import msgpack.fallback
 
 from ..core._canonical import _decimal, canonical_value, native as _native
-from ..core._entries import entry_doc
+from ..core._entries import entry, fallback
 from ..core._errors import (
     BodyError,
     EnvelopeError,
@@ -129,13 +129,13 @@ def _decline(*args: object) -> None:
 # The C twins of Encoder.encode's frame writer (cbcl._native.pack_message and
 # encode_message): they write the tokens Encoder.encode's Python path builds, from the
 # message's slots, or decline (None) for anything but the ordinary case.
-_pack_message: Callable[[bytes, Message, object], bytes | None] = _decline
-_encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None] = _decline
 if _native is not None:
     _native.setup_frame(INTENTS, (HAS_CONVERSATION_ID, HAS_IN_REPLY_TO, HAS_REPLY_BY,
                                   HAS_TIMESTAMP, HAS_SIGNATURE, HAS_BODY), Registry)
-    _pack_message = _native.pack_message
-    _encode_message = _native.encode_message
+_pack_message: Callable[[bytes, Message, object], bytes | None] = \
+    _decline if _native is None else _native.pack_message
+_encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None] = \
+    _decline if _native is None else _native.encode_message
 
 _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "in-reply-to"),
                    (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
@@ -289,6 +289,11 @@ class Encoder:
             cached = self._tables[protocol] = (table, header, prepared)
         return cached
 
+    # Where the extension is built, encode is a C method (cbcl._native.encode_entry,
+    # cbcl/_native_src/entry.h): the ordinary call, validate=False, served in C
+    # (encode_message), any other, or one it declines, by this method, the reference,
+    # whose documentation it shows.
+    @entry(None if _native is None else _native.encode_entry, method=True)
     def encode(self, message: Message) -> bytes:
         """The binary frame of ``message``.
 
@@ -504,6 +509,10 @@ class Decoder:
                 protocol=name, position=_at(offset))
         return table
 
+    # Where the extension is built, decode is a C method (cbcl._native.decode_entry,
+    # cbcl/_native_src/entry.h): a frame of exact bytes with a frame state is
+    # decode_frame's, any other call, or a frame it declines, this method's.
+    @entry(None if _native is None else _native.decode_entry, _verify_signed, method=True)
     def decode(self, data: bytes | bytearray | memoryview) -> Message:
         """Decode one frame (without its stream length prefix) and recognise it.
 
@@ -1543,6 +1552,13 @@ def encode(message: Message, *, registry: Registry, validate: bool = True,
     return Encoder(registry, validate=validate, limits=limits).encode(message)
 
 
+# Where the extension is built, decode is a C function (cbcl._native.one_shot_entry):
+# decode(data, registry=registry) of bytes, once the registry's one-shot memos hold the
+# default limits' frame state, is the whole-frame C call, without this function's Python
+# frame (~0.5 us of a ~2 us ~370 B frame); any other call, or a frame it declines, is
+# this function's.
+@entry(None if _native is None else _native.one_shot_entry, _verify_signed, Registry, _Memos,
+       method=False)
 def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
            limits: Limits | None = None) -> Message:
     """Decode and recognise one binary frame (see :class:`Decoder`; reuse one for many
@@ -1576,49 +1592,20 @@ def _one_shot_state(registry: Registry, limits: Limits) -> FrameState:
         if state is None:
             state = memos.default_state = _frame_state(registry, limits, memos)
         return state
-    entry = memos.frame_states.get(id(limits))
-    if entry is None or entry[0] is not limits:
+    kept = memos.frame_states.get(id(limits))
+    if kept is None or kept[0] is not limits:
         if len(memos.frame_states) >= FRAME_STATES:
             memos.frame_states.clear()
-        entry = memos.frame_states[id(limits)] = (limits, _frame_state(registry, limits, memos))
-    return entry[1]
+        kept = memos.frame_states[id(limits)] = (limits, _frame_state(registry, limits, memos))
+    return kept[1]
 
 
 #: The one-shot decode()'s frame states kept per registry (one per Limits object used).
 FRAME_STATES = 16
 
 
-# Encoder.encode and Decoder.decode become C methods where the accelerators are built
-# (cbcl/_native_src/entry.h): the ordinary call served in C (encode_message; decode_frame),
-# any other, or one they decline, by the Python methods above, which stay the reference and whose
-# documentation they show.
-#: The Python methods, whatever the names are bound to (the references the tests hold the
-#: entries to).
-encode_python = Encoder.encode
-decode_python = Decoder.decode
-if _native is not None:
-    _entry = _native.encode_entry(Encoder, Encoder.encode,
-                                  entry_doc(Encoder.encode, method=True))
-    if _entry is not None:
-        setattr(Encoder, "encode", _entry)  # noqa: B010 (mypy: a method)
-if _decode_frame_c is not None:
-    from .._native import decode_entry as _decode_entry
-
-    _entry = _decode_entry(Decoder, Decoder.decode, _verify_signed,
-                           entry_doc(Decoder.decode, method=True))
-    if _entry is not None:
-        setattr(Decoder, "decode", _entry)  # noqa: B010 (mypy: a method)
-
-# decode itself becomes a C function likewise (cbcl._native.one_shot_entry): decode(data,
-# registry=registry) of bytes, once the registry's one-shot memos hold the default limits'
-# frame state, is the whole-frame C call, without decode's Python frame (~0.5 us of a
-# ~2 us ~370 B frame); any other call, or a frame it declines, is the function above.
-#: The Python function, whatever decode is bound to (the reference the tests hold it to).
-decode_one_shot_python = decode
-if _decode_frame_c is not None:
-    from .._native import one_shot_entry as _one_shot_entry
-
-    _entry = _one_shot_entry(decode, entry_doc(decode, method=False), _verify_signed,
-                             Registry, _Memos)
-    if _entry is not None:
-        decode = _entry
+#: The Python methods and function the C entries stand in for (themselves where the
+#: extension is not built): the references the tests hold the entries to.
+encode_python = fallback(Encoder.encode)
+decode_python = fallback(Decoder.decode)
+decode_one_shot_python = fallback(decode)
