@@ -5,7 +5,7 @@ Python twin must read, write or refuse it."""
 
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, TypeVar, final
 
 from _typeshed import ReadableBuffer
 
@@ -144,13 +144,119 @@ def envelope(
     ``Signature``, ``Message``, ``URI`` and ``Symbol`` types. Raises only what
     ``Signature`` raises."""
 
-def decode_frame(data: bytes, state: tuple[Any, ...], /) -> Message | None:
+@final
+class FrameState:
+    """What :func:`decode_frame` reads with each frame of a decoder, by name
+    (``cbcl.binary._codec._frame_state`` makes one per decoder; the one-shot ``decode``
+    one per registry and limits). Every argument is keyword-only and required, and is
+    checked here (``TypeError`` for one of the wrong type or size); the fields are
+    read-only. The dicts are shared with the memos and the registry, which change them in
+    place."""
+
+    def __init__(
+        self,
+        *,
+        frame_plans: dict[bytes, tuple[Any, ...]],
+        protocols: dict[Any, Any],
+        intents: tuple[Any, ...],
+        intent_lengths: tuple[int, ...],
+        shapes: bytes,
+        uris: dict[str, Any],
+        caches: tuple[dict[str, Any] | None, ...],
+        keep: Callable[[int, str], Any],
+        envelope_nodes: tuple[int, ...],
+        refused: object,
+        accept: object,
+        has_heads: Callable[..., bool],
+        symbol: type,
+        message: type,
+        signature: type,
+        attributes: tuple[str, ...],
+        memo_entries: int,
+        max_message_bytes: int,
+        max_string_bytes: int,
+        max_body_depth: int,
+        max_list_items: int,
+        max_name_chars: int,
+        max_nodes: int,
+    ) -> None: ...
+    @property
+    def frame_plans(self) -> dict[bytes, tuple[Any, ...]]:
+        """The memos' frame plans by digest (``_Memos.frame_plans``)."""
+    @property
+    def protocols(self) -> dict[Any, Any]:
+        """The registry's loaded protocols by id (``Registry._protocols_by_id()``)."""
+    @property
+    def intents(self) -> tuple[Any, ...]:
+        """The ``Intent`` members by wire index."""
+    @property
+    def intent_lengths(self) -> tuple[int, ...]:
+        """Each intent's name's length, by wire index."""
+    @property
+    def shapes(self) -> bytes:
+        """By presence bits (64 bytes): 1 where the envelope is within the limits."""
+    @property
+    def uris(self) -> dict[str, Any]:
+        """The memos' URI memo."""
+    @property
+    def caches(self) -> tuple[dict[str, Any] | None, ...]:
+        """The memos' atom caches by token code."""
+    @property
+    def keep(self) -> Callable[[int, str], Any]:
+        """The memos' ``keep(code, text)``, called for an atom validated in C."""
+    @property
+    def envelope_nodes(self) -> tuple[int, ...]:
+        """The envelope's nodes by presence bits (64)."""
+    @property
+    def refused(self) -> object:
+        """The automaton's ``REFUSED``."""
+    @property
+    def accept(self) -> object:
+        """The automaton's ``ACCEPT``."""
+    @property
+    def has_heads(self) -> Callable[..., bool]:
+        """``cbcl.protocol._schema._has_heads``."""
+    @property
+    def symbol(self) -> type:
+        """The ``Symbol`` type."""
+    @property
+    def message(self) -> type:
+        """The ``Message`` type."""
+    @property
+    def signature(self) -> type:
+        """The ``Signature`` type."""
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        """``Message``'s 11 attribute names, in grammar order."""
+    @property
+    def memo_entries(self) -> int:
+        """The most entries an atom memo holds."""
+    @property
+    def max_message_bytes(self) -> int:
+        """The limits' ``max_message_bytes``."""
+    @property
+    def max_string_bytes(self) -> int:
+        """The limits' ``max_string_bytes``."""
+    @property
+    def max_body_depth(self) -> int:
+        """The limits' ``max_depth`` less the envelope's two lists."""
+    @property
+    def max_list_items(self) -> int:
+        """The limits' ``max_list_items``."""
+    @property
+    def max_name_chars(self) -> int:
+        """The limits' ``max_name_chars``."""
+    @property
+    def max_nodes(self) -> int:
+        """The limits' ``max_nodes``."""
+
+def decode_frame(data: bytes, state: FrameState, /) -> Message | None:
     """A whole frame decoded and recognised in one call (the twin of
     ``cbcl.binary._codec._fast_frame`` and its header and table lookup): the ``Message``, or
     ``None`` for anything the Python decoder must judge (a short id, a digest without a
     frame plan in ``state``, an ungoverned intent, any doubt). ``state`` is a decoder's
-    (``cbcl.binary._codec._frame_state``). ``TypeError`` for data that is not bytes or a
-    misshapen state or plan."""
+    (``cbcl.binary._codec._frame_state``). ``TypeError`` for data that is not bytes, a state
+    that is not a :class:`FrameState`, or a misshapen plan."""
 
 def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, Any], /,
                     ) -> Message | None:
@@ -176,14 +282,29 @@ def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...]
     made without ``__init__`` and given each attribute its value as ``object.__setattr__``
     gives it: ``Message._trusted``'s construction, its fields checked by the caller."""
 
-def decode_entry(decoder: type, fallback: Any, verified: Any, doc: str, /) -> Any:
-    """``Decoder.decode`` as a C method (``cbcl/_native_src/entry.h``): for one positional
-    argument of
-    exact bytes and a decoder with a frame state, :func:`decode_frame`'s message (through
-    ``verified(message, decoder.registry)`` when it is signed or signatures are required);
-    else, or when that declines, ``fallback(decoder, *args, **kwargs)``. ``None`` if
-    ``decoder`` does not keep ``_frame_state``, ``require_signatures`` and ``registry`` in
-    slots."""
+@final
+class MethodEntry:
+    """A C method standing in for a Python method, its fallback (``cbcl/_native_src/entry.h``),
+    made by the ``*_entry`` functions for a class body to bind
+    (``cbcl.core._entries.entry``): a method descriptor whose class, learned from
+    ``__set_name__`` as the class is made, is the one whose instances it takes as
+    ``self`` and whose slots it reads. Not made directly."""
+
+    __name__: str
+    __qualname__: str
+    __wrapped__: Callable[..., Any]
+    __objclass__: type | None
+    def __set_name__(self, owner: type, name: str) -> None: ...
+    def __get__(self, instance: object, owner: type | None = None) -> Any: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+def decode_entry(fallback: Any, doc: str, verified: Any, /) -> MethodEntry:
+    """``Decoder.decode`` as a C method, for ``Decoder``'s class body: for one positional
+    argument of exact bytes and a decoder with a frame state, :func:`decode_frame`'s
+    message (through ``verified(message, decoder.registry)`` when it is signed or
+    signatures are required); else, or when that declines, ``fallback(decoder, *args,
+    **kwargs)``, as it is where the class does not keep ``_frame_state``,
+    ``require_signatures`` and ``registry`` in slots."""
 
 def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos: type,
                    /) -> Any:
@@ -223,8 +344,8 @@ def pack_message(header: bytes, message: object, table: object, /) -> bytes | No
 
 def setup_message(message: type, signature: type, names: tuple[Any, ...],
                   intents: tuple[tuple[Any, Any], ...], /) -> bool:
-    """``Message`` and ``Signature`` (slotted: their fields are read at their member
-    descriptors' offsets), the envelope's symbols (the version, then each field's, in the
+    """``Message`` and ``Signature`` (slotted: their fields are read through their member
+    descriptors), the envelope's symbols (the version, then each field's, in the
     fields' order) and the intents as ``(member, symbol)`` pairs; ``False`` (every message
     declined) if the types are not slotted as expected."""
 
@@ -265,17 +386,18 @@ def setup(
     whether decimals are read from ``_decimal``'s own layout (checked on samples), else
     from their text."""
 
-def canonical_entry(fallback: Any, doc: str, /) -> Any:
-    """``Message.canonical`` as a C method (a method descriptor of ``Message``, which
-    ``setup_message`` must have found): :func:`canonical_message`'s text, else
+def canonical_entry(fallback: Any, doc: str, /) -> MethodEntry:
+    """``Message.canonical`` as a C method, for ``Message``'s class body:
+    :func:`canonical_message`'s text (once ``setup_message`` has found the types), else
     ``fallback(message)``, the Python method it stands in for; ``doc`` is its ``ml_doc``
     (``cbcl.core._entries.entry_doc``)."""
 
-def encode_entry(encoder: type, fallback: Any, doc: str, /) -> Any:
-    """``Encoder.encode`` as a C method: for one positional argument and an encoder whose
-    ``validate`` slot is ``False``, :func:`encode_message` with its ``registry`` and
-    ``_tables`` slots; else, or when that declines, ``fallback(encoder, *args,
-    **kwargs)``. ``None`` if ``encoder`` does not keep those three in slots."""
+def encode_entry(fallback: Any, doc: str, /) -> MethodEntry:
+    """``Encoder.encode`` as a C method, for ``Encoder``'s class body: for one positional
+    argument and an encoder whose ``validate`` slot is ``False``, :func:`encode_message`
+    with its ``registry`` and ``_tables`` slots; else, or when that declines,
+    ``fallback(encoder, *args, **kwargs)``, as it is where the class does not keep those
+    in slots."""
 
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of

@@ -243,10 +243,56 @@ def test_unknown_digests_rebuild_nothing(monkeypatch: pytest.MonkeyPatch) -> Non
     assert decoder.decode(FRAMES[0]) == MESSAGES[0]
 
 
+def fields_of(state: Any) -> dict[str, Any]:
+    """A FrameState's fields by name (what its constructor takes)."""
+    names = [name for name in dir(type(state)) if not name.startswith("_")]
+    return {name: getattr(state, name) for name in names}
+
+
 def test_misshapen_state_raises_type_error() -> None:
+    state = WARM._frame_state
+    assert state is not None
+    fields = fields_of(state)
+    with pytest.raises(TypeError, match="FrameState"):
+        _codec._decode_frame_c(FRAMES[0], tuple(fields.values()))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _codec._decode_frame_c(FRAMES[0], WARM._frame_state[:-1])  # type: ignore[index]
-    with pytest.raises(TypeError):
-        _codec._decode_frame_c(bytearray(FRAMES[0]), WARM._frame_state)
+        _codec._decode_frame_c(bytearray(FRAMES[0]), state)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         _codec._decode_frame_c(FRAMES[0])  # type: ignore[call-arg]
+    FrameState = type(state)
+    assert _codec._decode_frame_c(FRAMES[0], FrameState(**fields)) == MESSAGES[0]
+    with pytest.raises(TypeError, match="keyword"):
+        FrameState(*fields.values())
+    for name in fields:  # every field is required
+        with pytest.raises(TypeError, match=name):
+            FrameState(**{k: v for k, v in fields.items() if k != name})
+    for name, bad in [("frame_plans", ()), ("protocols", []), ("shapes", b"\1" * 63),
+                      ("envelope_nodes", (0,) * 63), ("attributes", ("message_id",)),
+                      ("intent_lengths", (1,)), ("keep", None), ("message", "Message"),
+                      ("max_nodes", 1.5), ("uris", {1: 2}.items())]:
+        with pytest.raises(TypeError):
+            FrameState(**{**fields, name: bad})
+
+
+def test_a_frame_state_names_what_decode_frame_reads() -> None:
+    """The fields are the decoder's own memos, its registry's protocols and its limits,
+    by name, and read-only."""
+    decoder = Decoder(REGISTRY, limits=Limits(max_depth=9, max_nodes=777))
+    state = decoder._frame_state
+    assert state is not None
+    memos, limits = decoder._memos, decoder.limits
+    assert state.frame_plans is memos.frame_plans
+    assert state.uris is memos.uris and state.caches is memos.caches
+    assert state.keep == memos.keep and state.memo_entries == memos.entries
+    assert state.protocols is REGISTRY._protocols_by_id()
+    assert state.shapes == frame_shapes(limits)
+    assert (state.max_message_bytes, state.max_string_bytes, state.max_body_depth,
+            state.max_list_items, state.max_name_chars, state.max_nodes) == \
+        (limits.max_message_bytes, limits.max_string_bytes, limits.max_depth - 2,
+         limits.max_list_items, limits.max_name_chars, limits.max_nodes)
+    assert state.message is cbcl.Message and state.signature is _codec.Signature
+    assert state.symbol is cbcl.Symbol and state.intents == tuple(Intent)
+    assert state.attributes == tuple(f.name for f in dataclasses.fields(cbcl.Message))
+    for name in fields_of(state):
+        with pytest.raises(AttributeError):
+            setattr(state, name, None)

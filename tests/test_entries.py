@@ -46,10 +46,29 @@ def test_every_entry_is_installed_where_the_accelerators_are_built() -> None:
     installed = [name for name, bound, python, _ in ENTRIES if bound is not python]
     if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):  # (CI builds them)
         assert len(installed) == len(ENTRIES)
-    for name, bound, _python, method in ENTRIES:
+    for name, bound, python, method in ENTRIES:
         if name in installed:
-            assert type(bound).__name__ == ("method_descriptor" if method else
+            assert type(bound).__name__ == ("MethodEntry" if method else
                                             "builtin_function_or_method")
+        if name in installed and method:  # bound by its class body, which it knows
+            assert bound.__wrapped__ is python
+            assert bound.__qualname__ == python.__qualname__
+            assert bound.__objclass__.__dict__[name] is bound
+
+
+def test_a_method_entry_is_called_as_its_method() -> None:
+    """A method entry binds as a method (a bound method of the instance, or called with
+    the instance first) and takes only instances of its class as self."""
+    if Encoder.encode is _codec.encode_python:
+        pytest.skip("cbcl._native is not built")
+    encoder = Encoder(REGISTRY, validate=False)
+    bound = encoder.encode
+    assert bound.__self__ is encoder and bound(MESSAGES[0]) == FRAMES[0]
+    assert Encoder.encode(encoder, MESSAGES[0]) == FRAMES[0]
+    with pytest.raises(TypeError, match="doesn't apply to a 'Decoder' object"):
+        Encoder.encode(Decoder(REGISTRY), MESSAGES[0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Encoder.encode()  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(("name", "bound", "python", "method"), ENTRIES)

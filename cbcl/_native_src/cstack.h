@@ -155,7 +155,7 @@ typedef struct {
     PyObject_HEAD
     Py_hash_t hash;
     DecimalMpd dec;
-    uint64_t data[4]; /* _Py_DEC_MINALLOC words, inline */
+    uint64_t data[4]; /* the words _decimal keeps inline (its DEC_MINALLOC) */
 } DecimalLayout;
 
 enum { MPD_NEG_FLAG = 1, MPD_STATIC_FLAGS = 16 | 32 }; /* MPD_STATIC | MPD_STATIC_DATA */

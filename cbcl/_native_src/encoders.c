@@ -54,7 +54,7 @@
  *
  * canonical_message(message) and pack_message / encode_message(message ...) write a whole
  * message: Message.canonical()'s text and Encoder.encode()'s frame, from the slots of an
- * exact Message (read at its member descriptors' offsets, found by setup_message()), the
+ * exact Message (read through its member descriptors, found by setup_message()), the
  * envelope written as Message.to_value() and the Python encoder list it, each field's value
  * by the same writers as the body's; anything else (a subclass, an intent that is not an
  * Intent member, a signature that is not an exact Signature, an unset slot) declines.
@@ -885,9 +885,24 @@ canonical(PyObject *self, PyObject *value)
 
 /* ------------------------------------------------------------------------- messages */
 
-/* cbcl.protocol._message.Message and Signature (slotted dataclasses: their fields are read at the
- * offsets of their member descriptors), set by setup_message(); NULL: every message is
- * declined. */
+/* The member descriptors of the slots `names` of `type` (entry_member: its own), as new
+ * references in out: 1, or 0 (none kept, no exception) if one is not. */
+static int
+members_of(PyTypeObject *type, const char *const *names, int n, PyObject **out)
+{
+    for (int i = 0; i < n; i++) {
+        if ((out[i] = entry_member(type, names[i])) == NULL) {
+            while (i-- > 0)
+                Py_DECREF(out[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* cbcl.protocol._message.Message and Signature (slotted dataclasses: their fields are read
+ * through their member descriptors, entry.h), set by setup_message(); NULL: every message
+ * is declined. */
 enum {
     F_MESSAGE_ID, F_SENDER, F_RECEIVER, F_INTENT, F_PROTOCOL, F_CONVERSATION_ID,
     F_IN_REPLY_TO, F_REPLY_BY, F_TIMESTAMP, F_BODY, F_SIGNATURE, N_FIELDS
@@ -897,7 +912,7 @@ static const char *const FIELD_ATTRS[N_FIELDS] = {
     "in_reply_to", "reply_by", "timestamp", "body", "signature"};
 static const char *const SIGNATURE_ATTRS[2] = {"key_id", "value"};
 static PyTypeObject *T_MESSAGE, *T_SIGNATURE;
-static Py_ssize_t FIELD_OFFSETS[N_FIELDS], SIGNATURE_OFFSETS[2];
+static PyObject *FIELD_MEMBERS[N_FIELDS], *SIGNATURE_MEMBERS[2]; /* (strong references) */
 /* The text's: the version symbol, then the field symbols, in FIELD_ATTRS' order (a tuple of
  * 1 + N_FIELDS exact Symbols); the intents as (member, symbol) pairs (Message.to_value's
  * _INTENT_SYMBOL). The frame's: the intents by code (cbcl.binary._codec.INTENTS), the present
@@ -920,12 +935,6 @@ fields_release(Fields *m)
     Py_CLEAR(m->sig[1]);
 }
 
-static inline PyObject *
-slot_at(PyObject *object, Py_ssize_t offset)
-{
-    return *(PyObject **)((char *)object + offset);
-}
-
 /* The fields of an exact Message (and of its signature, an exact Signature or None), as
  * strong references; DECLINE for anything else, or an unset field. */
 static int
@@ -935,10 +944,9 @@ fields_read(PyObject *message, Fields *m)
         return DECLINE;
     memset(m, 0, sizeof(*m));
     for (int i = 0; i < N_FIELDS; i++) {
-        PyObject *v = slot_at(message, FIELD_OFFSETS[i]);
+        PyObject *v = entry_get(FIELD_MEMBERS[i], message);
         if (v == NULL)
             goto decline;
-        Py_INCREF(v);
         m->f[i] = v;
     }
     PyObject *signature = m->f[F_SIGNATURE];
@@ -946,10 +954,9 @@ fields_read(PyObject *message, Fields *m)
         if (Py_TYPE(signature) != T_SIGNATURE)
             goto decline;
         for (int i = 0; i < 2; i++) {
-            PyObject *v = slot_at(signature, SIGNATURE_OFFSETS[i]);
+            PyObject *v = entry_get(SIGNATURE_MEMBERS[i], signature);
             if (v == NULL)
                 goto decline;
-            Py_INCREF(v);
             m->sig[i] = v;
         }
     }
@@ -1675,12 +1682,12 @@ pack_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* The (header, prepared table) of message's protocol in an Encoder's cache: protocols (an
- * exact cbcl.Registry's _protocols dict, protocols_of) holds the protocol under the
+ * exact cbcl.Registry's _protocols_by_id(), protocols_of) holds the protocol under the
  * message's exact Symbol, as Registry.get finds it, and tables (Encoder._tables) maps that
  * protocol to (SymbolTable, header, prepared). DECLINE for anything else: a protocol
  * unknown or not cached yet (Encoder._table then finds it, or raises). *header and
  * *capsule are strong references (the table lives while a frame is written). */
-static PyObject *STR_PROTOCOLS; /* "_protocols", interned */
+static PyObject *STR_PROTOCOLS; /* "_protocols_by_id", interned */
 
 static int
 cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject **header,
@@ -1715,16 +1722,18 @@ cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject *
     return DECLINE;
 }
 
-/* The registry's dict of loaded protocols (Registry._protocols, a strong reference), or
- * NULL (no exception) if registry is not an exact cbcl.Registry holding one. */
+/* The registry's dict of loaded protocols (Registry._protocols_by_id(), a strong
+ * reference), or NULL (no exception) if registry is not an exact cbcl.Registry. */
 static PyObject *
 protocols_of(PyObject *registry)
 {
     if (Py_TYPE(registry) != T_REGISTRY)
         return NULL;
-    PyObject *protocols = PyObject_GetAttr(registry, STR_PROTOCOLS);
+    PyObject *protocols = PyObject_CallMethodNoArgs(registry, STR_PROTOCOLS);
     if (protocols == NULL)
         PyErr_Clear();
+    else if (!PyDict_CheckExact(protocols))
+        Py_CLEAR(protocols);
     return protocols;
 }
 
@@ -1784,14 +1793,16 @@ static PyObject *message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
 
+static int encoder_bind(PyTypeObject *owner);
+
 static CEntry CANONICAL_ENTRY = {
-    {"canonical", message_canonical, METH_NOARGS, NULL}, NULL, NULL};
+    {"canonical", message_canonical, METH_NOARGS, NULL}, NULL, NULL, NULL};
 static CEntry ENCODE_ENTRY = {
     {"encode", (PyCFunction)(void (*)(void))encoder_encode, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL};
-/* The slots of cbcl.binary._codec.Encoder encoder_encode reads (0: not found, every call falls
- * back). */
-static Py_ssize_t ENCODER_VALIDATE, ENCODER_REGISTRY, ENCODER_TABLES, ENCODER_PROTOCOLS;
+     NULL}, NULL, NULL, encoder_bind};
+/* The member descriptors of the slots of cbcl.binary._codec.Encoder encoder_encode reads
+ * (strong references; NULL: not found, every call falls back). */
+static PyObject *ENCODER_VALIDATE, *ENCODER_REGISTRY, *ENCODER_TABLES, *ENCODER_PROTOCOLS;
 
 static PyObject *
 message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
@@ -1808,34 +1819,43 @@ message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
 static PyObject *
 encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs == 1 && kwnames == NULL && ENCODER_VALIDATE > 0) {
-        PyObject *registry = entry_slot(self, ENCODER_REGISTRY);
-        PyObject *tables = entry_slot(self, ENCODER_TABLES);
-        if (entry_slot(self, ENCODER_VALIDATE) == Py_False && registry != NULL &&
-                tables != NULL && PyDict_CheckExact(tables) && T_REGISTRY != NULL) {
-            /* the registry's protocols as the encoder was made with them (registry,
-             * protocols), while its registry is that one; else read from the registry */
-            PyObject *pair = entry_slot(self, ENCODER_PROTOCOLS);
-            PyObject *protocols;
-            if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
-                    PyTuple_GET_ITEM(pair, 0) == registry)
-                protocols = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
-            else
-                protocols = protocols_of(registry);
-            if (protocols != NULL) {
-                PyObject *frame = encode_message_of(args[0], protocols, tables);
-                Py_DECREF(protocols);
-                if (frame != Py_None)
-                    return frame; /* (or NULL: an exception) */
+    if (nargs == 1 && kwnames == NULL && ENCODER_VALIDATE != NULL && T_REGISTRY != NULL) {
+        PyObject *frame = Py_None; /* (borrowed while None: nothing written) */
+        PyObject *registry = NULL, *tables = NULL, *pair = NULL;
+        PyObject *validate = entry_get(ENCODER_VALIDATE, self);
+        Py_XDECREF(validate); /* (compared by identity only) */
+        if (validate != Py_False || (registry = entry_get(ENCODER_REGISTRY, self)) == NULL ||
+                (tables = entry_get(ENCODER_TABLES, self)) == NULL ||
+                !PyDict_CheckExact(tables))
+            goto release;
+        /* the registry's protocols as the encoder was made with them (registry,
+         * protocols), while its registry is that one; else read from the registry */
+        pair = entry_get(ENCODER_PROTOCOLS, self);
+        PyObject *protocols;
+        if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+                PyTuple_GET_ITEM(pair, 0) == registry)
+            protocols = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+        else
+            protocols = protocols_of(registry);
+        if (protocols != NULL) {
+            frame = encode_message_of(args[0], protocols, tables); /* (a new reference) */
+            Py_DECREF(protocols);
+            if (frame == Py_None)
                 Py_DECREF(frame);
-            }
         }
+    release:
+        Py_XDECREF(registry);
+        Py_XDECREF(tables);
+        Py_XDECREF(pair);
+        if (frame != Py_None)
+            return frame; /* (or NULL: an exception) */
     }
     return entry_call_method(&ENCODE_ENTRY, self, args, nargs, kwnames);
 }
 
-/* canonical_entry(fallback, doc) -> descriptor: Message.canonical in C (setup_message must
- * have found the Message type). */
+/* canonical_entry(fallback, doc) -> MethodEntry: Message.canonical in C, the object the
+ * class body binds (module.c); until setup_message has found the Message type every call
+ * falls back. */
 static PyObject *
 canonical_entry(PyObject *self, PyObject *args)
 {
@@ -1843,37 +1863,41 @@ canonical_entry(PyObject *self, PyObject *args)
     PyObject *fallback, *doc;
     if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
         return NULL;
-    if (T_MESSAGE == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "setup_message() must have found the Message type");
-        return NULL;
-    }
     if (entry_set(&CANONICAL_ENTRY, fallback, doc) < 0)
         return NULL;
-    return PyDescr_NewMethod(T_MESSAGE, &CANONICAL_ENTRY.def);
+    return cbcl_method_entry(&CANONICAL_ENTRY);
 }
 
-/* encode_entry(Encoder, fallback, doc) -> descriptor | None: Encoder.encode in C; None if
- * the type does not hold validate, registry, _tables and _registry_protocols in slots. */
+/* ENCODE_ENTRY's bind: the member descriptors of the Encoder's slots validate, registry,
+ * _tables and _registry_protocols (its own); where it has none, every call falls back. */
+static int
+encoder_bind(PyTypeObject *owner)
+{
+    static const char *const names[4] = {"validate", "registry", "_tables",
+                                         "_registry_protocols"};
+    PyObject *members[4] = {NULL, NULL, NULL, NULL};
+    if (!members_of(owner, names, 4, members)) /* (then all NULL: falls back) */
+        for (int i = 0; i < 4; i++)
+            members[i] = NULL;
+    Py_XSETREF(ENCODER_VALIDATE, members[0]);
+    Py_XSETREF(ENCODER_REGISTRY, members[1]);
+    Py_XSETREF(ENCODER_TABLES, members[2]);
+    Py_XSETREF(ENCODER_PROTOCOLS, members[3]);
+    return 0;
+}
+
+/* encode_entry(fallback, doc) -> MethodEntry: Encoder.encode in C, the object the class
+ * body binds (module.c; encoder_bind finds its slots when the class is made). */
 static PyObject *
 encode_entry(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *type, *fallback, *doc;
-    if (!PyArg_ParseTuple(args, "O!OU", &PyType_Type, &type, &fallback, &doc))
+    PyObject *fallback, *doc;
+    if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
         return NULL;
-    Py_ssize_t validate, registry, tables, protocols;
-    if (!entry_slot_offset((PyTypeObject *)type, "validate", &validate) ||
-        !entry_slot_offset((PyTypeObject *)type, "registry", &registry) ||
-        !entry_slot_offset((PyTypeObject *)type, "_tables", &tables) ||
-        !entry_slot_offset((PyTypeObject *)type, "_registry_protocols", &protocols))
-        Py_RETURN_NONE;
     if (entry_set(&ENCODE_ENTRY, fallback, doc) < 0)
         return NULL;
-    ENCODER_VALIDATE = validate;
-    ENCODER_REGISTRY = registry;
-    ENCODER_TABLES = tables;
-    ENCODER_PROTOCOLS = protocols;
-    return PyDescr_NewMethod((PyTypeObject *)type, &ENCODE_ENTRY.def);
+    return cbcl_method_entry(&ENCODE_ENTRY);
 }
 
 /* ------------------------------------------------------------------------- setup */
@@ -1921,17 +1945,6 @@ setup(PyObject *self, PyObject *args)
     return PyBool_FromLong(DECIMAL_LAYOUT);
 }
 
-/* The offsets of the slots attrs of type: its own member descriptors, of objects; 0 (and no
- * exception) if one is not. */
-static int
-offsets_of(PyTypeObject *type, const char *const *attrs, int n, Py_ssize_t *out)
-{
-    for (int i = 0; i < n; i++)
-        if (!entry_slot_offset(type, attrs[i], &out[i]))
-            return 0;
-    return 1;
-}
-
 static PyObject *
 setup_message(PyObject *self, PyObject *args)
 {
@@ -1955,12 +1968,18 @@ setup_message(PyObject *self, PyObject *args)
             Py_TYPE(PyTuple_GET_ITEM(pair, 1)) != T_SYMBOL)
             Py_RETURN_FALSE;
     }
-    Py_ssize_t fields[N_FIELDS], sig[2];
-    if (!offsets_of((PyTypeObject *)message, FIELD_ATTRS, N_FIELDS, fields) ||
-        !offsets_of((PyTypeObject *)signature, SIGNATURE_ATTRS, 2, sig))
+    PyObject *fields[N_FIELDS], *sig[2];
+    if (!members_of((PyTypeObject *)message, FIELD_ATTRS, N_FIELDS, fields))
         Py_RETURN_FALSE;
-    memcpy(FIELD_OFFSETS, fields, sizeof(fields));
-    memcpy(SIGNATURE_OFFSETS, sig, sizeof(sig));
+    if (!members_of((PyTypeObject *)signature, SIGNATURE_ATTRS, 2, sig)) {
+        for (int i = 0; i < N_FIELDS; i++)
+            Py_DECREF(fields[i]);
+        Py_RETURN_FALSE;
+    }
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_XSETREF(FIELD_MEMBERS[i], fields[i]);
+    Py_XSETREF(SIGNATURE_MEMBERS[0], sig[0]);
+    Py_XSETREF(SIGNATURE_MEMBERS[1], sig[1]);
     Py_INCREF(message);
     Py_INCREF(signature);
     Py_INCREF(names);
@@ -1995,7 +2014,8 @@ setup_frame(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!(llllll)O!", &PyTuple_Type, &intents, &bits[0], &bits[1],
                           &bits[2], &bits[3], &bits[4], &bits[5], &PyType_Type, &registry))
         return NULL;
-    if (STR_PROTOCOLS == NULL && (STR_PROTOCOLS = PyUnicode_InternFromString("_protocols")) == NULL)
+    if (STR_PROTOCOLS == NULL &&
+            (STR_PROTOCOLS = PyUnicode_InternFromString("_protocols_by_id")) == NULL)
         return NULL;
     for (int i = 0; i < 6; i++) {
         if (bits[i] < 1 || bits[i] > 0x7f) {
@@ -2034,13 +2054,14 @@ PyMethodDef cbcl_encoders_methods[] = {
     {"setup_frame", setup_frame, METH_VARARGS,
      "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
      "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
-     "the registry type whose _protocols encode_message reads."},
+     "the registry type whose _protocols_by_id() encode_message reads."},
     {"canonical_entry", canonical_entry, METH_VARARGS,
-     "canonical_entry(fallback, doc, /) -> descriptor: Message.canonical in C, falling back "
-     "to the Python method (cbcl/_native_src/entry.h)."},
+     "canonical_entry(fallback, doc, /) -> MethodEntry: Message.canonical in C, falling "
+     "back to the Python method (cbcl/_native_src/entry.h), for Message's class body."},
     {"encode_entry", encode_entry, METH_VARARGS,
-     "encode_entry(Encoder, fallback, doc, /) -> descriptor | None: Encoder.encode in C, "
-     "falling back to the Python method; None if its slots are not as expected."},
+     "encode_entry(fallback, doc, /) -> MethodEntry: Encoder.encode in C, falling back to "
+     "the Python method (cbcl/_native_src/entry.h), for Encoder's class body; where the "
+     "class does not keep the slots it reads, every call falls back."},
     {"prepare", prepare, METH_O,
      "prepare(codes, /) -> object | None: a symbol table's codes as pack_frame takes them."},
     {"setup", setup, METH_VARARGS,

@@ -17,25 +17,20 @@
  * keeps it alive while ml_doc points into it, so help() and inspect.signature() show what
  * they show for the Python function.
  *
- * An entry is made once per process, by its module's install function, from a static
- * PyMethodDef: a method descriptor of the class (PyDescr_NewMethod: bound as methods are,
- * self checked to be an instance) or a module-level builtin function.
+ * An entry is made once per process, from a static CEntry (native.h), by the *_entry
+ * function its Python definition calls where the extension is built (the decorator
+ * cbcl.core._entries.entry), so the name is bound once, to the entry, as the module or
+ * class is made: nothing is set on a class or rebound afterwards. A module-level entry
+ * is a builtin function (entry_function); a method entry a cbcl._native.MethodEntry
+ * (module.c), which the class body binds: a method descriptor that learns its class from
+ * __set_name__ (self is checked to be an instance of it) and runs the entry's bind, which
+ * finds the slots it reads there.
  */
 #ifndef CBCL_ENTRY_H
 #define CBCL_ENTRY_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#ifndef Py_T_OBJECT_EX /* (Python.h has it from 3.12 on) */
-#include <structmember.h>
-#define Py_T_OBJECT_EX T_OBJECT_EX
-#endif
+#include "native.h" /* (CEntry) */
 
-typedef struct {
-    PyMethodDef def;    /* ml_name, ml_meth and ml_flags static; ml_doc from `doc` */
-    PyObject *fallback; /* strong reference: the Python function */
-    PyObject *doc;      /* strong reference: ml_doc points into its UTF-8 */
-} CEntry;
 
 /* Give `e` its fallback and documentation: 0, or -1 with an exception. */
 static int
@@ -92,30 +87,58 @@ entry_function(CEntry *e, PyObject *module)
     return function;
 }
 
-/* The offset of slot `name` of `type` (a member descriptor of an object, as __slots__
- * makes them, the type's own): 1, or 0 (no exception) if it is not one. */
-static int
-entry_slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
+/* Slots: an attribute that __slots__ (or a slots dataclass) gives a class is a member
+ * descriptor of the class, which reads and writes it: entry_member looks one up once (on
+ * the class, a member descriptor returns itself), and the entries keep it and read and
+ * write through its tp_descr_get / tp_descr_set, as getattr and object.__setattr__ do (a
+ * frozen dataclass's own __init__ writes its fields so, past its __setattr__). */
+
+/* The member descriptor of `type` for attribute `name`, the type's own (its
+ * __objclass__): a new reference, or NULL (no exception) if that attribute is not one. */
+static PyObject *
+entry_member(PyTypeObject *type, const char *name)
 {
     PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
     if (d == NULL) {
         PyErr_Clear();
-        return 0;
+        return NULL;
     }
-    int ok = Py_TYPE(d) == &PyMemberDescr_Type &&
-             ((PyMemberDescrObject *)d)->d_common.d_type == type &&
-             ((PyMemberDescrObject *)d)->d_member->type == Py_T_OBJECT_EX;
-    if (ok)
-        *offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    if (!PyObject_TypeCheck(d, &PyMemberDescr_Type) || Py_TYPE(d)->tp_descr_get == NULL ||
+            Py_TYPE(d)->tp_descr_set == NULL)
+        goto not_one;
+    PyObject *owner = PyObject_GetAttrString(d, "__objclass__");
+    if (owner == NULL) {
+        PyErr_Clear();
+        goto not_one;
+    }
+    Py_DECREF(owner); /* (compared by identity only: the type holds its descriptor) */
+    if (owner != (PyObject *)type)
+        goto not_one;
+    return d;
+not_one:
     Py_DECREF(d);
-    return ok;
+    return NULL;
 }
 
-/* The object in the slot at `offset` of `object` (borrowed; NULL: unset). */
+/* The value of member descriptor `d` (entry_member's) in `object`, an instance of its
+ * type: a new reference, or NULL, and no exception, where it cannot be read (an unset
+ * slot: its AttributeError is cleared; the caller declines, and the Python fallback
+ * reads it again, to raise). */
 static inline PyObject *
-entry_slot(PyObject *object, Py_ssize_t offset)
+entry_get(PyObject *d, PyObject *object)
 {
-    return *(PyObject **)((char *)object + offset);
+    PyObject *value = Py_TYPE(d)->tp_descr_get(d, object, (PyObject *)Py_TYPE(object));
+    if (value == NULL)
+        PyErr_Clear();
+    return value;
+}
+
+/* Give `object` (an instance of d's type) `value` at member descriptor `d`, as
+ * object.__setattr__ does: 0, or -1 with an exception. */
+static inline int
+entry_put(PyObject *d, PyObject *object, PyObject *value)
+{
+    return Py_TYPE(d)->tp_descr_set(d, object, value);
 }
 
 #endif

@@ -11,9 +11,17 @@
  * fallback). The parse entry calls the scanner's reader directly (no capsule).
  *
  * Initialisation is multi-phase (PEP 489): PyInit__native returns the definition,
- * PyModuleDef_Init; the import system creates the module and runs native_exec, which adds
- * each section's functions and runs each section's set-up (interned strings, the value
- * types of cbcl.core._values and decimal, the Decimal layout check, the escape table).
+ * PyModuleDef_Init; the import system creates the module and runs native_exec, which makes
+ * the module's heap types (MethodEntry, below; speedups.c's FrameState), adds each
+ * section's functions and runs each section's set-up (interned strings, the value types of
+ * cbcl.core._values and decimal, the Decimal layout check, the escape table).
+ *
+ * The interface with the Python side is made of named things only: C types with named
+ * fields (FrameState, made by keyword), public callables, and the member descriptors of
+ * the slots the entries read and write, found on their classes by name and used through
+ * tp_descr_get / tp_descr_set (entry.h). No private CPython API is used (no _Py* name),
+ * no offset is read from a descriptor, and nothing is set on a Python class or module:
+ * the entries are bound by the Python definitions themselves (entry.h).
  *
  * Interpreters and the GIL. The sections keep process-wide state (interned strings,
  * types, the atom and token memos, the tables the setup functions are given): so the
@@ -24,6 +32,216 @@
  * items of tuples and dicts that only the GIL keeps from changing under them.
  */
 #include "native.h"
+#if PY_VERSION_HEX < 0x030C0000 /* (Python.h has these names from 3.12 on) */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_READONLY READONLY
+#endif
+
+/* ------------------------------------------------------------------------- MethodEntry */
+
+/* cbcl._native.MethodEntry: a method entry (entry.h), the object a class body binds where
+ * the extension is built (cbcl.core._entries.entry: `@entry(...) def encode(self, ...)`),
+ * so the class is made with it and nothing is set on the class afterwards. It is a method
+ * descriptor of its own (Py_TPFLAGS_METHOD_DESCRIPTOR: `obj.encode(x)` calls it with obj
+ * first, no bound method made; `obj.encode` alone is a bound method), callable by
+ * vectorcall. When the class is made, __set_name__ tells it the class (its owner: a
+ * dataclass(slots=True) is made twice, and the last class is the one kept), whose
+ * instances alone it accepts as self, and runs the entry's bind, which finds the slots
+ * the entry reads. __wrapped__ is the Python method, whose signature inspect.signature
+ * shows; __doc__ is its docstring. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    CEntry *entry;      /* static: its definition and fallback */
+    PyObject *owner;    /* the class, strong; NULL until __set_name__ */
+} MethodEntry;
+
+static PyTypeObject *MethodEntryType; /* (strong, made by native_exec) */
+
+/* A METH_FASTCALL | METH_KEYWORDS function (PyCFunctionFastWithKeywords, named so in the
+ * headers from 3.13 on) */
+typedef PyObject *(*FastWithKeywords)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
+
+static PyObject *
+method_entry_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                        PyObject *kwnames)
+{
+    MethodEntry *m = (MethodEntry *)callable;
+    CEntry *e = m->entry;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyTypeObject *owner = (PyTypeObject *)m->owner;
+    if (owner == NULL) /* (not in a class: the Python function, as it is) */
+        return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+    if (nargs < 1) {
+        PyErr_Format(PyExc_TypeError, "unbound method %s.%s() needs an argument",
+                     owner->tp_name, e->def.ml_name);
+        return NULL;
+    }
+    PyObject *self = args[0];
+    if (!PyObject_TypeCheck(self, owner)) {
+        PyErr_Format(PyExc_TypeError,
+                     "descriptor '%s' for '%s' objects doesn't apply to a '%s' object",
+                     e->def.ml_name, owner->tp_name, Py_TYPE(self)->tp_name);
+        return NULL;
+    }
+    if (e->def.ml_flags & METH_NOARGS) {
+        Py_ssize_t given = nargs - 1 + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+        if (given != 0) {
+            PyErr_Format(PyExc_TypeError, "%s.%s() takes no arguments (%zd given)",
+                         owner->tp_name, e->def.ml_name, given);
+            return NULL;
+        }
+        return e->def.ml_meth(self, NULL);
+    }
+    return ((FastWithKeywords)(void (*)(void))e->def.ml_meth)(self, args + 1, nargs - 1,
+                                                              kwnames);
+}
+
+static PyObject *
+method_entry_get(PyObject *self, PyObject *instance, PyObject *Py_UNUSED(type))
+{
+    if (instance == NULL || instance == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, instance);
+}
+
+static PyObject *
+method_entry_set_name(PyObject *self, PyObject *args)
+{
+    MethodEntry *m = (MethodEntry *)self;
+    PyObject *owner, *name;
+    if (!PyArg_ParseTuple(args, "O!U:__set_name__", &PyType_Type, &owner, &name))
+        return NULL;
+    Py_XSETREF(m->owner, Py_NewRef(owner));
+    if (m->entry->bind != NULL && m->entry->bind((PyTypeObject *)owner) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+method_entry_name(PyObject *self, void *Py_UNUSED(closure))
+{
+    return PyUnicode_FromString(((MethodEntry *)self)->entry->def.ml_name);
+}
+
+/* __qualname__, __doc__, __module__ and __wrapped__: the Python method's */
+static PyObject *
+method_entry_fallback_attribute(PyObject *self, void *closure)
+{
+    PyObject *fallback = ((MethodEntry *)self)->entry->fallback;
+    if (closure == NULL)
+        return Py_NewRef(fallback);
+    return PyObject_GetAttrString(fallback, (const char *)closure);
+}
+
+static PyObject *
+method_entry_objclass(PyObject *self, void *Py_UNUSED(closure))
+{
+    PyObject *owner = ((MethodEntry *)self)->owner;
+    return Py_NewRef(owner == NULL ? Py_None : owner);
+}
+
+static PyObject *
+method_entry_repr(PyObject *self)
+{
+    MethodEntry *m = (MethodEntry *)self;
+    return PyUnicode_FromFormat("<method entry '%s' of '%s' objects>", m->entry->def.ml_name,
+                                m->owner == NULL ? "?" : ((PyTypeObject *)m->owner)->tp_name);
+}
+
+static int
+method_entry_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((MethodEntry *)self)->owner);
+    return 0;
+}
+
+static int
+method_entry_clear(PyObject *self)
+{
+    Py_CLEAR(((MethodEntry *)self)->owner);
+    return 0;
+}
+
+static void
+method_entry_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    method_entry_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyMethodDef method_entry_methods[] = {
+    {"__set_name__", method_entry_set_name, METH_VARARGS,
+     "__set_name__(owner, name): the class that binds this entry, whose instances it takes "
+     "as self and whose slots it reads."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef method_entry_getset[] = {
+    {"__name__", method_entry_name, NULL, "the method's name", NULL},
+    {"__qualname__", method_entry_fallback_attribute, NULL, "the Python method's",
+     "__qualname__"},
+    {"__doc__", method_entry_fallback_attribute, NULL, "the Python method's", "__doc__"},
+    {"__module__", method_entry_fallback_attribute, NULL, "the Python method's",
+     "__module__"},
+    {"__wrapped__", method_entry_fallback_attribute, NULL,
+     "the Python method this entry stands in for (its fallback)", NULL},
+    {"__objclass__", method_entry_objclass, NULL, "the class that binds it (None: none yet)",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef method_entry_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(MethodEntry, vectorcall), Py_READONLY,
+     NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot method_entry_slots[] = {
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, method_entry_get},
+    {Py_tp_repr, method_entry_repr},
+    {Py_tp_traverse, method_entry_traverse},
+    {Py_tp_clear, method_entry_clear},
+    {Py_tp_dealloc, method_entry_dealloc},
+    {Py_tp_methods, method_entry_methods},
+    {Py_tp_getset, method_entry_getset},
+    {Py_tp_members, method_entry_members},
+    {0, NULL},
+};
+
+static PyType_Spec method_entry_spec = {
+    .name = "cbcl._native.MethodEntry",
+    .basicsize = sizeof(MethodEntry),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = method_entry_slots,
+};
+
+PyObject *
+cbcl_method_entry(CEntry *e)
+{
+    if (MethodEntryType == NULL || e->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a method entry needs the module and a fallback");
+        return NULL;
+    }
+    /* (zeroed, tracked, and holding its heap type) */
+    MethodEntry *m = (MethodEntry *)MethodEntryType->tp_alloc(MethodEntryType, 0);
+    if (m == NULL)
+        return NULL;
+    m->vectorcall = method_entry_vectorcall;
+    m->entry = e;
+    return (PyObject *)m;
+}
+
+/* ------------------------------------------------------------------------- the module */
 
 /* decimals_in_place() -> bool: whether the readers make decimals in place (the layout
  * check of cstack.h held in both units that make them), for the tests. */
@@ -44,6 +262,14 @@ static PyMethodDef native_methods[] = {
 static int
 native_exec(PyObject *module)
 {
+    PyObject *type = PyType_FromModuleAndSpec(module, &method_entry_spec, NULL);
+    if (type == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(module, "MethodEntry", type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    Py_XSETREF(MethodEntryType, (PyTypeObject *)type);
     if (PyModule_AddFunctions(module, native_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_scanner_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_speedups_methods) < 0 ||

@@ -14,6 +14,20 @@
 #define CBCL_INTERNAL
 #endif
 
+/* A C entry point standing in for a Python function or method, its fallback (entry.h). */
+typedef struct CEntry {
+    PyMethodDef def;    /* ml_name, ml_meth and ml_flags static; ml_doc from `doc` */
+    PyObject *fallback; /* strong reference: the Python function */
+    PyObject *doc;      /* strong reference: ml_doc points into its UTF-8 */
+    /* A method's: called when the class that binds it is made (__set_name__) with that
+     * class, to find what it reads there; 0, or -1 with an exception. NULL: nothing. */
+    int (*bind)(PyTypeObject *owner);
+} CEntry;
+
+/* A method entry of `e` (module.c's cbcl._native.MethodEntry): a new reference, or NULL
+ * with an exception. */
+CBCL_INTERNAL PyObject *cbcl_method_entry(CEntry *e);
+
 CBCL_INTERNAL extern PyMethodDef cbcl_scanner_methods[];
 CBCL_INTERNAL extern PyMethodDef cbcl_speedups_methods[];
 CBCL_INTERNAL extern PyMethodDef cbcl_encoders_methods[];

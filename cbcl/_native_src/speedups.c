@@ -15,7 +15,9 @@
  *   frame_envelope(...)  -> tuple | None   the envelope checks of cbcl.binary._codec._fast_message
  *   schema_valid(...)    -> bool | None    the schema check's C twin (cbcl.protocol._schema._explain)
  *   decode_frame(...)    -> Message | None twin of cbcl.binary._codec._fast_frame: a whole frame,
- *                                          header to Message, in one call
+ *                                          header to Message, in one call, with what a
+ *                                          decoder keeps for it in a FrameState (a C type
+ *                                          with named fields, made by keyword)
  *   accept_document(...) -> Message | None twin of cbcl.protocol._api.accept_document_python: both
  *                                          passes over a document value, by the protocol's
  *                                          acceptance plan (envelope, the walk and the
@@ -46,12 +48,22 @@
  * memo by kind and bytes (atom_memo) finds a symbol, keyword or URI seen before without
  * making its str. The caches and make_atom are the calling
  * decoder's own (cbcl.binary._codec._Memos), passed with each call: this module keeps no state
- * but its interned strings and the types it makes (cbcl.core._values' atoms, Decimal).
+ * but its interned strings, the types it makes (cbcl.core._values' atoms, Decimal) and the
+ * member descriptors of the slots it reads and writes (entry.h).
+ *
+ * The Python side hands its state over as C types with named fields or as the public
+ * callables it would call itself: a decoder's FrameState, the registry's protocols
+ * through Registry._protocols_by_id(), a slot through its class's member descriptor.
  */
 #include "cstack.h"
 #include "entry.h"
 #include "native.h"
+#if PY_VERSION_HEX < 0x030C0000 /* (Python.h has these names from 3.12 on) */
 #include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_READONLY READONLY
+#endif
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
        FIRST_ENTRY = 7 };
@@ -1065,37 +1077,49 @@ enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 1
  * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None) as
  * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
  * or NULL with an exception. */
-/* The slots new_with_attributes last found for a type and attribute tuple: where each
- * attribute's member descriptor keeps it in an instance (the type and tuple are held). */
+/* The member descriptors new_with_attributes last found for a type and attribute tuple
+ * (strong references, the type and tuple too): the slots it writes each attribute with. */
 static PyTypeObject *slots_type;
 static PyObject *slots_names;
-static Py_ssize_t slot_offsets[F_COUNT];
+static PyObject *slot_members[F_COUNT];
 
-/* Whether every attribute of `attributes` is a plain object slot of `type` (a writable
- * member descriptor, as a slots dataclass has, frozen or not: its __setattr__ is not the
- * descriptor's), remembering their offsets: 1 or 0. */
+/* Whether every attribute of `attributes` is a slot of `type` (its own member descriptor,
+ * entry.h, as a slots dataclass has, frozen or not: its __setattr__ is not the
+ * descriptor's), remembering their descriptors: 1 or 0 (no exception). */
 static int
 slots_found(PyTypeObject *type, PyObject *attributes)
 {
+    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
     if (type == slots_type && attributes == slots_names)
         return 1;
-    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
+    if (type == slots_type && count == PyTuple_GET_SIZE(slots_names)) {
+        /* (another tuple of the same names: the envelope's and Message._trusted's) */
+        Py_ssize_t k = 0;
+        for (; k < count; k++) {
+            PyObject *a = PyTuple_GET_ITEM(attributes, k), *b = PyTuple_GET_ITEM(slots_names, k);
+            if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
+                break;
+        }
+        if (k == count) /* (PyUnicode_Compare raises nothing for two strs) */
+            return 1;
+    }
     if (count > F_COUNT)
         return 0;
-    Py_ssize_t offsets[F_COUNT];
+    PyObject *members[F_COUNT] = {NULL};
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *name = PyTuple_GET_ITEM(attributes, k);
-        PyObject *found = PyUnicode_Check(name) ? _PyType_Lookup(type, name) : NULL;
-        if (found == NULL || !Py_IS_TYPE(found, &PyMemberDescr_Type))
+        const char *text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
+        if (text == NULL || (members[k] = entry_member(type, text)) == NULL) {
+            PyErr_Clear();
+            for (Py_ssize_t j = 0; j < k; j++)
+                Py_DECREF(members[j]);
             return 0;
-        PyMemberDef *member = ((PyMemberDescrObject *)found)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY))
-            return 0;
-        offsets[k] = member->offset;
+        }
     }
     Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
     Py_XSETREF(slots_names, Py_NewRef(attributes));
-    memcpy(slot_offsets, offsets, sizeof offsets);
+    for (Py_ssize_t k = 0; k < F_COUNT; k++)
+        Py_XSETREF(slot_members[k], members[k]);
     return 1;
 }
 
@@ -1105,16 +1129,11 @@ new_with_attributes(PyTypeObject *type, PyObject *attributes, PyObject *const *v
     PyObject *made = type->tp_alloc(type, 0);
     if (made == NULL)
         return NULL;
-    if (slots_found(type, attributes)) { /* what object.__setattr__ does, without lookups */
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
-            PyObject **slot = (PyObject **)((char *)made + slot_offsets[k]);
-            Py_XSETREF(*slot, Py_NewRef(values[k] != NULL ? values[k] : Py_None));
-        }
-        return made;
-    }
+    int slots = slots_found(type, attributes); /* (the descriptors: no lookup by name) */
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
-        if (PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k),
-                                    values[k] != NULL ? values[k] : Py_None) < 0) {
+        PyObject *value = values[k] != NULL ? values[k] : Py_None;
+        if ((slots ? entry_put(slot_members[k], made, value) :
+                     PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value)) < 0) {
             Py_DECREF(made);
             return NULL;
         }
@@ -1291,10 +1310,11 @@ enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, H
 
 static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
 
-/* cbcl.protocol._schema._Pairs and the offset of its `packed` slot, found at the first _Pairs met
- * (NULL: not yet): its packed tuple is then read there, not looked up by name. */
+/* cbcl.protocol._schema._Pairs and its `packed` slot's member descriptor, found at the first
+ * _Pairs met (NULL: not yet; strong references): its packed tuple is then read through
+ * the descriptor, not looked up by name. */
 static PyTypeObject *PAIRS_TYPE;
-static Py_ssize_t PAIRS_PACKED;
+static PyObject *PAIRS_PACKED;
 
 /* pairs.packed: a new reference, or NULL with an exception. */
 static PyObject *
@@ -1302,12 +1322,12 @@ packed_of(PyObject *pairs)
 {
     PyTypeObject *type = Py_TYPE(pairs);
     if (PAIRS_TYPE == NULL && strcmp(type->tp_name, "_Pairs") == 0 &&
-            entry_slot_offset(type, "packed", &PAIRS_PACKED))
+            (PAIRS_PACKED = entry_member(type, "packed")) != NULL)
         PAIRS_TYPE = (PyTypeObject *)Py_NewRef((PyObject *)type);
     if (type == PAIRS_TYPE) {
-        PyObject *packed = entry_slot(pairs, PAIRS_PACKED);
+        PyObject *packed = entry_get(PAIRS_PACKED, pairs);
         if (packed != NULL)
-            return Py_NewRef(packed);
+            return packed;
     }
     return PyObject_GetAttr(pairs, S_PACKED); /* (unset: the AttributeError) */
 }
@@ -1974,72 +1994,209 @@ accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nar
  * in one call (cbcl.binary._codec.Decoder.decode's fast path; its Python twin is _fast_frame):
  * the header, its protocol's frame plan, the envelope (read_frame_envelope), the limits
  * the envelope's text would meet, the body (build_body_of, which runs the grammar) and the
- * schema (schema_accepts), then the Message. `state` is the decoder's (Decoder
- * ._frame_state, laid out as D_*); a frame plan (cbcl.binary._codec._Memos.frame_plans, by the
+ * schema (schema_accepts), then the Message. `state` is the decoder's FrameState (below;
+ * Decoder._frame_state); a frame plan (cbcl.binary._codec._Memos.frame_plans, by the
  * digest's 32 bytes) is (protocol, its id, the id's length, the symbol table's entry_list
  * and codes, the protocol's acceptance plan). None for anything else: a short id, a
  * digest without a plan, a protocol no longer loaded under that id, an intent the
  * protocol does not govern, any doubt the careful decoder must judge. */
-enum { D_PLANS, D_PROTOCOLS, D_INTENTS, D_INTENT_LENGTHS, D_SHAPES, D_URIS, D_CACHES, D_KEEP,
-       D_MEMO_ENTRIES, D_MAX_MESSAGE, D_MAX_STRING, D_MAX_DEPTH, D_MAX_ITEMS, D_MAX_NAME,
-       D_MAX_NODES, D_ENVELOPE_NODES, D_REFUSED, D_ACCEPT, D_HAS_HEADS, D_SYMBOL, D_MESSAGE,
-       D_ATTRIBUTES, D_SIGNATURE, D_SIZE };
 enum { FP_PROTOCOL, FP_ID, FP_ID_LENGTH, FP_ENTRIES, FP_CODES, FP_ACCEPTANCE, FP_SIZE };
 enum { HEADER_BYTES = 36, HAS_BODY = 32 };
 
-/* Whether `state` is as decode_frame takes it: 1, or 0 with TypeError. */
-static int
-state_ok(PyObject *state)
+/* cbcl._native.FrameState: what decode_frame reads with each frame of a decoder, made
+ * once per decoder (cbcl.binary._codec._frame_state) by keyword, each field checked here,
+ * so decode_frame reads them by name and the limits as C integers. Immutable (its fields
+ * are read-only attributes, for the tests); the dicts in it are shared with the memos and
+ * the registry, which change them in place. A heap type of the module (module.c's exec),
+ * with the cyclic collector: a state refers to its memos (keep) and they may to it. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *frame_plans;    /* dict: the memos' frame plans by digest */
+    PyObject *protocols;      /* dict: the registry's loaded protocols by id */
+    PyObject *intents;        /* tuple: the Intent members by wire index */
+    PyObject *intent_lengths; /* tuple of int: each intent's name's length */
+    PyObject *shapes;         /* bytes[64]: by presence bits, 1 where the limits hold */
+    PyObject *uris;           /* dict: the memos' URI memo */
+    PyObject *caches;         /* tuple: the memos' atom caches by token code */
+    PyObject *keep;           /* callable: the memos' keep(code, text) */
+    PyObject *envelope_nodes; /* tuple[64] of int: the envelope's nodes by presence bits */
+    PyObject *refused, *accept, *has_heads; /* the automaton's outcomes, the head test */
+    PyObject *symbol, *message, *signature; /* types */
+    PyObject *attributes;     /* tuple: Message's 11 attribute names, in grammar order */
+    Py_ssize_t memo_entries, max_message_bytes, max_string_bytes, max_body_depth,
+               max_list_items, max_name_chars, max_nodes;
+} FrameState;
+
+static PyTypeObject *FrameStateType; /* (a strong reference, made by cbcl_speedups_exec) */
+
+#define FS_OBJECTS(X) X(frame_plans) X(protocols) X(intents) X(intent_lengths) X(shapes) \
+    X(uris) X(caches) X(keep) X(envelope_nodes) X(refused) X(accept) X(has_heads) \
+    X(symbol) X(message) X(signature) X(attributes)
+
+static PyObject *
+frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static const int dicts[] = {D_PLANS, D_PROTOCOLS, D_URIS};
-    static const int tuples[] = {D_INTENTS, D_INTENT_LENGTHS, D_CACHES, D_ENVELOPE_NODES,
-                                 D_ATTRIBUTES};
-    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != D_SIZE)
-        goto bad;
-    for (size_t k = 0; k < sizeof dicts / sizeof dicts[0]; k++)
-        if (!PyDict_CheckExact(PyTuple_GET_ITEM(state, dicts[k])))
-            goto bad;
-    for (size_t k = 0; k < sizeof tuples / sizeof tuples[0]; k++)
-        if (!PyTuple_CheckExact(PyTuple_GET_ITEM(state, tuples[k])))
-            goto bad;
-    if (PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_INTENT_LENGTHS)) !=
-            PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_INTENTS)) ||
-            PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_ENVELOPE_NODES)) != 64 ||
-            !PyBytes_CheckExact(PyTuple_GET_ITEM(state, D_SHAPES)) ||
-            PyBytes_GET_SIZE(PyTuple_GET_ITEM(state, D_SHAPES)) != 64 ||
-            PyTuple_GET_SIZE(PyTuple_GET_ITEM(state, D_ATTRIBUTES)) != F_COUNT ||
-            !PyType_Check(PyTuple_GET_ITEM(state, D_MESSAGE)) ||
-            !PyType_Check(PyTuple_GET_ITEM(state, D_SYMBOL)))
-        goto bad;
-    return 1;
-bad:
-    PyErr_SetString(PyExc_TypeError, "decode_frame's state is misshapen");
+    static char *names[] = {
+        "frame_plans", "protocols", "intents", "intent_lengths", "shapes", "uris", "caches",
+        "keep", "envelope_nodes", "refused", "accept", "has_heads", "symbol", "message",
+        "signature", "attributes", "memo_entries", "max_message_bytes", "max_string_bytes",
+        "max_body_depth", "max_list_items", "max_name_chars", "max_nodes", NULL};
+    PyObject *o[16] = {NULL};
+    Py_ssize_t n[7];
+    for (int k = 0; k < 7; k++)
+        n[k] = PY_SSIZE_T_MIN; /* (not given) */
+    if (PyTuple_GET_SIZE(args) != 0) {
+        PyErr_SetString(PyExc_TypeError, "FrameState() takes keyword arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "|$O!O!O!O!O!O!O!OO!OOOO!O!OO!nnnnnnn:FrameState", names,
+            &PyDict_Type, &o[0], &PyDict_Type, &o[1], &PyTuple_Type, &o[2], &PyTuple_Type,
+            &o[3], &PyBytes_Type, &o[4], &PyDict_Type, &o[5], &PyTuple_Type, &o[6], &o[7],
+            &PyTuple_Type, &o[8], &o[9], &o[10], &o[11], &PyType_Type, &o[12], &PyType_Type,
+            &o[13], &o[14], &PyTuple_Type, &o[15], &n[0], &n[1], &n[2], &n[3], &n[4], &n[5],
+            &n[6]))
+        return NULL;
+    for (int k = 0; k < 16; k++)
+        if (o[k] == NULL) {
+            PyErr_Format(PyExc_TypeError, "FrameState() needs %s", names[k]);
+            return NULL;
+        }
+    for (int k = 0; k < 7; k++)
+        if (n[k] == PY_SSIZE_T_MIN) {
+            PyErr_Format(PyExc_TypeError, "FrameState() needs %s", names[16 + k]);
+            return NULL;
+        }
+    /* (exact: decode_frame reads them with the macros of their exact types) */
+    if (!PyDict_CheckExact(o[0]) || !PyDict_CheckExact(o[1]) || !PyDict_CheckExact(o[5]) ||
+            !PyTuple_CheckExact(o[2]) || !PyTuple_CheckExact(o[3]) ||
+            !PyTuple_CheckExact(o[6]) || !PyTuple_CheckExact(o[8]) ||
+            !PyTuple_CheckExact(o[15]) || !PyBytes_CheckExact(o[4]) ||
+            PyTuple_GET_SIZE(o[3]) != PyTuple_GET_SIZE(o[2]) ||
+            PyBytes_GET_SIZE(o[4]) != 64 || PyTuple_GET_SIZE(o[8]) != 64 ||
+            PyTuple_GET_SIZE(o[15]) != F_COUNT || !PyCallable_Check(o[7]) ||
+            !PyCallable_Check(o[11]) || !PyCallable_Check(o[14])) {
+        PyErr_SetString(PyExc_TypeError, "FrameState(): a field of the wrong type or size");
+        return NULL;
+    }
+    FrameState *self = (FrameState *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    int k = 0;
+#define FS_SET(name) self->name = Py_NewRef(o[k++]);
+    FS_OBJECTS(FS_SET)
+#undef FS_SET
+    self->memo_entries = n[0];
+    self->max_message_bytes = n[1];
+    self->max_string_bytes = n[2];
+    self->max_body_depth = n[3];
+    self->max_list_items = n[4];
+    self->max_name_chars = n[5];
+    self->max_nodes = n[6];
+    return (PyObject *)self;
+}
+
+static int
+frame_state_traverse(FrameState *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self)); /* (a heap type's instances keep it) */
+#define FS_VISIT(name) Py_VISIT(self->name);
+    FS_OBJECTS(FS_VISIT)
+#undef FS_VISIT
     return 0;
 }
+
+static int
+frame_state_clear(FrameState *self)
+{
+#define FS_CLEAR(name) Py_CLEAR(self->name);
+    FS_OBJECTS(FS_CLEAR)
+#undef FS_CLEAR
+    return 0;
+}
+
+static void
+frame_state_dealloc(FrameState *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    frame_state_clear(self);
+    type->tp_free((PyObject *)self);
+    Py_DECREF(type);
+}
+
+#define FS_MEMBER(name, kind, doc) \
+    {#name, kind, offsetof(FrameState, name), Py_READONLY, doc},
+static PyMemberDef frame_state_members[] = {
+    FS_MEMBER(frame_plans, Py_T_OBJECT_EX, "the memos' frame plans by digest (dict)")
+    FS_MEMBER(protocols, Py_T_OBJECT_EX, "the registry's loaded protocols by id (dict)")
+    FS_MEMBER(intents, Py_T_OBJECT_EX, "the Intent members by wire index")
+    FS_MEMBER(intent_lengths, Py_T_OBJECT_EX, "each intent's name's length")
+    FS_MEMBER(shapes, Py_T_OBJECT_EX, "by presence bits: whether the envelope is within "
+              "the limits (64 bytes)")
+    FS_MEMBER(uris, Py_T_OBJECT_EX, "the memos' URI memo (dict)")
+    FS_MEMBER(caches, Py_T_OBJECT_EX, "the memos' atom caches by token code")
+    FS_MEMBER(keep, Py_T_OBJECT_EX, "the memos' keep(code, text)")
+    FS_MEMBER(envelope_nodes, Py_T_OBJECT_EX, "the envelope's nodes by presence bits")
+    FS_MEMBER(refused, Py_T_OBJECT_EX, "the automaton's REFUSED")
+    FS_MEMBER(accept, Py_T_OBJECT_EX, "the automaton's ACCEPT")
+    FS_MEMBER(has_heads, Py_T_OBJECT_EX, "the schema's head test")
+    FS_MEMBER(symbol, Py_T_OBJECT_EX, "the Symbol type")
+    FS_MEMBER(message, Py_T_OBJECT_EX, "the Message type")
+    FS_MEMBER(signature, Py_T_OBJECT_EX, "the Signature type")
+    FS_MEMBER(attributes, Py_T_OBJECT_EX, "Message's attribute names, in grammar order")
+    FS_MEMBER(memo_entries, Py_T_PYSSIZET, "the most entries an atom memo holds")
+    FS_MEMBER(max_message_bytes, Py_T_PYSSIZET, "the limits' max_message_bytes")
+    FS_MEMBER(max_string_bytes, Py_T_PYSSIZET, "the limits' max_string_bytes")
+    FS_MEMBER(max_body_depth, Py_T_PYSSIZET, "the limits' max_depth less the envelope's 2")
+    FS_MEMBER(max_list_items, Py_T_PYSSIZET, "the limits' max_list_items")
+    FS_MEMBER(max_name_chars, Py_T_PYSSIZET, "the limits' max_name_chars")
+    FS_MEMBER(max_nodes, Py_T_PYSSIZET, "the limits' max_nodes")
+    {NULL, 0, 0, 0, NULL},
+};
+#undef FS_MEMBER
+
+static PyType_Slot frame_state_slots[] = {
+    {Py_tp_doc, "FrameState(*, frame_plans, protocols, intents, intent_lengths, shapes, "
+                "uris, caches, keep, envelope_nodes, refused, accept, has_heads, symbol, "
+                "message, signature, attributes, memo_entries, max_message_bytes, "
+                "max_string_bytes, max_body_depth, max_list_items, max_name_chars, "
+                "max_nodes): what decode_frame reads with each frame of a decoder "
+                "(cbcl.binary._codec._frame_state makes it)."},
+    {Py_tp_new, frame_state_new},
+    {Py_tp_traverse, frame_state_traverse},
+    {Py_tp_clear, frame_state_clear},
+    {Py_tp_dealloc, frame_state_dealloc},
+    {Py_tp_members, frame_state_members},
+    {0, NULL},
+};
+
+static PyType_Spec frame_state_spec = {
+    .name = "cbcl._native.FrameState",
+    .basicsize = sizeof(FrameState),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = frame_state_slots,
+};
 
 /* decode_frame's work, its data exact bytes: the Message, None, or NULL with an exception;
  * *is_signed is set when a Message with a signature is returned. */
 static PyObject *
-decode_frame_of(PyObject *data, PyObject *state, int *is_signed)
+decode_frame_of(PyObject *data, PyObject *state_object, int *is_signed)
 {
-    if (!state_ok(state))
+    if (FrameStateType == NULL || Py_TYPE(state_object) != FrameStateType) {
+        PyErr_SetString(PyExc_TypeError, "decode_frame's state must be a FrameState");
         return NULL;
-    PyObject *const *d = &PyTuple_GET_ITEM(state, 0);
+    }
+    FrameState *d = (FrameState *)state_object;
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t n = PyBytes_GET_SIZE(data);
-    Py_ssize_t limit[D_MAX_NODES + 1];
-    for (int k = D_MEMO_ENTRIES; k <= D_MAX_NODES; k++) {
-        limit[k] = PyLong_AsSsize_t(d[k]);
-        if (limit[k] == -1 && PyErr_Occurred())
-            return NULL;
-    }
-    if (n > limit[D_MAX_MESSAGE] || n < HEADER_BYTES || p[0] != 0xcb || p[1] != 'L' ||
+    if (n > d->max_message_bytes || n < HEADER_BYTES || p[0] != 0xcb || p[1] != 'L' ||
             p[2] != 1 || p[3] != 0)
         Py_RETURN_NONE; /* (a short id, too: the Python path reads it) */
     PyObject *digest = PyBytes_FromStringAndSize((const char *)p + 4, 32);
     if (digest == NULL)
         return NULL;
-    PyObject *plan = PyDict_GetItemWithError(d[D_PLANS], digest);
+    PyObject *plan = PyDict_GetItemWithError(d->frame_plans, digest);
     Py_DECREF(digest);
     if (plan == NULL)
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
@@ -2055,47 +2212,47 @@ decode_frame_of(PyObject *data, PyObject *state, int *is_signed)
     PyObject *result = NULL;
     Py_ssize_t offset = 0, intent_index = 0;
     long long bits = 0;
-    PyObject *current = PyDict_GetItemWithError(d[D_PROTOCOLS], PyTuple_GET_ITEM(plan, FP_ID));
+    PyObject *current = PyDict_GetItemWithError(d->protocols, PyTuple_GET_ITEM(plan, FP_ID));
     if (current != PyTuple_GET_ITEM(plan, FP_PROTOCOL))
         goto decline; /* (or an exception) */
-    int ok = read_frame_envelope(p, n, HEADER_BYTES, d[D_INTENTS], d[D_URIS],
-                                 limit[D_MAX_STRING], limit[D_MEMO_ENTRIES], slots, &offset,
+    int ok = read_frame_envelope(p, n, HEADER_BYTES, d->intents, d->uris,
+                                 d->max_string_bytes, d->memo_entries, slots, &offset,
                                  &intent_index, &bits);
     if (ok <= 0)
         goto decline;
     /* The limits the envelope's text would meet (cbcl.binary._codec.envelope_limits): its shape
      * by the bits, then the intent's and the protocol id's names. */
     Py_ssize_t intent_length = PyLong_AsSsize_t(
-        PyTuple_GET_ITEM(d[D_INTENT_LENGTHS], intent_index));
+        PyTuple_GET_ITEM(d->intent_lengths, intent_index));
     Py_ssize_t id_length = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, FP_ID_LENGTH));
     Py_ssize_t envelope_nodes = PyLong_AsSsize_t(
-        PyTuple_GET_ITEM(d[D_ENVELOPE_NODES], (Py_ssize_t)bits));
+        PyTuple_GET_ITEM(d->envelope_nodes, (Py_ssize_t)bits));
     if (PyErr_Occurred())
         goto decline;
-    if (!PyBytes_AS_STRING(d[D_SHAPES])[bits] || intent_length > limit[D_MAX_NAME] ||
-            id_length > limit[D_MAX_NAME] || !(bits & HAS_BODY))
+    if (!PyBytes_AS_STRING(d->shapes)[bits] || intent_length > d->max_name_chars ||
+            id_length > d->max_name_chars || !(bits & HAS_BODY))
         goto decline; /* (a governed intent needs a body) */
     acceptance = Py_NewRef(PyTuple_GET_ITEM(plan, FP_ACCEPTANCE));
     if (!acceptance_ok(acceptance))
         goto decline;
     if (!governs(acceptance, slots[0]))
         goto decline;
-    start = start_of(acceptance, slots[0], d[D_REFUSED]);
+    start = start_of(acceptance, slots[0], d->refused);
     if (start == NULL || start == Py_None)
         goto decline;
     body = build_body_of(p, n, offset, PyTuple_GET_ITEM(plan, FP_ENTRIES),
-                         PyTuple_GET_ITEM(plan, FP_CODES), d[D_CACHES], d[D_KEEP], start,
-                         PyTuple_GET_ITEM(acceptance, P_STEP), limit[D_MAX_DEPTH],
-                         limit[D_MAX_ITEMS], limit[D_MAX_STRING], limit[D_MAX_NAME],
-                         limit[D_MAX_NODES] - envelope_nodes, d[D_REFUSED], d[D_ACCEPT],
-                         limit[D_MEMO_ENTRIES]);
+                         PyTuple_GET_ITEM(plan, FP_CODES), d->caches, d->keep, start,
+                         PyTuple_GET_ITEM(acceptance, P_STEP), d->max_body_depth,
+                         d->max_list_items, d->max_string_bytes, d->max_name_chars,
+                         d->max_nodes - envelope_nodes, d->refused, d->accept,
+                         d->memo_entries);
     if (body == NULL || body == Py_None)
         goto decline;
-    ok = schema_accepts(acceptance, body, d[D_HAS_HEADS], (PyTypeObject *)d[D_SYMBOL]);
+    ok = schema_accepts(acceptance, body, d->has_heads, (PyTypeObject *)d->symbol);
     if (ok != 1)
         goto decline;
     if (slots[9] != NULL) {
-        signature = PyObject_CallFunctionObjArgs(d[D_SIGNATURE], slots[9], slots[10], NULL);
+        signature = PyObject_CallFunctionObjArgs(d->signature, slots[9], slots[10], NULL);
         if (signature == NULL)
             goto decline;
     }
@@ -2103,7 +2260,7 @@ decode_frame_of(PyObject *data, PyObject *state, int *is_signed)
         PyObject *values[F_COUNT] = {slots[2], slots[3], slots[4], slots[0],
                                      PyTuple_GET_ITEM(plan, FP_ID), slots[5], slots[6],
                                      slots[7], slots[8], body, signature};
-        result = new_with_attributes((PyTypeObject *)d[D_MESSAGE], d[D_ATTRIBUTES], values);
+        result = new_with_attributes((PyTypeObject *)d->message, d->attributes, values);
         *is_signed = signature != NULL;
     }
     goto cleanup;
@@ -2160,28 +2317,35 @@ frame_message(PyObject *data, PyObject *state, int require, PyObject *verified,
  * declines, falls back to the Python method. */
 static PyObject *decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);
+static int decoder_bind(PyTypeObject *owner);
 static CEntry DECODE_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL};
+     NULL}, NULL, NULL, decoder_bind};
 static PyObject *DECODE_VERIFIED; /* cbcl.protocol._api._verified(message, registry) -> message */
-/* The slots of cbcl.binary._codec.Decoder decoder_decode reads (0: not found) */
-static Py_ssize_t DECODER_FRAME_STATE, DECODER_REQUIRE, DECODER_REGISTRY;
+/* The member descriptors of the slots of cbcl.binary._codec.Decoder decoder_decode reads
+ * (strong references; NULL: not found) */
+static PyObject *DECODER_FRAME_STATE, *DECODER_REQUIRE, *DECODER_REGISTRY;
 
 static PyObject *
 decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (nargs == 1 && kwnames == NULL && DECODER_FRAME_STATE > 0 &&
+    if (nargs == 1 && kwnames == NULL && DECODER_FRAME_STATE != NULL &&
             PyBytes_CheckExact(args[0])) {
-        PyObject *state = entry_slot(self, DECODER_FRAME_STATE);
-        PyObject *require = entry_slot(self, DECODER_REQUIRE);
-        PyObject *registry = entry_slot(self, DECODER_REGISTRY);
-        if (state != NULL && state != Py_None && require != NULL && registry != NULL) {
-            PyObject *message = frame_message(args[0], state, require != Py_False,
-                                              DECODE_VERIFIED, registry);
-            if (message != Py_None)
-                return message; /* (or NULL: an exception) */
-            Py_DECREF(message);
+        PyObject *message = Py_None; /* (borrowed while None: not decoded) */
+        PyObject *state = entry_get(DECODER_FRAME_STATE, self);
+        PyObject *require = state == NULL ? NULL : entry_get(DECODER_REQUIRE, self);
+        PyObject *registry = require == NULL ? NULL : entry_get(DECODER_REGISTRY, self);
+        if (registry != NULL && state != Py_None) {
+            message = frame_message(args[0], state, require != Py_False, DECODE_VERIFIED,
+                                    registry);
+            if (message == Py_None)
+                Py_DECREF(message);
         }
+        Py_XDECREF(state);
+        Py_XDECREF(require);
+        Py_XDECREF(registry);
+        if (message != Py_None)
+            return message; /* (or NULL: an exception) */
     }
     return entry_call_method(&DECODE_ENTRY, self, args, nargs, kwnames);
 }
@@ -2197,15 +2361,64 @@ static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t 
                             PyObject *kwnames);
 static CEntry PARSE_ENTRY = {
     {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
-    NULL, NULL};
+    NULL, NULL, NULL};
 /* parse_entry's arguments: PARSE_VERIFIED(message, registry) -> message;
  * PARSE_SPACE_AFTER(text, end) -> bool (cbcl.core._reader.only_space_after); accept_document's
  * tables; the reader's token cache and atom maker; the default limits */
 static PyObject *PARSE_VERIFIED, *PARSE_SPACE_AFTER, *PARSE_TABLES, *PARSE_CACHE, *PARSE_ATOM;
-static PyObject *S_REGISTRY, *S_PROTOCOLS_ATTRIBUTE;
+static PyObject *S_REGISTRY, *S_PROTOCOLS_BY_ID;
 enum { L_MESSAGE_BYTES, L_DEPTH, L_LIST_ITEMS, L_NODES, L_STRING_BYTES, L_NAME_CHARS,
        L_COUNT };
 static Py_ssize_t PARSE_LIMITS[L_COUNT];
+
+/* The registry parse_fast last served (a weak reference; NULL: none yet) and its dict of
+ * loaded protocols (strong): Registry._protocols_by_id() is the same dict for the
+ * registry's lifetime, and a Python call per parse would cost more than the C tiers
+ * save on a short message. */
+static PyObject *PARSE_LAST_REGISTRY, *PARSE_LAST_PROTOCOLS;
+
+/* Whether weak reference `ref` refers to `object` (a dead one refers to nothing). */
+static int
+refers_to(PyObject *ref, PyObject *object)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_XDECREF(target); /* (compared by identity only) */
+    return target == object;
+#else
+    return PyWeakref_GetObject(ref) == object; /* (borrowed; Py_None once dead) */
+#endif
+}
+
+/* registry._protocols_by_id(): a new reference (a dict), or NULL with no exception for a
+ * registry that has none (not a Registry: parse says what it is), NULL with one for an
+ * error it raised. */
+static PyObject *
+parse_protocols(PyObject *registry)
+{
+    if (PARSE_LAST_REGISTRY != NULL && refers_to(PARSE_LAST_REGISTRY, registry))
+        return Py_NewRef(PARSE_LAST_PROTOCOLS);
+    PyObject *protocols = PyObject_CallMethodNoArgs(registry, S_PROTOCOLS_BY_ID);
+    if (protocols == NULL || !PyDict_CheckExact(protocols)) {
+        if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_XDECREF(protocols);
+        return NULL;
+    }
+    PyObject *ref = PyWeakref_NewRef(registry, NULL);
+    if (ref == NULL) {
+        PyErr_Clear(); /* (not weakly referable: not remembered) */
+    } else {
+        Py_XSETREF(PARSE_LAST_REGISTRY, ref);
+        Py_XSETREF(PARSE_LAST_PROTOCOLS, Py_NewRef(protocols));
+    }
+    return protocols;
+}
 
 /* The message of parse_call's ordinary case; None: not that case (or declined). */
 static PyObject *
@@ -2214,12 +2427,10 @@ parse_fast(PyObject *data, PyObject *registry)
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     if (n > PARSE_LIMITS[L_MESSAGE_BYTES] || registry == Py_None)
         Py_RETURN_NONE; /* (the careful path says which limit, or what registry is) */
-    PyObject *protocols = PyObject_GetAttr(registry, S_PROTOCOLS_ATTRIBUTE);
-    if (protocols == NULL || !PyDict_CheckExact(protocols)) {
-        if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+    PyObject *protocols = parse_protocols(registry);
+    if (protocols == NULL) {
+        if (PyErr_Occurred())
             return NULL;
-        PyErr_Clear();
-        Py_XDECREF(protocols);
         Py_RETURN_NONE; /* not a Registry: parse says what it is */
     }
     PyObject *result = NULL, *value = NULL;
@@ -2326,8 +2537,8 @@ parse_entry(PyObject *module, PyObject *args)
             return NULL;
     }
     if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
-        (S_PROTOCOLS_ATTRIBUTE == NULL &&
-         (S_PROTOCOLS_ATTRIBUTE = PyUnicode_InternFromString("_protocols")) == NULL))
+        (S_PROTOCOLS_BY_ID == NULL &&
+         (S_PROTOCOLS_BY_ID = PyUnicode_InternFromString("_protocols_by_id")) == NULL))
         return NULL;
     if (entry_set(&PARSE_ENTRY, fallback, doc) < 0)
         return NULL;
@@ -2340,31 +2551,41 @@ parse_entry(PyObject *module, PyObject *args)
     return entry_function(&PARSE_ENTRY, module);
 }
 
-/* decode_entry(Decoder, fallback, verified, doc) -> descriptor | None: Decoder.decode in
- * C; None if the type does not keep _frame_state, require_signatures and registry in
- * slots. */
+/* DECODE_ENTRY's bind: the member descriptors of the Decoder's slots _frame_state,
+ * require_signatures and registry (its own); where it has none, every call falls back. */
+static int
+decoder_bind(PyTypeObject *owner)
+{
+    PyObject *state = entry_member(owner, "_frame_state");
+    PyObject *require = entry_member(owner, "require_signatures");
+    PyObject *registry = entry_member(owner, "registry");
+    if (state == NULL || require == NULL || registry == NULL) {
+        Py_CLEAR(state);
+        Py_CLEAR(require);
+        Py_CLEAR(registry);
+    }
+    Py_XSETREF(DECODER_FRAME_STATE, state);
+    Py_XSETREF(DECODER_REQUIRE, require);
+    Py_XSETREF(DECODER_REGISTRY, registry);
+    return 0;
+}
+
+/* decode_entry(fallback, doc, verified) -> MethodEntry: Decoder.decode in C, the object
+ * the class body binds (module.c; decoder_bind finds its slots when the class is made). */
 static PyObject *
 decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyObject *type, *fallback, *verified, *doc;
-    if (!PyArg_ParseTuple(args, "O!OOU", &PyType_Type, &type, &fallback, &verified, &doc))
+    PyObject *fallback, *doc, *verified;
+    if (!PyArg_ParseTuple(args, "OUO", &fallback, &doc, &verified))
         return NULL;
     if (!PyCallable_Check(verified)) {
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    Py_ssize_t state, require, registry;
-    if (!entry_slot_offset((PyTypeObject *)type, "_frame_state", &state) ||
-        !entry_slot_offset((PyTypeObject *)type, "require_signatures", &require) ||
-        !entry_slot_offset((PyTypeObject *)type, "registry", &registry))
-        Py_RETURN_NONE;
     if (entry_set(&DECODE_ENTRY, fallback, doc) < 0)
         return NULL;
     Py_XSETREF(DECODE_VERIFIED, Py_NewRef(verified));
-    DECODER_FRAME_STATE = state;
-    DECODER_REQUIRE = require;
-    DECODER_REGISTRY = registry;
-    return PyDescr_NewMethod((PyTypeObject *)type, &DECODE_ENTRY.def);
+    return cbcl_method_entry(&DECODE_ENTRY);
 }
 
 /* cbcl.decode as a C function (cbcl/_native_src/entry.h): the ordinary call, decode(data,
@@ -2379,12 +2600,12 @@ static PyObject *one_shot_call(PyObject *module, PyObject *const *args, Py_ssize
                                PyObject *kwnames);
 static CEntry ONE_SHOT_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))one_shot_call, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL};
+     NULL}, NULL, NULL, NULL};
 static PyObject *ONE_SHOT_VERIFIED;        /* cbcl.protocol._api._verified(message, registry) */
 static PyTypeObject *ONE_SHOT_REGISTRY;    /* cbcl.Registry (strong reference) */
 static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl.binary._codec._Memos (strong reference) */
 static PyObject *S_ONE_SHOT;               /* "_one_shot" */
-static Py_ssize_t MEMOS_DEFAULT_STATE;     /* _Memos.default_state's slot offset */
+static PyObject *MEMOS_DEFAULT_STATE;      /* _Memos.default_state's member descriptor */
 
 /* The message of one_shot_call's ordinary case; None: not that case (or declined). */
 static PyObject *
@@ -2400,10 +2621,11 @@ one_shot_fast(PyObject *data, PyObject *registry)
         Py_RETURN_NONE;
     }
     PyObject *state = Py_TYPE(memos) == ONE_SHOT_MEMOS ?
-                      entry_slot(memos, MEMOS_DEFAULT_STATE) : NULL;
+                      entry_get(MEMOS_DEFAULT_STATE, memos) : NULL;
+    Py_DECREF(memos);
     PyObject *message = state == NULL || state == Py_None ? Py_NewRef(Py_None) :
                         frame_message(data, state, 0, ONE_SHOT_VERIFIED, registry);
-    Py_DECREF(memos); /* (held until now: the state is borrowed from its slot) */
+    Py_XDECREF(state);
     return message;
 }
 
@@ -2427,18 +2649,19 @@ one_shot_entry(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    Py_ssize_t offset;
-    if (!entry_slot_offset((PyTypeObject *)memos, "default_state", &offset))
+    PyObject *member = entry_member((PyTypeObject *)memos, "default_state");
+    if (member == NULL)
         Py_RETURN_NONE;
     if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
-        (S_ONE_SHOT == NULL && (S_ONE_SHOT = PyUnicode_InternFromString("_one_shot")) == NULL))
+        (S_ONE_SHOT == NULL && (S_ONE_SHOT = PyUnicode_InternFromString("_one_shot")) == NULL) ||
+        entry_set(&ONE_SHOT_ENTRY, fallback, doc) < 0) {
+        Py_DECREF(member);
         return NULL;
-    if (entry_set(&ONE_SHOT_ENTRY, fallback, doc) < 0)
-        return NULL;
+    }
     Py_XSETREF(ONE_SHOT_VERIFIED, Py_NewRef(verified));
     Py_XSETREF(ONE_SHOT_REGISTRY, (PyTypeObject *)Py_NewRef(registry));
     Py_XSETREF(ONE_SHOT_MEMOS, (PyTypeObject *)Py_NewRef(memos));
-    MEMOS_DEFAULT_STATE = offset;
+    Py_XSETREF(MEMOS_DEFAULT_STATE, member);
     return entry_function(&ONE_SHOT_ENTRY, module);
 }
 
@@ -2448,8 +2671,9 @@ PyMethodDef cbcl_speedups_methods[] = {
      "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "
      "(cbcl/_native_src/entry.h); None if cbcl._native is not built."},
     {"decode_entry", decode_entry, METH_VARARGS,
-     "decode_entry(Decoder, fallback, verified, doc, /) -> descriptor | None: Decoder.decode "
-     "in C, falling back to the Python method (cbcl/_native_src/entry.h)."},
+     "decode_entry(fallback, doc, verified, /) -> MethodEntry: Decoder.decode in C, "
+     "falling back to the Python method (cbcl/_native_src/entry.h), for Decoder's class "
+     "body; where the class does not keep the slots it reads, every call falls back."},
     {"one_shot_entry", one_shot_entry, METH_VARARGS,
      "one_shot_entry(fallback, doc, verified, Registry, _Memos, /) -> function | None: "
      "cbcl.decode in C, falling back to the Python function (cbcl/_native_src/entry.h)."},
@@ -2486,10 +2710,19 @@ PyMethodDef cbcl_speedups_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The interned strings and the value types of speedups.c (module.c's exec): 0, or -1. */
+/* The interned strings, the value types and FrameState of speedups.c (module.c's exec):
+ * 0, or -1 with an exception. */
 int
-cbcl_speedups_exec(PyObject *Py_UNUSED(module))
+cbcl_speedups_exec(PyObject *module)
 {
+    PyObject *type = PyType_FromModuleAndSpec(module, &frame_state_spec, NULL);
+    if (type == NULL)
+        return -1;
+    if (PyModule_AddObjectRef(module, "FrameState", type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    Py_XSETREF(FrameStateType, (PyTypeObject *)type);
     if ((S_LPAR = PyUnicode_InternFromString("LPAR")) == NULL ||
         (S_RPAR = PyUnicode_InternFromString("RPAR")) == NULL ||
         (S_END = PyUnicode_InternFromString("$END")) == NULL ||

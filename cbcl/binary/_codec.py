@@ -36,13 +36,13 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgpack
 import msgpack.fallback
 
 from ..core._canonical import _decimal, canonical_value, native as _native
-from ..core._entries import entry_doc
+from ..core._entries import entry, fallback
 from ..core._errors import (
     BodyError,
     EnvelopeError,
@@ -95,6 +95,9 @@ from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
 from ..protocol._schema import _has_heads, check_schema
 
+if TYPE_CHECKING:  # (only where the extension is built: the Python path never makes one)
+    from .._native import FrameState
+
 MAGIC = b"\xcbL"
 FORMAT_VERSION = 1
 FLAG_SHORT_ID = 0x01
@@ -126,13 +129,13 @@ def _decline(*args: object) -> None:
 # The C twins of Encoder.encode's frame writer (cbcl._native.pack_message and
 # encode_message): they write the tokens Encoder.encode's Python path builds, from the
 # message's slots, or decline (None) for anything but the ordinary case.
-_pack_message: Callable[[bytes, Message, object], bytes | None] = _decline
-_encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None] = _decline
 if _native is not None:
     _native.setup_frame(INTENTS, (HAS_CONVERSATION_ID, HAS_IN_REPLY_TO, HAS_REPLY_BY,
                                   HAS_TIMESTAMP, HAS_SIGNATURE, HAS_BODY), Registry)
-    _pack_message = _native.pack_message
-    _encode_message = _native.encode_message
+_pack_message: Callable[[bytes, Message, object], bytes | None] = \
+    _decline if _native is None else _native.pack_message
+_encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None] = \
+    _decline if _native is None else _native.encode_message
 
 _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "in-reply-to"),
                    (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
@@ -233,7 +236,7 @@ class Encoder:
     """
 
     # (slots: Encoder.encode's C entry reads validate, registry, _tables and
-    # _registry_protocols at their offsets)
+    # _registry_protocols through their member descriptors)
     __slots__ = (
         "__weakref__",
         "_native",
@@ -266,7 +269,7 @@ class Encoder:
         # The registry and its dict of loaded protocols (the same dict for its lifetime),
         # so the C entry finds a message's protocol without reading the registry's
         # attribute; it reads the registry's again if self.registry is another one.
-        self._registry_protocols = (registry, registry._protocols)
+        self._registry_protocols = (registry, registry._protocols_by_id())
 
     def _table(self, message: Message) -> tuple[SymbolTable, bytes, object]:
         protocol = self.registry.get(message.protocol)
@@ -286,6 +289,11 @@ class Encoder:
             cached = self._tables[protocol] = (table, header, prepared)
         return cached
 
+    # Where the extension is built, encode is a C method (cbcl._native.encode_entry,
+    # cbcl/_native_src/entry.h): the ordinary call, validate=False, served in C
+    # (encode_message), any other, or one it declines, by this method, the reference,
+    # whose documentation it shows.
+    @entry(None if _native is None else _native.encode_entry, method=True)
     def encode(self, message: Message) -> bytes:
         """The binary frame of ``message``.
 
@@ -430,8 +438,8 @@ class Decoder:
     refuses unsigned ones (it needs a trust store: ``ValueError`` otherwise).
     """
 
-    # (slots: Decoder.decode's C entry reads _frame_state and require_signatures at their
-    # offsets)
+    # (slots: Decoder.decode's C entry reads _frame_state, require_signatures and registry
+    # through their member descriptors)
     __slots__ = (
         "__weakref__",
         "_fast_c",
@@ -474,8 +482,8 @@ class Decoder:
         self._memos = memos = _one_shot_memos(registry) if one_shot else _Memos()
         # What cbcl._native.decode_frame reads with each frame (None: not built, or
         # pure_python): the whole frame in one call where it can (_frame_state).
-        self._frame_state = None if self._fast_c is None or _decode_frame_c is None else \
-            _frame_state(registry, limits, memos)
+        self._frame_state: FrameState | None = None if self._fast_c is None or \
+            _decode_frame_c is None else _frame_state(registry, limits, memos)
 
     def _table(self, digest: bytes, offset: int) -> SymbolTable:
         memos = self._memos
@@ -501,6 +509,10 @@ class Decoder:
                 protocol=name, position=_at(offset))
         return table
 
+    # Where the extension is built, decode is a C method (cbcl._native.decode_entry,
+    # cbcl/_native_src/entry.h): a frame of exact bytes with a frame state is
+    # decode_frame's, any other call, or a frame it declines, this method's.
+    @entry(None if _native is None else _native.decode_entry, _verify_signed, method=True)
     def decode(self, data: bytes | bytearray | memoryview) -> Message:
         """Decode one frame (without its stream length prefix) and recognise it.
 
@@ -672,9 +684,9 @@ class _Memos:
         #: The one-shot decode()'s frame states (:func:`_frame_state`) by the id of their
         #: limits, each with those limits (held: an id is not reused while they are here);
         #: at most FRAME_STATES, emptied when full.
-        self.frame_states: dict[int, tuple[Limits, tuple[Any, ...]]] = {}
+        self.frame_states: dict[int, tuple[Limits, FrameState]] = {}
         #: The one-shot decode()'s frame state for DEFAULT_LIMITS (None until made).
-        self.default_state: tuple[Any, ...] | None = None
+        self.default_state: FrameState | None = None
         self.uris: dict[str, URI] = {}
         self.decimals: dict[str, Decimal] = {}
         #: By token code, the atoms already made of each kind written in full, by text:
@@ -759,17 +771,24 @@ def _frame_plan(table: SymbolTable) -> tuple[Any, ...]:
             protocol.acceptance)
 
 
-def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> tuple[Any, ...]:
-    """What cbcl._native.decode_frame reads with each frame of a decoder (its layout is
-    documented there): the memos' frame plans, the registry's loaded protocols, the
-    intents and their names' lengths, the envelope shapes within ``limits``
-    (:func:`frame_shapes`), the atom memos, the limits, the envelope's nodes by bits,
+def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> FrameState:
+    """What cbcl._native.decode_frame reads with each frame of a decoder (only where the
+    extension is built): the memos' frame plans, atom memos and caches, the registry's
+    loaded protocols, the intents and their names' lengths, the envelope shapes within
+    ``limits`` (:func:`frame_shapes`), the limits, the envelope's nodes by presence bits,
     and the types and outcomes a message is made of."""
-    return (memos.frame_plans, registry._protocols, INTENTS, _INTENT_LENGTHS,
-            frame_shapes(limits), memos.uris, memos.caches, memos.keep, memos.entries,
-            limits.max_message_bytes, limits.max_string_bytes, limits.max_depth - 2,
-            limits.max_list_items, limits.max_name_chars, limits.max_nodes, _ENVELOPE_NODES,
-            REFUSED, ACCEPT, _has_heads, Symbol, Message, _MESSAGE_ATTRIBUTES, Signature)
+    return _FrameState(
+        frame_plans=memos.frame_plans, protocols=registry._protocols_by_id(),
+        intents=INTENTS, intent_lengths=_INTENT_LENGTHS, shapes=frame_shapes(limits),
+        uris=memos.uris, caches=memos.caches, keep=memos.keep,
+        envelope_nodes=_ENVELOPE_NODES, refused=REFUSED, accept=ACCEPT,
+        has_heads=_has_heads, symbol=Symbol, message=Message, signature=Signature,
+        attributes=_MESSAGE_ATTRIBUTES, memo_entries=memos.entries,
+        max_message_bytes=limits.max_message_bytes,
+        max_string_bytes=limits.max_string_bytes,
+        max_body_depth=limits.max_depth - 2,  # (the body sits in the envelope's two lists)
+        max_list_items=limits.max_list_items, max_name_chars=limits.max_name_chars,
+        max_nodes=limits.max_nodes)
 
 
 def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
@@ -1452,6 +1471,7 @@ def _speedups_agree(build_body: Any, unpack: Any) -> bool:
 
 try:
     from .._native import (
+        FrameState as _FrameState,
         build_body as _build_body_c,
         decode_frame as _decode_frame_c,
         frame_envelope as _frame_envelope_c,
@@ -1532,6 +1552,13 @@ def encode(message: Message, *, registry: Registry, validate: bool = True,
     return Encoder(registry, validate=validate, limits=limits).encode(message)
 
 
+# Where the extension is built, decode is a C function (cbcl._native.one_shot_entry):
+# decode(data, registry=registry) of bytes, once the registry's one-shot memos hold the
+# default limits' frame state, is the whole-frame C call, without this function's Python
+# frame (~0.5 us of a ~2 us ~370 B frame); any other call, or a frame it declines, is
+# this function's.
+@entry(None if _native is None else _native.one_shot_entry, _verify_signed, Registry, _Memos,
+       method=False)
 def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
            limits: Limits | None = None) -> Message:
     """Decode and recognise one binary frame (see :class:`Decoder`; reuse one for many
@@ -1554,7 +1581,7 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     return decoder.decode(data)
 
 
-def _one_shot_state(registry: Registry, limits: Limits) -> tuple[Any, ...]:
+def _one_shot_state(registry: Registry, limits: Limits) -> FrameState:
     """The frame state (:func:`_frame_state`) the one-shot :func:`decode` uses for
     ``registry`` within ``limits``, made once and kept by the registry's one-shot memos:
     the default limits' in :attr:`_Memos.default_state` (where decode's C entry reads
@@ -1565,49 +1592,20 @@ def _one_shot_state(registry: Registry, limits: Limits) -> tuple[Any, ...]:
         if state is None:
             state = memos.default_state = _frame_state(registry, limits, memos)
         return state
-    entry = memos.frame_states.get(id(limits))
-    if entry is None or entry[0] is not limits:
+    kept = memos.frame_states.get(id(limits))
+    if kept is None or kept[0] is not limits:
         if len(memos.frame_states) >= FRAME_STATES:
             memos.frame_states.clear()
-        entry = memos.frame_states[id(limits)] = (limits, _frame_state(registry, limits, memos))
-    return entry[1]
+        kept = memos.frame_states[id(limits)] = (limits, _frame_state(registry, limits, memos))
+    return kept[1]
 
 
 #: The one-shot decode()'s frame states kept per registry (one per Limits object used).
 FRAME_STATES = 16
 
 
-# Encoder.encode and Decoder.decode become C methods where the accelerators are built
-# (cbcl/_native_src/entry.h): the ordinary call served in C (encode_message; decode_frame),
-# any other, or one they decline, by the Python methods above, which stay the reference and whose
-# documentation they show.
-#: The Python methods, whatever the names are bound to (the references the tests hold the
-#: entries to).
-encode_python = Encoder.encode
-decode_python = Decoder.decode
-if _native is not None:
-    _entry = _native.encode_entry(Encoder, Encoder.encode,
-                                  entry_doc(Encoder.encode, method=True))
-    if _entry is not None:
-        setattr(Encoder, "encode", _entry)  # noqa: B010 (mypy: a method)
-if _decode_frame_c is not None:
-    from .._native import decode_entry as _decode_entry
-
-    _entry = _decode_entry(Decoder, Decoder.decode, _verify_signed,
-                           entry_doc(Decoder.decode, method=True))
-    if _entry is not None:
-        setattr(Decoder, "decode", _entry)  # noqa: B010 (mypy: a method)
-
-# decode itself becomes a C function likewise (cbcl._native.one_shot_entry): decode(data,
-# registry=registry) of bytes, once the registry's one-shot memos hold the default limits'
-# frame state, is the whole-frame C call, without decode's Python frame (~0.5 us of a
-# ~2 us ~370 B frame); any other call, or a frame it declines, is the function above.
-#: The Python function, whatever decode is bound to (the reference the tests hold it to).
-decode_one_shot_python = decode
-if _decode_frame_c is not None:
-    from .._native import one_shot_entry as _one_shot_entry
-
-    _entry = _one_shot_entry(decode, entry_doc(decode, method=False), _verify_signed,
-                             Registry, _Memos)
-    if _entry is not None:
-        decode = _entry
+#: The Python methods and function the C entries stand in for (themselves where the
+#: extension is not built): the references the tests hold the entries to.
+encode_python = fallback(Encoder.encode)
+decode_python = fallback(Decoder.decode)
+decode_one_shot_python = fallback(decode)

@@ -7,7 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from ..core._canonical import canonical_value
-from ..core._entries import entry_doc
+from ..core._entries import entry, fallback
 from ..core._errors import CBCLError, UnknownProtocolError
 from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._reader import (
@@ -30,7 +30,10 @@ from ._registry import Registry
 from ._schema import _has_heads
 
 try:
-    from .._native import accept_document as _accept_document_speedups
+    from .._native import (
+        accept_document as _accept_document_speedups,
+        parse_entry as _parse_entry,
+    )
 except ImportError:  # not built: parse() takes the careful path only
     _accept_document_c: Any = None
 else:
@@ -42,6 +45,25 @@ else:
 _DOCUMENT_TABLES = (*ENVELOPE_TABLES, ATOM_TERMINALS, REFUSED, ACCEPT, _has_heads)
 
 
+def _verified(message: Message, registry: Registry) -> Message:
+    """``message``, one that must be verified (signed, or signatures required), once the
+    trust store of ``registry`` (if it has one) has verified it, as :func:`parse` and
+    :meth:`Decoder.decode` do. Raises :class:`TrustError`."""
+    trust = registry.trust
+    if trust is not None:
+        trust.verify_message(message)
+    return message
+
+
+# Where the extension is built, parse is a C function (cbcl/_native_src/entry.h,
+# cbcl._native.parse_entry): parse(data, registry=registry) of bytes within the default
+# limits is _accepted's work in one C call; any other call, or a document it declines, is
+# this function's, which stays the reference and lends its documentation.
+@entry(None if _accept_document_c is None else _parse_entry, _verified, only_space_after,
+       _DOCUMENT_TABLES, _CACHE, _atom,
+       (DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_depth,
+        DEFAULT_LIMITS.max_list_items, DEFAULT_LIMITS.max_nodes,
+        DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars), method=False)
 def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
           envelope_only: bool = False, registry: Registry | None = None,
           require_signatures: bool = False) -> Message:
@@ -93,16 +115,6 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     return message
 
 
-def _verified(message: Message, registry: Registry) -> Message:
-    """``message``, one that must be verified (signed, or signatures required), once the
-    trust store of ``registry`` (if it has one) has verified it, as :func:`parse` and
-    :meth:`Decoder.decode` do. Raises :class:`TrustError`."""
-    trust = registry.trust
-    if trust is not None:
-        trust.verify_message(message)
-    return message
-
-
 def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None:
     """:func:`parse`'s fast path, by the C tiers alone: the document read in one call
     (``cbcl._native.read_value``), both passes over its value in another
@@ -125,26 +137,14 @@ def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None
     if not only_space_after(text, end):
         return None
     # (the registry's own dict of loaded protocols: one lookup in C, no copy)
-    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)
+    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES,
+                                                 registry._protocols_by_id())
     return message
 
 
-# parse itself becomes a C function where the accelerators are built (cbcl/_native_src/entry.h,
-# cbcl._native.parse_entry): parse(data, registry=registry) of bytes within the default
-# limits is _accepted's work in one C call; any other call, or a document it declines, is
-# the Python function above, which stays the reference and lends its documentation.
-#: The Python function, whatever parse is bound to (the reference the tests hold it to).
-parse_python = parse
-if _accept_document_c is not None:
-    from .._native import parse_entry as _parse_entry
-
-    _entry = _parse_entry(
-        parse, entry_doc(parse, method=False), _verified, only_space_after, _DOCUMENT_TABLES,
-        _CACHE, _atom, (DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_depth,
-                        DEFAULT_LIMITS.max_list_items, DEFAULT_LIMITS.max_nodes,
-                        DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars))
-    if _entry is not None:
-        parse = _entry
+#: The Python function parse's C entry stands in for (itself where the extension is not
+#: built): the reference the tests hold it to.
+parse_python = fallback(parse)
 
 
 def accept_document_python(value: Value, registry: Registry) -> Message | None:

@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core._canonical import canonical_value, native as _native
-from ..core._entries import entry_doc
+from ..core._entries import entry, fallback
 from ..core._errors import UnknownProtocolError
 from ..core._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
 from ._fields import _SURROGATE, Fields, FieldsError, check_value
@@ -183,6 +183,10 @@ class Message:
             fields.append((_FIELD["signature"], self.signature.key_id, self.signature.value))
         return tuple(fields)
 
+    # Where the extension is built, canonical is a C method (cbcl._native.canonical_entry,
+    # cbcl/_native_src/entry.h): canonical_message's text, else this method's, the
+    # reference, whose documentation it shows.
+    @entry(None if _native is None else _native.canonical_entry, method=True)
     def canonical(self) -> str:
         """The canonical text of the message (draft §1.2). Raises as
         :func:`cbcl.canonical`."""
@@ -235,18 +239,15 @@ _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
 # The C twin of ``canonical()`` (cbcl._native.canonical_message), which writes the text of
 # ``canonical_value(message.to_value())`` from the message's slots, or declines (None) for
 # anything but an exact Message with an Intent member and an exact Signature or none: then
-# the Python path above writes it, or raises. None where the module is not built.
-# Message.canonical itself becomes a C method (cbcl._native.canonical_entry): that text,
-# else the Python method above (its fallback, whose documentation it shows).
-_canonical_message = None
-#: The Python method, whatever Message.canonical is bound to (the reference).
-canonical_python = Message.canonical
-if _native is not None and _native.setup_message(
-        Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
-        tuple(_INTENT_SYMBOL.items())):
-    _canonical_message = _native.canonical_message
-    setattr(Message, "canonical", _native.canonical_entry(  # noqa: B010 (mypy: a method)
-        Message.canonical, entry_doc(Message.canonical, method=True)))
+# the Python path above writes it, or raises. None where the module is not built, or the
+# types are not slotted as it reads them (setup_message: then canonical's C entry hands
+# every call to the Python method too).
+_canonical_message = _native.canonical_message if _native is not None and \
+    _native.setup_message(Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
+                          tuple(_INTENT_SYMBOL.items())) else None
+#: The Python method Message.canonical's C entry stands in for (itself where the extension
+#: is not built): the reference.
+canonical_python = fallback(Message.canonical)
 
 
 #: The attributes Message._trusted sets, in order.

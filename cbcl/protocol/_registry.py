@@ -339,6 +339,13 @@ class Registry:
         """The loaded protocols, in load order."""
         return tuple(self._protocols.values())
 
+    def _protocols_by_id(self) -> dict[Symbol, Protocol]:
+        """The registry's own dict of loaded protocols by id, not a copy: the same object
+        for the registry's lifetime, changed in place as protocols are loaded, for cbcl's
+        fast paths (the binary codec's frame state and encoder, parse's C tier), which
+        look protocols up in it and never change it."""
+        return self._protocols
+
     def get(self, protocol_id: str | Symbol) -> Protocol | None:
         """The loaded protocol with this id, or ``None``."""
         try:
