@@ -1,4 +1,6 @@
-"""The text syntax of draft §1: every rule, and every refusal with its position."""
+"""The text syntax of draft §1: every rule, and every refusal with its position.
+
+Tests internals too: the reader's tiers (``cbcl.core._reader``), held to its careful loop."""
 
 from __future__ import annotations
 
@@ -13,11 +15,10 @@ from hypothesis import given, settings, strategies as st
 from strategies import values as cbcl_values
 
 import cbcl
-from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol
+from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol, Value
 from cbcl.core import _reader
 from cbcl.core._limits import DEFAULT_LIMITS
 from cbcl.core._reader import read_value_at
-from cbcl.core._values import Value
 
 
 def err(text: str | bytes) -> MalformedError:
@@ -373,9 +374,8 @@ def same_value(a: object, b: object) -> bool:
     """Equal with exactly the same types all the way down (and decimals of the same text)."""
     if type(a) is not type(b):
         return False
-    if isinstance(a, tuple):
-        return len(a) == len(b) and all(  # type: ignore[arg-type]
-            same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, tuple) and isinstance(b, tuple):  # (b: the same type as a)
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, Decimal):
         return str(a) == str(b)
     return a == b
@@ -404,10 +404,17 @@ def careful_read(text: str, limits: Limits) -> Value:
     return value
 
 
+def token_kind(text: str, pos: int) -> int | None:
+    """The kind (``lastindex``) of the reader's token at ``pos`` (TOKEN matches anywhere)."""
+    match = _reader.TOKEN.match(text, pos)
+    assert match is not None, (text, pos)
+    return match.lastindex
+
+
 def careful_read_all(text: str, limits: Limits) -> list[Value]:
     out = []
     pos = 0
-    while _reader.TOKEN.match(text, pos).lastindex != _reader.EOF:  # type: ignore[union-attr]
+    while token_kind(text, pos) != _reader.EOF:
         value, pos, _ = _reader._read_careful(text, pos, limits, 0, 0)
         out.append(value)
     return out
@@ -421,11 +428,13 @@ def check_split(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
     if found is not None:
         assert careful[0] == "ok", (text, careful)
         value, end, count = found
-        expected_value, expected_end, expected_count = careful[1]  # type: ignore[misc]
+        read_back = careful[1]
+        assert isinstance(read_back, tuple), read_back
+        expected_value, expected_end, expected_count = read_back
         assert same_value(value, expected_value), (text, value, expected_value)
         assert (end, count) == (expected_end, expected_count), text
         # only whitespace and comments follow the list
-        assert _reader.TOKEN.match(text, end).lastindex == _reader.EOF, text  # type: ignore[union-attr]
+        assert token_kind(text, end) == _reader.EOF, text
     public_reads_agree(text, limits, depth, nodes, careful)
     return found
 
@@ -437,8 +446,10 @@ def public_reads_agree(text: str, limits: Limits, depth: int, nodes: int,
     at = outcome(lambda: read_value_at(text, 0, limits, depth, nodes))
     if careful[0] == "ok":
         assert at[0] == "ok", (text, at)
-        assert same_value(at[1][0], careful[1][0]), text  # type: ignore[index]
-        assert at[1][1:] == careful[1][1:], text  # type: ignore[index]
+        got, expected = at[1], careful[1]
+        assert isinstance(got, tuple) and isinstance(expected, tuple), (got, expected)
+        assert same_value(got[0], expected[0]), text
+        assert got[1:] == expected[1:], text
     else:
         assert at == careful, text
     if depth == nodes == 0:
@@ -739,6 +750,7 @@ def test_split_tier_cache_is_bounded_and_interns(monkeypatch: pytest.MonkeyPatch
     a = _reader._read_split("(same :same)", DEFAULT_LIMITS, 0, 0)
     b = _reader._read_split("(same :same)", DEFAULT_LIMITS, 0, 0)
     assert a is not None and b is not None
+    assert isinstance(a[0], tuple) and isinstance(b[0], tuple)
     assert a[0][0] is b[0][0] is _reader.intern_symbol("same")
     assert a[0][1] is b[0][1] is _reader.intern_keyword("same")
 
