@@ -6,7 +6,7 @@ The FIPA names need nothing beyond the core. The A2A and MCP names are imported 
 used, and need the ``a2a`` and ``mcp`` extras (``pip install 'cbcl[a2a,mcp]'``); SPADE's
 transport needs the ``fipa`` extra only when a message is sent."""
 
-from typing import Any as _Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
 from .bridges._fipa import (
     AgentId,
@@ -20,6 +20,24 @@ from .bridges._fipa import (
 )
 from .bridges._spade import message_to_spade, spade_to_message
 from .core._errors import ConversionError, LossyConversionError
+
+if _TYPE_CHECKING:  # the lazy names, typed (at run time __getattr__ imports them)
+    from .bridges._a2a import (
+        a2a_json_to_message as a2a_json_to_message,
+        a2a_to_message as a2a_to_message,
+        agent_card_extension as agent_card_extension,
+        card_protocols as card_protocols,
+        message_to_a2a as message_to_a2a,
+        message_to_a2a_json as message_to_a2a_json,
+        read_a2a as read_a2a,
+        task_state as task_state,
+        write_a2a as write_a2a,
+    )
+    from .bridges._mcp import (
+        bridge_server as bridge_server,
+        run_stdio as run_stdio,
+        tools_server as tools_server,
+    )
 
 _A2A = ("a2a_json_to_message", "a2a_to_message", "agent_card_extension", "card_protocols",
         "message_to_a2a", "message_to_a2a_json", "read_a2a", "task_state", "write_a2a")

@@ -6,6 +6,8 @@ ones out. This one walks the author's tree (:class:`cbcl.grammar._subset.Grammar
 keyword set gives its required members and some optional ones, each once, in a shuffled
 order. Past ``max_depth`` only the alternatives that end soonest are chosen, so every
 drawn body is finite.
+
+Uses internals: the subset reader's grammar model (``cbcl.grammar._subset``).
 """
 
 from __future__ import annotations

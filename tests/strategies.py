@@ -1,4 +1,7 @@
-"""Hypothesis strategies for CBCL values and messages, in one place."""
+"""Hypothesis strategies for CBCL values and messages, in one place.
+
+Uses one internal: ``is_name``, the reader's own NAME test, so that names are drawn from
+exactly what reads as a symbol."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ uris = st.builds(
     st.from_regex(r"[a-z][a-z0-9+.\-]{0,8}", fullmatch=True),
     st.text(
         alphabet=st.characters(
-            blacklist_categories=("Cs",),
+            blacklist_categories=["Cs"],
             blacklist_characters="()\";" + "".join(map(chr, range(0x21)))
             + "".join(map(chr, range(0x7F, 0xA1))) + "\u061c\u1680\u205f\u2060\u2061"
             + "\u2062\u2063\u2064\u3000\ufeff" + "".join(map(chr, range(0x2000, 0x2010)))
@@ -40,7 +43,7 @@ uris = st.builds(
 )
 # Any text without lone surrogates: controls and bidi characters included (they are
 # escaped in canonical form).
-strings = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+strings = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40)
 integers = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 decimals = st.builds(
     lambda sign, whole, frac: Decimal(f"{sign}{whole}.{frac}"),
@@ -52,7 +55,7 @@ atoms = st.one_of(strings, integers, decimals, symbols, keywords, uris)
 values = st.recursive(atoms, lambda children: st.lists(children, max_size=6).map(tuple),
                       max_leaves=40)
 
-ids = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+ids = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
 messages = st.builds(
     Message,

@@ -1,6 +1,8 @@
 """CBCL ⇄ A2A with the real a2a-sdk types (cbcl/bridges/_a2a.py, spec/interop.md §4): the
 text part is authoritative, the JSON part informative; losses are listed and refused unless
-lossy; hostile A2A input gives a CBCLError and nothing else."""
+lossy; hostile A2A input gives a CBCLError and nothing else.
+
+Tests internals too: the adapter's constants (media types, extension URI, depth cap)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ from cbcl.bridges._a2a import (
     MAX_DATA_DEPTH,
     MEDIA_TYPE,
     TASK_STATES,
+)
+from cbcl.conversation import ConversationTracker
+from cbcl.interop import (
+    LossyConversionError,
     a2a_json_to_message,
     a2a_to_message,
     agent_card_extension,
@@ -48,8 +54,6 @@ from cbcl.bridges._a2a import (
     task_state,
     write_a2a,
 )
-from cbcl.conversation import ConversationTracker
-from cbcl.core._errors import LossyConversionError
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = [ROOT / "descriptors" / name

@@ -4,6 +4,8 @@ registry, ``check_intent_and_body``), and :func:`cbcl.parse`'s fast path that ru
 
 The twin is the reference: on every value the C call gives the same message or ``None``,
 and it declines (``None``) a message the twin accepts only where its docstring says so.
+
+Tests internals: the twins (``cbcl.protocol._api``) are private.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ from hypothesis import given, settings, strategies as st
 from strategies import values
 
 import cbcl
-from cbcl import Intent, Keyword, Registry, Symbol
+from cbcl import Intent, Keyword, Message, Registry, Symbol
 from cbcl.protocol import _api
-from cbcl.protocol._message import Message
 from cbcl.protocol._pass2 import _ALWAYS_ADMITTED
 
 pytestmark = pytest.mark.skipif(_api._accept_document_c is None,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import shlex
 import subprocess
@@ -18,11 +19,16 @@ from strategies import strings, symbols
 
 import cbcl
 from cbcl.cli import main
-from cbcl.protocol._descriptor import digest_of
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = ROOT / "descriptors"
 KEY = DESCRIPTORS / "keys" / "cbcl-example.key"
+
+
+def digest_of(payload: bytes) -> str:
+    """A descriptor's digest (spec §3.2): ``sha256:`` + the lowercase hex SHA-256."""
+    return "sha256:" + hashlib.sha256(payload).hexdigest()
+
 
 GRAMMAR = """\
 // A small auction: bids and their answers.

@@ -1,4 +1,6 @@
-"""Pass 2's lazily built stack automaton against the plain LALR driver it memoises."""
+"""Pass 2's lazily built stack automaton against the plain LALR driver it memoises.
+
+Tests internals: the automaton, the kernel and pass 2 are private."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ from strategies import mutate_tokens, values
 from test_protocol import SHIPPED, _shared_registry as registry, generator
 
 import cbcl
-from cbcl import Symbol
+from cbcl import Symbol, Value
 from cbcl.core._values import ATOM_TERMINALS
+from cbcl.descriptor import Protocol
 from cbcl.grammar import _kernel as kernel
 from cbcl.grammar._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl.grammar._lalr import value_states
 from cbcl.protocol._pass2 import _recognise_c, recognise_body, start_node, start_stack, walk_body
-from cbcl.protocol._protocol import Protocol
 
 
 def plain_recognise(protocol: Protocol, body: Any, intent: cbcl.Intent | None = None) -> bool:
@@ -32,7 +34,7 @@ def plain_recognise(protocol: Protocol, body: Any, intent: cbcl.Intent | None = 
     done = object()
     pending: list[Any] = [iter((body,))]
     while pending:
-        item = next(pending[-1], done)
+        item: Any = next(pending[-1], done)
         child = None
         if item is done:
             pending.pop()
@@ -159,7 +161,7 @@ def test_memory_stays_bounded_under_unseen_shapes(tmp_path_factory: Any) -> None
     object.__setattr__(protocol, "automaton", automaton)
     try:
         for depth in range(1, 60):
-            body = (Symbol("x"),)
+            body: Value = (Symbol("x"),)
             for _ in range(depth):
                 body = (body, Symbol("y"))
             assert recognise_body(protocol, body) is plain_recognise(protocol, body)
@@ -183,7 +185,7 @@ def test_both_walks_refuse_what_is_no_cbcl_value(tmp_path_factory: Any) -> None:
     assert protocol is not None
     node = start_node(protocol, protocol.descriptor.intents[0])
     for body in ([Symbol("x")], None, 1.5, (Symbol("x"), [1]), (Symbol("x"), (None,))):
-        assert walk_body(protocol, body, node) is False
+        assert walk_body(protocol, body, node) is False  # type: ignore[arg-type]  # on purpose
         if _recognise_c is not None:
             assert _recognise_c(body, node, protocol.atoms, ATOM_TERMINALS,
                                 protocol.automaton.step, REFUSED, ACCEPT) is False

@@ -6,10 +6,10 @@ figure."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import cbcl_bench as _bench
@@ -17,7 +17,7 @@ import jsonschema
 import msgspec
 import pytest
 
-from cbcl.cli._bench import register
+from cbcl.cli import build_parser
 
 KEYS = {"machine", "command", "throughput", "sizes", "load", "scaling", "targets", "seconds"}
 PEERS = ("cbcl_text_parse_us", "cbcl_binary_decode_us", "cbcl_text_encode_us",
@@ -30,8 +30,10 @@ SMOKE = _bench.MODES["smoke"]
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    return json.loads(json.dumps(_bench.run(mode="smoke", report=lambda line: None)))
+def results() -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(json.dumps(_bench.run(mode="smoke",
+                                                             report=lambda line: None)))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def corpus() -> list[_bench.Case]:
                                {"small": 80, "medium": 4})
 
 
-def test_every_measurement_is_named(results: dict) -> None:
+def test_every_measurement_is_named(results: dict[str, Any]) -> None:
     assert set(results) >= KEYS
     assert set(results["targets"]) == set(_bench.TARGETS)
     for figure in results["targets"].values():
@@ -66,7 +68,7 @@ def test_every_measurement_is_named(results: dict) -> None:
         assert {"text_mb_s", "binary_mb_s", "peak_memory_bytes"} <= set(row)
 
 
-def test_markdown_table(results: dict) -> None:
+def test_markdown_table(results: dict[str, Any]) -> None:
     table = _bench.markdown(results)
     assert "| request-v1/small |" in table and "**Targets**" in table
     assert "msgspec msgpack" in table and "binary/natural JSON" in table
@@ -101,7 +103,9 @@ def test_lark_peer_accepts_what_cbcl_accepts(corpus: list[_bench.Case]) -> None:
     """The peer grammar is the same language: lark parses every corpus message."""
     registry = _bench.load_registry(_bench.find_descriptors())
     for case in corpus:
-        descriptor = registry.get(case.protocol[:-3] + "/v1").descriptor
+        protocol = registry.get(case.protocol[:-3] + "/v1")
+        assert protocol is not None, case.protocol
+        descriptor = protocol.descriptor
         parser = _bench.lark_parser(descriptor.grammar, descriptor.start_rules)
         for text in case.texts:
             parser.parse(text.decode())
@@ -162,10 +166,20 @@ def _broken_fields(variant: Callable[[Callable[[dict[str, Any]], None]], dict[st
             document = document[step]
         return document
 
+    # (each change binds its field and value now: the loop goes on before it runs)
+    def without(field: str) -> Callable[[dict[str, Any]], None]:
+        return lambda d: at(d).pop(field)
+
+    def setting(field: str, value: Any) -> Callable[[dict[str, Any]], None]:
+        return lambda d: at(d).update({field: value})
+
+    def with_unknown_field(field: str) -> Callable[[dict[str, Any]], None]:
+        return lambda d: at(d)[field].update(no_such_field=1)
+
     name = ".".join((*path[1:], ""))
     for field, spec, required in fields:
         if required:
-            yield f"no {name}{field}", variant(lambda d, f=field: at(d).pop(f))
+            yield f"no {name}{field}", variant(without(field))
         if field not in present:
             continue
         bad: list[Any] = [[]] if spec[0] != "any" else []
@@ -178,14 +192,12 @@ def _broken_fields(variant: Callable[[Callable[[dict[str, Any]], None]], dict[st
         if spec[0] in ("one-of", "reason", "symbol"):
             bad.append("not one of them" if spec[0] != "symbol" else "9lives")
         for value in bad:
-            yield f"{name}{field}={value!r:.20}", variant(
-                lambda d, f=field, v=value: at(d).update({f: v}))
+            yield f"{name}{field}={value!r:.20}", variant(setting(field, value))
         nested = (spec[1] if spec[0] == "keys" else spec[1].fields
                   if spec[0] == "record" else None)
         if nested and isinstance(present[field], dict):
             yield from _broken_fields(variant, (*path, field), present[field], nested)
-            yield f"{name}{field}: unknown field", variant(
-                lambda d, f=field: at(d)[f].update(no_such_field=1))
+            yield f"{name}{field}: unknown field", variant(with_unknown_field(field))
 
 
 def test_typed_peers_accept_every_message(corpus: list[_bench.Case]) -> None:
@@ -195,6 +207,7 @@ def test_typed_peers_accept_every_message(corpus: list[_bench.Case]) -> None:
             document = _bench.natural_json(message)
             for validate in validators.values():
                 validate(document)  # accepted, or raises
+            assert isinstance(message.body, tuple)
             assert json.loads(document)["body"]["kind"] == str(message.body[0])
 
 
@@ -222,9 +235,10 @@ def test_task_assignment_command_kind_is_checked() -> None:
     """msgspec keeps a record with members of any name as an object: the check sees its
     kind."""
     validators = _validators("task-assignment-v1")
-    document = {"message_id": "m", "sender": "agent://a/b", "receiver": "agent://a/c",
-                "intent": "PROPOSE", "protocol": "task-assignment/v1",
-                "body": {"kind": "task", "id": "t-1", "cmd": {"kind": "compute", "x": 1}}}
+    document: dict[str, Any] = {
+        "message_id": "m", "sender": "agent://a/b", "receiver": "agent://a/c",
+        "intent": "PROPOSE", "protocol": "task-assignment/v1",
+        "body": {"kind": "task", "id": "t-1", "cmd": {"kind": "compute", "x": 1}}}
     for validate in validators.values():
         validate(json.dumps(document).encode())
     document["body"]["cmd"]["kind"] = "sleep"
@@ -240,12 +254,11 @@ def _accepts(validate: Callable[[bytes], object], payload: bytes) -> bool:
     return True
 
 
-def test_command_without_descriptors(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """``cbcl bench`` (as registered by cbcl.cli._bench) says where the corpus must be."""
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "--quick", "--json", str(tmp_path / "out.json"),
-                              "--descriptors", str(tmp_path)])
+def test_command_without_descriptors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     ) -> None:
+    """``cbcl bench`` (as the command line registers it) says where the corpus must be."""
+    args = build_parser().parse_args(["bench", "--quick", "--json", str(tmp_path / "out.json"),
+                                      "--descriptors", str(tmp_path)])
     assert args.handler(args, b"") == 1
     assert "descriptors" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()

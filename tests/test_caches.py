@@ -1,7 +1,9 @@
 """The caches of the package (issue 14): each is owned by the object that uses it, or is a
 pure, documented, process-wide memo; every one is bounded. For each: filling it to its
 bound N keeps it at N, the N+1-th entry keeps it within N, and results stay right after
-it empties."""
+it empties.
+
+Tests internals: the caches live in private modules (``_codec``, ``_reader``, ``_schema``…)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,8 @@ from typing import Any
 import pytest
 
 import cbcl
-from cbcl import Limits, Registry
+from cbcl import Decoder, Encoder, Limits, Registry
 from cbcl.binary import _codec
-from cbcl.binary._codec import Decoder, Encoder
 from cbcl.core import _reader
 from cbcl.protocol import _evaluator, _fields, _schema
 

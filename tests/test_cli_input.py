@@ -2,7 +2,9 @@
 
 For each option the boundary values parse and the values just beyond them, ``nan``,
 ``inf``, ``-1`` and non-numbers are usage errors: exit 2 and one line on stderr,
-``usage: cbcl COMMAND: …``. Nothing here starts a server: only the parser runs."""
+``usage: cbcl COMMAND: …``. Nothing here starts a server: only the parser runs.
+
+Tests internals: the commands' option parsers and caps (``cbcl.cli._*``) are private."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from cbcl.cli._negotiate import (
     server_limits,
 )
 from cbcl.core._limits import DEFAULT_LIMITS
-from cbcl.net._transport import ConnectionLimits, ServerLimits
+from cbcl.net import ConnectionLimits, ServerLimits
 from cbcl.protocol._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH
 
 ROOT = Path(__file__).parent.parent

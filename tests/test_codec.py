@@ -1,4 +1,6 @@
-"""The binary form (spec/binary.md): round trips, recognition, limits, hostile frames."""
+"""The binary form (spec/binary.md): round trips, recognition, limits, hostile frames.
+
+Tests internals too: the decoder's tiers and the C twins (``cbcl.binary._codec``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import cbcl
 from cbcl import (
     BodyError,
     CBCLError,
+    Decoder,
+    Encoder,
     EnvelopeError,
     LimitError,
     Limits,
@@ -25,8 +29,10 @@ from cbcl import (
     ProtocolError,
     Registry,
     UnknownProtocolError,
+    decode,
+    encode,
 )
-from cbcl.binary._codec import HEADER_BYTES, Decoder, Encoder, decode, encode
+from cbcl.binary._codec import HEADER_BYTES
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -77,7 +83,7 @@ def outcome(fn: Any, *args: Any) -> Any:
 
 def both(registry: Registry, frame: bytes, limits: Limits | None = None) -> Any:
     """Decode with the C and the pure-Python msgpack; both must agree exactly."""
-    results = []
+    results: list[object] = []
     for decoder in decoders(registry, limits):
         try:
             results.append(decoder.decode(frame))
@@ -106,7 +112,9 @@ def test_every_example_round_trips(example: Path, registry: Registry) -> None:
     assert encode(cbcl.parse(decoded.canonical(), registry=registry),
                   registry=registry) == frame  # binary -> text -> binary
     assert frame[:4] == b"\xcbL\x01\x00"
-    assert frame[4:HEADER_BYTES].hex() == registry.get(message.protocol).digest[7:]
+    protocol = registry.get(message.protocol)
+    assert protocol is not None
+    assert frame[4:HEADER_BYTES].hex() == protocol.digest[7:]
 
 
 def test_benchmark_corpus_meets_the_size_targets(registry: Registry) -> None:
@@ -301,10 +309,11 @@ def test_signature_and_deep_limits(registry: Registry) -> None:
             decoder.decode(frame)
     signed = dataclasses.replace(message, body="x", signature=cbcl.trust.Signature("k", "v"))
     frame = encode(signed, registry=registry)
-    text = signed.canonical()
+    signed_text = signed.canonical()
     for limits in (Limits(max_list_items=8), Limits(max_list_items=7), Limits(max_nodes=25),
                    Limits(max_nodes=24), Limits(max_string_bytes=1)):
-        expected = outcome(lambda lim=limits: cbcl.parse(text, registry=registry, limits=lim))
+        expected = outcome(lambda lim=limits: cbcl.parse(signed_text, registry=registry,
+                                                         limits=lim))
         assert both(registry, frame, limits) == expected
 
 
@@ -448,7 +457,8 @@ def test_encoder_errors(registry: Registry) -> None:
     for bad, error in [((1.5,), TypeError), ((True,), TypeError), ((2**64,), ValueError),
                        (("\ud800",), ValueError)]:
         with pytest.raises(error):
-            encode(dataclasses.replace(message, body=bad), registry=registry)
+            # (not CBCL values, on purpose)
+            encode(dataclasses.replace(message, body=bad), registry=registry)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         encode("not a message", registry=registry)  # type: ignore[arg-type]
 
@@ -512,7 +522,7 @@ def _one(path: str) -> Registry:
 
 
 def test_decoder_verifies_message_signatures_like_parse(tmp_path: Path) -> None:
-    from cbcl.protocol._trust import load_private_key
+    from cbcl import load_private_key
 
     keys = ROOT / "descriptors" / "keys"
     registry = cbcl.Registry(trust=keys, cache_dir=tmp_path)
@@ -545,7 +555,7 @@ def _builders() -> list[Any]:
     from cbcl.binary import _codec
 
     builders: list[Any] = [_codec._fast_body_loop]
-    if _codec._build_body_c is None:  # not built here: only the Python loop runs
+    if not _codec.SPEEDUPS:  # not built here: only the Python loop runs
         return builders
     # The C builder reads a frame's bytes: on the same tokens, packed as a frame holds them.
     return [*builders, _codec.build_body_on_tokens]
@@ -614,7 +624,7 @@ def _fast_agrees(table: Any, tokens: list[Any], limits: Limits) -> None:
     from cbcl.binary._codec import _fast_message
 
     careful = _careful(table, list(tokens), limits)  # also remembers the envelope's limits
-    results = []
+    results: list[object] = []
     for build in BUILDERS:
         try:
             fast = _fast_message(table, list(tokens), limits, build)
@@ -702,8 +712,9 @@ def test_the_accelerator_is_built_where_required() -> None:
     module = _speedups_or_skip()
     from cbcl.binary import _codec
 
-    assert _codec.SPEEDUPS and _codec._build_body_c is module.build_body
-    assert _codec._frame_envelope_c is module.frame_envelope
+    # (the C twins as _codec imports them, which it does not re-export: checked here)
+    assert _codec.SPEEDUPS and _codec._build_body_c is module.build_body  # type: ignore[attr-defined]
+    assert _codec._frame_envelope_c is module.frame_envelope  # type: ignore[attr-defined]
 
 
 def _msgpack_tokens(data: bytes, start: int) -> list[Any] | None:

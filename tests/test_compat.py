@@ -1,6 +1,9 @@
 """Compatibility between descriptor versions (spec/compatibility.md): known answers, the
 limits, the CLI, and a property: where ``diff`` says compatible, no OLD body is refused by
-NEW."""
+NEW.
+
+Tests internals too: the checker's verdicts, its body checker and body generator
+(``cbcl.protocol._compat``)."""
 
 from __future__ import annotations
 
@@ -13,21 +16,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cbcl import DescriptorError, GrammarError, Intent, Keyword, Symbol, Value
 from cbcl.core._canonical import quote
-from cbcl.core._errors import DescriptorError, GrammarError
-from cbcl.core._values import Keyword, Symbol
+from cbcl.descriptor import CompatLimits, diff_descriptors, read_descriptor
 from cbcl.grammar._subset import read_grammar
-from cbcl.protocol._compat import (
-    BREAKING,
-    COMPATIBLE,
-    UNKNOWN,
-    CompatLimits,
-    _Checker,
-    diff_descriptors,
-    generate_bodies,
-)
-from cbcl.protocol._descriptor import read_descriptor
-from cbcl.protocol._message import Intent
+from cbcl.protocol._compat import BREAKING, COMPATIBLE, UNKNOWN, _Checker, generate_bodies
 
 
 def descriptor(grammar: str, intents: str = "REQUEST", schema: str = "",
@@ -404,7 +397,7 @@ def test_cli_diff(tmp_path: Path) -> None:
 def test_cli_diff_signed_and_errors(tmp_path: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from cbcl.protocol._trust import sign_descriptor
+    from cbcl import sign_descriptor
 
     key = Ed25519PrivateKey.generate()
     signed = tmp_path / "signed.cbcl"
@@ -488,9 +481,10 @@ def test_compatible_means_no_old_body_refused(pair: tuple[bytes, bytes], seed: i
     old_d, new_d = read_descriptor(old), read_descriptor(new)
     old_check, new_check = _Checker(old_d), _Checker(new_d)
     source = read_grammar(old_d.grammar)
-    atoms = {"INTEGER": [0, 1, -1, 5, 6], "DECIMAL": [Decimal("1.5"), Decimal("0.1")],
-             "STRING": ["", "s"], "SYMBOL": [Symbol("x"), Symbol("q")],
-             "KEYWORD": [Keyword("a"), Keyword("zz")], "value": [0, Symbol("x"), ()]}
+    atoms: dict[str, list[Value]] = {
+        "INTEGER": [0, 1, -1, 5, 6], "DECIMAL": [Decimal("1.5"), Decimal("0.1")],
+        "STRING": ["", "s"], "SYMBOL": [Symbol("x"), Symbol("q")],
+        "KEYWORD": [Keyword("a"), Keyword("zz")], "value": [0, Symbol("x"), ()]}
     for body in generate_bodies(source, "body", 60, 4, seed=seed, atoms=atoms):
         if old_check.accepts(Intent.REQUEST, body):
             assert new_check.accepts(Intent.REQUEST, body), body

@@ -2,7 +2,9 @@
 ``(compatibility MODE)`` clause makes a registry refuse an update it cannot prove compatible
 with the descriptor accepted before it. Attack tests in python-tuf style: each asserts the
 precise refusal AND that the registry and the state directory are byte for byte as before.
-The state's new field (the accepted descriptor's exact bytes) is tested here too."""
+The state's new field (the accepted descriptor's exact bytes) is tested here too.
+
+Tests internals too: the state store and the compatibility modes' tables are private."""
 
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ import cbcl
 import cbcl.grammar._compile
 import cbcl.protocol._compat
 import cbcl.protocol._registry
-from cbcl import Registry, TrustError
+from cbcl import Limits, Registry, TrustError
 from cbcl.core._canonical import quote
-from cbcl.core._limits import Limits
-from cbcl.protocol._compat import MODES, CompatLimits, diff_descriptors
+from cbcl.descriptor import CompatLimits, diff_descriptors
+from cbcl.protocol._compat import MODES
 from cbcl.protocol._state import (
     MAX_RECORD_BYTES,
     MAX_STATE_FILE_BYTES,
@@ -31,9 +33,9 @@ from cbcl.protocol._state import (
     file_name,
     state_file_cap,
 )
-from cbcl.protocol._trust import COMPATIBILITY_MODES, Rule, public_key_pem, raw_public_bytes
+from cbcl.protocol._trust import COMPATIBILITY_MODES, public_key_pem, raw_public_bytes
 from cbcl.session._reasons import error_code, reject_reason
-from cbcl.trust import TrustPolicy
+from cbcl.trust import Rule, TrustPolicy
 
 FAILED = "descriptor verification failed"
 ASK = 'body: "(" "ask" ":item" STRING [":note" STRING] ")"\n'
@@ -341,7 +343,7 @@ def test_guarded_worker_end_to_end(tmp_path: Path) -> None:
 
 
 def test_an_accepted_grammar_refused_now_refuses_the_update(tmp_path: Path) -> None:
-    from cbcl.grammar._subset import GrammarLimits
+    from cbcl.descriptor import GrammarLimits
 
     w = World(tmp_path)
     w.registry.load(signed(descriptor(1, ASK_AGAIN)))  # two rules

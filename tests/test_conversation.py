@@ -3,6 +3,9 @@ paths, the shipped example conversations, and ``cbcl conversation check``.
 
 Descriptors are built here from the shipped descriptor bytes plus the section files in
 descriptors/sections/, so these tests hold before and after the sections are spliced in.
+
+Uses internals: the reserved ``cancelled`` state, and the commands' registration until
+they are wired in.
 """
 
 from __future__ import annotations
@@ -18,13 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import cbcl
 from cbcl import ConversationError, DescriptorError, Intent, Message, Symbol
-from cbcl.protocol._conversation import (
-    CANCELLED,
-    Conversation,
-    ConversationTracker,
-    Machine,
-    compile_machine,
-)
+from cbcl.conversation import Conversation, ConversationTracker, Machine, compile_machine
+from cbcl.protocol._conversation import CANCELLED
 
 ROOT = Path(__file__).parent.parent
 DESCRIPTORS = ROOT / "descriptors"
@@ -53,6 +51,7 @@ def descriptor(name: str) -> cbcl.descriptor.ProtocolDescriptor:
 
 def machine(name: str) -> Machine:
     d = descriptor(name)
+    assert d.conversation is not None, name
     return compile_machine(d.conversation, intents=d.intents)
 
 

@@ -4,7 +4,9 @@ every CBCL decimal text, the text reader and the binary decoder of ``cbcl._nativ
 and arithmetic. Coefficients of up to 19 significant digits are written into the object;
 longer ones are ``Decimal(text)``'s. The layout check covers 3.11 to 3.13, where Decimal
 became a GC type (its objects tracked): it refuses a type laid out otherwise, and on 3.13
-the Decimals of a body are untracked so the tuples that hold them are too."""
+the Decimals of a body are untracked so the tuples that hold them are too.
+
+Tests internals: the readers of ``cbcl._native``."""
 
 from __future__ import annotations
 
@@ -115,9 +117,11 @@ def test_read_and_decoded_decimals_are_decimal_text(text: str) -> None:
     indistinguishable(cbcl.read(text.encode()), text)
     document = HEAD + f"(values {text} {text} 1.5)))".encode()
     message = cbcl.parse(document, registry=REGISTRY)
+    assert isinstance(message.body, tuple)
     assert message.body[1:3] == (Decimal(text), Decimal(text))
     for found in message.body[1:3]:
         indistinguishable(found, text)
     decoded = DECODER.decode(ENCODER.encode(message))
+    assert isinstance(decoded.body, tuple)
     for found in decoded.body[1:3]:
         indistinguishable(found, text)

@@ -2,6 +2,8 @@
 :meth:`cbcl.Decoder.decode` tries) against the Python decoder, the reference: on every
 frame it gives the decoder's message or ``None`` (never another message, never an error),
 and the decoder's outcome - message or error, its text and offset - does not depend on it.
+
+Tests internals: the C call and the decoder's frame plans are private.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import CBCLError, Intent, Limits, Registry
+from cbcl import CBCLError, Decoder, Encoder, Intent, Limits, Registry
 from cbcl.binary import _codec
-from cbcl.binary._codec import Decoder, Encoder, _shape_refusal, envelope_limits, frame_shapes
+from cbcl.binary._codec import _shape_refusal, envelope_limits, frame_shapes
 
-pytestmark = pytest.mark.skipif(_codec._decode_frame_c is None,
-                                reason="cbcl._native is not built here")
+pytestmark = pytest.mark.skipif(not _codec.SPEEDUPS, reason="cbcl._native is not built here")
+if _codec.SPEEDUPS:  # (the functions _codec calls as _decode_frame_c and _frame_envelope_c)
+    from cbcl._native import decode_frame, frame_envelope
 
 REGISTRY = load_registry(find_descriptors())
 ENCODER = Encoder(REGISTRY)
@@ -43,7 +46,9 @@ PURE = Decoder(REGISTRY, pure_python=True)
 
 
 def in_c(decoder: Decoder, frame: bytes) -> Any:
-    return _codec._decode_frame_c(frame, decoder._frame_state)
+    state = decoder._frame_state
+    assert state is not None, "a decoder without the C whole-frame call"
+    return decode_frame(frame, state)
 
 
 def outcome(decoder: Decoder, frame: bytes) -> Any:
@@ -124,7 +129,9 @@ def test_a_replaced_protocol_is_left_to_the_python_path() -> None:
 
 def test_short_ids_and_signatures() -> None:
     message = MESSAGES[0]
-    digest = REGISTRY.get(message.protocol).digest  # type: ignore[union-attr]
+    protocol = REGISTRY.get(message.protocol)
+    assert protocol is not None
+    digest = protocol.digest
     short = Encoder(REGISTRY, short_ids={7: digest}).encode(message)
     decoder = Decoder(REGISTRY, short_ids={7: digest})
     assert decoder.decode(short) == message
@@ -141,7 +148,9 @@ def test_ungoverned_intents_and_missing_bodies_are_left_to_the_python_path() -> 
         assert in_c(WARM, frame) is None
         assert WARM.decode(frame) == changed
     # (the encoder refuses to write it: the body's bit cleared, its tokens cut, by hand)
-    offset = _codec._frame_envelope_c(FRAMES[0], 36, _codec.INTENTS, {}, 10**6, 8)[-1]
+    envelope = frame_envelope(FRAMES[0], 36, _codec.INTENTS, {}, 10**6, 8)
+    assert envelope is not None
+    offset = envelope[-1]
     assert FRAMES[0][37] & _codec.HAS_BODY
     bodiless = FRAMES[0][:37] + bytes([FRAMES[0][37] & ~_codec.HAS_BODY]) + \
         FRAMES[0][38:offset]
@@ -225,8 +234,12 @@ def test_unknown_digests_rebuild_nothing(monkeypatch: pytest.MonkeyPatch) -> Non
     decoder = warm(registry)
     made: list[Any] = []
     real = _codec.SymbolTable.of
-    monkeypatch.setattr(_codec.SymbolTable, "of", lambda protocol: made.append(protocol)
-                        or real(protocol))
+
+    def counting(protocol: Any) -> Any:
+        made.append(protocol)
+        return real(protocol)
+
+    monkeypatch.setattr(_codec.SymbolTable, "of", counting)
     unknown = FRAMES[0][:4] + bytes(32) + FRAMES[0][36:]
     for _ in range(20):
         with pytest.raises(cbcl.UnknownProtocolError):

@@ -3,7 +3,9 @@ Python (issue 19): the lexical rules of :mod:`cbcl.core._vocabulary` mirrored by
 ``check_atom``/``build_body`` over every code point of the BMP, and on adversarial atoms
 (names at the length limit and one past it, names that start like numbers, non-ASCII,
 URIs with odd characters, decimals at the text limit), decoded by the C and the Python
-twins token for token and error for error."""
+twins token for token and error for error.
+
+Tests internals: the twins (``cbcl.binary._codec``) and the vocabulary are private."""
 
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import CBCLError, Limits, Registry
+from cbcl import CBCLError, Decoder, Limits, Registry
 from cbcl.binary import _codec
-from cbcl.binary._codec import Decoder, SymbolTable, _fast_body, _fast_body_loop
+from cbcl.binary._codec import SymbolTable, _fast_body, _fast_body_loop
 from cbcl.core._vocabulary import (
     CODE_DECIMAL,
     CODE_KEYWORD,

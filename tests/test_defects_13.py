@@ -15,9 +15,9 @@ import pytest
 from hypothesis import example, given, strategies as st
 
 import cbcl
+from cbcl import DescriptorError, MalformedError, TrustError
 from cbcl.cli import build_parser, main
-from cbcl.core._errors import DescriptorError, MalformedError, TrustError
-from cbcl.protocol._json import from_json, to_json
+from cbcl.json_mapping import from_json, to_json
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "spec" / "vectors"

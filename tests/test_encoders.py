@@ -2,13 +2,16 @@
 byte: the canonical text of any value (``canonical_value`` vs ``canonical_value_python``)
 and binary frames (``Encoder`` vs ``Encoder(pure_python=True)``), errors included: a value
 the C twin declines is written, or refused, by the Python twin, so both paths must give
-the same text, the same frame or the same exception with the same message."""
+the same text, the same frame or the same exception with the same message.
+
+Tests internals: the twins (``cbcl.core._canonical``, ``cbcl._native``) are private."""
 
 from __future__ import annotations
 
 import decimal
 import os
 import sys
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -18,8 +21,8 @@ from strategies import atoms, ids, uris, values
 from test_protocol import DESCRIPTORS, SHIPPED, generator
 
 import cbcl
-from cbcl import URI, Intent, Keyword, Message, Registry, Symbol
-from cbcl.binary._codec import INTENTS, Encoder
+from cbcl import URI, Encoder, Intent, Keyword, Message, Registry, Symbol
+from cbcl.binary._codec import INTENTS
 from cbcl.core._canonical import canonical_value, canonical_value_python
 from cbcl.trust import Signature
 
@@ -239,7 +242,9 @@ def test_frames_of_wild_messages_and_their_errors(registry: Registry, body: Any,
 def test_frames_and_text_of_generated_messages(native: Any, registry: Registry, name: str,
                                                data: st.DataObject) -> None:
     strategy, protocol = generator(name)
-    intent = registry.get(protocol).descriptor.intents[0].value  # type: ignore[union-attr]
+    loaded = registry.get(protocol)
+    assert loaded is not None
+    intent = loaded.descriptor.intents[0].value
     text = (f'(CBCL/1.0 (message-id "m") (sender agent://a) (receiver agent://b) '
             f"(intent {intent}) (protocol {protocol}) (conversation-id \"c\") "
             f"(timestamp 1764502900000) (body {data.draw(strategy)}))").encode()
@@ -273,7 +278,8 @@ def test_integers_at_every_msgpack_boundary(registry: Registry) -> None:
 
 def test_names_take_codes_in_order_and_repeat_by_code(registry: Registry) -> None:
     _native_or_skip()
-    names = [Symbol(f"s{i}") for i in range(300)] + [Keyword(f"k{i}") for i in range(300)]
+    names: list[Symbol | Keyword | URI] = [Symbol(f"s{i}") for i in range(300)]
+    names += [Keyword(f"k{i}") for i in range(300)]
     names += [URI(f"agent://n/{i}") for i in range(300)]
     body = (*names, *reversed(names), Symbol("k1"), Keyword("s1"), Symbol("request"),
             Keyword("action"), str.__new__(Symbol, "request"), Keyword("action"))
@@ -289,7 +295,9 @@ def test_deep_bodies(registry: Registry, depth: int) -> None:
 
 def test_prepare_declines_what_is_not_a_symbol_table(native: Any) -> None:
     assert native.prepare({Symbol("a"): 7, Keyword("a"): 8}) is not None
-    for codes in ({"a": 7}, {Symbol("a"): "7"}, {Symbol("a"): 2**70}, [], {Name("n"): 7}):
+    not_tables: tuple[object, ...] = (
+        {"a": 7}, {Symbol("a"): "7"}, {Symbol("a"): 2**70}, [], {Name("n"): 7})
+    for codes in not_tables:
         assert native.prepare(codes) is None
     assert native.pack_frame(b"", [], "x", {Symbol("a"): 7}) is None  # not a prepared table
     assert native.pack_frame(b"", (), "x", native.prepare({})) is None
@@ -494,7 +502,9 @@ def test_what_the_message_twins_decline(native: Any, registry: Registry) -> None
     assert native.encode_message(ordinary, registry, list(encoder._tables)) is None
     assert native.pack_message(b"", ordinary, None) is None
     assert native.pack_message(bytearray(), ordinary, native.prepare({})) is None
-    for call in (lambda: native.pack_message(b""), lambda: native.encode_message(ordinary)):
+    calls: list[Callable[[], object]] = [lambda: native.pack_message(b""),
+                                         lambda: native.encode_message(ordinary)]
+    for call in calls:
         with pytest.raises(TypeError):
             call()
 

@@ -3,7 +3,9 @@
 accelerators are built: each gives what the Python function it stands in for gives - the
 same result, or the same exception with the same text - for every call, the ordinary ones
 it serves in C and every other it hands on; and each shows that function's signature and
-documentation."""
+documentation.
+
+Tests internals: the Python twins (``_api``, ``_message``, ``_codec``) are private."""
 
 from __future__ import annotations
 
@@ -20,10 +22,9 @@ from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
+from cbcl import Decoder, Encoder, load_private_key
 from cbcl.binary import _codec
-from cbcl.binary._codec import Decoder, Encoder
 from cbcl.protocol import _api, _message
-from cbcl.protocol._trust import load_private_key
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = load_registry(find_descriptors())

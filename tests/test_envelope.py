@@ -132,21 +132,25 @@ def test_full_parse_of_an_unknown_protocol() -> None:
     error = info.value
     assert error.protocol == "task-assignment/v1"
     assert error.exit_code == 5
-    assert text[error.column - 1 :].startswith("task-assignment/v1")  # type: ignore[operator]
+    assert error.column is not None
+    assert text[error.column - 1 :].startswith("task-assignment/v1")
     assert isinstance(error, LookupError)
 
 
 def test_message_constructor_validates_and_converts() -> None:
-    m = cbcl.Message(message_id="x", sender="agent://a",  # type: ignore[arg-type]
-                     receiver="agent://b", intent="PROPOSE", protocol="p/v1")  # type: ignore[arg-type]
+    m = cbcl.Message(message_id="x", sender="agent://a",
+                     receiver="agent://b", intent="PROPOSE", protocol="p/v1")
     assert m.intent is Intent.PROPOSE
     assert type(m.sender) is URI and type(m.protocol) is Symbol
-    for bad in [dict(message_id=""), dict(sender="nope"), dict(intent="MAYBE"),
-                dict(reply_by=2**63), dict(timestamp="1"), dict(protocol="a b")]:
-        fields = dict(message_id="x", sender="agent://a", receiver="agent://b",
-                      intent="PROPOSE", protocol="p") | bad
+    bads: list[dict[str, object]] = [
+        dict(message_id=""), dict(sender="nope"), dict(intent="MAYBE"), dict(reply_by=2**63),
+        dict(timestamp="1"), dict(protocol="a b")]
+    for bad in bads:
+        fields: dict[str, object] = dict(message_id="x", sender="agent://a",
+                                         receiver="agent://b", intent="PROPOSE", protocol="p")
+        fields |= bad
         with pytest.raises((TypeError, ValueError)):
-            cbcl.Message(**fields)  # type: ignore[arg-type]
+            cbcl.Message(**fields)  # type: ignore[arg-type]  # (a timestamp "1": on purpose)
 
 
 def test_signing_bytes_exclude_the_signature() -> None:

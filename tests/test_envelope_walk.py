@@ -2,7 +2,9 @@
 Python walk (``cbcl.protocol._envelope.message_of_python``, the reference) on valid envelopes and
 on envelopes broken in every way the grammar refuses: fields out of order, repeated,
 missing or unknown, values of the wrong type, a wrong version, odd signatures. Both give
-the same message (every attribute of the same type) or both refuse."""
+the same message (every attribute of the same type) or both refuse.
+
+Tests internals: the structural walk and the C envelope reader it is held to are private."""
 
 from __future__ import annotations
 
@@ -14,9 +16,8 @@ from strategies import messages, values
 from test_reader import same_value
 
 import cbcl
-from cbcl import URI, Symbol
+from cbcl import URI, Message, Symbol
 from cbcl.protocol import _envelope
-from cbcl.protocol._message import Message
 
 pytestmark = pytest.mark.skipif(_envelope.message_of is _envelope.message_of_python,
                                 reason="cbcl._native is not built here")
@@ -79,6 +80,7 @@ def _mutations(value: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
 @given(message=messages, data=st.data())
 def test_broken_envelopes(message: Message, data: st.DataObject) -> None:
     value = cbcl.read(cbcl.canonical(message))
+    assert isinstance(value, tuple)  # a message is a list
     for _ in range(data.draw(st.integers(1, 3))):
         value = _mutations(value, data)
     agree(value)

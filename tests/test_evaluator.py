@@ -1,5 +1,7 @@
 """The sandboxed evaluator (spec/conversations.md §3): semantics, bombs and boundaries, and
-every `EXPR ⇒ RESULT` example in spec/conversations.md."""
+every `EXPR ⇒ RESULT` example in spec/conversations.md.
+
+Tests internals too: the function library and the ``(functions …)`` reader."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 import cbcl
-from cbcl import DescriptorError, EvaluationError, LimitError, Symbol
-from cbcl.protocol._evaluator import LIBRARY, evaluate, read_functions
+from cbcl import DescriptorError, EvaluationError, LimitError, Symbol, Value
+from cbcl.conversation import evaluate
+from cbcl.protocol._evaluator import LIBRARY, read_functions
 
 SPEC = Path(__file__).parent.parent / "spec" / "conversations.md"
 MAX, MIN = 2**63 - 1, -(2**63)
@@ -149,11 +152,11 @@ def test_functions_section_is_validated(text: str, fragment: str) -> None:
 def test_arguments_are_checked() -> None:
     for kw in ({"budget": 0}, {"max_depth": 0}, {"now": 1.5}, {"now": 2**63}):
         with pytest.raises(ValueError):
-            evaluate(1, **kw)  # type: ignore[arg-type]
+            evaluate(1, **kw)
     with pytest.raises(TypeError):
         evaluate((Symbol("+"), 1.5))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        evaluate(True)  # type: ignore[arg-type]
+        evaluate(True)  # (a bool: an int to a type checker, refused at run time)
 
 
 # --------------------------------------------------------------------------- int64
@@ -246,7 +249,7 @@ def test_budget_exactly_enough_and_one_short() -> None:
 
 
 def test_wide_expression_is_bounded_by_the_budget() -> None:
-    wide = (Symbol("+"), *([1] * 10_000))
+    wide: Value = (Symbol("+"), *([1] * 10_000))
     with pytest.raises(LimitError):
         evaluate(wide)
     assert evaluate(wide, budget=10_001) == 10_000

@@ -3,7 +3,9 @@ llguidance samples every shipped protocol and intent under a mask, with a synthe
 tokenizer of multi-character tokens, and ``cbcl.parse`` accepts every sample; the lark
 export agrees with llguidance in both directions; the GBNF export, read by llguidance's own
 GBNF reader, gives parseable messages too; the JSON Schema export accepts the mapping of
-generated messages and refuses broken ones."""
+generated messages and refuses broken ones.
+
+Tests internals too: the export's regex writers (``cbcl.llm._export``) and the vocabulary."""
 
 from __future__ import annotations
 
@@ -26,21 +28,17 @@ import pytest
 import cbcl
 from cbcl.core._values import INT64_MAX, INT64_MIN
 from cbcl.core._vocabulary import SYMBOL_RE
+from cbcl.descriptor import read_descriptor, render_descriptor
+from cbcl.json_mapping import message_to_json
+from cbcl.llm import KEYWORD_SET_CAP, export_grammar, export_json_schema, generate_messages
 from cbcl.llm._export import (
-    KEYWORD_SET_CAP,
     _lark_char,
     _python_char,
     _render_regex,
     _string_regex,
     _symbol_regex,
-    export_grammar,
-    export_json_schema,
     integer_regex,
 )
-from cbcl.llm._generate import generate_messages
-from cbcl.protocol._authoring import render_descriptor
-from cbcl.protocol._descriptor import read_descriptor
-from cbcl.protocol._json import message_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -138,13 +136,14 @@ def test_differential_lark_and_llguidance(path: Path) -> None:
         assert text is not None
         parser.parse(text.decode("utf-8"))
     for message in generate_messages(data, 60, seed=11):
-        text = message.canonical()
-        parser.parse(text)
+        written = message.canonical()
+        parser.parse(written)
         fresh = sampler.matcher(grammar)  # (a matcher that refused a token stays refused)
-        assert fresh.consume_tokens(tok(text.encode("utf-8"))), fresh.get_error()
+        assert fresh.consume_tokens(tok(written.encode("utf-8"))), fresh.get_error()
         assert fresh.is_accepting()
-        for broken in (text.replace(") (", ")  (", 1), text + " ", text.replace(")", " )", 1),
-                       text.replace("(protocol ", "(protocol x", 1)):
+        for broken in (written.replace(") (", ")  (", 1), written + " ",
+                       written.replace(")", " )", 1),
+                       written.replace("(protocol ", "(protocol x", 1)):
             fresh = llguidance.LLMatcher(lltok, grammar, log_level=0)
             assert not fresh.consume_tokens(tok(broken.encode("utf-8"))) \
                 or not fresh.is_accepting()

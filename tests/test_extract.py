@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl import CBCLError, LimitError, MalformedError, Registry
-from cbcl.llm._extract import INPUT_FACTOR, extract
+from cbcl import CBCLError, LimitError, MalformedError, Registry, extract
+from cbcl.llm import EXTRACT_INPUT_FACTOR
 
 ROOT = Path(__file__).parent.parent
 MESSAGE = ('(CBCL/1.0 (message-id "m-1") (sender agent://a) (receiver agent://b) '
@@ -129,8 +129,8 @@ def test_a_position_is_moved_into_the_whole_input_with_its_byte_offset(
 def test_limits(registry: Registry) -> None:
     limits = cbcl.Limits(max_message_bytes=1000)
     with pytest.raises(LimitError):
-        extract("x" * (INPUT_FACTOR * 1000 + 1), limits=limits)
-    extract("x" * (INPUT_FACTOR * 1000 - len(MESSAGE)) + MESSAGE, limits=limits,
+        extract("x" * (EXTRACT_INPUT_FACTOR * 1000 + 1), limits=limits)
+    extract("x" * (EXTRACT_INPUT_FACTOR * 1000 - len(MESSAGE)) + MESSAGE, limits=limits,
             registry=registry)
     with pytest.raises(LimitError) as caught:
         extract(" ".join([MESSAGE] * 3), registry=registry, max_messages=2)

@@ -1,5 +1,8 @@
 """FIPA ACL (SC00070 string form): the guarded reader and the writer, the mapping to CBCL
-messages and back (spec/interop.md), on real JADE output, and ``cbcl convert``."""
+messages and back (spec/interop.md), on real JADE output, and ``cbcl convert``.
+
+Tests internals too: the atom types of FIPA expressions (``Word``, ``Number``,
+``DateTime``) and the AID and reply-by conversions, from ``cbcl.bridges._fipa``."""
 
 from __future__ import annotations
 
@@ -10,29 +13,30 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from cbcl import CBCLError, LimitError, Limits, MalformedError, Message
+from cbcl import CBCLError, LimitError, Limits, MalformedError, Message, read
 from cbcl.bridges._fipa import (
-    AgentId,
-    ConversionError,
     DateTime,
-    FipaMessage,
-    FipaSyntaxError,
-    LossyConversionError,
     Number,
     Word,
     aid_to_uri,
+    ms_to_reply_by,
+    reply_by_to_ms,
+    uri_to_aid,
+)
+from cbcl.cli import main
+from cbcl.interop import (
+    AgentId,
+    ConversionError,
+    FipaMessage,
+    FipaSyntaxError,
+    LossyConversionError,
     equivalent,
     fipa_to_message,
     message_to_fipa,
-    ms_to_reply_by,
     read_fipa,
-    reply_by_to_ms,
-    uri_to_aid,
     write_fipa,
 )
-from cbcl.cli import main
-from cbcl.core._reader import read
-from cbcl.protocol._message import Signature
+from cbcl.trust import Signature
 
 VECTORS = Path(__file__).parent / "vectors" / "fipa"
 JADE = sorted(VECTORS.glob("*.acl"))
@@ -85,7 +89,7 @@ def test_jade_request_converts_to_cbcl_and_back_to_an_equivalent_message() -> No
     assert str(message.sender) == ("fipa-aid://rma@192.168.122.1:1099/JADE"
                               "?address=http://130-000.eduroam.rwth-aachen.de:7778/acc")
     assert message.conversation_id == "C1438784720_1435754381566"
-    assert message.body is not None and str(message.body[0]) == "fipa-content"
+    assert isinstance(message.body, tuple) and str(message.body[0]) == "fipa-content"
     text, back_losses = message_to_fipa(message)
     assert back_losses == []
     back = read_fipa(text)
@@ -365,7 +369,7 @@ def test_near_miss_text_reads_or_raises_cbcl_error(text: str) -> None:
 
 
 _WORDS = st.from_regex(r"[a-z][a-z0-9@:/._-]{0,12}", fullmatch=True)
-_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 _EXPR = st.recursive(
     st.one_of(_WORDS.map(Word), _TEXT, st.from_regex(r"-?[0-9]{1,5}", fullmatch=True)
               .map(Number)),

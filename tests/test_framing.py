@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from cbcl import CBCLError, LimitError, MalformedError
-from cbcl.binary._framing import FrameReader, frame
+from cbcl.binary import FrameReader, frame
 
 payloads = st.lists(st.binary(min_size=1, max_size=300), max_size=8)
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import cbcl
-from cbcl.llm._generate import _MAX_TOKENS, generate_bodies, generate_messages
-from cbcl.protocol._descriptor import read_descriptor
-from cbcl.protocol._schema import check_schema, compile_schema
+from cbcl.conversation import check_schema, compile_schema
+from cbcl.descriptor import read_descriptor
+from cbcl.llm import generate_bodies, generate_messages
+from cbcl.llm._generate import _MAX_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p for p in (ROOT / "descriptors").glob("*.cbcl")
@@ -50,7 +51,10 @@ def test_deterministic_and_varied() -> None:
     assert first == generate_bodies(data, "CFP", 30, seed=1)
     assert first != generate_bodies(data, "CFP", 30, seed=2)
     assert len({cbcl.canonical(b) for b in first}) > 20
-    orders = {tuple(str(x) for x in b if isinstance(x, cbcl.Keyword)) for b in first}
+    orders = set()
+    for b in first:
+        assert isinstance(b, tuple)  # a CFP body is a list
+        orders.add(tuple(str(x) for x in b if isinstance(x, cbcl.Keyword)))
     assert len(orders) > 3  # keyword sets come in several orders
     unchecked = generate_bodies(data, "CFP", 5, seed=1, schema=False, max_depth=1)
     assert len(unchecked) == 5

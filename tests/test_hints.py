@@ -1,5 +1,7 @@
 """Repair hints (issue 16): every refusal as a short instruction — where, what was found,
-what is accepted there, the template of the enclosing list — alike for text and binary."""
+what is accepted there, the template of the enclosing list — alike for text and binary.
+
+Uses one internal: the hint index's cache, emptied."""
 
 from __future__ import annotations
 

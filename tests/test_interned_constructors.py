@@ -2,7 +2,9 @@
 intern tables hold (cbcl.core._values.SYMBOL_TABLE, KEYWORD_TABLE), so a message built in Python
 holds the objects the encoders' tables are keyed by; they give what the checked
 construction gives otherwise - the same value, or the same ValueError - and never add a
-name to the tables."""
+name to the tables.
+
+Tests internals too: the intern tables (``cbcl.core._values``, ``_reader``)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from cbcl_bench import find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
-from cbcl.core import _reader, _values
-from cbcl.core._values import KEYWORD_TABLE, SYMBOL_TABLE, Keyword, Symbol, is_name
+from cbcl import Keyword, Symbol
+from cbcl.core import _reader
+from cbcl.core._values import KEYWORD_TABLE, SYMBOL_TABLE, is_name
+from cbcl.core._vocabulary import NAME_RE
 
 REGISTRY = load_registry(find_descriptors())  # (its grammars' literals: pinned)
 
@@ -25,7 +29,7 @@ def checked(kind: type, name: object) -> Any:
         if kind is Keyword and isinstance(name, str) and name.startswith(":"):
             name = name[1:]
         valid = isinstance(name, str) and (
-            is_name(name) if kind is Symbol else _values._NAME_RE.match(name) is not None)
+            is_name(name) if kind is Symbol else NAME_RE.match(name) is not None)
         return str.__new__(kind, name) if valid else ValueError
     except TypeError:
         return ValueError
@@ -109,7 +113,7 @@ def test_every_interned_name_is_valid() -> None:
             cbcl.parse(message.canonical().encode(), registry=REGISTRY)
             cbcl.decode(encoder.encode(message), registry=REGISTRY)
     assert all(is_name(name) for name in SYMBOL_TABLE)
-    assert all(_values._NAME_RE.match(name) for name in KEYWORD_TABLE)
+    assert all(NAME_RE.match(name) for name in KEYWORD_TABLE)
 
 
 def test_a_message_built_in_python_encodes_as_one_read() -> None:

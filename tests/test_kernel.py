@@ -1,4 +1,6 @@
-"""The recognition kernel, the vocabulary and the budget: the pieces every tier shares."""
+"""The recognition kernel, the vocabulary and the budget: the pieces every tier shares.
+
+Tests internals: the kernel, the vocabulary and the budget are private."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ from cbcl import LimitError, Limits
 from cbcl.binary import _codec
 from cbcl.core import _vocabulary
 from cbcl.core._limits import WORDING, Budget, limit_message
-from cbcl.core._values import _NAME_RE, _URI_RE, is_name
+from cbcl.core._values import (  # type: ignore[attr-defined]  # (not re-exported: checked)
+    _NAME_RE,
+    _URI_RE,
+    is_name,
+)
 from cbcl.grammar import _kernel
 from cbcl.protocol._envelope import envelope_tables
 
@@ -40,7 +46,8 @@ def test_binary_codes_are_the_vocabulary() -> None:
     codes = (_codec.LPAR, _codec.RPAR, _codec.INTEGER, _codec.DECIMAL, _codec.SYMBOL,
              _codec.KEYWORD, _codec.URI_CODE)
     assert codes == tuple(range(7))  # spec/binary.md, and the enum of cbcl/_native_src/speedups.c
-    assert _codec.FIRST_ENTRY == _vocabulary.FIRST_ENTRY == 7
+    # (FIRST_ENTRY: the codec's import from the vocabulary, checked here; not re-exported)
+    assert _codec.FIRST_ENTRY == _vocabulary.FIRST_ENTRY == 7  # type: ignore[attr-defined]
 
 
 def test_the_speedups_probe_tells_a_disagreeing_twin() -> None:

@@ -1,5 +1,7 @@
 """Keyword sets, per-intent start rules and NUMBER (spec/cbcl-1.0.md §4), end to end:
-the subset reader, the checker, the kernel, the stack automaton and pass 2."""
+the subset reader, the checker, the kernel, the stack automaton and pass 2.
+
+Tests internals too: the subset reader, the checker and the automaton are private."""
 
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ from test_protocol import TOKENS
 
 import cbcl
 from cbcl import BodyError, GrammarError, Registry
+from cbcl.descriptor import GrammarLimits, Protocol
 from cbcl.grammar._automaton import StackAutomaton
 from cbcl.grammar._compile import compile_grammar
 from cbcl.grammar._lr import LALR1
-from cbcl.grammar._subset import GrammarLimits, KeywordSet, read_grammar
+from cbcl.grammar._subset import KeywordSet, read_grammar
 from cbcl.protocol._pass2 import recognise_body
-from cbcl.protocol._protocol import Protocol
 
 AUCTION = """\
 body: "(" "withdraw" STRING ")"
@@ -164,6 +166,7 @@ def test_every_order_of_a_four_member_set_is_accepted(registry: Registry,
                                                       order: tuple[int, ...]) -> None:
     body = "(bid " + " ".join(MEMBERS[i] for i in order) + ")"
     parsed = cbcl.parse(message("PROPOSE", body), registry=registry)
+    assert parsed.body is not None
     assert cbcl.canonical(parsed.body) == body  # the sender's order is kept
 
 

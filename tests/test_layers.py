@@ -73,9 +73,11 @@ def _imports(module: str, source: str, *, is_package: bool = False) -> Iterator[
             in_function.update(id(n) for n in ast.walk(node) if n is not node)
     for node in ast.walk(tree):
         targets: list[str] = []
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
+        else:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")[:len(package.split(".")) - node.level + 1]

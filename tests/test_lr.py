@@ -1,6 +1,8 @@
 """Tests for the LR analysis engine (``cbcl.grammar._lr``): verdicts, reports, overlaps,
 budgets, and
-a differential test against lark's LALR(1) table builder."""
+a differential test against lark's LALR(1) table builder.
+
+Tests internals: the LR(1) analysis (``cbcl.grammar._lr``) is private."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import lark
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from cbcl.core._errors import GrammarError
+from cbcl import GrammarError
 from cbcl.grammar._cfg import Grammar, Production
 from cbcl.grammar._lr import (
     AMBIGUOUS,

@@ -1,6 +1,9 @@
 """CBCL over MCP with the real mcp SDK (cbcl/bridges/_mcp.py, spec/interop.md §5): ``cbcl mcp``
 as a real stdio subprocess driven by the SDK's client, the tools' hostile input, and the
-bridge that serves a request/v1 agent as MCP tools, in memory and over stdio."""
+bridge that serves a request/v1 agent as MCP tools, in memory and over stdio.
+
+Tests internals too: ``BridgeTool`` (the tool type ``bridge_server`` takes) and
+``plain_to_value``, from ``cbcl.bridges._mcp``."""
 
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
-from cbcl import Agent, Message, Registry, parse
-from cbcl.bridges._mcp import BridgeTool, bridge_server, plain_to_value, tools_server
-from cbcl.core._values import Keyword, Symbol
+from cbcl import Agent, Keyword, Message, Registry, Symbol, parse
+from cbcl.bridges._mcp import BridgeTool, plain_to_value
+from cbcl.interop import bridge_server, tools_server
 from cbcl.net import Context
 
 ROOT = Path(__file__).parent.parent
@@ -208,7 +211,7 @@ def respond(message: Message, context: Context) -> Any:
     return None
 
 
-TOOLS = [
+TOOLS: list[BridgeTool | str] = [
     BridgeTool("add", "add two integers", {
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
         "required": ["a", "b"], "additionalProperties": False}),

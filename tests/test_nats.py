@@ -2,7 +2,10 @@
 fixtures of tests/nats_fixtures.py: the subject encoding, the handshake and conversations
 over request/reply, a fan-out call, hostile publishers on an agent's subjects, the caps,
 durable delivery through JetStream across a restart, a cluster node killed mid-run, and
-the command line."""
+the command line.
+
+Tests internals too: the subject-token encoding (``cbcl.net._nats``) and the bootstrap's
+NOT-UNDERSTOOD frame."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import nats
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, strategies as st
+from key_files import private_key_pem, public_key_pem
 from nats_fixtures import (
     NatsNode,
     nats_cluster,
@@ -27,24 +31,21 @@ from nats_fixtures import (
 )
 from processes import stop_process
 
-from cbcl.core._errors import LimitError
-from cbcl.core._reader import read
-from cbcl.demo import respond
-from cbcl.net._agent import Agent, Context, ConversationClosed, NegotiationFailed
-from cbcl.net._nats import (
-    NatsBus,
-    NatsLimits,
-    subject_token,
-    token_text,
-)
-from cbcl.net._transport import ConnectionLimits, ConnectionLost
-from cbcl.protocol._message import Intent, Message
-from cbcl.protocol._trust import (
+from cbcl import (
+    Agent,
+    ConnectionLost,
+    ConversationClosed,
+    Intent,
+    LimitError,
+    Message,
+    NegotiationFailed,
     TrustStore,
-    private_key_pem,
-    public_key_pem,
+    read,
     sign_descriptor,
 )
+from cbcl.demo import respond
+from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits
+from cbcl.net._nats import subject_token, token_text
 from cbcl.session._bootstrap import not_understood_frame
 
 ROOT = Path(__file__).parent.parent
@@ -287,8 +288,8 @@ def test_fan_out_cfp_to_five_contractors(server: NatsNode, keys: Keys) -> None:
 def query_frame(keys: Keys, me: str = "agent://test/evil", peer: str = SERVER) -> bytes:
     """A well-formed first frame (a QUERY for contract-net/v1) from ``me``, as a NATS
     payload (no length prefix): what a hostile publisher can make without any key."""
-    from cbcl.protocol._registry import Registry
-    from cbcl.session._session import Query, Session
+    from cbcl import Registry, Session
+    from cbcl.session import Query
 
     registry = Registry()
     protocol = registry.load(PAYLOAD, allow_unsigned=True)
@@ -334,7 +335,7 @@ class Raw:
 
 
 def not_understood_code(payload: bytes) -> str:
-    from cbcl.protocol._api import parse
+    from cbcl import parse
 
     message = parse(payload, envelope_only=True)
     assert message.intent is Intent.NOT_UNDERSTOOD, message
@@ -668,7 +669,7 @@ def test_durable_send_to_an_agent_without_an_inbox(server: NatsNode, keys: Keys)
             with pytest.raises(ConnectionLost, match="no durable inbox"):
                 await sender.send_durable(message, descriptor=keys.signed_request)
             # A message the protocol refuses never leaves.
-            from cbcl.core._errors import CBCLError
+            from cbcl import CBCLError
             bad = Message(message_id=sender.durable_id(), sender=CLIENT,
                           receiver="agent://test/nowhere", intent=Intent.REQUEST,
                           protocol="request/v1", body=read(b"(request)"))

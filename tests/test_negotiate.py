@@ -1,7 +1,9 @@
 """``cbcl serve`` and ``cbcl negotiate`` across two OS processes on loopback, and the demo.
 
 The commands run as ``python -m cbcl.cli._negotiate`` (the ``cbcl`` command line with
-these two commands, whether or not they are wired into ``cbcl.cli._main`` yet)."""
+these two commands, whether or not they are wired into ``cbcl.cli._main`` yet).
+
+Tests internals too: the commands' helpers (``cbcl.cli._negotiate``) and address parsing."""
 
 from __future__ import annotations
 
@@ -71,8 +73,9 @@ def test_nothing_listening_is_one_line(tmp_path: Path,
 
 def _keys(tmp_path: Path) -> dict[str, Path]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from key_files import private_key_pem, public_key_pem
 
-    from cbcl.protocol._trust import private_key_pem, public_key_pem, sign_descriptor
+    from cbcl import sign_descriptor
 
     key = Ed25519PrivateKey.generate()
     trust = tmp_path / "trust"
@@ -95,7 +98,7 @@ class Server:
             [*CLI, "serve", "--listen", listen, "--trust", str(keys["trust"]),
              "--state", str(tmp_path / "state")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-        assert self.process.stdout is not None
+        assert self.process.stdout is not None and self.process.stderr is not None
         first = self.process.stdout.readline()
         assert first.startswith("serve: listening on "), first + self.process.stderr.read()
         self.address = listen if listen.startswith("unix:") else \
@@ -212,8 +215,8 @@ def test_in_process_demo_runs_its_own_loop() -> None:
 def test_negotiate_with_trust_refuses_an_unsigned_server_confirmation(tmp_path: Path) -> None:
     """With --trust, A requires B's Finished signed by a trusted key: a server started
     without --key cannot complete the handshake (the peer is not who A trusts)."""
+    from cbcl import sign_descriptor
     from cbcl.cli._negotiate import _demo_keys, run_initiator
-    from cbcl.protocol._trust import sign_descriptor
 
     key, trust, _server_key, client_trust = _demo_keys(tmp_path)
     payload = (Path(__file__).parent.parent / "cbcl" / "grammars" / "contract-net-v1.cbcl"

@@ -11,7 +11,7 @@ from test_keyword_sets import AUCTION, descriptor
 import cbcl
 from cbcl import Intent, Registry
 from cbcl.cli import main
-from cbcl.llm._prompt import render_prompt
+from cbcl.llm import render_prompt
 
 ROOT = Path(__file__).parent.parent
 SHIPPED = sorted(p for p in (ROOT / "descriptors").glob("*.cbcl")

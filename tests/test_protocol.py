@@ -1,4 +1,6 @@
-"""Descriptors, the guarded compiler, the caches, the registry and pass 2 (draft §3, §4)."""
+"""Descriptors, the guarded compiler, the caches, the registry and pass 2 (draft §3, §4).
+
+Tests internals too: the guarded compiler, the disk cache and pass 2."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from grammar_bodies import bodies
@@ -222,7 +226,8 @@ def generator(name: str, intent: str | None = None) -> tuple[st.SearchStrategy[s
 @pytest.mark.parametrize("name", SHIPPED)
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_generated_bodies_parse(name: str, data: st.DataObject, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+def test_generated_bodies_parse(name: str, data: st.DataObject,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
     strategy, protocol = generator(name)
     body = data.draw(strategy)
     reg = _shared_registry(tmp_path_factory)
@@ -241,7 +246,8 @@ def test_generated_bodies_parse(name: str, data: st.DataObject, tmp_path_factory
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_mutated_bodies_give_a_result_or_a_cbcl_error(name: str, data: st.DataObject,
-                                                     tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+                                                     tmp_path_factory: pytest.TempPathFactory,
+                                                     ) -> None:
     strategy, protocol = generator(name)
     tokens = data.draw(strategy).split(" ")
     if len(tokens) > 1:
@@ -262,7 +268,7 @@ def test_mutated_bodies_give_a_result_or_a_cbcl_error(name: str, data: st.DataOb
 _REGISTRY: list[Registry] = []
 
 
-def _shared_registry(factory) -> Registry:  # type: ignore[no-untyped-def]
+def _shared_registry(factory: pytest.TempPathFactory) -> Registry:
     if not _REGISTRY:
         reg = Registry(cache_dir=factory.mktemp("cache"))
         for name in SHIPPED:
@@ -350,8 +356,12 @@ def test_tampered_cache_entries_are_recompiled(tmp_path: Path,
     _registry.DEFAULT_GRAMMAR_CACHE.clear()
     calls = []
     original = Registry._compile
-    monkeypatch.setattr(Registry, "_compile",
-                        lambda self, g, starts: calls.append(g) or original(self, g, starts))
+
+    def counting(self: Registry, grammar: str, starts: tuple[str, ...]) -> Any:
+        calls.append(grammar)
+        return original(self, grammar, starts)
+
+    monkeypatch.setattr(Registry, "_compile", counting)
     Registry(cache_dir=tmp_path).load(GOOD.encode(), allow_unsigned=True)
     assert len(calls) == 1
 
@@ -374,7 +384,7 @@ def test_compiled_data_is_validated() -> None:
     grammar = (DESCRIPTORS / "grammars" / "request-v1.lark").read_text()
     data = to_data(compile_grammar(grammar, starts=starts_of("request-v1")))
     assert from_data(json.loads(json.dumps(data))).verdict == "LALR(1)"
-    for forge in (
+    forges: tuple[Callable[[dict[str, Any]], object], ...] = (
         lambda d: d["tables"]["actions"][0].update({"LPAR": 10**6}),
         lambda d: d["tables"]["actions"][0].update({"LPAR": -10**6}),
         lambda d: d["tables"].update(start=-1),
@@ -382,7 +392,8 @@ def test_compiled_data_is_validated() -> None:
         lambda d: d.update(format=999),
         lambda d: d.update(verdict="ambiguous"),
         lambda d: d["literals"].update({"LIT_0": 5}),
-    ):
+    )
+    for forge in forges:
         forged = json.loads(json.dumps(data))
         forge(forged)
         with pytest.raises(ValueError):

@@ -1,4 +1,6 @@
-"""The text syntax of draft §1: every rule, and every refusal with its position."""
+"""The text syntax of draft §1: every rule, and every refusal with its position.
+
+Tests internals too: the reader's tiers (``cbcl.core._reader``), held to its careful loop."""
 
 from __future__ import annotations
 
@@ -12,11 +14,10 @@ from hypothesis import given, settings, strategies as st
 from strategies import values as cbcl_values
 
 import cbcl
-from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol
+from cbcl import URI, Keyword, LimitError, Limits, MalformedError, Symbol, Value
 from cbcl.core import _reader
 from cbcl.core._limits import DEFAULT_LIMITS
 from cbcl.core._reader import read_value_at
-from cbcl.core._values import Value
 
 
 def err(text: str | bytes) -> MalformedError:
@@ -374,9 +375,8 @@ def same_value(a: object, b: object) -> bool:
     """Equal with exactly the same types all the way down (and decimals of the same text)."""
     if type(a) is not type(b):
         return False
-    if isinstance(a, tuple):
-        return len(a) == len(b) and all(  # type: ignore[arg-type]
-            same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, tuple) and isinstance(b, tuple):  # (b: the same type as a)
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, Decimal):
         return str(a) == str(b)
     return a == b
@@ -405,10 +405,17 @@ def careful_read(text: str, limits: Limits) -> Value:
     return value
 
 
+def token_kind(text: str, pos: int) -> int | None:
+    """The kind (``lastindex``) of the reader's token at ``pos`` (TOKEN matches anywhere)."""
+    match = _reader.TOKEN.match(text, pos)
+    assert match is not None, (text, pos)
+    return match.lastindex
+
+
 def careful_read_all(text: str, limits: Limits) -> list[Value]:
     out = []
     pos = 0
-    while _reader.TOKEN.match(text, pos).lastindex != _reader.EOF:  # type: ignore[union-attr]
+    while token_kind(text, pos) != _reader.EOF:
         value, pos, _ = _reader.read_value_python(text, pos, limits, 0, 0)
         out.append(value)
     return out
@@ -440,7 +447,9 @@ def check_read(text: str, limits: Limits = DEFAULT_LIMITS, depth: int = 0,
     if found is not None:
         assert reference[0] == "ok", (text, reference)
         value, end, count = found
-        expected_value, expected_end, expected_count = reference[1]  # type: ignore[misc]
+        read_back = reference[1]
+        assert isinstance(read_back, tuple), read_back
+        expected_value, expected_end, expected_count = read_back
         assert same_value(value, expected_value), (text, value, expected_value)
         assert (end, count) == (expected_end, expected_count), text
     elif _reader._read_value_c is not None:
@@ -459,8 +468,10 @@ def public_reads_agree(text: str, limits: Limits, depth: int, nodes: int,
     at = outcome(lambda: read_value_at(text, 0, limits, depth, nodes))
     if careful[0] == "ok":
         assert at[0] == "ok", (text, at)
-        assert same_value(at[1][0], careful[1][0]), text  # type: ignore[index]
-        assert at[1][1:] == careful[1][1:], text  # type: ignore[index]
+        got, expected = at[1], careful[1]
+        assert isinstance(got, tuple) and isinstance(expected, tuple), (got, expected)
+        assert same_value(got[0], expected[0]), text
+        assert got[1:] == expected[1:], text
     else:
         assert at == careful, text
     if depth == nodes == 0:

@@ -9,6 +9,8 @@ count, or declines; the public functions raise exactly the reference's errors (m
 position, context); and on valid text within the limits the C twin never declines. The
 binary decoder has a C twin too, so messages holding the same rare atoms are also decoded
 with and without ``cbcl._native`` and must give the text's values.
+
+Tests internals: the tiers (``cbcl.core._reader``) are private.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from strategies import values as cbcl_values
 from test_reader import outcome, public_reads_agree, same_value
 
 import cbcl
-from cbcl import URI, Keyword, Limits, Symbol
+from cbcl import URI, Keyword, Limits, Symbol, Value
 from cbcl.core import _reader
 from cbcl.core._limits import DEFAULT_LIMITS
-from cbcl.core._values import Value
 
 
 def _scanner_tier() -> Any:
@@ -106,26 +107,29 @@ def render(value: Value | Raw, draw: st.DrawFn) -> str:
 def mix(value: Value, draw: st.DrawFn, rare: st.SearchStrategy[str], count: int,
         ) -> Value | Raw:
     """``value`` with ``count`` rare atoms put at random places (in lists)."""
-    tree: object = value if isinstance(value, tuple) else (value,)
+    tree: tuple[Value, ...] = value if isinstance(value, tuple) else (value,)
     for _ in range(count):
         lists = _lists(tree, ())
         path = draw(st.sampled_from(lists))
         tree = _insert(tree, path, draw(st.integers(0, 10)), Raw(draw(rare)))
-    return tree  # type: ignore[return-value]
+    return tree
 
 
-def _lists(value: object, path: tuple[int, ...]) -> list[tuple[int, ...]]:
+def _lists(value: tuple[Value, ...], path: tuple[int, ...]) -> list[tuple[int, ...]]:
     out = [path]
-    for index, item in enumerate(value):  # type: ignore[arg-type]
+    for index, item in enumerate(value):
         if isinstance(item, tuple):
             out.extend(_lists(item, (*path, index)))
     return out
 
 
-def _insert(value: object, path: tuple[int, ...], at: int, new: object) -> tuple[object, ...]:
-    items = list(value)  # type: ignore[call-overload]
+def _insert(value: tuple[Value, ...], path: tuple[int, ...], at: int,
+            new: Value | Raw) -> tuple[Value, ...]:
+    items = list(value)
     if path:
-        items[path[0]] = _insert(items[path[0]], path[1:], at, new)
+        inner = items[path[0]]
+        assert isinstance(inner, tuple), path  # (a path of _lists: lists all the way)
+        items[path[0]] = _insert(inner, path[1:], at, new)
     else:
         items.insert(min(at, len(items)), new)
     return tuple(items)
@@ -138,7 +142,7 @@ def mixed_texts(draw: st.DrawFn, *, bad: bool) -> str:
     good = st.sampled_from(RARE_GOOD) | st.sampled_from(COMMENTS)
     tree = mix(value, draw, good, draw(st.integers(1, 3)))
     if bad:
-        tree = mix(tree, draw, st.sampled_from(RARE_BAD), 1)  # type: ignore[arg-type]
+        tree = mix(tree, draw, st.sampled_from(RARE_BAD), 1)
     lead = draw(st.sampled_from(["", "", "; lead\n", " \n"]))
     tail = draw(st.sampled_from(["", "", "\n", " ; end", ' ; "end"\n']))
     return lead + render(tree, draw) + tail
@@ -153,7 +157,9 @@ def tiers(text: str, limits: Limits, depth: int = 0, nodes: int = 0) -> tuple[ob
         if found is not None:
             assert careful[0] == "ok", (text, careful)
             value, end, count = found
-            expected, expected_end, expected_count = careful[1]  # type: ignore[misc]
+            read_back = careful[1]
+            assert isinstance(read_back, tuple), read_back
+            expected, expected_end, expected_count = read_back
             assert same_value(value, expected), (text, value, expected)
             assert (end, count) == (expected_end, expected_count), text
     public_reads_agree(text, limits, depth, nodes, careful)
@@ -254,7 +260,7 @@ def _registry() -> cbcl.Registry:
     return REGISTRY_CACHE[0]
 
 
-RARE_VALUES: list[object] = [
+RARE_VALUES: list[Value] = [
     'a"b', '\\"', "Größe ✓ 𝄞", "\x01\n", 2**63 - 1, -(2**63), 1234567890123456789,
     Decimal("12345678901234567890.123456789"), URI("urn-x://dépôt/ü~!$&'*+,=@"),
     Keyword("k" * 40), Symbol("s" * 60)]

@@ -1,7 +1,9 @@
 """The reason table (cbcl/session/_reasons.py) against spec/negotiation.md §4: one row per code,
 every error class the session can meet maps to a documented code, the kind of an error
 decides its code and its wording never does, and every TrustError raise site the session
-can meet names its cause."""
+can meet names its cause.
+
+Tests internals: the reason tables (``cbcl.session._reasons``) are private."""
 
 from __future__ import annotations
 
@@ -16,21 +18,20 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
+from cbcl import CBCLError, RemoteProtocolError, TrustError, TrustStore, sign_descriptor
 from cbcl.core._canonical import quote
-from cbcl.core._errors import CBCLError, TrustError
-from cbcl.protocol._trust import TrustStore, sign_descriptor, sign_message
+from cbcl.session import NOT_UNDERSTOOD_CODES
 from cbcl.session._bootstrap import negotiation_registry
 from cbcl.session._reasons import (
-    NOT_UNDERSTOOD_CODES,
     REASONS,
     REJECT_CODES,
     REJECT_FALLBACK,
     TRUST_CAUSES,
-    RemoteProtocolError,
     class_code,
     error_code,
     reject_reason,
 )
+from cbcl.trust import sign_message
 
 ROOT = Path(__file__).parent.parent
 SPEC = (ROOT / "spec" / "negotiation.md").read_text(encoding="utf-8")

@@ -4,7 +4,9 @@ One test per attack: each asserts the refusal, that a well-behaved peer is serve
 afterwards (or meanwhile), and that the state directory is unchanged where the attack was
 refused (python-tuf's discipline). The server is the real one (`start_serving`, as
 ``cbcl serve`` runs it); attackers are raw sockets, bound to their own loopback addresses
-(all of 127/8 reaches lo on Linux) so per-address caps tell them from good peers."""
+(all of 127/8 reaches lo on Linux) so per-address caps tell them from good peers.
+
+Tests internals: the server of ``cbcl serve`` (``cbcl.cli._negotiate``) is private."""
 
 from __future__ import annotations
 
@@ -19,25 +21,14 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from key_files import public_key_pem
 
 import cbcl
-from cbcl.binary._framing import frame
-from cbcl.cli._negotiate import (
-    NegotiationFailed,
-    ServeConfig,
-    listening_address,
-    run_initiator,
-    start_serving,
-)
-from cbcl.net._transport import (
-    ConnectionLimits,
-    ConnectionLost,
-    ServerLimits,
-    connect,
-    serve,
-)
-from cbcl.protocol._trust import TrustStore, public_key_pem, sign_descriptor
-from cbcl.session._session import Established, Query, Session, Unsupported
+from cbcl import ConnectionLost, NegotiationFailed, Session, TrustStore, sign_descriptor
+from cbcl.binary import frame
+from cbcl.cli._negotiate import ServeConfig, listening_address, run_initiator, start_serving
+from cbcl.net import ConnectionLimits, ServerLimits, connect, serve
+from cbcl.session import Established, Query, Unsupported
 
 ROOT = Path(__file__).parent.parent
 KEY = Ed25519PrivateKey.generate()
@@ -172,7 +163,7 @@ async def offer_only(address: str, document: bytes, tag: str,
                      registry: cbcl.Registry | None = None) -> str:
     """Ask, offer ``document``, and return ``"accepted"`` once the handshake is established
     (the offer recorded), or ``"rejected REASON"``."""
-    from cbcl.session._session import Offer, Rejected
+    from cbcl.session import Offer, Rejected
 
     registry = registry or initiator_registry(document)
     (protocol,) = registry.protocols()
@@ -298,10 +289,11 @@ def test_max_connections_per_peer_refuses_that_peer_only(tmp_path: Path) -> None
 
 async def establish(address: str, tag: str) -> Any:
     session = initiator(tag)
+    protocol = session.registry.get("contract-net/v1")
+    assert protocol is not None
     connection = await connect(address, session)
-    await connection.send(Query("contract-net/v1",
-                                session.registry.get("contract-net/v1").digest, (1,)))
-    from cbcl.session._session import Offer
+    await connection.send(Query("contract-net/v1", protocol.digest, (1,)))
+    from cbcl.session import Offer
 
     while True:
         event = await asyncio.wait_for(connection.next_event(), WAIT)

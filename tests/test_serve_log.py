@@ -3,7 +3,10 @@
 
 Peer data is data: every field the peer chose is escaped in the log (one physical line per
 event, no raw control or bidirectional character, nothing forged at the start of a line),
-and replies are values, so a task id cannot rewrite the server's bid."""
+and replies are values, so a task id cannot rewrite the server's bid.
+
+Tests internals: the server of ``cbcl serve`` (``cbcl.cli._negotiate``) and the escaping of
+peer text (``cbcl.core._display``) are private."""
 
 from __future__ import annotations
 
@@ -15,7 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from key_files import private_key_pem, public_key_pem
 
+from cbcl import (
+    URI,
+    Intent,
+    Keyword,
+    Message,
+    Registry,
+    Session,
+    Symbol,
+    TrustStore,
+    read,
+    sign_descriptor,
+)
 from cbcl.cli._negotiate import (
     CLIENT_NAME,
     SERVER_NAME,
@@ -23,15 +39,9 @@ from cbcl.cli._negotiate import (
     start_serving,
 )
 from cbcl.core._display import escape_invisible, peer_text
-from cbcl.core._reader import read
-from cbcl.core._values import URI, Keyword, Symbol
 from cbcl.demo import OUR_BID, OUR_RESULT, respond
-from cbcl.net._agent import Context
-from cbcl.net._transport import Connection, connect
-from cbcl.protocol._message import Intent, Message
-from cbcl.protocol._registry import Registry
-from cbcl.protocol._trust import TrustStore, private_key_pem, public_key_pem, sign_descriptor
-from cbcl.session._session import (
+from cbcl.net import Connection, Context, connect
+from cbcl.session import (
     Accepted,
     ConnectionClosed,
     Established,
@@ -41,7 +51,6 @@ from cbcl.session._session import (
     ProtocolMessage,
     Query,
     Rejected,
-    Session,
     Unsupported,
 )
 

@@ -1,6 +1,9 @@
 """The sans-io negotiation session (spec/negotiation.md): two sessions wired in memory, fed
 whole and one byte at a time; replays, stale messages; a tampering middleman never gets a
-silent downgrade (a hypothesis state machine over the handshake's steps)."""
+silent downgrade (a hypothesis state machine over the handshake's steps).
+
+Tests internals too: the handshake machine's tables (``cbcl.session._negotiation``) and the
+Finished and rejection values."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -15,33 +19,30 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import cbcl
-from cbcl.binary._framing import frame
-from cbcl.protocol._trust import TrustStore, sign_descriptor
+from cbcl import LocalProtocolError, RemoteProtocolError, Session, TrustStore, sign_descriptor
+from cbcl.binary import frame
+from cbcl.session import (
+    NEED_DATA,
+    Accepted,
+    ConnectionClosed,
+    Established,
+    Event,
+    HandshakeState,
+    NotUnderstood,
+    Offer,
+    ProtocolMessage,
+    Query,
+    Rejected,
+    Unsupported,
+)
 from cbcl.session._negotiation import (
     END_OF_STREAM,
     FINAL,
     ON_FAILURE,
     TRANSITIONS,
     HandshakeMachine,
-    HandshakeState,
 )
-from cbcl.session._session import (
-    NEED_DATA,
-    Accepted,
-    ConnectionClosed,
-    Established,
-    LocalProtocolError,
-    NotUnderstood,
-    Offer,
-    ProtocolMessage,
-    Query,
-    Rejected,
-    RemoteProtocolError,
-    Session,
-    Unsupported,
-    finished_value,
-    reject_reason,
-)
+from cbcl.session._session import finished_value, reject_reason
 
 ROOT = Path(__file__).parent.parent
 NOW = 1_764_500_000_000
@@ -57,14 +58,14 @@ DIGEST_V2 = "sha256:" + hashlib.sha256(V2).hexdigest()
 A_URI, B_URI = "agent://test/a", "agent://test/b"
 
 
-def initiator(payload: bytes = V2, **options: object) -> Session:
+def initiator(payload: bytes = V2, **options: Any) -> Session:
     registry = cbcl.Registry(disk_cache=False, isolate=False)
     registry.load(payload, allow_unsigned=True)
     options.setdefault("signing_key", ("demo", KEY))
     return Session("initiator", registry=registry, me=A_URI, peer=B_URI, **options)
 
 
-def responder(**options: object) -> Session:
+def responder(**options: Any) -> Session:
     registry = cbcl.Registry(trust=STORE, disk_cache=False, isolate=False)
     options.setdefault("require_signed_finished", True)
     return Session("responder", registry=registry, me=B_URI, **options)
@@ -83,15 +84,16 @@ class SessionPair:
     b: Session
     chunk: int = 0
     now: int = NOW
-    events: dict[str, list[object]] = field(default_factory=lambda: {"a": [], "b": []})
+    events: dict[str, list[Event]] = field(default_factory=lambda: {"a": [], "b": []})
 
-    def feed(self, to: Session, data: bytes) -> list[object]:
+    def feed(self, to: Session, data: bytes) -> list[Event]:
         pieces = [data] if not self.chunk else [data[i:i + self.chunk]
                                                 for i in range(0, len(data), self.chunk)]
-        got: list[object] = []
+        got: list[Event] = []
         for piece in pieces:
             to.receive_data(piece)
             while (event := to.next_event(now=self.now)) is not NEED_DATA:
+                assert isinstance(event, Event), event  # (not NEED_WORK: no work is deferred)
                 got.append(event)
         self.events["a" if to is self.a else "b"] += got
         return got
@@ -113,6 +115,12 @@ class SessionPair:
         if self.a.state is HandshakeState.UNSUPPORTED:
             self.feed(self.b, self.a.send(Offer(document), now=self.now))
             self.exchange()
+
+
+def step_after(event: Event) -> str:
+    """The state a :class:`ProtocolMessage` moved its conversation to."""
+    assert isinstance(event, ProtocolMessage) and event.step is not None, event
+    return str(event.step.after)
 
 
 def cfp(number: int = 1) -> cbcl.Message:
@@ -151,7 +159,9 @@ def _spec_section_3() -> list[list[str]]:
 
 
 def test_the_tables_are_section_3_of_the_spec() -> None:
-    messages, ends, failure = {}, {}, None
+    messages: dict[tuple[HandshakeState, str, str], HandshakeState] = {}
+    ends: dict[HandshakeState, HandshakeState] = {}
+    failure: HandshakeState | None = None
     for state, event, sender, target in _spec_section_3():
         after = HandshakeState[target.removesuffix(" (final)")]
         if event == "end of stream":
@@ -170,11 +180,11 @@ def test_the_tables_are_section_3_of_the_spec() -> None:
     assert messages == TRANSITIONS
     assert failure is ON_FAILURE
     assert set(END_OF_STREAM) == set(HandshakeState)
-    for state, after in END_OF_STREAM.items():
+    for ending, after in END_OF_STREAM.items():
         # A state the spec does not name ends in ERROR, a final one stays what it is.
-        expected = ends.get(state, state if state in FINAL and state is not
+        expected = ends.get(ending, ending if ending in FINAL and ending is not
                             HandshakeState.REJECTED else other)
-        assert after is expected, state
+        assert after is expected, ending
 
 
 def test_no_message_leaves_a_final_state_and_the_machine_only_reads_tables() -> None:
@@ -227,9 +237,9 @@ def test_offer_then_conversation(chunk: int, encodings: tuple[str, ...]) -> None
     assert isinstance(accepted, Accepted) and accepted.signers == ("demo",)
     # The conversation runs, tracked on both sides.
     (got,) = pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
-    assert isinstance(got, ProtocolMessage) and str(got.step.after) == "called"
+    assert step_after(got) == "called"
     (got,) = pair.feed(pair.a, pair.b.send(ProtocolMessage(propose()), now=NOW))
-    assert isinstance(got, ProtocolMessage) and str(got.step.after) == "proposed"
+    assert step_after(got) == "proposed"
     # The stream ends in the middle of the conversation: an error, named.
     pair.b.receive_data(b"")
     with pytest.raises(RemoteProtocolError, match=r"conversation \"job-1\" \(in state "
@@ -268,7 +278,8 @@ def test_unsupported_names_the_known_versions_and_rollback_is_rejected() -> None
     pair.exchange()
     assert pair.events["a"][-1] == Rejected("rollback")
     assert pair.a.state is pair.b.state is HandshakeState.REJECTED
-    assert pair.b.registry.get("contract-net/v1").descriptor.version == 2  # unchanged
+    protocol = pair.b.registry.get("contract-net/v1")
+    assert protocol is not None and protocol.descriptor.version == 2  # unchanged
 
 
 @pytest.mark.parametrize(("document", "reason"), [
@@ -308,7 +319,7 @@ def test_reject_reasons_map_every_refusal() -> None:
 
 
 def test_a_grammar_over_the_responders_limits_is_refused() -> None:
-    from cbcl.grammar._subset import GrammarLimits
+    from cbcl.descriptor import GrammarLimits
 
     registry = cbcl.Registry(trust=STORE, disk_cache=False, isolate=False,
                              grammar_limits=GrammarLimits(max_rules=4))
@@ -402,9 +413,9 @@ def test_a_message_out_of_its_conversation_is_refused_locally() -> None:
     assert pair.b.state is HandshakeState.ESTABLISHED
     assert pair.b.data_to_send() == b""
     (got,) = pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
-    assert str(got.step.after) == "called"
+    assert step_after(got) == "called"
     (got,) = pair.feed(pair.a, pair.b.send(ProtocolMessage(propose()), now=NOW))
-    assert str(got.step.after) == "proposed"
+    assert step_after(got) == "proposed"
 
 
 @pytest.mark.parametrize(("body", "error"), [

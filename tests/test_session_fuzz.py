@@ -11,6 +11,9 @@ cbcl-negotiation/v1 messages of every intent, with bodies from the handshake voc
 whose fields are right, wrong, missing or repeated and envelopes right or wrong; (c)
 mutations of a recorded handshake (the signed offer included); (d) contract-net/v1
 messages, text and binary, after ESTABLISHED. The minimal reproducers found come first.
+
+Uses internals to build the peer's messages: the handshake's intents and transitions,
+the rejection codes and the Finished value.
 """
 
 from __future__ import annotations
@@ -19,30 +22,29 @@ import importlib.util
 import itertools
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import event, given, settings, strategies as st
 from strategies import ids, integers, messages, strings, symbols, uris, values
 
 import cbcl
-from cbcl import URI, Intent, Keyword, Symbol
-from cbcl.binary._framing import frame
-from cbcl.protocol._trust import sign_message
-from cbcl.session._negotiation import INTENTS, TRANSITIONS, HandshakeState
+from cbcl import URI, Intent, Keyword, LocalProtocolError, RemoteProtocolError, Symbol
+from cbcl.binary import frame
+from cbcl.session import NOT_UNDERSTOOD_CODES, Event, HandshakeState
+from cbcl.session._negotiation import INTENTS, TRANSITIONS
 from cbcl.session._reasons import REJECT_CODES
-from cbcl.session._session import (
-    NOT_UNDERSTOOD_CODES,
-    LocalProtocolError,
-    RemoteProtocolError,
-    finished_value,
-)
+from cbcl.session._session import finished_value
+from cbcl.trust import sign_message
 
 HERE = Path(__file__).parent
-_spec = importlib.util.spec_from_file_location("fuzz_cbcl", HERE / "fuzz" / "fuzz_cbcl.py")
-assert _spec is not None and _spec.loader is not None
-fuzz_cbcl = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fuzz_cbcl)
+if TYPE_CHECKING:  # (mypy checks tests/fuzz/ too, and finds the module there)
+    import fuzz_cbcl
+else:
+    _spec = importlib.util.spec_from_file_location("fuzz_cbcl", HERE / "fuzz" / "fuzz_cbcl.py")
+    assert _spec is not None and _spec.loader is not None
+    fuzz_cbcl = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(fuzz_cbcl)
 
 KIT = fuzz_cbcl.SessionKit()
 NOW = KIT.NOW
@@ -70,7 +72,7 @@ def text_message(intent: str, body: str = "", *, sender: str = KIT.A, receiver: 
                   f"(intent {intent}) (protocol {protocol}){extra}{stamp}{body})").encode())
 
 
-def feed(scenario: str, data: bytes, now: int = NOW, **options: Any) -> list[object]:
+def feed(scenario: str, data: bytes, now: int = NOW, **options: Any) -> list[Event]:
     """The kit's check: ``data`` whole, then one byte at a time, to fresh sessions."""
     events = KIT.drive(KIT.start(scenario, **options), [data], now)
     KIT.drive(KIT.start(scenario, **options), fuzz_cbcl.cut(data, 1), now)
@@ -143,7 +145,7 @@ def test_a_now_outside_int64_is_refused_before_anything_changes(now: int) -> Non
         session = KIT.start(scenario)
         before = session.state
         session.receive_data(data)
-        got: list[object] = []
+        got: list[Event] = []
         KIT.pump(session, now, got)  # the invariant, or a refusal before any change
         if session.state is before and not got:  # refused: the frame must still be there
             KIT.pump(session, edge, got)
@@ -505,10 +507,11 @@ def test_protocol_messages_after_established(scenario: str, data: st.DataObject)
     _run(data, scenario, b"".join(frames), now)
 
 
-def _outcome(scenario: str, pieces: list[bytes]) -> tuple[object, ...]:
+def _outcome(scenario: str,
+             pieces: list[bytes]) -> tuple[list[object], str | None, HandshakeState]:
     session = KIT.start(scenario)
     events: list[object] = []
-    code = None
+    code: str | None = None
     for piece in pieces:
         if not piece:
             continue  # b"" is the end of the stream, not a piece of it

@@ -1,31 +1,32 @@
 """The session's slow work and what it records (spec/negotiation.md §3, trust.md §6):
 offers verified as deferred work, state recorded only once both Finished are verified and
 decided again under the state lock, trust on first use, the conversation cap, the handshake
-frame cap, and the registry's byte-bounded cache of compiled grammars."""
+frame cap, and the registry's byte-bounded cache of compiled grammars.
+
+Tests internals too: the cache's LRU and sizes, and the grammar compiler, are private."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
-from cbcl.protocol._registry import _LRU, CompileGate, compiled_size
-from cbcl.protocol._trust import TrustStore, sign_descriptor
-from cbcl.session._negotiation import HandshakeState
-from cbcl.session._session import (
+from cbcl import LocalProtocolError, RemoteProtocolError, Session, TrustStore, sign_descriptor
+from cbcl.descriptor import CompileGate
+from cbcl.protocol._registry import _LRU, compiled_size
+from cbcl.session import (
     NEED_DATA,
     NEED_WORK,
     Established,
-    LocalProtocolError,
+    HandshakeState,
     Offer,
     ProtocolMessage,
     Query,
     Rejected,
-    RemoteProtocolError,
-    Session,
 )
 
 ROOT = Path(__file__).parent.parent
@@ -55,7 +56,7 @@ def initiator(payload: bytes) -> Session:
                    signing_key=("alice", ALICE))
 
 
-def responder(state: Path | None = None, **options: object) -> Session:
+def responder(state: Path | None = None, **options: Any) -> Session:
     registry = cbcl.Registry(trust=STORE, disk_cache=False, isolate=False, state_dir=state)
     options.setdefault("require_signed_finished", True)
     return Session("responder", registry=registry, me=B_URI, **options)
@@ -422,7 +423,9 @@ def test_a_grammar_cache_is_an_object_registries_share_or_keep_apart(
     assert len(compiles) == 2
     assert cbcl.Registry().grammar_cache is DEFAULT_GRAMMAR_CACHE
     # Its byte bound: a grammar of exactly max_bytes is kept, one byte less and it is not.
-    net = apart.get("contract-net/v1").descriptor
+    loaded = apart.get("contract-net/v1")
+    assert loaded is not None
+    net = loaded.descriptor
     size = compiled_size(apart.compiled(net.grammar, starts=net.start_rules))
     exact = GrammarCache(max_bytes=size)
     cbcl.Registry(disk_cache=False, isolate=False, grammar_cache=exact).load(

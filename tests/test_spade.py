@@ -2,7 +2,10 @@
 (``spade run``) in a subprocess, a CBCL agent and a SPADE agent that uses
 spade-fipaproto's Request protocol (AchieveREResponder), completing a request/v1
 conversation (REQUEST → AGREE → INFORM), every message checked by both passes and by the
-protocol's conversation."""
+protocol's conversation.
+
+Uses one internal: the adapter's ``jid_to_uri``, so the CBCL agent names itself as the
+adapter names its peer."""
 
 from __future__ import annotations
 
@@ -18,18 +21,19 @@ from typing import Any
 import pytest
 from processes import stop_process
 
-from cbcl import Message, Registry, validate
-from cbcl.bridges._fipa import ConversionError, LossyConversionError
-from cbcl.core._reader import read
-from cbcl.core._values import Symbol
-from cbcl.protocol._conversation import ConversationTracker
+from cbcl import Message, Registry, Symbol, read, validate
+from cbcl.conversation import ConversationTracker
+from cbcl.interop import ConversionError, LossyConversionError
 
-spade_agent = pytest.importorskip("spade.agent")  # the fipa extra (in the test extra: CI)
-spade_behaviour = pytest.importorskip("spade.behaviour")
-spade_message = pytest.importorskip("spade.message")
-fipaproto = pytest.importorskip("spade_fipaproto")
+# the fipa extra (in the test extra: CI); Any: SPADE ships no types, and a module object
+# does not type its attributes (the classes derived from SPADE's are marked where they are)
+spade_agent: Any = pytest.importorskip("spade.agent")
+spade_behaviour: Any = pytest.importorskip("spade.behaviour")
+spade_message: Any = pytest.importorskip("spade.message")
+fipaproto: Any = pytest.importorskip("spade_fipaproto")
 
-from cbcl.bridges._spade import jid_to_uri, message_to_spade, spade_to_message  # noqa: E402
+from cbcl.bridges._spade import jid_to_uri  # noqa: E402
+from cbcl.interop import message_to_spade, spade_to_message  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 HOST = "127.0.0.1"
@@ -79,7 +83,7 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-class Participant(spade_agent.Agent):  # type: ignore[misc]
+class Participant(spade_agent.Agent):  # type: ignore[misc]  # SPADE's classes are Any
     """A SPADE agent that answers fipa-request with spade-fipaproto's responder; it reads
     and writes its messages with the adapter (CBCL bodies, FIPA metadata)."""
 
@@ -119,7 +123,7 @@ class Participant(spade_agent.Agent):  # type: ignore[misc]
         self.add_behaviour(responder, template)
 
 
-class Initiator(spade_agent.Agent):  # type: ignore[misc]
+class Initiator(spade_agent.Agent):  # type: ignore[misc]  # SPADE's classes are Any
     """The CBCL agent: it sends a CBCL REQUEST and follows the request/v1 conversation."""
 
     def __init__(self, *args: Any, registry: Registry, peer: str, **kwargs: Any) -> None:
@@ -136,7 +140,7 @@ class Initiator(spade_agent.Agent):  # type: ignore[misc]
     async def setup(self) -> None:
         agent = self
 
-        class Run(spade_behaviour.OneShotBehaviour):  # type: ignore[misc]
+        class Run(spade_behaviour.OneShotBehaviour):  # type: ignore[misc]  # SPADE: Any
             async def run(self) -> None:
                 try:
                     await self._converse()
@@ -156,7 +160,9 @@ class Initiator(spade_agent.Agent):  # type: ignore[misc]
                 agent.tracker.receive(request, now=_now())
                 start = time.perf_counter()
                 await self.send(message_to_spade(request))
-                while not agent.tracker.get("conv-1", request.receiver).finished:
+                thread = agent.tracker.get("conv-1", request.receiver)
+                assert thread is not None, "the request did not open the conversation"
+                while not thread.finished:
                     reply = await self.receive(timeout=10)
                     assert reply is not None, "no reply within 10 s"
                     agent.round_trips.append((time.perf_counter() - start) * 1000)

@@ -3,7 +3,9 @@ read, decide and write through ``StateStore.update`` never lose an update or rec
 version over a newer one, and every wait for the lock ends by ``lock_timeout``.
 
 Each race test sleeps inside ``decide`` to widen the window between the read and the write,
-so an implementation without the lock fails it reliably."""
+so an implementation without the lock fails it reliably.
+
+Tests internals: the state store (``cbcl.protocol._state``) is private."""
 
 from __future__ import annotations
 

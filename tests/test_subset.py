@@ -1,4 +1,6 @@
-"""Tests for cbcl.grammar._subset: the descriptor grammar subset reader and its generators."""
+"""Tests for cbcl.grammar._subset: the descriptor grammar subset reader and its generators.
+
+Tests internals: the subset reader, its CFG and lark generators are private."""
 
 from __future__ import annotations
 
@@ -8,18 +10,20 @@ import inspect
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lark
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from lark import Tree
 from lark.lexer import Lexer, Token
 
-from cbcl.core._errors import GrammarError, Position
+from cbcl import GrammarError, Position
+from cbcl.descriptor import GrammarLimits
 from cbcl.grammar._cfg import Grammar, Production
 from cbcl.grammar._subset import (
     MAX_GROUP_DEPTH_CEILING,
-    GrammarLimits,
     GrammarSource,
     Group,
     Literal,
@@ -62,9 +66,16 @@ class TokenListLexer(Lexer):
     def __init__(self, lexer_conf: object) -> None:
         pass
 
-    def lex(self, data):  # type: ignore[override]
+    # (lark's custom-lexer protocol: lex() is given what parse() was, here the token list)
+    def lex(self, data: list[tuple[str, str]]) -> Iterator[Token]:  # type: ignore[override]
         for kind, value in data:
             yield Token(kind, value)
+
+
+def rule_node(node: Tree[Token] | Token) -> Tree[Token]:
+    """A child of a parse tree that is a rule's node, not a token."""
+    assert isinstance(node, Tree), node
+    return node
 
 
 def compile_lark(grammar_text: str, start: str, **options: object) -> lark.Lark:
@@ -515,7 +526,7 @@ def short(k: int) -> str:
     return "".join(chr(97 + (k // 26**p) % 26) for p in (2, 1, 0))
 
 
-HOSTILE = {
+HOSTILE: dict[str, str | bytes] = {
     "500-deep grouping": "body: " + "(" * 500 + '"a"' + ")" * 500,
     "500-deep optional": "body: " + "[" * 500 + '"a"' + "]" * 500,
     "3000-rule chain": chain(3000),
@@ -571,6 +582,7 @@ def test_hostile_inputs_refused_quickly(name: str) -> None:
                                   "many optionals", "many groups", "long name"])
 def test_hostile_inputs_are_refusals(name: str) -> None:
     text = HOSTILE[name]
+    assert isinstance(text, str), name  # (the one given as bytes is not among these)
     assert len(text.encode()) <= 32_768 or "KiB" in name or name == "3000-rule chain"
     error = refused(text)
     assert len(error.message) < 200 and len(error.context or "") < 250
@@ -616,14 +628,14 @@ def test_to_lark_task_assignment_compiles_strict_and_parses() -> None:
     parser = compile_lark(generated.text, generated.start, parser="lalr", strict=True)
     tree = parser.parse(task_tokens())
     assert tree.data == "p_body"
-    task = tree.children[0]
+    task = rule_node(tree.children[0])
     assert task.data == "p_task"
     # helper rules are spliced: the task node holds the attrs directly
     assert [c.type if isinstance(c, Token) else c.data for c in task.children] == [
         "LPAR", "LIT_0", "KEYWORD", "STRING", "p_attr", "p_attr", "RPAR"]
-    command = task.children[4].children[1]
+    command = rule_node(rule_node(task.children[4]).children[1])
     assert command.data == "p_command"
-    value = command.children[-2]
+    value = rule_node(command.children[-2])
     assert value.data == "cbcl_value" and len(value.children) == 4
     with pytest.raises(lark.exceptions.UnexpectedInput):
         parser.parse(task_tokens()[:-1])
@@ -636,7 +648,7 @@ def test_to_lark_layered_expression_compiles_strict() -> None:
     parser = compile_lark(generated.text, "q_body", parser="lalr", strict=True)
     tree = parser.parse([("INTEGER", "1"), ("LIT_0", "+"), ("LPAR", "("), ("INTEGER", "2"),
                          ("LIT_1", "*"), ("INTEGER", "3"), ("RPAR", ")")])
-    assert tree.data == "q_body" and tree.children[0].data == "q_sum"
+    assert tree.data == "q_body" and rule_node(tree.children[0]).data == "q_sum"
 
 
 @pytest.mark.parametrize("name", ["ambiguous-expression.lark", "dangling-else.lark",
@@ -665,7 +677,7 @@ def test_to_lark_aliases_inline_and_helpers() -> None:
     tree = parser.parse([("SYMBOL", "a"), ("LPAR", "("), ("SYMBOL", "b"), ("RPAR", ")")])
     assert tree.data == "p_items"
     assert tree.children[0] == Token("SYMBOL", "a")  # ?item inlined
-    assert tree.children[1].data == "p_item"  # three children: kept
+    assert rule_node(tree.children[1]).data == "p_item"  # three children: kept
     assert parser.parse([]).data == "p_none"
 
 

@@ -1,7 +1,10 @@
 """Trust (spec/trust.md): one test per attack, python-tuf style. Each asserts the precise
 refusal (``reason``), that the caller-facing message does not vary with the cause, and that
 the trusted state — the registry's protocols and the state directory's bytes — is exactly
-as it was before."""
+as it was before.
+
+Tests internals too: the PAE encoding and the Ed25519 point checks of
+``cbcl.protocol._trust``."""
 
 from __future__ import annotations
 
@@ -125,6 +128,7 @@ def test_signed_descriptor_loads_and_is_recorded(world: World) -> None:
     protocol = world.registry.get("p/v1")
     assert protocol is not None and protocol.descriptor.version == 2
     record = json.loads((world.state / "p%2Fv1.json").read_text())
+    assert world.registry.trust is not None
     alice = world.registry.trust.fingerprint("alice")
     assert record == {"format": "cbcl-state/3", "protocol": "p/v1", "version": 2,
                       "digest": protocol.digest, "keys": [alice],  # bound to its signer
@@ -302,7 +306,8 @@ def test_keys_outside_the_prime_order_subgroup_are_refused() -> None:
     mixed = (y | (x & 1) << 255).to_bytes(32, "little")
     assert public_key_problem(mixed) == "public key is not in the prime-order subgroup"
     assert public_key_problem(b"\x02" + bytes(31)) == "public key is not a point of edwards25519"
-    assert public_key_problem(bytes(31)).startswith("an Ed25519 public key is 32 bytes")
+    short = public_key_problem(bytes(31))
+    assert short is not None and short.startswith("an Ed25519 public key is 32 bytes")
 
 
 @pytest.mark.parametrize("kind", ["rsa", "p256"])

@@ -1,6 +1,9 @@
 """Reading trust and state files (spec/trust.md §3, §6): regular files only, symbolic links
 followed only to regular files, every size and count cap at exactly N accepted and N + 1
-refused, and hostile content a TrustError — never a hang, MemoryError or RecursionError."""
+refused, and hostile content a TrustError — never a hang, MemoryError or RecursionError.
+
+Tests internals: the file reader and the caps (``cbcl.core._files``,
+``cbcl.protocol._trust``, ``_state``) are private."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (connections, servers, their limits and the pool for slow work; ``NatsBus`` and
 ``NatsLimits``, spec/nats.md, imported when first used: they need the ``nats`` extra)."""
 
-from typing import Any as _Any
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
 from ..core._errors import ConnectionLost
 from ._agent import (
@@ -24,6 +24,9 @@ from ._transport import (
     connect,
     serve,
 )
+
+if _TYPE_CHECKING:  # typed (at run time __getattr__ imports them)
+    from ._nats import NatsBus as NatsBus, NatsLimits as NatsLimits
 
 __all__ = [
     "Agent",

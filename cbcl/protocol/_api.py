@@ -20,7 +20,16 @@ from ..core._reader import (
     position_of,
     utf8_of,
 )
-from ..core._values import ATOM_TERMINALS, INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..core._values import (
+    ATOM_TERMINALS,
+    INT64_MAX,
+    INT64_MIN,
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+    ValueInput,
+)
 from ..grammar._automaton import ACCEPT, REFUSED
 from ._envelope import ENVELOPE_TABLES, message_of_python, parse_envelope, scan_envelope
 from ._message import Message
@@ -166,7 +175,7 @@ def accept_document_python(value: Value, registry: Registry) -> Message | None:
     return message if accepted is not False else None
 
 
-def canonical(value: Value | Message) -> str:
+def canonical(value: ValueInput | Message) -> str:
     """The canonical text (draft §1.2) of a value or a :class:`Message`.
 
     Raises ``TypeError`` for a non-CBCL value and ``ValueError`` for one out of range.

@@ -20,6 +20,9 @@ scenario, one choosing ``now`` (:data:`SESSION_NOWS`), one choosing how the stre
 end of the stream), and the stream. The session must give only events, ``NEED_DATA`` or a
 ``RemoteProtocolError`` (then at most one NOT-UNDERSTOOD waits to be sent, and nothing
 ever again); a ``now`` outside int64 may also be refused, before anything changes.
+
+Tests internals too: the careful paths and C twins it compares are private (``_api``,
+``_codec``, ``_reader``, ``_envelope``), as is the grammar compiler.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (only for annotations: the harness imports cbcl under atheris's eye)
+    from cbcl import Message, Registry, Session
+    from cbcl.session import Event
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DESCRIPTORS = ("task-assignment-v1", "contract-net-v1", "request-v1", "canon-a-v1")
@@ -120,12 +128,9 @@ class SessionKit:
         import typing
 
         import cbcl
-        from cbcl.protocol._trust import (
-            TrustStore,
-            load_private_key,
-            read_signed_descriptor_unverified,
-        )
+        from cbcl import TrustStore, load_private_key
         from cbcl.session import _session
+        from cbcl.trust import read_signed_descriptor_unverified
 
         self.cbcl = cbcl
         self.S = _session
@@ -147,12 +152,13 @@ class SessionKit:
         self.negotiation = _session.negotiation_registry()
         self._recorded: dict[str, list[tuple[str, int, bytes]]] = {}
 
-    def _registry(self) -> object:
+    def _registry(self) -> Registry:
         return self.cbcl.Registry(trust=self.store, disk_cache=False, isolate=False)
 
-    def _pair(self, flow: str, defer_work: bool) -> tuple[object, object]:
+    def _pair(self, flow: str, defer_work: bool) -> tuple[Session, Session]:
         _, encodings, knows = SESSION_FLOWS[flow]
-        options = {"defer_work": True} if defer_work and self.can_defer else {}
+        # (a Session without defer_work is not passed it)
+        options: dict[str, Any] = {"defer_work": True} if defer_work and self.can_defer else {}
         a = self.cbcl.Session("initiator", registry=self.initiator_registry, me=self.A,
                               peer=self.B, encodings=encodings, nonce=self.A_NONCE,
                               signing_key=(self.KEY_ID, self.key),
@@ -165,7 +171,7 @@ class SessionKit:
                               require_signed_finished=True, **options)
         return a, b
 
-    def conversation_message(self, what: str) -> object:
+    def conversation_message(self, what: str) -> Message:
         """One message of the contract-net/v1 conversation the flows run (A is the
         manager); ``timestamp`` is left for ``send`` to fill in."""
         cbcl = self.cbcl
@@ -181,13 +187,14 @@ class SessionKit:
                                  's3://renders/t-1.mp4 :bytes 734003200))'),
         }[what]
         replies = {"propose": "cn-cfp", "accept": "cn-propose", "inform": "cn-accept"}
-        return cbcl.Message(message_id=f"cn-{what}", sender=self.A if a_to_b else self.B,
-                            receiver=self.B if a_to_b else self.A, intent=intent,
-                            protocol="contract-net/v1", conversation_id="job-1",
-                            in_reply_to=replies.get(what), body=cbcl.read(body))
+        message: Message = cbcl.Message(
+            message_id=f"cn-{what}", sender=self.A if a_to_b else self.B,
+            receiver=self.B if a_to_b else self.A, intent=intent, protocol="contract-net/v1",
+            conversation_id="job-1", in_reply_to=replies.get(what), body=cbcl.read(body))
+        return message
 
     def _run(self, flow: str, stop: int | None, defer_work: bool = False,
-             record: list[tuple[str, int, bytes]] | None = None) -> tuple[object, object]:
+             record: list[tuple[str, int, bytes]] | None = None) -> tuple[Session, Session]:
         """Take the first ``stop`` steps of ``flow`` (all: ``None``); with ``record``, note
         every delivery as ``(side, step, bytes)``."""
         S = self.S
@@ -205,7 +212,9 @@ class SessionKit:
                 me.receive_data(data)
                 while (event := me.next_event(now=self.NOW)) is not S.NEED_DATA:
                     if event is self.need_work:
-                        me.complete_work(me.pending_work.run())
+                        work = me.pending_work
+                        assert work is not None, "NEED_WORK without pending work"
+                        me.complete_work(work.run())
                 inbox[other] += me.data_to_send()
                 continue
             if what == "query":
@@ -218,7 +227,7 @@ class SessionKit:
             inbox[other] += me.send(event, now=self.NOW)
         return a, b
 
-    def start(self, scenario: str, *, defer_work: bool = False) -> object:
+    def start(self, scenario: str, *, defer_work: bool = False) -> Session:
         """A fresh session in ``scenario``'s state."""
         flow, side, stop = SESSION_SCENARIOS[scenario]
         a, b = self._run(flow, stop, defer_work)
@@ -239,14 +248,14 @@ class SessionKit:
 
     # ----------------------------------------------------------------- the invariant
 
-    def drive(self, session: object, pieces: list[bytes], now: int, *,
-              eof: bool = False) -> list[object]:
+    def drive(self, session: Session, pieces: list[bytes], now: int, *,
+              eof: bool = False) -> list[Event]:
         """Feed ``pieces``, then (``eof``) the end of the stream, taking events after each
         until ``NEED_DATA``; return the events. Raises AssertionError when the session
         breaks the invariant, and lets any exception that is not a ``CBCLError`` through:
         only events, or a ``RemoteProtocolError`` (then at most one NOT-UNDERSTOOD waits to
         be sent, and nothing after), or ``LocalProtocolError`` once in ERROR."""
-        events: list[object] = []
+        events: list[Event] = []
         for piece in [*pieces, b""] if eof else pieces:
             quiet = session.state.value == "ERROR"
             session.receive_data(piece)  # never raises for the peer's bytes
@@ -255,7 +264,7 @@ class SessionKit:
             self.pump(session, now, events)
         return events
 
-    def pump(self, session: object, now: int, events: list[object]) -> None:
+    def pump(self, session: Session, now: int, events: list[Event]) -> None:
         """Take events until ``NEED_DATA`` (or an error), checking each (see :meth:`drive`).
         A ``now`` outside int64 may instead be refused with ``TypeError``/``ValueError``,
         but only before anything changed (the same state, nothing to send)."""
@@ -295,6 +304,7 @@ class SessionKit:
                 return
             if event is self.need_work and event is not None:
                 work = session.pending_work
+                assert work is not None, "NEED_WORK without pending work"
                 try:
                     outcome = work.run()
                 except self.cbcl.CBCLError as exc:
@@ -377,8 +387,8 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
     import cbcl
     from cbcl.binary import _codec
     from cbcl.core._reader import decode
+    from cbcl.descriptor import GrammarLimits
     from cbcl.grammar._compile import compile_grammar
-    from cbcl.grammar._subset import GrammarLimits
     from cbcl.protocol import _api
     from cbcl.protocol._envelope import scan_envelope
 
@@ -446,7 +456,7 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
         assert decoders[0].decode(frame) == message
 
     def decoder(data: bytes) -> None:
-        outcomes = []
+        outcomes: list[object] = []
         for one in decoders:
             try:
                 outcomes.append(one.decode(data))
@@ -457,8 +467,10 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
         # Decoder.decode's C entry gives what the Python method gives.
         assert outcomes[0] == outcome(_codec.decode_python, decoders[0], data)
         # The whole-frame C call gives the decoder's message, or leaves the frame to it.
-        if decoders[0]._frame_state is not None:
-            found = _codec._decode_frame_c(data, decoders[0]._frame_state)
+        if decoders[0]._frame_state is not None:  # (then cbcl._native is built)
+            from cbcl._native import decode_frame
+
+            found = decode_frame(data, decoders[0]._frame_state)
             assert found is None or found == outcomes[1], (found, outcomes[1])
 
     def descriptor(data: bytes) -> None:

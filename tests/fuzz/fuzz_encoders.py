@@ -22,6 +22,8 @@ holding it (or its items) in envelope fields and a signature too are written by
 finding (an AssertionError: libFuzzer stops and writes the input to ``crash-*``).
 ``tests/fuzz/asan_build.sh`` runs this harness against the extension built with
 AddressSanitizer and UBSan.
+
+Tests internals: the C and Python twins (``cbcl.core._canonical``) are private.
 """
 
 from __future__ import annotations
@@ -111,8 +113,7 @@ def _outcome(fn: Any, *args: Any) -> Any:
 
 def _setup() -> Any:
     import cbcl
-    from cbcl import URI, Intent, Message, Symbol
-    from cbcl.binary._codec import Encoder
+    from cbcl import URI, Encoder, Intent, Message, Symbol
     from cbcl.core._canonical import canonical_value, canonical_value_python, native
     from cbcl.trust import Signature
 

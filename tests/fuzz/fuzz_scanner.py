@@ -16,6 +16,8 @@ bytes replaced, as ``cbcl.parse`` never passes them on). Any disagreement is an
 AssertionError: libFuzzer stops and writes the input to ``crash-*``.
 ``tests/fuzz/asan_build.sh`` runs this harness against the extension built with
 AddressSanitizer and UBSan.
+
+Tests internals: the reader's tiers (``cbcl.core._reader``) are private.
 """
 
 from __future__ import annotations
