@@ -765,6 +765,16 @@ def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
     assert len(seen) == 2 * 2 * 3 * conversations and set(seen.values()) == {1}  # none twice
 
 
+async def until(condition: Callable[[], bool], deadline: float = 20.0) -> None:
+    """Wait until ``condition()`` holds (polled on the loop), or fail at ``deadline`` s."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while not condition():
+        if loop.time() > end:
+            raise AssertionError("the condition did not hold in time")
+        await asyncio.sleep(0.01)
+
+
 def test_a_lost_frame_is_repeated_and_a_lost_answer_resent(server: NatsNode,
                                                             keys: Keys) -> None:
     """NATS delivers at most once. With the responder's (then the initiator's) session
@@ -793,7 +803,8 @@ def test_a_lost_frame_is_repeated_and_a_lost_answer_resent(server: NatsNode,
             # The CFP is lost: the responder is not listening.
             back = await gap(served)
             waiting = asyncio.ensure_future(conversation.send(Intent.CFP, CFP_BODY))
-            await asyncio.sleep(0.2)
+            # (the gap lasts until the opener has repeated the frame, whatever the load)
+            await until(lambda: bus.stats["retransmits"] >= 1)
             await back
             proposal = await waiting
             assert proposal is not None and proposal.intent is Intent.PROPOSE
@@ -802,7 +813,7 @@ def test_a_lost_frame_is_repeated_and_a_lost_answer_resent(server: NatsNode,
             # answered from the responder's cache, not handled again.
             back = await gap(bus)
             waiting = asyncio.ensure_future(conversation.send(Intent.ACCEPT, ACCEPT_BODY))
-            await asyncio.sleep(0.2)
+            await until(lambda: served.stats["duplicates"] >= 1)
             await back
             done = await waiting
             assert done is not None and done.intent is Intent.INFORM
