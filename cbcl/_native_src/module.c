@@ -32,12 +32,6 @@
  * items of tuples and dicts that only the GIL keeps from changing under them.
  */
 #include "native.h"
-#if PY_VERSION_HEX < 0x030C0000 /* (Python.h has these names from 3.12 on) */
-#include <structmember.h>
-#define Py_T_OBJECT_EX T_OBJECT_EX
-#define Py_T_PYSSIZET T_PYSSIZET
-#define Py_READONLY READONLY
-#endif
 
 /* ------------------------------------------------------------------------- MethodEntry */
 

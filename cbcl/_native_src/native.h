@@ -7,6 +7,15 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h> /* (offsetof, for the PyMemberDef tables: 3.12's Python.h no longer
+                     * brings it in through structmember.h) */
+#if PY_VERSION_HEX < 0x030C0000 /* (Python.h has these names from 3.12 on: the
+                                  * PyMemberDef types and flags) */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_READONLY READONLY
+#endif
 
 #if defined(__GNUC__) || defined(__clang__)
 #define CBCL_INTERNAL __attribute__((visibility("hidden")))

@@ -58,12 +58,6 @@
 #include "cstack.h"
 #include "entry.h"
 #include "native.h"
-#if PY_VERSION_HEX < 0x030C0000 /* (Python.h has these names from 3.12 on) */
-#include <structmember.h>
-#define Py_T_OBJECT_EX T_OBJECT_EX
-#define Py_T_PYSSIZET T_PYSSIZET
-#define Py_READONLY READONLY
-#endif
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
        FIRST_ENTRY = 7 };
