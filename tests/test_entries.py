@@ -63,7 +63,7 @@ def test_a_method_entry_is_called_as_its_method() -> None:
     if Encoder.encode is _codec.encode_python:
         pytest.skip("cbcl._native is not built")
     encoder = Encoder(REGISTRY, validate=False)
-    bound = encoder.encode
+    bound: Any = encoder.encode  # (a bound method: __self__)
     assert bound.__self__ is encoder and bound(MESSAGES[0]) == FRAMES[0]
     assert Encoder.encode(encoder, MESSAGES[0]) == FRAMES[0]
     with pytest.raises(TypeError, match="doesn't apply to a 'Decoder' object"):
