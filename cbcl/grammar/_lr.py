@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..core._errors import GrammarError
@@ -98,15 +98,16 @@ class Tree:
     children: tuple[Tree, ...] = ()
     leaf: bool = False
 
-    def render(self) -> str:
-        """Bracket form, Bison style: ``e → [ e → [ INTEGER ] "+" e → [ INTEGER ] ]``."""
+    def render(self, folded: Callable[[Tree], bool] | None = None) -> str:
+        """Bracket form, Bison style: ``e → [ e → [ INTEGER ] "+" e → [ INTEGER ] ]``; a
+        subtree below the root for which ``folded`` is true is shown by its label only."""
         out: list[str] = []
         stack: list[Tree | str] = [self]
         while stack:
             node = stack.pop()
             if isinstance(node, str):
                 out.append(node)
-            elif node.leaf:
+            elif node.leaf or (folded is not None and node is not self and folded(node)):
                 out.append(node.label)
             else:
                 out.append(f"{node.label} → [")
@@ -257,24 +258,8 @@ def _compact_derivations(one: Tree, two: Tree) -> tuple[str, str]:
         a, b = a.children[diff[0]], b.children[diff[0]]
     sa, sb = _signatures(a), _signatures(b)
     shared = set(sa.values()) & set(sb.values())
-    out = []
-    for root, sigs in ((a, sa), (b, sb)):
-        words: list[str] = []
-        stack: list[Tree | str] = [root]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, str):
-                words.append(node)
-            elif node.leaf or (node is not root and sigs[id(node)] in shared):
-                words.append(node.label)
-            else:
-                words.append(f"{node.label} → [")
-                stack.append("]")
-                if not node.children:
-                    stack.append("ε")
-                stack.extend(reversed(node.children))
-        out.append(" ".join(words))
-    return out[0], out[1]
+    return (a.render(lambda node: sa[id(node)] in shared),
+            b.render(lambda node: sb[id(node)] in shared))
 
 
 def _render_conflict(c: Conflict, number: int, total: int) -> list[str]:
