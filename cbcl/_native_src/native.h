@@ -7,8 +7,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <stddef.h> /* (offsetof, for the PyMemberDef tables: 3.12's Python.h no longer
-                     * brings it in through structmember.h) */
+#include <stddef.h> /* (offsetof, for the PyMemberDef tables: structmember.h, which
+                     * brought it in, is included below only before 3.12) */
 #if PY_VERSION_HEX < 0x030C0000 /* (Python.h has these names from 3.12 on: the
                                   * PyMemberDef types and flags) */
 #include <structmember.h>
