@@ -172,13 +172,15 @@ def contenders(registry: cbcl.Registry, before: types.ModuleType | None,
     out: dict[str, Callable[[bytes], object]] = {"read": cbcl.read, "parse": parse}
     if before is not None:
         old_read_value_at = before.read_value_at
+        # pass 1's globals, where its read_value_at (imported from _reader) is looked up
+        envelope_globals = vars(_envelope)
 
         def parse_before(text: bytes) -> object:
-            _envelope.read_value_at = old_read_value_at  # type: ignore[attr-defined]
+            envelope_globals["read_value_at"] = old_read_value_at
             try:
                 return cbcl.parse(text, registry=registry)
             finally:
-                _envelope.read_value_at = _reader.read_value_at  # type: ignore[attr-defined]
+                envelope_globals["read_value_at"] = _reader.read_value_at
 
         out["read before"] = before.read
         out["parse before"] = parse_before
