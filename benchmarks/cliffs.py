@@ -157,7 +157,7 @@ def reader_at(ref: str) -> types.ModuleType:
     spec = importlib.util.spec_from_loader("cbcl._reader_before", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
-    module.__package__ = "cbcl"
+    module.__package__ = _reader.__package__  # cbcl.core: its relative imports
     exec(compile(source, f"{ref}:cbcl/core/_reader.py", "exec"), module.__dict__)
     for name in ("_SYMBOLS", "_KEYWORDS", "_PINNED_SYMBOLS", "_PINNED_KEYWORDS"):
         setattr(module, name, getattr(_reader, name))
