@@ -157,7 +157,7 @@ def reader_at(ref: str) -> types.ModuleType:
     spec = importlib.util.spec_from_loader("cbcl._reader_before", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
-    module.__package__ = "cbcl"
+    module.__package__ = _reader.__package__  # cbcl.core: its relative imports
     exec(compile(source, f"{ref}:cbcl/core/_reader.py", "exec"), module.__dict__)
     for name in ("_SYMBOLS", "_KEYWORDS", "_PINNED_SYMBOLS", "_PINNED_KEYWORDS"):
         setattr(module, name, getattr(_reader, name))
@@ -172,13 +172,15 @@ def contenders(registry: cbcl.Registry, before: types.ModuleType | None,
     out: dict[str, Callable[[bytes], object]] = {"read": cbcl.read, "parse": parse}
     if before is not None:
         old_read_value_at = before.read_value_at
+        # pass 1's globals, where its read_value_at (imported from _reader) is looked up
+        envelope_globals = vars(_envelope)
 
         def parse_before(text: bytes) -> object:
-            _envelope.read_value_at = old_read_value_at  # type: ignore[attr-defined]
+            envelope_globals["read_value_at"] = old_read_value_at
             try:
                 return cbcl.parse(text, registry=registry)
             finally:
-                _envelope.read_value_at = _reader.read_value_at  # type: ignore[attr-defined]
+                envelope_globals["read_value_at"] = _reader.read_value_at
 
         out["read before"] = before.read
         out["parse before"] = parse_before

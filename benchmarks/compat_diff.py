@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 from cbcl.core._canonical import quote
 from cbcl.protocol._compat import CompatReport, diff_descriptors
+
+if TYPE_CHECKING:
+    from pytest_benchmark.fixture import BenchmarkFixture
 
 RULES = 64
 
@@ -59,12 +63,12 @@ NEW = descriptor(RULES, 2, True)
 NARROWED = descriptor(RULES, 2, False, narrow_last=True)
 
 
-def test_diff_64_rules_compatible(benchmark) -> None:  # type: ignore[no-untyped-def]
+def test_diff_64_rules_compatible(benchmark: BenchmarkFixture) -> None:
     report: CompatReport = benchmark(diff_descriptors, OLD, NEW)
     assert report.verdict == "compatible"
 
 
-def test_diff_64_rules_breaking(benchmark) -> None:  # type: ignore[no-untyped-def]
+def test_diff_64_rules_breaking(benchmark: BenchmarkFixture) -> None:
     report: CompatReport = benchmark(diff_descriptors, OLD, NARROWED)
     assert report.verdict == "breaking"
 

@@ -26,9 +26,10 @@ import importlib.util
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -63,6 +64,15 @@ def sets(registry: Registry, descriptors: Path, count: int) -> dict[str, list[Me
     return out
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def apply_all(function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``function`` of each item: a contender's pass (bound by ``functools.partial``)."""
+    return [function(item) for item in items]
+
+
 def measure(contenders: dict[str, Callable[[], object]], rounds: int,
             count: int) -> dict[str, float]:
     best = dict.fromkeys(contenders, float("inf"))
@@ -78,7 +88,9 @@ def run(count: int, rounds: int, baseline: str | None) -> dict[str, Any]:
     try:
         import msgspec
     except ImportError:  # pragma: no cover
-        msgspec = None
+        have_msgspec = False
+    else:
+        have_msgspec = True
     descriptors = find_descriptors()
     registry = load_registry(descriptors)
     encoder = Encoder(registry)
@@ -97,10 +109,10 @@ def run(count: int, rounds: int, baseline: str | None) -> dict[str, Any]:
         for decoder in decoders.values():
             assert [decoder.decode(frame) for frame in frames] == messages
         contenders: dict[str, Callable[[], object]] = {
-            label: (lambda fs=frames, d=decoder.decode: [d(f) for f in fs])
+            label: partial(apply_all, decoder.decode, frames)
             for label, decoder in decoders.items()}
         protocol = name.split("/")[0]
-        if msgspec is not None and name != "generated":
+        if have_msgspec and name != "generated":
             peers = typed_peers(protocol)
             typed = msgspec.msgpack.Decoder(peers.msgspec_type)
             check = peers.msgspec_check
@@ -108,7 +120,8 @@ def run(count: int, rounds: int, baseline: str | None) -> dict[str, Any]:
             packed = [msgspec.msgpack.encode(msgspec.json.decode(natural_json(m)))
                       for m in messages]
 
-            def msgspec_decode(ps: list[bytes] = packed, d: Any = typed.decode,
+            def msgspec_decode(ps: list[bytes] = packed,
+                               d: Callable[[bytes], object] = typed.decode,
                                c: Callable[[Any], None] = check) -> None:
                 for p in ps:
                     c(d(p))

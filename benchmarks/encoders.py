@@ -29,16 +29,17 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cbcl_bench import PROTOCOLS, _record, find_descriptors, load_registry
 
-from cbcl import URI, Message, Registry, parse
+from cbcl import URI, Message, Registry, Value, parse
 from cbcl.binary._codec import Encoder
 from cbcl.core._canonical import canonical_value, canonical_value_python, native
 from cbcl.core._values import Keyword as K, Symbol as S
@@ -94,6 +95,41 @@ def plain(value: Any) -> Any:
     return value
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def apply_all(function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``function`` of each item: a contender's pass (bound by ``functools.partial``)."""
+    return [function(item) for item in items]
+
+
+def texts_c(messages: Sequence[Message]) -> list[str]:
+    return [m.canonical() for m in messages]
+
+
+def texts_python(messages: Sequence[Message]) -> list[str]:
+    return [canonical_value_python(m.to_value()) for m in messages]
+
+
+def value_texts_c(values: Sequence[Value]) -> list[str]:
+    return [canonical_value(v) for v in values]
+
+
+def value_texts_python(values: Sequence[Value]) -> list[str]:
+    return [canonical_value_python(v) for v in values]
+
+
+def msgspec_encoders() -> dict[str, Callable[[object], bytes]]:
+    """msgspec's JSON and msgpack encoders by contender name (none when it is not
+    installed)."""
+    try:
+        import msgspec
+    except ImportError:  # pragma: no cover
+        return {}
+    return {"msgspec json": msgspec.json.encode, "msgspec msgpack": msgspec.msgpack.encode}
+
+
 def measure(contenders: dict[str, Callable[[], object]], rounds: int,
             count: int) -> dict[str, float]:
     best = dict.fromkeys(contenders, float("inf"))
@@ -106,10 +142,7 @@ def measure(contenders: dict[str, Callable[[], object]], rounds: int,
 
 
 def run(count: int, rounds: int) -> dict[str, Any]:
-    try:
-        import msgspec
-    except ImportError:  # pragma: no cover
-        msgspec = None
+    peers = msgspec_encoders()
     registry = load_registry(find_descriptors())
     c_encoder = Encoder(registry, validate=False)
     py_encoder = Encoder(registry, validate=False, pure_python=True)
@@ -123,19 +156,15 @@ def run(count: int, rounds: int) -> dict[str, Any]:
         assert [canonical_value(v) for v in values] == \
             [canonical_value_python(v) for v in values]
         contenders: dict[str, Callable[[], object]] = {
-            "text C": lambda ms=messages: [m.canonical() for m in ms],
-            "text Python": lambda ms=messages: [canonical_value_python(m.to_value())
-                                                for m in ms],
-            "text value C": lambda vs=values: [canonical_value(v) for v in vs],
-            "text value Python": lambda vs=values: [canonical_value_python(v) for v in vs],
-            "binary C": lambda ms=messages, e=c_encoder.encode: [e(m) for m in ms],
-            "binary Python": lambda ms=messages, e=py_encoder.encode: [e(m) for m in ms],
+            "text C": partial(texts_c, messages),
+            "text Python": partial(texts_python, messages),
+            "text value C": partial(value_texts_c, values),
+            "text value Python": partial(value_texts_python, values),
+            "binary C": partial(apply_all, c_encoder.encode, messages),
+            "binary Python": partial(apply_all, py_encoder.encode, messages),
         }
-        if msgspec is not None:
-            json_encode, msgpack_encode = msgspec.json.encode, msgspec.msgpack.encode
-            contenders["msgspec json"] = lambda ps=plains, f=json_encode: [f(p) for p in ps]
-            contenders["msgspec msgpack"] = lambda ps=plains, f=msgpack_encode: [f(p)
-                                                                                 for p in ps]
+        for name, encode in peers.items():
+            contenders[name] = partial(apply_all, encode, plains)
         times = measure(contenders, rounds, count)
         text_bytes = sum(len(v) for v in (canonical_value(v).encode() for v in values))
         row: dict[str, Any] = {
@@ -147,7 +176,7 @@ def run(count: int, rounds: int) -> dict[str, Any]:
                 "text value C vs Python": times["text value Python"] / times["text value C"],
                 "binary C vs Python": times["binary Python"] / times["binary C"],
             }}
-        if msgspec is not None:
+        if peers:
             row["ratios"].update({
                 "text C vs msgspec json": times["msgspec json"] / times["text C"],
                 "text value C vs msgspec json": times["msgspec json"] / times["text value C"],

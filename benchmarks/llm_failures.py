@@ -146,7 +146,7 @@ def body_tree(protocol: Protocol, text: str, intent: cbcl.Intent) -> Node:
             value, pos, _ = read_value_at(text, pos, DEFAULT_LIMITS, 0, 0)
             terminal = ATOM_TERMINALS[type(value)]
             if terminal in ("SYMBOL", "KEYWORD"):
-                terminal = terminal_of(tables, stack, protocol.atoms.get(value), terminal)  # type: ignore[arg-type]
+                terminal = terminal_of(tables, stack, protocol.atoms.get(value), terminal)
             open_lists[-1].children.append(Node(start, pos, terminal, value))
         started = True
         feed(tables, stack, terminal, marks=marks)

@@ -52,6 +52,19 @@ def frames(size: str, encoder: cbcl.Encoder, messages: int) -> list[bytes]:
     return [encoder.encode(generated(BASE[i % 3], 21, seed=i)) for i in range(messages)]
 
 
+def decoders(three: cbcl.Registry, fifty: cbcl.Registry,
+             ) -> dict[str, Callable[[bytes], object]]:
+    """The one-shot decode and a reused decoder, with each registry."""
+    reused3, reused50 = cbcl.Decoder(three), cbcl.Decoder(fifty)
+    return {
+        "one-shot, 3 loaded": lambda f: cbcl.decode(f, registry=three),
+        "one-shot, 50 loaded": lambda f: cbcl.decode(f, registry=fifty),
+        # (each called through a lambda, as the one-shot calls are: the same glue)
+        "reused, 3 loaded": lambda f: reused3.decode(f),
+        "reused, 50 loaded": lambda f: reused50.decode(f),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -62,14 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for size in ("small", "medium"):
         data = frames(size, cbcl.Encoder(three, validate=False), args.messages)
-        reused3, reused50 = cbcl.Decoder(three), cbcl.Decoder(fifty)
-        functions: dict[str, Callable[[bytes], object]] = {
-            "one-shot, 3 loaded": lambda f: cbcl.decode(f, registry=three),
-            "one-shot, 50 loaded": lambda f: cbcl.decode(f, registry=fifty),
-            # (each called through a lambda, as the one-shot calls are: the same glue)
-            "reused, 3 loaded": lambda f, d=reused3: d.decode(f),  # type: ignore[misc]
-            "reused, 50 loaded": lambda f, d=reused50: d.decode(f),  # type: ignore[misc]
-        }
+        functions = decoders(three, fifty)
         for function in functions.values():
             for frame in data:
                 function(frame)

@@ -40,7 +40,7 @@ def drain(source: Session, sink: Session) -> list[object]:
     data = source.data_to_send()
     if data:
         sink.receive_data(data)
-    events = []
+    events: list[object] = []
     while (event := sink.next_event(now=NOW)) is not NEED_DATA:
         events.append(event)
     return events

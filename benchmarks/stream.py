@@ -365,7 +365,7 @@ async def measure_all(args: argparse.Namespace, cbcl_address: str, baseline_addr
         else:
             with contextlib.suppress(Exception):
                 await client.connection.close()
-    results = {}
+    results: dict[str, dict[str, dict[str, object]]] = {}
     for name in clients:
         results[name] = {}
         for window in (1, 8):

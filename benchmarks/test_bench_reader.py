@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import sexpdata
 from cbcl_bench import build_corpus, find_descriptors, lark_parser, load_registry
+from pytest_benchmark.fixture import BenchmarkFixture
 
 import cbcl
 
@@ -26,43 +27,45 @@ PURE_DECODER = cbcl.Decoder(REGISTRY, pure_python=True)  # without any C: the fa
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_text_parse(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_text_parse(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(cbcl.parse, CASES[name].text, registry=REGISTRY)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_binary_decode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_binary_decode(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(DECODER.decode, ENCODER.encode(CASES[name].message))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_binary_decode_pure_python(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_binary_decode_pure_python(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(PURE_DECODER.decode, ENCODER.encode(CASES[name].message))
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_binary_encode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_binary_encode(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(ENCODER.encode, CASES[name].message)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_text_encode(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_text_encode(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(CASES[name].message.canonical)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_read(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_read(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(cbcl.read, CASES[name].text)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_peer_sexpdata(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_peer_sexpdata(benchmark: BenchmarkFixture, name: str) -> None:
     benchmark(sexpdata.loads, CASES[name].text.decode())
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not n.endswith("/large")])
-def test_peer_lark(benchmark, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_peer_lark(benchmark: BenchmarkFixture, name: str) -> None:
     case = CASES[name]
-    descriptor = REGISTRY.get(case.protocol[:-3] + "/v1").descriptor
+    protocol = REGISTRY.get(case.protocol[:-3] + "/v1")
+    assert protocol is not None
+    descriptor = protocol.descriptor
     parser = lark_parser(descriptor.grammar, descriptor.start_rules)
     benchmark(parser.parse, case.text.decode())

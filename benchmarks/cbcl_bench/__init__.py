@@ -67,6 +67,7 @@ from cbcl.protocol._registry import DEFAULT_GRAMMAR_CACHE, Registry
 
 if TYPE_CHECKING:
     import lark
+    from pydantic import RootModel
 
 S, K = Symbol, Keyword
 
@@ -586,7 +587,7 @@ class TypedPeers:
 
     msgspec_type: Any = None  # the message union, tagged by intent
     msgspec_check: Callable[[Any], None] | None = None  # what a Struct cannot say
-    pydantic: Any = None  # a RootModel over the message union, discriminated by intent
+    pydantic: type[RootModel[Any]] | None = None  # over the message union, by intent
     jsonschema: Callable[[Any], None] | None = None  # the pydantic model's JSON Schema
 
 
@@ -702,7 +703,7 @@ def _msgspec_types(protocol: str) -> tuple[Any, Callable[[Any], None]]:
     return _union(messages), check
 
 
-def _pydantic_model(protocol: str) -> Any:
+def _pydantic_model(protocol: str) -> type[RootModel[Any]]:
     """A pydantic ``RootModel`` of a natural-JSON message of ``protocol``: strict, no
     unknown fields, the message union discriminated by intent, each body union by kind."""
     from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
@@ -1121,8 +1122,8 @@ def _contenders(case: Case, registry: Registry, encoder: Encoder, decoder: Decod
         model = peers.pydantic
         models = [model.model_validate_json(document) for document in naturals]
 
-        def dump(value: Any) -> bytes:
-            return value.model_dump_json(exclude_unset=True)  # type: ignore[no-any-return]
+        def dump(value: RootModel[Any]) -> str:
+            return value.model_dump_json(exclude_unset=True)
 
         functions["pydantic_validate_json"] = _each(model.model_validate_json, naturals)
         functions["pydantic_dump_json"] = _each(dump, models)
