@@ -666,7 +666,8 @@ def _peer_list(values: Any, limit: int = 8) -> str:
 class Agent:
     """An agent: ``name`` (its URI), ``key`` (``(key id, Ed25519 private key)``: signs its
     transcript confirmations), ``trust`` (a :class:`TrustStore` or a trust directory: who
-    may teach it protocols, and whose confirmations it accepts), ``state`` (a directory:
+    may teach it protocols, whose confirmations it accepts and as which agent names — a
+    handler sees the peer's as ``context.identity``), ``state`` (a directory:
     rollback state, key bindings and the learned descriptors persist there), ``descriptors``
     (signed descriptor documents, or protocols already loaded, it speaks from the start).
 
