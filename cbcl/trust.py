@@ -3,6 +3,7 @@
 from .protocol._message import Signature
 from .protocol._trust import (
     DescriptorSignature,
+    Identity,
     Rule,
     SignedDescriptor,
     TrustPolicy,
@@ -10,13 +11,16 @@ from .protocol._trust import (
     VerifiedDescriptor,
     load_private_key,
     load_public_key,
+    name_matches,
+    name_pattern_problem,
     read_signed_descriptor_unverified,
     sign_descriptor,
     sign_message,
 )
 
 __all__ = [
-    "DescriptorSignature", "Rule", "Signature", "SignedDescriptor", "TrustPolicy", "TrustStore",
-    "VerifiedDescriptor", "load_private_key", "load_public_key",
-    "read_signed_descriptor_unverified", "sign_descriptor", "sign_message",
+    "DescriptorSignature", "Identity", "Rule", "Signature", "SignedDescriptor", "TrustPolicy",
+    "TrustStore", "VerifiedDescriptor", "load_private_key", "load_public_key", "name_matches",
+    "name_pattern_problem", "read_signed_descriptor_unverified", "sign_descriptor",
+    "sign_message",
 ]

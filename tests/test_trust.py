@@ -459,6 +459,16 @@ def test_a_failed_grammar_changes_nothing(world: World) -> None:
         ("(trust-policy (protocol p/v1 (keys)))", "name at least one key"),
         ("(trust-policy (protocol p/v1 (keys alice) (message-keys zed)))", "'zed'"),
         ("(trust-policy (protocol p/v1 (keys alice)", "policy: malformed"),
+        # (key ID (names …)): spec/trust.md §4.1; the patterns: tests/test_identity.py
+        ("(trust-policy (key zed (names agent://a)))", "key zed: the key is not in the store"),
+        ("(trust-policy (key alice (names agent://a)) (key alice (names agent://b)))",
+         "key alice is listed twice"),
+        ("(trust-policy (key alice))", "expected one (names AGENT-URI …) clause"),
+        ("(trust-policy (key alice (names agent://a) (names agent://b)))", "one (names"),
+        ("(trust-policy (key alice (agents agent://a)))", "one (names"),
+        ("(trust-policy (key (names agent://a)))", "must name a key id"),
+        ("(trust-policy (key .x (names agent://a)))", "must name a key id"),
+        ("(trust-policy (agent alice (names agent://a)))", "unknown entry (agent …)"),
     ],
 )
 def test_policy_refusals(tmp_path: Path, policy: str, fragment: str) -> None:

@@ -15,6 +15,13 @@ foreign content, mapped through :func:`cbcl.bridges._fipa.fipa_to_message` with 
 its parameters (losses said, refused unless ``lossy``). JIDs and URIs: ``a@host`` is
 ``xmpp://a@host``.
 
+Who sent it: no session vouches for a SPADE message's ``sender``, only the message's own
+signature can. :func:`spade_identity` verifies it against a trust store, the key bound to
+the sender by the trust policy's ``(key ID (names …))`` (spec/trust.md §4.1; a policy may
+bind keys to ``xmpp://`` names as to any other), and returns the sender's
+:class:`~cbcl.trust.Identity`: what a check of the XMPP-authenticated JID against the body's
+sender builds on.
+
 ``spade`` is imported when these functions are called (the ``fipa`` extra: ``pip install
 'cbcl[fipa]'``); SPADE's and slixmpp's exceptions are translated to
 :class:`cbcl.bridges._fipa.ConversionError` here, at the boundary.
@@ -32,6 +39,7 @@ from ..core._reader import decode
 from ..core._values import URI
 from ..protocol._envelope import parse_envelope
 from ..protocol._message import Message
+from ..protocol._trust import Identity, TrustStore
 from ._fipa import (
     CBCL_LANGUAGE,
     AgentId,
@@ -44,7 +52,8 @@ from ._fipa import (
     message_to_fipa_message,
 )
 
-__all__ = ["jid_to_uri", "message_to_spade", "spade_to_message", "uri_to_jid"]
+__all__ = ["jid_to_uri", "message_to_spade", "spade_identity", "spade_to_message",
+           "uri_to_jid"]
 
 XMPP_SCHEME = "xmpp://"
 #: spade-fipaproto's performatives that FIPA SC00037 spells otherwise.
@@ -174,6 +183,19 @@ def spade_to_message(spade_message: Any, *, lossy: bool = False,
         fipa = FipaMessage(**{**_fields(fipa), "reply_by": None,
                               "params": (*fipa.params, ("X-reply-by", Word(reply_by or "")))})
     return fipa_to_message(fipa, lossy=lossy, limits=limits)
+
+
+def spade_identity(message: Message, *, trust: TrustStore,
+                   require_signature: bool = False) -> Identity | None:
+    """Who sent ``message`` (as :func:`spade_to_message` read it), as far as ``trust``
+    proves it: the :class:`~cbcl.trust.Identity` of the key whose signature it carries,
+    which the trust policy lets speak as its ``sender`` (spec/trust.md §4.1); ``None`` for
+    an unsigned message unless ``require_signature``. Raises :class:`cbcl.TrustError`
+    (``untrusted-signer`` or ``bad-signature`` on the wire) for a bad or unknown signature,
+    a key not bound to the sender, or a missing signature that is required."""
+    if message.signature is None and not require_signature:
+        return None
+    return trust.verify_identity(message)
 
 
 def _is_fipa_datetime(text: str) -> bool:

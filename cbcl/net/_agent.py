@@ -46,7 +46,7 @@ from ..protocol._descriptor import ProtocolDescriptor
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import PreparedDescriptor, Registry, compiled_size
-from ..protocol._trust import TrustStore, read_signed_descriptor_unverified
+from ..protocol._trust import Identity, TrustStore, read_signed_descriptor_unverified
 from ..session._session import (
     Accepted,
     ConnectionClosed,
@@ -197,11 +197,13 @@ class LearnedLibrary:
 
 class Context:
     """What a handler knows besides the message: the :class:`Link` it came on (``None``
-    for a handler called outside an agent, in a test say). :meth:`reply` builds an answer
-    in the same conversation, with an id from ``next_id`` (default: the link's)."""
+    for a handler called outside an agent, in a test say) and who sent it
+    (:attr:`identity`). :meth:`reply` builds an answer in the same conversation, with an id
+    from ``next_id`` (default: the link's)."""
 
     def __init__(self, message: Message, *, link: Link | None = None,
-                 next_id: Callable[[], str] | None = None) -> None:
+                 next_id: Callable[[], str] | None = None,
+                 identity: Identity | None = None) -> None:
         if next_id is None:
             if link is None:
                 raise ValueError("a Context needs a link or next_id")
@@ -209,6 +211,18 @@ class Context:
         self.message = message
         self.link = link
         self._next_id = next_id
+        self._identity = identity
+
+    @property
+    def identity(self) -> Identity | None:
+        """Who sent the message, as the trust store proved it: the verified key id and the
+        names the trust policy lets it speak as (:class:`cbcl.trust.Identity`, whose
+        ``name`` is the message's sender). On a link, the identity the peer's signed
+        Finished proved, for the whole session; ``None`` when nothing was proved (a peer
+        whose Finished this side did not verify: an initiator without a trust store)."""
+        if self._identity is not None:
+            return self._identity
+        return None if self.link is None else self.link.identity
 
     @property
     def peer(self) -> str:
@@ -362,6 +376,12 @@ class Link:
     def encoding(self) -> str | None:
         """The encoding agreed on this link (``None`` before)."""
         return self.session.encoding
+
+    @property
+    def identity(self) -> Identity | None:
+        """Who the peer proved to be in the handshake (:attr:`Session.identity`): ``None``
+        before, or when its Finished was not verified."""
+        return self.session.identity
 
     @property
     def me(self) -> URI:
@@ -543,8 +563,12 @@ class Link:
 
     def _on_established(self, event: Established) -> None:
         session = self.session
+        identity = session.identity
+        who = "" if identity is None else (
+            f" with {peer_text(identity.name, 64)} (key {peer_text(identity.key_id, 40)}"
+            f"{'' if identity.bound else ', name not bound by the trust policy'})")
         self.log(f"established {peer_text(event.protocol, 64)} in "
-                 f"{peer_text(event.encoding, 16)}")
+                 f"{peer_text(event.encoding, 16)}{who}")
         protocol = session.protocol
         library = self.agent.learned
         if protocol is not None and session.role == "responder":
@@ -642,7 +666,8 @@ def _peer_list(values: Any, limit: int = 8) -> str:
 class Agent:
     """An agent: ``name`` (its URI), ``key`` (``(key id, Ed25519 private key)``: signs its
     transcript confirmations), ``trust`` (a :class:`TrustStore` or a trust directory: who
-    may teach it protocols, and whose confirmations it accepts), ``state`` (a directory:
+    may teach it protocols, whose confirmations it accepts and as which agent names — a
+    handler sees the peer's as ``context.identity``), ``state`` (a directory:
     rollback state, key bindings and the learned descriptors persist there), ``descriptors``
     (signed descriptor documents, or protocols already loaded, it speaks from the start).
 

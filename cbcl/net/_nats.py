@@ -74,7 +74,7 @@ from ..protocol._api import check_outgoing, parse
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
-from ..protocol._trust import read_signed_descriptor_unverified
+from ..protocol._trust import Identity, read_signed_descriptor_unverified
 from ..session._session import (
     ConnectionClosed,
     Event,
@@ -1004,9 +1004,19 @@ class NatsBus:
                                       "has no timestamp or one out of range", code="stale")
         return message
 
+    def _durable_identity(self, message: Message) -> Identity | None:
+        """Who sent a durable message: no session vouches for its sender, only its own
+        signature, which parse verified (the key bound to the sender, spec/trust.md
+        §4.1); ``None`` for an unsigned one. Raises :class:`TrustError`."""
+        trust = None if self._durable_registry is None else self._durable_registry.trust
+        if trust is None or message.signature is None:
+            return None
+        return trust.identity(message.signature.key_id, message.sender)
+
     async def _take_durable(self, msg: Msg) -> None:
         try:
             message = self._judge_durable(msg)
+            identity = self._durable_identity(message)
         except CBCLError as exc:
             self.stats["durable_refused"] += 1
             self.agent._say(f"nats: durable message refused and terminated: "
@@ -1023,14 +1033,16 @@ class NatsBus:
         self.stats["durable_accepted"] += 1
         handler = self.agent.handler_for(str(message.protocol), message.intent)
         if handler is not None:
-            await self._run_durable_handler(handler, message)
+            await self._run_durable_handler(handler, message, identity)
         await self._settle(msg, accepted=True)
 
-    async def _run_durable_handler(self, handler: Any, message: Message) -> None:
+    async def _run_durable_handler(self, handler: Any, message: Message,
+                                   identity: Identity | None = None) -> None:
 
         numbers = iter(range(1, 1 << 62))
         context = Context(message, next_id=lambda: f"d-{secrets.token_hex(12)}-"
-                                                    f"{next(numbers)}")
+                                                    f"{next(numbers)}",
+                          identity=identity)
         try:
             answer = handler(message, context)
             if inspect.isawaitable(answer):

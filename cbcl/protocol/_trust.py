@@ -18,6 +18,14 @@ descriptor before the first one passes:
 2. The payload is read as a descriptor (guarded reader, limits).
 3. The rule for the descriptor's id decides: enough distinct allowed keys, or refused.
 
+The policy may also bind keys to the agent names they speak as (``(key ID (names …))``,
+spec/trust.md §4.1): :meth:`TrustStore.verify_message` then refuses a message signed by a
+key the policy does not bind to its ``sender``, and :meth:`TrustStore.verify_identity`
+returns the :class:`Identity` a session hands its handlers. A name pattern is an exact URI
+or a URI whose last path segment is ``*`` (one segment, see :func:`name_matches`); a store
+whose policy binds no key lets every key speak as any name (what stores written before
+bindings existed do).
+
 Every refusal is ``TrustError("descriptor verification failed", reason=…)``: its
 ``message`` never varies with the cause (what a peer may learn); ``reason`` is for the local
 log, and ``str(error)`` shows both. Helpers that return data nobody has verified say so in
@@ -44,7 +52,7 @@ from ..core._errors import CBCLError, DescriptorError, TrustError
 from ..core._files import UnsafeFile, read_regular_file
 from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._reader import read
-from ..core._values import Symbol, Value
+from ..core._values import URI, Symbol, Value
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._message import Message, Signature
 
@@ -66,6 +74,12 @@ KEY_ID = re.compile(r"[A-Za-z0-9_@+\-][A-Za-z0-9_@+.\-]{0,127}\Z")
 COMPATIBILITY_MODES = ("backward", "forward", "full")
 # Standard base64 of exactly 64 bytes: 86 characters, then "==".
 _SIGNATURE_TEXT = re.compile(r"[A-Za-z0-9+/]{86}==\Z")
+#: A name pattern's wildcard: the whole last path segment (``agent://example/*``).
+WILDCARD_SEGMENT = "/*"
+#: Characters a name pattern never holds, and a segment a wildcard matches neither:
+#: separators (``/``, query, fragment), percent-escapes and backslashes, which a URI
+#: library may decode or resolve into another path, and the wildcard itself.
+_NOT_IN_SEGMENT = frozenset("/?#%\\*")
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -212,6 +226,128 @@ def public_key_pem(key: Ed25519PublicKey) -> bytes:
                             serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+# --------------------------------------------------------------------------- agent names
+
+
+def _plain(text: object) -> str:
+    """The character data of a name as a plain ``str``: a ``str`` subclass (``URI``, or a
+    caller's own) is read through ``str.__str__``, never through methods it may override,
+    so what is checked is what is kept."""
+    if not isinstance(text, str):
+        raise TypeError(f"an agent name is a str or URI, not {type(text).__name__}")
+    return str.__str__(text)
+
+
+def _segment_problem(segment: str) -> str | None:
+    """Why ``segment`` (one path segment) is not one a name pattern holds or a wildcard
+    matches, or ``None``."""
+    if not segment:
+        return "an empty path segment"
+    if segment in (".", ".."):
+        return f"a {segment!r} path segment"
+    bad = sorted(_NOT_IN_SEGMENT.intersection(segment))
+    if bad:
+        return f"{bad[0]!r} in a path segment"
+    return None
+
+
+def name_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a name pattern of ``(names …)``, or ``None`` if it can
+    (spec/trust.md §4.1): a CBCL URI ``SCHEME://AUTHORITY`` then ``/SEGMENT``s, the
+    authority not empty, no segment empty, ``.`` or ``..``, none of ``/ ? # % \\ *`` in
+    the authority or a segment — except that the last segment may be ``*``, the wildcard,
+    after at least the authority."""
+    try:
+        pattern = _plain(pattern)
+        URI(pattern)
+    except (TypeError, ValueError):
+        return "not a URI"
+    scheme_end = pattern.index("://") + 3
+    wildcard = pattern.endswith(WILDCARD_SEGMENT)
+    rest = pattern[scheme_end:-len(WILDCARD_SEGMENT)] if wildcard else pattern[scheme_end:]
+    authority, *segments = rest.split("/")
+    if not authority:
+        return "no authority (agent://AUTHORITY/…)"
+    bad = sorted(_NOT_IN_SEGMENT.intersection(authority))
+    if bad:
+        return f"{bad[0]!r} in the authority"
+    for segment in segments:
+        problem = _segment_problem(segment)
+        if problem is not None:
+            return problem + ("" if segment != "*" else " (a wildcard is only the last one)")
+    return None
+
+
+def name_matches(pattern: str, name: str) -> bool:
+    """Whether the agent URI ``name`` matches the name pattern ``pattern`` (one that
+    :func:`name_pattern_problem` accepts): equal, code point for code point (URIs compare
+    so, cbcl-1.0.md §1), or — for ``PREFIX/*`` — ``PREFIX/SEGMENT`` with exactly one
+    segment more, not empty, ``.`` or ``..`` and without ``/ ? # % \\ *``. So
+    ``agent://a/*`` matches ``agent://a/b``, not ``agent://a``, ``agent://ab``,
+    ``agent://a/`` or ``agent://a/b/c``. Both are read as their character data (a ``str``
+    subclass's own methods are not called). Raises ``TypeError`` for one that is not a
+    ``str``."""
+    pattern, text = _plain(pattern), _plain(name)
+    if not pattern.endswith(WILDCARD_SEGMENT):
+        return text == pattern
+    prefix = pattern[:-1]  # "agent://a/"
+    return text.startswith(prefix) and _segment_problem(text[len(prefix):]) is None
+
+
+class _NameSet:
+    """Name patterns, matched in constant time: the exact names in one set, the prefixes of
+    the wildcards (``agent://a/``) in another; a name matches a wildcard only through its
+    last segment (:func:`name_matches`)."""
+
+    __slots__ = ("exact", "prefixes")
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        exact: set[str] = set()
+        prefixes: set[str] = set()
+        for pattern in map(_plain, patterns):
+            if pattern.endswith(WILDCARD_SEGMENT):
+                prefixes.add(pattern[:-1])
+            else:
+                exact.add(pattern)
+        self.exact = frozenset(exact)
+        self.prefixes = frozenset(prefixes)
+
+    def __contains__(self, name: object) -> bool:
+        text = _plain(name)
+        if text in self.exact:
+            return True
+        head, slash, segment = text.rpartition("/")
+        return bool(slash) and head + "/" in self.prefixes \
+            and _segment_problem(segment) is None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a peer proved to be: a signature that a trust store verified, by a key the trust
+    policy lets speak as ``name`` (spec/trust.md §4.1).
+
+    ``key_id``: the store's id of the key, as the signature named it (of a key under two
+    ids, the one named); ``fingerprint``: ``sha256:`` and the hex SHA-256 of the key's
+    bytes, the same under every id; ``name``: the agent URI it signed as — in a session, the
+    peer, for the whole session; ``names``: the name patterns the policy binds the key to,
+    sorted (``name`` matches one), or ``None`` when the policy binds no key at all, so that
+    ``name`` is only what the key's holder claimed."""
+
+    key_id: str
+    fingerprint: str
+    name: URI
+    names: tuple[str, ...] | None
+
+    @property
+    def bound(self) -> bool:
+        """Whether the trust policy vouches for :attr:`name` (it binds the key to names)."""
+        return self.names is not None
+
+    def may_speak_as(self, name: URI | str) -> bool:
+        """Whether this key may also speak as ``name`` (an unbound key: any name)."""
+        return self.names is None or any(name_matches(p, name) for p in self.names)
+
+
 # --------------------------------------------------------------------------- the policy
 
 
@@ -237,10 +373,38 @@ class Rule:
 @dataclass(frozen=True, slots=True)
 class TrustPolicy:
     """Rules by protocol id, and the rule for every other id (``default``; ``None``: other
-    ids are refused). Without a ``policy.cbcl`` a store uses :meth:`permissive`."""
+    ids are refused). ``names``: the agent names each key id may speak as (name patterns,
+    :func:`name_pattern_problem`; spec/trust.md §4.1) — once it binds any key, a key it does
+    not bind speaks as no agent; empty (the default), every key may speak as any name.
+    Without a ``policy.cbcl`` a store uses :meth:`permissive`. Raises ``ValueError`` for a
+    key id or a name pattern that is not one."""
 
     protocols: Mapping[str, Rule] = field(default_factory=dict)
     default: Rule | None = None
+    names: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.names, Mapping):
+            raise TypeError("names must map key ids to name patterns")
+        checked: dict[str, tuple[str, ...]] = {}
+        for key_id, patterns in self.names.items():
+            if type(key_id) is not str or not KEY_ID.match(key_id):
+                raise ValueError(f"{key_id!r} is not a key id")
+            if isinstance(patterns, str):
+                raise TypeError(f"the names of key {key_id!r} must be a sequence of patterns")
+            for pattern in patterns:
+                problem = name_pattern_problem(pattern) if isinstance(pattern, str) \
+                    else "not a string"
+                if problem is not None:
+                    raise ValueError(f"key {key_id!r}: {pattern!r} is not a name pattern "
+                                     f"({problem})")
+            checked[key_id] = tuple(sorted({_plain(p) for p in patterns}))
+        object.__setattr__(self, "names", checked)
+
+    @property
+    def binds_names(self) -> bool:
+        """Whether the policy binds any key to names (then unbound keys speak as none)."""
+        return bool(self.names)
 
     @classmethod
     def permissive(cls) -> TrustPolicy:
@@ -272,9 +436,10 @@ class TrustPolicy:
         protocols: dict[str, Rule] = {}
         default: Rule | None = None
         seen_default = False
+        names: dict[str, tuple[str, ...]] = {}
         for entry in value[1:]:
             if type(entry) is not tuple or not entry or type(entry[0]) is not Symbol:
-                raise _policy_error("expected (protocol ID …) or (default …)")
+                raise _policy_error("expected (protocol ID …), (default …) or (key ID …)")
             head = str(entry[0])
             if head == "protocol":
                 if len(entry) < 2 or type(entry[1]) is not Symbol:
@@ -288,9 +453,17 @@ class TrustPolicy:
                     raise _policy_error("(default …) is given twice")
                 seen_default = True
                 default = _read_rule(entry[1:], "default", need_keys=False)
+            elif head == "key":
+                if len(entry) < 2 or type(entry[1]) not in (Symbol, str) \
+                        or not KEY_ID.match(str(entry[1])):
+                    raise _policy_error("(key …) must name a key id (a symbol or a string)")
+                key_id = str(entry[1])
+                if key_id in names:
+                    raise _policy_error(f"key {key_id} is listed twice")
+                names[key_id] = _read_names(entry[2:], f"key {key_id}")
             else:
                 raise _policy_error(f"unknown entry ({head} …)")
-        return cls(protocols, default)
+        return cls(protocols, default, names)
 
 
 def _policy_error(message: str) -> TrustError:
@@ -331,6 +504,24 @@ def _read_rule(clauses: tuple[Value, ...], where: str, *, need_keys: bool) -> Ru
                 message_keys=_key_ids(found["message-keys"], where)
                 if "message-keys" in found else None,
                 compatibility=compatibility)
+
+
+def _read_names(clauses: tuple[Value, ...], where: str) -> tuple[str, ...]:
+    """The patterns of a ``(key ID (names PATTERN …))`` entry: exactly one ``(names …)``
+    clause of URIs, each a name pattern; ``(names)`` binds the key to no name."""
+    if len(clauses) != 1 or type(clauses[0]) is not tuple or not clauses[0] \
+            or clauses[0][0] != Symbol("names"):
+        raise _policy_error(f"{where}: expected one (names AGENT-URI …) clause")
+    patterns: set[str] = set()
+    for item in clauses[0][1:]:
+        if type(item) is not URI:
+            raise _policy_error(f"{where}: {_show(str(item))} is not an agent URI")
+        problem = name_pattern_problem(item)
+        if problem is not None:
+            raise _policy_error(f"{where}: {_show(str(item))} is not a name pattern "
+                                f"({problem})")
+        patterns.add(_plain(item))
+    return tuple(sorted(patterns))
 
 
 def _key_ids(items: tuple[Value, ...], where: str) -> frozenset[str]:
@@ -433,6 +624,17 @@ class TrustStore:
             if rule.threshold > reachable:
                 raise _policy_error(f"{name}: threshold {rule.threshold} is more than its "
                                     f"{reachable} distinct key(s)")
+        unknown_keys = sorted(self.policy.names.keys() - self._raw.keys())
+        if unknown_keys:
+            raise _policy_error(f"key {unknown_keys[0]}: the key is not in the store")
+        # A key's names are those bound to any of its ids: the id on the wire is a hint,
+        # so the key's holder can sign under each of them.
+        by_key: dict[bytes, set[str]] = {}
+        for key_id, patterns in self.policy.names.items():
+            by_key.setdefault(self._raw[key_id], set()).update(patterns)
+        self._names: dict[bytes, tuple[str, ...]] = {
+            raw: tuple(sorted(patterns)) for raw, patterns in by_key.items()}
+        self._name_sets = {raw: _NameSet(patterns) for raw, patterns in by_key.items()}
 
     @classmethod
     def from_directory(cls, directory: str | os.PathLike[str], *,
@@ -494,6 +696,55 @@ class TrustStore:
 
     def _distinct(self, ids: Iterable[str] | None) -> set[bytes]:
         return {self._raw[i] for i in (self._raw if ids is None else ids)}
+
+    # ----------------------------------------------------------------- names
+
+    def names_for(self, key_id: str) -> tuple[str, ...] | None:
+        """The name patterns the policy binds the key ``key_id`` to (with those of every
+        other id of the same key), sorted; ``()`` for a key it does not bind, or a key id
+        the store does not hold; ``None`` when the policy binds no key at all, and every
+        key may speak as any name (spec/trust.md §4.1)."""
+        if not self.policy.binds_names:
+            return None
+        raw = self._raw.get(key_id)
+        return () if raw is None else self._names.get(raw, ())
+
+    def may_speak_as(self, key_id: str, name: URI | str) -> bool:
+        """Whether the key ``key_id`` of this store may speak as the agent ``name``: one of
+        its name patterns matches (:func:`name_matches`), or the policy binds no key.
+        Raises ``TypeError`` for a name that is not a ``str``."""
+        raw = self._raw.get(key_id)
+        text = _plain(name)
+        if raw is None:
+            return False
+        if not self.policy.binds_names:
+            return True
+        names = self._name_sets.get(raw)
+        return names is not None and text in names
+
+    def identity(self, key_id: str, name: URI | str) -> Identity:
+        """The :class:`Identity` of the key ``key_id`` speaking as ``name``, for a signature
+        by it that was verified. Raises :class:`TrustError` (``"message verification
+        failed"``, cause ``name-binding``) when the key may not speak as ``name``, and
+        (cause ``untrusted``) for a key id the store does not hold."""
+        raw = self._raw.get(key_id)
+        where = f"key {_show(key_id)}"
+        text = _plain(name)  # one reading of the name: checked and kept
+        if raw is None:
+            raise TrustError(MESSAGE_FAILED, reason=f"{where}: unknown key id",
+                             cause="untrusted")
+        if not self.may_speak_as(key_id, text):
+            raise TrustError(MESSAGE_FAILED, reason=self._not_bound(where, raw, text),
+                             cause="name-binding")
+        fingerprint = "sha256:" + hashlib.sha256(raw).hexdigest()
+        return Identity(key_id, fingerprint, URI(text), self.names_for(key_id))
+
+    def _not_bound(self, where: str, raw: bytes, name: URI | str) -> str:
+        names = self._names.get(raw, ())
+        shown = ", ".join(_show(n) for n in names[:4]) + (" …" if len(names) > 4 else "")
+        bound = f"the key is bound to {shown}" if names else \
+            "the trust policy binds the key to no name"
+        return f"{where}: not bound to the name {_show(_plain(name))} ({bound})"
 
     # ----------------------------------------------------------------- descriptors
 
@@ -569,11 +820,13 @@ class TrustStore:
 
     def verify_message(self, message: Message) -> str:
         """Verify a signed message's signature over :meth:`Message.signing_bytes`; returns
-        the key id. The key must be in the store and, when the policy's rule for the
-        message's protocol has ``(message-keys …)``, listed there.
+        the key id. The key must be in the store, listed in ``(message-keys …)`` when the
+        policy's rule for the message's protocol has that clause, and allowed to speak as
+        the message's ``sender`` (:meth:`may_speak_as`).
 
         Raises :class:`TrustError` (always ``"message verification failed"``) for an
-        unsigned message, an unknown or disallowed key, or a bad signature.
+        unsigned message, an unknown or disallowed key, a key not bound to the sender
+        (cause ``name-binding``), or a bad signature.
         """
         if not isinstance(message, Message):
             raise TypeError("verify_message takes a cbcl.Message")
@@ -592,12 +845,23 @@ class TrustStore:
                 and self._raw[signature.key_id] not in self._distinct(rule.message_keys):
             raise TrustError(MESSAGE_FAILED, reason=f"{where}: key is not allowed to sign "
                              f"{message.protocol} messages", cause="untrusted")
+        if not self.may_speak_as(signature.key_id, message.sender):
+            raise TrustError(MESSAGE_FAILED, reason=self._not_bound(
+                where, self._raw[signature.key_id], message.sender), cause="name-binding")
         try:
             key.verify(raw_sig, message.signing_bytes())
         except InvalidSignature:
             raise TrustError(MESSAGE_FAILED, reason=f"{where}: bad signature",
                              cause="bad-signature") from None
         return signature.key_id
+
+    def verify_identity(self, message: Message) -> Identity:
+        """Verify a signed message (:meth:`verify_message`: signature, message keys, and
+        the key bound to its ``sender``) and return who signed it: the :class:`Identity`
+        of its key speaking as its sender. Raises :class:`TrustError` as
+        :meth:`verify_message` does."""
+        key_id = self.verify_message(message)
+        return self.identity(key_id, message.sender)
 
 
 def _decode_signature(text: str, where: str, failure: str) -> bytes:

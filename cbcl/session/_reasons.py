@@ -65,8 +65,10 @@ REASONS: tuple[Reason, ...] = (
            errors=(ConversationError,)),
     Reason("transcript-mismatch", "the peer's Finished is not our transcript's"),
     Reason("untrusted-signer", "no valid signature from a trusted key, an unknown or "
-           "disallowed key, threshold not met, unsigned, key binding, unusable state",
-           errors=(TrustError,), causes=("untrusted", "unsigned", "key-binding", "state"),
+           "disallowed key, threshold not met, unsigned, key binding, a key the trust "
+           "policy does not bind to the name it signs as, unusable state",
+           errors=(TrustError,), causes=("untrusted", "unsigned", "key-binding",
+                                         "name-binding", "state"),
            rejects=True),
     Reason("bad-signature", "a trusted key's signature that does not verify, or malformed "
            "signature text", causes=("bad-signature", "malformed-signature"), rejects=True),

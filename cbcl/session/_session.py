@@ -49,7 +49,7 @@ from ..protocol._conversation import ConversationTracker, Step
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import PreparedDescriptor, Registry
-from ..protocol._trust import read_signed_descriptor_unverified, sign_message
+from ..protocol._trust import Identity, read_signed_descriptor_unverified, sign_message
 from ._bootstrap import (
     NEGOTIATION,
     negotiation_descriptor,
@@ -137,7 +137,10 @@ class Session:
     agent's (the initiator must give it; the responder learns it). ``encodings``: those this
     side speaks, in preference order. ``signing_key``: ``(key id, Ed25519 private key)`` to
     sign this side's Finished; ``require_signed_finished``: refuse a peer's Finished that is
-    not signed by a key of ``registry.trust``.
+    not signed by a key of ``registry.trust``. A signed Finished is verified whenever the
+    registry has a trust store, its key must be one the policy lets speak as the peer's
+    name (refused ``untrusted-signer`` otherwise), and :attr:`identity` then says who the
+    peer is; every message must come from that name (refused ``malformed``).
 
     Limits: ``limits`` for every message (text and binary), ``max_frame_bytes`` for one
     frame (default ``limits.max_message_bytes``), ``max_pending_frames`` complete frames
@@ -239,6 +242,11 @@ class Session:
         self._work: Work | None = None
         self._prepared: PreparedDescriptor | None = None  # the offer accepted, not recorded
         self._held_finished: bytes | None = None  # the peer's Finished, until recorded
+        #: Who the peer proved to be: set when its Finished, signed by a key of the
+        #: registry's trust store that may speak as the peer's name, verified (spec/trust.md
+        #: §4.1); ``None`` before, and for a Finished that was not signed (nor required).
+        #: Every message of the session comes from that name (:attr:`peer`).
+        self.identity: Identity | None = None
 
     # ----------------------------------------------------------------- properties
 
@@ -696,13 +704,17 @@ class Session:
                                       "changed in transit", code="transcript-mismatch",
                                       exit_code=6)
         trust = self.registry.trust
+        identity = None
         if message.signature is not None and trust is not None:
-            trust.verify_message(message)
+            # The signature, and the key bound to the name the peer claimed (its sender,
+            # the same in every message of the session): spec/trust.md §4.1.
+            identity = trust.verify_identity(message)
         elif self.require_signed_finished:
             raise TrustError("message verification failed",
                              reason="the peer's (finished …) is not signed", cause="unsigned")
         self._transcript.update(frame(data))
         self._machine.advance(self.peer_role, "finished")
+        self.identity = identity
         prepared = self._prepared
         if self.role == RESPONDER and prepared is not None:
             # The offer is recorded only now, with both sides' transcripts confirmed.
