@@ -151,6 +151,37 @@ class Tables:
                        set_rules=frozenset(keyword_sets),
                        start_terminals=MappingProxyType(dict(start_terminals)))
 
+    def renumbered(self) -> Tables:
+        """The same automaton with its states numbered in breadth-first order from the
+        start state (each row's symbols in sorted order) and its rules in the order that
+        walk first meets them. lark's numbering depends on string hashing, so two builds of
+        one grammar differ in numbers only; renumbered, they are equal, and tables can be
+        generated once and shipped (the envelope's: cbcl/protocol/_envelope_tables.py).
+        Raises ``ValueError`` if a state cannot be reached from the start state."""
+        order = [self.start_state]
+        number = {self.start_state: 0}
+        rule_number: dict[int, int] = {}
+        for state in order:  # (grows while it is walked: breadth first)
+            for symbol in sorted(self.actions[state]):
+                action = self.actions[state][symbol]
+                if action >= 0 and action not in number:
+                    number[action] = len(order)
+                    order.append(action)
+                elif action < 0 and ~action not in rule_number:
+                    rule_number[~action] = len(rule_number)
+        if len(order) != len(self.actions) or self.end_state not in number:
+            raise ValueError("the tables have states that the start state does not reach")
+        rules = [self.rules[0]] * len(rule_number)
+        for old, new in rule_number.items():
+            rules[new] = self.rules[old]
+        actions = tuple({symbol: number[action] if action >= 0 else ~rule_number[~action]
+                         for symbol, action in sorted(self.actions[state].items())}
+                        for state in order)
+        return Tables(actions, tuple(rules), 0, number[self.end_state],
+                      MappingProxyType({number[state]: spec
+                                        for state, spec in self.keyword_sets.items()}),
+                      self.set_rules, self.start_terminals)
+
     def can_shift(self, stack: list[int], terminal: str) -> bool:
         """Whether ``terminal`` would be shifted from ``stack`` after the reductions it
         triggers (the stack is not changed). LALR tables may hold a reduce on a lookahead

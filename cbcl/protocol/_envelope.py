@@ -47,6 +47,7 @@ from ..core._reader import (
 from ..core._values import ATOM_TERMINALS, URI, Keyword, Symbol
 from ..grammar._kernel import ACCEPTED, REFUSED, feed, terminal_of
 from ..grammar._lalr import Rule, Tables, build_lark
+from . import _envelope_tables
 from ._hints import EnvelopeHint
 from ._message import VERSION, Intent, Message, Signature
 
@@ -75,7 +76,19 @@ _SHOWN = {
 
 @functools.cache
 def envelope_tables() -> Tables:
-    """The envelope grammar's LALR(1) tables (built on first use, then cached)."""
+    """The envelope grammar's LALR(1) tables, as shipped (generated from the grammar by
+    tools/generate_envelope_tables.py): read on first use, in well under a millisecond,
+    so the first refusal in a process costs what any other does."""
+    return Tables(tuple(dict(row) for row in _envelope_tables.ACTIONS),
+                  tuple(Rule(origin, size, alias)
+                        for origin, size, alias in _envelope_tables.RULES),
+                  _envelope_tables.START_STATE, _envelope_tables.END_STATE)
+
+
+def build_envelope_tables() -> Tables:
+    """The envelope grammar's tables built by lark from ``cbcl/grammars/envelope.lark``
+    (~0.3 s; lark's state numbers vary between processes): what the shipped tables are
+    generated from and checked against."""
     text = resources.files("cbcl.grammars").joinpath("envelope.lark").read_text("utf-8")
     return Tables.from_lark(build_lark(text))
 
