@@ -18,7 +18,7 @@ from .bridges._fipa import (
     read_fipa,
     write_fipa,
 )
-from .bridges._spade import message_to_spade, spade_to_message
+from .bridges._spade import message_to_spade, spade_identity, spade_to_message
 from .core._errors import ConversionError, LossyConversionError
 
 if _TYPE_CHECKING:  # the lazy names, typed (at run time __getattr__ imports them)
@@ -46,7 +46,7 @@ _MCP = ("bridge_server", "run_stdio", "tools_server")
 __all__ = [
     "AgentId", "ConversionError", "FipaMessage", "FipaSyntaxError", "LossyConversionError",
     "equivalent", "fipa_to_message", "message_to_fipa", "message_to_spade", "read_fipa",
-    "spade_to_message", "write_fipa",
+    "spade_identity", "spade_to_message", "write_fipa",
     *_A2A, *_MCP,  # lazy: see __getattr__
 ]
 
