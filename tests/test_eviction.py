@@ -204,6 +204,7 @@ def test_the_bookkeeping_agrees_with_counting_everything(
 # --------------------------------------------------------------------------- connections
 
 
+@pytest.mark.slow
 def test_silent_sockets_from_many_addresses_cannot_keep_a_good_peer_out(
         tmp_path: Path) -> None:
     """8 connections; 24 silent sockets from 16 addresses; each round the good peer is
@@ -223,6 +224,7 @@ def test_silent_sockets_from_many_addresses_cannot_keep_a_good_peer_out(
     run(scenario)
 
 
+@pytest.mark.slow
 def test_the_address_holding_the_most_pending_connections_is_evicted_first(
         tmp_path: Path) -> None:
     async def scenario() -> None:
@@ -243,6 +245,7 @@ def test_the_address_holding_the_most_pending_connections_is_evicted_first(
     run(scenario)
 
 
+@pytest.mark.slow
 def test_pre_handshake_share_of_connections_accepts_n_and_evicts_for_the_next(
         tmp_path: Path) -> None:
     """max_connections 8 × share 0.25: one address holds 2 pending connections; a 3rd
@@ -263,6 +266,7 @@ def test_pre_handshake_share_of_connections_accepts_n_and_evicts_for_the_next(
 # --------------------------------------------------------------------------- session slots
 
 
+@pytest.mark.slow
 def test_stalled_questions_from_one_address_then_eight_never_hold_off_a_good_peer(
         tmp_path: Path) -> None:
     """Issue 36: connections that ask one valid question and stall. One address holds at
@@ -287,6 +291,7 @@ def test_stalled_questions_from_one_address_then_eight_never_hold_off_a_good_pee
     run(scenario)
 
 
+@pytest.mark.slow
 def test_pre_handshake_share_of_slots_accepts_n_and_evicts_for_the_next(
         tmp_path: Path) -> None:
     async def scenario() -> None:
@@ -300,6 +305,7 @@ def test_pre_handshake_share_of_slots_accepts_n_and_evicts_for_the_next(
     run(scenario)
 
 
+@pytest.mark.slow
 def test_authenticated_sessions_are_never_evicted(tmp_path: Path) -> None:
     """Every slot held by an established session: a newcomer waits ``slot_timeout`` and is
     refused, as before; nobody is evicted."""
@@ -319,26 +325,28 @@ def test_authenticated_sessions_are_never_evicted(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the deadline
 
 
+@pytest.mark.slow
 def test_pre_handshake_timeout_ends_a_pending_connection_not_an_established_one(
         tmp_path: Path) -> None:
     async def scenario() -> None:
-        limits = caps(pre_handshake_timeout=0.3)
+        limits = caps(pre_handshake_timeout=0.5)
         async with running(tmp_path, connection=PATIENT, server=limits) as srv:
             await warm(srv)
             reader = await stalled_query(srv, "127.0.0.2")
             data = await until_closed(reader)
             assert b'"timeout"' in data
-            assert srv.lines("did not finish within 0.3 s of the peer's time "
+            assert srv.lines("did not finish within 0.5 s of the peer's time "
                              "(pre_handshake_timeout)")
             out: list[str] = []
             # Established within the deadline, the conversation then paces past it.
             await asyncio.wait_for(run_initiator(
                 srv.address, descriptor_of("contract-net/v1"), ("demo", KEY),
-                encodings=("binary",), out=out.append, pace=0.2), WAIT)
+                encodings=("binary",), out=out.append, pace=0.3), WAIT)
             assert any("session over" in line for line in out)
     run(scenario)
 
 
+@pytest.mark.slow
 def test_the_servers_own_work_is_not_the_peers_time(tmp_path: Path) -> None:
     """A cold offer whose compile takes longer than pre_handshake_timeout is accepted: the
     deadline counts only the peer's time."""
@@ -348,12 +356,12 @@ def test_the_servers_own_work_is_not_the_peers_time(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with running(tmp_path, connection=PATIENT,
-                           server=caps(pre_handshake_timeout=0.1)) as srv:
+                           server=caps(pre_handshake_timeout=0.5)) as srv:
             assert await offer_only(srv.address, document, "slow", registry) == "accepted"
             accepted = srv.lines("loaded -> accepted")
             assert accepted and "grammar compiled" in accepted[0]
             took = float(accepted[0].split("grammar compiled, ")[1].split(" ms")[0])
-            assert took > 100, accepted  # the compile alone outlasted the deadline
+            assert took > 500, accepted  # the compile alone outlasted the deadline
     run(scenario)
 
 
@@ -418,6 +426,7 @@ def recorded_version(srv: Running, ident: str) -> int | None:
     return int(text.decode().split('"version": ')[1].split("}")[0].split(",")[0])
 
 
+@pytest.mark.slow
 def test_racing_offers_of_one_id_at_the_limit_end_with_the_newer_or_nothing(
         tmp_path: Path) -> None:
     """Issue 29: each round a peer with room for one more protocol offers versions 2 and
@@ -448,6 +457,7 @@ def test_racing_offers_of_one_id_at_the_limit_end_with_the_newer_or_nothing(
     run(scenario)
 
 
+@pytest.mark.slow
 def test_racing_offers_of_one_id_past_the_limit_end_with_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path, server=caps(max_learned_per_peer=1)) as srv:
@@ -466,6 +476,7 @@ def test_racing_offers_of_one_id_past_the_limit_end_with_nothing(tmp_path: Path)
     run(scenario)
 
 
+@pytest.mark.slow
 def test_two_new_ids_racing_for_the_last_place_record_one(tmp_path: Path) -> None:
     """The cap is taken with the record: of two new ids racing for one place, one is
     recorded and the other refused ``limit`` (at the offer, or after the Finished when
