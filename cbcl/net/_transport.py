@@ -558,11 +558,12 @@ class _Served:
 class _Pending:
     """Pending (not yet ESTABLISHED) connections: per peer address oldest first, and the
     addresses bucketed by how many they hold, so that :meth:`victim` is O(1) (counts move
-    by one at a time, so the largest is kept exactly)."""
+    by one at a time, so the largest is kept exactly). Ordered dicts, not dicts: a dict
+    emptied from the front finds its first key by skipping every deleted slot."""
 
     def __init__(self) -> None:
-        self._by_peer: dict[str, dict[_Served, None]] = {}  # insertion order: oldest first
-        self._peers_holding: dict[int, dict[str, None]] = {}  # count -> peers, in order
+        self._by_peer: dict[str, OrderedDict[_Served, None]] = {}  # oldest first
+        self._peers_holding: dict[int, OrderedDict[str, None]] = {}  # count -> peers
         self._most = 0
 
     def __contains__(self, served: _Served) -> bool:
@@ -580,11 +581,11 @@ class _Pending:
                 if self._most == before and after < before:
                     self._most = after
         if after:
-            self._peers_holding.setdefault(after, {})[peer] = None
+            self._peers_holding.setdefault(after, OrderedDict())[peer] = None
             self._most = max(self._most, after)
 
     def add(self, served: _Served) -> None:
-        held = self._by_peer.setdefault(served.peer, {})
+        held = self._by_peer.setdefault(served.peer, OrderedDict())
         held[served] = None
         self._move(served.peer, len(held) - 1, len(held))
 
