@@ -800,7 +800,8 @@ class Agent:
 
     def _watch_offers(self, connection: Connection, peer: str) -> None:
         """Hold a served connection's offers to the per-peer cap: an early answer at the
-        offer, and the decision with the record, under one lock."""
+        offer, and the decision with the record, under one lock (``guard_record`` runs in
+        the record's worker thread; ``knows`` there is one dict lookup)."""
         connection.vet_offer = lambda prepared: self._vet(peer, prepared)
         connection.guard_record = lambda prepared, record: self._learned_per_peer.record(
             peer, prepared, record, counts=not self.learned.knows(prepared.descriptor))
