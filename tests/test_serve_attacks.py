@@ -260,17 +260,21 @@ def test_an_idle_connection_is_dropped_and_idle_ones_hold_no_session_slot(
 
 
 def test_max_connections_accepts_n_and_refuses_the_next(tmp_path: Path) -> None:
+    """N authenticated connections are served and the next one is refused ``busy``: none of
+    them can be evicted (pending ones can: tests/test_eviction.py)."""
     async def scenario() -> None:
         async with running(tmp_path, server=ServerLimits(max_connections=3)) as srv:
-            held = [await srv.raw(f"127.0.0.{2 + i}") for i in range(3)]
-            await asyncio.sleep(0.05)
+            held = [await establish(srv.address, f"held-{i}") for i in range(3)]
             reader, _ = await srv.raw("127.0.0.9")
             assert b'"busy"' in await until_closed(reader)
-            assert all([await still_open(r) for r, _ in held])
+            assert all([await still_open(c.reader) for c in held])
             assert len(srv.lines("(max_connections)")) == 1
-            held[0][1].close()
+            assert not srv.lines("evicted")
+            await held[0].close()
             await asyncio.sleep(0.05)
             await good_peer(srv.address)
+            for connection in held[1:]:
+                await connection.close()
     run(scenario)
 
 
@@ -318,19 +322,32 @@ def test_a_connection_waits_for_a_session_slot_at_most_slot_timeout(tmp_path: Pa
     run(scenario)
 
 
+def descriptor_of(ident: str, version: int = 1) -> bytes:
+    """contract-net/v1's descriptor under another protocol id and version, signed."""
+    payload = PAYLOAD.replace(b"(id contract-net/v1)", f"(id {ident})".encode()) \
+        .replace(b"(version 1)", f"(version {version})".encode())
+    return sign_descriptor(payload, [("demo", KEY)])
+
+
 def test_protocols_learned_per_peer_accepts_n_and_rejects_the_next(tmp_path: Path) -> None:
-    versions = [sign_descriptor(PAYLOAD.replace(b"(version 1)", f"(version {v})".encode()),
-                                [("demo", KEY)]) for v in (1, 2, 3)]
+    """The cap counts protocol ids: N ids are learned, one more is rejected ``limit``; a
+    newer version of an id the peer taught, or a descriptor the server holds, counts no
+    more."""
+    taught = [descriptor_of(f"taught-{name}/v1") for name in "ab"]
 
     async def scenario() -> None:
         async with running(tmp_path, server=ServerLimits(max_learned_per_peer=2)) as srv:
-            for number, document in enumerate(versions[:2], 1):
-                assert await offer_only(srv.address, document, f"v{number}") == "accepted"
+            for name, document in zip("ab", taught, strict=True):
+                assert await offer_only(srv.address, document, name) == "accepted"
             recorded = srv.state_files()
-            assert await offer_only(srv.address, versions[2], "v3") == "rejected limit"
-            assert srv.state_files() == recorded  # version 3 was not recorded
+            assert await offer_only(srv.address, descriptor_of("taught-c/v1"), "c") == \
+                "rejected limit"
+            assert srv.state_files() == recorded  # taught-c was not recorded
             assert srv.lines("(max_learned_per_peer)")
-            await offer_only(srv.address, versions[1], "again")  # a known digest: still fine
+            await offer_only(srv.address, taught[1], "again")  # a known digest: still fine
+            newer = descriptor_of("taught-a/v1", version=2)
+            assert await offer_only(srv.address, newer, "a2") == "accepted"
+            assert '"version": 2' in srv.state_files()["taught-a%2Fv1.json"].decode()
     run(scenario)
 
 

@@ -701,7 +701,14 @@ SERVER_OPTIONS: tuple[tuple[str, float, float, str], ...] = (
      "protocols one peer address may teach this server in its lifetime"),
     ("--compile-workers", 1, 256, "offers verified and compiled at once"),
     ("--compile-queue", 0, 1 << 16, "cold offers waiting for a compile worker"),
+    ("--pre-handshake-timeout", 0.001, MAX_SECONDS,
+     "seconds of its own time a connection has to finish its handshake"),
+    ("--pre-handshake-share", 0.001, 1.0,
+     "fraction of the connections, and of the sessions, one address may hold before "
+     "their handshakes are done"),
 )
+#: The options of :data:`SERVER_OPTIONS` that are fractions, not seconds.
+FRACTION_OPTIONS = frozenset({"--pre-handshake-share"})
 #: The largest ``negotiate --pace``: one minute.
 MAX_PACE_MS = 60_000
 
@@ -710,14 +717,34 @@ def _dest(option: str) -> str:
     return option[2:].replace("-", "_")
 
 
+def fraction(low: float, high: float) -> Callable[[str], float]:
+    """argparse type: a finite number from ``low`` to ``high`` inclusive (``nan``, ``inf``
+    and anything outside are usage errors)."""
+    within = seconds(low, high)  # the same parse; only the message differs
+
+    def parse(text: str) -> float:
+        try:
+            return within(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"expected a fraction from {low:g} to {high:g}, not "
+                f'"{escape_invisible(text, quote=True, limit=40)}"') from None
+
+    parse.__name__ = f"fraction({low:g}, {high:g})"
+    return parse
+
+
 def add_limit_options(parser: argparse.ArgumentParser,
                        options: tuple[tuple[str, float, float, str], ...],
                        defaults: Any) -> None:
     """Add ``options`` to ``parser``, each a checked type with its range and default."""
     for option, low, high, text in options:
         default = getattr(defaults, _dest(option))
-        if isinstance(low, float):
-            kind: Callable[[str], Any] = seconds(low, high)
+        if option in FRACTION_OPTIONS:
+            kind: Callable[[str], Any] = fraction(low, high)
+            metavar, shown = "F", f"{low:g} to {high:g} (default {default:g})"
+        elif isinstance(low, float):
+            kind = seconds(low, high)
             metavar, shown = "S", f"{low:g} to {high:g} (default {default:g})"
         else:
             kind, metavar = int_in(int(low), int(high)), "N"

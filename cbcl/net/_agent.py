@@ -125,13 +125,16 @@ class LearnedLibrary:
         return entry is not None and entry[0].digest == protocol.digest
 
     def add(self, protocol: Protocol, document: bytes | None = None) -> bool:
-        """Keep ``protocol`` (replacing an older version of its id); save ``document``, its
-        signed descriptor, when there is a directory. Returns whether it is kept (one larger
-        than ``max_bytes`` is not)."""
+        """Keep ``protocol`` (replacing an older version of its id, never a newer one); save
+        ``document``, its signed descriptor, when there is a directory. Returns whether it
+        is kept (one larger than ``max_bytes``, or older than the one kept, is not)."""
         ident = str(protocol.id)
         size = compiled_size(protocol)
         if size > self.max_bytes or self.max_protocols == 0:
             return False
+        kept = self._entries.get(ident)
+        if kept is not None and kept[0].descriptor.version > protocol.descriptor.version:
+            return False  # sessions may end out of order: the newer version stays
         old = self._entries.pop(ident, None)
         if old is not None:
             self._bytes -= old[1]
@@ -798,7 +801,7 @@ class Agent:
 
         async def handle(connection: Connection) -> None:
             peer = connection.peer
-            connection.vet_offer = lambda prepared: self._vet(peer, prepared)
+            self._watch_offers(connection, peer)
             link = Link(self, connection, next(self._numbers), "serve")
             self._links.add(link)
             try:
@@ -819,6 +822,14 @@ class Agent:
         # A protocol the agent already learned is no new burden: only new ones count.
         if not self.learned.knows(prepared.descriptor):
             self._learned_per_peer.vet(peer, prepared)
+
+    def _watch_offers(self, connection: Connection, peer: str) -> None:
+        """Hold a served connection's offers to the per-peer cap: an early answer at the
+        offer, and the decision with the record, under one lock (``guard_record`` runs in
+        the record's worker thread; ``knows`` there is one dict lookup)."""
+        connection.vet_offer = lambda prepared: self._vet(peer, prepared)
+        connection.guard_record = lambda prepared, record: self._learned_per_peer.record(
+            peer, prepared, record, counts=not self.learned.knows(prepared.descriptor))
 
     async def connect(self, address: str, *, peer: URI | str, descriptor: bytes,
                       encodings: Iterable[str] | None = None,

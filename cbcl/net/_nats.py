@@ -704,7 +704,7 @@ class NatsBus:
         connection = NatsConnection(
             self, session, key=key, out_subject=reply,
             inbox=f"{self._session_prefix}{peer_token}.{sid}.r", peer=peer, opener=False)
-        connection.vet_offer = lambda prepared: agent._vet(peer, prepared)
+        agent._watch_offers(connection, peer)
         link = Link(agent, connection, next(agent._numbers), "serve")
         self._register(connection, link)
         self._responders += 1

@@ -21,6 +21,21 @@ connection takes a session slot only when its first whole frame has arrived, so 
 that stay idle or trickle bytes hold a connection, never a slot; a connection that cannot
 get a slot within ``slot_timeout`` is refused ``busy``. Each refusal is reported once to
 the server's ``on_refusal`` with its reason.
+
+Unauthenticated connections are cheap and fair. Until its handshake is ESTABLISHED (the
+peer's signed Finished verified) a served connection is *pending*: it must get there
+within ``pre_handshake_timeout`` of the peer's own time (the server's work for it and its
+wait for a slot do not count), and one peer address holds at most ``pre_handshake_share``
+of the connections, and of the session slots, while pending. When the connections or the
+slots are full, a newcomer is not refused (or left waiting) while a pending connection
+could make room: the oldest pending connection of the address that holds the most
+pending ones is evicted (told ``busy``, closed) and its place — its session slot too —
+goes to the newcomer. A newcomer whose own address holds as many as any (or has reached
+its share) evicts its own oldest, never another address's, so no address keeps its own
+connections by pushing others out. :class:`_Pending` finds the victim in O(1): per
+address its pending connections oldest first, and the addresses bucketed by how many they
+hold. Only when every connection (or every slot) is authenticated is a newcomer refused
+(or left to wait ``slot_timeout``).
 """
 
 from __future__ import annotations
@@ -65,6 +80,12 @@ def _check_count(name: str, value: object, *, upper: int = 1 << 20, lower: int =
         raise ValueError(f"{name} must be an int from {lower} to {upper}")
 
 
+def _check_fraction(name: str, value: object, *, lower: float = 0.001) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not lower <= value <= 1:  # NaN fails both comparisons
+        raise ValueError(f"{name} must be a number from {lower:g} to 1")
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """Per connection (spec/negotiation.md §6.1).
@@ -101,9 +122,19 @@ class ServerLimits:
     arrives, so idle and trickling sockets hold none; ``slot_timeout``: seconds a
     connection waits for a slot; ``max_conversations``: open conversations per session
     (finished ones are dropped); ``max_learned_per_peer``: protocols one peer address may
-    teach this server (accepted offers of distinct digests) in its lifetime;
+    teach this server in its lifetime (distinct protocol ids: a newer version of an id it
+    taught counts no more; see :class:`LearnedProtocols`);
     ``compile_workers``: offers verified and compiled at once; ``compile_queue``: offers
     waiting for a worker (one more is rejected with ``limit``).
+
+    Before its handshake is ESTABLISHED a connection is *pending* (see the module doc):
+    ``pre_handshake_timeout``: seconds of the peer's time a pending connection may take
+    (the server's own work for it and its wait for a slot are not counted; the whole
+    handshake is still bounded by ``handshake_timeout``); ``pre_handshake_share``: the
+    fraction of ``max_connections``, and of ``max_sessions``, one peer address may hold
+    pending (at least one of each) — one more evicts that address's oldest pending one.
+    When the connections or the slots are full, the oldest pending connection of the
+    address holding the most is evicted (``busy``) to make room for a newcomer.
     Raises ``ValueError`` for a value out of range."""
 
     max_connections: int = 1024
@@ -114,6 +145,8 @@ class ServerLimits:
     max_learned_per_peer: int = 16
     compile_workers: int = 2
     compile_queue: int = 16
+    pre_handshake_timeout: float = 5.0
+    pre_handshake_share: float = 0.125
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_connections_per_peer", "max_sessions",
@@ -122,6 +155,13 @@ class ServerLimits:
         _check_count("compile_workers", self.compile_workers, upper=256)
         _check_count("compile_queue", self.compile_queue, upper=1 << 16, lower=0)
         _check_seconds("slot_timeout", self.slot_timeout)
+        _check_seconds("pre_handshake_timeout", self.pre_handshake_timeout)
+        _check_fraction("pre_handshake_share", self.pre_handshake_share)
+
+    def pending_share(self, total: int) -> int:
+        """How many of ``total`` places (connections or session slots) one peer address
+        may hold pending: ``pre_handshake_share`` of them, rounded down, at least 1."""
+        return max(1, int(total * self.pre_handshake_share))
 
 
 def clock_ms() -> int:
@@ -207,21 +247,30 @@ class Connection:
 
     ``pool`` runs the session's slow work (default :func:`default_pool`); ``vet_offer``,
     if set, is called on the loop with each offer that passed every check, and may raise a
-    :class:`CBCLError` to refuse it (``cbcl serve``'s per-peer cap). ``slot`` is taken
-    when the first whole frame arrives (see :func:`serve`)."""
+    :class:`CBCLError` to refuse it (``cbcl serve``'s per-peer cap); ``guard_record``, if
+    set, runs the recording of the accepted offer in the worker thread, as
+    ``guard_record(prepared, record)``: it calls ``record()`` (or raises a
+    :class:`CBCLError` to refuse) under whatever lock makes its own decision and the
+    record one (:meth:`LearnedProtocols.record`). ``slot`` is taken when the first whole
+    frame arrives (see :func:`serve`). ``pre_handshake_timeout``: seconds of the peer's
+    time until ESTABLISHED (the time the server's work and ``slot`` take is not counted;
+    ``None``: no such deadline); ``on_established`` is called once when the handshake is
+    ESTABLISHED. :meth:`evict` ends the connection from outside its task."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  session: Session, *, limits: ConnectionLimits | None = None,
                  clock: Callable[[], int] = clock_ms, pool: WorkPool | None = None,
-                 peer: str = "", slot: Callable[[], Awaitable[None]] | None = None) -> None:
+                 peer: str = "", slot: Callable[[], Awaitable[None]] | None = None,
+                 pre_handshake_timeout: float | None = None) -> None:
         self.reader = reader
         self.writer = writer
         self._start(session, limits=limits or ConnectionLimits(), clock=clock, pool=pool,
-                    peer=peer, slot=slot)
+                    peer=peer, slot=slot, pre_handshake_timeout=pre_handshake_timeout)
 
     def _start(self, session: Session, *, limits: ConnectionLimits,
                clock: Callable[[], int], pool: WorkPool | None, peer: str,
-               slot: Callable[[], Awaitable[None]] | None) -> None:
+               slot: Callable[[], Awaitable[None]] | None,
+               pre_handshake_timeout: float | None = None) -> None:
         """The state of a connection over any carrier (a stream here, NATS in
         :mod:`cbcl.net._nats`): the session, its limits and deadlines, the counters."""
         self.session = session
@@ -231,7 +280,15 @@ class Connection:
         self.pool = pool
         self.peer = peer
         self.vet_offer: Callable[[PreparedDescriptor], None] | None = None
+        self.guard_record: Callable[[PreparedDescriptor, Callable[[], Any]], Any] | None \
+            = None
+        self.on_established: Callable[[], None] | None = None
         self._slot = slot
+        self._offered: PreparedDescriptor | None = None  # the offer vetted, to record
+        self._pending = True  # not ESTABLISHED yet
+        #: Why the server evicted this connection (see :meth:`evict`), or ``None``.
+        self.evicted: str | None = None
+        self._waiting: asyncio.Timeout | None = None  # the wait evict() cuts short
         #: Milliseconds the last slow work took (verifying, compiling, recording).
         self.last_work_ms = 0.0
         #: Where the last offer's compiled grammar came from (``compiled``, ``memory
@@ -245,14 +302,46 @@ class Connection:
         self._loop = loop
         self._handshake_deadline = loop.time() + self.limits.handshake_timeout
         self._frame_deadline: float | None = None
+        self._pre_handshake_timeout = pre_handshake_timeout
+        self._pre_handshake_deadline = None if pre_handshake_timeout is None \
+            else loop.time() + pre_handshake_timeout
+
+    def _not_the_peers_time(self, started: float) -> None:
+        """The server spent the time since ``started`` (loop time) on its own work or
+        waits for this connection: the peer's pre-handshake deadline moves by as much."""
+        if self._pre_handshake_deadline is not None:
+            self._pre_handshake_deadline += self._loop.time() - started
+
+    def _busy(self) -> ConnectionLost:
+        return ConnectionLost(self.evicted or "evicted", code="busy")
+
+    def evict(self, why: str) -> None:
+        """End this connection for the server's own limits, from outside its task: tell the
+        peer NOT-UNDERSTOOD ``busy`` (best effort), close the stream, and wake the task
+        where it waits, which then raises :class:`ConnectionLost` (code ``busy``) with
+        ``why``. A second call does nothing."""
+        if self.evicted is not None:
+            return
+        self.evicted = why
+        with contextlib.suppress(ConnectionError, OSError, CBCLError):
+            self.writer.write(self.session.refuse("busy"))
+        self.writer.close()
+        waiting = self._waiting
+        if waiting is not None:
+            with contextlib.suppress(RuntimeError):  # its deadline is passing anyway
+                waiting.reschedule(self._loop.time())
 
     async def _write(self, data: bytes) -> None:
         if not data:
             return
+        if self.evicted is not None:
+            raise self._busy()
         try:
             self.writer.write(data)
             await self.writer.drain()
         except (ConnectionError, OSError) as exc:
+            if self.evicted is not None:  # we closed it, while it waited to write
+                raise self._busy() from None
             raise ConnectionLost(f"the peer is gone ({exc.strerror or exc}) in state "
                                  f"{self.session.state.value}{self.session._where()}"
                                  ) from None
@@ -273,9 +362,13 @@ class Connection:
         (a deadline passed: after sending NOT-UNDERSTOOD ``timeout``)."""
         session = self.session
         while True:
+            if self.evicted is not None:
+                raise self._busy()
             if self._slot is not None and session.frames_waiting:
                 take, self._slot = self._slot, None
+                started = self._loop.time()
                 await take()
+                self._not_the_peers_time(started)
             try:
                 event = session.next_event(now=self.clock())
             except RemoteProtocolError:
@@ -287,6 +380,10 @@ class Connection:
                 continue
             if event is not NEED_DATA:
                 # (neither NEED_WORK nor NEED_DATA: sentinels mypy cannot narrow by `is`)
+                if self._pending and session.state is HandshakeState.ESTABLISHED:
+                    self._pending = False
+                    if self.on_established is not None:
+                        self.on_established()
                 await self._accepted(event)  # type: ignore[arg-type]
                 await self.flush()
                 return event  # type: ignore[return-value]
@@ -315,15 +412,27 @@ class Connection:
         work = self.session.pending_work
         if work is None:  # pragma: no cover - NEED_WORK means there is some
             return
-        started = time.perf_counter()
+        started, on_loop = time.perf_counter(), self._loop.time()
         pool = self.pool or default_pool()
+        offered, guard = self._offered, self.guard_record
+        if work.kind == "record" and guard is not None and offered is not None:
+            record = work.run
+            work = Work("record", lambda: guard(offered, record))
         try:
-            async with asyncio.timeout_at(self._handshake_deadline):
+            async with asyncio.timeout_at(self._handshake_deadline) as waiting:
+                self._waiting = waiting
                 outcome = await pool.run(work)
         except TimeoutError:
+            if self.evicted is not None:
+                raise self._busy() from None
             await self._time_out(f"the handshake did not finish within "
                                  f"{self.limits.handshake_timeout:g} s ({work.kind} work "
                                  "still running)")
+        finally:
+            self._waiting = None
+        if self.evicted is not None:
+            raise self._busy()
+        self._not_the_peers_time(on_loop)
         self.last_work_ms = (time.perf_counter() - started) * 1000
         self.last_work_source = outcome.source if isinstance(outcome, PreparedDescriptor) \
             else ""
@@ -333,6 +442,8 @@ class Connection:
                 self.vet_offer(outcome)
             except CBCLError as exc:
                 outcome = exc
+        if work.kind == "offer":
+            self._offered = outcome if isinstance(outcome, PreparedDescriptor) else None
         self.session.complete_work(outcome)
 
     async def _read(self) -> bytes:
@@ -346,14 +457,26 @@ class Connection:
         if self._handshaking() and self._handshake_deadline < deadline:
             deadline, why = self._handshake_deadline, (
                 f"the handshake did not finish within {limits.handshake_timeout:g} s")
+        pre = self._pre_handshake_deadline
+        if self._pending and pre is not None and pre < deadline:
+            deadline, why = pre, (
+                f"the handshake did not finish within {self._pre_handshake_timeout:g} s of "
+                "the peer's time (pre_handshake_timeout)")
+        data = b""
         try:
-            async with asyncio.timeout_at(deadline):
-                return await self.reader.read(limits.read_bytes)
+            async with asyncio.timeout_at(deadline) as waiting:
+                self._waiting = waiting
+                data = await self.reader.read(limits.read_bytes)
         except TimeoutError:
-            await self._time_out(why)
+            if self.evicted is None:
+                await self._time_out(why)
         except (ConnectionError, OSError):
-            return b""  # a reset is an end of stream the session judges
-        return b""  # pragma: no cover - _time_out raises
+            pass  # a reset is an end of stream the session judges
+        finally:
+            self._waiting = None
+        if self.evicted is not None:
+            raise self._busy()
+        return data
 
     async def _time_out(self, why: str) -> NoReturn:
         with contextlib.suppress(ConnectionLost):
@@ -417,6 +540,78 @@ class _PeerCounts:
             self.by_peer[peer] = left
         else:
             del self.by_peer[peer]
+
+
+class _Served:
+    """One connection of a :func:`serve` server, as its bookkeeping sees it."""
+
+    __slots__ = ("connection", "counted", "holding", "peer", "started")
+
+    def __init__(self, peer: str, started: float) -> None:
+        self.peer = peer
+        self.connection: Connection | None = None
+        self.counted = False  # in the connection counts
+        self.holding = False  # holds a session slot
+        self.started = started  # loop time
+
+
+class _Pending:
+    """Pending (not yet ESTABLISHED) connections: per peer address oldest first, and the
+    addresses bucketed by how many they hold, so that :meth:`victim` is O(1) (counts move
+    by one at a time, so the largest is kept exactly). Ordered dicts, not dicts: a dict
+    emptied from the front finds its first key by skipping every deleted slot."""
+
+    def __init__(self) -> None:
+        self._by_peer: dict[str, OrderedDict[_Served, None]] = {}  # oldest first
+        self._peers_holding: dict[int, OrderedDict[str, None]] = {}  # count -> peers
+        self._most = 0
+
+    def __contains__(self, served: _Served) -> bool:
+        return served in self._by_peer.get(served.peer, ())
+
+    def count(self, peer: str) -> int:
+        return len(self._by_peer.get(peer, ()))
+
+    def _move(self, peer: str, before: int, after: int) -> None:
+        if before:
+            bucket = self._peers_holding[before]
+            del bucket[peer]
+            if not bucket:
+                del self._peers_holding[before]
+                if self._most == before and after < before:
+                    self._most = after
+        if after:
+            self._peers_holding.setdefault(after, OrderedDict())[peer] = None
+            self._most = max(self._most, after)
+
+    def add(self, served: _Served) -> None:
+        held = self._by_peer.setdefault(served.peer, OrderedDict())
+        held[served] = None
+        self._move(served.peer, len(held) - 1, len(held))
+
+    def discard(self, served: _Served) -> None:
+        held = self._by_peer.get(served.peer)
+        if held is None or served not in held:
+            return
+        del held[served]
+        self._move(served.peer, len(held) + 1, len(held))
+        if not held:
+            del self._by_peer[served.peer]
+
+    def oldest(self, peer: str) -> _Served | None:
+        held = self._by_peer.get(peer)
+        return next(iter(held)) if held else None
+
+    def victim(self, peer: str) -> _Served | None:
+        """Whom a newcomer from ``peer`` evicts when every place is taken: the oldest
+        pending connection of the address holding the most — its own when its own, with
+        the newcomer, holds at least as many as any — or ``None`` when none is pending."""
+        own = self.count(peer)
+        if own and own + 1 >= self._most:
+            return self.oldest(peer)
+        if not self._most:
+            return None
+        return self.oldest(next(iter(self._peers_holding[self._most])))
 
 
 class Server:
@@ -504,44 +699,108 @@ async def serve(address: str, make_session: Callable[[], Session],
     work = pool or WorkPool(caps.compile_workers, caps.compile_queue)
     slots = asyncio.Semaphore(caps.max_sessions)
     counts = _PeerCounts()
+    pending = _Pending()  # connections not ESTABLISHED yet
+    pending_slots = _Pending()  # those of them that hold a session slot
+    connection_share = caps.pending_share(caps.max_connections)
+    slot_share = caps.pending_share(caps.max_sessions)
+    loop = asyncio.get_running_loop()
 
     def refused(peer: str, reason: str) -> None:
         if on_refusal is not None:
             on_refusal(peer, reason)
 
+    def release(served: _Served) -> None:
+        """Give back whatever ``served`` holds (a second call does nothing)."""
+        if served.counted:
+            served.counted = False
+            counts.remove(served.peer)
+        pending.discard(served)
+        pending_slots.discard(served)
+        if served.holding:
+            served.holding = False
+            slots.release()
+
+    def evict(victim: _Served, why: str) -> None:
+        """Close a pending connection to make room (its task reports the refusal)."""
+        if victim.connection is not None:
+            victim.connection.evict(f"evicted after {loop.time() - victim.started:.1f} s "
+                                    f"without a finished handshake to make room: {why}")
+        release(victim)
+
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _peer_of(writer)
-        reason = None
-        if counts.total >= caps.max_connections:
-            reason = f"{caps.max_connections} connections are open (max_connections)"
-        elif counts.by_peer.get(peer, 0) >= caps.max_connections_per_peer:
+        reason = victim = None
+        if counts.by_peer.get(peer, 0) >= caps.max_connections_per_peer:
             reason = (f"{caps.max_connections_per_peer} connections are open from this peer "
                       "(max_connections_per_peer)")
+        elif pending.count(peer) >= connection_share:
+            victim, why = pending.oldest(peer), (
+                f"its address holds {connection_share} pending connections "
+                "(pre_handshake_share)")
+        elif counts.total >= caps.max_connections:
+            victim = pending.victim(peer)
+            why = reason = f"{caps.max_connections} connections are open (max_connections)"
+            if victim is not None:
+                reason = None
         if reason is not None:
             refused(peer, reason)
             with contextlib.suppress(ConnectionError, OSError):
                 writer.write(not_understood_frame("busy", now=clock()))
             writer.close()
             return
+        if victim is not None:
+            evict(victim, why)
+        served = _Served(peer, loop.time())
         counts.add(peer)
-        holding = False
+        served.counted = True
+        pending.add(served)
 
         async def take_slot() -> None:
-            nonlocal holding
-            try:
-                async with asyncio.timeout(caps.slot_timeout):
-                    await slots.acquire()
-            except TimeoutError:
-                why = (f"no session slot within {caps.slot_timeout:g} s "
-                       f"({caps.max_sessions} sessions at work)")
-                with contextlib.suppress(ConnectionLost):
-                    await connection._write(connection.session.refuse("busy"))
-                raise ConnectionLost(why, code="busy") from None
-            holding = True
+            connection = served.connection
+            if connection is None:  # pragma: no cover - set before the session runs
+                return
+            victim = None
+            if pending_slots.count(peer) >= slot_share:
+                victim, why = pending_slots.oldest(peer), (
+                    f"its address holds {slot_share} pending sessions (pre_handshake_share)")
+            elif slots.locked():
+                victim = pending_slots.victim(peer)
+                why = f"{caps.max_sessions} sessions are at work (max_sessions)"
+            if victim is not None:
+                victim.holding = False  # its slot passes to this connection
+                evict(victim, why)
+            else:
+                try:
+                    async with asyncio.timeout(caps.slot_timeout) as waiting:
+                        connection._waiting = waiting
+                        await slots.acquire()
+                except TimeoutError:
+                    if connection.evicted is not None:
+                        raise connection._busy() from None
+                    why = (f"no session slot within {caps.slot_timeout:g} s "
+                           f"({caps.max_sessions} sessions at work)")
+                    with contextlib.suppress(ConnectionLost):
+                        await connection._write(connection.session.refuse("busy"))
+                    raise ConnectionLost(why, code="busy") from None
+                finally:
+                    connection._waiting = None
+                if connection.evicted is not None:
+                    slots.release()
+                    raise connection._busy()
+            served.holding = True
+            if served in pending:
+                pending_slots.add(served)
+
+        def established() -> None:
+            pending.discard(served)
+            pending_slots.discard(served)
 
         try:
             connection = Connection(reader, writer, make_session(), limits=limits,
-                                    clock=clock, pool=work, peer=peer, slot=take_slot)
+                                    clock=clock, pool=work, peer=peer, slot=take_slot,
+                                    pre_handshake_timeout=caps.pre_handshake_timeout)
+            served.connection = connection
+            connection.on_established = established
             try:
                 await handle(connection)
             except ConnectionLost as exc:
@@ -558,9 +817,7 @@ async def serve(address: str, make_session: Callable[[], Session],
             # task.cancelled() first); the connection is closed above either way.
             return
         finally:
-            counts.remove(peer)
-            if holding:
-                slots.release()
+            release(served)
 
     if kind == "unix":
         _claim_unix_path(where)
@@ -584,23 +841,48 @@ def _peer_of(writer: asyncio.StreamWriter) -> str:
 
 class LearnedProtocols:
     """``cbcl serve``'s cap on protocols one peer address teaches: at most ``maximum``
-    distinct digests per peer, for the server's lifetime (the most recent 16,384 peers are
-    remembered). :meth:`vet` raises :class:`LimitError` for one more."""
+    distinct protocol ids per peer, for the server's lifetime (the most recent 16,384 peers
+    are remembered). A newer version of an id the peer taught is no new burden (the server
+    keeps one version per id) and counts no more, so two offers of one id racing for the
+    peer's last place cannot leave the older recorded and the newer refused.
+
+    :meth:`vet` answers early, on the event loop, when the offer is accepted (it takes no
+    lock: the answer may be stale); :meth:`record` decides: under one lock it counts again,
+    records (the caller's ``record``: :meth:`Registry.record`, which takes the rollback
+    decision against the state on disk under the state lock) and only then counts the id,
+    so the count, the rollback decision and the record are one decision. Both raise
+    :class:`LimitError` for one id more than ``maximum``."""
 
     def __init__(self, maximum: int, *, peers: int = 16_384) -> None:
         self.maximum = maximum
         self.peers = peers
-        self._learned: OrderedDict[str, set[str]] = OrderedDict()
+        self._learned: OrderedDict[str, set[str]] = OrderedDict()  # peer -> protocol ids
+        self._lock = threading.Lock()
+
+    def _check(self, peer: str, prepared: PreparedDescriptor) -> None:
+        learned = self._learned.get(peer, ())
+        if str(prepared.descriptor.id) not in learned and len(learned) >= self.maximum:
+            raise LimitError(f"this peer has taught {len(learned)} protocols already "
+                             "(max_learned_per_peer)", limit="max_learned_per_peer",
+                             maximum=self.maximum)
 
     def vet(self, peer: str, prepared: PreparedDescriptor) -> None:
-        learned = self._learned.setdefault(peer, set())
-        self._learned.move_to_end(peer)
-        digest = prepared.descriptor.digest
-        if digest not in learned:
-            if len(learned) >= self.maximum:
-                raise LimitError(f"this peer has taught {len(learned)} protocols already "
-                                 "(max_learned_per_peer)", limit="max_learned_per_peer",
-                                 maximum=self.maximum)
-            learned.add(digest)
-        while len(self._learned) > self.peers:
-            self._learned.popitem(last=False)
+        """Refuse at once an offer of one protocol id more than this peer may teach."""
+        self._check(peer, prepared)
+
+    def record(self, peer: str, prepared: PreparedDescriptor, record: Callable[[], Any],
+               *, counts: bool = True) -> Any:
+        """Check the cap, call ``record()`` and count the id (unless ``counts`` is false:
+        a protocol the server already holds), all under one lock; returns what
+        ``record()`` returned. Raises :class:`LimitError` (nothing recorded) and whatever
+        ``record()`` raises (nothing counted)."""
+        with self._lock:
+            if counts:
+                self._check(peer, prepared)
+            outcome = record()
+            if counts:
+                self._learned.setdefault(peer, set()).add(str(prepared.descriptor.id))
+                self._learned.move_to_end(peer)
+                while len(self._learned) > self.peers:
+                    self._learned.popitem(last=False)
+            return outcome
