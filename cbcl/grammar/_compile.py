@@ -182,10 +182,18 @@ def _limits_data(limits: GrammarLimits) -> dict[str, int]:
 
 # The worker runs in isolated mode (-I: no PYTHON* variables, no user site, no working
 # directory on sys.path), so nothing in the environment or the current directory can put
-# other code in its place; it imports this very copy of cbcl from its known location.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
-_WORKER_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+# other code in its place; it loads this very copy of cbcl from its known location (the
+# package's own directory, bound as ``cbcl`` before anything imports it, so neither another
+# installed copy nor a directory put first on sys.path is ever searched for it).
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_WORKER_BOOT = ("import importlib.util, sys; "
+                "spec = importlib.util.spec_from_file_location('cbcl', sys.argv[1], "
+                "submodule_search_locations=[sys.argv[2]]); "
+                "module = importlib.util.module_from_spec(spec); sys.modules['cbcl'] = module; "
+                "spec.loader.exec_module(module); "
                 "from cbcl.grammar._compile_worker import main; sys.exit(main())")
+_WORKER_ARGS = (sys.executable, "-I", "-c", _WORKER_BOOT, str(_PACKAGE_DIR / "__init__.py"),
+                str(_PACKAGE_DIR))
 
 
 def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
@@ -206,9 +214,8 @@ def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
     request = json.dumps({"grammar": text, "limits": _limits_data(limits),
                           "starts": list(starts), "memory": memory,
                           "cpu_seconds": max(1, math.ceil(timeout))}).encode()
-    worker = subprocess.Popen([sys.executable, "-I", "-c", _WORKER_BOOT, _PACKAGE_ROOT],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, cwd=_PACKAGE_ROOT)
+    worker = subprocess.Popen(_WORKER_ARGS, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, cwd=_PACKAGE_DIR)
     deadline = time.monotonic() + 3 * timeout
     pending: bytes | None = request
     try:
