@@ -23,7 +23,10 @@ and returns a :class:`Report` whose first rendered line is one verdict of draft 
    shortest prefixes). Each state is expanded once with marker lookaheads; the markers that
    reach a successor's kernel item are the propagation edges of the Dragon-book method, the
    plain bits are spontaneous lookaheads. A worklist solves the propagation; reduce
-   lookaheads are read back through the same markers.
+   lookaheads are read back through the same markers. A caller's ``table_limit`` is told
+   the size of the LALR(1) table as the automaton grows (lower bounds after each state, the
+   exact counts once the lookaheads are known) and may stop the analysis there, before the
+   table or any conflict search costs more.
 4. *Canonical LR(1)* is built only when LALR(1) has a conflict or a state that acts on both a
    literal and a general terminal that overlaps it (LR(1) actions refine LALR's, so without
    either there is nothing for LR(1) to find). States are (items, lookaheads) kernels with
@@ -645,9 +648,15 @@ def _too_many(kind: str, max_states: int) -> GrammarError:
                         "(max_states); simplify it", verdict="rejected")
 
 
-def _build_lalr(g: _Compiled, max_states: int) -> _Automaton:
+#: ``table_limit(states, entries, rules, exact)``: see :func:`analyse`.
+TableLimit = Callable[[int, int, int, bool], None]
+
+
+def _build_lalr(g: _Compiled, max_states: int, table_limit: TableLimit | None = None
+                ) -> _Automaton:
     """LR(0) states, then LALR(1) lookaheads by propagation. Raises GrammarError if the
-    automaton needs more than ``max_states`` states."""
+    automaton needs more than ``max_states`` states; ``table_limit`` (see :func:`analyse`)
+    is told the table's size as it grows, and may raise to stop."""
     auto = _Automaton()
     index: dict[tuple[int, ...], int] = {}
     T = g.T
@@ -673,6 +682,7 @@ def _build_lalr(g: _Compiled, max_states: int) -> _Automaton:
 
     add((g.base[0],), (-1, -1))
     s = 0
+    known_entries = 0  # shifts and gotos of the states expanded so far: each is a table entry
     while s < len(auto.kernels):
         kernel = auto.kernels[s]
         markers = [1 << (marker0 + i) for i in range(len(kernel))]
@@ -690,6 +700,9 @@ def _build_lalr(g: _Compiled, max_states: int) -> _Automaton:
                     edges.setdefault((s, i), []).append((t, j))
         sym_reds.append(reds)
         s += 1
+        if table_limit is not None:  # every state found is a row; lookaheads come later
+            known_entries += len(goto)
+            table_limit(len(auto.kernels), known_entries, 0, False)
     # Propagate.
     la = [list(row) for row in spont]
     la[0][0] |= 1 << g.end
@@ -710,7 +723,26 @@ def _build_lalr(g: _Compiled, max_states: int) -> _Automaton:
                 v |= la[s][i]
             resolved.append((p, v))
         auto.reds.append(resolved)
+    if table_limit is not None:
+        table_limit(len(auto.kernels), *_table_counts(auto, T), True)
     return auto
+
+
+def _table_counts(auto: _Automaton, T: int) -> tuple[int, int]:
+    """The entries (a shift, goto or reduce per state and symbol) and the rules reduced by
+    of the LALR(1) table of ``auto``: what lark's action/goto table holds (a conflict's
+    terminal counted once). Accepting is not an entry there: the end state reads ``$END``
+    as the end, so production 0 (``S' -> start``) is neither an entry nor a rule."""
+    entries = 0
+    reduced: set[int] = set()
+    for s, goto in enumerate(auto.goto):
+        lookaheads = 0
+        for p, v in auto.reds[s]:
+            if p:
+                lookaheads |= v
+                reduced.add(p)
+        entries += len(goto) + (lookaheads & ~auto.shift_bits(s, T)).bit_count()
+    return entries, len(reduced)
 
 
 def _build_lr1(g: _Compiled, max_states: int, relevant: int = -1) -> _Automaton:
@@ -1264,12 +1296,21 @@ class _Search:
 
 
 def analyse(grammar: Grammar, *, max_states: int = 20_000,
-            max_search_steps: int = 200_000) -> Report:
+            max_search_steps: int = 200_000,
+            table_limit: TableLimit | None = None) -> Report:
     """Classify ``grammar`` (draft §4 verdicts) and explain every conflict.
 
     ``max_states`` bounds each automaton (LR(0), canonical LR(1)); ``max_search_steps``
     bounds the ambiguity search (Earley and simulation steps, shared by all conflicts); when
     it runs out, conflicts without a witness give ``not LR(1)``.
+
+    ``table_limit(states, entries, rules, exact)``, when given, is called as the LALR(1)
+    automaton grows, each time a state has been expanded, with lower bounds of the size of
+    its action/goto table (``exact`` false: the states found, the shifts and gotos of those
+    expanded, no rules yet), and once more, ``exact`` true, with the table's own counts as
+    soon as its lookaheads are known, before any conflict is looked for: the states, the
+    entries (one per state and symbol with a shift, goto or reduce) and the rules reduced
+    by. It raises (whatever it likes) to stop the analysis there.
 
     Raises GrammarError (verdict ``rejected``) if an automaton needs more than
     ``max_states`` states, or the grammar is malformed (undefined symbol or start rule, a
@@ -1278,7 +1319,7 @@ def analyse(grammar: Grammar, *, max_states: int = 20_000,
     if max_states < 1 or max_search_steps < 0:
         raise ValueError("max_states must be >= 1 and max_search_steps >= 0")
     g = _Compiled(grammar)
-    lalr = _build_lalr(g, max_states)
+    lalr = _build_lalr(g, max_states, table_limit)
     lalr_raw = _find_conflicts(g, lalr, overlaps=False)
     relevant = _overlap_candidates(g, lalr)
     for raw in lalr_raw:

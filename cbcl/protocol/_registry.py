@@ -35,16 +35,19 @@ from ..core._reader import (
 from ..core._values import Symbol
 from ..core._version import __version__
 from ..grammar._compile import (
+    DEFAULT_MAX_TABLE_BYTES,
     DEFAULT_MEMORY,
     DEFAULT_TIMEOUT,
     FORMAT_VERSION,
     CompiledGrammar,
+    TablesTooLarge,
     compile_grammar,
     compile_guarded,
+    compiled_size as _compiled_grammar_size,
     from_data,
     to_data,
 )
-from ..grammar._lalr import Tables
+from ..grammar._lalr import table_bytes
 from ..grammar._lr import LALR1
 from ..grammar._subset import GrammarLimits, check_starts
 from ._compat import COMPATIBLE, CompatLimits, diff_descriptors
@@ -124,30 +127,25 @@ def _system_clock_ms() -> int:
 
 def compiled_size(compiled: CompiledGrammar | Protocol) -> int:
     """An estimate, in bytes, of what ``compiled`` (or a loaded protocol's tables) occupies
-    in memory once loaded (its tables' dicts dominate; calibrated on CPython 3.11 against
-    ``tracemalloc``)."""
-    if isinstance(compiled, Protocol):
-        tables: Tables | None = compiled.tables
-        size = 1024 + len(compiled.report) + 100 * len(compiled.atoms) \
-            + len(compiled.descriptor.grammar)
-    else:
-        tables = compiled.tables
-        size = 1024 + len(compiled.report) + 100 * len(compiled.literals)
+    in memory once loaded: :func:`cbcl.grammar._compile.compiled_size`, the measure the
+    compile worker bounds; a protocol adds its grammar text and atoms."""
+    if not isinstance(compiled, Protocol):
+        return _compiled_grammar_size(compiled)
+    size = 1024 + len(compiled.report) + 100 * len(compiled.atoms) \
+        + len(compiled.descriptor.grammar)
+    tables = compiled.tables
     if tables is not None:
-        size += sum(_ROW_BYTES + _ENTRY_BYTES * len(row) for row in tables.actions)
-        size += 120 * len(tables.rules)
+        size += table_bytes(len(tables.actions), sum(map(len, tables.actions)),
+                            len(tables.rules))
     return size
 
-
-_ROW_BYTES = 120
-_ENTRY_BYTES = 50
 
 #: Bytes (by :func:`compiled_size`) of compiled grammars kept in memory, for every registry
 #: of the process together; the least recently used are dropped first.
 COMPILED_CACHE_BYTES = 64 << 20
 #: The default of ``Registry(max_compiled_bytes=…)``: one compiled grammar larger than this
 #: (by :func:`compiled_size`) is refused.
-DEFAULT_MAX_COMPILED_BYTES = 16 << 20
+DEFAULT_MAX_COMPILED_BYTES = DEFAULT_MAX_TABLE_BYTES
 #: Refused grammars remembered (each is a short error), so a peer cannot make us analyse a
 #: grammar we refused again.
 REFUSED_CACHE_ENTRIES = 1024
@@ -260,7 +258,9 @@ class Registry:
     that compiles a grammar; ``isolate=False`` compiles in this process instead (for tools
     that run on trusted grammars only). ``max_compiled_bytes``: a compiled grammar whose
     tables would take more memory than this (estimated by :func:`compiled_size`) is refused
-    (:class:`GrammarError`); compiled (and refused) grammars are kept in ``grammar_cache``,
+    (:class:`~cbcl.grammar._compile.TablesTooLarge`, a :class:`GrammarError`), by the
+    analyser as it builds the automaton, in the worker or in this process, before any
+    table is built; compiled (and refused) grammars are kept in ``grammar_cache``,
     a :class:`GrammarCache` (default :data:`DEFAULT_GRAMMAR_CACHE`, shared by every
     registry of the process, up to :data:`COMPILED_CACHE_BYTES`). ``compile_gate``: a
     :class:`CompileGate` shared by the registries of one server, held while a grammar
@@ -661,9 +661,9 @@ class Registry:
         if refused is not None:
             raise GrammarError(refused.message, verdict=refused.verdict,
                                position=refused.position, context=refused.context)
-        oversized = self.grammar_cache.oversized.recall(key)
-        if oversized is not None and oversized > self.max_compiled_bytes:
-            raise self._too_large(oversized)
+        oversized: TablesTooLarge | None = self.grammar_cache.oversized.recall(key)
+        if oversized is not None and oversized.size > self.max_compiled_bytes:
+            raise self._too_large(oversized.size, oversized)
         cached = self.grammar_cache.compiled.recall_sized(key)
         if cached is not None:
             hit, hit_size = cached
@@ -682,6 +682,9 @@ class Registry:
         if compiled is None:
             try:
                 compiled = self._compile_gated(key, grammar, starts)
+            except TablesTooLarge as exc:  # this registry's limit, not a verdict
+                self.grammar_cache.oversized.remember(key, exc)
+                raise
             except GrammarError as exc:
                 self.grammar_cache.refused.remember(key, exc)
                 raise
@@ -693,16 +696,21 @@ class Registry:
             fresh = True
         size = compiled_size(compiled)
         if size > self.max_compiled_bytes:
-            self.grammar_cache.oversized.remember(key, size)
-            raise self._too_large(size)
+            error = self._too_large(size)
+            self.grammar_cache.oversized.remember(key, error)
+            raise error
         if fresh and self.disk is not None:
             self.disk.put(key, to_data(compiled))
         self.grammar_cache.compiled.remember(key, compiled, size)
         return compiled, "compiled" if fresh else "disk cache"
 
-    def _too_large(self, size: int) -> GrammarError:
-        return GrammarError(f"the compiled grammar would take about {size} bytes; the "
-                            f"limit is {self.max_compiled_bytes}", verdict="rejected")
+    def _too_large(self, size: int, found: TablesTooLarge | None = None) -> TablesTooLarge:
+        """The refusal of a grammar of ``size`` bytes by this registry's limit (``found``:
+        the refusal, by another limit perhaps, that measured it)."""
+        if found is None:
+            return TablesTooLarge(size, self.max_compiled_bytes)
+        return TablesTooLarge(size, self.max_compiled_bytes, exact=found.exact,
+                              states=found.states, measure=found.measure)
 
     def _compile_gated(self, key: str, grammar: str, starts: tuple[str, ...]
                        ) -> CompiledGrammar:
@@ -718,6 +726,9 @@ class Registry:
             if refused is not None:
                 raise GrammarError(refused.message, verdict=refused.verdict,
                                    position=refused.position, context=refused.context)
+            oversized: TablesTooLarge | None = self.grammar_cache.oversized.recall(key)
+            if oversized is not None and oversized.size > self.max_compiled_bytes:
+                raise self._too_large(oversized.size, oversized)
             done: CompiledGrammar | None = self.grammar_cache.compiled.recall(key)
             return done if done is not None else self._compile(grammar, starts)
 
@@ -726,6 +737,8 @@ class Registry:
             return compile_guarded(grammar, self.grammar_limits, starts=starts,
                                    timeout=self.compile_timeout,
                                    cancelled=lambda: self._abandoned,
-                                   memory=self.compile_memory)
-        return compile_grammar(grammar, self.grammar_limits, starts=starts)
+                                   memory=self.compile_memory,
+                                   max_table_bytes=self.max_compiled_bytes)
+        return compile_grammar(grammar, self.grammar_limits, starts=starts,
+                               max_table_bytes=self.max_compiled_bytes)
 
