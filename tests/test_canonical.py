@@ -6,11 +6,12 @@ import json
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, strategies as st
 from strategies import messages, values
 
 import cbcl
 from cbcl import URI, Keyword, LimitError, MalformedError, Symbol
+from cbcl.core._canonical import canonical_prefix
 from cbcl.core._values import MAX_VALUE_DEPTH
 
 
@@ -82,6 +83,22 @@ def test_deep_values_print_without_recursion_up_to_the_depth_limit() -> None:
     loop.append(loop)
     with pytest.raises(LimitError, match="contains itself"):
         cbcl.canonical(loop)  # type: ignore[arg-type]
+
+
+@given(values, st.integers(0, 80))
+def test_a_prefix_is_the_canonical_texts_start(value: cbcl.Value, width: int) -> None:
+    assert canonical_prefix(value, width) == cbcl.canonical(value)[:width]
+
+
+def test_a_prefix_shows_values_no_writer_takes() -> None:
+    # what error messages show (a schema's "found …"): any depth, a list in itself
+    deep: object = "x"
+    for _ in range(2 * MAX_VALUE_DEPTH):
+        deep = (deep,)
+    assert canonical_prefix(deep, 5) == "((((("  # type: ignore[arg-type]
+    loop: list[object] = [Symbol("a")]
+    loop.append(loop)
+    assert canonical_prefix(loop, 12) == "(a (a (a (a "  # type: ignore[arg-type]
 
 
 @given(values)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from typing import Any
 
 from ._errors import LimitError, MalformedError
 from ._limits import limit_message
@@ -205,3 +206,41 @@ def canonical_value_python(value: ValueInput, around: int = 0) -> str:
                 return text
             items, parts = stack.pop()
             parts.append(text)
+
+
+def canonical_prefix(value: ValueInput, width: int) -> str:
+    """The first ``width`` characters of ``canonical_value(value)`` (all of it if shorter),
+    written without the rest: for showing a value in a message. It stops after ``width``
+    characters, so a value of any depth, or a list that contains itself, is shown without
+    a ``LimitError``. Raises as :func:`canonical_value` for an atom within the prefix."""
+    out: list[str] = []
+    size = 0
+    # Pre-order: each open list's iterator and whether an item of it has been written.
+    stack: list[list[Any]] = [[iter((value,)), False]]
+    while stack and size <= width:
+        frame = stack[-1]
+        item = next(frame[0], _END)
+        if item is _END:
+            stack.pop()
+            if stack:
+                out.append(")")
+                size += 1
+            continue
+        if frame[1]:
+            out.append(" ")
+            size += 1
+        frame[1] = True
+        kind = type(item)
+        plain = iter(item) if kind is tuple or kind is list else data_of(item)  # type: ignore[call-overload]  # (a list: kind)
+        if type(plain) in ITEM_ITERATORS:
+            out.append("(")
+            size += 1
+            stack.append([plain, False])
+        else:
+            text = _ATOM_TEXT[type(plain)](plain)
+            out.append(text)
+            size += len(text)
+    return "".join(out)[:width]
+
+
+_END = object()

@@ -55,7 +55,7 @@ from enum import Enum
 from fractions import Fraction
 from typing import Any, TypeAlias, TypeGuard, TypeVar
 
-from ..core._canonical import _decimal, canonical_value, too_deep
+from ..core._canonical import _decimal, canonical_prefix, too_deep
 from ..core._errors import LimitError, ViolationError
 from ..core._reader import intern_keyword, intern_symbol
 from ..core._values import (
@@ -422,7 +422,7 @@ def _kind(value: object) -> str:
 
 def _shown(value: FieldValue) -> str:
     """A short text of ``value``; views (in a list the schema typed) as their lists."""
-    text = canonical_value(_raw(value))
+    text = canonical_prefix(_raw(value), 41)  # (enough to tell; any depth)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -591,7 +591,7 @@ class Fields(Mapping[str, "FieldValue"]):
         return hash(self._value)
 
     def __repr__(self) -> str:
-        text = canonical_value(self._value)
+        text = canonical_prefix(self._value, 61)
         return f"Fields({text if len(text) <= 60 else text[:57] + '...'})"
 
     # ----------------------------------------------------------------- the list
