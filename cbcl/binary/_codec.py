@@ -54,7 +54,6 @@ from ..core._errors import (
 from ..core._limits import DEFAULT_LIMITS, Budget, Limits
 from ..core._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
 from ..core._values import (
-    EXACT_ATOM_TYPES,
     INT64_MAX,
     INT64_MIN,
     ITEM_ITERATORS,
@@ -389,9 +388,8 @@ def _body_tokens(body: Value | list[Any], codes: dict[Value, int], out: list[Any
     if kind is tuple or kind is list:
         items: Any = iter(body)  # type: ignore[arg-type]
     else:
-        items = data_of(body)
-        if type(items) not in ITEM_ITERATORS:
-            _atom_tokens(items, codes, append)
+        items = _atom_tokens(body, codes, append)
+        if items is None:
             return
     append(LPAR)
     stack: list[Iterator[Any]] = [items]  # the open lists: the innermost is len(stack) deep
@@ -406,13 +404,9 @@ def _body_tokens(body: Value | list[Any], codes: dict[Value, int], out: list[Any
             elif (kind is Symbol or kind is Keyword) and (code := codes.get(item)):
                 append(code)  # a literal or a name already written: its code
                 continue
-            elif kind in EXACT_ATOM_TYPES:
-                _atom_tokens(item, codes, append)
-                continue
-            else:  # not of an exact type: read as data
-                inner = data_of(item)
-                if type(inner) not in ITEM_ITERATORS:
-                    _atom_tokens(inner, codes, append)
+            else:  # (a list a value not of an exact type stands for: opened below)
+                inner = _atom_tokens(item, codes, append)
+                if inner is None:
                     continue
             if len(stack) >= MAX_VALUE_DEPTH:
                 raise too_deep()
@@ -424,8 +418,10 @@ def _body_tokens(body: Value | list[Any], codes: dict[Value, int], out: list[Any
             append(RPAR)
 
 
-def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> None:
-    """Append the tokens of an atom of an exact type (what :func:`data_of` gives)."""
+def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> Iterator[Any] | None:
+    """Append the tokens of an atom; what is not of an exact type is read as data first
+    (:func:`data_of`), and for a list that gives the iterator over its items, which the
+    caller opens (nothing is appended)."""
     kind = type(item)
     if kind is str:
         append(item)
@@ -445,8 +441,12 @@ def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> None:
     elif kind is Decimal:
         append(DECIMAL)
         append(_decimal(item))
-    else:  # pragma: no cover - data_of gives only exact atoms
-        raise TypeError(f"{kind.__name__} is not a CBCL value type")
+    else:  # not of an exact type: read as data (an exact atom, or a list's items)
+        plain = data_of(item)
+        if type(plain) in ITEM_ITERATORS:
+            return plain  # type: ignore[return-value]  # (an iterator)
+        return _atom_tokens(plain, codes, append)  # (an exact atom: one level)
+    return None
 
 
 # --------------------------------------------------------------------------- decoding

@@ -186,14 +186,20 @@ def canonical_value_python(value: ValueInput, around: int = 0) -> str:
                 if not INT64_MIN <= item <= INT64_MAX:  # type: ignore[operator]
                     _integer(item)  # type: ignore[arg-type]  # raises
                 parts.append(str(item))
-            else:
-                if kind is tuple or kind is list:
-                    inner: object = iter(item)  # type: ignore[arg-type]
-                else:  # a Decimal, or what is not of an exact type: read as data
-                    inner = data_of(item)
-                    if type(inner) not in ITEM_ITERATORS:
-                        parts.append(_ATOM_TEXT[type(inner)](inner))
-                        continue
+            elif kind is tuple or kind is list:
+                if len(stack) >= deepest:
+                    raise too_deep()
+                stack.append((items, parts))
+                items = iter(item)  # type: ignore[arg-type]
+                parts = []
+                break
+            elif kind is Decimal:
+                parts.append(_decimal(item))  # type: ignore[arg-type]
+            else:  # not of an exact type: read as data
+                inner = data_of(item)
+                if type(inner) not in ITEM_ITERATORS:
+                    parts.append(_ATOM_TEXT[type(inner)](inner))
+                    continue
                 if len(stack) >= deepest:
                     raise too_deep()
                 stack.append((items, parts))
