@@ -443,6 +443,27 @@ def test_values_as_deep_as_the_limit_are_written_and_deeper_are_refused(
         assert "10000 deep" in got[1]
 
 
+@pytest.mark.skipif(NATIVE is None, reason="cbcl._native is not built here")
+def test_the_c_and_python_writers_agree_at_the_depth_limit() -> None:
+    # a body MAX_VALUE_DEPTH deep: the C twins write it, as the Python ones do (a message's
+    # text: the body inside the envelope's two lists); one deeper: they decline, and the
+    # Python twins refuse it
+    for depth in (MAX_VALUE_DEPTH, MAX_VALUE_DEPTH + 1):
+        message = trusted(_chain(depth, None))
+        python_text = outcome(canonical_value_python, message.to_value(), 2)
+        c_text = NATIVE.canonical_message(message)
+        python_frame = outcome(PYTHON_ENCODER.encode, message)
+        C_ENCODER._table(message)  # (the protocol's table cached, as encode_message reads it)
+        c_frame = NATIVE.encode_message(message, REGISTRY, C_ENCODER._tables)
+        if depth == MAX_VALUE_DEPTH:
+            assert c_text == python_text == message.canonical()
+            assert c_frame == python_frame == C_ENCODER.encode(message)
+        else:
+            assert c_text is None and c_frame is None
+            assert python_text[0] is python_frame[0] is LimitError
+            assert outcome(message.canonical)[0] is LimitError
+
+
 @pytest.mark.parametrize("mode", [None, *MODES])
 def test_a_list_that_contains_itself_is_refused_by_every_writer(mode: str | None) -> None:
     loop: list[Any] = [Symbol("a")] if mode is None else make(
@@ -491,3 +512,33 @@ def test_a_hostile_class_cannot_pass_for_another_type() -> None:
     cls = hostile_class(int, "lie", frozenset({"__class__"}))
     assert isinstance(int.__new__(cls, 1), bool)
     assert cbcl.canonical(int.__new__(cls, 1)) == "1"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_base_type_reads_are_the_ones_a_subclass_cannot_forge(mode: str) -> None:
+    # why spec §1.2 names these reads: each is looked up on the base type and returns the
+    # stored data as an object of the exact type, whatever the subclass defines; the
+    # ordinary spellings call the subclass's methods (they lie, or raise Boom)
+    text = make(str, "ok", mode, frozenset(METHODS[str]))
+    number = make(int, 7, mode, frozenset(METHODS[int]))
+    decimal = make(Decimal, Decimal("1.50"), mode, frozenset(METHODS[Decimal]))
+    items = make(tuple, ["a", 1], mode, frozenset(METHODS[tuple]))
+    listed = make(list, ["a", 1], mode, frozenset(METHODS[list]))
+    reads: list[tuple[Any, Any]] = [
+        (str.__str__(text), "ok"), (int.__index__(number), 7),
+        (Decimal(decimal), Decimal("1.50")), (list(tuple.__iter__(items)), ["a", 1]),
+        (list(list.__iter__(listed)), ["a", 1])]
+    for got, expected in reads:
+        assert same(got, expected)
+    assert str(Decimal(decimal)) == "1.50"
+    # the ordinary spellings do not give the data: a lie, or the subclass's exception
+    ordinary = [outcome(lambda: str(text)), outcome(lambda: format(text, "")),
+                outcome(lambda: int(number)), outcome(lambda: str(decimal)),
+                outcome(lambda: tuple(items)), outcome(lambda: len(items)),
+                outcome(lambda: list(listed))]
+    data = ["ok", "ok", 7, "1.50", ("a", 1), 2, ["a", 1]]
+    for got, stored in zip(ordinary, data, strict=True):
+        if mode == "raise":
+            assert type(got) is tuple and got[0] is Boom
+        else:
+            assert not same(got, stored)
