@@ -6,11 +6,13 @@ import json
 from decimal import Decimal
 
 import pytest
-from hypothesis import given
+from hypothesis import given, strategies as st
 from strategies import messages, values
 
 import cbcl
-from cbcl import URI, Keyword, MalformedError, Symbol
+from cbcl import URI, Keyword, LimitError, MalformedError, Symbol
+from cbcl.core._canonical import canonical_prefix
+from cbcl.core._values import MAX_VALUE_DEPTH
 
 
 def test_layout_rules() -> None:
@@ -66,12 +68,37 @@ def test_out_of_range_values_are_value_errors(bad: object) -> None:
         cbcl.canonical(bad)  # type: ignore[arg-type]
 
 
-def test_deep_values_print_without_recursion() -> None:
+def test_deep_values_print_without_recursion_up_to_the_depth_limit() -> None:
+    # MAX_VALUE_DEPTH lists deep print (iteratively); one more is refused, as is a list
+    # that contains itself (endlessly deep), with a LimitError, never a RecursionError.
     value: object = ()
-    for _ in range(50_000):
+    for _ in range(MAX_VALUE_DEPTH - 1):
         value = (value,)
     text = cbcl.canonical(value)  # type: ignore[arg-type]
-    assert text == "(" * 50_001 + ")" * 50_001
+    assert text == "(" * MAX_VALUE_DEPTH + ")" * MAX_VALUE_DEPTH
+    with pytest.raises(LimitError, match="nested more than 10000 deep") as refused:
+        cbcl.canonical((value,))  # type: ignore[arg-type]
+    assert (refused.value.limit, refused.value.maximum) == ("max_depth", MAX_VALUE_DEPTH)
+    loop: list[object] = [Symbol("a")]
+    loop.append(loop)
+    with pytest.raises(LimitError, match="contains itself"):
+        cbcl.canonical(loop)  # type: ignore[arg-type]
+
+
+@given(values, st.integers(0, 80))
+def test_a_prefix_is_the_canonical_texts_start(value: cbcl.Value, width: int) -> None:
+    assert canonical_prefix(value, width) == cbcl.canonical(value)[:width]
+
+
+def test_a_prefix_shows_values_no_writer_takes() -> None:
+    # what error messages show (a schema's "found …"): any depth, a list in itself
+    deep: object = "x"
+    for _ in range(2 * MAX_VALUE_DEPTH):
+        deep = (deep,)
+    assert canonical_prefix(deep, 5) == "((((("  # type: ignore[arg-type]
+    loop: list[object] = [Symbol("a")]
+    loop.append(loop)
+    assert canonical_prefix(loop, 12) == "(a (a (a (a "  # type: ignore[arg-type]
 
 
 @given(values)

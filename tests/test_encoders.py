@@ -24,6 +24,7 @@ import cbcl
 from cbcl import URI, Encoder, Intent, Keyword, Message, Registry, Symbol
 from cbcl.binary._codec import INTENTS
 from cbcl.core._canonical import canonical_value, canonical_value_python
+from cbcl.core._values import MAX_VALUE_DEPTH
 from cbcl.trust import Signature
 
 _I64 = 2**63
@@ -70,7 +71,7 @@ class Text(str):
 
 
 class Name(Symbol):
-    """A Symbol subclass (canonical_value writes it as a symbol; the encoder refuses)."""
+    """A Symbol subclass (every writer writes it as the symbol its text is, checked again)."""
 
 
 class Pair(tuple):  # type: ignore[type-arg]
@@ -157,12 +158,19 @@ def test_canonical_text_edges(native: Any, value: Any) -> None:
 
 @pytest.mark.parametrize("depth", [1, 100, 9_999, 10_000, 10_001, 30_000])
 def test_canonical_text_of_deep_values(native: Any, depth: int) -> None:
-    # The C twin is iterative up to its stack bound (10,000) and declines deeper values,
-    # which the Python twin, iterative too, writes: the same text at every depth.
+    # The C twin is iterative up to its stack bound (10,000 = MAX_VALUE_DEPTH) and
+    # declines deeper values, which the Python twin, iterative too, refuses: the same text
+    # at every depth up to the bound, the same LimitError beyond.
+    assert MAX_VALUE_DEPTH == 10_000
     for kind in (tuple, list):
         value = _deep(depth, "x", kind)
-        assert canonical_value(value) == "(" * depth + '"x"' + ")" * depth
-        assert (native.canonical(value) is None) == (depth > 10_000)
+        assert (native.canonical(value) is None) == (depth > MAX_VALUE_DEPTH)
+        if depth <= MAX_VALUE_DEPTH:
+            assert canonical_value(value) == "(" * depth + '"x"' + ")" * depth
+        else:
+            refused = outcome(canonical_value, value)
+            assert refused[0] is cbcl.LimitError and "10000 deep" in refused[1]
+        assert outcome(canonical_value, value) == outcome(canonical_value_python, value)
     bad = _deep(depth, 2**64)
     assert outcome(canonical_value, bad) == outcome(canonical_value_python, bad)
 
@@ -182,6 +190,9 @@ def test_a_list_that_contains_itself_is_left_to_the_python_twin(native: Any) -> 
     loop: list[Any] = []
     loop.append(loop)
     assert native.canonical(loop) is None  # declined at the stack bound, not a crash
+    # which refuses it at its depth limit, as it refuses a value too deep
+    refused = outcome(canonical_value, loop)
+    assert refused[0] is cbcl.LimitError and "contains itself" in refused[1]
 
 
 # --------------------------------------------------------------------------- binary frames
@@ -288,9 +299,19 @@ def test_names_take_codes_in_order_and_repeat_by_code(registry: Registry) -> Non
 
 @pytest.mark.parametrize("depth", [10_000, 10_001, 20_000])
 def test_deep_bodies(registry: Registry, depth: int) -> None:
+    # bodies MAX_VALUE_DEPTH deep are written (in C); deeper ones the C twin declines and
+    # the Python twin refuses at its depth limit, before it meets what is inside
     _native_or_skip()
-    assert isinstance(_same_frame(registry, _message(_deep(depth, Symbol("x")))), bytes)
-    assert isinstance(_same_frame(registry, _message(_deep(depth, 1.5, list))), tuple)
+    frame = _same_frame(registry, _message(_deep(depth, Symbol("x"))))
+    wrong = _same_frame(registry, _message(_deep(depth, 1.5, list)))
+    if depth <= MAX_VALUE_DEPTH:
+        assert isinstance(frame, bytes)
+        assert wrong[0] is TypeError
+    else:
+        assert frame[0] is wrong[0] is cbcl.LimitError
+    loop: list[Any] = [Symbol("x")]
+    loop.append(loop)
+    assert _same_frame(registry, _message(loop))[0] is cbcl.LimitError
 
 
 def test_prepare_declines_what_is_not_a_symbol_table(native: Any) -> None:
@@ -384,7 +405,7 @@ def wild_messages(draw: st.DrawFn, sound: bool = False) -> Message:
 
 
 def _python_text(message: Message) -> str:
-    return canonical_value_python(message.to_value())
+    return canonical_value_python(message.to_value(), around=2)  # (the envelope lists)
 
 
 def _same_message_text(native: Any, message: Message) -> Any:

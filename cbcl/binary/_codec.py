@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgpack
 import msgpack.fallback
 
-from ..core._canonical import _decimal, canonical_value, native as _native
+from ..core._canonical import _decimal, native as _native, too_deep
 from ..core._entries import entry, fallback
 from ..core._errors import (
     BodyError,
@@ -53,7 +53,17 @@ from ..core._errors import (
 )
 from ..core._limits import DEFAULT_LIMITS, Budget, Limits
 from ..core._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
-from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..core._values import (
+    INT64_MAX,
+    INT64_MIN,
+    ITEM_ITERATORS,
+    MAX_VALUE_DEPTH,
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+    data_of,
+)
 from ..core._vocabulary import (
     CODE_DECIMAL,
     CODE_INTEGER,
@@ -369,32 +379,49 @@ class Encoder:
 
 def _body_tokens(body: Value | list[Any], codes: dict[Value, int], out: list[Any]) -> None:
     """Append the tokens of ``body``; ``codes`` (the symbol table) grows with each
-    symbol, keyword and URI written out in full."""
+    symbol, keyword and URI written out in full. What is not of an exact CBCL type is read
+    as data (:func:`cbcl.core._values.data_of`), so only exact atoms meet ``codes`` (their
+    hash and equality are the value types' own). Raises as :func:`cbcl.canonical` does
+    (a :class:`LimitError` for lists more than ``MAX_VALUE_DEPTH`` deep)."""
     append = out.append
-    if type(body) is not tuple and type(body) is not list:
-        _atom_tokens(body, codes, append)
-        return
+    kind = type(body)
+    if kind is tuple or kind is list:
+        items: Any = iter(body)  # type: ignore[arg-type]
+    else:
+        items = _atom_tokens(body, codes, append)
+        if items is None:
+            return
     append(LPAR)
-    stack: list[Iterator[Any]] = [iter(body)]
+    stack: list[Iterator[Any]] = [items]  # the open lists: the innermost is len(stack) deep
     while stack:
         for item in stack[-1]:
             kind = type(item)
             if kind is tuple or kind is list:
-                append(LPAR)
-                stack.append(iter(item))
-                break
-            if kind is str:
+                inner = iter(item)
+            elif kind is str:
                 append(item)
+                continue
             elif (kind is Symbol or kind is Keyword) and (code := codes.get(item)):
                 append(code)  # a literal or a name already written: its code
-            else:
-                _atom_tokens(item, codes, append)
+                continue
+            else:  # (a list a value not of an exact type stands for: opened below)
+                inner = _atom_tokens(item, codes, append)
+                if inner is None:
+                    continue
+            if len(stack) >= MAX_VALUE_DEPTH:
+                raise too_deep()
+            append(LPAR)
+            stack.append(inner)
+            break
         else:
             stack.pop()
             append(RPAR)
 
 
-def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> None:
+def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> Iterator[Any] | None:
+    """Append the tokens of an atom; what is not of an exact type is read as data first
+    (:func:`data_of`), and for a list that gives the iterator over its items, which the
+    caller opens (nothing is appended)."""
     kind = type(item)
     if kind is str:
         append(item)
@@ -414,13 +441,12 @@ def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> None:
     elif kind is Decimal:
         append(DECIMAL)
         append(_decimal(item))
-    else:
-        canonical_value(item)  # raises TypeError/ValueError for a non-CBCL value
-        for base in (Keyword, Symbol, URI, Decimal, int, str):  # a subclass of a CBCL type
-            if isinstance(item, base):
-                _atom_tokens(base(item), codes, append)  # type: ignore[arg-type]  # an instance
-                return
-        raise TypeError(f"{kind.__name__} is not a CBCL value type")  # pragma: no cover
+    else:  # not of an exact type: read as data (an exact atom, or a list's items)
+        plain = data_of(item)
+        if type(plain) in ITEM_ITERATORS:
+            return plain  # type: ignore[return-value]  # (an iterator)
+        return _atom_tokens(plain, codes, append)  # (an exact atom: one level)
+    return None
 
 
 # --------------------------------------------------------------------------- decoding

@@ -1,8 +1,10 @@
 """The canonical form (draft §1.2): the unique text of a value.
 
-Printing is iterative, so values of any depth print without recursion. Values are
-validated as they are printed: text that is printed is text that reads back as the same
-value.
+Printing is iterative: values up to ``MAX_VALUE_DEPTH`` lists deep print without recursion,
+and a deeper one (or a list that contains itself) is refused with a ``LimitError``. Values
+are validated as they are printed: text that is printed is text that reads back as the
+same value. What is not of an exact CBCL type is read as data (``data_of``: a subclass
+through its base type, an enum member as its value), never through its own methods.
 """
 
 from __future__ import annotations
@@ -10,9 +12,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from typing import Any
 
-from ._errors import MalformedError
-from ._values import INT64_MAX, INT64_MIN, MAX_DECIMAL_CHARS, URI, Keyword, Symbol, ValueInput
+from ._errors import LimitError, MalformedError
+from ._limits import limit_message
+from ._values import (
+    INT64_MAX,
+    INT64_MIN,
+    ITEM_ITERATORS,
+    MAX_DECIMAL_CHARS,
+    MAX_VALUE_DEPTH,
+    URI,
+    Keyword,
+    Symbol,
+    ValueInput,
+    data_of,
+)
 from ._vocabulary import (
     CODE_DECIMAL,
     CODE_INTEGER,
@@ -58,7 +73,10 @@ def _escape(m: re.Match[str]) -> str:
 
 
 def quote(text: str) -> str:
-    """The canonical text of a STRING value. Raises ``ValueError`` for a lone surrogate."""
+    """The canonical text of a STRING value (a ``str`` subclass: its characters, read
+    through ``str``). Raises ``ValueError`` for a lone surrogate."""
+    if type(text) is not str:
+        text = str.__str__(text)
     if _NEEDS_ESCAPE.search(text) is None:
         return f'"{text}"'
     return '"' + _NEEDS_ESCAPE.sub(_escape, text) + '"'
@@ -107,25 +125,22 @@ _ATOM_TEXT: dict[type, Callable[[object], str]] = {
 }
 
 
-def _atom_text(value: object) -> str:
-    writer = _ATOM_TEXT.get(type(value))
-    if writer is not None:
-        return writer(value)
-    if isinstance(value, bool) or value is None:
-        raise TypeError(f"{value!r} is not a CBCL value")
-    for kind in (Keyword, Symbol, URI, Decimal, int, str):
-        if isinstance(value, kind):
-            return _ATOM_TEXT[kind](value)
-    raise TypeError(f"{type(value).__name__} is not a CBCL value type")
+def too_deep(maximum: int = MAX_VALUE_DEPTH) -> LimitError:
+    """The error of a value nested more than ``maximum`` lists deep, as every writer and
+    converter raises it (a list that contains itself is one: it is endlessly deep)."""
+    return LimitError(f"{limit_message('max_depth', maximum)} (or a list that contains "
+                      "itself)", limit="max_depth", maximum=maximum)
 
 
 def canonical_value(value: ValueInput) -> str:
     """The canonical text of ``value``.
 
     Raises ``TypeError`` for something that is not a CBCL value (``bool``, ``None``,
-    ``float``, ``dict`` …) and ``ValueError`` for a value out of CBCL's range (an integer
-    outside int64, a non-finite or over-long decimal, a string with a lone surrogate).
-    Lists may be tuples or Python lists.
+    ``float``, ``dict`` …), ``ValueError`` for a value out of CBCL's range (an integer
+    outside int64, a non-finite or over-long decimal, a string with a lone surrogate), and
+    :class:`LimitError` (a ``ValueError``) for lists nested more than ``MAX_VALUE_DEPTH``
+    deep or a list that contains itself. Lists may be tuples or Python lists; anything not
+    of an exact CBCL type is read as data (see :func:`cbcl.core._values.data_of`).
     """
     if native is not None:
         text = native.canonical(value)  # None: declined, the Python twin writes or raises
@@ -134,17 +149,27 @@ def canonical_value(value: ValueInput) -> str:
     return canonical_value_python(value)
 
 
-def canonical_value_python(value: ValueInput) -> str:
+def canonical_value_python(value: ValueInput, around: int = 0) -> str:
     """:func:`canonical_value` in Python: the reference (and the fallback) of its C twin
-    ``cbcl._native.canonical``, which gives the same text or declines."""
-    if not isinstance(value, (tuple, list)):
-        return _atom_text(value)
+    ``cbcl._native.canonical``, which gives the same text or declines (anything not of an
+    exact type, or deeper than its stack bound, ``MAX_VALUE_DEPTH``). ``around``: the
+    outer lists that do not count towards ``MAX_VALUE_DEPTH`` (a message's text: 2, the
+    envelope and a field's list, so its body may be as deep as any value)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        items: Iterator[ValueInput] = iter(value)  # type: ignore[arg-type]
+    else:
+        plain = data_of(value)
+        if type(plain) not in ITEM_ITERATORS:
+            return _ATOM_TEXT[type(plain)](plain)
+        items = plain  # type: ignore[assignment]  # (an iterator: ITEM_ITERATORS)
     # Post-order without recursion: each open list gathers its items' texts, and is
     # joined when it ends (str.join takes Symbols and URIs as they are: they are strs).
+    # The stack holds the enclosing lists' frames: the open list is len(stack) + 1 deep.
     search = _NEEDS_ESCAPE.search
     parts: list[str] = []
     stack: list[tuple[Iterator[ValueInput], list[str]]] = []
-    items: Iterator[ValueInput] = iter(value)
+    deepest = MAX_VALUE_DEPTH + around - 1  # the most frames an open list may have around it
     # The branches dispatch on ``kind``, by which mypy does not narrow ``item``; the ignores
     # below stand for that narrowing (a cast would cost a call per atom on this hot path).
     while True:
@@ -161,17 +186,67 @@ def canonical_value_python(value: ValueInput) -> str:
                 if not INT64_MIN <= item <= INT64_MAX:  # type: ignore[operator]
                     _integer(item)  # type: ignore[arg-type]  # raises
                 parts.append(str(item))
-            elif kind is tuple or kind is list or (
-                    kind not in _ATOM_TEXT and isinstance(item, (tuple, list))):
+            elif kind is tuple or kind is list:
+                if len(stack) >= deepest:
+                    raise too_deep()
                 stack.append((items, parts))
                 items = iter(item)  # type: ignore[arg-type]
                 parts = []
                 break
-            else:
-                parts.append(_atom_text(item))
+            elif kind is Decimal:
+                parts.append(_decimal(item))  # type: ignore[arg-type]
+            else:  # not of an exact type: read as data
+                inner = data_of(item)
+                if type(inner) not in ITEM_ITERATORS:
+                    parts.append(_ATOM_TEXT[type(inner)](inner))
+                    continue
+                if len(stack) >= deepest:
+                    raise too_deep()
+                stack.append((items, parts))
+                items = inner  # type: ignore[assignment]  # (an iterator)
+                parts = []
+                break
         else:  # the list ends
             text = "(" + " ".join(parts) + ")"
             if not stack:
                 return text
             items, parts = stack.pop()
             parts.append(text)
+
+
+def canonical_prefix(value: ValueInput, width: int) -> str:
+    """The first ``width`` characters of ``canonical_value(value)`` (all of it if shorter),
+    written without the rest: for showing a value in a message. It stops after ``width``
+    characters, so a value of any depth, or a list that contains itself, is shown without
+    a ``LimitError``. Raises as :func:`canonical_value` for an atom within the prefix."""
+    out: list[str] = []
+    size = 0
+    # Pre-order: each open list's iterator and whether an item of it has been written.
+    stack: list[list[Any]] = [[iter((value,)), False]]
+    while stack and size <= width:
+        frame = stack[-1]
+        item = next(frame[0], _END)
+        if item is _END:
+            stack.pop()
+            if stack:
+                out.append(")")
+                size += 1
+            continue
+        if frame[1]:
+            out.append(" ")
+            size += 1
+        frame[1] = True
+        kind = type(item)
+        plain = iter(item) if kind is tuple or kind is list else data_of(item)  # type: ignore[call-overload]  # (a list: kind)
+        if type(plain) in ITEM_ITERATORS:
+            out.append("(")
+            size += 1
+            stack.append([plain, False])
+        else:
+            text = _ATOM_TEXT[type(plain)](plain)
+            out.append(text)
+            size += len(text)
+    return "".join(out)[:width]
+
+
+_END = object()

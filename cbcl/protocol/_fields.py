@@ -18,10 +18,16 @@ Python                            CBCL
 ``list``, ``tuple``               list (a ``tuple``), item by item
 ================================  ==========================================================
 
-A subclass of ``str`` (other than the three atoms), ``int`` or ``Decimal`` is converted to
-the base type. Anything else (``float``, ``None``, ``dict``, ``bytes``, ``set`` …) raises
-``TypeError`` naming where it is: ``body field `:amount`: float is not a CBCL value; use
-decimal.Decimal``.
+Anything not of an exact type is read as data, never through its own methods (spec §1.2):
+a subclass of ``str``, ``int``, ``Decimal``, ``tuple`` or ``list`` is converted to the base
+type through the base type (``str.__str__``, ``int.__index__``, ``Decimal()``,
+``tuple.__iter__``/``list.__iter__``), a subclass of ``Symbol``, ``Keyword`` or ``URI`` to
+the exact atom once its text is checked again, and a member of an enum of such values
+(``StrEnum``, ``IntEnum`` …) to its value. Anything else (``float``, ``None``, ``dict``,
+``bytes``, ``set``, a member of another enum …) raises ``TypeError`` naming where it is:
+``body field `:amount`: float is not a CBCL value; use decimal.Decimal``. Lists nested
+more than ``MAX_VALUE_DEPTH`` (10,000) deep, and a list that contains itself, raise
+:class:`LimitError` (a ``ValueError``).
 
 Keyword arguments name keywords: ``_`` becomes ``-`` (``task_id=`` is ``:task-id``), and a
 trailing ``_`` after a Python reserved word is dropped (``from_=`` is ``:from``). A name
@@ -45,13 +51,25 @@ import numbers
 import re
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
+from enum import Enum
 from fractions import Fraction
 from typing import Any, TypeAlias, TypeGuard, TypeVar
 
-from ..core._canonical import _decimal, canonical_value
-from ..core._errors import ViolationError
+from ..core._canonical import _decimal, canonical_prefix, too_deep
+from ..core._errors import LimitError, ViolationError
 from ..core._reader import intern_keyword, intern_symbol
-from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..core._values import (
+    EXACT_ATOM_TYPES,
+    INT64_MAX,
+    INT64_MIN,
+    ITEM_ITERATORS,
+    MAX_VALUE_DEPTH,
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+    data_of,
+)
 from ._schema import AtomType, Keys, ListOf, Record, Schema, SchemaType, check_schema
 
 _T = TypeVar("_T")
@@ -77,10 +95,13 @@ class FieldsError(ViolationError):
 
 def _is_value(value: object) -> TypeGuard[Value]:
     """True if ``value`` is a CBCL value already: exact types, lists as tuples, every atom
-    in range. Builds nothing (the common case of :func:`check_value`)."""
+    in range, at most ``MAX_VALUE_DEPTH`` lists in all (so none deeper: a value with more
+    is checked by :func:`_convert`, which counts its depth). Builds nothing (the common
+    case of :func:`check_value`)."""
     if type(value) is not tuple:
         return _is_atom(value)
     lists: list[Any] = [value]
+    more = MAX_VALUE_DEPTH - 1  # the nested lists that may follow
     item: Any
     while lists:
         for item in lists.pop():
@@ -90,6 +111,9 @@ def _is_value(value: object) -> TypeGuard[Value]:
                     return False
             elif kind is tuple:
                 lists.append(item)
+                more -= 1
+                if more < 0:
+                    return False
             elif kind is int:
                 if not INT64_MIN <= item <= INT64_MAX:
                     return False
@@ -120,101 +144,124 @@ def _decimal_fits(value: Decimal) -> bool:
     return True
 
 
-def _segment(items: Any, index: int) -> str:
-    """The path segment of ``items[index]`` as a schema error writes it: ``.head`` for a
-    list that starts with a symbol, then ``[:key]`` after a keyword, else ``[index]``."""
+def _segment(items: list[Value], index: int) -> str:
+    """The path segment of the list's item ``index`` as a schema error writes it, from the
+    items converted before it: ``.head`` for a list that starts with a symbol, then
+    ``[:key]`` after a keyword, else ``[index]``."""
     head = f".{items[0]}" if index and type(items[0]) is Symbol else ""
     before = items[index - 1] if index else None
     return head + (f"[{before.text}]" if type(before) is Keyword else f"[{index}]")
 
 
-def _path(root: str, frames: list[tuple[Any, list[Value]]]) -> str:
+def _path(root: str, frames: list[tuple[int, list[Value]]]) -> str:
     """The path of the item being converted: each open list's item is its ``len(out)``."""
-    return root + "".join(_segment(source, len(out)) for source, out in frames)
+    return root + "".join(_segment(out, len(out)) for _, out in frames)
 
 
 def _refusal(value: object) -> str:
     """Why ``value`` is not a CBCL value, with what to use instead."""
     if value is None:
         return "None is not a CBCL value; leave the field out"
-    name = type(value).__name__
-    if isinstance(value, bool):
+    kind = type(value)  # (by its type: an object's __class__ may say anything)
+    name = kind.__name__
+    if kind is bool:
         hint = 'use an int, or Symbol("true") / Symbol("false")'
-    elif isinstance(value, (float, Fraction, complex)) or (
-            isinstance(value, numbers.Number) and not isinstance(value, numbers.Integral)):
+    elif issubclass(kind, (float, Fraction, complex)) or (
+            issubclass(kind, numbers.Number) and not issubclass(kind, numbers.Integral)):
         hint = "use decimal.Decimal"
-    elif isinstance(value, numbers.Integral):
+    elif issubclass(kind, numbers.Integral):
         hint = "use int"
-    elif isinstance(value, Mapping):
+    elif issubclass(kind, Mapping):
         hint = "use cbcl.keys(...) for a (:key value …) list"
-    elif isinstance(value, (bytes, bytearray, memoryview)):
+    elif issubclass(kind, (bytes, bytearray, memoryview)):
         hint = "use a str (base64 text, for example)"
-    elif isinstance(value, (set, frozenset)):
+    elif issubclass(kind, (set, frozenset)):
         hint = "use a list or tuple, in a chosen order"
     else:
         hint = "use str, int, decimal.Decimal, Symbol, Keyword, URI or a list of them"
     return f"{name} is not a CBCL value; {hint}"
 
 
-def _atom(item: object, label: str, root: str, frames: list[tuple[Any, list[Value]]],
+def _data(item: object, label: str, root: str, frames: list[tuple[int, list[Value]]],
+          ) -> object:
+    """``item`` read as data (:func:`data_of`: an exact atom, or an iterator over a list's
+    items), or ``TypeError``/``ValueError`` naming its path."""
+    try:
+        plain = data_of(item)
+    except TypeError as exc:
+        kind = type(item)
+        reason = str(exc) if issubclass(kind, Enum) else _refusal(item)
+        raise TypeError(f"{label} `{_path(root, frames)}`: {reason}") from None
+    except ValueError as exc:
+        raise ValueError(f"{label} `{_path(root, frames)}`: {exc}") from None
+    if type(plain) in ITEM_ITERATORS:
+        return plain
+    return _atom(plain, label, root, frames)
+
+
+def _atom(item: Any, label: str, root: str, frames: list[tuple[int, list[Value]]],
           ) -> Value:
-    """``item`` as a CBCL atom, or ``TypeError``/``ValueError`` naming its path."""
+    """An atom of an exact type, checked to be in range: ``ValueError`` naming its path."""
     kind = type(item)
     try:
-        if kind is Symbol or kind is Keyword or kind is URI:
-            return item  # type: ignore[return-value]  # (`kind`, by which mypy cannot narrow)
-        if isinstance(item, (Symbol, Keyword, URI)):  # a subclass: the atom itself
-            base = Symbol if isinstance(item, Symbol) else Keyword \
-                if isinstance(item, Keyword) else URI
-            return str.__new__(base, str.__str__(item))
-        if isinstance(item, str):
-            text = str.__str__(item)
-            if not text.isascii():
-                bad = _SURROGATE.search(text)
+        if kind is str:
+            if not item.isascii():
+                bad = _SURROGATE.search(item)
                 if bad is not None:
                     raise ValueError(f"a string holds a lone surrogate U+{ord(bad.group()):04X}, "
                                      "not UTF-8 text")
-            return text
-        if isinstance(item, int) and not isinstance(item, bool):
-            number = int(item)
-            if not INT64_MIN <= number <= INT64_MAX:
-                raise ValueError(f"integer {number} is outside the signed 64-bit range")
-            return number
-        if isinstance(item, Decimal):
-            decimal = item if kind is Decimal else Decimal(item)
+        elif kind is int:
+            if not INT64_MIN <= item <= INT64_MAX:
+                raise ValueError(f"integer {item} is outside the signed 64-bit range")
+        elif kind is Decimal:
             try:
-                _decimal(decimal)
+                _decimal(item)
             except ValueError as exc:  # (the canonical writer's reason, as a ValueError)
                 raise ValueError(str(exc)) from None
-            return decimal
     except ValueError as exc:
         raise ValueError(f"{label} `{_path(root, frames)}`: {exc}") from None
-    raise TypeError(f"{label} `{_path(root, frames)}`: {_refusal(item)}")
+    return item  # type: ignore[no-any-return]  # (an exact atom: data_of's)
 
 
 def _convert(value: object, label: str, root: str) -> Value:
     """``value`` converted (see the module's table), iteratively; raises ``TypeError`` or
-    ``ValueError`` naming ``root`` plus the path of the refused item."""
-    if not isinstance(value, (tuple, list)):
-        return _atom(value, label, root, [])
-    frames: list[tuple[Any, list[Value]]] = [(value, [])]
-    iterators = [iter(value)]
+    ``ValueError`` naming ``root`` plus the path of the refused item, and
+    :class:`LimitError` for lists more than ``MAX_VALUE_DEPTH`` deep or one that contains
+    itself."""
+    frames: list[tuple[int, list[Value]]] = []
+    plain = _data(value, label, root, frames)
+    if type(plain) not in ITEM_ITERATORS:
+        return plain  # type: ignore[return-value]  # (an atom: _data's)
+    frames.append((id(value), []))
+    iterators: list[Any] = [plain]
     open_lists = {id(value)}
     while True:
         for item in iterators[-1]:
-            if isinstance(item, (tuple, list)):
-                if id(item) in open_lists:
-                    raise ValueError(f"{label} `{_path(root, frames)}`: a list that contains "
-                                     "itself is not a CBCL value")
-                frames.append((item, []))
-                iterators.append(iter(item))
-                open_lists.add(id(item))
-                break
-            frames[-1][1].append(_atom(item, label, root, frames))
+            kind = type(item)
+            if kind in EXACT_ATOM_TYPES:
+                frames[-1][1].append(_atom(item, label, root, frames))
+                continue
+            plain = iter(item) if kind is tuple or kind is list else \
+                _data(item, label, root, frames)
+            if type(plain) not in ITEM_ITERATORS:
+                frames[-1][1].append(plain)  # type: ignore[arg-type]  # (an atom: _data's)
+                continue
+            if id(item) in open_lists:
+                raise LimitError(f"{label} `{_path(root, frames)}`: a list that contains "
+                                 "itself is not a CBCL value", limit="max_depth",
+                                 maximum=MAX_VALUE_DEPTH)
+            if len(frames) >= MAX_VALUE_DEPTH:
+                error = too_deep()
+                raise LimitError(f"{label} `{_path(root, frames)}`: {error}",
+                                 limit="max_depth", maximum=MAX_VALUE_DEPTH)
+            frames.append((id(item), []))
+            iterators.append(plain)
+            open_lists.add(id(item))
+            break
         else:
             source, out = frames.pop()
             iterators.pop()
-            open_lists.discard(id(source))
+            open_lists.discard(source)
             converted = tuple(out)
             if not frames:
                 return converted
@@ -223,9 +270,11 @@ def _convert(value: object, label: str, root: str) -> Value:
 
 def check_value(value: object, label: str = "value", root: str = "$") -> Value:
     """``value`` as a CBCL value: itself when it is one already (nothing is copied), else
-    converted (lists to tuples, subclasses to their base type). Raises ``TypeError`` for
-    what is not a CBCL value and ``ValueError`` for an atom out of range, each naming the
-    place: ``{label} `{root}[2]`: …``."""
+    converted (lists to tuples, subclasses read as their base type's data, enum members
+    as their values: the module's table). Raises ``TypeError`` for what is not a CBCL
+    value, ``ValueError`` for an atom out of range and :class:`LimitError` (a
+    ``ValueError``) for lists more than ``MAX_VALUE_DEPTH`` deep or one that contains
+    itself, each naming the place: ``{label} `{root}[2]`: …``."""
     if _is_value(value):
         return value
     return _convert(value, label, root)
@@ -234,13 +283,17 @@ def check_value(value: object, label: str = "value", root: str = "$") -> Value:
 def as_value(value: object) -> Value:
     """``value`` converted to a CBCL value: ``str``, ``int`` (int64), ``Decimal`` (finite,
     at most 40 characters written out), ``Symbol``, ``Keyword`` and ``URI`` as they are,
-    ``list`` and ``tuple`` as a ``tuple`` of converted items; a subclass of ``str``, ``int``
-    or ``Decimal`` as its base type. A value that is one already is returned as it is.
+    ``list`` and ``tuple`` as a ``tuple`` of converted items; a subclass of one of these as
+    the data its base type stores (never through its own methods), a member of an enum of
+    such values (``StrEnum``, ``IntEnum`` …) as its value. A value that is one already is
+    returned as it is.
 
     Raises ``TypeError`` for anything that is not a CBCL value (``float``, ``None``,
-    ``bool``, ``dict``, ``bytes``, ``set`` …) and ``ValueError`` for an integer outside
-    int64, a non-finite or over-long decimal, a lone surrogate, or a list that contains
-    itself; the message names the place (``value `$[1][0]`: float is not …``).
+    ``bool``, ``dict``, ``bytes``, ``set``, a member of another enum …), ``ValueError`` for
+    an integer outside int64, a non-finite or over-long decimal, a lone surrogate, or a
+    subclassed symbol, keyword or URI whose text is not one, and :class:`LimitError` (a
+    ``ValueError``) for lists more than ``MAX_VALUE_DEPTH`` (10,000) deep or a list that
+    contains itself; the message names the place (``value `$[1][0]`: float is not …``).
     """
     return check_value(value, "value", "$")
 
@@ -279,12 +332,15 @@ def _python_key(name: str) -> Keyword:
 def _literal_key(name: object) -> Keyword:
     """A mapping's key as a keyword, taken literally (``"order_id"`` -> ``:order_id``; a
     leading colon is allowed). Raises ``TypeError``/``ValueError``."""
-    if type(name) is Keyword:
+    kind = type(name)
+    if kind is Keyword:
         return intern_keyword(str.__str__(name))
-    if not isinstance(name, str) or isinstance(name, (Symbol, URI)):
-        raise TypeError(f"a body field name is a str or Keyword, not {type(name).__name__}")
-    try:
-        return intern_keyword(str.__str__(Keyword(str.__str__(name))))
+    if not issubclass(kind, str) or issubclass(kind, (Symbol, URI)):
+        raise TypeError(f"a body field name is a str or Keyword, not {kind.__name__}")
+    try:  # (a Keyword subclass: its text checked again; a str or str enum member: its text)
+        key = data_of(name) if issubclass(kind, Keyword) else \
+            Keyword(name)  # type: ignore[arg-type]  # (a str: issubclass)
+        return intern_keyword(str.__str__(key))
     except ValueError as exc:
         raise ValueError(f"body field name {name!r}: {exc}") from None
 
@@ -301,8 +357,9 @@ def _add_fields(out: list[Value], items: tuple[object, ...], fields: dict[str, o
         out.append(check_value(value, "body field", key.text))
 
     for item in items:
-        if isinstance(item, Mapping):
-            for name, value in item.items():
+        if issubclass(type(item), Mapping):  # (its type: not what its __class__ says)
+            mapping: Mapping[object, object] = item  # type: ignore[assignment]  # (issubclass)
+            for name, value in mapping.items():
                 add(_literal_key(name), value)
         elif positional:
             out.append(check_value(item, "body item", str(len(out))))
@@ -328,10 +385,13 @@ def body(head: str, /, *items: object, **fields: object) -> tuple[Value, ...]:
     keyword, or a field given twice; each message names the field.
     """
     if type(head) is not Symbol:
-        if not isinstance(head, str) or isinstance(head, (Keyword, URI)):
+        kind = type(head)
+        if not issubclass(kind, str) or issubclass(kind, (Keyword, URI)):
             raise TypeError(f"a body's head is a symbol name (str or Symbol), not "
-                            f"{type(head).__name__}")
-        head = Symbol(str.__str__(head))
+                            f"{kind.__name__}")
+        # (a subclass, a str enum member: its text, read as data and checked again)
+        head = data_of(head) if issubclass(kind, Symbol) else \
+            Symbol(head)  # type: ignore[assignment]  # (a Symbol: data_of's)
     out: list[Value] = [intern_symbol(str.__str__(head))]
     _add_fields(out, items, fields, True)
     return tuple(out)
@@ -362,7 +422,7 @@ def _kind(value: object) -> str:
 
 def _shown(value: FieldValue) -> str:
     """A short text of ``value``; views (in a list the schema typed) as their lists."""
-    text = canonical_value(_raw(value))
+    text = canonical_prefix(_raw(value), 41)  # (enough to tell; any depth)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -531,7 +591,7 @@ class Fields(Mapping[str, "FieldValue"]):
         return hash(self._value)
 
     def __repr__(self) -> str:
-        text = canonical_value(self._value)
+        text = canonical_prefix(self._value, 61)
         return f"Fields({text if len(text) <= 60 else text[:57] + '...'})"
 
     # ----------------------------------------------------------------- the list

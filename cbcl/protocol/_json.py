@@ -13,7 +13,10 @@ URI         ``{"uri": "<text>"}``
 list        a JSON array
 ==========  ==============================================================
 
-Both directions are iterative, so depth never meets Python's recursion limit.
+Both directions are iterative, so depth never meets Python's recursion limit; a value
+more than ``MAX_VALUE_DEPTH`` lists deep (or a list that contains itself) is refused with a
+``LimitError``. What is not of an exact CBCL type is read as data, never through its own
+methods (spec §1.2; ``cbcl.core._values.data_of``), as the other writers read it.
 """
 
 from __future__ import annotations
@@ -21,24 +24,38 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..core._canonical import canonical_value
+from ..core._canonical import canonical_value, quote, too_deep
 from ..core._errors import MalformedError
-from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..core._values import (
+    EXACT_ATOM_TYPES,
+    INT64_MAX,
+    INT64_MIN,
+    ITEM_ITERATORS,
+    MAX_VALUE_DEPTH,
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+    data_of,
+)
+from ._fields import _SURROGATE
 from ._message import Message
 
 JSON_SAFE_INT = 2**53 - 1
 _TAGS = {"int", "decimal", "symbol", "keyword", "uri"}
 
 
-def _atom_to_json(value: Value) -> Any:
-    # (mypy does not narrow ``value`` by ``kind``: the ignores below stand for that.)
+def _atom_to_json(value: Any) -> Any:
+    """The JSON form of an atom of an exact type (:func:`data_of` gives one)."""
     kind = type(value)
     if kind is str:
+        if not value.isascii() and _SURROGATE.search(value) is not None:
+            quote(value)
         return value
     if kind is int:
-        if not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
+        if not INT64_MIN <= value <= INT64_MAX:
             raise ValueError(f"integer {value} is outside the signed 64-bit range")
-        return value if -JSON_SAFE_INT <= value <= JSON_SAFE_INT else {"int": str(value)}  # type: ignore[operator]
+        return value if -JSON_SAFE_INT <= value <= JSON_SAFE_INT else {"int": str(value)}
     if kind is Symbol:
         return {"symbol": str.__str__(value)}
     if kind is Keyword:
@@ -47,29 +64,42 @@ def _atom_to_json(value: Value) -> Any:
         return {"uri": str.__str__(value)}
     if kind is Decimal:
         return {"decimal": canonical_value(value)}
-    # Subclasses and odd types: canonical_value validates and raises the right error.
-    canonical_value(value)
-    raise TypeError(f"{kind.__name__} is not a CBCL value type")
+    raise TypeError(f"{kind.__name__} is not a CBCL value type")  # pragma: no cover
 
 
 def to_json(value: Value) -> Any:
     """The JSON-ready Python object (``list``/``dict``/``str``/``int``) for a CBCL value.
 
-    Raises ``TypeError``/``ValueError`` as :func:`cbcl.canonical` does.
+    Raises ``TypeError``/``ValueError`` as :func:`cbcl.canonical` does (a
+    :class:`LimitError` for lists more than ``MAX_VALUE_DEPTH`` deep).
     """
-    if not isinstance(value, (tuple, list)):
-        return _atom_to_json(value)
+    kind: type = type(value)
+    if kind is tuple or kind is list:
+        items: Any = iter(value)  # type: ignore[arg-type]  # (a list: kind)
+    else:
+        items = data_of(value)
+        if type(items) not in ITEM_ITERATORS:
+            return _atom_to_json(items)
     root: list[Any] = []
-    stack: list[tuple[Any, list[Any]]] = [(iter(value), root)]
+    # The open lists, outermost first: the innermost is len(stack) deep.
+    stack: list[tuple[Any, list[Any]]] = [(items, root)]
     while stack:
         items, out = stack[-1]
         for item in items:
-            if isinstance(item, (tuple, list)):
-                child: list[Any] = []
-                out.append(child)
-                stack.append((iter(item), child))
-                break
-            out.append(_atom_to_json(item))
+            kind = type(item)
+            if kind in EXACT_ATOM_TYPES:
+                out.append(_atom_to_json(item))
+                continue
+            inner = iter(item) if kind is tuple or kind is list else data_of(item)
+            if type(inner) not in ITEM_ITERATORS:
+                out.append(_atom_to_json(inner))
+                continue
+            if len(stack) >= MAX_VALUE_DEPTH:
+                raise too_deep()
+            child: list[Any] = []
+            out.append(child)
+            stack.append((inner, child))
+            break
         else:
             stack.pop()
     return root
@@ -144,7 +174,7 @@ def message_to_json(message: Message) -> dict[str, Any]:
     value mapping. Absent optional fields are omitted."""
     out: dict[str, Any] = {
         "version": message.version,
-        "message-id": message.message_id,
+        "message-id": to_json(message.message_id),
         "sender": str.__str__(message.sender),
         "receiver": str.__str__(message.receiver),
         "intent": message.intent.value,
@@ -159,6 +189,6 @@ def message_to_json(message: Message) -> dict[str, Any]:
     if message.body is not None:
         out["body"] = to_json(message.body)
     if message.signature is not None:
-        out["signature"] = {"key-id": message.signature.key_id,
-                            "value": message.signature.value}
+        out["signature"] = {"key-id": to_json(message.signature.key_id),
+                            "value": to_json(message.signature.value)}
     return out

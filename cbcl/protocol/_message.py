@@ -6,10 +6,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..core._canonical import canonical_value, native as _native
+from ..core._canonical import canonical_value_python, native as _native
 from ..core._entries import entry, fallback
 from ..core._errors import UnknownProtocolError
-from ..core._values import INT64_MAX, INT64_MIN, URI, Symbol, Value, ValueInput
+from ..core._values import (
+    INT64_MAX,
+    INT64_MIN,
+    URI,
+    Symbol,
+    Value,
+    ValueInput,
+    _text_of,
+    data_of,
+)
 from ._fields import _SURROGATE, Fields, FieldsError, check_value
 
 if TYPE_CHECKING:
@@ -52,20 +61,54 @@ class Signature:
     value: str
 
 
-def _check_int64(name: str, value: object) -> None:
+# Each envelope field is read as the body's values are (spec §1.2): a subclass of its type
+# through the base type, a member of an enum of such values as its value; never through
+# the value's own methods.
+
+def _int64(name: str, value: object) -> int:
+    """``value`` as an exact int64 (``TypeError``/``ValueError`` naming field ``name``)."""
     if type(value) is not int:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        try:
+            plain = data_of(value)
+        except (TypeError, ValueError):
+            plain = None
+        if type(plain) is not int:
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        value = plain
     if not INT64_MIN <= value <= INT64_MAX:
         raise ValueError(f"{name} is outside the signed 64-bit range")
+    return value
 
 
-def _check_id(name: str, value: object) -> None:
-    if type(value) is not str:
+def _text(name: str, value: object) -> str:
+    """``value`` as an exact str (``TypeError`` naming field ``name``)."""
+    if type(value) is str:
+        return value
+    try:
+        plain = data_of(value)
+    except (TypeError, ValueError):
+        plain = None
+    if type(plain) is not str:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    return plain
+
+
+def _id(name: str, value: object) -> str:
+    """``value`` as a non-empty exact str of UTF-8 text (``TypeError``/``ValueError``)."""
+    if type(value) is not str:
+        value = _text(name, value)
     if not value:
         raise ValueError(f"{name} must not be empty")
     if not value.isascii() and _SURROGATE.search(value) is not None:
         raise ValueError(f"{name} holds a lone surrogate, not UTF-8 text")
+    return value
+
+
+def _intent(value: object) -> Intent:
+    """The Intent ``value`` names: a member, or the text of a str (or of a str enum member's
+    value), looked up as that exact text. Raises ``ValueError``."""
+    text = value if type(value) is str else _text_of(value, "intent")
+    return Intent(text)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +120,12 @@ class Message:
     (converted to :class:`URI`), ``intent`` as ``str`` and ``protocol`` as ``str``. The
     ``body`` must be a CBCL value, built with :func:`cbcl.body` or given as Python values
     that convert as :func:`cbcl.as_value` does (a ``list`` is stored as a ``tuple``).
-    Raises ``TypeError``/``ValueError`` for a field of the wrong type or out of range, the
-    body included (``Message body `$.body.bid[:amount]`: float is not a CBCL value …``).
+    Every field, the signature's two included, is read as data (spec §1.2): a subclass of
+    its type as the data its base type stores, a member of an enum of such values as its
+    value, each stored as the exact type. Raises ``TypeError``/``ValueError`` for a field
+    of the wrong type or out of range, the body included (``Message body
+    `$.body.bid[:amount]`: float is not a CBCL value …``; a :class:`LimitError` for a body
+    more than ``MAX_VALUE_DEPTH`` lists deep or one that contains itself).
     Whether the body is one its protocol accepts is :func:`cbcl.validate`'s question.
     """
 
@@ -110,23 +157,34 @@ class Message:
                      signature: Signature | None = None) -> None: ...
 
     def __post_init__(self) -> None:
-        _check_id("message_id", self.message_id)
+        # (each field is replaced by its exact-typed value where it is not one: read as
+        # data, spec §1.2; an exact value is kept, not copied)
+        if _id("message_id", self.message_id) is not self.message_id:
+            _set(self, "message_id", _id("message_id", self.message_id))
         for name in ("sender", "receiver"):
             value = getattr(self, name)
             if type(value) is not URI:
-                object.__setattr__(self, name, URI(value))
+                _set(self, name, URI(value))
         if type(self.intent) is not Intent:
-            object.__setattr__(self, "intent", Intent(self.intent))
+            _set(self, "intent", _intent(self.intent))
         if type(self.protocol) is not Symbol:
-            object.__setattr__(self, "protocol", Symbol(self.protocol))
+            _set(self, "protocol", Symbol(self.protocol))
         for name in ("conversation_id", "in_reply_to"):
-            if getattr(self, name) is not None:
-                _check_id(name, getattr(self, name))
+            value = getattr(self, name)
+            if value is not None and _id(name, value) is not value:
+                _set(self, name, _id(name, value))
         for name in ("reply_by", "timestamp"):
-            if getattr(self, name) is not None:
-                _check_int64(name, getattr(self, name))
-        if self.signature is not None and type(self.signature) is not Signature:
-            raise TypeError("signature must be a Signature")
+            value = getattr(self, name)
+            if value is not None and _int64(name, value) is not value:
+                _set(self, name, _int64(name, value))
+        signature = self.signature
+        if signature is not None:
+            if type(signature) is not Signature:
+                raise TypeError("signature must be a Signature")
+            key_id = _text("signature key_id", signature.key_id)
+            value = _text("signature value", signature.value)
+            if key_id is not signature.key_id or value is not signature.value:
+                _set(self, "signature", Signature(key_id, value))
         if self.body is not None:
             body = check_value(self.body, "Message body", "$.body")
             if body is not self.body:
@@ -194,7 +252,13 @@ class Message:
             text = _canonical_message(self)
             if text is not None:
                 return text
-        return canonical_value(self.to_value())
+        value = self.to_value()
+        if _native is not None:  # (the value's C twin; None: declined)
+            text = _native.canonical(value)
+            if text is not None:
+                return text
+        # the body (each field's value) MAX_VALUE_DEPTH deep, in the envelope's two lists
+        return canonical_value_python(value, around=2)
 
     def signing_bytes(self) -> bytes:
         """What a message signature covers (draft §2): the canonical UTF-8 form of the

@@ -48,7 +48,7 @@ from decimal import Decimal
 from operator import is_
 from typing import Any, TypeAlias, Union, cast
 
-from ..core._canonical import canonical_value
+from ..core._canonical import canonical_prefix, canonical_value
 from ..core._errors import DescriptorError, SchemaError
 from ..core._reader import intern_keyword, intern_symbol
 from ..core._values import URI, Keyword, Symbol, Value
@@ -433,7 +433,7 @@ def _kind(value: Value) -> str:
 
 
 def _found(value: Value) -> str:
-    text = canonical_value(value)
+    text = canonical_prefix(value, 41)  # (enough to tell; any depth)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

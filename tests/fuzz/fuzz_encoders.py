@@ -20,6 +20,12 @@ message body through ``Encoder`` and ``Encoder(pure_python=True)``, and whole me
 holding it (or its items) in envelope fields and a signature too are written by
 ``Message.canonical`` (C first) and the Python path; any difference is a
 finding (an AssertionError: libFuzzer stops and writes the input to ``crash-*``).
+
+Each value also has a *hostile twin* (``tests/hostile.py``: its atoms and lists, as the
+input's bytes pick, made instances of subclasses whose methods lie or raise, or members of
+enums of them, storing the same data): every writer - canonical text, binary frame, JSON
+mapping, ``cbcl.as_value`` - and every whole message holding it must give the twin exactly
+what it gives the value, text, frame or error (spec §1.2: values are data, never code).
 ``tests/fuzz/asan_build.sh`` runs this harness against the extension built with
 AddressSanitizer and UBSan.
 
@@ -111,10 +117,41 @@ def _outcome(fn: Any, *args: Any) -> Any:
         return (type(exc), str(exc))
 
 
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b``, of the same types all the way down, without recursion (values may be
+    10,000 lists deep, where ``==`` of tuples meets the recursion limit)."""
+    pairs = [(a, b)]
+    while pairs:
+        x, y = pairs.pop()
+        if type(x) is not type(y):
+            return False
+        if type(x) in (tuple, list):
+            if len(x) != len(y):
+                return False
+            pairs.extend(zip(x, y, strict=True))
+        elif type(x) is dict:
+            if list(x) != list(y):
+                return False
+            pairs.extend((x[key], y[key]) for key in x)
+        elif x != y:
+            return False
+    return True
+
+
+def _failed(result: Any) -> bool:
+    """Whether ``result`` is what :func:`_outcome` gives for an exception."""
+    return type(result) is tuple and len(result) == 2 and isinstance(result[0], type) and \
+        issubclass(result[0], Exception)
+
+
 def _setup() -> Any:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hostile import hostile_twin
+
     import cbcl
     from cbcl import URI, Encoder, Intent, Message, Symbol
     from cbcl.core._canonical import canonical_value, canonical_value_python, native
+    from cbcl.json_mapping import to_json
     from cbcl.trust import Signature
 
     if native is None:
@@ -125,6 +162,42 @@ def _setup() -> Any:
                       allow_unsigned=True)
     c_twin = Encoder(registry, validate=False)
     python_twin = Encoder(registry, validate=False, pure_python=True)
+
+    def messages(value: Any) -> list[Any]:
+        """Ways a value reaches a whole message: as the body of one made without checks
+        (``_trusted``), and as the body and (its items) the fields of one built by
+        ``Message`` - a function each, called when compared. (The items are read through
+        the base type, as the writers read them: a twin's own methods would lie.)"""
+        kind = type(value)
+        items = list(tuple.__iter__(value)) if issubclass(kind, tuple) else \
+            list(list.__iter__(value)) if issubclass(kind, list) else [value]
+        items += [None] * (6 - len(items))
+
+        def built() -> Any:
+            return Message(message_id=items[0], sender="agent://a", receiver="agent://b",
+                           intent="INFORM", protocol="request/v1", conversation_id=items[1],
+                           in_reply_to=items[2], reply_by=items[3], timestamp=items[3],
+                           body=value, signature=None if items[4] is None else
+                           Signature(items[4], items[5]))
+
+        return [lambda: Message._trusted("m", URI("agent://a"), URI("agent://b"),
+                                         Intent.REQUEST, Symbol("request/v1"), None, None,
+                                         None, None, value, None), built]
+
+    def same_as_twin(value: Any, twin: Any) -> None:
+        """Every writer gives the hostile twin what it gives the value (a ``Message`` of
+        fields of the wrong type: an error of the same type; its message may name the
+        twin's type)."""
+        for write in (canonical_value, canonical_value_python, to_json, cbcl.as_value):
+            assert _equal(_outcome(write, twin), _outcome(write, value)), write
+        for plain, hostile in zip(messages(value), messages(twin), strict=True):
+            for write in (lambda m: m().canonical(), lambda m: c_twin.encode(m()),
+                          lambda m: python_twin.encode(m())):
+                expected, got = _outcome(write, plain), _outcome(write, hostile)
+                if _failed(expected):
+                    assert _failed(got) and got[0] is expected[0], (expected, got)
+                else:
+                    assert got == expected
 
     def compare(value: Any) -> None:
         expected = _outcome(canonical_value_python, value)
@@ -142,7 +215,7 @@ def _setup() -> Any:
             message = Message._trusted(fields[0], URI("agent://a"), URI("agent://b"),
                                        Intent.INFORM, Symbol("request/v1"), fields[1],
                                        fields[2], fields[3], fields[3], value, signature)
-            expected = _outcome(lambda m=message: canonical_value_python(m.to_value()))
+            expected = _outcome(lambda m=message: canonical_value_python(m.to_value(), around=2))
             assert _outcome(message.canonical) == expected
             text = native.canonical_message(message)
             assert text is None or text == expected
@@ -156,7 +229,10 @@ def _setup() -> Any:
             read = None
         if read is not None:
             compare(read)
-        compare(build(data))
+            same_as_twin(read, hostile_twin(read, data))
+        built = build(data)
+        compare(built)
+        same_as_twin(built, hostile_twin(built, data[::-1]))
 
     return check
 
