@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, strategies as st
 
-from cbcl import URI, Message, Symbol, TrustError, read
+from cbcl import URI, CBCLError, Message, Symbol, TrustError, read
 from cbcl.session._reasons import error_code
 from cbcl.trust import Identity, TrustPolicy, TrustStore, sign_message
 
@@ -290,3 +291,36 @@ def test_a_cbcl_reply_to_a_spade_request_goes_as_make_reply_sends_it() -> None:
     with pytest.raises(ConversionError, match="no sender JID"):
         message_to_spade(answer, reply_to=spade_message.Message(to="bob@example.org",
                                                                 body="x"))
+
+
+# --------------------------------------------------------------------------- hostile input
+
+_KEYS = st.sampled_from(["performative", "protocol", "conversation-id", "reply-with",
+                         "in-reply-to", "reply-by", "language", "ontology", "encoding",
+                         "X-CBCL-timestamp", "X-CBCL-signature", "X-CBCL-protocol",
+                         "X-CBCL-intent", "creation-timestamp", "topic"])
+_VALUES = st.one_of(st.sampled_from(["request", "inform", "query", "CBCL/1.0", "request/v1",
+                                     "fipa-request", "req-1", "20260101T000000000Z",
+                                     "2026-01-01T12:00:00", "NOTIFY", ""]),
+                    st.text(max_size=20))
+_BODIES = st.one_of(st.text(max_size=60),
+                    st.builds(lambda tail: _request().canonical()[:len(tail) * 4] + tail,
+                              st.text(max_size=20)),
+                    st.just(_answer(_request()).canonical()))
+
+
+@given(body=_BODIES, metadata=st.dictionaries(_KEYS, _VALUES, max_size=8),
+       sender=st.sampled_from(["alice@example.org", "bob@example.org/r", ""]),
+       lossy=st.booleans(), mapped=st.booleans())
+def test_any_spade_message_reads_or_is_refused_with_a_cbcl_error(
+        body: str, metadata: dict[str, str], sender: str, lossy: bool, mapped: bool) -> None:
+    wire = spade_message.Message(to="bob@example.org", sender=sender or None, body=body,
+                                 thread="t-1", metadata=metadata)
+    names = {"alice@example.org": ["agent://example/a/*", "agent://example/alice"]}
+    try:
+        message, losses = spade_to_message(wire, lossy=lossy,
+                                           jid_names=names if mapped else None)
+    except CBCLError:
+        return
+    assert lossy or losses == []
+    check_spade_sender(message, sender, jid_names=names if mapped else None)
