@@ -18,7 +18,14 @@ from .bridges._fipa import (
     read_fipa,
     write_fipa,
 )
-from .bridges._spade import message_to_spade, spade_identity, spade_to_message
+from .bridges._spade import (
+    JidNames,
+    SenderMismatchError,
+    check_spade_sender,
+    message_to_spade,
+    spade_identity,
+    spade_to_message,
+)
 from .core._errors import ConversionError, LossyConversionError
 
 if _TYPE_CHECKING:  # the lazy names, typed (at run time __getattr__ imports them)
@@ -44,9 +51,10 @@ _A2A = ("a2a_json_to_message", "a2a_to_message", "agent_card_extension", "card_p
 _MCP = ("bridge_server", "run_stdio", "tools_server")
 
 __all__ = [
-    "AgentId", "ConversionError", "FipaMessage", "FipaSyntaxError", "LossyConversionError",
-    "equivalent", "fipa_to_message", "message_to_fipa", "message_to_spade", "read_fipa",
-    "spade_identity", "spade_to_message", "write_fipa",
+    "AgentId", "ConversionError", "FipaMessage", "FipaSyntaxError", "JidNames",
+    "LossyConversionError", "SenderMismatchError", "check_spade_sender", "equivalent",
+    "fipa_to_message", "message_to_fipa", "message_to_spade", "read_fipa", "spade_identity",
+    "spade_to_message", "write_fipa",
     *_A2A, *_MCP,  # lazy: see __getattr__
 ]
 
