@@ -47,6 +47,7 @@ from cbcl.bridges._a2a import (
     TASK_STATES,
     cbcl_text,
 )
+from cbcl.cli import main
 from cbcl.conversation import ConversationTracker
 from cbcl.interop import (
     LossyConversionError,
@@ -290,6 +291,13 @@ def test_the_a2a_0_3_form_is_read(request_message: Message, registry: Registry) 
     sent["parts"] = [{"kind": "text", "text": request_message.canonical()}]
     with pytest.raises(MalformedError, match="no application/cbcl text part"):
         a2a_json_to_message(json.dumps(sent), lossy=True)
+
+
+def test_cbcl_convert_reads_the_0_3_form(request_message: Message, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.json").write_text(json.dumps(_v03_json(request_message)))
+    assert main(["convert", "--from", "a2a", "--to", "cbcl", str(tmp_path / "m.json")]) == 0
+    assert capsys.readouterr().out == request_message.canonical() + "\n"
 
 
 @pytest.mark.parametrize("change", [

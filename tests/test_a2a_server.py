@@ -59,6 +59,7 @@ from starlette.applications import Starlette
 
 from cbcl import (
     URI,
+    Agent,
     BodyError,
     ConnectionLost,
     ConversationClosed,
@@ -143,7 +144,7 @@ def run(body: Callable[[], Awaitable[Any]]) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def serving(handler: Any, registry: Registry, **options: Any
+async def serving(handler: Any, registry: Registry | None, **options: Any
                   ) -> AsyncIterator[A2AServer]:
     """``cbcl a2a serve``'s server on a loopback socket, stopped after."""
     server = await serve_a2a(handler, registry=registry, **options)
@@ -513,6 +514,56 @@ def test_a_failing_handler_or_a_bad_reply_fails_the_task(registry: Registry) -> 
                 # The agent failed the conversation: it has ended.
                 again = message_to_a2a(parse(request_text(mid="m-2"), registry=registry))
                 assert notice((await send(client, again)).task)["code"] == "conversation"
+
+    run(body)
+
+
+def test_messages_per_conversation_at_n_and_n_plus_1(registry: Registry) -> None:
+    """CFP and PROPOSE make two messages: with room for three the ACCEPT is taken, with
+    room for two it is refused (``limit``) and the conversation stays as it was."""
+    async def body() -> None:
+        for room, state in ((3, TaskState.TASK_STATE_COMPLETED),
+                            (2, TaskState.TASK_STATE_FAILED)):
+            limits = A2AServerLimits(max_conversation_messages=room)
+            async with serving(respond, registry, server_limits=limits) as server, \
+                    sdk_client(server.url) as client:
+                await send(client, message_to_a2a(parse(CFP, registry=registry)))
+                task = (await send(client, message_to_a2a(parse(ACCEPT,
+                                                                 registry=registry)))).task
+                assert task.status.state == state
+                if state == TaskState.TASK_STATE_FAILED:
+                    refused = notice(task)
+                    assert refused["code"] == "limit" and "holds 2 messages" in refused["text"]
+
+    run(body)
+
+
+def test_an_agent_is_served_with_its_handlers(registry: Registry) -> None:
+    """A cbcl.Agent stands for the handler: its handler for the protocol and intent
+    answers, and it is the agent the messages must be addressed to."""
+    async def body() -> None:
+        protocol = registry.get("request/v1")
+        assert protocol is not None
+        agent = Agent(AGENT, descriptors=[protocol])
+
+        @agent.on("request/v1", "REQUEST")
+        def done(message: Message, context: Context) -> Message:
+            return context.reply(Intent.INFORM, (Symbol("inform-result"), Keyword("action-id"),
+                                                 message.message_id, Keyword("result"), 42))
+
+        try:
+            async with serving(agent, None) as server, sdk_client(server.url) as client:
+                task = (await send(client, message_to_a2a(parse(request_text(),
+                                                                   registry=registry)))).task
+                reply = read_a2a(task.status.message, registry=registry)[0]
+                assert reply.body == (Symbol("inform-result"), Keyword("action-id"), "m-1",
+                                      Keyword("result"), 42)
+                elsewhere = parse(request_text(mid="m-2", cid="c-2", receiver="agent://x"),
+                                  registry=registry)
+                refused = notice((await send(client, message_to_a2a(elsewhere))).task)
+                assert refused["code"] == "malformed"
+        finally:
+            await agent.close()
 
     run(body)
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import inspect
 import ipaddress
 import itertools
@@ -94,7 +93,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
                       ) from exc
 
 from ..core._display import escape_invisible, peer_text
-from ..core._errors import CBCLError, ConversationError, TrustError
+from ..core._errors import CBCLError, ConversationError, LimitError, TrustError
 from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._values import URI
 from ..core._version import __version__
@@ -157,10 +156,11 @@ class A2AServerLimits:
     (uvicorn's; ``header_timeout`` closes it too); ``max_tasks`` and ``max_task_bytes``:
     tasks kept, in count and in serialized bytes (the oldest are dropped; one task's history
     is trimmed from the front to fit); ``max_conversations``: open conversations kept (the
-    least recently used is dropped); ``replay_window``: message ids remembered per server
-    to refuse a replay; ``idle_task_timeout``: seconds a task parked in ``INPUT_REQUIRED``
-    keeps its worker (it stays in the store, and a follow-up restarts it). Raises
-    ``ValueError`` for a value out of range."""
+    least recently used is dropped); ``max_conversation_messages``: messages one
+    conversation may hold (a client's message past it is refused); ``replay_window``:
+    message ids remembered per server to refuse a replay; ``idle_task_timeout``: seconds a
+    task parked in ``INPUT_REQUIRED`` keeps its worker (it stays in the store, and a
+    follow-up restarts it). Raises ``ValueError`` for a value out of range."""
 
     max_request_bytes: int | None = None
     request_timeout: float = 60.0
@@ -171,6 +171,7 @@ class A2AServerLimits:
     max_tasks: int = 1024
     max_task_bytes: int = 64 << 20
     max_conversations: int = 1024
+    max_conversation_messages: int = 1024
     replay_window: int = 4096
     idle_task_timeout: float = 600.0
 
@@ -182,7 +183,8 @@ class A2AServerLimits:
                 raise ValueError(f"{name} must be a number of seconds in (0, 86400]")
         for name, low in (("max_connections", 1), ("keep_alive_timeout", 1),
                           ("max_tasks", 1), ("max_task_bytes", 1024),
-                          ("max_conversations", 1), ("replay_window", 1)):
+                          ("max_conversations", 1), ("max_conversation_messages", 1),
+                          ("replay_window", 1)):
             value = getattr(self, name)
             if type(value) is not int or not low <= value <= 1 << 40:
                 raise ValueError(f"{name} must be an int from {low} to 2**40")
@@ -491,6 +493,11 @@ class _Executor(AgentExecutor):
         key = self.conversations.key(message)
         async with thread.lock:
             conversation = thread.conversation
+            held = self.server_limits.max_conversation_messages
+            if len(conversation.history) >= held:
+                raise LimitError(f'message "{message.message_id}" refused: conversation '
+                                 f'"{message.conversation_id}" holds {held} messages already',
+                                 limit="max_conversation_messages", maximum=held)
             try:
                 conversation.receive(message, now=self.clock())
             except CBCLError:
@@ -498,24 +505,22 @@ class _Executor(AgentExecutor):
                 raise
             self.conversations.remember(message)
             after = self._state(conversation)
+            checked: list[tuple[Message, TaskState]] = []
             try:
-                replies = await self._run(handler, message, identity)
-                trial = copy.deepcopy(conversation, {id(conversation.machine):
-                                                     conversation.machine})
-                checked: list[tuple[Message, TaskState]] = []
-                for reply in replies:
+                for reply in await self._run(handler, message, identity):
                     reply = self._check(reply, message)
                     try:
-                        trial.receive(reply, now=self.clock())
+                        conversation.receive(reply, now=self.clock())
                     except CBCLError as exc:
                         raise _AgentFailed("the agent's reply was refused by its own checks "
                                            f"({exc.kind})", exc.one_line()) from None
-                    checked.append((reply, self._state(trial)))
+                    checked.append((reply, self._state(conversation)))
             except _AgentFailed:
-                self.conversations.end(key, thread)  # the agent failed the conversation
+                # The agent failed the conversation (whatever it had accepted of the
+                # replies, none is sent): it ends.
+                self.conversations.end(key, thread)
                 raise
-            thread.conversation = trial
-            if trial.finished:
+            if conversation.finished:
                 self.conversations.end(key, thread)
         final = checked[-1][1] if checked else after
         if final not in TERMINAL_STATES:

@@ -61,6 +61,8 @@ SERVER_OPTIONS: tuple[tuple[str, str, float, float, float | None, str], ...] = (
      "bytes of tasks kept (the oldest dropped)"),
     ("--max-conversations", "int", 1, 1 << 24, 1024,
      "open conversations kept (the least recently used dropped)"),
+    ("--max-conversation-messages", "int", 1, 1 << 24, 1024,
+     "messages one conversation may hold (a client's message past it is refused)"),
     ("--replay-window", "int", 1, 1 << 24, 4096, "message ids remembered to refuse a replay"),
     ("--idle-task-timeout", "seconds", 0.001, MAX_SECONDS, 600.0,
      "seconds a task awaiting the client keeps its worker"),
