@@ -10,6 +10,7 @@ Tests internals too: the bounded task store and conversation table of the server
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -18,8 +19,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf import json_format
+from hypothesis import given, settings, strategies as st
 from key_files import private_key_pem, public_key_pem
 from starlette.applications import Starlette
 
@@ -346,6 +349,83 @@ def test_list_tasks_and_cancel_task_are_not_offered(registry: Registry) -> None:
                 await client.cancel_task(CancelTaskRequest(id=task.id))
 
     run(body)
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+@pytest.fixture(scope="module")
+def threaded_server(registry: Registry) -> Iterator[str]:
+    """``cbcl a2a serve``'s server on a loopback socket, in a thread of its own (so that a
+    synchronous property test can send it many requests); yields its URL."""
+    loop = asyncio.new_event_loop()
+    started: list[A2AServer] = []
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    started.append(asyncio.run_coroutine_threadsafe(
+        serve_a2a(respond, registry=registry), loop).result(timeout=30))
+    try:
+        yield started[0].url
+    finally:
+        asyncio.run_coroutine_threadsafe(started[0].close(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+
+
+TEXTS = [request_text(), CFP, ACCEPT, request_text(body="(action)"), "(CBCL/1.0", "",
+         "\u202e(x)"]
+PARTS = st.one_of(
+    st.builds(lambda text, cut, media, mark: {
+        "text": text[:cut], "mediaType": media,
+        **({"metadata": {"cbcl": mark}} if mark else {})},
+        st.sampled_from(TEXTS), st.integers(0, 400),
+        st.sampled_from(["application/cbcl", "", "text/plain", "APPLICATION/CBCL; x=1"]),
+        st.sampled_from(["", "authoritative", "informative"])),
+    st.builds(lambda data, media: {"data": data, "mediaType": media},
+              st.recursive(st.none() | st.integers() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                           max_leaves=8),
+              st.sampled_from(["application/cbcl+json", ""])),
+    st.builds(lambda raw, media: {"raw": base64.b64encode(raw).decode(), "mediaType": media},
+              st.binary(max_size=40) | st.sampled_from([t.encode() for t in TEXTS]),
+              st.sampled_from(["application/cbcl", "image/png"])),
+    st.builds(lambda url: {"url": url}, st.text(max_size=20)),
+)
+MESSAGES = st.fixed_dictionaries(
+    {"messageId": st.text(min_size=1, max_size=40) | st.uuids().map(str),
+     "parts": st.lists(PARTS, max_size=4)},
+    optional={"contextId": st.sampled_from(["c-1", "job-1", "", "other"]),
+              "role": st.sampled_from(["ROLE_USER", "ROLE_AGENT", "ROLE_UNSPECIFIED"]),
+              "extensions": st.lists(st.sampled_from(["urn:cbcl:a2a:1.0", "urn:x"]),
+                                     max_size=2),
+              "metadata": st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+              "referenceTaskIds": st.lists(st.text(max_size=6), max_size=2)})
+
+
+@settings(max_examples=60)
+@given(MESSAGES)
+def test_fuzz_any_message_gets_a_task_or_an_sdk_error(threaded_server: str,
+                                                       message: dict[str, Any]) -> None:
+    """Whatever a client sends, the answer is a JSON-RPC result (a task that ended or
+    awaits the client) or one of the SDK's own errors — never an internal error."""
+    call = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": message}}
+    with httpx.Client(timeout=30) as http:
+        response = http.post(threaded_server, json=call, headers=JSON_V1)
+    assert response.status_code == 200
+    answer = response.json()
+    if "error" in answer:
+        assert answer["error"]["code"] != -32603, answer  # JSON-RPC internal error
+        return
+    task = json_format.ParseDict(answer["result"]["task"], Task())
+    assert task.status.state in (TaskState.TASK_STATE_COMPLETED,
+                                 TaskState.TASK_STATE_FAILED,
+                                 TaskState.TASK_STATE_INPUT_REQUIRED), task.status
+    if task.status.state == TaskState.TASK_STATE_FAILED:
+        refused = notice(task)
+        assert refused["code"] not in ("internal", "agent-failed"), refused
 
 
 # --------------------------------------------------------------------------- limits

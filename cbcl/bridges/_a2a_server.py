@@ -452,6 +452,11 @@ class _Executor(AgentExecutor):
             logger.warning("%s: %s", where, escape_invisible(failed.detail, limit=300))
             await updater.failed(_notice(failed.text, "agent-failed", task_id, context_id))
             return
+        except Exception as exc:  # a bug of ours: logged, and the client told no more
+            logger.exception("%s: internal error: %s", where, type(exc).__name__)
+            await updater.failed(_notice(f"internal: {type(exc).__name__}", "internal",
+                                         task_id, context_id, "internal"))
+            return
         for reply, state in exchange.replies:
             a2a, losses = write_a2a(reply, lossy=True, role=Role.ROLE_AGENT)
             for loss in losses:
