@@ -443,7 +443,7 @@ class _Executor(AgentExecutor):
                 status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED)))
         where = f"a2a: task {peer_text(task_id, 40)}"
         try:
-            exchange = await self._exchange(incoming)
+            exchange = await self._exchange(incoming, where)
         except CBCLError as exc:
             logger.info("%s: refused: %s", where, escape_invisible(exc.one_line(), limit=300))
             await updater.failed(_refusal(exc, task_id, context_id))
@@ -475,9 +475,11 @@ class _Executor(AgentExecutor):
 
     # ----------------------------------------------------------------- one exchange
 
-    async def _exchange(self, incoming: A2AMessage) -> _Exchange:
+    async def _exchange(self, incoming: A2AMessage, where: str) -> _Exchange:
         message, _ = read_a2a(incoming, registry=self.registry, limits=self.limits,
                               require_signatures=self.require_signatures)
+        logger.info('%s: received "%s" %s from %s', where, peer_text(message.message_id, 64),
+                    message.intent.value, peer_text(message.sender, 64))
         if self.name is not None and message.receiver != self.name:
             raise RemoteProtocolError(
                 f'message "{message.message_id}" is for {message.receiver}; this agent is '
