@@ -2,15 +2,20 @@
 text part is authoritative, the JSON part informative; losses are listed and refused unless
 lossy; hostile A2A input gives a CBCLError and nothing else.
 
-Tests internals too: the adapter's constants (media types, extension URI, depth cap)."""
+Tests internals too: the adapter's constants (media types, extension URI, depth cap) and
+``cbcl_text``, which a server reads a message's conversation with."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from a2a.compat.v0_3 import conversions
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -40,7 +45,9 @@ from cbcl.bridges._a2a import (
     MAX_DATA_DEPTH,
     MEDIA_TYPE,
     TASK_STATES,
+    cbcl_text,
 )
+from cbcl.cli import main
 from cbcl.conversation import ConversationTracker
 from cbcl.interop import (
     LossyConversionError,
@@ -155,7 +162,6 @@ def test_signature_is_carried(registry: Registry) -> None:
 
 def test_losses_are_listed_and_refused_unless_lossy(request_message: Message) -> None:
     a2a = message_to_a2a(request_message)
-    a2a.task_id = "task-9"
     a2a.reference_task_ids.append("task-1")
     a2a.extensions.append("https://example.org/other")
     a2a.metadata.update({"trace": "x"})
@@ -166,7 +172,7 @@ def test_losses_are_listed_and_refused_unless_lossy(request_message: Message) ->
     message, losses = read_a2a(a2a, lossy=True)
     assert message == request_message
     joined = "\n".join(losses)
-    for expected in ("taskId", "referenceTaskIds", "extension URI", "metadata",
+    for expected in ("referenceTaskIds", "extension URI", "metadata",
                      "parts[2]: a text part (text/plain)", "parts[3]: a url part"):
         assert expected in joined
     text = json.dumps(json_format.MessageToDict(a2a))
@@ -175,16 +181,34 @@ def test_losses_are_listed_and_refused_unless_lossy(request_message: Message) ->
     assert a2a_json_to_message(text, lossy=True)[1] == losses
 
 
-def test_ids_and_data_part_that_differ_are_reported(request_message: Message) -> None:
+def test_a_context_and_data_part_that_differ_are_reported(request_message: Message) -> None:
     a2a = message_to_a2a(request_message)
-    a2a.message_id = "other"
     a2a.context_id = "other-context"
     a2a.parts[1].data.list_value.values.add().string_value = "x"  # no longer the mapping
     message, losses = read_a2a(a2a, lossy=True)
-    assert message.message_id == "m-1"  # the text part wins
-    assert len(losses) == 3
-    assert "messageId" in losses[0] and "contextId" in losses[1]
-    assert "differs from the text part" in losses[2]
+    assert message.conversation_id == "c-1"  # the text part wins
+    assert len(losses) == 2
+    assert "contextId" in losses[0] and "differs from the text part" in losses[1]
+    a2a.parts.pop()
+    with pytest.raises(LossyConversionError, match="contextId"):
+        read_a2a(a2a)
+
+
+def test_ids_a2a_assigns_are_accepted(request_message: Message) -> None:
+    """A server stamps a taskId on every message it receives, an SDK client makes a uuid
+    messageId of its own, and a server makes a contextId for a message that has no
+    conversation: none of them is a loss (spec/interop.md §4.2)."""
+    a2a = message_to_a2a(request_message)
+    a2a.task_id = "0b3c2d5e-1f2a-4b6c-8d9e-0f1a2b3c4d5e"
+    a2a.message_id = "9f1c7a52-3e4b-4c8d-a6f0-1b2c3d4e5f60"
+    assert read_a2a(a2a) == (request_message, [])
+    a2a.message_id = "client-7"  # any id of the carrier, not only a uuid
+    assert read_a2a(a2a) == (request_message, [])
+    loose = parse(REQUEST_TEXT.replace(' (conversation-id "c-1")', ""), envelope_only=True)
+    carried = message_to_a2a(loose)
+    assert carried.context_id == ""
+    carried.context_id = "server-made-context"
+    assert read_a2a(carried) == (loose, [])
 
 
 def test_no_cbcl_part_or_two_are_malformed(request_message: Message) -> None:
@@ -232,6 +256,96 @@ def _nest_json(depth: int) -> object:
     for _ in range(depth):
         value = [value]
     return value
+
+
+# --------------------------------------------------------------------------- A2A 0.3
+
+
+def _v03_json(message: Message) -> dict[str, object]:
+    """The A2A 0.3 JSON of ``message``, as the SDK's own conversion writes it for a 0.3
+    peer (``a2a.compat.v0_3``)."""
+    compat = conversions.to_compat_message(message_to_a2a(message))
+    document: dict[str, object] = json.loads(compat.model_dump_json(by_alias=True,
+                                                                    exclude_none=True))
+    return document
+
+
+def test_the_a2a_0_3_form_is_read(request_message: Message, registry: Registry) -> None:
+    document: dict[str, Any] = _v03_json(request_message)
+    assert document["kind"] == "message" and document["role"] == "user"
+    text_part, data_part = document["parts"]
+    assert text_part["kind"] == "text" and "mediaType" not in text_part  # 0.3 has none
+    assert data_part["kind"] == "data"
+    text = json.dumps(document)
+    assert a2a_json_to_message(text, registry=registry) == (request_message, [])
+    assert a2a_json_to_message(text.encode()) == (request_message, [])
+    # A 0.3 peer's own form: a file with bytes and mimeType, a uuid messageId, no data part.
+    canonical_text = request_message.canonical().encode()
+    sent = {"kind": "message", "messageId": "6c1f6f5e-9a43-4f7e-8b53-1d9e2b0c7a11",
+            "role": "user", "contextId": "c-1", "taskId": "t-17",
+            "parts": [{"kind": "file", "file": {
+                "bytes": base64.b64encode(canonical_text).decode(),
+                "mimeType": "application/cbcl"}}]}
+    assert a2a_json_to_message(json.dumps(sent), registry=registry) == (request_message, [])
+    # A text part that nothing marks as CBCL is no CBCL text part.
+    sent["parts"] = [{"kind": "text", "text": request_message.canonical()}]
+    with pytest.raises(MalformedError, match="no application/cbcl text part"):
+        a2a_json_to_message(json.dumps(sent), lossy=True)
+
+
+def test_cbcl_convert_reads_the_0_3_form(request_message: Message, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "m.json").write_text(json.dumps(_v03_json(request_message)))
+    assert main(["convert", "--from", "a2a", "--to", "cbcl", str(tmp_path / "m.json")]) == 0
+    assert capsys.readouterr().out == request_message.canonical() + "\n"
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d["parts"][0].__setitem__("mimeType", "application/cbcl"),  # not in 0.3
+    lambda d: d.__setitem__("message_id", d.pop("messageId")),  # snake_case: not the wire
+    lambda d: d.__setitem__("role", "ROLE_USER"),
+    lambda d: d.__setitem__("kind", "task"),
+    lambda d: d["parts"][0].__setitem__("kind", "file"),
+    lambda d: d.__setitem__("unknown", 1),
+])
+def test_a2a_0_3_is_read_strictly(request_message: Message,
+                                  change: Callable[[dict[str, Any]], object]) -> None:
+    document: dict[str, Any] = _v03_json(request_message)
+    change(document)
+    with pytest.raises(MalformedError, match=r"A2A 0\.3 Message"):
+        a2a_json_to_message(json.dumps(document), lossy=True)
+
+
+def test_raw_cbcl_bytes_must_be_utf8(request_message: Message) -> None:
+    a2a = message_to_a2a(request_message)
+    a2a.parts[0].ClearField("text")
+    a2a.parts[0].raw = b"\xff(CBCL/1.0"
+    with pytest.raises(MalformedError, match="not UTF-8"):
+        read_a2a(a2a, lossy=True)
+    assert cbcl_text(a2a) is None
+    a2a.parts[0].raw = request_message.canonical().encode()
+    assert cbcl_text(a2a) == request_message.canonical()
+    assert read_a2a(a2a) == (request_message, [])
+
+
+V03_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=12)
+    | st.sampled_from(["message", "text", "data", "file", "user", "agent",
+                       "application/cbcl", "QUJD", "=="]),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.sampled_from(["kind", "messageId", "role", "parts", "text", "data",
+                                       "file", "bytes", "uri", "mimeType", "name",
+                                       "metadata", "contextId", "taskId", "extensions",
+                                       "referenceTaskIds"]),
+                      children, max_size=6),
+    max_leaves=24)
+
+
+@given(V03_VALUES)
+def test_fuzz_any_0_3_shaped_json_gives_a_result_or_a_cbcl_error(value: object) -> None:
+    document = {"kind": "message", "value": value} if not isinstance(value, dict) else value
+    with contextlib.suppress(CBCLError):
+        a2a_json_to_message(json.dumps(document), lossy=True)
 
 
 # --------------------------------------------------------------------------- hostile input

@@ -25,7 +25,8 @@ LAYERS = ("core", "grammar", "protocol", "binary", "session", "net", "llm", "bri
 #: What a function may import: optional dependencies (an extra), and the modules that
 #: import one at their top.
 OPTIONAL = frozenset({"nats", "a2a", "mcp", "mcp_types", "anyio", "jsonschema", "google",
-                      "cbcl.net._nats", "cbcl.bridges._a2a", "cbcl.bridges._mcp"})
+                      "cbcl.net._nats", "cbcl.bridges._a2a", "cbcl.bridges._a2a_client",
+                      "cbcl.bridges._a2a_server", "cbcl.bridges._mcp"})
 NATIVE = frozenset({"_native", "_speedups", "_scanner", "_encoders"})
 
 

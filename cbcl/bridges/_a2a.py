@@ -19,20 +19,31 @@ is not an A2A message carrying one CBCL message, ``LimitError`` for size), and w
 A2A message holds that CBCL has no place for is a *loss*: listed, never dropped silently,
 and refused (:class:`~cbcl.ProtocolError`) unless the caller passes ``lossy=True``.
 
+The ids A2A assigns are not losses (spec/interop.md §4.2): ``messageId`` names the A2A
+carrier (the SDK's clients make a UUID; the CBCL ``message-id`` is the text's), ``taskId``
+is the handle a server stamps on every message it receives, and a ``contextId`` is
+accepted when it is the CBCL ``conversation-id`` or the message has none (a server makes
+one then). The A2A 0.3 JSON form (``kind``, ``role: "user"``, a text part without a media
+type, files with ``mimeType``) is read as well as the current one, through the SDK's own
+0.3 types, as strictly.
+
 Needs the ``a2a`` extra (``pip install 'cbcl[a2a]'``).
 """
 
 from __future__ import annotations
 
+import binascii
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 try:
+    from a2a.compat.v0_3 import conversions as _v03_conversions, types as _v03_types
     from a2a.types import AgentCard, AgentExtension, Message as A2AMessage, Part, Role, TaskState
     from google.protobuf import json_format, struct_pb2
     from google.protobuf.message import DecodeError, EncodeError
+    from pydantic import ValidationError
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("cbcl's A2A mapping needs the a2a extra: pip install 'cbcl[a2a]'"
                       ) from exc
@@ -40,7 +51,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 from ..core._display import escape_invisible
 from ..core._errors import LimitError, LossyConversionError, MalformedError
 from ..core._limits import DEFAULT_LIMITS, Limits
-from ..core._values import Symbol
+from ..core._values import URI, Symbol
 from ..protocol._api import parse
 from ..protocol._descriptor import ProtocolDescriptor
 from ..protocol._json import message_to_json
@@ -60,6 +71,7 @@ __all__ = [
     "a2a_to_message",
     "agent_card_extension",
     "card_protocols",
+    "cbcl_text",
     "message_to_a2a",
     "message_to_a2a_json",
     "read_a2a",
@@ -203,15 +215,75 @@ def _struct_dict(struct: Any) -> dict[str, Any]:
     return result
 
 
-def read_a2a(a2a_message: A2AMessage, *, lossy: bool = False, registry: Registry | None = None,
-             limits: Limits | None = None) -> tuple[Message, list[str]]:
-    """The CBCL message an A2A ``Message`` carries, and the list of what the A2A message
-    holds that the CBCL message does not (other parts, metadata, task ids, other
-    extensions, ids that differ from the text's, a data part that differs from it).
+def _marked(part: Part, mark: str) -> bool:
+    """Whether ``part``'s metadata says ``cbcl: mark`` (what :func:`write_a2a` writes)."""
+    if not part.HasField("metadata") or "cbcl" not in part.metadata.fields:
+        return False
+    value = part.metadata.fields["cbcl"]
+    return bool(value.WhichOneof("kind") == "string_value" and value.string_value == mark)
 
-    The ``application/cbcl`` text part — exactly one — is parsed with :func:`cbcl.parse`:
-    both passes (and the schema, and signature verification when ``registry`` has a trust
-    store) with ``registry``, pass 1 alone without one. The data part is only compared.
+
+def _role_of(part: Part) -> str | None:
+    """``"text"`` for a part that carries the CBCL text, ``"data"`` for the informative
+    JSON part, ``None`` for any other. The CBCL text is a text part of media type
+    ``application/cbcl``; in A2A 0.3 a text part has no media type, so one marked
+    ``cbcl: authoritative`` without a media type is too, and so is a raw part of media type
+    ``application/cbcl`` (0.3's file with ``bytes`` and that ``mimeType``). The data part is
+    ``application/cbcl+json``, or (0.3) marked ``cbcl: informative`` without a media type."""
+    kind = part.WhichOneof("content")
+    if kind == "text":
+        if _is(part.media_type, MEDIA_TYPE) or (not part.media_type
+                                                and _marked(part, "authoritative")):
+            return "text"
+    elif kind == "raw":
+        if _is(part.media_type, MEDIA_TYPE):
+            return "text"
+    elif kind == "data" and (_is(part.media_type, DATA_MEDIA_TYPE)
+                             or (not part.media_type and _marked(part, "informative"))):
+        return "data"
+    return None
+
+
+def _text_of(part: Part) -> str:
+    """The CBCL text a part of role ``"text"`` carries. Raises :class:`MalformedError` for
+    raw bytes that are not UTF-8."""
+    if part.WhichOneof("content") == "text":
+        return part.text
+    try:
+        return part.raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedError(f"a2a: the {MEDIA_TYPE} raw part is not UTF-8 (byte "
+                             f"{exc.start})") from None
+
+
+def cbcl_text(a2a_message: A2AMessage) -> str | None:
+    """The CBCL text an A2A message carries (its one CBCL text part, see :func:`read_a2a`),
+    or ``None`` when it has none, several, or raw bytes that are not UTF-8. Nothing is
+    parsed: a server uses this to learn a message's conversation before it reads it."""
+    parts = [part for part in a2a_message.parts if _role_of(part) == "text"]
+    if len(parts) != 1:
+        return None
+    try:
+        return _text_of(parts[0])
+    except MalformedError:
+        return None
+
+
+def read_a2a(a2a_message: A2AMessage, *, lossy: bool = False, registry: Registry | None = None,
+             limits: Limits | None = None, require_signatures: bool = False
+             ) -> tuple[Message, list[str]]:
+    """The CBCL message an A2A ``Message`` carries, and the list of what the A2A message
+    holds that the CBCL message does not (other parts, metadata, reference task ids, other
+    extensions, a ``contextId`` other than the text's conversation-id, a data part that
+    differs from the text).
+
+    The CBCL text part — exactly one (:func:`cbcl_text` says which parts count) — is parsed
+    with :func:`cbcl.parse`: both passes (and the schema, and signature verification when
+    ``registry`` has a trust store; ``require_signatures`` refuses an unsigned message and
+    needs one) with ``registry``, pass 1 alone without one. The data part is only compared.
+    The ids A2A assigns are not losses: any ``messageId`` (the A2A carrier's id; the CBCL
+    message-id is the text's), a ``taskId`` (a server's handle), and a ``contextId`` when the
+    CBCL message has no conversation-id.
 
     Raises :class:`LimitError` for an A2A message larger than 4 × ``max_message_bytes`` +
     64 KiB, :class:`MalformedError` for one that carries no CBCL text part or several,
@@ -229,19 +301,20 @@ def read_a2a(a2a_message: A2AMessage, *, lossy: bool = False, registry: Registry
         raise LimitError(f"a2a: the A2A message takes {size} bytes, more than the "
                          f"{_bound(limits)} allowed (4 x max_message_bytes + 64 KiB)",
                          limit="max_message_bytes", maximum=limits.max_message_bytes)
-    texts: list[Any] = []
-    datas: list[Any] = []
+    texts: list[Part] = []
+    datas: list[Part] = []
     losses: list[str] = []
     dropped = 0
     for index, part in enumerate(a2a_message.parts):
-        kind = part.WhichOneof("content")
-        if kind == "text" and _is(part.media_type, MEDIA_TYPE):
+        role = _role_of(part)
+        if role == "text":
             texts.append(part)
-        elif kind == "data" and _is(part.media_type, DATA_MEDIA_TYPE):
+        elif role == "data":
             datas.append(part)
         else:
             dropped += 1
             if dropped <= _MAX_LISTED:
+                kind = part.WhichOneof("content")
                 losses.append(f"parts[{index}]: a {kind or 'empty'} part "
                               f"({_show(part.media_type) or 'no media type'}) is dropped")
     if dropped > _MAX_LISTED:
@@ -254,16 +327,12 @@ def read_a2a(a2a_message: A2AMessage, *, lossy: bool = False, registry: Registry
                              f"parts; a CBCL message travels in exactly one")
     if len(datas) > 1:
         losses.append(f"{len(datas) - 1} extra {DATA_MEDIA_TYPE} data part(s) are dropped")
-    message = parse(texts[0].text, limits=limits, registry=registry,
-                    envelope_only=registry is None)
-    if a2a_message.message_id and a2a_message.message_id != message.message_id:
-        losses.append(f"messageId {_show(a2a_message.message_id)} differs from the CBCL "
-                      f"message-id {_show(message.message_id)}; the CBCL one is kept")
-    if a2a_message.context_id and a2a_message.context_id != message.conversation_id:
+    message = parse(_text_of(texts[0]), limits=limits, registry=registry,
+                    envelope_only=registry is None, require_signatures=require_signatures)
+    if a2a_message.context_id and message.conversation_id is not None \
+            and a2a_message.context_id != message.conversation_id:
         losses.append(f"contextId {_show(a2a_message.context_id)} differs from the CBCL "
                       f"conversation-id; the CBCL one is kept")
-    if a2a_message.task_id:
-        losses.append(f"taskId {_show(a2a_message.task_id)} is dropped (CBCL has no task id)")
     if len(a2a_message.reference_task_ids):
         losses.append(f"{len(a2a_message.reference_task_ids)} referenceTaskIds are dropped")
     others = [uri for uri in a2a_message.extensions if uri != EXTENSION_URI]
@@ -303,12 +372,16 @@ def a2a_json_to_message(text: str | bytes, *, lossy: bool = False,
                         registry: Registry | None = None, limits: Limits | None = None
                         ) -> tuple[Message, list[str]]:
     """The CBCL message carried by the JSON text of an A2A ``Message`` (as the SDK writes
-    it, :func:`message_to_a2a_json`), and the list of losses (:func:`read_a2a`).
+    it, :func:`message_to_a2a_json`, or in the A2A 0.3 form), and the list of losses
+    (:func:`read_a2a`).
 
     The text (``str``, or UTF-8 ``bytes``) is bounded first (4 × ``max_message_bytes`` +
-    64 KiB, in UTF-8 bytes), then read with protobuf's JSON parser, strictly (an unknown
-    field is refused, not ignored). Raises :class:`LimitError`, :class:`MalformedError`
-    for text that is not the JSON of an A2A message, and what :func:`read_a2a` raises.
+    64 KiB, in UTF-8 bytes). A JSON object with a ``kind`` member (at the top or in a part)
+    or a ``role`` of ``"user"`` or ``"agent"`` is the A2A 0.3 form, read with the SDK's 0.3
+    types and turned into the current form by the SDK's own conversion; any other text is
+    read with protobuf's JSON parser. Both are strict: an unknown field is refused, not
+    ignored. Raises :class:`LimitError`, :class:`MalformedError` for text that is not the
+    JSON of an A2A message, and what :func:`read_a2a` raises.
     """
     limits = DEFAULT_LIMITS if limits is None else limits
     bound = _bound(limits)
@@ -324,16 +397,66 @@ def a2a_json_to_message(text: str | bytes, *, lossy: bool = False,
         raise TypeError(f"expected str or bytes, not {type(text).__name__}")
     if len(text) > bound or (len(text) * 4 > bound and _utf8_size(text) > bound):
         raise _too_large(_utf8_size(text), bound, limits)
-    a2a_message = A2AMessage()
     try:
-        json_format.Parse(text, a2a_message)
-    except (json_format.Error, DecodeError, ValueError, TypeError, RecursionError,
-            AttributeError, KeyError, IndexError, OverflowError) as exc:
-        # json_format raises ParseError for most bad input; the json module and the
-        # protobuf runtime can raise the others (a too-deep array, a lone surrogate …).
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # (JSONDecodeError is a ValueError)
         detail = escape_invisible(str(exc), limit=200)
-        raise MalformedError(f"a2a: not the JSON of an A2A Message: {detail}") from None
+        raise MalformedError(f"a2a: not JSON: {detail}") from None
+    if _is_v03(document):
+        a2a_message = _read_v03(text)
+    else:
+        a2a_message = A2AMessage()
+        try:
+            json_format.Parse(text, a2a_message)
+        except _FOREIGN_ERRORS as exc:
+            # json_format raises ParseError for most bad input; the json module and the
+            # protobuf runtime can raise the others (a too-deep array, a lone surrogate …).
+            detail = escape_invisible(str(exc), limit=200)
+            raise MalformedError(f"a2a: not the JSON of an A2A Message: {detail}") from None
     return read_a2a(a2a_message, lossy=lossy, registry=registry, limits=limits)
+
+
+#: What the JSON and protobuf runtimes and the SDK's 0.3 types raise for input that is not
+#: an A2A message (pydantic's ValidationError and binascii.Error are ValueErrors).
+_FOREIGN_ERRORS = (json_format.Error, DecodeError, ValueError, TypeError, RecursionError,
+                   AttributeError, KeyError, IndexError, OverflowError, binascii.Error)
+#: The values of ``role`` in A2A 0.3 (the current form writes ``ROLE_USER``, ``ROLE_AGENT``).
+_V03_ROLES = frozenset({"user", "agent"})
+
+
+def _is_v03(document: object) -> bool:
+    """Whether a decoded JSON document is an A2A 0.3 message: an object with a ``kind``
+    member, at the top or in one of its parts, or a 0.3 ``role``."""
+    if not isinstance(document, dict):
+        return False
+    role = document.get("role")
+    if "kind" in document or (isinstance(role, str) and role in _V03_ROLES):
+        return True
+    parts = document.get("parts")
+    return isinstance(parts, list) and any(isinstance(part, dict) and "kind" in part
+                                           for part in parts)
+
+
+def _read_v03(text: str) -> A2AMessage:
+    """The current-form A2A message for the 0.3 JSON ``text``: validated strictly by the
+    SDK's 0.3 pydantic types (only their camelCase names; an unknown member is refused),
+    then converted by the SDK (``a2a.compat.v0_3.conversions.to_core_message``). Raises
+    :class:`MalformedError`."""
+    try:
+        compat = _v03_types.Message.model_validate_json(
+            text, strict=True, extra="forbid", by_alias=True, by_name=False)
+        return _v03_conversions.to_core_message(compat)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[:1]
+        where = ".".join(str(item) for item in first[0]["loc"]) if first else ""
+        detail = escape_invisible(f"{where}: {first[0]['msg']}" if first else str(exc),
+                                  limit=200)
+        raise MalformedError(f"a2a: not the JSON of an A2A 0.3 Message: {detail}"
+                             ) from None
+    except _FOREIGN_ERRORS as exc:
+        detail = escape_invisible(str(exc), limit=200)
+        raise MalformedError(f"a2a: not the JSON of an A2A 0.3 Message: {detail}"
+                             ) from None
 
 
 def _utf8_size(text: str) -> int:
@@ -350,11 +473,14 @@ def _too_large(size: int, bound: int, limits: Limits) -> LimitError:
 
 
 def agent_card_extension(protocols: Iterable[Protocol | ProtocolDescriptor], *,
-                         required: bool = False) -> AgentExtension:
+                         required: bool = False, agent: URI | str | None = None
+                         ) -> AgentExtension:
     """An ``AgentExtension`` (for ``AgentCard.capabilities.extensions``) saying the agent
     speaks CBCL/1.0 and listing its protocols: id, version (a decimal string: a protobuf
     number is a double), digest (``sha256:…``, the descriptor's name, spec §3.2) and the
-    intents each governs. ``required``: whether a client must speak CBCL to use the agent.
+    intents each governs. ``required``: whether a client must speak CBCL to use the agent;
+    ``agent``: its CBCL URI, the ``receiver`` its messages must name (``params.agent``;
+    left out when ``None``). Raises ``ValueError`` for an ``agent`` that is not a URI.
     """
     listed = []
     for protocol in protocols:
@@ -365,8 +491,10 @@ def agent_card_extension(protocols: Iterable[Protocol | ProtocolDescriptor], *,
         listed.append({"id": str.__str__(descriptor.id), "version": str(descriptor.version),
                        "digest": descriptor.digest,
                        "intents": [intent.value for intent in descriptor.intents]})
-    params = {"version": Message.version, "mediaType": MEDIA_TYPE,
-              "dataMediaType": DATA_MEDIA_TYPE, "protocols": listed}
+    params: dict[str, Any] = {"version": Message.version, "mediaType": MEDIA_TYPE,
+                              "dataMediaType": DATA_MEDIA_TYPE, "protocols": listed}
+    if agent is not None:
+        params["agent"] = str.__str__(URI(str(agent)))
     return AgentExtension(
         uri=EXTENSION_URI, required=required,
         description="Speaks CBCL/1.0: each message is one application/cbcl text part "

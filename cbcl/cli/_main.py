@@ -37,6 +37,7 @@ from ..protocol._trust import (
 )
 
 # Imported last: the command modules use this module's helpers.
+from ._a2a import register as register_a2a
 from ._bench import register as register_bench
 from ._codec import register as register_codec
 from ._common import (
@@ -294,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_bench(commands)
     register_llm(commands)
     register_mcp(commands)
+    register_a2a(commands)
     return parser
 
 

@@ -28,6 +28,7 @@ from ..net._agent import Agent, ConversationClosed, Link, not_understood_exit
 from ..net._transport import ConnectionLimits, parse_address
 from ..protocol._api import parse
 from ..protocol._message import Message
+from ._a2a import send_a2a
 from ._common import (
     MAX_SECONDS,
     Commands,
@@ -143,6 +144,8 @@ async def _send_one(link: Link, message: Message, expect_replies: bool, as_json:
 
 def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
 
+    if args.a2a:  # (spec/interop.md §4.7: cbcl/cli/_a2a.py)
+        return send_a2a(args, _read_messages(args.messages))
     if bool(args.connect) == bool(args.nats):
         _usage("give --connect ADDRESS or --nats URL (one of them)")
     servers = None
@@ -184,6 +187,9 @@ def register(commands: Commands) -> None:
     p.add_argument("--nats", metavar="URL",
                    help="reach the peer over NATS instead: nats://HOST:PORT[,…]; the peer "
                         "is the messages' receiver")
+    p.add_argument("--a2a", metavar="URL",
+                   help="reach the peer over A2A instead: the base URL of its AgentCard "
+                        "(needs the a2a extra; each unsigned message is signed with --key)")
     p.add_argument("--to", metavar="URI",
                    help="with --nats: the peer agent's name (must be the messages' receiver)")
     p.add_argument("--durable", action="store_true",
