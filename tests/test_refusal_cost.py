@@ -431,3 +431,23 @@ def test_the_end_of_a_body_may_be_refused(registry: Registry) -> None:
     assert found is not None and (found.kind, found.path, found.cls) == (END, (), "$END")
     text = envelope("two/v1", "INFORM", "(a)")
     assert outcome(lambda: cbcl.parse(text, registry=registry)) == old_parse(registry, text)
+
+
+@pytest.mark.parametrize("layout", ["canonical", "spaced"])
+def test_text_beyond_ascii_is_read_again_from_slices(layout: str, registry: Registry,
+                                                     nested: Protocol) -> None:
+    # Lists of ~600 characters (more than one slice of 256), strings beyond ASCII, and
+    # the refusal after 200 of them: the reader reads such text from its start only.
+    element = "(n " + " ".join(f'"é{i}" (v ({i} "ü"))' for i in range(40)) + ")"
+    body = "(n " + " ".join([element] * 200) + " 1.5)"
+    text = envelope("nested/v1", "INFORM", body)
+    if layout == "spaced":
+        text = text.replace(" ", " \n ; é\n ")
+    work = RefusalWork()
+    error = explained(nested, text, work)
+    assert seen(error) == old_parse(registry, text)
+    assert error.offset == len(text[:text.index("1.5")].encode())
+    # Read again: nothing of canonical text; else the 200 lists before the refusal, and
+    # the fields and atoms before the body.
+    assert work.reads <= (0 if layout == "canonical" else 200 + 8)
+    assert work.copied <= 2 * len(text)

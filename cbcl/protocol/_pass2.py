@@ -26,13 +26,24 @@ body is never scanned token by token, and nothing past the refusal is looked at.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ..core._canonical import canonical_value
 from ..core._errors import BodyError, ProtocolError
 from ..core._limits import Limits
-from ..core._reader import TOKEN, context_of, fail, position_of, read_value_at, token_start
+from ..core._reader import (
+    _CACHE,
+    TOKEN,
+    _atom,
+    _read_value_c,
+    context_of,
+    fail,
+    position_of,
+    read_value_at,
+    token_start,
+)
 from ..core._values import ATOM_TERMINALS, Keyword, Symbol, Value
 from ..grammar._automaton import ACCEPT, REFUSED
 from ..grammar._kernel import REFUSED as REFUSED_BY_GRAMMAR, body_refusal, feed
@@ -446,9 +457,11 @@ def _skip(text: str, pos: int, items: tuple[Any, ...], limits: Limits,
           work: RefusalWork) -> int:
     """The index just after the last of ``items``, consecutive elements of a list whose
     first starts at or after character ``pos`` of ``text`` (whitespace and comments may
-    come first). Text written as :func:`canonical_value` writes it (one space between
-    elements) is stepped over at once, by comparing the canonical text of ``items``
-    with it; otherwise each element is read again (in C where the reader is built)."""
+    come first; the text has been read whole, so it is well formed). Text written as
+    :func:`canonical_value` writes it (one space between elements) is stepped over at
+    once, by comparing the canonical text of ``items`` with it; otherwise a run of atoms
+    is stepped over by a pattern matching many at once (:data:`_ATOM_RUNS`), and each
+    list is read again (:func:`_end_of`)."""
     if not items:
         return pos
     at = pos + 1 if pos < len(text) and text[pos] == " " else pos
@@ -458,10 +471,59 @@ def _skip(text: str, pos: int, items: tuple[Any, ...], limits: Limits,
     # (the last atom must end where the canonical one does: "1.50" is not "1.5")
     if text.startswith(written[1:-1], at) and (end == len(text) or text[end] in _DELIMITERS):
         return end
-    for _ in items:
-        work.reads += 1
-        _, pos, _ = read_value_at(text, pos, limits, 0, 0)
+    index, count = 0, len(items)
+    while index < count:
+        if type(items[index]) is tuple:
+            work.reads += 1
+            pos = _end_of(text, pos, limits)
+            index += 1
+            continue
+        atoms = index
+        while index < count and type(items[index]) is not tuple:
+            index += 1
+        atoms = index - atoms
+        work.reads += atoms
+        for size, pattern in _ATOM_RUNS:
+            while atoms >= size:
+                match = pattern.match(text, pos)
+                if match is None:  # pragma: no cover - the text was read whole
+                    raise AssertionError("atoms the reader read were not found again")
+                pos = match.end()
+                atoms -= size
     return pos
+
+
+#: Patterns matching runs of 64, 8 and 1 atoms (with the whitespace and comments before
+#: each) in text the reader has read: an atom is a string or a run of characters up to a
+#: delimiter, a comment runs to the line's end.
+_ATOM_RUNS = tuple(
+    (size, re.compile(r'(?:(?:[ \t\r\n]++|;[^\r\n]*+)*+(?:"(?:[^"\\]++|\\.)*+"'
+                      r'|[^ \t\r\n();"]++)){' + str(size) + "}", re.DOTALL))
+    for size in (64, 8, 1))
+
+
+def _end_of(text: str, pos: int, limits: Limits) -> int:
+    """The index just after the value at or after character ``pos`` of ``text`` (read
+    whole before), read again: by ``cbcl._native.read_value`` where that is built, from
+    ``pos`` for ASCII text, else from a slice starting there (it reads text beyond ASCII
+    from its start only), widened until the value ends inside it; else by the Python
+    reader."""
+    if _read_value_c is not None:
+        whole = text.isascii()
+        window = len(text) if whole else 256
+        while True:
+            piece = text if whole else text[pos:pos + window]
+            found = _read_value_c(piece, pos if whole else 0, _CACHE, _atom,
+                                  limits.max_depth, limits.max_list_items, limits.max_nodes,
+                                  limits.max_string_bytes, limits.max_name_chars, None)
+            if whole or pos + window >= len(text):
+                break
+            if found is not None and found[1] < len(piece):  # ended inside the slice
+                return pos + int(found[1])
+            window *= 8
+        if found is not None:
+            return int(found[1]) + (0 if whole else pos)
+    return read_value_at(text, pos, limits, 0, 0)[1]
 
 
 def _before(text: str, value: Any, path: tuple[int, ...], limits: Limits,
