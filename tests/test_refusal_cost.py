@@ -13,17 +13,21 @@ Speed itself is measured by ``benchmarks/refusal_cost.py``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
 from hypothesis import event, given, settings, strategies as st
 from strategies import mutate_tokens
 from test_protocol import DESCRIPTORS, SHIPPED, generator
+from test_session import NOW, SessionPair, cfp, initiator, query, responder as session_responder
 
 import cbcl
-from cbcl import BodyError, CBCLError, Limits, Registry
+from cbcl import BodyError, CBCLError, Limits, Registry, RemoteProtocolError, Session
+from cbcl.binary import frame
 from cbcl.core._limits import DEFAULT_LIMITS
 from cbcl.core._reader import (
     BAD,
@@ -39,6 +43,7 @@ from cbcl.core._reader import (
 )
 from cbcl.core._values import ATOM_TERMINALS
 from cbcl.grammar._kernel import REFUSED as REFUSED_BY_GRAMMAR, body_refusal, feed, terminal_of
+from cbcl.net._transport import Connection, serve
 from cbcl.protocol import _api, _pass2
 from cbcl.protocol._envelope import scan_envelope
 from cbcl.protocol._hints import UNREAD, body_hint
@@ -55,6 +60,8 @@ from cbcl.protocol._pass2 import (
     start_stack,
 )
 from cbcl.protocol._protocol import Protocol
+from cbcl.session import HandshakeState, ProtocolMessage, Query
+from cbcl.session._session import RefusalBudget
 
 ALL = [*SHIPPED, "cbcl-negotiation-v1"]
 NATIVE = _pass2._recognise_c is not None
@@ -451,3 +458,125 @@ def test_text_beyond_ascii_is_read_again_from_slices(layout: str, registry: Regi
     # the fields and atoms before the body.
     assert work.reads <= (0 if layout == "canonical" else 200 + 8)
     assert work.copied <= 2 * len(text)
+
+
+# --------------------------------------------------------------------------- the refusal budget
+
+B_URI = "agent://test/b"
+
+
+def refused_query(versions: str = '1 "two"') -> bytes:
+    """A QUERY whose body the negotiation grammar refuses (a string among the versions)."""
+    return frame((f'(CBCL/1.0 (message-id "q") (sender agent://test/a) (receiver {B_URI}) '
+                  f"(intent QUERY) (protocol cbcl-negotiation/v1) (conversation-id \"c\") "
+                  f'(timestamp {NOW}) (body (supports :protocol contract-net/v1 :digest '
+                  f'"sha256:{"0" * 64}" :versions ({versions}) :encodings (text) '
+                  f':nonce "0123456789abcdef")))').encode())
+
+
+GOOD_QUERY = refused_query("1")
+
+
+def responder(budget: RefusalBudget | None, address: str | None) -> Session:
+    session = Session("responder", registry=Registry(disk_cache=False, isolate=False),
+                      me=B_URI, refusal_budget=budget)
+    session.peer_address = address
+    return session
+
+
+def answer(session: Session, data: bytes, now: int = NOW) -> Any:
+    """The first event of ``session`` for ``data``, or the code it refused it with and
+    why."""
+    session.receive_data(data)
+    try:
+        return session.next_event(now=now)
+    except RemoteProtocolError as error:
+        assert session.data_to_send()  # the NOT-UNDERSTOOD it answers with
+        return error.code, error.message
+
+
+def test_an_address_gets_n_refusals_then_is_turned_away_unread() -> None:
+    budget = RefusalBudget(max_refusals=3, window_ms=10_000)
+    for at in range(3):  # N refused frames: each read and refused for its own reason
+        code, why = answer(responder(budget, "10.0.0.1"), refused_query(), NOW + at)
+        assert code == "malformed" and why.endswith('found string "two"')
+    assert budget.refusals("10.0.0.1", now=NOW + 3) == 3
+    # N+1: even a good QUERY is refused before it is read, with the limit's name
+    code, why = answer(responder(budget, "10.0.0.1"), GOOD_QUERY, NOW + 3)
+    assert code == "limit" and "max_refusals" in why
+    assert budget.refusals("10.0.0.1", now=NOW + 3) == 3  # (not charged)
+    # Another address, and a session no transport gave an address, are served.
+    assert isinstance(answer(responder(budget, "10.0.0.2"), GOOD_QUERY, NOW + 3), Query)
+    assert isinstance(answer(responder(budget, None), GOOD_QUERY, NOW + 3), Query)
+    # Once the first refusal is a window old, the address is let in again.
+    assert isinstance(answer(responder(budget, "10.0.0.1"), GOOD_QUERY, NOW + 10_000), Query)
+
+
+def test_an_established_session_is_not_cut_by_its_address_budget() -> None:
+    budget = RefusalBudget(max_refusals=1, window_ms=10_000)
+    pair = SessionPair(initiator(), session_responder())
+    pair.b.refusal_budget, pair.b.peer_address = budget, "10.0.0.1"
+    pair.handshake(query(encodings=("text",)))
+    assert pair.b.state is HandshakeState.ESTABLISHED
+    answer(responder(budget, "10.0.0.1"), refused_query())  # the address's one refusal
+    (got,) = pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
+    assert isinstance(got, ProtocolMessage)  # served: it proved who it is
+    # One still in its handshake is turned away with its address.
+    pending = SessionPair(initiator(), session_responder())
+    pending.b.refusal_budget, pending.b.peer_address = budget, "10.0.0.1"
+    code, _ = answer(pending.b, pending.a.send(query(), now=NOW))
+    assert code == "limit"
+
+
+def test_the_budget_is_bounded() -> None:
+    budget = RefusalBudget(max_refusals=2, window_ms=100, max_peers=3)
+    for peer in range(10):
+        for at in range(5):
+            budget.charge(f"10.0.0.{peer}", now=NOW + at)
+    assert len(budget._times) == 3 and all(len(t) == 2 for t in budget._times.values())
+    assert budget.refusals("10.0.0.9", now=NOW + 5) == 2
+    assert budget.refusals("10.0.0.0", now=NOW + 5) == 0  # forgotten first
+    assert budget.refusals("10.0.0.9", now=NOW + 104) == 0  # the window passed
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            RefusalBudget(max_refusals=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Session("responder", registry=Registry(disk_cache=False, isolate=False),
+                refusal_budget=3)  # type: ignore[arg-type]
+
+
+def test_a_server_charges_each_connection_to_its_address(tmp_path: Path) -> None:
+    budget = RefusalBudget(max_refusals=2, window_ms=60_000)
+
+    def make_session() -> Session:
+        return Session("responder", registry=Registry(disk_cache=False, isolate=False),
+                       me=B_URI, refusal_budget=budget)
+
+    async def handle(connection: Connection) -> None:
+        with contextlib.suppress(CBCLError):
+            while True:
+                await connection.next_event()
+
+    async def ask(address: str, data: bytes) -> str:
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(data)
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        reply = cbcl.parse(await reader.readexactly(size), envelope_only=True)
+        writer.close()
+        return str(reply.body) if reply.intent is Intent.NOT_UNDERSTOOD else "answered"
+
+    async def scenario() -> list[str]:
+        server = await serve("127.0.0.1:0", make_session, handle,
+                             clock=lambda: NOW)
+        host, port = server.sockets[0].getsockname()[:2]
+        address = f"{host}:{port}"
+        try:
+            return [await ask(address, data)
+                    for data in (refused_query(), refused_query(), GOOD_QUERY)]
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(scenario()) == ["malformed", "malformed", "limit"]
+    assert budget.refusals("127.0.0.1", now=NOW) == 2
