@@ -413,6 +413,12 @@ def test_a_known_refusal_is_not_searched_for(nested: Protocol) -> None:
         explain_body(nested, text, message, DEFAULT_LIMITS, refusal=refusal, work=work)
     assert info.value.offset == text.index("1.5")
     assert work.walks == work.callbacks == 0 and work.steps == 1  # the refused token only
+    # Another form of the body (a binary frame's) is refused alike, where its caller says.
+    alike = _pass2.refusal_error(nested, message.body, refusal, message.intent)
+    assert (alike.message, alike.expected, alike.line) == (
+        info.value.message, info.value.expected, None)
+    found = "\nFound: decimal 1.5."
+    assert alike.hint().split(found)[1] == info.value.hint().split(found)[1]
 
 
 @pytest.mark.parametrize(("body", "kind", "path"), [

@@ -33,14 +33,7 @@ from ..core._values import (
 from ..grammar._automaton import ACCEPT, REFUSED
 from ._envelope import ENVELOPE_TABLES, message_of, message_of_python, parse_envelope
 from ._message import Message
-from ._pass2 import (
-    RefusalWork,
-    _before,
-    check_intent_and_body,
-    explain_body,
-    find_body_refusal,
-    token_at,
-)
+from ._pass2 import check_intent_and_body, explain_body, find_body_refusal, path_index
 from ._protocol import Protocol
 from ._registry import Registry
 from ._schema import _has_heads
@@ -138,8 +131,7 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
 def _unknown_protocol(text: str, message: Message, limits: Limits) -> NoReturn:
     """Raise the :class:`UnknownProtocolError` of ``message`` (read from ``text``), at its
     protocol symbol, found by stepping over the fields before it (not by a scan)."""
-    at = token_at(text, _before(text, message.to_value(), _PROTOCOL_PATH, limits,
-                                RefusalWork()))
+    at = path_index(text, message.to_value(), _PROTOCOL_PATH, limits)
     raise UnknownProtocolError(
         f"unknown protocol {message.protocol}: no descriptor for it is loaded",
         protocol=str(message.protocol), position=position_of(text, at),

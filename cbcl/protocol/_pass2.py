@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ..core._canonical import canonical_value
-from ..core._errors import BodyError, ProtocolError
+from ..core._errors import BodyError, Position, ProtocolError
 from ..core._limits import Limits
 from ..core._reader import (
     _CACHE,
@@ -549,6 +549,15 @@ def token_at(text: str, pos: int) -> int:
     return token_start(match)
 
 
+def path_index(text: str, value: Any, path: tuple[int, ...], limits: Limits,
+               work: RefusalWork | None = None) -> int:
+    """The character index in ``text`` (a document read whole, whose value is ``value``)
+    of the token that starts the value at ``path`` in it, found by stepping over the
+    elements before it on the way down."""
+    return token_at(text, _before(text, value, path, limits,
+                                  RefusalWork() if work is None else work))
+
+
 def body_path(message: Message) -> tuple[int, int]:
     """The path of the body in the message's value (:meth:`Message.to_value`): its field
     comes last but for the signature."""
@@ -617,44 +626,52 @@ def explain_body(protocol: Protocol, text: str, message: Message, limits: Limits
     shown_intent = None if intent is None else intent.value
     body: Value = message.body  # type: ignore[assignment]  # (pass 2 refused a body)
     if refusal is None:
-        try:
-            if len(text) <= _SMALL_TEXT:  # (a walk in Python costs less than the probes)
-                node = start_node(protocol, intent)
-                if node is REFUSED:
-                    raise ValueError("no rule")
-                refusal = find_refusal_python(protocol, body, node, work)
-            else:
-                refusal = find_refusal(protocol, body, intent, work)
-        except ValueError:  # pragma: no cover - the descriptor gives every governed intent a rule
-            fail(text, token_at(text, _before(text, message.to_value(), body_path(message),
-                                              limits, work)),
+        node = start_node(protocol, intent)
+        if node is REFUSED:  # pragma: no cover - the descriptor gives every governed intent a rule
+            fail(text, path_index(text, message.to_value(), body_path(message), limits, work),
                  f"the {protocol.id} grammar has no rule for {shown_intent} bodies",
                  error=BodyError)
+        # (in a short text, a walk in Python gets there before the probes would start)
+        search = find_refusal_python if _recognise_c is None or len(text) <= _SMALL_TEXT \
+            else _search_native
+        refusal = search(protocol, body, node, work)
     if refusal is None:  # pragma: no cover - pass 2 refused this body
         raise AssertionError("explain_body found no error")
+    start = refusal_index(text, message, refusal, limits, work)
+    raise refusal_error(protocol, body, refusal, intent, position_of(text, start),
+                        context_of(text, start), work)
+
+
+def refusal_error(protocol: Protocol, body: Value, refusal: Refusal, intent: Intent | None,
+                  position: Position | None = None, context: str | None = None,
+                  work: RefusalWork | None = None) -> BodyError:
+    """The :class:`BodyError` (message, expected items, hint) of ``refusal`` in ``body``,
+    an ``intent`` body, at ``position``: worded by :func:`body_refusal` from the
+    automaton's stack at the refused token, as for a text body, so any form of a body
+    (text here; a binary frame's value, whose caller knows the token's place) can be
+    refused alike."""
     automaton = protocol.automaton
     node = refusal.node
     stack = automaton.stack(node)
     marks = automaton.marks(node)
-    value: object = None
+    value: Any = None
     terminal = refusal.cls
     if refusal.kind == ITEM and terminal != "LPAR":
         value = body
         for index in refusal.path:
-            value = value[index]  # type: ignore[index]
+            value = value[index]
         terminal = automaton.terminal(node, terminal)
-    work.steps += 1
+    if work is not None:
+        work.steps += 1
     if feed(protocol.tables, stack, terminal, marks=marks) != REFUSED_BY_GRAMMAR:
         raise AssertionError("the grammar took the token the walk refused")  # pragma: no cover
-    start = refusal_index(text, message, refusal, limits, work)
-    message_text, expected = body_refusal(protocol, stack, terminal, value, marks,
-                                          shown_intent)
-    error = BodyError(message_text, position=position_of(text, start),
-                      context=context_of(text, start), expected=expected)
+    shown_intent = None if intent is None else intent.value
+    message, expected = body_refusal(protocol, stack, terminal, value, marks, shown_intent)
+    error = BodyError(message, position=position, context=context, expected=expected)
     heads, at_head = _heads(body, refusal)
     error.hint_material = body_hint(protocol, stack, terminal, value, marks, shown_intent,
                                     heads, at_head)
-    raise error
+    return error
 
 
 # Intents valid in every conversation (NOT-UNDERSTOOD) or that end one (CANCEL): a
