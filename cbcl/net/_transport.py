@@ -266,6 +266,7 @@ class Connection:
         self.writer = writer
         self._start(session, limits=limits or ConnectionLimits(), clock=clock, pool=pool,
                     peer=peer, slot=slot, pre_handshake_timeout=pre_handshake_timeout)
+        session.peer_address = peer or None  # (what its refusal budget charges)
 
     def _start(self, session: Session, *, limits: ConnectionLimits,
                clock: Callable[[], int], pool: WorkPool | None, peer: str,

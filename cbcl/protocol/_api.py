@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core._canonical import canonical_value
 from ..core._entries import entry, fallback
@@ -31,9 +31,9 @@ from ..core._values import (
     ValueInput,
 )
 from ..grammar._automaton import ACCEPT, REFUSED
-from ._envelope import ENVELOPE_TABLES, message_of_python, parse_envelope, scan_envelope
+from ._envelope import ENVELOPE_TABLES, message_of, message_of_python, parse_envelope
 from ._message import Message
-from ._pass2 import check_intent_and_body, explain_body
+from ._pass2 import check_intent_and_body, explain_body, find_body_refusal, path_index
 from ._protocol import Protocol
 from ._registry import Registry
 from ._schema import _has_heads
@@ -93,6 +93,9 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     disallowed signature or a missing required one, ``TypeError`` for input that is not
     bytes or str, and ``ValueError`` for ``require_signatures`` without a trust store.
     """
+    # parse(data, registry=R) of exact bytes is the C entry's own call: it ran _accepted's
+    # tiers already and declined the document, so they are not run again on it here.
+    tried = limits is None and not require_signatures and parse is not parse_python
     limits = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(limits, Limits):
         raise TypeError("limits must be a cbcl.Limits")
@@ -100,55 +103,79 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     if require_signatures and trust is None:
         raise ValueError("require_signatures needs a registry with a trust store")
     text = None  # (stays None where both passes accepted the document in C)
-    message = None
+    message = envelope = None
     if _accept_document_c is not None and registry is not None and not envelope_only and \
             type(data) is bytes and len(data) <= limits.max_message_bytes:
-        message = _accepted(data, limits, registry)
+        message, envelope, text = _accepted(data, limits, registry, tried)
     if message is None:
-        text = decode(data, limits)
-        message = parse_envelope(text, limits, utf8_of(data))
+        if text is None:
+            text = decode(data, limits)
+        message = envelope if envelope is not None else \
+            parse_envelope(text, limits, utf8_of(data))
     if trust is not None and (message.signature is not None or require_signatures):
         trust.verify_message(message)
     if envelope_only or text is None:
         return message
     protocol = registry.get(message.protocol) if registry is not None else None
     if protocol is None:
-        at = scan_envelope(text, limits).protocol_at
-        raise UnknownProtocolError(
-            f"unknown protocol {message.protocol}: no descriptor for it is loaded",
-            protocol=str(message.protocol), position=position_of(text, at),
-            context=context_of(text, at))
-    if check_intent_and_body(protocol, message) is False:
-        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
-                     message.intent)
+        _unknown_protocol(text, message, limits)
+    if envelope is not None:  # both passes' native tier declined it: pass 2 refuses it
+        refusal = find_body_refusal(protocol, message)  # (as a rule)
+        if refusal is not None:
+            explain_body(protocol, text, message, limits, refusal=refusal)
+    elif check_intent_and_body(protocol, message) is False:
+        explain_body(protocol, text, message, limits)
     return message
 
 
-def _accepted(data: bytes, limits: Limits, registry: Registry) -> Message | None:
+def _unknown_protocol(text: str, message: Message, limits: Limits) -> NoReturn:
+    """Raise the :class:`UnknownProtocolError` of ``message`` (read from ``text``), at its
+    protocol symbol, found by stepping over the fields before it (not by a scan)."""
+    at = path_index(text, message.to_value(), _PROTOCOL_PATH, limits)
+    raise UnknownProtocolError(
+        f"unknown protocol {message.protocol}: no descriptor for it is loaded",
+        protocol=str(message.protocol), position=position_of(text, at),
+        context=context_of(text, at))
+
+
+#: Where the protocol symbol is in a message's value: (protocol …), the sixth field.
+_PROTOCOL_PATH = (5, 1)
+
+
+def _accepted(data: bytes, limits: Limits, registry: Registry, tried: bool = False,
+              ) -> tuple[Message | None, Message | None, str | None]:
     """:func:`parse`'s fast path, by the C tiers alone: the document read in one call
     (``cbcl._native.read_value``), both passes over its value in another
     (``cbcl._native.accept_document``, the twin of :func:`accept_document_python`).
-    The message, or ``None`` for anything the careful path must judge (it reads the
-    document again, to accept it or raise the precise error). Only an accepted message is
-    returned, so the careful path's order of checks (the signature before pass 2) cannot
-    change an outcome: a message both passes accept fails only on its signature there too.
+    Returns ``(message, None, None)`` for a message both passes accept; else, for the
+    careful path, ``(None, envelope, text)``: the document's text (``None`` where it is
+    not UTF-8) and, where the value read is an envelope (``cbcl._native.envelope``), its
+    message, which pass 1 would build again from the same read (the careful path then
+    reads the document no more: a refused body costs one read here, not three).
+    ``tried``: the C entry ran both passes on this very document and declined it, so
+    ``accept_document`` is not run again (it would decline again). Only an
+    accepted message is returned as accepted, so the careful path's order of checks (the
+    signature before pass 2) cannot change an outcome: a message both passes accept
+    fails only on its signature there too.
     """
     try:
         text = data.decode()
     except UnicodeDecodeError:
-        return None
+        return None, None, None
     found = _read_value_c(text, 0, _CACHE, _atom, limits.max_depth, limits.max_list_items,
                           limits.max_nodes, limits.max_string_bytes, limits.max_name_chars,
                           data)
     if found is None:
-        return None
+        return None, None, text
     value, end, _ = found
     if not only_space_after(text, end):
-        return None
+        return None, None, text
     # (the registry's own dict of loaded protocols: one lookup in C, no copy)
-    message: Message | None = _accept_document_c(value, _DOCUMENT_TABLES,
-                                                 registry._protocols_by_id())
-    return message
+    message: Message | None = None if tried else \
+        _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols_by_id())
+    if message is not None:
+        return message, None, None
+    return None, message_of(value), text
 
 
 #: The Python function parse's C entry stands in for (itself where the extension is not
@@ -213,12 +240,7 @@ def validate(message: Message, *, registry: Registry, limits: Limits | None = No
     _check_limits(message, limits)
     protocol = registry.get(message.protocol)
     if protocol is None:
-        text = message.canonical()
-        at = scan_envelope(text, limits).protocol_at
-        raise UnknownProtocolError(
-            f"unknown protocol {message.protocol}: no descriptor for it is loaded",
-            protocol=str(message.protocol), position=position_of(text, at),
-            context=context_of(text, at))
+        _unknown_protocol(message.canonical(), message, limits)
     _check_body(protocol, message, limits)
 
 
@@ -235,9 +257,7 @@ def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAUL
 def _check_body(protocol: Protocol, message: Message, limits: Limits) -> None:
     """Pass 2, as :func:`parse` runs it; a refused body is explained on its text."""
     if check_intent_and_body(protocol, message) is False:
-        text = message.canonical()
-        explain_body(protocol, text, scan_envelope(text, limits).body_at, limits,
-                     message.intent)
+        explain_body(protocol, message.canonical(), message, limits)
 
 
 def _check_limits(message: Message, limits: Limits) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -125,6 +125,67 @@ def _check_now(now: object) -> int:
     return now
 
 
+# --------------------------------------------------------------------------- refusals
+
+
+class RefusalBudget:
+    """How many refusals each peer address may cost the sessions that share this budget
+    (a server's): at most ``max_refusals`` within any ``window_ms`` milliseconds. A
+    frame the session refuses is charged to its :attr:`Session.peer_address`; once an
+    address has ``max_refusals`` refusals within the last ``window_ms``, a session of it
+    that is not ESTABLISHED refuses its next frame at once, before reading it
+    (NOT-UNDERSTOOD ``limit``: ``max_refusals``), until the oldest of them is
+    ``window_ms`` old. Those refusals are not charged, so a peer that keeps knocking is
+    turned away for nothing and let in again once it has been refused no more than
+    ``max_refusals`` times in a window. At most ``max_peers`` addresses are remembered
+    (the one refused least recently forgotten first), each with at most ``max_refusals``
+    times. Sans-io: times are the ``now`` the sessions are given. Raises ``ValueError``
+    for a parameter that is not a positive int."""
+
+    def __init__(self, max_refusals: int = 16, window_ms: int = 10_000, *,
+                 max_peers: int = 4096) -> None:
+        for name, value in (("max_refusals", max_refusals), ("window_ms", window_ms),
+                            ("max_peers", max_peers)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int")
+        self.max_refusals = max_refusals
+        self.window_ms = window_ms
+        self.max_peers = max_peers
+        self._times: OrderedDict[str, deque[int]] = OrderedDict()
+
+    def _recent(self, peer: str, now: int) -> deque[int] | None:
+        times = self._times.get(peer)
+        if times is not None:
+            while times and times[0] <= now - self.window_ms:
+                times.popleft()
+        return times
+
+    def refusals(self, peer: str, *, now: int) -> int:
+        """The refusals charged to ``peer`` within the window ending at ``now``."""
+        times = self._recent(peer, now)
+        return 0 if times is None else len(times)
+
+    def charge(self, peer: str, *, now: int) -> None:
+        """Count one refusal of ``peer`` at ``now``."""
+        times = self._recent(peer, now)
+        if times is None:
+            times = self._times[peer] = deque(maxlen=self.max_refusals)
+            while len(self._times) > self.max_peers:
+                self._times.popitem(last=False)
+        else:
+            self._times.move_to_end(peer)
+        times.append(now)
+
+    def refusal(self, peer: str, *, now: int) -> LimitError | None:
+        """The :class:`LimitError` a session of ``peer`` answers its next frame with at
+        ``now``, or ``None`` while ``peer`` is within the budget."""
+        if self.refusals(peer, now=now) < self.max_refusals:
+            return None
+        return LimitError(f"{self.max_refusals} messages from this address were refused "
+                          f"within {self.window_ms / 1000:g} s (max_refusals)",
+                          limit="max_refusals", maximum=self.max_refusals)
+
+
 # --------------------------------------------------------------------------- the session
 
 
@@ -158,6 +219,13 @@ class Session:
     one raises that error and is not sent; ``validate_outgoing=False`` skips the check
     for a trusted hot path (the conversation machine still applies).
 
+    Refusals: ``refusal_budget``, a :class:`RefusalBudget` shared by a server's sessions,
+    counts each frame a session refuses against its :attr:`peer_address` (set by the
+    transport: an IP; ``None``, the default, leaves the session out of the budget), and
+    a session of an address over it refuses its next frame before reading it while it
+    is not ESTABLISHED (NOT-UNDERSTOOD ``limit``). A refusal ends a session, so one
+    connection costs at most one; the budget bounds what one address costs across them.
+
     Slow work — verifying and compiling an offered descriptor, recording it once the
     handshake is confirmed — is done inside :meth:`next_event` by default. With
     ``defer_work=True`` :meth:`next_event` returns :data:`NEED_WORK` instead: run
@@ -171,7 +239,8 @@ class Session:
                  max_frame_bytes: int | None = None, max_pending_frames: int = 16,
                  replay_window: int = 1024, max_skew_ms: int = 30_000,
                  nonce: str | None = None, max_conversations: int = 1024,
-                 defer_work: bool = False, validate_outgoing: bool = True) -> None:
+                 defer_work: bool = False, validate_outgoing: bool = True,
+                 refusal_budget: RefusalBudget | None = None) -> None:
         if role not in (INITIATOR, RESPONDER):
             raise ValueError(f"role must be {INITIATOR!r} or {RESPONDER!r}, not {role!r}")
         if not isinstance(registry, Registry):
@@ -205,6 +274,11 @@ class Session:
         self.max_conversations = max_conversations
         self.defer_work = bool(defer_work)
         self.validate_outgoing = bool(validate_outgoing)
+        if refusal_budget is not None and not isinstance(refusal_budget, RefusalBudget):
+            raise TypeError("refusal_budget must be a RefusalBudget")
+        self.refusal_budget = refusal_budget
+        #: The peer's address, which :attr:`refusal_budget` charges (set by the transport).
+        self.peer_address: str | None = None
         self.nonce = secrets.token_hex(16) if nonce is None else nonce
         self._machine = HandshakeMachine()
         self._max_frame_bytes = max_frame_bytes or self.limits.max_message_bytes
@@ -381,11 +455,17 @@ class Session:
             self._fail(exc)
         if data is not None:
             self.last_frame_bytes = len(data) + PREFIX_BYTES
+            budget, address = self.refusal_budget, self.peer_address
+            if budget is not None and address is not None and \
+                    self.state is not HandshakeState.ESTABLISHED:
+                over = budget.refusal(address, now=now)
+                if over is not None:  # not read, not charged
+                    self._fail(over)
             try:
                 event = self._handle(data, now)
-            except RemoteProtocolError as exc:
-                self._fail(exc)
-            except CBCLError as exc:
+            except CBCLError as exc:  # (RemoteProtocolError among them)
+                if budget is not None and address is not None:
+                    budget.charge(address, now=now)
                 self._fail(exc)
             self._events.appendleft(event)
             return self._events.popleft()
@@ -877,7 +957,8 @@ class Session:
 __all__ = [
     "NEED_DATA", "NEED_WORK", "NEGOTIATION", "NOT_UNDERSTOOD_CODES", "Accepted",
     "ConnectionClosed", "Established", "Event", "Finished", "LocalProtocolError",
-    "NotUnderstood", "Offer", "ProtocolMessage", "Query", "Rejected", "RemoteProtocolError",
-    "Session", "Supported", "Unsupported", "Work", "finished_value", "negotiation_descriptor",
+    "NotUnderstood", "Offer", "ProtocolMessage", "Query", "RefusalBudget", "Rejected",
+    "RemoteProtocolError", "Session", "Supported", "Unsupported", "Work", "finished_value",
+    "negotiation_descriptor",
     "negotiation_registry", "not_understood_frame", "reject_reason",
 ]
