@@ -120,7 +120,9 @@ class PeerFailed(ConversationClosed):
 
     def __init__(self, reply: Message) -> None:
         code, detail = read_failure(reply.body)
-        self.detail = peer_text(detail, MAX_FAILURE_DETAIL) if detail else ""
+        # Escaped (the peer's text, shown on one line), not quoted: a detail the peer
+        # escaped already reads the same.
+        self.detail = escape_invisible(detail, limit=MAX_FAILURE_DETAIL) if detail else ""
         answered = peer_text(reply.in_reply_to, 64)
         super().__init__(f'the peer could not answer "{answered}": {code}'
                          + (f" ({self.detail})" if self.detail else ""), reason=code)
@@ -414,8 +416,8 @@ class Link:
         self.established: asyncio.Future[Established] = \
             asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        #: The task taking this link's events, for a link opened by :meth:`Agent.connect`.
-        self.task: asyncio.Task[str] | None = None
+        #: The task taking this link's events (a served link's: its connection's task).
+        self.task: asyncio.Task[Any] | None = None
         # Handlers (see the module doc): one lane of messages per conversation, each lane
         # a task; the pump reads no further while ``_backlog`` messages are not handled.
         limits = agent.handler_limits
@@ -636,6 +638,11 @@ class Link:
                 self.log(f"offer received ({len(event.document)} bytes of signed "
                          "descriptor); verifying and compiling it off the event loop",
                          event="offer")
+            elif isinstance(event, Accepted) and session.role == "initiator":
+                self.log(f"the peer accepted our offer: {peer_text(event.protocol, 64)} "
+                         f"version {peer_text(event.version, 20)} "
+                         f"({peer_text(event.encoding, 16)})", event="accepted",
+                         protocol=peer_text(event.protocol, 64))
             elif isinstance(event, Accepted):
                 self.log(f"verified (signed by "
                          f"{', '.join(peer_text(s, 40) for s in event.signers)}), "
@@ -1016,6 +1023,7 @@ class Agent:
             directory=None if self.state is None else self.state / LEARNED_DIR)
         self._links: set[Link] = set()
         self._servers: list[Server] = []
+        self._tasks: set[asyncio.Task[Any]] = set()  # the served connections' tasks
         self._numbers = itertools.count(1)
         self.pool = WorkPool(self.server_limits.compile_workers,
                              self.server_limits.compile_queue)
@@ -1106,6 +1114,11 @@ class Agent:
             self._watch_offers(connection, peer)
             link = Link(self, connection, next(self._numbers), "serve")
             self._links.add(link)
+            task = asyncio.current_task()
+            if task is not None:  # the server's task for this connection: close() awaits it
+                link.task = task
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             try:
                 await link.run()
             finally:
@@ -1192,8 +1205,15 @@ class Agent:
         for server in self._servers:
             server.close()
         await self.drain(grace)
-        for link in list(self._links):
+        links = list(self._links)
+        for link in links:
             await link.close()
+        # Each link's task ends once its stream has (so nothing is left pending when the
+        # loop closes); bounded, as every wait is.
+        tasks = {link.task for link in links if link.task is not None} | self._tasks
+        tasks.discard(asyncio.current_task())
+        if tasks:
+            await asyncio.wait(tasks, timeout=CANCEL_WAIT + 2.0)
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
