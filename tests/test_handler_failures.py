@@ -152,7 +152,7 @@ def serving(keys: Keys, lines: list[str] | None = None, **options: Any) -> Agent
                  log=None if lines is None else lines.append, **options)
 
 
-async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -367,6 +367,11 @@ def test_handler_threads_n_run_and_one_more_times_out_without_running() -> None:
         await until(lambda: threads.busy == 0)
         done = await run_handler(stuck, 4, threads=threads, timeout=5)
         assert (done.kind, done.value) == ("answer", 4) and threads.started == 3
+        # Closed, the pool takes no more calls and its threads end.
+        threads.close()
+        after = await run_handler(stuck, 5, threads=threads, timeout=5)
+        assert after.kind == "stopped" and 5 not in ran
+        await until(lambda: not any(t.is_alive() for t in threads._threads))
 
     run_guarded(body)
 

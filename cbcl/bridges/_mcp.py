@@ -450,7 +450,9 @@ class _Bridge:
         context = Context(request, next_id=lambda: self.next_id("re"))
         outcome = await run_handler(self.handler, request, context, threads=self.threads,
                                     timeout=self.timeout)
-        if outcome.kind != "answer" and outcome.kind != "raised":
+        if outcome.kind == "stopped":
+            return _agent_error("the agent is stopping")
+        if outcome.kind == "timeout":
             busy = "" if outcome.value != "thread" else (
                 f" (no handler thread was free: {self.threads.busy} busy)")
             logger.error("bridge: the handler of %s did not answer within %g s%s",

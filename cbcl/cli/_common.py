@@ -267,7 +267,7 @@ class JsonLogFormatter(logging.Formatter):
     one line whatever it holds."""
 
     def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = dict(getattr(record, "cbcl", None) or {})
+        fields: dict[str, Any] = dict(getattr(record, "cbcl", None) or {})  # (a Mapping)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         out: dict[str, Any] = {
             "time": f"{stamp}.{int(record.msecs):03d}Z", "level": record.levelname,
@@ -300,6 +300,17 @@ class LogTarget:
         self.logger.removeHandler(self.handler)
         self.logger.setLevel(self._level)
         self.handler.close()
+
+
+def lean_log_records() -> None:
+    """In a process of the command line's own (``cbcl serve``): log records without the
+    caller's file and line, thread, process and multiprocessing names, which neither format
+    shows (the ``logging`` HOWTO's "Optimization": each record then costs a few
+    microseconds less, on the path of every message)."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
 
 
 def log_to(stream: TextIO, log_format: str = "text") -> LogTarget:

@@ -42,7 +42,7 @@ from ..net._agent import (
     load_handler,
     not_understood_exit,
 )
-from ..net._handlers import HandlerLimits
+from ..net._handlers import HandlerLimits, on_loop
 from ..net._transport import (
     Connection,
     ConnectionLimits,
@@ -84,6 +84,7 @@ from ._common import (
     Commands,
     cli_log,
     int_in,
+    lean_log_records,
     log_to,
     seconds,
     usage_error,
@@ -209,6 +210,7 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
             handler_timeout=args.handler_timeout, handlers=handler_limits(args),
             expose_errors=args.expose_errors)
         logged = log_to(sys.stdout, args.log_format)
+        lean_log_records()  # this process is serve's own: records without what it never shows
         try:
             return asyncio.run(_serve_main(args, config))
         finally:
@@ -246,7 +248,7 @@ def serving_agent(config: ServeConfig, say: Callable[[str], None] | None = None)
     return Agent(config.name, key=config.signing, trust=config.trust, state=config.state,
                  descriptors=config.preload, limits=config.limits,
                  connection_limits=config.connection, server_limits=config.server,
-                 handler=config.handler or respond, log=say,
+                 handler=config.handler or on_loop(respond), log=say,
                  handler_timeout=config.handler_timeout, handler_limits=config.handlers,
                  expose_errors=config.expose_errors)
 

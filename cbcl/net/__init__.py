@@ -17,6 +17,7 @@ from ._agent import (
     PeerFailed,
     load_handler,
 )
+from ._handlers import on_loop
 from ._transport import (
     Connection,
     ConnectionLimits,
@@ -50,6 +51,7 @@ __all__ = [
     "WorkPool",
     "connect",
     "load_handler",
+    "on_loop",
     "serve",
 ]
 

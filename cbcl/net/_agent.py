@@ -49,7 +49,7 @@ import sys
 import tempfile
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -484,13 +484,8 @@ class Link:
         if say is not None and level >= logging.INFO:
             say(line)
         if logger.isEnabledFor(level):
-            data: dict[str, Any] = {"event": event, "link": self.tag,
-                                    "peer": peer_text(self.connection.peer, 64)}
-            if self.session.peer is not None:
-                data["agent"] = peer_text(self.session.peer, 96)
-            if message is not None:
-                data.update(message_fields(message))
-            data.update(fields)
+            data = EventFields(event, fields, message, self.tag, self.connection.peer,
+                               self.session.peer)
             logger.log(level, "%s", line, exc_info=exc_info, extra={"cbcl": data},
                        stacklevel=2)
 
@@ -902,6 +897,50 @@ class Link:
                      f"{code}", event="failure-sent", message=message, reason=code)
 
 
+class EventFields(Mapping[str, Any]):
+    """A log record's ``cbcl`` attribute: the event's fields — ``event``, then (for a
+    link's) ``link``, ``peer`` (its address), ``agent`` (the peer's name), then a
+    message's (:func:`message_fields`), then the event's own (``reason``, ``timings`` …).
+    Values from a peer are escaped. Built when first read (a JSON formatter, a filter of
+    yours), so a record nobody reads as fields costs nothing more than its line."""
+
+    __slots__ = ("_built", "_event", "_fields", "_link", "_message", "_name", "_peer")
+
+    def __init__(self, event: str, fields: dict[str, Any], message: Message | None = None,
+                 link: str | None = None, peer: str | None = None,
+                 name: object | None = None) -> None:
+        self._event, self._fields, self._message = event, fields, message
+        self._link, self._peer, self._name = link, peer, name
+        self._built: dict[str, Any] | None = None
+
+    def _data(self) -> dict[str, Any]:
+        built = self._built
+        if built is None:
+            built = {"event": self._event}
+            if self._link is not None:
+                built["link"] = self._link
+                built["peer"] = peer_text(self._peer, 64)
+                if self._name is not None:
+                    built["agent"] = peer_text(self._name, 96)
+            if self._message is not None:
+                built.update(message_fields(self._message))
+            built.update(self._fields)
+            self._built = built
+        return built
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data())
+
+    def __len__(self) -> int:
+        return len(self._data())
+
+    def __repr__(self) -> str:
+        return f"EventFields({self._data()!r})"
+
+
 def message_fields(message: Message) -> dict[str, str]:
     """A message's fields for a log record: its conversation, protocol, intent and id,
     each escaped (they came from a peer, or will go to one)."""
@@ -1046,12 +1085,8 @@ class Agent:
         if self.log is not None and level >= logging.INFO:
             self.log(line)
         if logger.isEnabledFor(level):
-            data: dict[str, Any] = {"event": event}
-            if message is not None:
-                data.update(message_fields(message))
-            data.update(fields)
-            logger.log(level, "%s", line, exc_info=exc_info, extra={"cbcl": data},
-                       stacklevel=2)
+            logger.log(level, "%s", line, exc_info=exc_info,
+                       extra={"cbcl": EventFields(event, fields, message)}, stacklevel=2)
 
     def _registry(self) -> Registry:
         state = self.state
@@ -1218,10 +1253,24 @@ class Agent:
             await server.wait_closed()
         self._servers.clear()
         self.pool.close()
+        self.threads.close()
         if self._own_state is not None:
             shutil.rmtree(self._own_state, ignore_errors=True)
 
 
-__all__ = ["Agent", "AgentConversation", "Context", "ConversationClosed", "HandlerLimits",
-           "LearnedLibrary", "Link", "NegotiationFailed", "Outcome", "PeerFailed",
-           "load_handler", "message_fields", "not_understood_exit"]
+__all__ = [
+    "Agent",
+    "AgentConversation",
+    "Context",
+    "ConversationClosed",
+    "EventFields",
+    "HandlerLimits",
+    "LearnedLibrary",
+    "Link",
+    "NegotiationFailed",
+    "Outcome",
+    "PeerFailed",
+    "load_handler",
+    "message_fields",
+    "not_understood_exit",
+]

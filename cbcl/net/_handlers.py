@@ -21,12 +21,13 @@ stopped as below).
   until its deadline and then times out without having run. The workers are daemon
   threads, so a handler stuck for ever does not keep the process from exiting. A plain
   function that returns an awaitable has it awaited on the loop, within the same deadline.
+* A plain function marked :func:`on_loop` (one that never blocks) is called on the loop,
+  contained like the others but not cut off: it saves the thread hop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import inspect
@@ -82,20 +83,20 @@ class Outcome:
 
 
 class HandlerThreads:
-    """At most ``max_threads`` daemon threads running plain handlers (see the module doc).
-    :attr:`busy` counts the threads taken, handlers that overran and still run included."""
+    """At most ``max_threads`` daemon threads running plain handlers (see the module doc),
+    started as needed. :attr:`busy` counts the threads taken, handlers that overran and
+    still run included. :meth:`close` lets them end; a call after it is ``"stopped"``."""
 
     def __init__(self, max_threads: int = 8, *, name: str = "cbcl-handler") -> None:
         _check_count("max_threads", max_threads, upper=4096)
         self.max_threads = max_threads
         self._name = name
         self._lock = threading.Lock()
-        self._work: queue.SimpleQueue[
-            tuple[concurrent.futures.Future[tuple[bool, Any]], Callable[[], Any],
-                  contextvars.Context]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._busy = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.closed = False
 
     @property
     def busy(self) -> int:
@@ -107,9 +108,20 @@ class HandlerThreads:
         """Threads started so far (never more than ``max_threads``)."""
         return len(self._threads)
 
+    def close(self) -> None:
+        """Take no more calls; each thread ends once it is idle (one running a handler
+        that overran ends when the handler returns). A second call does nothing."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            started = len(self._threads)
+        for _ in range(started):
+            self._work.put(None)
+
     def _take(self) -> bool:
         with self._lock:
-            if self._busy >= self.max_threads:
+            if self._busy >= self.max_threads or self.closed:
                 return False
             self._busy += 1
             if len(self._threads) < self._busy:
@@ -133,6 +145,8 @@ class HandlerThreads:
         returns whether one was taken."""
         loop = asyncio.get_running_loop()
         while not self._take():
+            if self.closed:
+                return False
             waiter: asyncio.Future[None] = loop.create_future()
             with self._lock:
                 free = self._busy < self.max_threads
@@ -151,17 +165,22 @@ class HandlerThreads:
                 return False
         return True
 
-    def _start(self, call: Callable[[], Any]) -> concurrent.futures.Future[tuple[bool, Any]]:
-        """Run ``call`` on the thread just taken; its future holds ``(True, result)`` or
-        ``(False, exception)``."""
-        done: concurrent.futures.Future[tuple[bool, Any]] = concurrent.futures.Future()
-        self._work.put((done, call, contextvars.copy_context()))
+    def _start(self, call: Callable[[], Any]) -> asyncio.Future[tuple[bool, Any]]:
+        """Run ``call`` on the thread just taken; the future (of the running loop) gets
+        ``(True, result)`` or ``(False, exception)``. Cancelling it drops the result (and
+        the call, if its thread has not begun it)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+        self._work.put((loop, done, call, contextvars.copy_context()))
         return done
 
     def _worker(self) -> None:
         while True:
-            done, call, context = self._work.get()
-            if not done.set_running_or_notify_cancel():
+            job = self._work.get()
+            if job is None:  # closed
+                return
+            loop, done, call, context = job
+            if done.cancelled():  # the caller left before this thread began (a benign race)
                 self._release()
                 continue
             try:
@@ -169,8 +188,19 @@ class HandlerThreads:
             except BaseException as exc:  # user code: whatever it raises is its outcome
                 result = (False, exc)
             self._release()
-            done.set_result(result)
-            del done, call, context, result  # hold nothing of the last call while idle
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, done, result)
+            del job, loop, done, call, context, result  # hold nothing of the last call
+
+
+#: One call for a worker: the caller's loop and future, the call, its context.
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[tuple[bool, Any]]", Callable[[], Any],
+             contextvars.Context]
+
+
+def _settle(done: asyncio.Future[tuple[bool, Any]], result: tuple[bool, Any]) -> None:
+    if not done.done():
+        done.set_result(result)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -181,11 +211,29 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 async def _first(work: asyncio.Future[Any], stop: asyncio.Future[Any] | None,
                  deadline: float) -> bool:
     """Wait for ``work`` until ``deadline`` (loop time) or ``stop``; returns whether
-    ``work`` is done."""
-    left = deadline - asyncio.get_running_loop().time()
-    if left > 0 and not work.done():
-        waits: set[asyncio.Future[Any]] = {work} if stop is None else {work, stop}
-        await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+    ``work`` is done. (What ``asyncio.wait`` does, with one future and one timer.)"""
+    if work.done():
+        return True
+    loop = asyncio.get_running_loop()
+    if deadline <= loop.time() or (stop is not None and stop.done()):
+        return False
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_at(deadline, wake)
+    work.add_done_callback(wake)
+    if stop is not None:
+        stop.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        work.remove_done_callback(wake)
+        if stop is not None:
+            stop.remove_done_callback(wake)
     return work.done()
 
 
@@ -201,6 +249,34 @@ async def _contained(awaitable: Awaitable[Any]) -> tuple[bool, Any]:
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+class OnLoop:
+    """A plain handler marked to run on the event loop (:func:`on_loop`)."""
+
+    __slots__ = ("__wrapped__", "handler")
+
+    def __init__(self, handler: Callable[..., Any]) -> None:
+        self.handler = handler
+        self.__wrapped__ = handler
+
+    def __call__(self, *args: Any) -> Any:
+        return self.handler(*args)
+
+    def __repr__(self) -> str:
+        return f"on_loop({self.handler!r})"
+
+
+def on_loop(handler: Callable[..., Any]) -> OnLoop:
+    """Mark a plain (not ``async``) handler to run on the event loop instead of a thread:
+    for one that never blocks — a few microseconds of work on the message, no I/O, no
+    lock — to save the thread hop (some 30-50 µs of CPU a call). Whatever it raises is
+    still contained, but it cannot be cut off at its deadline, and while it runs it holds
+    up every link of the agent. ``cbcl serve``'s default responder runs so. Raises
+    ``TypeError`` for something that is not callable."""
+    if not callable(handler):
+        raise TypeError("a handler must be callable")
+    return handler if isinstance(handler, OnLoop) else OnLoop(handler)
 
 
 def is_coroutine_handler(handler: Callable[..., Any]) -> bool:
@@ -229,17 +305,25 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
     if stop is not None and stop.done():
         return outcome("stopped")
     awaitable: Any
-    if is_coroutine_handler(handler):
+    if isinstance(handler, OnLoop):  # marked never to block: called here, contained
+        try:
+            value = handler.handler(*args)
+        except BaseException as exc:  # user code: whatever it raises is its outcome
+            return outcome("raised", exc)
+        if not inspect.isawaitable(value):
+            return outcome("answer", value)
+        awaitable = value
+    elif is_coroutine_handler(handler):
         try:
             awaitable = handler(*args)
         except BaseException as exc:  # user code (a signature that does not fit, say)
             return outcome("raised", exc)
     else:
         if not await threads._wait_for_thread(deadline, stop):
-            if stop is not None and stop.done():
+            if (stop is not None and stop.done()) or threads.closed:
                 return outcome("stopped")
             return outcome("timeout", "thread")
-        done = asyncio.wrap_future(threads._start(lambda: handler(*args)))
+        done = threads._start(lambda: handler(*args))
         try:
             if not await _first(done, stop, deadline):
                 return ended()
@@ -259,7 +343,7 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
     finally:
         if not task.done():
             task.cancel()
-            await asyncio.wait({task}, timeout=CANCEL_WAIT)
+            await _first(task, None, loop.time() + CANCEL_WAIT)
             task.add_done_callback(_retrieve)  # (a task that will not end is left to run)
     if task.cancelled():  # by the handler itself: we had not cancelled it
         return outcome("raised", asyncio.CancelledError())
@@ -267,5 +351,5 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
     return outcome("answer" if succeeded else "raised", value)
 
 
-__all__ = ["CANCEL_WAIT", "HandlerLimits", "HandlerThreads", "Outcome", "is_coroutine_handler",
-           "run_handler"]
+__all__ = ["CANCEL_WAIT", "HandlerLimits", "HandlerThreads", "OnLoop", "Outcome",
+           "is_coroutine_handler", "on_loop", "run_handler"]
