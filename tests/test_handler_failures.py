@@ -45,7 +45,7 @@ from loop_guard import asyncio_records, run_guarded
 from processes import stop_process
 
 from cbcl import Agent, Intent, Keyword, Message, Symbol, TrustStore, read, sign_descriptor
-from cbcl.net import Context, HandlerLimits, Link, PeerFailed
+from cbcl.net import Context, HandlerLimits, Link, PeerFailed, on_loop
 from cbcl.net._handlers import HandlerThreads, run_handler
 
 ROOT = Path(__file__).parent.parent
@@ -392,6 +392,29 @@ def test_a_waiting_call_takes_the_first_thread_given_back() -> None:
         assert (await second).value == "second"
 
     run_guarded(body)
+
+
+def test_plain_handlers_run_in_threads_unless_marked_on_loop() -> None:
+    threads = HandlerThreads(2)
+
+    def where() -> int:
+        return threading.get_ident()
+
+    def exits() -> None:
+        raise SystemExit(5)
+
+    async def body() -> None:
+        here = threading.get_ident()
+        assert (await run_handler(where, threads=threads, timeout=5)).value != here
+        assert (await run_handler(on_loop(where), threads=threads, timeout=5)).value == here
+        contained = await run_handler(on_loop(exits), threads=threads, timeout=5)
+        assert contained.kind == "raised" and type(contained.value) is SystemExit
+        assert on_loop(on_loop(where)).handler is where
+        with pytest.raises(TypeError):
+            on_loop(3)  # type: ignore[arg-type]
+
+    run_guarded(body)
+    threads.close()
 
 
 @pytest.mark.parametrize("error", [SystemExit(2), KeyboardInterrupt(), Custom("x"),
