@@ -5,8 +5,10 @@ every context asyncio reports ("Task exception was never retrieved", "Future exc
 was never retrieved", "Task was destroyed but it is pending", an exception in a callback
 …), collects the garbage after the loop closed (those reports come from ``__del__``), and
 fails the test if any came. :func:`asyncio_records` gives what reached the ``asyncio``
-logger (the default handler's way out), for a ``caplog`` check. Warnings are errors in
-this suite (pyproject's ``filterwarnings``), so "coroutine was never awaited" fails too.
+logger (the default handler's way out), for a ``caplog`` check, and :func:`no_stray_asyncio`
+makes that check after every test of a module (an autouse fixture there yields from it).
+Warnings are errors in this suite (pyproject's ``filterwarnings``), so "coroutine was never
+awaited" fails too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -43,3 +45,11 @@ def asyncio_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     exception handler logs)."""
     return [record for record in caplog.records
             if record.name == "asyncio" and record.levelno >= logging.WARNING]
+
+
+def no_stray_asyncio(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """For an autouse fixture: after the test, collect the garbage and fail if anything
+    reached the ``asyncio`` logger at WARNING or above during it."""
+    yield
+    gc.collect()
+    assert not asyncio_records(caplog), [r.getMessage() for r in asyncio_records(caplog)]

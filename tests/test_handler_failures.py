@@ -23,6 +23,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,22 +32,30 @@ import textwrap
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from key_files import private_key_pem, public_key_pem
-from loop_guard import asyncio_records, run_guarded
+from loop_guard import asyncio_records, no_stray_asyncio, run_guarded
 from processes import stop_process
 
 from cbcl import Agent, Intent, Keyword, Message, Symbol, TrustStore, read, sign_descriptor
 from cbcl.net import Context, HandlerLimits, Link, PeerFailed, on_loop
 from cbcl.net._handlers import HandlerThreads, run_handler
+from cbcl.session._reasons import (
+    FAILURE_CODES,
+    FAILURES,
+    UNNAMED_FAILURE,
+    failure_body,
+    failure_exit,
+    read_failure,
+)
 
 ROOT = Path(__file__).parent.parent
 CONTRACT_NET = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
@@ -159,6 +168,12 @@ async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
             raise AssertionError("the condition never held")
         await asyncio.sleep(0.005)
 
+
+
+@pytest.fixture(autouse=True)
+def _guard(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Nothing asyncio would only log may happen in any test here (tests/loop_guard.py)."""
+    yield from no_stray_asyncio(caplog)
 
 # --------------------------------------------------------------------------- in process
 
@@ -336,6 +351,34 @@ def test_a_slow_sync_handler_holds_up_no_other_conversation(keys: Keys) -> None:
         return order
 
     assert run_guarded(body) == ["quick", "slow"]
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def test_the_failure_table_is_the_spec() -> None:
+    """spec/negotiation.md §6.3's table of failure codes and exit codes is FAILURES."""
+    spec = (ROOT / "spec" / "negotiation.md").read_text(encoding="utf-8")
+    section = spec[spec.index("### 6.3 Handlers"):spec.index("## 7. Command line")]
+    rows = re.findall(r"^\| `([a-z-]+)` \|.*\| (\d+)[^|]*\|$", section, flags=re.MULTILINE)
+    assert dict((code, int(exit_code)) for code, exit_code in rows) == \
+        {row.code: row.exit_code for row in FAILURES}
+    assert UNNAMED_FAILURE not in FAILURE_CODES and f"`{UNNAMED_FAILURE}`" in section
+
+
+@given(code=st.sampled_from(sorted(FAILURE_CODES)), detail=st.text(max_size=300))
+def test_a_failure_body_reads_back(code: str, detail: str) -> None:
+    assert read_failure(failure_body(code, detail)) == (code, detail)
+
+
+@given(body=st.one_of(st.text(max_size=100), st.none(), st.integers(), st.binary()))
+def test_any_body_reads_as_some_failure(body: object) -> None:
+    code, detail = read_failure(body)
+    assert re.fullmatch(r"[a-z][a-z0-9-]{0,63}", code)
+    assert isinstance(detail, str)
+    assert failure_exit(code) in (1, 8)
+    with pytest.raises(ValueError):
+        failure_body("made-up")
 
 
 # --------------------------------------------------------------------------- bounds

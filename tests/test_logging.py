@@ -17,13 +17,14 @@ import os
 import subprocess
 import sys
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from key_files import private_key_pem, public_key_pem
-from loop_guard import asyncio_records, run_guarded
+from loop_guard import asyncio_records, no_stray_asyncio, run_guarded
 
 from cbcl import (
     Agent,
@@ -75,6 +76,12 @@ def _raised(text: str) -> BaseException:
     except ValueError as exc:
         return exc
 
+
+
+@pytest.fixture(autouse=True)
+def _guard(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Nothing asyncio would only log may happen in any test here (tests/loop_guard.py)."""
+    yield from no_stray_asyncio(caplog)
 
 # --------------------------------------------------------------------------- the library
 
