@@ -541,9 +541,9 @@ class Link:
         return self.session.last_sent_step
 
     async def close(self) -> None:
-        """Close the link: open conversations end with ``closed``; handlers still running
-        on it are stopped (each answered ``shutdown`` while the stream is open)."""
-        self._stop_handlers()
+        """Close the link: open conversations end with ``closed``, and handlers still
+        running on it are stopped as for any end of the link (:meth:`Agent.close` first
+        lets them finish, or answers them ``shutdown``)."""
         await self.connection.close()
         self._finish("closed")
 
@@ -1219,7 +1219,9 @@ class Agent:
         """Let the handlers running on every link finish, for at most ``grace`` seconds
         (default ``handler_limits.shutdown_grace``; their replies are sent), then stop the
         rest: each is answered ``shutdown`` (a coroutine is cancelled, a thread's result
-        dropped). The links stay open."""
+        dropped). The links stay open, but from then on every message they bring is
+        answered ``shutdown``: this is the first half of :meth:`close`, for a caller that
+        must do something between (``cbcl serve --nats`` closes its bus)."""
         grace = self.handler_limits.shutdown_grace if grace is None else grace
         links = list(self._links)
         busy = {lane for link in links for lane in link._lane_tasks}
