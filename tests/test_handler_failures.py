@@ -405,18 +405,33 @@ def test_handler_threads_n_run_and_one_more_times_out_without_running() -> None:
         assert sorted(ran) == [0, 1, 2] and threads.busy == 3  # still running: counted
         late = await run_handler(stuck, 3, threads=threads, timeout=0.2)
         assert (late.kind, late.value) == ("timeout", "thread")
-        assert sorted(ran) == [0, 1, 2] and threads.started == 3
+        assert sorted(ran) == [0, 1, 2] and threads.live == 3
         gate.set()
         await until(lambda: threads.busy == 0)
         done = await run_handler(stuck, 4, threads=threads, timeout=5)
-        assert (done.kind, done.value) == ("answer", 4) and threads.started == 3
+        assert (done.kind, done.value) == ("answer", 4) and threads.live == 3
         # Closed, the pool takes no more calls and its threads end.
         threads.close()
         after = await run_handler(stuck, 5, threads=threads, timeout=5)
         assert after.kind == "stopped" and 5 not in ran
-        await until(lambda: not any(t.is_alive() for t in threads._threads))
+        await until(lambda: threads.live == 0)
 
     run_guarded(body)
+
+
+def test_idle_threads_end_after_their_keep_alive() -> None:
+    threads = HandlerThreads(2, keep_alive=0.05)
+
+    async def body() -> None:
+        both = [run_handler(time.sleep, 0.1, threads=threads, timeout=5) for _ in range(2)]
+        assert [o.kind for o in await asyncio.gather(*both)] == ["answer", "answer"]
+        assert threads.live == 2
+        await until(lambda: threads.live == 0)  # idle: ended
+        again = await run_handler(lambda: "again", threads=threads, timeout=5)
+        assert again.value == "again"  # a new thread, as needed
+
+    run_guarded(body)
+    threads.close()
 
 
 def test_a_waiting_call_takes_the_first_thread_given_back() -> None:
@@ -435,6 +450,7 @@ def test_a_waiting_call_takes_the_first_thread_given_back() -> None:
         assert (await second).value == "second"
 
     run_guarded(body)
+    threads.close()
 
 
 def test_plain_handlers_run_in_threads_unless_marked_on_loop() -> None:
@@ -478,6 +494,7 @@ def test_every_base_exception_is_an_outcome(error: BaseException) -> None:
             assert type(outcome.value) is type(error)
 
     run_guarded(body)
+    threads.close()
 
 
 @pytest.mark.parametrize("extra", [0, 1])

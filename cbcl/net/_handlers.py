@@ -41,6 +41,8 @@ from ._transport import _check_count, _check_seconds
 
 #: How long a cancelled coroutine handler is given to end before it is left to itself.
 CANCEL_WAIT = 1.0
+#: Seconds an idle handler thread waits for work before it ends.
+KEEP_ALIVE = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +86,17 @@ class Outcome:
 
 class HandlerThreads:
     """At most ``max_threads`` daemon threads running plain handlers (see the module doc),
-    started as needed. :attr:`busy` counts the threads taken, handlers that overran and
-    still run included. :meth:`close` lets them end; a call after it is ``"stopped"``."""
+    started as needed; one idle for ``keep_alive`` seconds ends. :attr:`busy` counts the
+    threads taken, handlers that overran and still run included. :meth:`close` lets them
+    end; a call after it is ``"stopped"``. Raises ``ValueError`` for a count or a
+    keep-alive out of range."""
 
-    def __init__(self, max_threads: int = 8, *, name: str = "cbcl-handler") -> None:
+    def __init__(self, max_threads: int = 8, *, name: str = "cbcl-handler",
+                 keep_alive: float = KEEP_ALIVE) -> None:
         _check_count("max_threads", max_threads, upper=4096)
+        _check_seconds("keep_alive", keep_alive)
         self.max_threads = max_threads
+        self.keep_alive = keep_alive
         self._name = name
         self._lock = threading.Lock()
         self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -104,8 +111,8 @@ class HandlerThreads:
         return self._busy
 
     @property
-    def started(self) -> int:
-        """Threads started so far (never more than ``max_threads``)."""
+    def live(self) -> int:
+        """Threads alive now, idle ones included (never more than ``max_threads``)."""
         return len(self._threads)
 
     def close(self) -> None:
@@ -175,9 +182,19 @@ class HandlerThreads:
         return done
 
     def _worker(self) -> None:
+        me = threading.current_thread()
         while True:
-            job = self._work.get()
+            try:
+                job = self._work.get(timeout=self.keep_alive)
+            except queue.Empty:
+                with self._lock:  # idle: end, if the threads left cover every call taken
+                    if len(self._threads) - 1 >= self._busy:
+                        self._threads.remove(me)
+                        return
+                continue
             if job is None:  # closed
+                with self._lock:
+                    self._threads.remove(me)
                 return
             loop, done, call, context = job
             if done.cancelled():  # the caller left before this thread began (a benign race)
@@ -351,5 +368,5 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
     return outcome("answer" if succeeded else "raised", value)
 
 
-__all__ = ["CANCEL_WAIT", "HandlerLimits", "HandlerThreads", "OnLoop", "Outcome",
+__all__ = ["CANCEL_WAIT", "KEEP_ALIVE", "HandlerLimits", "HandlerThreads", "OnLoop", "Outcome",
            "is_coroutine_handler", "on_loop", "run_handler"]
