@@ -567,6 +567,40 @@ def test_handler_backlog_n_taken_and_one_more_waits_in_the_stream(
     run_guarded(body)
 
 
+def test_an_agent_closes_a_link_whose_backlog_is_full(keys: Keys) -> None:
+    """The pump of a link whose backlog is full waits for room; closing the agent answers
+    the held handlers ``shutdown``, then the messages that waited in the stream, and
+    nothing is left pending."""
+    lines: list[str] = []
+
+    async def held(message: Message, context: Context) -> None:
+        await asyncio.sleep(3600)
+
+    async def body() -> None:
+        server = serving(keys, lines, handler=held, handler_timeout=3600,
+                         handler_limits=HandlerLimits(handler_backlog=2,
+                                                      handler_concurrency=1))
+        client = Agent(CLIENT, key=keys.pair, trust=keys.store)
+        try:
+            listening = await server.serve("127.0.0.1:0")
+            host, port = listening.sockets[0].getsockname()[:2]
+            link = await client.connect(f"{host}:{port}", peer=SERVER,
+                                        descriptor=keys.signed)
+            for n in range(4):
+                await link.conversation().send(Intent.CFP, cfp(f"t-{n}"), expect_reply=False)
+            await until(lambda: sum(": received " in line for line in lines) == 2)
+            async with asyncio.timeout(30):
+                await server.close(grace=0.1)
+            # The two held ones, then any the freed backlog let in before the link closed:
+            # every message taken is answered.
+            answered = sum("NOT-UNDERSTOOD shutdown" in line for line in lines)
+            assert answered == sum(": received " in line for line in lines) >= 2, lines
+        finally:
+            await client.close()
+
+    run_guarded(body)
+
+
 def test_handler_limits_are_checked() -> None:
     bad: dict[str, Any]
     for bad in ({"handler_concurrency": 0}, {"handler_backlog": 0},

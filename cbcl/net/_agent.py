@@ -566,6 +566,7 @@ class Link:
     def _finish(self, reason: str) -> None:
         if not self.closed.done():
             self.closed.set_result(reason)
+        self._room.set()  # a pump waiting for room reads on, and finds the stream's end
         if not self.established.done():
             self.established.set_exception(ConversationClosed(
                 f"the link closed before a protocol was agreed ({reason})", reason=reason))
@@ -617,7 +618,8 @@ class Link:
         connection, session = self.connection, self.session
         backlog = self.agent.handler_limits.handler_backlog
         while True:
-            while self._backlog >= backlog:  # read no further until a handler is done
+            # Read no further until a handler is done (or the link was closed meanwhile).
+            while self._backlog >= backlog and not self.closed.done():
                 self._room.clear()
                 await self._room.wait()
             event = await connection.next_event()
