@@ -1233,9 +1233,12 @@ class Agent:
             await asyncio.wait(busy, timeout=grace)
         for link in links:
             link._stop_handlers()
-        left = {lane for link in links for lane in link._lane_tasks}
-        if left:
-            await asyncio.wait(left, timeout=CANCEL_WAIT + 1.0)
+        # Each stopped handler is answered; a message taken meanwhile is answered at once.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANCEL_WAIT + 1.0
+        while (left := {lane for link in links for lane in link._lane_tasks}) \
+                and loop.time() < deadline:
+            await asyncio.wait(left, timeout=deadline - loop.time())
 
     async def close(self, *, grace: float | None = None) -> None:
         """Stop serving, let running handlers finish within ``grace`` seconds (default
