@@ -16,6 +16,7 @@ these public modules and ``cli``. ``import cbcl`` loads neither asyncio nor argp
 """
 
 import importlib as _importlib
+import logging as _logging
 import typing as _typing
 
 from .binary._codec import (
@@ -163,6 +164,10 @@ from . import (
     session as session,
     trust as trust,
 )
+
+# The library logs to the "cbcl" loggers ("cbcl.net", "cbcl.cli" …) and configures
+# nothing: the program that uses it decides where records go (logging.basicConfig …).
+_logging.getLogger("cbcl").addHandler(_logging.NullHandler())
 
 _LAZY_NAMES = {"Agent": "cbcl.net", "extract": "cbcl.llm"}
 _LAZY_MODULES = ("net", "llm", "interop")

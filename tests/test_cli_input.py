@@ -20,13 +20,15 @@ from cbcl.cli._common import INT64_MAX, MAX_DOCUMENT_BYTES, int_in, seconds
 from cbcl.cli._conversation import MAX_BUDGET, MAX_EVAL_DEPTH
 from cbcl.cli._negotiate import (
     CONNECTION_OPTIONS,
+    HANDLER_OPTIONS,
     MAX_PACE_MS,
     SERVER_OPTIONS,
     connection_limits,
+    handler_limits,
     server_limits,
 )
 from cbcl.core._limits import DEFAULT_LIMITS
-from cbcl.net import ConnectionLimits, ServerLimits
+from cbcl.net import ConnectionLimits, HandlerLimits, ServerLimits
 from cbcl.protocol._evaluator import DEFAULT_BUDGET, DEFAULT_MAX_DEPTH
 
 ROOT = Path(__file__).parent.parent
@@ -47,6 +49,7 @@ COMMANDS: dict[str, list[str]] = {
     "eval": ["eval", "(now)"],
     "serve": ["serve", "--listen", "127.0.0.1:0", "--trust", "t"],
     "negotiate": ["negotiate"],
+    "mcp": ["mcp"],
 }
 NOW_COMMANDS = ("parse", "descriptor verify", "encode", "decode", "conversation check", "eval")
 DOCUMENT_COMMANDS = ("parse", "canon", "grammar check", "descriptor sign", "descriptor verify",
@@ -61,6 +64,10 @@ RANGES: list[tuple[str, str, float, float]] = [
     ("eval", "--max-depth", 1, MAX_EVAL_DEPTH),
     ("negotiate", "--pace", 0, MAX_PACE_MS),
     *(("serve", option, low, high) for option, low, high, _ in SERVER_OPTIONS),
+    *(("serve", option, low, high) for option, low, high, _ in HANDLER_OPTIONS),
+    ("serve", "--handler-timeout", 0.001, 86_400.0),
+    ("mcp", "--handler-timeout", 0.001, 86_400.0),
+    ("mcp", "--handler-threads", 1, 4096),
     *((command, option, low, high) for command in ("serve", "negotiate")
       for option, low, high, _ in CONNECTION_OPTIONS),
 ]
@@ -142,7 +149,10 @@ def test_defaults_are_the_dataclass_defaults() -> None:
     serve = _parse("serve")
     assert connection_limits(serve) == ConnectionLimits()
     assert server_limits(serve) == ServerLimits()
+    assert handler_limits(serve) == HandlerLimits()
     assert serve.max_sessions == 256
+    assert (serve.handler_timeout, serve.expose_errors, serve.log_format) == (30.0, False,
+                                                                            "text")
     negotiate = _parse("negotiate")
     assert connection_limits(negotiate) == ConnectionLimits()
     assert negotiate.pace == 0
@@ -155,6 +165,8 @@ def test_every_limit_field_has_an_option() -> None:
     options = {_dest(option) for option, *_ in (*CONNECTION_OPTIONS, *SERVER_OPTIONS)}
     settable = {f.name for f in fields(ConnectionLimits) if f.name != "read_bytes"}
     assert settable | {f.name for f in fields(ServerLimits)} == options
+    assert {_dest(option) for option, *_ in HANDLER_OPTIONS} == \
+        {f.name for f in fields(HandlerLimits)}
 
 
 @pytest.mark.parametrize("end", [0, 1])
@@ -168,9 +180,11 @@ def test_the_limits_accept_every_value_the_options_accept(end: int) -> None:
             argv += [option, repr(value) if isinstance(value, float) else str(value)]
         return argv
 
-    serve = _parse("serve", *at_end(SERVER_OPTIONS), *at_end(CONNECTION_OPTIONS))
+    serve = _parse("serve", *at_end(SERVER_OPTIONS), *at_end(CONNECTION_OPTIONS),
+                   *at_end(HANDLER_OPTIONS))
     assert isinstance(connection_limits(serve), ConnectionLimits)
     assert isinstance(server_limits(serve), ServerLimits)
+    assert isinstance(handler_limits(serve), HandlerLimits)
     negotiate = _parse("negotiate", *at_end(CONNECTION_OPTIONS))
     assert connection_limits(negotiate).max_frame_bytes == (1, 16 << 20)[end]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -369,3 +370,55 @@ def test_fuzz_tools_answer_every_text(registry: Registry, tool: str, text: str) 
         line = text_of(result)
         assert line.split(" ", 1)[0].rstrip(":") in KINDS, line
         assert line.isprintable() and "\n" not in line
+
+
+SLOW_HANDLER = """
+import time
+from cbcl import Keyword, Symbol
+
+def respond(message, context):
+    name = str(message.body[2][2])
+    if name == "slow":
+        time.sleep(10)
+    if name == "exit":
+        raise SystemExit(3)
+    return context.reply("INFORM", (Symbol("inform-result"), Keyword("action-id"), "s",
+                                    Keyword("result"), name))
+"""
+
+
+async def test_bridge_stdio_a_stuck_sync_handler_holds_up_nothing(tmp_path: Path) -> None:
+    """``cbcl mcp --handler`` with a plain handler that sleeps 10 s: the call is answered
+    isError at ``--handler-timeout`` (1 s), a call made meanwhile is answered first (the
+    handler runs in a thread, not on the loop), and a handler's SystemExit is an isError
+    result, not the end of the server."""
+    (tmp_path / "handler.py").write_text(textwrap.dedent(SLOW_HANDLER))
+    server = StdioServerParameters(
+        command=sys.executable, cwd=str(tmp_path),
+        args=["-m", "cbcl", "mcp", "--descriptor", str(REQUEST_V1), "--allow-unsigned",
+              "--handler", "handler:respond", "--tool", "slow", "--tool", "fast", "--tool",
+              "exit", "--handler-timeout", "1"])
+    async with Client(server, read_timeout_seconds=60) as client:
+        order: list[str] = []
+        results: dict[str, tuple[CallToolResult, float]] = {}
+
+        async def call(name: str) -> None:
+            started = time.monotonic()
+            result = await client.call_tool(name, {})
+            results[name] = (result, time.monotonic() - started)
+            order.append(name)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "slow")
+            await anyio.sleep(0.2)  # the slow call is in its handler
+            group.start_soon(call, "fast")
+        assert order == ["fast", "slow"]
+        fast, _ = results["fast"]
+        assert not fast.is_error and text_of(fast) == "fast"
+        slow, took = results["slow"]
+        assert slow.is_error and text_of(slow) == "the agent did not answer within 1 s"
+        assert took < 8  # answered at the timeout, not when the handler's 10 s sleep ends
+        result = await client.call_tool("exit", {})
+        assert result.is_error and text_of(result) == "the agent failed: SystemExit"
+        again = await client.call_tool("fast", {})
+        assert text_of(again) == "fast"

@@ -44,7 +44,7 @@ from cbcl import (
     sign_descriptor,
 )
 from cbcl.demo import respond
-from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits
+from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits, PeerFailed
 from cbcl.net._nats import subject_token, token_text
 from cbcl.session._bootstrap import not_understood_frame
 
@@ -195,6 +195,40 @@ def test_handshake_and_conversation_over_nats(server: NatsNode, keys: Keys) -> N
     assert any(s.startswith(f"cbcl.s.{peer}.{me}.") and s.endswith(".r.job-1")
                for s in seen_subjects), seen_subjects
     assert any(s.startswith(f"cbcl.s.{me}.{peer}.") and s.endswith(".i.job-1")
+               for s in seen_subjects), seen_subjects
+
+
+def test_a_failing_handler_is_answered_over_nats(server: NatsNode, keys: Keys) -> None:
+    """Over NATS as over TCP (spec/negotiation.md §6.3): a handler that raises is answered
+    with a NOT-UNDERSTOOD on the conversation's subject, the client's send raises
+    PeerFailed at once, and the link goes on."""
+    seen_subjects: list[str] = []
+
+    def flaky(message: Message, context: Context) -> Message | None:
+        if message.conversation_id == "job-bad":
+            raise SystemExit(3)  # contained, like any other
+        return respond(message, context)
+
+    async def body() -> None:
+        watcher = await nats.connect(server.url)
+        await watcher.subscribe("cbcl.>", cb=_collect(seen_subjects))
+        try:
+            async with bus_of(serving_agent(keys, [], handler=flaky), server.url) as served, \
+                    bus_of(Agent(CLIENT, key=keys.pair, trust=keys.store), server.url) as bus:
+                await served.serve()
+                link = await bus.open_link(SERVER, descriptor=keys.signed)
+                with pytest.raises(PeerFailed) as caught:
+                    await link.conversation("job-bad").send(Intent.CFP, CFP_BODY, timeout=30)
+                assert caught.value.reason == "handler-failed"
+                assert caught.value.reply.in_reply_to is not None
+                reply = await link.conversation("job-good").send(Intent.CFP, CFP_BODY)
+                assert reply is not None and reply.intent is Intent.PROPOSE
+        finally:
+            await watcher.close()
+
+    run(body)
+    me, peer = subject_token(CLIENT), subject_token(SERVER)
+    assert any(s.startswith(f"cbcl.s.{me}.{peer}.") and s.endswith(".i.job-bad")
                for s in seen_subjects), seen_subjects
 
 

@@ -658,3 +658,54 @@ def test_established_event_fields() -> None:
     pair = SessionPair(initiator(), responder())
     pair.handshake(query(encodings=("text",)))
     assert pair.events["a"][-1] == Established("contract-net/v1", DIGEST_V2, 2, "text")
+
+
+# --------------------------------------------------------------------------- failure answers
+
+
+def _failure(message_id: str, in_reply_to: str | None, body: str = "handler-failed",
+             conversation: str | None = "job-1") -> cbcl.Message:
+    return cbcl.Message(message_id=message_id, sender=B_URI, receiver=A_URI,
+                        intent="NOT-UNDERSTOOD", protocol="contract-net/v1",
+                        conversation_id=conversation, in_reply_to=in_reply_to, body=body,
+                        timestamp=NOW)
+
+
+def test_a_not_understood_that_answers_a_message_is_in_its_conversation() -> None:
+    """spec/negotiation.md §6.3: once ESTABLISHED, a NOT-UNDERSTOOD of the agreed protocol
+    that names the message it answers is a message of that conversation (checked by the
+    machine both ways, state unchanged) and ends nothing; one without in-reply-to still
+    ends the session."""
+    pair = SessionPair(initiator(), responder())
+    pair.handshake()
+    pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
+    (got,) = pair.feed(pair.a, pair.b.send(ProtocolMessage(
+        _failure("nu-1", "cn-1", "handler-timeout: no answer within 1 s")), now=NOW))
+    assert isinstance(got, ProtocolMessage)
+    assert got.failure == ("handler-timeout", "no answer within 1 s")
+    assert got.step is not None and str(got.step.before) == str(got.step.after) == "called"
+    assert pair.a.state is pair.b.state is HandshakeState.ESTABLISHED
+    # The conversation goes on: the proposal still comes, in reply to the call.
+    (got,) = pair.feed(pair.a, pair.b.send(ProtocolMessage(propose()), now=NOW))
+    assert isinstance(got, ProtocolMessage) and got.failure is None
+    assert step_after(got) == "proposed"
+    # One that answers no message of the thread is refused before it leaves.
+    with pytest.raises(cbcl.ConversationError):
+        pair.b.send(ProtocolMessage(_failure("nu-2", "nowhere")), now=NOW)
+    assert pair.b.state is HandshakeState.ESTABLISHED
+    # Without in-reply-to it is the session's end, as it always was.
+    pair.a.receive_data(pair.b.send(ProtocolMessage(_failure("nu-3", None)), now=NOW))
+    ended = pair.a.next_event(now=NOW)
+    assert isinstance(ended, NotUnderstood) and ended.reason == "handler-failed"
+    assert pair.a.state.value == HandshakeState.ERROR.value  # (mypy narrowed it above)
+
+
+def test_a_failure_for_a_message_not_of_the_thread_ends_the_session() -> None:
+    pair = SessionPair(initiator(), responder())
+    pair.handshake(query(encodings=("text",)))
+    pair.feed(pair.b, pair.a.send(ProtocolMessage(cfp()), now=NOW))
+    # Written past the responder's own checks: the initiator's machine refuses it.
+    pair.a.receive_data(frame(_failure("nu-9", "cn-77").canonical().encode()))
+    with pytest.raises(RemoteProtocolError) as caught:
+        pair.a.next_event(now=NOW)
+    assert caught.value.code == "conversation"

@@ -13,16 +13,21 @@ action. Each ``tools/call`` becomes a REQUEST message
 ``(request :action (action :name TOOL :args (:key value …)))`` from the client's URI to the
 agent's, checked by both passes and the schema and by request/v1's conversation machine;
 the handler's replies are checked the same way, and the last one decides the result:
-INFORM is the tool result, FAILURE and REFUSE are ``isError``.
+INFORM is the tool result, FAILURE and REFUSE are ``isError``. The handler runs as an
+agent's does (:mod:`cbcl.net._handlers`): a plain function in a bounded pool of threads,
+so a slow one holds up no other call, a coroutine on the loop; each is cut off at the
+timeout (answered ``isError`` then, whatever the handler still does), and whatever it
+raises — ``SystemExit`` and ``KeyboardInterrupt`` included — is an ``isError`` result and a
+log record with its traceback (logger ``cbcl.bridges``), never the end of the server.
 
 Needs the ``mcp`` extra (``pip install 'cbcl[mcp]'``).
 """
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
+import logging
 import math
 import secrets
 import time
@@ -32,7 +37,6 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 try:
-    import anyio
     from mcp.server.lowlevel import Server
     from mcp.server.mcpserver import MCPServer
     from mcp_types import (
@@ -60,6 +64,7 @@ from ..grammar._subset import read_grammar
 from ..llm._export import export_grammar
 from ..llm._prompt import render_prompt
 from ..net._agent import Agent, Context
+from ..net._handlers import HandlerThreads, run_handler
 from ..protocol._api import canonical, parse
 from ..protocol._conversation import Conversation, Machine, compile_machine
 from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
@@ -85,6 +90,8 @@ __all__ = [
 
 #: The protocol the bridge speaks.
 REQUEST_PROTOCOL = "request/v1"
+#: The logger of the bridges.
+logger = logging.getLogger("cbcl.bridges")
 
 
 # --------------------------------------------------------------------------- results
@@ -400,6 +407,8 @@ class _Bridge:
     client: URI
     timeout: float
     limits: Limits
+    threads: HandlerThreads
+    expose_errors: bool = False
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     prefix: str = field(default_factory=lambda: secrets.token_hex(4))
     validators: dict[str, Any] = field(default_factory=dict)
@@ -439,15 +448,26 @@ class _Bridge:
         conversation.receive(request, now=_now())
 
         context = Context(request, next_id=lambda: self.next_id("re"))
-        try:
-            with anyio.fail_after(self.timeout):
-                answer: Any = self.handler(request, context)
-                if inspect.isawaitable(answer):
-                    answer = await answer
-        except TimeoutError:
+        outcome = await run_handler(self.handler, request, context, threads=self.threads,
+                                    timeout=self.timeout)
+        if outcome.kind == "stopped":
+            return _agent_error("the agent is stopping")
+        if outcome.kind == "timeout":
+            busy = "" if outcome.value != "thread" else (
+                f" (no handler thread was free: {self.threads.busy} busy)")
+            logger.error("bridge: the handler of %s did not answer within %g s%s",
+                         escape_invisible(name, limit=60), self.timeout, busy,
+                         extra={"cbcl": {"event": "handler-timeout", "tool": name}})
             return _agent_error(f"the agent did not answer within {self.timeout:g} s")
-        except Exception as exc:
-            return _agent_error(f"the agent failed: {type(exc).__name__}")
+        if outcome.kind == "raised":
+            error: BaseException = outcome.value
+            said = escape_invisible(f"{type(error).__name__}: {error}", limit=200)
+            logger.error("bridge: the handler of %s failed: %s", escape_invisible(name, limit=60),
+                         said, exc_info=error if isinstance(error, Exception) else None,
+                         extra={"cbcl": {"event": "handler-failed", "tool": name}})
+            shown = said if self.expose_errors else type(error).__name__
+            return _agent_error(f"the agent failed: {shown}")
+        answer: Any = outcome.value
         replies = [answer] if isinstance(answer, Message) or answer is None else answer
         if not isinstance(replies, Sequence) or not replies or replies == [None]:
             return _agent_error("the agent did not answer")
@@ -532,20 +552,27 @@ def _reply_result(reply: Message, state: Symbol) -> CallToolResult:
 def bridge_server(handler: Handler | Agent, tools: Iterable[BridgeTool | str], *,
                   registry: Registry, client: URI | str = "mcp://client",
                   agent: URI | str | None = None, timeout: float = 30.0,
-                  limits: Limits | None = None, name: str = "cbcl-bridge") -> Server[Any]:
+                  limits: Limits | None = None, name: str = "cbcl-bridge",
+                  threads: int = 8, expose_errors: bool = False) -> Server[Any]:
     """An MCP server whose tools are request/v1 actions answered by ``handler``.
 
     ``handler`` is ``respond(message, context)`` (sync or async; returning a reply, a
     sequence of replies such as AGREE then INFORM, or ``None``) or an :class:`~cbcl.Agent`,
-    whose handler for request/v1 REQUEST answers (and whose name is the agent's URI).
-    ``tools``: the actions, as :class:`BridgeTool` or names. ``registry`` must hold
-    request/v1. Each call's REQUEST goes from ``client`` to ``agent`` (default
-    ``agent://mcp-bridge``) in a new conversation; the handler has ``timeout`` seconds.
+    whose handler for request/v1 REQUEST answers (and whose name is the agent's URI; its
+    handler threads and ``expose_errors`` are used). ``tools``: the actions, as
+    :class:`BridgeTool` or names. ``registry`` must hold request/v1. Each call's REQUEST
+    goes from ``client`` to ``agent`` (default ``agent://mcp-bridge``) in a new
+    conversation; the handler has ``timeout`` seconds (then the call is answered
+    ``isError``). A plain handler runs in one of ``threads`` threads (one whose handler
+    overran keeps it until the handler returns); ``expose_errors``: a failed call's result
+    carries the exception's text, not only its type. Runs on anyio's asyncio backend.
     Raises ``ValueError`` for a registry without request/v1, a tool name that is not a
-    symbol, or a repeated one.
+    symbol, a repeated one, or ``threads`` out of 1 to 4096.
     """
 
+    pool = None
     if isinstance(handler, Agent):
+        pool, expose_errors = handler.threads, handler.expose_errors
         agent = handler.name if agent is None else agent
         found = handler.handler_for(REQUEST_PROTOCOL, Intent.REQUEST)
         if found is None:
@@ -567,7 +594,9 @@ def bridge_server(handler: Handler | Agent, tools: Iterable[BridgeTool | str], *
         raise ValueError("timeout must be in (0, 86400] seconds")
     bridge = _Bridge(handler=handler, registry=registry, tools=specs, agent=URI(
         str(agent or "agent://mcp-bridge")), client=URI(str(client)), timeout=float(timeout),
-        limits=DEFAULT_LIMITS if limits is None else limits)
+        limits=DEFAULT_LIMITS if limits is None else limits,
+        threads=pool or HandlerThreads(threads, name="cbcl-bridge"),
+        expose_errors=bool(expose_errors))
     listed = [Tool(name=spec.name, description=spec.description or
                    f"request/v1 action {spec.name}, answered by a CBCL agent",
                    input_schema=dict(spec.input_schema)) for spec in specs.values()]

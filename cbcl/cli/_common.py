@@ -1,17 +1,21 @@
 """What every ``cbcl`` command module shares: the parser class, option groups, reading
-files under the limit, the registry the options describe, and safe output."""
+files under the limit, the registry the options describe, safe output, and the log
+formats of ``cbcl serve`` (``--log-format text|json``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import re
 import shlex
 import sys
+import time
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO, NoReturn, TypeAlias, TypeVar, overload
+from typing import Any, BinaryIO, NoReturn, TextIO, TypeAlias, TypeVar, overload
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -220,3 +224,96 @@ def signing_keys(args: argparse.Namespace) -> list[tuple[str, Ed25519PrivateKey]
         except TrustError as exc:
             raise TrustError(exc.message, reason=f"{path}: {exc.reason}") from None
     return signers
+
+
+# --------------------------------------------------------------------------- logs
+
+#: The logger of the command line's own lines (``serve: listening on …``).
+cli_log = logging.getLogger("cbcl.cli")
+#: The formats of ``--log-format``.
+LOG_FORMATS = ("text", "json")
+#: What starts each line of a traceback in the text format.
+TRACEBACK_INDENT = "    "
+
+
+def _traceback_text(record: logging.LogRecord) -> str:
+    if not record.exc_info:
+        return ""
+    return "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+
+
+class TextLogFormatter(logging.Formatter):
+    """``--log-format text``: a record is its message, escaped to one line (every event
+    starts at the left margin, as it always has); a traceback follows it as lines indented
+    by four spaces, each escaped, so nothing in it (an exception's text may quote a peer)
+    can start a line of its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = escape_invisible(record.getMessage())
+        trace = _traceback_text(record)
+        if trace:
+            line += "".join(f"\n{TRACEBACK_INDENT}{escape_invisible(part)}"
+                            for part in trace.split("\n"))
+        return line
+
+
+class JsonLogFormatter(logging.Formatter):
+    """``--log-format json``: one JSON object per record, on one line: ``time`` (UTC,
+    ISO 8601 with milliseconds), ``level``, ``logger``, ``event``, ``message`` (the text
+    line), then the record's fields (``cbcl`` attribute: ``link``, ``peer``, ``agent``,
+    ``conversation``, ``protocol``, ``intent``, ``message_id``, ``reason``, ``timings`` …,
+    values from a peer escaped as in the text line) and ``traceback`` when there is one.
+    The encoder escapes every character outside ASCII and every control, so a line is
+    one line whatever it holds."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = dict(getattr(record, "cbcl", None) or {})  # (a Mapping)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        out: dict[str, Any] = {
+            "time": f"{stamp}.{int(record.msecs):03d}Z", "level": record.levelname,
+            "logger": record.name, "event": fields.pop("event", "log"),
+            "message": escape_invisible(record.getMessage())}
+        out.update(fields)
+        trace = _traceback_text(record)
+        if trace:
+            out["traceback"] = trace
+        return json.dumps(out, ensure_ascii=True, default=str)
+
+
+class LogTarget:
+    """A handler on the ``cbcl`` logger (INFO and above) writing to a stream in one of
+    :data:`LOG_FORMATS`; :meth:`close` removes it and puts the level back."""
+
+    def __init__(self, stream: TextIO, log_format: str = "text",
+                 level: int = logging.INFO) -> None:
+        if log_format not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}")
+        self.logger = logging.getLogger("cbcl")
+        self.handler = logging.StreamHandler(stream)
+        self.handler.setFormatter(JsonLogFormatter() if log_format == "json"
+                                  else TextLogFormatter())
+        self._level = self.logger.level
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(level)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self._level)
+        self.handler.close()
+
+
+def lean_log_records() -> None:
+    """In a process of the command line's own (``cbcl serve``): log records without the
+    caller's file and line, thread, process and multiprocessing names, which neither format
+    shows (the ``logging`` HOWTO's "Optimization": each record then costs a few
+    microseconds less, on the path of every message)."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+
+
+def log_to(stream: TextIO, log_format: str = "text") -> LogTarget:
+    """Write the ``cbcl`` loggers' records (INFO and above) to ``stream`` in
+    ``log_format`` until the returned target is closed."""
+    return LogTarget(stream, log_format)

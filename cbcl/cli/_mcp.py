@@ -14,6 +14,7 @@ from ._common import (
     MAX_DOCUMENT_BYTES,
     add_protocol_options,
     document_bytes,
+    int_in,
     registry_from_args,
     seconds,
     usage_error,
@@ -52,7 +53,9 @@ def _cmd_mcp(args: argparse.Namespace, data: bytes) -> int:
         try:
             server = _mcp.bridge_server(respond, tools, registry=registry, limits=args.limits,
                                         client=args.client, agent=args.agent,
-                                        timeout=args.handler_timeout)
+                                        timeout=args.handler_timeout,
+                                        threads=args.handler_threads,
+                                        expose_errors=args.expose_errors)
         except ValueError as exc:
             usage_error("cbcl mcp", str(exc))
     anyio.run(_mcp.run_stdio, server)  # type: ignore[arg-type]
@@ -77,7 +80,15 @@ def register(commands: Commands) -> None:
     m.add_argument("--agent", default=None, metavar="URI",
                    help="with --handler: their receiver (default agent://mcp-bridge)")
     m.add_argument("--handler-timeout", type=seconds(0.001, 86_400), default=30.0, metavar="S",
-                   help="with --handler: seconds the handler has per call (default 30)")
+                   help="with --handler: seconds the handler has per call; then the call is "
+                        "answered isError (default 30)")
+    m.add_argument("--handler-threads", type=int_in(1, 4096), default=8, metavar="N",
+                   help="with --handler: threads running a plain (not async) handler, one "
+                        "per call at once; one whose call overran keeps its thread until "
+                        "the handler returns: 1 to 4096 (default 8)")
+    m.add_argument("--expose-errors", action="store_true",
+                   help="with --handler: a failed call's result carries the exception's "
+                        "text (default: only its type)")
     m.add_argument("--max-message-bytes", type=document_bytes, metavar="N",
                    default=DEFAULT_LIMITS.max_message_bytes,
                    help=f"message (and tool argument) size limit, 1 to {MAX_DOCUMENT_BYTES} "

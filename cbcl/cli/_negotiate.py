@@ -42,6 +42,7 @@ from ..net._agent import (
     load_handler,
     not_understood_exit,
 )
+from ..net._handlers import HandlerLimits, on_loop
 from ..net._transport import (
     Connection,
     ConnectionLimits,
@@ -77,7 +78,17 @@ from ..session._session import (
     Unsupported,
     negotiation_registry,
 )
-from ._common import MAX_SECONDS, Commands, int_in, seconds, usage_error
+from ._common import (
+    LOG_FORMATS,
+    MAX_SECONDS,
+    Commands,
+    cli_log,
+    int_in,
+    lean_log_records,
+    log_to,
+    seconds,
+    usage_error,
+)
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -191,11 +202,19 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
             prefix="cbcl-serve-state-"))
         preload = _load_dir(Registry(trust=store, state_dir=state, limits=limits),
                             args.descriptors, limits)
-        return asyncio.run(_serve_main(args, ServeConfig(
+        config = ServeConfig(
             listen=args.listen or "", trust=store, state=state, name=args.name,
             signing=signing, limits=limits, connection=connection_limits(args),
             server=server_limits(args), preload=tuple(preload), handler=handler,
-            nats=nats_servers(args) if args.nats else None, durable=args.durable)))
+            nats=nats_servers(args) if args.nats else None, durable=args.durable,
+            handler_timeout=args.handler_timeout, handlers=handler_limits(args),
+            expose_errors=args.expose_errors)
+        logged = log_to(sys.stdout, args.log_format)
+        lean_log_records()  # this process is serve's own: records without what it never shows
+        try:
+            return asyncio.run(_serve_main(args, config))
+        finally:
+            logged.close()
 
 
 @dataclass(frozen=True)
@@ -215,19 +234,32 @@ class ServeConfig:
     #: ``--nats``: serve on this NATS server or cluster instead of ``listen``.
     nats: str | None = None
     durable: bool = False
+    #: ``--handler-timeout``, the handler limits, ``--expose-errors``.
+    handler_timeout: float = 30.0
+    handlers: HandlerLimits = field(default_factory=HandlerLimits)
+    expose_errors: bool = False
 
 
-async def start_serving(config: ServeConfig, say: Callable[[str], None]) -> Server:
-    """Start ``cbcl serve``'s server on the running loop: an :class:`~cbcl.Agent` named
-    ``config.name`` whose handler is ``config.handler`` (default the shipped responder,
-    :func:`cbcl.demo.respond`), one log line per event through ``say``. What a trusted peer
+def serving_agent(config: ServeConfig, say: Callable[[str], None] | None = None) -> Agent:
+    """``cbcl serve``'s :class:`~cbcl.Agent`: named ``config.name``, answering with
+    ``config.handler`` (default the shipped responder, :func:`cbcl.demo.respond`) under
+    the configured limits; its events go to the ``cbcl.net`` logger and, with ``say``,
+    one line each through it too."""
+    return Agent(config.name, key=config.signing, trust=config.trust, state=config.state,
+                 descriptors=config.preload, limits=config.limits,
+                 connection_limits=config.connection, server_limits=config.server,
+                 handler=config.handler or on_loop(respond), log=say,
+                 handler_timeout=config.handler_timeout, handler_limits=config.handlers,
+                 expose_errors=config.expose_errors)
+
+
+async def start_serving(config: ServeConfig, say: Callable[[str], None] | None) -> Server:
+    """Start ``cbcl serve``'s server on the running loop: :func:`serving_agent`, one log
+    line per event through ``say`` (and the ``cbcl.net`` logger). What a trusted peer
     teaches is kept for the process (and, with a state directory, across restarts), so a
     returning peer's question is answered "supported". Raises :class:`ConnectionLost` when
     the address cannot be used."""
-    agent = Agent(config.name, key=config.signing, trust=config.trust, state=config.state,
-                  descriptors=config.preload, limits=config.limits,
-                  connection_limits=config.connection, server_limits=config.server,
-                  handler=config.handler or respond, log=say)
+    agent = serving_agent(config, say)
     try:
         server = await agent.serve(config.listen)
     except BaseException:
@@ -247,22 +279,34 @@ def listening_address(server: Server, listen: str) -> str:
     return listen
 
 
+def _note(text: str, event: str, **fields: Any) -> None:
+    """One line of ``cbcl serve``'s own (listening, stopping), as a ``cbcl.cli`` record."""
+    cli_log.info("%s", text, extra={"cbcl": {"event": event, **fields}})
+
+
 async def _serve_main(args: argparse.Namespace, config: ServeConfig) -> int:
     if config.nats is not None:
         return await _serve_nats(config)
-    server = await start_serving(config, _say)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    _say(f"serve: listening on {listening_address(server, config.listen)} as {config.name}")
+    stop = _stop_event()
+    agent = serving_agent(config)
+    try:
+        server = await agent.serve(config.listen)
+    except BaseException:
+        await agent.close(grace=0.001)
+        raise
+    address = listening_address(server, config.listen)
+    _note(f"serve: listening on {address} as {config.name}", "listening", address=address,
+          name=config.name)
     try:
         await stop.wait()
     finally:
-        server.close()  # removes the unix socket it created, and only that one
+        # Stop listening (removing the unix socket it created, and only that one), let the
+        # handlers in flight finish within the grace period, close every link.
+        _note(f"serve: stopping (handlers in flight have "
+              f"{config.handlers.shutdown_grace:g} s to finish)", "stopping")
+        await agent.close()
         await server.wait_closed()
-    _say("serve: stopped")
+    _note("serve: stopped", "stopped")
     return EXIT_OK
 
 
@@ -280,28 +324,28 @@ async def _serve_nats(config: ServeConfig) -> int:
     ``--durable``, its JetStream stream)."""
     from ..net._nats import NatsBus
 
-    agent = Agent(config.name, key=config.signing, trust=config.trust, state=config.state,
-                  descriptors=config.preload, limits=config.limits,
-                  connection_limits=config.connection, server_limits=config.server,
-                  handler=config.handler or respond, log=_say)
+    agent = serving_agent(config)
     stop = _stop_event()
     try:
         bus = await NatsBus.connect(agent, config.nats or "")
     except BaseException:
-        await agent.close()
+        await agent.close(grace=0.001)
         raise
     try:
         await bus.serve()
         if config.durable:
             await bus.enable_durable()
         durable = f", durable on {bus.durable_subject(agent.name)}" if config.durable else ""
-        _say(f"serve: listening on NATS {config.nats} as {config.name} (subject "
-             f"{bus.agent_subject(agent.name)}{durable})")
+        _note(f"serve: listening on NATS {config.nats} as {config.name} (subject "
+              f"{bus.agent_subject(agent.name)}{durable})", "listening", name=config.name)
         await stop.wait()
     finally:
+        _note(f"serve: stopping (handlers in flight have "
+              f"{config.handlers.shutdown_grace:g} s to finish)", "stopping")
+        await agent.drain()
         await bus.close()
-        await agent.close()
-    _say("serve: stopped")
+        await agent.close(grace=0.001)
+    _note("serve: stopped", "stopped")
     return EXIT_OK
 
 
@@ -707,6 +751,23 @@ SERVER_OPTIONS: tuple[tuple[str, float, float, str], ...] = (
      "fraction of the connections, and of the sessions, one address may hold before "
      "their handshakes are done"),
 )
+#: The options that set :class:`HandlerLimits` (serve): how handlers run.
+HANDLER_OPTIONS: tuple[tuple[str, float, float, str], ...] = (
+    ("--handler-concurrency", 1, 1 << 16,
+     "handlers running at once on one connection (different conversations; one "
+     "conversation's messages are handled in order)"),
+    ("--handler-backlog", 1, 1 << 16,
+     "messages of one connection taken and not yet handled; at this many it reads no "
+     "further until one is done"),
+    ("--handler-threads", 1, 4096,
+     "threads running plain (not async) handlers; one whose handler overran keeps its "
+     "thread until the handler returns"),
+    ("--shutdown-grace", 0.001, MAX_SECONDS,
+     "seconds the handlers in flight have to finish when serve stops (the rest are "
+     "answered shutdown)"),
+)
+#: The default of ``serve --handler-timeout`` (``Agent(handler_timeout=)``).
+DEFAULT_HANDLER_TIMEOUT = 30.0
 #: The options of :data:`SERVER_OPTIONS` that are fractions, not seconds.
 FRACTION_OPTIONS = frozenset({"--pre-handshake-share"})
 #: The largest ``negotiate --pace``: one minute.
@@ -764,6 +825,11 @@ def server_limits(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(**{_dest(o[0]): getattr(args, _dest(o[0])) for o in SERVER_OPTIONS})
 
 
+def handler_limits(args: argparse.Namespace) -> HandlerLimits:
+    """The :class:`HandlerLimits` that ``serve``'s options set."""
+    return HandlerLimits(**{_dest(o[0]): getattr(args, _dest(o[0])) for o in HANDLER_OPTIONS})
+
+
 def register(commands: Commands) -> None:
     """Add ``serve`` and ``negotiate`` to ``cbcl``'s sub-command action."""
     s = commands.add_parser(
@@ -791,6 +857,18 @@ def register(commands: Commands) -> None:
                    help="answer protocol messages with handler(message, context) -> Message "
                         "or None, imported from MODULE (the current directory is on the "
                         "path); default cbcl.demo:respond, the shipped conversations")
+    s.add_argument("--handler-timeout", type=seconds(0.001, MAX_SECONDS),
+                   default=DEFAULT_HANDLER_TIMEOUT, metavar="S",
+                   help="seconds a handler has to answer; then the peer is answered "
+                        f"handler-timeout: 0.001 to {MAX_SECONDS:g} (default "
+                        f"{DEFAULT_HANDLER_TIMEOUT:g})")
+    s.add_argument("--expose-errors", action="store_true",
+                   help="tell the peer the text of a handler's exception in the failure "
+                        "answer (default: only the reason code)")
+    s.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="one escaped line per event (text, the default), or one JSON "
+                        "object per line (json)")
+    add_limit_options(s, HANDLER_OPTIONS, HandlerLimits())
     add_limit_options(s, SERVER_OPTIONS, ServerLimits())
     s.set_defaults(handler=_cmd_serve, file=None)
 

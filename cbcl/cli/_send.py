@@ -9,7 +9,10 @@ passes, the schema, the conversation machine), so a message the protocol refuses
 refused here, with its code, and never reaches the peer. After each message the command
 waits (``--reply-timeout``) for the peer's next message in the same conversation (for a
 message without a conversation-id: the peer's message ``in-reply-to`` it), unless the
-message finished the conversation or ``--no-reply`` is given.
+message finished the conversation or ``--no-reply`` is given. A peer that answers with a
+NOT-UNDERSTOOD in the conversation (its handler failed, overran or gave a reply the
+protocol refuses: spec/negotiation.md §6.3) ends the command at once: one line naming the
+reason code, exit 8 (1 for ``shutdown``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..core._display import escape_invisible
 from ..core._errors import ConnectionLost
 from ..core._files import UnsafeFile, read_regular_file
 from ..core._limits import DEFAULT_LIMITS
-from ..net._agent import Agent, ConversationClosed, Link, not_understood_exit
+from ..net._agent import Agent, ConversationClosed, Link, PeerFailed, not_understood_exit
 from ..net._transport import ConnectionLimits, parse_address
 from ..protocol._api import parse
 from ..protocol._message import Message
@@ -133,6 +136,9 @@ async def _send_one(link: Link, message: Message, expect_replies: bool, as_json:
         return 0
     try:
         reply = await conversation.next()
+    except PeerFailed as exc:  # the peer could not answer: its reason, at once
+        print(escape_invisible(f"send: {exc.message}"), file=sys.stderr)
+        return exc.exit_code
     except ConversationClosed as exc:
         print(escape_invisible(f"send: {exc.message}"), file=sys.stderr)
         return 1 if exc.reason in ("no-reply", "closed", "error") \

@@ -10,11 +10,14 @@ from ._agent import (
     AgentConversation,
     Context,
     ConversationClosed,
+    HandlerLimits,
     LearnedLibrary,
     Link,
     NegotiationFailed,
+    PeerFailed,
     load_handler,
 )
+from ._handlers import on_loop
 from ._transport import (
     Connection,
     ConnectionLimits,
@@ -36,16 +39,19 @@ __all__ = [
     "ConnectionLost",
     "Context",
     "ConversationClosed",
+    "HandlerLimits",
     "LearnedLibrary",
     "Link",
     "NatsBus",
     "NatsLimits",
     "NegotiationFailed",
+    "PeerFailed",
     "Server",
     "ServerLimits",
     "WorkPool",
     "connect",
     "load_handler",
+    "on_loop",
     "serve",
 ]
 

@@ -13,10 +13,26 @@ handler for its protocol and intent, whose reply is sent in the same conversatio
 here parses or judges bytes: the session did both passes, the schema, the replay window and
 the conversation machine before an event exists.
 
+Handlers run beside the pump, never in it (:mod:`cbcl.net._handlers`): the messages of one
+conversation go to a *lane* of their own, handled one at a time in order; lanes run at once
+up to ``handler_concurrency`` per link, and at ``handler_backlog`` messages taken and not
+yet handled the pump stops reading. A plain handler runs in the agent's bounded threads, a
+coroutine on the loop; each is cut off at ``handler_timeout``. A handler that raises (any
+exception: it is contained), overruns, returns something that is not a message or a reply
+the protocol refuses is logged and answered in the message's conversation with a
+NOT-UNDERSTOOD naming why (spec/negotiation.md §6.3), so the peer's ``send`` raises
+:class:`PeerFailed` at once. When the link ends, its handlers are cancelled (coroutines) or
+their results dropped (threads); :meth:`Agent.close` first lets them finish for a grace
+period, then answers the rest ``shutdown``.
+
 Ends are events, never stray exceptions: when the stream ends, a deadline passes or the
 peer is refused, every open conversation is ended with the reason (awaiting a reply then
-raises :class:`ConversationClosed`) and :attr:`Link.closed` is set; handler failures are
-logged, one escaped line each, and answered with nothing.
+raises :class:`ConversationClosed`) and :attr:`Link.closed` is set.
+
+Logging: every event is a record of the ``cbcl.net`` logger (INFO; handler failures ERROR
+with their traceback), its text one escaped line and its fields in the record's ``cbcl``
+attribute (``event``, ``link``, ``peer``, ``conversation``, ``protocol``, ``intent``,
+``reason``, ``timings``); ``Agent(log=)`` is also given each line of INFO and above.
 """
 
 from __future__ import annotations
@@ -24,8 +40,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import inspect
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -33,7 +49,7 @@ import sys
 import tempfile
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,6 +63,7 @@ from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import PreparedDescriptor, Registry, compiled_size
 from ..protocol._trust import Identity, TrustStore, read_signed_descriptor_unverified
+from ..session._reasons import MAX_FAILURE_DETAIL, failure_body, failure_exit, read_failure
 from ..session._session import (
     Accepted,
     ConnectionClosed,
@@ -60,6 +77,7 @@ from ..session._session import (
     Session,
     Unsupported,
 )
+from ._handlers import CANCEL_WAIT, HandlerLimits, HandlerThreads, Outcome, run_handler
 from ._transport import (
     Connection,
     ConnectionLimits,
@@ -84,6 +102,32 @@ Handler = Callable[[Message, "Context"], Reply | Awaitable[Reply]]
 REJECT_EXIT = {"limit": 4, "grammar-refused": 5, "malformed": 5, "no-common-encoding": 5}
 
 LEARNED_DIR = "learned"
+
+#: The logger of the net layer: every event of an agent, its links and its servers.
+logger = logging.getLogger("cbcl.net")
+
+
+class PeerFailed(ConversationClosed):
+    """The peer could not answer our message: it answered with a NOT-UNDERSTOOD in the
+    conversation (spec/negotiation.md §6.3) — its handler failed (``handler-failed``),
+    overran (``handler-timeout``), gave a reply the protocol refuses (``invalid-reply``),
+    or the peer stopped (``shutdown``); any other code is the peer's own. ``reason`` is
+    the code, ``detail`` the peer's text after it (escaped, shortened), ``reply`` the
+    NOT-UNDERSTOOD itself, ``exit_code`` that of ``cbcl send`` (8; 1 for ``shutdown``).
+    The conversation is not ended: the peer may be asked again."""
+
+    kind = "peer-failed"
+
+    def __init__(self, reply: Message) -> None:
+        code, detail = read_failure(reply.body)
+        # Escaped (the peer's text, shown on one line), not quoted: a detail the peer
+        # escaped already reads the same.
+        self.detail = escape_invisible(detail, limit=MAX_FAILURE_DETAIL) if detail else ""
+        answered = peer_text(reply.in_reply_to, 64)
+        super().__init__(f'the peer could not answer "{answered}": {code}'
+                         + (f" ({self.detail})" if self.detail else ""), reason=code)
+        self.reply = reply
+        self.exit_code = failure_exit(code)  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- learned
@@ -307,7 +351,8 @@ class AgentConversation:
         """Send ``(intent, body)`` in this conversation; return the peer's next message in
         it (``None`` with ``expect_reply=False``, or when this message finished the
         conversation). ``timeout`` (seconds, default the agent's ``reply_timeout``).
-        Raises :class:`ConversationClosed` (the link ended, or no reply in time),
+        Raises :class:`PeerFailed` (the peer answered that it could not answer: its reason
+        code, at once), :class:`ConversationClosed` (the link ended, or no reply in time),
         :class:`~cbcl.ProtocolError`/``ViolationError`` for a message the protocol refuses
         (nothing is sent), ``TypeError``/``ValueError`` for a body that is no CBCL value."""
         link = self.link
@@ -327,8 +372,9 @@ class AgentConversation:
         return await self.next(timeout=timeout)
 
     async def next(self, *, timeout: float | None = None) -> Message:
-        """The peer's next message in this conversation. Raises
-        :class:`ConversationClosed`."""
+        """The peer's next message in this conversation. Raises :class:`PeerFailed` when
+        it is a NOT-UNDERSTOOD (the peer could not answer: spec/negotiation.md §6.3) and
+        :class:`ConversationClosed` when the link ended or nothing came in time."""
         wait = self.link.agent.reply_timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -344,7 +390,10 @@ class AgentConversation:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._waiter, left)
             self._waiter = None
-        return self._queue.popleft()
+        message = self._queue.popleft()
+        if message.intent is Intent.NOT_UNDERSTOOD:
+            raise PeerFailed(message)
+        return message
 
 
 class Link:
@@ -367,8 +416,22 @@ class Link:
         self.established: asyncio.Future[Established] = \
             asyncio.get_running_loop().create_future()
         self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        #: The task taking this link's events, for a link opened by :meth:`Agent.connect`.
-        self.task: asyncio.Task[str] | None = None
+        #: The task taking this link's events (a served link's: its connection's task).
+        self.task: asyncio.Task[Any] | None = None
+        # Handlers (see the module doc): one lane of messages per conversation, each lane
+        # a task; the pump reads no further while ``_backlog`` messages are not handled.
+        limits = agent.handler_limits
+        self._lanes: dict[tuple[str, str], deque[tuple[ProtocolMessage, Handler]]] = {}
+        self._lane_tasks: set[asyncio.Task[None]] = set()
+        self._backlog = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._slots = asyncio.Semaphore(limits.handler_concurrency)
+        #: Done when this link's handlers are to stop (shutdown): each is answered
+        #: ``shutdown``.
+        self._stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: Handlers running on this link now.
+        self.running = 0
 
     @property
     def protocol(self) -> Protocol | None:
@@ -403,10 +466,28 @@ class Link:
     def next_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids)}"
 
-    def log(self, text: str) -> None:
+    def logs(self, level: int = logging.INFO) -> bool:
+        """Whether an event at ``level`` goes anywhere (so its line is worth building)."""
+        return (self.agent.log is not None and level >= logging.INFO) \
+            or logger.isEnabledFor(level)
+
+    def log(self, text: str, *, level: int = logging.INFO, event: str = "link",
+            exc_info: BaseException | None = None, message: Message | None = None,
+            **fields: Any) -> None:
+        """Log one event of this link: ``text`` (escaped: one line, whatever slipped) with
+        the link's tag, as a record of the ``cbcl.net`` logger at ``level`` whose ``cbcl``
+        attribute holds ``event``, the link, the peer, the fields of ``message`` and
+        ``fields`` (values from the peer escaped); and, at INFO and above, through the
+        agent's ``log`` callable. ``exc_info``: a traceback for the record."""
+        line = escape_invisible(f"{self.tag}: {text}")
         say = self.agent.log
-        if say is not None:
-            say(escape_invisible(f"{self.tag}: {text}"))  # one line, whatever slipped
+        if say is not None and level >= logging.INFO:
+            say(line)
+        if logger.isEnabledFor(level):
+            data = EventFields(event, fields, message, self.tag, self.connection.peer,
+                               self.session.peer)
+            logger.log(level, "%s", line, exc_info=exc_info, extra={"cbcl": data},
+                       stacklevel=2)
 
     def conversation(self, conversation_id: str | None = None) -> AgentConversation:
         """A new conversation (a fresh id unless ``conversation_id``). Raises
@@ -460,13 +541,32 @@ class Link:
         return self.session.last_sent_step
 
     async def close(self) -> None:
-        """Close the link: open conversations end with ``closed``."""
+        """Close the link: open conversations end with ``closed``, and handlers still
+        running on it are stopped as for any end of the link (:meth:`Agent.close` first
+        lets them finish, or answers them ``shutdown``)."""
         await self.connection.close()
         self._finish("closed")
+
+    def _stop_handlers(self) -> None:
+        if not self._stopping.done():
+            self._stopping.set_result(None)
+
+    async def _end_handlers(self) -> None:
+        """The link has ended: cancel its lanes (a coroutine handler is cancelled, a
+        thread's result dropped) and wait for them, at most a few seconds."""
+        lanes = set(self._lane_tasks)
+        if not lanes:
+            return
+        if self.running and self.logs():
+            self.log(f"{self.running} handler(s) stopped: the link ended", event="stopped")
+        for lane in lanes:
+            lane.cancel()
+        await asyncio.wait(lanes, timeout=CANCEL_WAIT + 1.0)
 
     def _finish(self, reason: str) -> None:
         if not self.closed.done():
             self.closed.set_result(reason)
+        self._room.set()  # a pump waiting for room reads on, and finds the stream's end
         if not self.established.done():
             self.established.set_exception(ConversationClosed(
                 f"the link closed before a protocol was agreed ({reason})", reason=reason))
@@ -484,17 +584,21 @@ class Link:
             reason = await self._pump()
         except ConnectionLost as exc:
             reason = exc.code or "error"
-            self.log(peer_text(exc.one_line(), 240, tail=100))
+            self.log(peer_text(exc.one_line(), 240, tail=100), level=logging.WARNING,
+                     event="ended", reason=reason)
             if exc.code == "busy":
                 raise  # the server counts it as a refusal
         except RemoteProtocolError as exc:
             reason = exc.code
-            self.log(self._ended_text(exc))
+            self.log(self._ended_text(exc), level=logging.WARNING, event="ended",
+                     reason=reason)
         except CBCLError as exc:  # our side's session failed (a message it refused to send)
             reason = "error"
-            self.log(peer_text(exc.one_line(), 240, tail=100))
+            self.log(peer_text(exc.one_line(), 240, tail=100), level=logging.WARNING,
+                     event="ended", reason=reason)
         finally:
             self._finish(reason)
+            await self._end_handlers()
             if self.session.role == "initiator":  # a server closes its own connections
                 await self.connection.close()
         return reason
@@ -512,18 +616,30 @@ class Link:
 
     async def _pump(self) -> str:
         connection, session = self.connection, self.session
+        backlog = self.agent.handler_limits.handler_backlog
         while True:
+            # Read no further until a handler is done (or the link was closed meanwhile).
+            while self._backlog >= backlog and not self.closed.done():
+                self._room.clear()
+                await self._room.wait()
             event = await connection.next_event()
             if isinstance(event, Query):
                 answer = "supported" if session.protocol is not None else "unsupported"
                 self.log(f"asked for {peer_text(event.protocol, 64)} "
                          f"{peer_text(event.digest, 19)} versions "
                          f"({_peer_list(event.versions)}), encodings "
-                         f"{_peer_list(event.encodings)} -> {answer}")
+                         f"{_peer_list(event.encodings)} -> {answer}", event="asked",
+                         protocol=peer_text(event.protocol, 64), reason=answer)
             elif isinstance(event, Offer):
                 self._offer = event.document
                 self.log(f"offer received ({len(event.document)} bytes of signed "
-                         "descriptor); verifying and compiling it off the event loop")
+                         "descriptor); verifying and compiling it off the event loop",
+                         event="offer")
+            elif isinstance(event, Accepted) and session.role == "initiator":
+                self.log(f"the peer accepted our offer: {peer_text(event.protocol, 64)} "
+                         f"version {peer_text(event.version, 20)} "
+                         f"({peer_text(event.encoding, 16)})", event="accepted",
+                         protocol=peer_text(event.protocol, 64))
             elif isinstance(event, Accepted):
                 self.log(f"verified (signed by "
                          f"{', '.join(peer_text(s, 40) for s in event.signers)}), "
@@ -531,11 +647,15 @@ class Link:
                          f"{connection.last_work_ms:.1f} ms; "
                          f"{peer_text(event.protocol, 64)} version "
                          f"{peer_text(event.version, 20)} loaded -> accepted "
-                         f"({peer_text(event.encoding, 16)})")
+                         f"({peer_text(event.encoding, 16)})", event="accepted",
+                         protocol=peer_text(event.protocol, 64),
+                         timings={"work_ms": round(connection.last_work_ms, 3)})
             elif isinstance(event, Rejected):
                 self.log(f"rejected: {peer_text(event.reason, 32)} "
                          f"[{peer_text(event.detail, 200)}] "
-                         f"({connection.last_work_ms:.1f} ms)")
+                         f"({connection.last_work_ms:.1f} ms)", level=logging.WARNING,
+                         event="rejected", reason=peer_text(event.reason, 32),
+                         timings={"work_ms": round(connection.last_work_ms, 3)})
                 if session.role == "initiator":
                     return self._rejected(event)
             elif isinstance(event, Established):
@@ -543,7 +663,9 @@ class Link:
             elif isinstance(event, ProtocolMessage):
                 await self._on_message(event)
             elif isinstance(event, NotUnderstood):
-                self.log(f"the peer did not understand: {peer_text(event.reason, 64)}")
+                self.log(f"the peer did not understand: {peer_text(event.reason, 64)}",
+                         level=logging.WARNING, event="not-understood",
+                         reason=peer_text(event.reason, 64))
                 if not self.established.done():
                     self.established.set_exception(NegotiationFailed(
                         f"the peer did not understand: {event.reason}", reason=event.reason,
@@ -551,7 +673,7 @@ class Link:
                     self.established.exception()  # retrieved: a served link awaits nothing
                 return event.reason
             elif isinstance(event, ConnectionClosed):
-                self.log("closed")
+                self.log("closed", event="closed")
                 return "closed"
             elif isinstance(event, Unsupported) and self._offer is not None:
                 await connection.send(Offer(self._offer))  # Supported, Finished: no answer
@@ -571,7 +693,8 @@ class Link:
             f" with {peer_text(identity.name, 64)} (key {peer_text(identity.key_id, 40)}"
             f"{'' if identity.bound else ', name not bound by the trust policy'})")
         self.log(f"established {peer_text(event.protocol, 64)} in "
-                 f"{peer_text(event.encoding, 16)}{who}")
+                 f"{peer_text(event.encoding, 16)}{who}", event="established",
+                 protocol=peer_text(event.protocol, 64))
         protocol = session.protocol
         library = self.agent.learned
         if protocol is not None and session.role == "responder":
@@ -584,10 +707,14 @@ class Link:
 
     async def _on_message(self, event: ProtocolMessage) -> None:
         message, step = event.message, event.step
-        where = (f" ({peer_text(step.before, 32)} -> {peer_text(step.after, 32)})"
-                 if step else "")
-        self.log(f'received "{peer_text(message.message_id, 64)}" '
-                 f"{message.intent.value}{where}")
+        if self.logs():
+            where = (f" ({peer_text(step.before, 32)} -> {peer_text(step.after, 32)})"
+                     if step else "")
+            failure = event.failure
+            why = "" if failure is None else f" {peer_text(failure[0], 64)}"
+            self.log(f'received "{peer_text(message.message_id, 64)}" '
+                     f"{message.intent.value}{why}{where}", event="received",
+                     message=message)
         cid = message.conversation_id
         waiting = self._conversations.get(cid) if cid is not None else None
         if waiting is not None:
@@ -600,37 +727,230 @@ class Link:
             if answered is not None:
                 answered._deliver(message, True)
                 return
+        if message.intent is Intent.NOT_UNDERSTOOD:
+            return  # a failure nothing here waits for: never a handler's (no ping-pong)
         handler = self.agent.handler_for(str(message.protocol), message.intent)
         if handler is None:
             return
+        self._dispatch(event, handler)
+
+    # ----------------------------------------------------------------- handlers
+
+    def _dispatch(self, event: ProtocolMessage, handler: Handler) -> None:
+        """Hand ``event`` to its conversation's lane (a message without a conversation-id
+        has one of its own), starting the lane's task if it has none."""
+        message = event.message
+        cid = message.conversation_id
+        key = ("c", cid) if cid is not None else ("m", message.message_id)
+        self._backlog += 1
+        lane = self._lanes.get(key)
+        if lane is not None:
+            lane.append((event, handler))
+            return
+        lane = deque([(event, handler)])
+        self._lanes[key] = lane
+        task = asyncio.get_running_loop().create_task(self._run_lane(key, lane))
+        self._lane_tasks.add(task)
+        task.add_done_callback(self._lane_tasks.discard)
+
+    async def _run_lane(self, key: tuple[str, str],
+                        lane: deque[tuple[ProtocolMessage, Handler]]) -> None:
+        """Handle one conversation's messages in order, each when a slot is free."""
         try:
-            answer = handler(message, Context(message, link=self))
-            if inspect.isawaitable(answer):  # (a plain function cannot be interrupted)
-                async with asyncio.timeout(self.agent.handler_timeout):
-                    answer = await answer
-        except TimeoutError:
-            self.log(f"the handler did not answer within {self.agent.handler_timeout:g} s")
+            while lane:
+                event, handler = lane[0]
+                try:
+                    async with self._slots:
+                        await self._handle(event, handler)
+                except Exception as exc:  # ours, not the handler's: logged, the lane goes on
+                    self.log(f"internal: {type(exc).__name__}: {peer_text(str(exc), 160)} "
+                             "(please report this)", level=logging.ERROR, event="internal",
+                             exc_info=exc)
+                lane.popleft()
+                self._backlog -= 1
+                self._room.set()
+        finally:
+            if self._lanes.get(key) is lane:
+                del self._lanes[key]
+
+    async def _handle(self, event: ProtocolMessage, handler: Handler) -> None:
+        """Run ``handler`` for ``event`` and send what it came to: its reply, or a
+        failure NOT-UNDERSTOOD (:meth:`_fail`)."""
+        agent, message = self.agent, event.message
+        self.running += 1
+        try:
+            outcome = await run_handler(handler, message, Context(message, link=self),
+                                        threads=agent.threads, timeout=agent.handler_timeout,
+                                        stop=self._stopping)
+        finally:
+            self.running -= 1
+        kind, value = outcome.kind, outcome.value
+        timings = {"handler_ms": round(outcome.seconds * 1000, 3)}
+        if kind == "answer":
+            if value is None:
+                return
+            if isinstance(value, Message):
+                await self._reply(event, value, timings)
+                return
+            text = f"the handler returned {type(value).__name__}, not a Message"
+            self.log(f"{text}: nothing sent", level=logging.ERROR, event="handler-failed",
+                     message=message, reason="handler-failed", timings=timings)
+            await self._fail(event, "handler-failed", private=text)
+        elif kind == "raised":
+            self._log_raised(value, message, timings)
+            await self._fail(event, "handler-failed",
+                             private=f"{type(value).__name__}: {value}")
+        elif kind == "timeout":
+            busy = "" if value != "thread" else (
+                f" (no handler thread was free: {agent.threads.busy} of "
+                f"{agent.threads.max_threads} busy, overrunning handlers included)")
+            self.log(f"the handler did not answer within {agent.handler_timeout:g} s{busy}",
+                     level=logging.ERROR, event="handler-timeout", message=message,
+                     reason="handler-timeout", timings=timings)
+            await self._fail(event, "handler-timeout",
+                             public=f"no answer within {agent.handler_timeout:g} s")
+        else:
+            self.log("the handler was stopped: the agent is stopping", level=logging.WARNING,
+                     event="shutdown", message=message, reason="shutdown", timings=timings)
+            await self._fail(event, "shutdown", public="the agent is stopping")
+
+    def _log_raised(self, error: BaseException, message: Message,
+                    timings: dict[str, float]) -> None:
+        """A handler raised ``error``: one ERROR line; an exception's traceback with it,
+        any other BaseException's (SystemExit, KeyboardInterrupt …, contained: the server
+        stops only on its own signals) at DEBUG."""
+        said = f": {peer_text(str(error), 160)}" if str(error) else ""
+        if isinstance(error, Exception):
+            self.log(f"the handler failed: {type(error).__name__}{said}", level=logging.ERROR,
+                     event="handler-failed", exc_info=error, message=message,
+                     reason="handler-failed", timings=timings)
             return
-        except Exception as exc:  # user code: logged, never the end of the link
-            self.log(f"the handler failed: {type(exc).__name__}: "
-                     f"{peer_text(str(exc), 160)}")
-            return
-        if answer is None:
-            return
-        if not isinstance(answer, Message):
-            self.log(f"the handler returned {type(answer).__name__}, not a Message: "
-                     "nothing sent")
+        self.log(f"the handler raised {type(error).__name__}{said}: contained, the agent "
+                 "goes on", level=logging.ERROR, event="handler-failed", message=message,
+                 reason="handler-failed", timings=timings)
+        if logger.isEnabledFor(logging.DEBUG):
+            self.log(f"the handler's {type(error).__name__}", level=logging.DEBUG,
+                     event="handler-failed", exc_info=error, message=message)
+
+    async def _reply(self, event: ProtocolMessage, answer: Message,
+                     timings: dict[str, float]) -> None:
+        """Send the handler's ``answer``; one the protocol refuses is not sent, and the
+        peer is answered ``invalid-reply`` instead."""
+        message = event.message
+        protocol, session = self.session.protocol, self.session
+        if protocol is None or answer.protocol != protocol.id \
+                or (answer.sender, answer.receiver) != (session.me, session.peer):
+            # (the session would end over a message of another protocol or parties)
+            refusal = f"the reply is not a message of this link ({protocol and protocol.id}" \
+                      f" from {session.me} to {session.peer})"
+            self.log(f"our reply was not sent: {peer_text(refusal, 200)}",
+                     level=logging.ERROR, event="invalid-reply", message=message,
+                     reason="invalid-reply", timings=timings)
+            await self._fail(event, "invalid-reply", public="protocol", private=refusal)
             return
         try:
             await self.send(answer)
-        except ConversationClosed:
+        except (ConversationClosed, ConnectionLost):
             return
         except CBCLError as exc:
-            if isinstance(exc, ConnectionLost):
-                raise
-            self.log(f"our reply was not sent: {peer_text(exc.one_line(), 200)}")
+            self.log(f"our reply was not sent: {peer_text(exc.one_line(), 200)}",
+                     level=logging.ERROR, event="invalid-reply", message=message,
+                     reason="invalid-reply", timings=timings)
+            await self._fail(event, "invalid-reply", public=exc.kind, private=exc.one_line())
             return
-        self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value}')
+        if self.logs():
+            self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value}',
+                     event="sent", message=answer, timings=timings)
+
+    async def _fail(self, event: ProtocolMessage, code: str, *, public: str = "",
+                    private: str = "") -> None:
+        """Answer ``event``'s message with a NOT-UNDERSTOOD ``code`` in its conversation
+        (spec/negotiation.md §6.3), built as a value: ``in-reply-to`` it, the body
+        ``code: detail``, where the detail is ``private`` (an exception's text) only when
+        the agent was made with ``expose_errors``, else ``public``, escaped and
+        shortened. Nothing is sent when nobody can wait for it: the message ended its
+        conversation, or the link is closed."""
+        message = event.message
+        protocol = self.session.protocol
+        if event.finished or self.closed.done() or protocol is None:
+            return
+        if protocol.descriptor.governs(Intent.NOT_UNDERSTOOD):
+            self.log(f"no {code} answer: {peer_text(protocol.id, 64)} governs NOT-UNDERSTOOD "
+                     "bodies itself", level=logging.WARNING, event="failure-not-sent",
+                     message=message, reason=code)
+            return
+        detail = private if private and self.agent.expose_errors else public
+        shown = escape_invisible(detail, limit=MAX_FAILURE_DETAIL) if detail else ""
+        failure = Message(message_id=self.next_id(), sender=message.receiver,
+                          receiver=message.sender, intent=Intent.NOT_UNDERSTOOD,
+                          protocol=message.protocol, conversation_id=message.conversation_id,
+                          in_reply_to=message.message_id, body=failure_body(code, shown))
+        try:
+            await self.send(failure)
+        except (ConversationClosed, ConnectionLost):
+            return
+        except CBCLError as exc:
+            self.log(f"the {code} answer was not sent: {peer_text(exc.one_line(), 200)}",
+                     level=logging.WARNING, event="failure-not-sent", message=message,
+                     reason=code)
+            return
+        if self.logs():
+            self.log(f'answered "{peer_text(message.message_id, 64)}" with NOT-UNDERSTOOD '
+                     f"{code}", event="failure-sent", message=message, reason=code)
+
+
+class EventFields(Mapping[str, Any]):
+    """A log record's ``cbcl`` attribute: the event's fields — ``event``, then (for a
+    link's) ``link``, ``peer`` (its address), ``agent`` (the peer's name), then a
+    message's (:func:`message_fields`), then the event's own (``reason``, ``timings`` …).
+    Values from a peer are escaped. Built when first read (a JSON formatter, a filter of
+    yours), so a record nobody reads as fields costs nothing more than its line."""
+
+    __slots__ = ("_built", "_event", "_fields", "_link", "_message", "_name", "_peer")
+
+    def __init__(self, event: str, fields: dict[str, Any], message: Message | None = None,
+                 link: str | None = None, peer: str | None = None,
+                 name: object | None = None) -> None:
+        self._event, self._fields, self._message = event, fields, message
+        self._link, self._peer, self._name = link, peer, name
+        self._built: dict[str, Any] | None = None
+
+    def _data(self) -> dict[str, Any]:
+        built = self._built
+        if built is None:
+            built = {"event": self._event}
+            if self._link is not None:
+                built["link"] = self._link
+                built["peer"] = peer_text(self._peer, 64)
+                if self._name is not None:
+                    built["agent"] = peer_text(self._name, 96)
+            if self._message is not None:
+                built.update(message_fields(self._message))
+            built.update(self._fields)
+            self._built = built
+        return built
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data())
+
+    def __len__(self) -> int:
+        return len(self._data())
+
+    def __repr__(self) -> str:
+        return f"EventFields({self._data()!r})"
+
+
+def message_fields(message: Message) -> dict[str, str]:
+    """A message's fields for a log record: its conversation, protocol, intent and id,
+    each escaped (they came from a peer, or will go to one)."""
+    fields = {"protocol": peer_text(message.protocol, 64), "intent": message.intent.value,
+              "message_id": peer_text(message.message_id, 64)}
+    if message.conversation_id is not None:
+        fields["conversation"] = peer_text(message.conversation_id, 64)
+    return fields
 
 
 #: NOT-UNDERSTOOD codes that are trust failures (exit 6), and those that say the server
@@ -677,17 +997,26 @@ class Agent:
     Handlers: :meth:`on` registers one per protocol id and intent (``intent=None``: every
     intent of that protocol); ``handler`` is the fallback for everything else. A handler is
     ``handler(message, context) -> Message | None`` (or a coroutine function); a returned
-    message is sent as the reply. Each link runs its handlers one at a time, in the order the
-    messages came; a coroutine handler is cancelled after ``handler_timeout`` seconds.
-    ``reply_timeout``: how long :meth:`AgentConversation.send` waits for a reply by
-    default.
+    message is sent as the reply. A plain function runs in one of the agent's
+    ``handler_limits.handler_threads`` threads (it must not touch the event loop;
+    ``context.reply`` is safe), a coroutine function on the loop. One conversation's
+    messages are handled one at a time, in order; different conversations' at once, up to
+    ``handler_limits.handler_concurrency`` per link (:class:`HandlerLimits`). Each is cut
+    off after ``handler_timeout`` seconds (a coroutine is cancelled; a thread cannot be
+    killed: its result is dropped, and it holds its thread until it returns). A handler that
+    raises (anything: it is contained), overruns, or returns something that is not a message
+    or a reply the protocol refuses is logged and answered with a NOT-UNDERSTOOD naming why
+    (``handler-failed``, ``handler-timeout``, ``invalid-reply``: spec/negotiation.md §6.3),
+    with the exception's text only when ``expose_errors``. ``reply_timeout``: how long
+    :meth:`AgentConversation.send` waits for a reply by default.
 
     Limits: ``limits`` for every message, ``connection_limits`` per connection,
-    ``server_limits`` for :meth:`serve`; ``max_learned`` protocol ids and
-    ``max_learned_bytes`` of compiled tables kept from what peers taught. ``log``: called
-    with one escaped line per event (``cbcl serve`` prints them). Raises ``TypeError`` /
-    ``ValueError`` for bad arguments and :class:`CBCLError` for a descriptor that does not
-    load.
+    ``server_limits`` for :meth:`serve`, ``handler_limits`` for handlers;
+    ``max_learned`` protocol ids and ``max_learned_bytes`` of compiled tables kept from what
+    peers taught. Every event is logged to the ``cbcl.net`` logger (see the module doc);
+    ``log``, if given, is also called with each event's one escaped line (INFO and above).
+    Raises ``TypeError`` / ``ValueError`` for bad arguments and :class:`CBCLError` for a
+    descriptor that does not load.
     """
 
     def __init__(self, name: URI | str, *, key: tuple[str, Ed25519PrivateKey] | None = None,
@@ -700,7 +1029,9 @@ class Agent:
                  handler_timeout: float = 30.0, reply_timeout: float = 10.0,
                  encodings: Iterable[str] = ("binary", "text"), max_learned: int = 64,
                  max_learned_bytes: int = 64 << 20,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 handler_limits: HandlerLimits | None = None,
+                 expose_errors: bool = False) -> None:
         self.name = URI(str(name))
         self.key = key
         self.limits = limits or DEFAULT_LIMITS
@@ -717,6 +1048,13 @@ class Agent:
                 raise ValueError(f"{label} must be a number of seconds in (0, 86400]")
         self.handler_timeout = float(handler_timeout)
         self.reply_timeout = float(reply_timeout)
+        self.handler_limits = handler_limits or HandlerLimits()
+        if not isinstance(self.handler_limits, HandlerLimits):
+            raise TypeError("handler_limits must be a cbcl.net.HandlerLimits")
+        #: Whether failure answers carry the exception's text (never by default).
+        self.expose_errors = bool(expose_errors)
+        #: The threads plain handlers run in.
+        self.threads = HandlerThreads(self.handler_limits.handler_threads)
         self.encodings = tuple(encodings)
         self.log = log
         self.fallback = handler
@@ -726,6 +1064,7 @@ class Agent:
             directory=None if self.state is None else self.state / LEARNED_DIR)
         self._links: set[Link] = set()
         self._servers: list[Server] = []
+        self._tasks: set[asyncio.Task[Any]] = set()  # the served connections' tasks
         self._numbers = itertools.count(1)
         self.pool = WorkPool(self.server_limits.compile_workers,
                              self.server_limits.compile_queue)
@@ -739,9 +1078,17 @@ class Agent:
                       f"{self.learned.directory}: "
                       + ", ".join(f"{p.id} version {p.descriptor.version}" for p in restored))
 
-    def _say(self, text: str) -> None:
-        if self.log is not None:
-            self.log(escape_invisible(text))
+    def _say(self, text: str, *, level: int = logging.INFO, event: str = "agent",
+             exc_info: BaseException | None = None, message: Message | None = None,
+             **fields: Any) -> None:
+        """Log one event of the agent (not of one link): ``text``, escaped to one line,
+        to the ``cbcl.net`` logger and the ``log`` callable (as :meth:`Link.log`)."""
+        line = escape_invisible(text)
+        if self.log is not None and level >= logging.INFO:
+            self.log(line)
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s", line, exc_info=exc_info,
+                       extra={"cbcl": EventFields(event, fields, message)}, stacklevel=2)
 
     def _registry(self) -> Registry:
         state = self.state
@@ -804,13 +1151,20 @@ class Agent:
             self._watch_offers(connection, peer)
             link = Link(self, connection, next(self._numbers), "serve")
             self._links.add(link)
+            task = asyncio.current_task()
+            if task is not None:  # the server's task for this connection: close() awaits it
+                link.task = task
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             try:
                 await link.run()
             finally:
                 connection.session.registry.abandon()  # its compiles stop: nobody waits
 
         def refused(peer: str, reason: str) -> None:
-            self._say(f"serve: refused a connection from {peer_text(peer, 64)}: {reason}")
+            self._say(f"serve: refused a connection from {peer_text(peer, 64)}: {reason}",
+                      level=logging.WARNING, event="refused", peer=peer_text(peer, 64),
+                      reason=reason)
 
         server = await serve(address, self._responder, handle,
                              limits=self.connection_limits, server_limits=self.server_limits,
@@ -863,20 +1217,67 @@ class Agent:
             raise
         return link
 
-    async def close(self) -> None:
-        """Stop serving, close every open link and the work pool."""
+    async def drain(self, grace: float | None = None) -> None:
+        """Let the handlers running on every link finish, for at most ``grace`` seconds
+        (default ``handler_limits.shutdown_grace``; their replies are sent), then stop the
+        rest: each is answered ``shutdown`` (a coroutine is cancelled, a thread's result
+        dropped). The links stay open, but from then on every message they bring is
+        answered ``shutdown``: this is the first half of :meth:`close`, for a caller that
+        must do something between (``cbcl serve --nats`` closes its bus)."""
+        grace = self.handler_limits.shutdown_grace if grace is None else grace
+        links = list(self._links)
+        busy = {lane for link in links for lane in link._lane_tasks}
+        if busy and grace > 0:
+            self._say(f"agent: waiting up to {grace:g} s for {len(busy)} conversation(s) "
+                      "still being handled", event="draining")
+            await asyncio.wait(busy, timeout=grace)
+        for link in links:
+            link._stop_handlers()
+        # Each stopped handler is answered; a message taken meanwhile is answered at once.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CANCEL_WAIT + 1.0
+        while (left := {lane for link in links for lane in link._lane_tasks}) \
+                and loop.time() < deadline:
+            await asyncio.wait(left, timeout=deadline - loop.time())
+
+    async def close(self, *, grace: float | None = None) -> None:
+        """Stop serving, let running handlers finish within ``grace`` seconds (default
+        ``handler_limits.shutdown_grace``, see :meth:`drain`), close every open link and
+        the work pool."""
         for server in self._servers:
             server.close()
-        for link in list(self._links):
+        await self.drain(grace)
+        links = list(self._links)
+        for link in links:
             await link.close()
+        # Each link's task ends once its stream has (so nothing is left pending when the
+        # loop closes); bounded, as every wait is.
+        tasks = {link.task for link in links if link.task is not None} | self._tasks
+        tasks.discard(asyncio.current_task())
+        if tasks:
+            await asyncio.wait(tasks, timeout=CANCEL_WAIT + 2.0)
         for server in self._servers:
             await server.wait_closed()
         self._servers.clear()
         self.pool.close()
+        self.threads.close()
         if self._own_state is not None:
             shutil.rmtree(self._own_state, ignore_errors=True)
 
 
-__all__ = ["Agent", "AgentConversation", "Context", "ConversationClosed", "LearnedLibrary",
-           "Link",
-           "NegotiationFailed", "load_handler", "not_understood_exit"]
+__all__ = [
+    "Agent",
+    "AgentConversation",
+    "Context",
+    "ConversationClosed",
+    "EventFields",
+    "HandlerLimits",
+    "LearnedLibrary",
+    "Link",
+    "NegotiationFailed",
+    "Outcome",
+    "PeerFailed",
+    "load_handler",
+    "message_fields",
+    "not_understood_exit",
+]

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import inspect
+import logging
 import re
 import secrets
 import time
@@ -86,6 +86,7 @@ from ..session._session import (
     not_understood_frame,
 )
 from ._agent import Agent, Context, ConversationClosed, Link
+from ._handlers import run_handler
 from ._transport import (
     _HANDSHAKE_OVER,
     Connection,
@@ -274,6 +275,9 @@ class NatsConnection(Connection):
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._answers: OrderedDict[bytes, list[tuple[str, bytes]]] = OrderedDict()
         self._current: bytes | None = None  # digest of the frame being handled
+        # The frame each received protocol message came in, by message id: a handler's
+        # reply, sent while later frames are taken, is the answer to that frame.
+        self._frame_of: OrderedDict[str, bytes] = OrderedDict()
         self._suffix: str | None = None  # its conversation token (None: a handshake subject)
         self._last_activity = self._loop.time()
         self._resend: tuple[str, bytes, str] | None = None
@@ -321,6 +325,10 @@ class NatsConnection(Connection):
 
     async def _accepted(self, event: Event) -> None:
         await self._check_subjects(event)  # (Connection.next_event's hook)
+        if isinstance(event, ProtocolMessage) and self._current is not None:
+            self._frame_of[event.message.message_id] = self._current
+            while len(self._frame_of) > self.bus.limits.reply_cache:
+                self._frame_of.popitem(last=False)
 
     async def _receive(self) -> None:
         """The next frame from this session's inbox (a NATS message carries one frame
@@ -415,11 +423,15 @@ class NatsConnection(Connection):
             self._resend_at = self._loop.time() + self.bus.limits.retransmit_after
             self._arrived.set()  # the pump's wait recomputes its wake-up time
 
-    async def _emit(self, subject: str, data: bytes, reply: str = "") -> None:
+    async def _emit(self, subject: str, data: bytes, reply: str = "", *,
+                    answering: bytes | None = None) -> None:
+        """Publish ``data``, remembered as an answer to the frame ``answering`` (default:
+        the frame being handled) so that a repeat of that frame is answered again."""
         await self.bus._publish(subject, data, reply)
         self.bytes_sent += len(data)
-        if self._current is not None:
-            answers = self._answers.get(self._current)
+        frame = self._current if answering is None else answering
+        if frame is not None:
+            answers = self._answers.get(frame)
             if answers is not None and len(answers) < 8:
                 answers.append((subject, data))
 
@@ -438,15 +450,22 @@ class NatsConnection(Connection):
         if not data:
             return 0
         payload = data[PREFIX_BYTES:]
+        answering = None
         if isinstance(event, Query) and self._first_subject is not None:
             subject, reply = self._first_subject, self.inbox
             self._first_subject = None
         elif isinstance(event, ProtocolMessage):
             subject = f"{self.out_subject}.{self.bus._cid_token(event.message.conversation_id)}"
             reply = ""
+            # A reply answers the frame its message came in (handlers run beside the pump,
+            # so the frame being handled now may be a later one); anything else, none
+            # (b"": no frame).
+            replied = event.message.in_reply_to
+            answering = (self._frame_of.get(replied) if replied is not None else None) \
+                or b""
         else:
             subject, reply = self.out_subject, ""
-        await self._emit(subject, payload, reply)
+        await self._emit(subject, payload, reply, answering=answering)
         step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
         if step is not None and step.finished:
             self._resend = None
@@ -1038,26 +1057,40 @@ class NatsBus:
 
     async def _run_durable_handler(self, handler: Any, message: Message,
                                    identity: Identity | None = None) -> None:
-
+        """Run ``handler`` for a durable message as a link runs one (its threads, its
+        deadline, every exception contained and logged with its traceback); a reply it
+        returns is sent durable. A durable sender awaits no reply, so a failure is only
+        logged, never answered."""
         numbers = iter(range(1, 1 << 62))
         context = Context(message, next_id=lambda: f"d-{secrets.token_hex(12)}-"
                                                     f"{next(numbers)}",
                           identity=identity)
-        try:
-            answer = handler(message, context)
-            if inspect.isawaitable(answer):
-                async with asyncio.timeout(self.agent.handler_timeout):
-                    answer = await answer
-        except Exception as exc:  # user code: logged, never the end of delivery
-            self.agent._say(f"nats: the durable handler failed: {type(exc).__name__}: "
-                            f"{peer_text(exc, 160)}")
+        agent = self.agent
+        outcome = await run_handler(handler, message, context, threads=agent.threads,
+                                    timeout=agent.handler_timeout)
+        timings = {"handler_ms": round(outcome.seconds * 1000, 3)}
+        answer = outcome.value
+        if outcome.kind == "raised":
+            error: BaseException = answer
+            agent._say(f"nats: the durable handler failed: {type(error).__name__}: "
+                       f"{peer_text(error, 160)}", level=logging.ERROR,
+                       event="handler-failed", message=message, reason="handler-failed",
+                       exc_info=error if isinstance(error, Exception) else None,
+                       timings=timings)
+            return
+        if outcome.kind != "answer":
+            agent._say(f"nats: the durable handler did not answer within "
+                       f"{agent.handler_timeout:g} s", level=logging.ERROR,
+                       event="handler-timeout", message=message, reason="handler-timeout",
+                       timings=timings)
             return
         if isinstance(answer, Message):
             try:
                 await self.send_durable(answer)
             except CBCLError as exc:
-                self.agent._say(f"nats: the durable reply was not sent: "
-                                f"{peer_text(exc.one_line(), 160)}")
+                agent._say(f"nats: the durable reply was not sent: "
+                           f"{peer_text(exc.one_line(), 160)}", level=logging.ERROR,
+                           event="invalid-reply", message=answer)
 
     async def _settle(self, msg: Msg, *, accepted: bool) -> None:
         try:

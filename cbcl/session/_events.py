@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol._conversation import Step
-from ..protocol._message import Message
+from ..protocol._message import Intent, Message
+from ._reasons import read_failure
 
 
 class _NeedData:
@@ -123,7 +124,9 @@ class Established:
 @dataclass(frozen=True, slots=True)
 class ProtocolMessage:
     """A message of the agreed protocol; ``step`` is what its conversation did (``None``
-    when sending, or for a protocol without a conversation)."""
+    when sending, or for a protocol without a conversation). A NOT-UNDERSTOOD that answers
+    a message (``in-reply-to``) is one too, and ends nothing: :attr:`failure` says why the
+    peer could not answer."""
 
     message: Message
     step: Step | None = None
@@ -132,6 +135,16 @@ class ProtocolMessage:
     def finished(self) -> bool:
         """Whether this message ended its conversation (a final state)."""
         return self.step is not None and self.step.finished
+
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """For a NOT-UNDERSTOOD in a conversation (the peer could not answer the message
+        it replies to, spec/negotiation.md §6.3): its ``(code, detail)``, read from its
+        body (:func:`~cbcl.session._reasons.read_failure`); ``None`` for any other
+        message."""
+        if self.message.intent is not Intent.NOT_UNDERSTOOD:
+            return None
+        return read_failure(self.message.body)
 
 
 @dataclass(frozen=True, slots=True)

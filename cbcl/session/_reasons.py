@@ -16,10 +16,17 @@ is the *kind* of the failure, never the wording of its message:
   code not in the table.
 * Refusing an offer, an error whose code a ``(rejected …)`` cannot carry is
   :data:`REJECT_FALLBACK`.
+
+A second, separate table, :data:`FAILURES` (spec/negotiation.md §6.3), names why an agent
+answers a message of an established session with a NOT-UNDERSTOOD *in that message's
+conversation* instead of a reply: its handler failed, overran, or gave a reply the protocol
+refuses. Such a NOT-UNDERSTOOD ends nothing (conversations.md rule 1); its body is one
+string, ``CODE`` or ``CODE: DETAIL`` (:func:`failure_body`, :func:`read_failure`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..core._errors import (
@@ -160,9 +167,93 @@ def reject_reason(error: BaseException) -> str:
     return code if code in REJECT_CODES else REJECT_FALLBACK
 
 
+# --------------------------------------------------------------------------- failures
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why an agent answered a message with a NOT-UNDERSTOOD in its conversation instead
+    of a reply (spec/negotiation.md §6.3): ``code``, ``when`` it is sent, and the exit
+    status of ``cbcl send`` when it is the answer."""
+
+    code: str
+    when: str
+    exit_code: int = 8
+
+
+#: The failure table: one row per code of spec/negotiation.md §6.3.
+FAILURES: tuple[Failure, ...] = (
+    Failure("handler-failed", "the handler raised (any exception, SystemExit and "
+            "KeyboardInterrupt included) or returned something that is not a message"),
+    Failure("handler-timeout", "the handler did not answer within its deadline "
+            "(handler_timeout), or no handler thread was free by then"),
+    Failure("invalid-reply", "the handler's reply is one the protocol refuses (its body, "
+            "schema, conversation machine, limits or parties): it is not sent"),
+    Failure("shutdown", "the agent stopped before the handler answered (its grace period "
+                        "passed)", exit_code=1),
+)
+#: Every code of :data:`FAILURES`.
+FAILURE_CODES = frozenset(row.code for row in FAILURES)
+#: The code of a conversation's NOT-UNDERSTOOD whose body names none (a peer's own).
+UNNAMED_FAILURE = "not-understood"
+#: The exit status for a failure code not in :data:`FAILURES` (a peer's own).
+FAILURE_EXIT = 8
+#: The longest detail :func:`failure_body` writes, in characters (escaped).
+MAX_FAILURE_DETAIL = 200
+
+_FAILURE_BODY = re.compile(r"([a-z][a-z0-9-]{0,63})(?:: (.*))?", re.DOTALL)
+_EXITS = {row.code: row.exit_code for row in FAILURES}
+
+
+def failure_body(code: str, detail: str = "") -> str:
+    """The body of a failure NOT-UNDERSTOOD: ``code`` or ``code: detail``; ``detail`` is
+    written as it is given (the caller escapes and shortens it, see
+    :data:`MAX_FAILURE_DETAIL`). Raises ``ValueError`` for a code not in
+    :data:`FAILURES`."""
+    if code not in FAILURE_CODES:
+        raise ValueError(f"not a failure code of spec/negotiation.md §6.3: {code!r}")
+    return f"{code}: {detail}" if detail else code
+
+
+def read_failure(body: object) -> tuple[str, str]:
+    """A conversation's NOT-UNDERSTOOD body as ``(code, detail)``: a string that starts
+    with a code word (lower-case letters, digits and ``-``, at most 64, then the end or
+    ``": "``) gives that code and the rest; anything else is :data:`UNNAMED_FAILURE` with
+    the whole string (``""`` for no string) as the detail. Never raises."""
+    if type(body) is not str:
+        return UNNAMED_FAILURE, ""
+    found = _FAILURE_BODY.fullmatch(body)
+    if found is None:
+        return UNNAMED_FAILURE, body
+    return found.group(1), found.group(2) or ""
+
+
+def failure_exit(code: str) -> int:
+    """The exit status of ``cbcl send`` answered with failure ``code`` (spec
+    §6.4): the table's, else :data:`FAILURE_EXIT`."""
+    return _EXITS.get(code, FAILURE_EXIT)
+
+
 __all__ = [
-    "NOT_UNDERSTOOD_CODES", "REASONS",
-    "REJECT_CODES", "REJECT_FALLBACK", "TRUST_CAUSES", "LocalProtocolError", "Reason",
-    "RemoteProtocolError", "class_code", "error_code", "reject_reason",
+    "FAILURES",
+    "FAILURE_CODES",
+    "FAILURE_EXIT",
+    "MAX_FAILURE_DETAIL",
+    "NOT_UNDERSTOOD_CODES",
+    "REASONS",
+    "REJECT_CODES",
+    "REJECT_FALLBACK",
+    "TRUST_CAUSES",
+    "UNNAMED_FAILURE",
+    "Failure",
+    "LocalProtocolError",
+    "Reason",
+    "RemoteProtocolError",
+    "class_code",
+    "error_code",
+    "failure_body",
+    "failure_exit",
+    "read_failure",
+    "reject_reason",
     "trust_cause",
 ]

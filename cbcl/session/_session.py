@@ -578,13 +578,23 @@ class Session:
         message = parse(data, limits=self.limits, registry=self.registry)
         return self._receive_message(message, now)
 
+    def _answers_a_message(self, message: Message) -> bool:
+        """Whether ``message`` (a NOT-UNDERSTOOD) answers one message of the agreed
+        protocol — it names it (``in-reply-to``) and speaks that protocol, once ESTABLISHED
+        — and so belongs to that message's conversation and ends nothing (spec/negotiation.md
+        §6.3)."""
+        return message.in_reply_to is not None and self.protocol is not None \
+            and self.state is HandshakeState.ESTABLISHED \
+            and message.protocol == self.protocol.id
+
     def _admit(self, message: Message, now: int) -> NotUnderstood | None:
         """The checks every received message passes (parties, freshness); a peer's
         NOT-UNDERSTOOD ends the session and is returned as the event. It is taken without
         those checks: a server refusing a connection before reading a frame cannot know
         who we are (it writes ``agent://anonymous``), and a forged one can only end the
-        session, which whoever can write to the stream can do anyway."""
-        if message.intent is Intent.NOT_UNDERSTOOD:
+        session, which whoever can write to the stream can do anyway. A NOT-UNDERSTOOD
+        that answers a message of the agreed protocol is a message like any other."""
+        if message.intent is Intent.NOT_UNDERSTOOD and not self._answers_a_message(message):
             self._machine.fail()
             return NotUnderstood(message.body if type(message.body) is str else "")
         self._check_parties(message)
@@ -941,7 +951,10 @@ class Session:
             if self.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD:
                 check_outgoing(self.protocol, message, self.limits)
             step = None
-            if self.tracker is not None and message.intent is not Intent.NOT_UNDERSTOOD:
+            # A NOT-UNDERSTOOD that answers a message is in its conversation, as the
+            # receiver will judge it; any other ends the session and is in none.
+            if self.tracker is not None and (message.intent is not Intent.NOT_UNDERSTOOD
+                                             or message.in_reply_to is not None):
                 step = self.tracker.receive(message, now=now)
         except CBCLError as exc:
             raise _Refused(exc) from None
