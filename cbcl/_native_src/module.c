@@ -45,12 +45,19 @@
  * no offset is read from a descriptor, and nothing is set on a Python class or module:
  * the entries are bound by the Python definitions themselves (entry.h).
  *
- * Interpreters and the GIL. The module does not yet declare that it supports more than
- * one interpreter (Py_mod_multiple_interpreters: NOT_SUPPORTED; a subinterpreter's import
- * fails cleanly), and on free-threaded builds it declares that it needs the GIL
- * (Py_mod_gil: Py_MOD_GIL_USED): the memos are read and written without locks, and the
- * walks borrow items of tuples and dicts that only the GIL keeps from changing under
- * them.
+ * Interpreters and the GIL. With all its state in the module object, the module supports
+ * several interpreters, each with a GIL of its own (Py_mod_multiple_interpreters:
+ * Py_MOD_PER_INTERPRETER_GIL_SUPPORTED): each interpreter's import makes a module object
+ * of its own, whose state that interpreter's cbcl sets up (its setup calls, and its class
+ * bodies, which bind their entries through cbcl.core._entries from that module), so no
+ * object passes between interpreters; what they share is constant (the static data
+ * above, this module's definition). tests/test_native_state.py imports it in an isolated
+ * subinterpreter beside the main one, and runs all of cbcl in a legacy one. (cbcl as a
+ * whole needs the cryptography package, whose Rust extension loads in one interpreter of
+ * a process, the first to import it, and in no isolated one: that limit is cbcl's, not
+ * this module's.) On free-threaded builds it declares that it needs the GIL (Py_mod_gil:
+ * Py_MOD_GIL_USED): the memos are read and written without locks, and the walks borrow
+ * items of tuples and dicts that only the GIL keeps from changing under them.
  */
 #include "native.h"
 
@@ -353,8 +360,9 @@ native_free(void *module)
 static PyModuleDef_Slot native_slots[] = {
     {Py_mod_exec, native_exec},
 #if PY_VERSION_HEX >= 0x030C0000
-    /* not in more than one interpreter (see above) */
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+    /* all its state is the module object's (see above): a module per interpreter, each
+     * under that interpreter's own GIL */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
 #if PY_VERSION_HEX >= 0x030D0000
     /* unlocked memos and borrowed items (see above): the GIL is needed */
