@@ -1639,8 +1639,8 @@ pack_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *header = args[0], *tokens = args[1], *body = args[2];
-    if (enc->max_decimal_chars < 0 || !PyBytes_CheckExact(header) || !PyList_CheckExact(tokens) ||
-        !PyCapsule_IsValid(args[3], TABLE))
+    if (enc->max_decimal_chars < 0 || !PyBytes_CheckExact(header) ||
+        !PyList_CheckExact(tokens) || !PyCapsule_IsValid(args[3], TABLE))
         Py_RETURN_NONE;
     Names *codes = PyCapsule_GetPointer(args[3], TABLE);
     if (codes == NULL)

@@ -130,7 +130,8 @@ typedef struct {
     Py_ssize_t field_prefix_length[CBCL_MESSAGE_FIELDS];
     PyObject *s_protocols; /* "_protocols_by_id" */
     CEntry canonical_entry, encode_entry;
-    PyObject *encoder_members[4]; /* Encoder's validate, registry, _tables, _registry_protocols */
+    /* the member descriptors of Encoder's validate, registry, _tables, _registry_protocols */
+    PyObject *encoder_members[4];
 } EncodersState;
 
 /* The module's state (PyModuleDef.m_size): one per module object, so one per interpreter

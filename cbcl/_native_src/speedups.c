@@ -1105,7 +1105,8 @@ slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
         /* (another tuple of the same names: the envelope's and Message._trusted's) */
         Py_ssize_t k = 0;
         for (; k < count; k++) {
-            PyObject *a = PyTuple_GET_ITEM(attributes, k), *b = PyTuple_GET_ITEM(sp->slots_names, k);
+            PyObject *a = PyTuple_GET_ITEM(attributes, k);
+            PyObject *b = PyTuple_GET_ITEM(sp->slots_names, k);
             if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
                 break;
         }
@@ -1783,7 +1784,8 @@ plan_of(NativeState *st, PyObject *protocol)
 static PyObject *
 start_of(NativeState *st, PyObject *plan, PyObject *intent, PyObject *refused)
 {
-    PyObject *node = PyObject_GetAttr(PyTuple_GET_ITEM(plan, P_AUTOMATON), st->speedups.s_start);
+    PyObject *node = PyObject_GetAttr(PyTuple_GET_ITEM(plan, P_AUTOMATON),
+                                      st->speedups.s_start);
     if (node == NULL)
         return NULL;
     PyObject *entries = PyTuple_GET_ITEM(plan, P_ENTRIES);
@@ -2526,7 +2528,8 @@ data_registry_call(NativeState *st, CEntry *e,
         Py_DECREF(message);
     }
     PyObject *fallback = entry_fallback(e);
-    return fallback == NULL ? NULL : PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
+    return fallback == NULL ? NULL :
+                              PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
 }
 
 static PyObject *
@@ -2762,34 +2765,25 @@ cbcl_speedups_exec(PyObject *module, NativeState *st)
     sp->frame_state_type = (PyTypeObject *)type; /* (strong: the state's) */
     if (PyModule_AddObjectRef(module, "FrameState", type) < 0)
         return -1;
-    static const struct {
-        size_t offset;
-        const char *text;
-    } interned[] = {
-        {offsetof(SpeedupsState, s_lpar), "LPAR"},
-        {offsetof(SpeedupsState, s_rpar), "RPAR"},
-        {offsetof(SpeedupsState, s_end), "$END"},
-        {offsetof(SpeedupsState, s_string), "STRING"},
-        {offsetof(SpeedupsState, s_integer), "INTEGER"},
-        {offsetof(SpeedupsState, s_kinds) + DECIMAL * sizeof(PyObject *), "DECIMAL"},
-        {offsetof(SpeedupsState, s_kinds) + SYMBOL * sizeof(PyObject *), "SYMBOL"},
-        {offsetof(SpeedupsState, s_kinds) + KEYWORD * sizeof(PyObject *), "KEYWORD"},
-        {offsetof(SpeedupsState, s_kinds) + URI * sizeof(PyObject *), "URI"},
-        {offsetof(SpeedupsState, s_packed), "packed"},
-        {offsetof(SpeedupsState, s_min_length), "min_length"},
-        {offsetof(SpeedupsState, s_max_length), "max_length"},
-        {offsetof(SpeedupsState, s_item), "_item"},
-        {offsetof(SpeedupsState, s_start), "start"},
-        {offsetof(SpeedupsState, s_acceptance), "acceptance"},
-        {offsetof(SpeedupsState, s_registry), "registry"},
-        {offsetof(SpeedupsState, s_protocols_by_id), "_protocols_by_id"},
-        {offsetof(SpeedupsState, s_one_shot), "_one_shot"},
-    };
-    for (size_t k = 0; k < sizeof interned / sizeof interned[0]; k++) {
-        PyObject **field = (PyObject **)((char *)sp + interned[k].offset);
-        if ((*field = PyUnicode_InternFromString(interned[k].text)) == NULL)
-            return -1;
-    }
+    if ((sp->s_lpar = PyUnicode_InternFromString("LPAR")) == NULL ||
+        (sp->s_rpar = PyUnicode_InternFromString("RPAR")) == NULL ||
+        (sp->s_end = PyUnicode_InternFromString("$END")) == NULL ||
+        (sp->s_string = PyUnicode_InternFromString("STRING")) == NULL ||
+        (sp->s_integer = PyUnicode_InternFromString("INTEGER")) == NULL ||
+        (sp->s_kinds[DECIMAL] = PyUnicode_InternFromString("DECIMAL")) == NULL ||
+        (sp->s_kinds[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
+        (sp->s_kinds[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
+        (sp->s_kinds[URI] = PyUnicode_InternFromString("URI")) == NULL ||
+        (sp->s_packed = PyUnicode_InternFromString("packed")) == NULL ||
+        (sp->s_min_length = PyUnicode_InternFromString("min_length")) == NULL ||
+        (sp->s_max_length = PyUnicode_InternFromString("max_length")) == NULL ||
+        (sp->s_item = PyUnicode_InternFromString("_item")) == NULL ||
+        (sp->s_start = PyUnicode_InternFromString("start")) == NULL ||
+        (sp->s_acceptance = PyUnicode_InternFromString("acceptance")) == NULL ||
+        (sp->s_registry = PyUnicode_InternFromString("registry")) == NULL ||
+        (sp->s_protocols_by_id = PyUnicode_InternFromString("_protocols_by_id")) == NULL ||
+        (sp->s_one_shot = PyUnicode_InternFromString("_one_shot")) == NULL)
+        return -1;
     sp->decode_entry = DECODE_ENTRY;
     sp->parse_entry = PARSE_ENTRY;
     sp->one_shot_entry = ONE_SHOT_ENTRY;
