@@ -1,7 +1,10 @@
 """Types of the optional C accelerator ``cbcl._native`` (``cbcl/_native_src/``: one module,
 built from scanner.c, speedups.c and encoders.c). Its functions take positional arguments
 only; the twins raise nothing for anything in their input and return ``None`` when the
-Python twin must read, write or refuse it."""
+Python twin must read, write or refuse it. What the set-up and ``*_entry`` functions are
+given, and the memos, are kept in the state of the module object they are called on
+(``cbcl/_native_src/native.h``): another module object, such as another interpreter's,
+has its own."""
 
 from collections.abc import Callable
 from decimal import Decimal

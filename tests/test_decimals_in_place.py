@@ -10,6 +10,7 @@ Tests internals: the readers of ``cbcl._native``."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from decimal import Decimal, localcontext
@@ -40,7 +41,6 @@ def test_the_layout_check_holds_where_ci_builds_the_extensions() -> None:
 
 def test_the_layout_check_refuses_other_layouts_and_knows_the_collector() -> None:
     import _pydecimal
-    import gc
 
     class Slotted(Decimal):
         __slots__ = ("extra",)
@@ -58,14 +58,36 @@ def test_the_layout_check_refuses_other_layouts_and_knows_the_collector() -> Non
     assert scanner.decimal_layout_holds("decimal") == (False, False)
 
 
+#: Py_TPFLAGS_HAVE_GC: Decimal's objects have a collector header (from 3.13).
+HAVE_GC = 1 << 14
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's _decimal")
+@pytest.mark.parametrize("text", ["-934.32", "0.1234567890123456789", "100.001"])
+def test_the_layout_check_covers_this_cpythons_decimal(text: str) -> None:
+    """3.11 and 3.12: Decimal is no GC type; 3.13: a GC type, its objects tracked as they
+    are made. The check holds on each (CI builds the extension for all three), and a
+    Decimal made in place is what _decimal makes for the collector too: tracked where
+    theirs are (outside a body nothing untracks it), and walked by a collection."""
+    gc_type = bool(Decimal.__flags__ & HAVE_GC)
+    assert gc_type == (sys.version_info >= (3, 13))
+    theirs = Decimal(text)
+    assert gc.is_tracked(theirs) == gc_type
+    holds, untrackable = scanner.decimal_layout_holds(Decimal)
+    if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
+        assert holds and untrackable and scanner.decimals_in_place()
+    ours = cbcl.read(text.encode())  # (made in place where the check holds)
+    assert type(ours) is Decimal and gc.is_tracked(ours) == gc.is_tracked(theirs)
+    gc.collect()
+    indistinguishable(ours, text)
+
+
 @pytest.mark.parametrize("text", ["2.5", "-934.32", "0.1234567890123456789",
                                   "12345678901234567890.5"])
 def test_bodies_of_decimals_stay_out_of_the_collector(text: str) -> None:
     """From 3.13 Decimal is GC-tracked: the readers untrack the Decimals of a body (they
     refer to their type only), so a tuple of atoms and decimals is untracked as on 3.12 (a
     short decimal comes from the reader's token cache, a long one is made in C)."""
-    import gc
-
     if not scanner.decimal_layout_holds(Decimal)[1]:
         pytest.skip("Decimal's objects may not be untracked here")
     data = HEAD + f"(x {text} (y {text}))))".encode()
@@ -76,6 +98,7 @@ def test_bodies_of_decimals_stay_out_of_the_collector(text: str) -> None:
         assert isinstance(body, tuple)
         assert not gc.is_tracked(body), body
         assert not gc.is_tracked(body[1]) and not gc.is_tracked(body[2])
+        gc.collect()  # (the collector meets the untracked ones through nothing)
         indistinguishable(body[1], text)
 
 

@@ -3,7 +3,9 @@
  * `items`, and where each open list's items start in `opens`. A list's close makes the
  * tuple of the top list's items directly (no Python list per list), and a tuple that can
  * be in no reference cycle is untracked by the cyclic collector as it is made. Included
- * by both, static: each module has its own copy. */
+ * by both, static: each unit has its own copy of the code; the types and the outcome of
+ * the Decimal layout check are the module's state (native.h's ValueTypes, made once by
+ * the scanner's set-up), passed to what reads them. */
 #ifndef CBCL_CSTACK_H
 #define CBCL_CSTACK_H
 
@@ -11,6 +13,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "native.h" /* (ValueTypes, MemoSlot) */
 
 typedef struct {
     PyObject **items; /* owned references, items[0:size] */
@@ -84,23 +87,21 @@ is_decimal(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
     return i > digits && i == k;
 }
 
-/* cbcl's Symbol, Keyword and URI: str subclasses of empty __slots__, which hold no
- * reference; and decimal.Decimal, as the Python readers make decimals. Set by the
- * module's init (init_value_types). */
-static PyTypeObject *InertTypes[3];
-static PyObject *DecimalType;
+/* vt's types: cbcl's Symbol, Keyword and URI, str subclasses of empty __slots__, which
+ * hold no reference; and decimal.Decimal, as the Python readers make decimals. Set by the
+ * module's exec (init_value_types; strong references, until m_clear). */
+static int decimal_layout_ok(ValueTypes *vt);
 
-static int decimal_layout_ok(void);
-
-static int
-init_value_types(void)
+/* (inline: the unit that does not run it, speedups.c, does not warn; scanner.c's exec does) */
+static inline int
+init_value_types(ValueTypes *vt)
 {
     PyObject *decimal = PyImport_ImportModule("decimal");
     if (decimal == NULL)
         return -1;
-    DecimalType = PyObject_GetAttrString(decimal, "Decimal"); /* kept for the module's life */
+    vt->decimal = PyObject_GetAttrString(decimal, "Decimal");
     Py_DECREF(decimal);
-    if (DecimalType == NULL)
+    if (vt->decimal == NULL)
         return -1;
     PyObject *values = PyImport_ImportModule("cbcl.core._values");
     if (values == NULL)
@@ -115,10 +116,10 @@ init_value_types(void)
                 PyErr_SetString(PyExc_TypeError, "cbcl.core._values has no atom type");
             return -1;
         }
-        InertTypes[k] = (PyTypeObject *)type; /* kept for the module's life */
+        vt->inert[k] = (PyTypeObject *)type;
     }
     Py_DECREF(values);
-    return decimal_layout_ok() < 0 ? -1 : 0;
+    return decimal_layout_ok(vt) < 0 ? -1 : 0;
 }
 
 /* Decimals made in place. Decimal(text) costs ~0.25 us, most of it argument parsing and
@@ -127,7 +128,9 @@ init_value_types(void)
  * decimal_in_place writes the object _decimal's own constructor would write: its mpd_t,
  * with the coefficient in the object's inline data, laid out as DecimalLayout. That layout
  * is CPython's (Modules/_decimal: PyDecObject, libmpdec's mpd_t), not a public API, so
- * init_value_types checks it first (decimal_layout_holds): the type's size, then, field by
+ * init_value_types checks it first, in each module object (decimal_layout_holds, on the
+ * interpreter's own decimal.Decimal: in a subinterpreter without _decimal, _pydecimal's,
+ * which it refuses): the type's size, then, field by
  * field, the decimals _decimal makes of sample texts against the ones made here, their
  * text, hash and value, and how the cyclic collector sees them. Where it does not hold,
  * every decimal is Decimal(text).
@@ -160,8 +163,6 @@ typedef struct {
 
 enum { MPD_NEG_FLAG = 1, MPD_STATIC_FLAGS = 16 | 32 }; /* MPD_STATIC | MPD_STATIC_DATA */
 #define DECIMAL_WORD_DIGITS 19 /* MPD_RDIGITS: a word holds 10**19 - 1 */
-static int DecimalInPlace;     /* 1: decimal_layout_holds held */
-static int DecimalUntrackable; /* 1: a Decimal visits only its type (see above) */
 
 /* The Decimal of type `type` of p[0:n], a CBCL decimal token, made in place (the layout
  * check must have held for `type`): a new reference; NULL with an exception; or Py_None
@@ -203,20 +204,20 @@ decimal_in_place(PyTypeObject *type, const unsigned char *p, Py_ssize_t n)
 /* The Decimal of p[0:n], a CBCL decimal token: a new reference, or NULL with an exception.
  * `text`: that token as a str, or NULL (made here if Decimal(text) must make it). */
 static PyObject *
-decimal_of(const unsigned char *p, Py_ssize_t n, PyObject *text)
+decimal_of(const ValueTypes *vt, const unsigned char *p, Py_ssize_t n, PyObject *text)
 {
-    if (DecimalInPlace) {
-        PyObject *made = decimal_in_place((PyTypeObject *)DecimalType, p, n);
+    if (vt->in_place) {
+        PyObject *made = decimal_in_place((PyTypeObject *)vt->decimal, p, n);
         if (made != Py_None)
             return made;
         Py_DECREF(made);
     }
     if (text != NULL)
-        return PyObject_CallOneArg(DecimalType, text);
+        return PyObject_CallOneArg(vt->decimal, text);
     PyObject *made = PyUnicode_FromStringAndSize((const char *)p, n);
     if (made == NULL)
         return NULL;
-    PyObject *value = PyObject_CallOneArg(DecimalType, made);
+    PyObject *value = PyObject_CallOneArg(vt->decimal, made);
     Py_DECREF(made);
     return value;
 }
@@ -317,23 +318,17 @@ decimal_layout_holds(PyObject *decimal_type, int *untrackable)
 }
 
 static int
-decimal_layout_ok(void)
+decimal_layout_ok(ValueTypes *vt)
 {
-    int untrackable = 0, holds = decimal_layout_holds(DecimalType, &untrackable);
-    DecimalInPlace = holds == 1;
-    DecimalUntrackable = holds == 1 && untrackable;
+    int untrackable = 0, holds = decimal_layout_holds(vt->decimal, &untrackable);
+    vt->in_place = holds == 1;
+    vt->untrackable = holds == 1 && untrackable;
     return holds;
 }
 
-/* A slot of a direct-mapped memo of atoms by their text's bytes (the text reader's token
- * memo, the binary decoder's atom memo): the text (an exact ASCII str) and the atom made
- * of it, under a kind (0 where the memo has one). A hit costs a hash of the bytes and one
- * comparison, no str made; a new atom takes its slot's place. */
-typedef struct {
-    PyObject *key;   /* the text, or NULL */
-    PyObject *value; /* its atom */
-    long kind;
-} MemoSlot;
+/* The memos of atoms by their text's bytes (MemoSlot, native.h: the text reader's token
+ * memo, the binary decoder's atom memo, both in the module's state). A hit costs a hash
+ * of the bytes and one comparison, no str made; a new atom takes its slot's place. */
 
 /* The memo hash (FNV-1a) of kind `kind` and the bytes p[0:n]; *ascii (if not NULL) says
  * whether they are all ASCII. */
@@ -377,20 +372,20 @@ memo_keep(MemoSlot *slot, long kind, PyObject *text, PyObject *value)
 /* Whether `value` can hold no reference to a container: an object the collector does not
  * track (exact str, int, Decimal up to 3.12), an untracked tuple, or a cbcl atom. A
  * Decimal of the GC type of 3.13 is untracked here, then inert, where the layout check
- * found that it refers to its type only (DecimalUntrackable, see above); else it is not
+ * found that it refers to its type only (vt->untrackable, see above); else it is not
  * inert (a GC object: CPython's own rule for the tuples that hold it). */
 static int
-is_inert(PyObject *value)
+is_inert(const ValueTypes *vt, PyObject *value)
 {
     PyTypeObject *type = Py_TYPE(value); /* (the types a body holds first: no calls) */
-    if (type == &PyUnicode_Type || type == &PyLong_Type || type == InertTypes[0] ||
-            type == InertTypes[1] || type == InertTypes[2])
+    if (type == &PyUnicode_Type || type == &PyLong_Type || type == vt->inert[0] ||
+            type == vt->inert[1] || type == vt->inert[2])
         return 1;
     if (type == &PyTuple_Type)
         return !PyObject_GC_IsTracked(value);
     if (!PyObject_IS_GC(value))
         return 1;
-    if ((PyObject *)type == DecimalType && DecimalUntrackable) {
+    if ((PyObject *)type == vt->decimal && vt->untrackable) {
         PyObject_GC_UnTrack(value); /* (immutable; visits only its type) */
         return 1;
     }
@@ -403,7 +398,7 @@ is_inert(PyObject *value)
  * untrack it at its first pass, so that reading a large body sets off no collection that
  * walks what it has built. */
 static PyObject *
-pop_tuple(Stack *st)
+pop_tuple(Stack *st, const ValueTypes *vt)
 {
     Py_ssize_t from = st->opens[st->depth - 1], count = st->size - from;
     PyObject *tuple = PyTuple_New(count);
@@ -412,7 +407,7 @@ pop_tuple(Stack *st)
     int inert = 1;
     for (Py_ssize_t j = 0; j < count; j++) {
         PyObject *item = st->items[from + j];
-        if (inert && !is_inert(item))
+        if (inert && !is_inert(vt, item))
             inert = 0;
         PyTuple_SET_ITEM(tuple, j, item);
     }

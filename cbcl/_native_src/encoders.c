@@ -103,9 +103,12 @@ copy_bytes(char *dst, const char *src, size_t n)
 #define PREFETCH(p) ((void)(p))
 #endif
 
-static PyTypeObject *T_SYMBOL, *T_KEYWORD, *T_URI, *T_DECIMAL;
-static Py_ssize_t MAX_DECIMAL_CHARS = -1; /* -1: setup() has not run; everything declines */
-static long C_LPAR, C_RPAR, C_INTEGER, C_DECIMAL, C_SYMBOL, C_KEYWORD, C_URI, C_FIRST;
+/* What setup(), setup_message() and setup_frame() give the section is kept in the module's
+ * state (native.h's EncodersState, st->encoders): the value types, the token codes, the
+ * longest decimal text (max_decimal_chars, -1 until setup() has run: every twin then
+ * declines), the message types and their member descriptors, the envelope's names. The
+ * walks are handed it (`enc`, a const pointer) by the function the module's state is
+ * found in. */
 
 /* Outcomes of the helpers: OK, DECLINE (the Python twin takes over), FAIL (an exception
  * is set). */
@@ -213,7 +216,7 @@ stack_pop(Stack *s)
 
 /* A finite decimal's parts: sign, coefficient digits (ASCII, no leading zero; none for
  * zero) and exponent, as Decimal.as_tuple() has them. */
-#define MAX_DIGITS 64 /* more than any decimal within MAX_DECIMAL_CHARS (<= 100) has */
+#define MAX_DIGITS 64 /* more than any decimal within max_decimal_chars (<= 100) has */
 
 typedef struct {
     int sign;
@@ -295,7 +298,7 @@ done:
 
 /* The layout of an exact _decimal.Decimal: PyDecObject around libmpdec's mpd_t (public in
  * mpdecimal.h), limbs of LIMB_DIGITS decimal digits. Read only when setup() has checked
- * it (DECIMAL_LAYOUT: the type's size is this struct's, and the parts it gives of sample
+ * it (enc->decimal_layout: the type's size is this struct's, and the parts it gives of sample
  * decimals are those their text gives); decimal_parts_of_text otherwise. */
 typedef struct {
     uint8_t flags; /* MPD_NEG 1, MPD_INF 2, MPD_NAN 4, MPD_SNAN 8 */
@@ -310,7 +313,6 @@ typedef struct {
     size_t data[4];
 } DecObject;
 
-static int DECIMAL_LAYOUT; /* 1: read the mpd_t directly */
 /* "00" to "99", for writing numbers two digits at a time */
 static const char DIGIT_PAIRS[] =
     "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
@@ -371,13 +373,13 @@ decimal_parts_of_layout(PyObject *value, DecimalParts *d)
 }
 
 /* The canonical text of an exact Decimal (twin of cbcl.core._canonical._decimal), written to
- * out (at least MAX_DECIMAL_CHARS + 1 bytes), its length in *size; DECLINE for a
+ * out (at least enc->max_decimal_chars + 1 bytes), its length in *size; DECLINE for a
  * non-finite or over-long one. */
 static int
-decimal_text(PyObject *value, char *out, Py_ssize_t *size)
+decimal_text(const EncodersState *enc, PyObject *value, char *out, Py_ssize_t *size)
 {
     DecimalParts parts;
-    int r = DECIMAL_LAYOUT ? decimal_parts_of_layout(value, &parts) : DECLINE;
+    int r = enc->decimal_layout ? decimal_parts_of_layout(value, &parts) : DECLINE;
     if (r == DECLINE)
         r = decimal_parts_of_text(value, &parts);
     if (r != OK)
@@ -397,7 +399,7 @@ decimal_text(PyObject *value, char *out, Py_ssize_t *size)
         long long whole = ndigits + exponent;
         length = sign + (whole > 1 ? whole : 1) + 1 - exponent;
     }
-    if (length > MAX_DECIMAL_CHARS)
+    if (length > enc->max_decimal_chars)
         return DECLINE;
     char *p = out;
     if (sign)
@@ -642,8 +644,26 @@ w_finish(Writer *w)
 }
 
 /* Characters a canonical string escapes (cbcl.core._canonical._NEEDS_ESCAPE): 0 none, 1 the
- * \uXXXX escape, 2 a short escape, 3 a lone surrogate (declined). */
-static unsigned char ESCAPE1[256];
+ * \uXXXX escape, 2 a short escape (\t \n \r \" \\), 3 a lone surrogate (declined). Below
+ * 256: the C0 controls, DEL and the C1 controls take \uXXXX. */
+static const unsigned char ESCAPE1[256] = {
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 1, 1, 2, 1, 1, /* 0x00 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x10 */
+    0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x20 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x30 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x40 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, /* 0x50 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0x60 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, /* 0x70 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x80 */
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, /* 0x90 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xa0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xb0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xc0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xd0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xe0 */
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, /* 0xf0 */
+};
 
 static inline int
 escape_of(Py_UCS4 c)
@@ -781,14 +801,14 @@ int64_of(PyObject *item, long long *out)
 }
 
 static inline int
-w_atom(Writer *w, PyObject *item)
+w_atom(const EncodersState *enc, Writer *w, PyObject *item)
 {
     PyTypeObject *type = Py_TYPE(item);
     if (type == &PyUnicode_Type)
         return w_quoted(w, item);
-    if (type == T_SYMBOL || type == T_URI)
+    if (type == enc->symbol || type == enc->uri)
         return w_str(w, item, 0);
-    if (type == T_KEYWORD) {
+    if (type == enc->keyword) {
         if (w_char(w, ':') < 0)
             return FAIL;
         return w_str(w, item, 0);
@@ -808,10 +828,10 @@ w_atom(Writer *w, PyObject *item)
         w_ascii_unchecked(w, buf, int_text(v, buf));
         return OK;
     }
-    if (type == T_DECIMAL) {
+    if (type == enc->decimal) {
         char buf[128];
         Py_ssize_t n;
-        int r = decimal_text(item, buf, &n);
+        int r = decimal_text(enc, item, buf, &n);
         if (r != OK)
             return r;
         return w_ascii(w, buf, n);
@@ -822,11 +842,11 @@ w_atom(Writer *w, PyObject *item)
 /* The canonical text of value, appended: the walk of canonical() below. The stack is
  * empty before and after (on an error or a decline the caller frees what is left). */
 static int
-w_value(Writer *w, Stack *stack, PyObject *value)
+w_value(const EncodersState *enc, Writer *w, Stack *stack, PyObject *value)
 {
     int r;
     if (!IS_LIST(value))
-        return w_atom(w, value);
+        return w_atom(enc, w, value);
     if ((r = stack_push(stack, value)) != OK)
         return r;
     if (w_char(w, '(') < 0)
@@ -853,7 +873,7 @@ w_value(Writer *w, Stack *stack, PyObject *value)
             if (r == OK)
                 w_put(w, '(');
         } else {
-            r = w_atom(w, item);
+            r = w_atom(enc, w, item);
         }
         if (r != OK)
             return r;
@@ -861,17 +881,20 @@ w_value(Writer *w, Stack *stack, PyObject *value)
 }
 
 static PyObject *
-canonical(PyObject *self, PyObject *value)
+canonical(PyObject *module, PyObject *value)
 {
-    (void)self;
-    if (MAX_DECIMAL_CHARS < 0)
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    const EncodersState *enc = &st->encoders;
+    if (enc->max_decimal_chars < 0)
         Py_RETURN_NONE;
     Writer w;
     Stack stack;
     WRITER_INIT(w);
     STACK_INIT(stack);
     PyObject *result = NULL;
-    int r = w_value(&w, &stack, value);
+    int r = w_value(enc, &w, &stack, value);
     if (r == OK)
         result = w_finish(&w);
     else if (r == DECLINE) {
@@ -911,15 +934,14 @@ static const char *const FIELD_ATTRS[N_FIELDS] = {
     "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
     "in_reply_to", "reply_by", "timestamp", "body", "signature"};
 static const char *const SIGNATURE_ATTRS[2] = {"key_id", "value"};
-static PyTypeObject *T_MESSAGE, *T_SIGNATURE;
-static PyObject *FIELD_MEMBERS[N_FIELDS], *SIGNATURE_MEMBERS[2]; /* (strong references) */
-/* The text's: the version symbol, then the field symbols, in FIELD_ATTRS' order (a tuple of
- * 1 + N_FIELDS exact Symbols); the intents as (member, symbol) pairs (Message.to_value's
- * _INTENT_SYMBOL). The frame's: the intents by code (cbcl.binary._codec.INTENTS), the present
- * bits of conversation-id, in-reply-to, reply-by, timestamp, signature, body. */
-static PyObject *TEXT_NAMES, *TEXT_INTENTS, *FRAME_INTENTS;
-static PyTypeObject *T_REGISTRY; /* cbcl.protocol._registry.Registry (encode_message) */
-static long FRAME_BITS[6] = {-1, -1, -1, -1, -1, -1};
+static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "the state's field_members: one per field");
+/* In the state (enc): message, signature and their member descriptors (field_members,
+ * signature_members: strong references). The text's: text_names, the version symbol,
+ * then the field symbols, in FIELD_ATTRS' order (a tuple of 1 + N_FIELDS exact Symbols);
+ * text_intents, the intents as (member, symbol) pairs (Message.to_value's _INTENT_SYMBOL).
+ * The frame's: frame_intents, the intents by code (cbcl.binary._codec.INTENTS),
+ * frame_bits, the present bits of conversation-id, in-reply-to, reply-by, timestamp,
+ * signature, body; registry, cbcl.protocol._registry.Registry (encode_message). */
 
 typedef struct {
     PyObject *f[N_FIELDS];  /* strong references */
@@ -938,23 +960,23 @@ fields_release(Fields *m)
 /* The fields of an exact Message (and of its signature, an exact Signature or None), as
  * strong references; DECLINE for anything else, or an unset field. */
 static int
-fields_read(PyObject *message, Fields *m)
+fields_read(const EncodersState *enc, PyObject *message, Fields *m)
 {
-    if (T_MESSAGE == NULL || Py_TYPE(message) != T_MESSAGE)
+    if (enc->message == NULL || Py_TYPE(message) != enc->message)
         return DECLINE;
     memset(m, 0, sizeof(*m));
     for (int i = 0; i < N_FIELDS; i++) {
-        PyObject *v = entry_get(FIELD_MEMBERS[i], message);
+        PyObject *v = entry_get(enc->field_members[i], message);
         if (v == NULL)
             goto decline;
         m->f[i] = v;
     }
     PyObject *signature = m->f[F_SIGNATURE];
     if (signature != Py_None) {
-        if (Py_TYPE(signature) != T_SIGNATURE)
+        if (Py_TYPE(signature) != enc->signature)
             goto decline;
         for (int i = 0; i < 2; i++) {
-            PyObject *v = entry_get(SIGNATURE_MEMBERS[i], signature);
+            PyObject *v = entry_get(enc->signature_members[i], signature);
             if (v == NULL)
                 goto decline;
             m->sig[i] = v;
@@ -966,32 +988,32 @@ decline:
     return DECLINE;
 }
 
-/* Each field's " (name " as ASCII, made by setup_message from TEXT_NAMES (length 0: a name
- * that is not short ASCII, written from its symbol). */
-#define FIELD_PREFIX_MAX 40
-static char FIELD_PREFIX[N_FIELDS][FIELD_PREFIX_MAX];
-static Py_ssize_t FIELD_PREFIX_LENGTH[N_FIELDS];
+/* Each field's " (name " as ASCII (enc->field_prefix, field_prefix_length), made by
+ * setup_message from text_names (length 0: a name that is not short ASCII, written from
+ * its symbol). */
+#define FIELD_PREFIX_MAX CBCL_FIELD_PREFIX_MAX
 
 /* " (name " value [" " second] ")" */
 static int
-w_field(Writer *w, Stack *stack, int index, PyObject *value, PyObject *second)
+w_field(const EncodersState *enc, Writer *w, Stack *stack, int index, PyObject *value,
+        PyObject *second)
 {
-    if (FIELD_PREFIX_LENGTH[index] > 0) {
-        if (w_ascii(w, FIELD_PREFIX[index], FIELD_PREFIX_LENGTH[index]) < 0)
+    if (enc->field_prefix_length[index] > 0) {
+        if (w_ascii(w, enc->field_prefix[index], enc->field_prefix_length[index]) < 0)
             return FAIL;
     } else {
-        PyObject *name = PyTuple_GET_ITEM(TEXT_NAMES, 1 + index);
+        PyObject *name = PyTuple_GET_ITEM(enc->text_names, 1 + index);
         if (w_ascii(w, " (", 2) < 0 || w_str(w, name, 1) < 0)
             return FAIL;
         w_put(w, ' ');
     }
-    int r = w_value(w, stack, value);
+    int r = w_value(enc, w, stack, value);
     if (r != OK)
         return r;
     if (second != NULL) {
         if (w_char(w, ' ') < 0)
             return FAIL;
-        if ((r = w_value(w, stack, second)) != OK)
+        if ((r = w_value(enc, w, stack, second)) != OK)
             return r;
     }
     return w_char(w, ')');
@@ -1000,11 +1022,11 @@ w_field(Writer *w, Stack *stack, int index, PyObject *value, PyObject *second)
 /* The canonical text of Message.to_value(): the envelope list, fields in order, optional
  * ones when not None. */
 static int
-w_message(Writer *w, Stack *stack, Fields *m)
+w_message(const EncodersState *enc, Writer *w, Stack *stack, Fields *m)
 {
     PyObject *intent = NULL;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(TEXT_INTENTS); i++) {
-        PyObject *pair = PyTuple_GET_ITEM(TEXT_INTENTS, i);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(enc->text_intents); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(enc->text_intents, i);
         if (PyTuple_GET_ITEM(pair, 0) == m->f[F_INTENT]) {
             intent = PyTuple_GET_ITEM(pair, 1);
             break;
@@ -1013,34 +1035,35 @@ w_message(Writer *w, Stack *stack, Fields *m)
     if (intent == NULL)
         return DECLINE; /* not a member: _INTENT_SYMBOL[intent] decides (or raises) */
     int r;
-    if (w_char(w, '(') < 0 || w_str(w, PyTuple_GET_ITEM(TEXT_NAMES, 0), 0) < 0)
+    if (w_char(w, '(') < 0 || w_str(w, PyTuple_GET_ITEM(enc->text_names, 0), 0) < 0)
         return FAIL;
     for (int i = 0; i < F_SIGNATURE; i++) {
         PyObject *value = i == F_INTENT ? intent : m->f[i];
         if (i > F_PROTOCOL && value == Py_None)
             continue;
-        if ((r = w_field(w, stack, i, value, NULL)) != OK)
+        if ((r = w_field(enc, w, stack, i, value, NULL)) != OK)
             return r;
     }
     if (m->f[F_SIGNATURE] != Py_None &&
-        (r = w_field(w, stack, F_SIGNATURE, m->sig[0], m->sig[1])) != OK)
+        (r = w_field(enc, w, stack, F_SIGNATURE, m->sig[0], m->sig[1])) != OK)
         return r;
     return w_char(w, ')');
 }
 
+/* canonical_message's work: the text, None (declined) or NULL with an exception. */
 static PyObject *
-canonical_message(PyObject *self, PyObject *message)
+canonical_message_of(const EncodersState *enc, PyObject *message)
 {
-    (void)self;
     Fields m;
-    if (MAX_DECIMAL_CHARS < 0 || TEXT_NAMES == NULL || fields_read(message, &m) != OK)
+    if (enc->max_decimal_chars < 0 || enc->text_names == NULL ||
+            fields_read(enc, message, &m) != OK)
         Py_RETURN_NONE;
     Writer w;
     Stack stack;
     WRITER_INIT(w);
     STACK_INIT(stack);
     PyObject *result = NULL;
-    int r = w_message(&w, &stack, &m);
+    int r = w_message(enc, &w, &stack, &m);
     if (r == OK)
         result = w_finish(&w);
     else if (r == DECLINE) {
@@ -1051,6 +1074,13 @@ canonical_message(PyObject *self, PyObject *message)
     w_free(&w);
     fields_release(&m);
     return result;
+}
+
+static PyObject *
+canonical_message(PyObject *module, PyObject *message)
+{
+    NativeState *st = native_state(module);
+    return st == NULL ? NULL : canonical_message_of(&st->encoders, message);
 }
 
 /* ------------------------------------------------------------------------- msgpack writer */
@@ -1344,7 +1374,8 @@ typedef struct {
 /* An exact Symbol, Keyword or URI: its code if the table or this frame has one, else it
  * is written in full (its kind's code, then its text) and takes the next code. */
 static int
-mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned)
+mp_name(const EncodersState *enc, Bytes *b, PyObject *item, long kind_code, Names *codes,
+        Learned *learned)
 {
     Py_hash_t h = str_hash(item);
     if (h == -1)
@@ -1360,12 +1391,12 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned
     e = names_slot(codes, item, h);
     if (e->key != NULL)
         return mp_int(b, e->code);
-    long code = C_FIRST + (long)codes->used + (long)learned->count;
+    long code = enc->c_first + (long)codes->used + (long)learned->count;
     if (names->slots == NULL) {
         for (Py_ssize_t k = 0; k < learned->count; k++)
             if (learned->first[k] == item ||
                     (learned->first_hash[k] == h && same_atom(learned->first[k], item)))
-                return mp_int(b, C_FIRST + (long)codes->used + (long)k);
+                return mp_int(b, enc->c_first + (long)codes->used + (long)k);
         if (learned->count < LEARNED_INLINE) {
             learned->first_hash[learned->count] = h;
             learned->first[learned->count++] = Py_NewRef(item);
@@ -1384,7 +1415,7 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned
             Entry *slot = names_slot(names, key, learned->first_hash[k]);
             slot->key = Py_NewRef(key);
             slot->hash = learned->first_hash[k];
-            slot->code = C_FIRST + (long)codes->used + (long)k;
+            slot->code = enc->c_first + (long)codes->used + (long)k;
             names->used++;
         }
     }
@@ -1406,33 +1437,33 @@ mp_name(Bytes *b, PyObject *item, long kind_code, Names *codes, Learned *learned
 }
 
 static inline int
-mp_atom(Bytes *b, PyObject *item, Names *codes, Learned *names)
+mp_atom(const EncodersState *enc, Bytes *b, PyObject *item, Names *codes, Learned *names)
 {
     PyTypeObject *type = Py_TYPE(item);
     if (type == &PyUnicode_Type)
         return mp_str(b, item);
-    if (type == T_SYMBOL)
-        return mp_name(b, item, C_SYMBOL, codes, names);
-    if (type == T_KEYWORD)
-        return mp_name(b, item, C_KEYWORD, codes, names);
-    if (type == T_URI)
-        return mp_name(b, item, C_URI, codes, names);
+    if (type == enc->symbol)
+        return mp_name(enc, b, item, enc->c_symbol, codes, names);
+    if (type == enc->keyword)
+        return mp_name(enc, b, item, enc->c_keyword, codes, names);
+    if (type == enc->uri)
+        return mp_name(enc, b, item, enc->c_uri, codes, names);
     if (type == &PyLong_Type) {
         long long v;
         int r = int64_of(item, &v);
         if (r != OK)
             return r;
-        if (mp_int(b, C_INTEGER) < 0)
+        if (mp_int(b, enc->c_integer) < 0)
             return FAIL;
         return mp_int(b, v);
     }
-    if (type == T_DECIMAL) {
+    if (type == enc->decimal) {
         char buf[128];
         Py_ssize_t n;
-        int r = decimal_text(item, buf, &n);
+        int r = decimal_text(enc, item, buf, &n);
         if (r != OK)
             return r;
-        if (mp_int(b, C_DECIMAL) < 0)
+        if (mp_int(b, enc->c_decimal) < 0)
             return FAIL;
         return mp_raw(b, buf, n);
     }
@@ -1440,7 +1471,7 @@ mp_atom(Bytes *b, PyObject *item, Names *codes, Learned *names)
 }
 
 static int
-mp_body(Bytes *b, PyObject *body, Names *codes)
+mp_body(const EncodersState *enc, Bytes *b, PyObject *body, Names *codes)
 {
     Entry inline_slots[INLINE_NAMES];
     Learned names = {{NULL}, {0}, 0, {NULL, 0, 0, inline_slots}};
@@ -1448,25 +1479,25 @@ mp_body(Bytes *b, PyObject *body, Names *codes)
     STACK_INIT(stack);
     int r;
     if (!IS_LIST(body)) {
-        r = mp_atom(b, body, codes, &names);
+        r = mp_atom(enc, b, body, codes, &names);
         goto end;
     }
-    if ((r = stack_push(&stack, body)) != OK || (r = mp_int(b, C_LPAR)) != OK)
+    if ((r = stack_push(&stack, body)) != OK || (r = mp_int(b, enc->c_lpar)) != OK)
         goto end;
     while (stack.depth) {
         PyObject *item = stack_next(&stack);
         if (item == NULL) {
             stack_pop(&stack);
-            if ((r = mp_int(b, C_RPAR)) != OK)
+            if ((r = mp_int(b, enc->c_rpar)) != OK)
                 goto end;
             continue;
         }
         if (IS_LIST(item)) {
             r = stack_push(&stack, item);
             if (r == OK)
-                r = mp_int(b, C_LPAR);
+                r = mp_int(b, enc->c_lpar);
         } else {
-            r = mp_atom(b, item, codes, &names);
+            r = mp_atom(enc, b, item, codes, &names);
         }
         if (r != OK)
             goto end;
@@ -1498,10 +1529,13 @@ table_free(PyObject *capsule)
  * opaque capsule, or None when a key is not an exact Symbol, Keyword or URI or a code is
  * not an int (then the Python twin writes every frame). Its used count is len(codes). */
 static PyObject *
-prepare(PyObject *self, PyObject *codes)
+prepare(PyObject *module, PyObject *codes)
 {
-    (void)self;
-    if (MAX_DECIMAL_CHARS < 0 || !PyDict_CheckExact(codes))
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    const EncodersState *enc = &st->encoders;
+    if (enc->max_decimal_chars < 0 || !PyDict_CheckExact(codes))
         Py_RETURN_NONE;
     Names *t = PyMem_Calloc(1, sizeof(Names));
     if (t == NULL)
@@ -1511,7 +1545,7 @@ prepare(PyObject *self, PyObject *codes)
     while (PyDict_Next(codes, &pos, &key, &value)) {
         PyTypeObject *type = Py_TYPE(key);
         long code;
-        if ((type != T_SYMBOL && type != T_KEYWORD && type != T_URI) ||
+        if ((type != enc->symbol && type != enc->keyword && type != enc->uri) ||
             !PyLong_CheckExact(value))
             goto decline;
         code = PyLong_AsLong(value);
@@ -1594,16 +1628,19 @@ b_finish(Bytes *b, int r)
 }
 
 static PyObject *
-pack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+pack_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    const EncodersState *enc = &st->encoders;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "pack_frame takes 4 positional arguments");
         return NULL;
     }
     PyObject *header = args[0], *tokens = args[1], *body = args[2];
-    if (MAX_DECIMAL_CHARS < 0 || !PyBytes_CheckExact(header) || !PyList_CheckExact(tokens) ||
-        !PyCapsule_IsValid(args[3], TABLE))
+    if (enc->max_decimal_chars < 0 || !PyBytes_CheckExact(header) ||
+        !PyList_CheckExact(tokens) || !PyCapsule_IsValid(args[3], TABLE))
         Py_RETURN_NONE;
     Names *codes = PyCapsule_GetPointer(args[3], TABLE);
     if (codes == NULL)
@@ -1615,30 +1652,30 @@ pack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; r == OK && i < PyList_GET_SIZE(tokens); i++)
         r = mp_token(&b, PyList_GET_ITEM(tokens, i));
     if (r == OK && body != Py_None)
-        r = mp_body(&b, body, codes);
+        r = mp_body(enc, &b, body, codes);
     return b_finish(&b, r);
 }
 
 /* The tokens of Encoder.encode: intent, present, message-id, sender, receiver, the optional
  * fields that are not None, the signature's two strings, then the body's tokens. */
 static int
-mp_message(Bytes *b, Fields *m, Names *codes)
+mp_message(const EncodersState *enc, Bytes *b, Fields *m, Names *codes)
 {
     long intent = -1;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(FRAME_INTENTS); i++) {
-        if (PyTuple_GET_ITEM(FRAME_INTENTS, i) == m->f[F_INTENT]) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(enc->frame_intents); i++) {
+        if (PyTuple_GET_ITEM(enc->frame_intents, i) == m->f[F_INTENT]) {
             intent = (long)i;
             break;
         }
     }
     if (intent < 0)
         return DECLINE; /* not a member: _INTENT_INDEX[intent] decides (or raises) */
-    static const int optional[6] = {F_CONVERSATION_ID, F_IN_REPLY_TO, F_REPLY_BY,
+    static const int optional[CBCL_FRAME_BITS] = {F_CONVERSATION_ID, F_IN_REPLY_TO, F_REPLY_BY,
                                     F_TIMESTAMP, F_SIGNATURE, F_BODY};
     long present = 0;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < CBCL_FRAME_BITS; i++)
         if (m->f[optional[i]] != Py_None)
-            present |= FRAME_BITS[i];
+            present |= enc->frame_bits[i];
     int r;
     if ((r = mp_int(b, intent)) != OK || (r = mp_int(b, present)) != OK)
         return r;
@@ -1654,29 +1691,33 @@ mp_message(Bytes *b, Fields *m, Names *codes)
         ((r = mp_token(b, m->sig[0])) != OK || (r = mp_token(b, m->sig[1])) != OK))
         return r;
     if (m->f[F_BODY] != Py_None)
-        return mp_body(b, m->f[F_BODY], codes);
+        return mp_body(enc, b, m->f[F_BODY], codes);
     return OK;
 }
 
 static PyObject *
-pack_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+pack_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    const EncodersState *enc = &st->encoders;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "pack_message takes 3 positional arguments");
         return NULL;
     }
     PyObject *header = args[0];
     Fields m;
-    if (MAX_DECIMAL_CHARS < 0 || FRAME_INTENTS == NULL || !PyBytes_CheckExact(header) ||
-        !PyCapsule_IsValid(args[2], TABLE) || fields_read(args[1], &m) != OK)
+    if (enc->max_decimal_chars < 0 || enc->frame_intents == NULL ||
+        !PyBytes_CheckExact(header) || !PyCapsule_IsValid(args[2], TABLE) ||
+        fields_read(enc, args[1], &m) != OK)
         Py_RETURN_NONE;
     Names *codes = PyCapsule_GetPointer(args[2], TABLE);
     Bytes b;
     BYTES_INIT(b);
     int r = codes == NULL ? FAIL : b_header(&b, header);
     if (r == OK)
-        r = mp_message(&b, &m, codes);
+        r = mp_message(enc, &b, &m, codes);
     fields_release(&m);
     return b_finish(&b, r);
 }
@@ -1687,13 +1728,11 @@ pack_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * protocol to (SymbolTable, header, prepared). DECLINE for anything else: a protocol
  * unknown or not cached yet (Encoder._table then finds it, or raises). *header and
  * *capsule are strong references (the table lives while a frame is written). */
-static PyObject *STR_PROTOCOLS; /* "_protocols_by_id", interned */
-
 static int
-cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject **header,
-             PyObject **capsule)
+cached_table(const EncodersState *enc, PyObject *protocols, PyObject *tables,
+             PyObject *symbol, PyObject **header, PyObject **capsule)
 {
-    if (Py_TYPE(symbol) != T_SYMBOL || !PyDict_CheckExact(tables) ||
+    if (Py_TYPE(symbol) != enc->symbol || !PyDict_CheckExact(tables) ||
         !PyDict_CheckExact(protocols))
         return DECLINE;
     /* (a lookup may run Symbol.__eq__, Python code: the result is held) */
@@ -1725,11 +1764,11 @@ cached_table(PyObject *protocols, PyObject *tables, PyObject *symbol, PyObject *
 /* The registry's dict of loaded protocols (Registry._protocols_by_id(), a strong
  * reference), or NULL (no exception) if registry is not an exact cbcl.Registry. */
 static PyObject *
-protocols_of(PyObject *registry)
+protocols_of(const EncodersState *enc, PyObject *registry)
 {
-    if (Py_TYPE(registry) != T_REGISTRY)
+    if (enc->registry == NULL || Py_TYPE(registry) != enc->registry)
         return NULL;
-    PyObject *protocols = PyObject_CallMethodNoArgs(registry, STR_PROTOCOLS);
+    PyObject *protocols = PyObject_CallMethodNoArgs(registry, enc->s_protocols);
     if (protocols == NULL)
         PyErr_Clear();
     else if (!PyDict_CheckExact(protocols))
@@ -1739,16 +1778,17 @@ protocols_of(PyObject *registry)
 
 /* encode_message's work: the frame, None (declined) or NULL with an exception. */
 static PyObject *
-encode_message_of(PyObject *message, PyObject *protocols, PyObject *tables)
+encode_message_of(const EncodersState *enc, PyObject *message, PyObject *protocols,
+                  PyObject *tables)
 {
     Fields m;
-    if (MAX_DECIMAL_CHARS < 0 || FRAME_INTENTS == NULL || T_REGISTRY == NULL ||
-        fields_read(message, &m) != OK)
+    if (enc->max_decimal_chars < 0 || enc->frame_intents == NULL || enc->registry == NULL ||
+        fields_read(enc, message, &m) != OK)
         Py_RETURN_NONE;
     PyObject *header = NULL, *capsule = NULL;
     Bytes b;
     BYTES_INIT(b);
-    int r = cached_table(protocols, tables, m.f[F_PROTOCOL], &header, &capsule);
+    int r = cached_table(enc, protocols, tables, m.f[F_PROTOCOL], &header, &capsule);
     if (r == OK)
         r = b_header(&b, header);
     if (r == OK) {
@@ -1757,7 +1797,7 @@ encode_message_of(PyObject *message, PyObject *protocols, PyObject *tables)
             PyErr_Clear();
             r = DECLINE;
         } else {
-            r = mp_message(&b, &m, codes);
+            r = mp_message(enc, &b, &m, codes);
         }
     }
     Py_XDECREF(header);
@@ -1767,78 +1807,91 @@ encode_message_of(PyObject *message, PyObject *protocols, PyObject *tables)
 }
 
 static PyObject *
-encode_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+encode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    const EncodersState *enc = &st->encoders;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "encode_message takes 3 positional arguments");
         return NULL;
     }
-    if (T_REGISTRY == NULL)
-        Py_RETURN_NONE;
-    PyObject *protocols = protocols_of(args[1]);
+    PyObject *protocols = protocols_of(enc, args[1]);
     if (protocols == NULL)
         Py_RETURN_NONE;
-    PyObject *frame = encode_message_of(args[0], protocols, args[2]);
+    PyObject *frame = encode_message_of(enc, args[0], protocols, args[2]);
     Py_DECREF(protocols);
     return frame;
 }
 
 /* ------------------------------------------------------------------------- entries */
 
-/* Message.canonical and Encoder.encode as C methods (cbcl/_native_src/entry.h): the text or frame of
- * canonical_message / encode_message, else the Python method they stand in for. */
+/* Message.canonical and Encoder.encode as C methods (cbcl/_native_src/entry.h): the text or
+ * frame of canonical_message / encode_message, else the Python method they stand in for. */
 
-static PyObject *message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored));
-static PyObject *encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames);
+static PyObject *message_canonical(NativeState *st, PyObject *self, PyObject *const *args,
+                                   Py_ssize_t nargs, PyObject *kwnames);
+static PyObject *encoder_encode(NativeState *st, PyObject *self, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames);
 
-static int encoder_bind(PyTypeObject *owner);
+static int encoder_bind(NativeState *st, PyTypeObject *owner);
 
-static CEntry CANONICAL_ENTRY = {
-    {"canonical", message_canonical, METH_NOARGS, NULL}, NULL, NULL, NULL};
-static CEntry ENCODE_ENTRY = {
-    {"encode", (PyCFunction)(void (*)(void))encoder_encode, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL, encoder_bind};
-/* The member descriptors of the slots of cbcl.binary._codec.Encoder encoder_encode reads
- * (strong references; NULL: not found, every call falls back). */
-static PyObject *ENCODER_VALIDATE, *ENCODER_REGISTRY, *ENCODER_TABLES, *ENCODER_PROTOCOLS;
+/* (the templates of st->encoders.canonical_entry and encode_entry; beside them in the
+ * state, encoder_members: the member descriptors of the slots of cbcl.binary._codec.Encoder
+ * encoder_encode reads, strong references, NULL where not found: every call falls back) */
+static const CEntry CANONICAL_ENTRY = {
+    {"canonical", NULL, METH_NOARGS, NULL}, message_canonical, NULL, NULL, NULL};
+static const CEntry ENCODE_ENTRY = {
+    {"encode", NULL, METH_FASTCALL | METH_KEYWORDS, NULL}, encoder_encode, encoder_bind,
+    NULL, NULL};
+enum { E_VALIDATE, E_REGISTRY, E_TABLES, E_PROTOCOLS, E_COUNT };
+static_assert(E_COUNT == sizeof(((EncodersState *)0)->encoder_members) / sizeof(PyObject *),
+              "the state's encoder_members: one per slot read");
 
 static PyObject *
-message_canonical(PyObject *self, PyObject *Py_UNUSED(ignored))
+message_canonical(NativeState *st, PyObject *self, PyObject *const *Py_UNUSED(args),
+                  Py_ssize_t Py_UNUSED(nargs), PyObject *Py_UNUSED(kwnames))
 {
-    PyObject *text = canonical_message(NULL, self);
+    PyObject *text = canonical_message_of(&st->encoders, self);
     if (text != Py_None)
         return text; /* (or NULL: an exception) */
     Py_DECREF(text);
-    return PyObject_CallOneArg(CANONICAL_ENTRY.fallback, self);
+    PyObject *fallback = entry_fallback(&st->encoders.canonical_entry);
+    return fallback == NULL ? NULL : PyObject_CallOneArg(fallback, self);
 }
 
 /* encoder.encode(message): one positional argument, validate=False and the slots set:
  * encode_message with the encoder's registry and tables. */
 static PyObject *
-encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+encoder_encode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames)
 {
-    if (nargs == 1 && kwnames == NULL && ENCODER_VALIDATE != NULL && T_REGISTRY != NULL) {
+    EncodersState *enc = &st->encoders;
+    PyObject *const *members = enc->encoder_members;
+    if (nargs == 1 && kwnames == NULL && members[E_VALIDATE] != NULL &&
+            enc->registry != NULL) {
         PyObject *frame = Py_None; /* (borrowed while None: nothing written) */
         PyObject *registry = NULL, *tables = NULL, *pair = NULL;
-        PyObject *validate = entry_get(ENCODER_VALIDATE, self);
+        PyObject *validate = entry_get(members[E_VALIDATE], self);
         Py_XDECREF(validate); /* (compared by identity only) */
-        if (validate != Py_False || (registry = entry_get(ENCODER_REGISTRY, self)) == NULL ||
-                (tables = entry_get(ENCODER_TABLES, self)) == NULL ||
+        if (validate != Py_False ||
+                (registry = entry_get(members[E_REGISTRY], self)) == NULL ||
+                (tables = entry_get(members[E_TABLES], self)) == NULL ||
                 !PyDict_CheckExact(tables))
             goto release;
         /* the registry's protocols as the encoder was made with them (registry,
          * protocols), while its registry is that one; else read from the registry */
-        pair = entry_get(ENCODER_PROTOCOLS, self);
+        pair = entry_get(members[E_PROTOCOLS], self);
         PyObject *protocols;
         if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
                 PyTuple_GET_ITEM(pair, 0) == registry)
             protocols = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
         else
-            protocols = protocols_of(registry);
+            protocols = protocols_of(enc, registry);
         if (protocols != NULL) {
-            frame = encode_message_of(args[0], protocols, tables); /* (a new reference) */
+            /* (a new reference) */
+            frame = encode_message_of(enc, args[0], protocols, tables);
             Py_DECREF(protocols);
             if (frame == Py_None)
                 Py_DECREF(frame);
@@ -1850,62 +1903,67 @@ encoder_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         if (frame != Py_None)
             return frame; /* (or NULL: an exception) */
     }
-    return entry_call_method(&ENCODE_ENTRY, self, args, nargs, kwnames);
+    return entry_call_method(&enc->encode_entry, self, args, nargs, kwnames);
 }
 
 /* canonical_entry(fallback, doc) -> MethodEntry: Message.canonical in C, the object the
  * class body binds (module.c); until setup_message has found the Message type every call
  * falls back. */
 static PyObject *
-canonical_entry(PyObject *self, PyObject *args)
+canonical_entry(PyObject *module, PyObject *args)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *fallback, *doc;
     if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
         return NULL;
-    if (entry_set(&CANONICAL_ENTRY, fallback, doc) < 0)
+    if (entry_set(&st->encoders.canonical_entry, fallback, doc) < 0)
         return NULL;
-    return cbcl_method_entry(&CANONICAL_ENTRY);
+    return cbcl_method_entry(st, &st->encoders.canonical_entry);
 }
 
-/* ENCODE_ENTRY's bind: the member descriptors of the Encoder's slots validate, registry,
+/* encode_entry's bind: the member descriptors of the Encoder's slots validate, registry,
  * _tables and _registry_protocols (its own); where it has none, every call falls back. */
 static int
-encoder_bind(PyTypeObject *owner)
+encoder_bind(NativeState *st, PyTypeObject *owner)
 {
-    static const char *const names[4] = {"validate", "registry", "_tables",
-                                         "_registry_protocols"};
-    PyObject *members[4] = {NULL, NULL, NULL, NULL};
-    if (!members_of(owner, names, 4, members)) /* (then all NULL: falls back) */
-        for (int i = 0; i < 4; i++)
+    static const char *const names[E_COUNT] = {"validate", "registry", "_tables",
+                                               "_registry_protocols"};
+    PyObject *members[E_COUNT] = {NULL, NULL, NULL, NULL};
+    if (!members_of(owner, names, E_COUNT, members)) /* (then all NULL: falls back) */
+        for (int i = 0; i < E_COUNT; i++)
             members[i] = NULL;
-    Py_XSETREF(ENCODER_VALIDATE, members[0]);
-    Py_XSETREF(ENCODER_REGISTRY, members[1]);
-    Py_XSETREF(ENCODER_TABLES, members[2]);
-    Py_XSETREF(ENCODER_PROTOCOLS, members[3]);
+    for (int i = 0; i < E_COUNT; i++)
+        Py_XSETREF(st->encoders.encoder_members[i], members[i]);
     return 0;
 }
 
 /* encode_entry(fallback, doc) -> MethodEntry: Encoder.encode in C, the object the class
  * body binds (module.c; encoder_bind finds its slots when the class is made). */
 static PyObject *
-encode_entry(PyObject *self, PyObject *args)
+encode_entry(PyObject *module, PyObject *args)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *fallback, *doc;
     if (!PyArg_ParseTuple(args, "OU", &fallback, &doc))
         return NULL;
-    if (entry_set(&ENCODE_ENTRY, fallback, doc) < 0)
+    if (entry_set(&st->encoders.encode_entry, fallback, doc) < 0)
         return NULL;
-    return cbcl_method_entry(&ENCODE_ENTRY);
+    return cbcl_method_entry(st, &st->encoders.encode_entry);
 }
 
 /* ------------------------------------------------------------------------- setup */
 
 static PyObject *
-setup(PyObject *self, PyObject *args)
+setup(PyObject *module, PyObject *args)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    EncodersState *enc = &st->encoders;
     PyObject *symbol, *keyword, *uri, *decimal;
     Py_ssize_t max_decimal;
     long lpar, rpar, integer, dec, sym, kw, u, first;
@@ -1927,45 +1985,48 @@ setup(PyObject *self, PyObject *args)
     Py_INCREF(keyword);
     Py_INCREF(uri);
     Py_INCREF(decimal);
-    Py_XSETREF(T_SYMBOL, (PyTypeObject *)symbol);
-    Py_XSETREF(T_KEYWORD, (PyTypeObject *)keyword);
-    Py_XSETREF(T_URI, (PyTypeObject *)uri);
-    Py_XSETREF(T_DECIMAL, (PyTypeObject *)decimal);
-    DECIMAL_LAYOUT = 0;
-    DECIMAL_LAYOUT = decimal_layout_holds(T_DECIMAL);
-    C_LPAR = lpar;
-    C_RPAR = rpar;
-    C_INTEGER = integer;
-    C_DECIMAL = dec;
-    C_SYMBOL = sym;
-    C_KEYWORD = kw;
-    C_URI = u;
-    C_FIRST = first;
-    MAX_DECIMAL_CHARS = max_decimal;
-    return PyBool_FromLong(DECIMAL_LAYOUT);
+    Py_XSETREF(enc->symbol, (PyTypeObject *)symbol);
+    Py_XSETREF(enc->keyword, (PyTypeObject *)keyword);
+    Py_XSETREF(enc->uri, (PyTypeObject *)uri);
+    Py_XSETREF(enc->decimal, (PyTypeObject *)decimal);
+    enc->decimal_layout = 0;
+    enc->decimal_layout = decimal_layout_holds(enc->decimal);
+    enc->c_lpar = lpar;
+    enc->c_rpar = rpar;
+    enc->c_integer = integer;
+    enc->c_decimal = dec;
+    enc->c_symbol = sym;
+    enc->c_keyword = kw;
+    enc->c_uri = u;
+    enc->c_first = first;
+    enc->max_decimal_chars = max_decimal;
+    return PyBool_FromLong(enc->decimal_layout);
 }
 
 static PyObject *
-setup_message(PyObject *self, PyObject *args)
+setup_message(PyObject *module, PyObject *args)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    EncodersState *enc = &st->encoders;
     PyObject *message, *signature, *names, *intents;
     if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyType_Type, &message, &PyType_Type, &signature,
                           &PyTuple_Type, &names, &PyTuple_Type, &intents))
         return NULL;
-    if (T_SYMBOL == NULL) {
+    if (enc->symbol == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "setup() must run first");
         return NULL;
     }
     if (PyTuple_GET_SIZE(names) != 1 + N_FIELDS)
         Py_RETURN_FALSE;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++)
-        if (Py_TYPE(PyTuple_GET_ITEM(names, i)) != T_SYMBOL)
+        if (Py_TYPE(PyTuple_GET_ITEM(names, i)) != enc->symbol)
             Py_RETURN_FALSE;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(intents); i++) {
         PyObject *pair = PyTuple_GET_ITEM(intents, i);
         if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
-            Py_TYPE(PyTuple_GET_ITEM(pair, 1)) != T_SYMBOL)
+            Py_TYPE(PyTuple_GET_ITEM(pair, 1)) != enc->symbol)
             Py_RETURN_FALSE;
     }
     PyObject *fields[N_FIELDS], *sig[2];
@@ -1977,57 +2038,58 @@ setup_message(PyObject *self, PyObject *args)
         Py_RETURN_FALSE;
     }
     for (int i = 0; i < N_FIELDS; i++)
-        Py_XSETREF(FIELD_MEMBERS[i], fields[i]);
-    Py_XSETREF(SIGNATURE_MEMBERS[0], sig[0]);
-    Py_XSETREF(SIGNATURE_MEMBERS[1], sig[1]);
+        Py_XSETREF(enc->field_members[i], fields[i]);
+    Py_XSETREF(enc->signature_members[0], sig[0]);
+    Py_XSETREF(enc->signature_members[1], sig[1]);
     Py_INCREF(message);
     Py_INCREF(signature);
     Py_INCREF(names);
     Py_INCREF(intents);
-    Py_XSETREF(T_MESSAGE, (PyTypeObject *)message);
-    Py_XSETREF(T_SIGNATURE, (PyTypeObject *)signature);
-    Py_XSETREF(TEXT_NAMES, names);
-    Py_XSETREF(TEXT_INTENTS, intents);
+    Py_XSETREF(enc->message, (PyTypeObject *)message);
+    Py_XSETREF(enc->signature, (PyTypeObject *)signature);
+    Py_XSETREF(enc->text_names, names);
+    Py_XSETREF(enc->text_intents, intents);
     for (int i = 0; i < N_FIELDS; i++) {
         PyObject *name = PyTuple_GET_ITEM(names, 1 + i);
         Py_ssize_t n = PyUnicode_GET_LENGTH(name);
-        FIELD_PREFIX_LENGTH[i] = 0;
+        char *prefix = enc->field_prefix[i];
+        enc->field_prefix_length[i] = 0;
         if (READY(name) < 0)
             return NULL;
         if (PyUnicode_IS_ASCII(name) && n + 3 <= FIELD_PREFIX_MAX) {
-            FIELD_PREFIX[i][0] = ' ';
-            FIELD_PREFIX[i][1] = '(';
-            memcpy(FIELD_PREFIX[i] + 2, PyUnicode_1BYTE_DATA(name), (size_t)n);
-            FIELD_PREFIX[i][n + 2] = ' ';
-            FIELD_PREFIX_LENGTH[i] = n + 3;
+            prefix[0] = ' ';
+            prefix[1] = '(';
+            memcpy(prefix + 2, PyUnicode_1BYTE_DATA(name), (size_t)n);
+            prefix[n + 2] = ' ';
+            enc->field_prefix_length[i] = n + 3;
         }
     }
     Py_RETURN_TRUE;
 }
 
 static PyObject *
-setup_frame(PyObject *self, PyObject *args)
+setup_frame(PyObject *module, PyObject *args)
 {
-    (void)self;
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    EncodersState *enc = &st->encoders;
     PyObject *intents, *registry;
-    long bits[6];
+    long bits[CBCL_FRAME_BITS];
     if (!PyArg_ParseTuple(args, "O!(llllll)O!", &PyTuple_Type, &intents, &bits[0], &bits[1],
                           &bits[2], &bits[3], &bits[4], &bits[5], &PyType_Type, &registry))
         return NULL;
-    if (STR_PROTOCOLS == NULL &&
-            (STR_PROTOCOLS = PyUnicode_InternFromString("_protocols_by_id")) == NULL)
-        return NULL;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < CBCL_FRAME_BITS; i++) {
         if (bits[i] < 1 || bits[i] > 0x7f) {
             PyErr_SetString(PyExc_ValueError, "present bits must be from 1 to 127");
             return NULL;
         }
     }
-    memcpy(FRAME_BITS, bits, sizeof(bits));
+    memcpy(enc->frame_bits, bits, sizeof(bits));
     Py_INCREF(intents);
     Py_INCREF(registry);
-    Py_XSETREF(FRAME_INTENTS, intents);
-    Py_XSETREF(T_REGISTRY, (PyTypeObject *)registry);
+    Py_XSETREF(enc->frame_intents, intents);
+    Py_XSETREF(enc->registry, (PyTypeObject *)registry);
     Py_RETURN_NONE;
 }
 
@@ -2071,14 +2133,69 @@ PyMethodDef cbcl_encoders_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The escape table of the text writer (module.c's exec). */
+/* The section's part of the state as if no setup had run (every twin declines), the
+ * entries' templates copied into it, "_protocols_by_id" interned (module.c's exec). */
 int
-cbcl_encoders_exec(PyObject *Py_UNUSED(module))
+cbcl_encoders_exec(PyObject *Py_UNUSED(module), NativeState *st)
 {
-    for (int c = 0; c < 0x20; c++)
-        ESCAPE1[c] = 1;
-    for (int c = 0x7f; c <= 0x9f; c++)
-        ESCAPE1[c] = 1;
-    ESCAPE1['"'] = ESCAPE1['\\'] = ESCAPE1['\n'] = ESCAPE1['\r'] = ESCAPE1['\t'] = 2;
+    EncodersState *enc = &st->encoders;
+    enc->max_decimal_chars = -1;
+    for (int i = 0; i < CBCL_FRAME_BITS; i++)
+        enc->frame_bits[i] = -1;
+    enc->canonical_entry = CANONICAL_ENTRY;
+    enc->encode_entry = ENCODE_ENTRY;
+    enc->s_protocols = PyUnicode_InternFromString("_protocols_by_id");
+    return enc->s_protocols == NULL ? -1 : 0;
+}
+
+int
+cbcl_encoders_traverse(NativeState *st, visitproc visit, void *arg)
+{
+    EncodersState *enc = &st->encoders;
+    Py_VISIT(enc->symbol);
+    Py_VISIT(enc->keyword);
+    Py_VISIT(enc->uri);
+    Py_VISIT(enc->decimal);
+    Py_VISIT(enc->message);
+    Py_VISIT(enc->signature);
+    Py_VISIT(enc->registry);
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_VISIT(enc->field_members[i]);
+    Py_VISIT(enc->signature_members[0]);
+    Py_VISIT(enc->signature_members[1]);
+    Py_VISIT(enc->text_names);
+    Py_VISIT(enc->text_intents);
+    Py_VISIT(enc->frame_intents);
+    Py_VISIT(enc->s_protocols);
+    CBCL_VISIT_ENTRY(enc->canonical_entry);
+    CBCL_VISIT_ENTRY(enc->encode_entry);
+    for (int i = 0; i < E_COUNT; i++)
+        Py_VISIT(enc->encoder_members[i]);
     return 0;
+}
+
+void
+cbcl_encoders_clear(NativeState *st)
+{
+    EncodersState *enc = &st->encoders;
+    enc->max_decimal_chars = -1; /* (every twin declines) */
+    Py_CLEAR(enc->symbol);
+    Py_CLEAR(enc->keyword);
+    Py_CLEAR(enc->uri);
+    Py_CLEAR(enc->decimal);
+    Py_CLEAR(enc->message);
+    Py_CLEAR(enc->signature);
+    Py_CLEAR(enc->registry);
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_CLEAR(enc->field_members[i]);
+    Py_CLEAR(enc->signature_members[0]);
+    Py_CLEAR(enc->signature_members[1]);
+    Py_CLEAR(enc->text_names);
+    Py_CLEAR(enc->text_intents);
+    Py_CLEAR(enc->frame_intents);
+    Py_CLEAR(enc->s_protocols);
+    CBCL_CLEAR_ENTRY(enc->canonical_entry);
+    CBCL_CLEAR_ENTRY(enc->encode_entry);
+    for (int i = 0; i < E_COUNT; i++)
+        Py_CLEAR(enc->encoder_members[i]);
 }

@@ -1,5 +1,5 @@
 /* Entry points: C functions installed in place of a Python function or method (included by
- * cbcl/_native_src/encoders.c and cbcl/_native_src/speedups.c, static: each module has its own copy).
+ * cbcl/_native_src/encoders.c and cbcl/_native_src/speedups.c, static: each unit has its own copy).
  *
  * Theory of operation
  * -------------------
@@ -17,14 +17,17 @@
  * keeps it alive while ml_doc points into it, so help() and inspect.signature() show what
  * they show for the Python function.
  *
- * An entry is made once per process, from a static CEntry (native.h), by the *_entry
- * function its Python definition calls where the extension is built (the decorator
- * cbcl.core._entries.entry), so the name is bound once, to the entry, as the module or
- * class is made: nothing is set on a class or rebound afterwards. A module-level entry
- * is a builtin function (entry_function); a method entry a cbcl._native.MethodEntry
+ * An entry is made once per module object (so once per interpreter that imports cbcl),
+ * from the CEntry in the module's state (native.h: a copy of the section's static const
+ * template, made by the module's exec), by the *_entry function its Python definition
+ * calls where the extension is built (the decorator cbcl.core._entries.entry), so the
+ * name is bound once, to the entry, as the module or class is made: nothing is set on a
+ * class or rebound afterwards. A module-level entry is a builtin function
+ * (entry_function) whose PyMethodDef is the one in the state and whose self is the
+ * module, which keeps that state alive; a method entry a cbcl._native.MethodEntry
  * (module.c), which the class body binds: a method descriptor that learns its class from
  * __set_name__ (self is checked to be an instance of it) and runs the entry's bind, which
- * finds the slots it reads there.
+ * finds the slots it reads there and keeps them in the state; its type keeps the module.
  */
 #ifndef CBCL_ENTRY_H
 #define CBCL_ENTRY_H
@@ -57,6 +60,9 @@ static PyObject *
 entry_call_method(CEntry *e, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                   PyObject *kwnames)
 {
+    PyObject *fallback = entry_fallback(e);
+    if (fallback == NULL)
+        return NULL;
     Py_ssize_t total = nargs + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
     PyObject *small[8];
     PyObject **stack = small;
@@ -68,7 +74,7 @@ entry_call_method(CEntry *e, PyObject *self, PyObject *const *args, Py_ssize_t n
     stack[0] = self;
     for (Py_ssize_t i = 0; i < total; i++)
         stack[i + 1] = args[i];
-    PyObject *result = PyObject_Vectorcall(e->fallback, stack, (size_t)(nargs + 1), kwnames);
+    PyObject *result = PyObject_Vectorcall(fallback, stack, (size_t)(nargs + 1), kwnames);
     if (stack != small)
         PyMem_Free(stack);
     return result;

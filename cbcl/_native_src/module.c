@@ -11,10 +11,32 @@
  * fallback). The parse entry calls the scanner's reader directly (no capsule).
  *
  * Initialisation is multi-phase (PEP 489): PyInit__native returns the definition,
- * PyModuleDef_Init; the import system creates the module and runs native_exec, which makes
- * the module's heap types (MethodEntry, below; speedups.c's FrameState), adds each
- * section's functions and runs each section's set-up (interned strings, the value types of
- * cbcl.core._values and decimal, the Decimal layout check, the escape table).
+ * PyModuleDef_Init; the import system creates the module, with its state, and runs
+ * native_exec, which makes the module's heap types (MethodEntry, below; speedups.c's
+ * FrameState), adds each section's functions and runs each section's set-up (interned
+ * strings, the value types of cbcl.core._values and decimal, the Decimal layout check,
+ * the entries' definitions).
+ *
+ * State. Everything the module keeps between calls is its module state, NativeState
+ * (native.h: PyModuleDef.m_size; one part per section), never a process-wide variable:
+ * the heap types, interned strings, value types and the outcome of the Decimal layout
+ * check, the token and atom memos, what setup(), setup_message(), setup_frame() and the
+ * *_entry functions are given, the member descriptors found on the classes, and the
+ * entries themselves (CEntry: a copy of a static const template; a builtin function's
+ * PyMethodDef points into the state, and the function keeps it alive through its self,
+ * the module; a MethodEntry through its type, whose module it is). What stays static is
+ * constant: const tables, string literals, and the definitions the C API takes (method,
+ * member and slot tables, the type specs, this module's definition). Module functions
+ * find the state with PyModule_GetState(self) (native_state, native.h, which also raises
+ * RuntimeError once it is cleared), the MethodEntry with PyType_GetModuleState of its
+ * type; the functions they call are handed it (`st`, or a section's part of it). The
+ * module's m_traverse visits every reference the state holds and m_clear (m_free too)
+ * releases them, each section's part by its own functions: the state is in reference
+ * cycles (module -> state -> FrameState type -> module; module -> state -> an entry's
+ * fallback -> its module's globals -> the class -> its MethodEntry -> module) that the
+ * cyclic collector can thus break. A second module object (another interpreter's
+ * import, or importlib's module_from_spec) has a state of its own, set up by its own
+ * Python side.
  *
  * The interface with the Python side is made of named things only: C types with named
  * fields (FrameState, made by keyword), public callables, and the member descriptors of
@@ -23,11 +45,17 @@
  * no offset is read from a descriptor, and nothing is set on a Python class or module:
  * the entries are bound by the Python definitions themselves (entry.h).
  *
- * Interpreters and the GIL. The sections keep process-wide state (interned strings,
- * types, the atom and token memos, the tables the setup functions are given): so the
- * module declares that it supports one interpreter only (Py_mod_multiple_interpreters:
- * NOT_SUPPORTED; a subinterpreter's import fails cleanly instead of sharing objects
- * across interpreters), and on free-threaded builds that it needs the GIL (Py_mod_gil:
+ * Interpreters and the GIL. With all its state in the module object, the module supports
+ * several interpreters, each with a GIL of its own (Py_mod_multiple_interpreters:
+ * Py_MOD_PER_INTERPRETER_GIL_SUPPORTED): each interpreter's import makes a module object
+ * of its own, whose state that interpreter's cbcl sets up (its setup calls, and its class
+ * bodies, which bind their entries through cbcl.core._entries from that module), so no
+ * object passes between interpreters; what they share is constant (the static data
+ * above, this module's definition). tests/test_native_state.py imports it in an isolated
+ * subinterpreter beside the main one, and runs all of cbcl in a legacy one. (cbcl as a
+ * whole needs the cryptography package, whose Rust extension loads in one interpreter of
+ * a process, the first to import it, and in no isolated one: that limit is cbcl's, not
+ * this module's.) On free-threaded builds it declares that it needs the GIL (Py_mod_gil:
  * Py_MOD_GIL_USED): the memos are read and written without locks, and the walks borrow
  * items of tuples and dicts that only the GIL keeps from changing under them.
  */
@@ -48,26 +76,38 @@
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    CEntry *entry;      /* static: its definition and fallback */
+    CEntry *entry;      /* in the state of its type's module: its definition and fallback */
     PyObject *owner;    /* the class, strong; NULL until __set_name__ */
 } MethodEntry;
 
-static PyTypeObject *MethodEntryType; /* (strong, made by native_exec) */
-
-/* A METH_FASTCALL | METH_KEYWORDS function (PyCFunctionFastWithKeywords, named so in the
- * headers from 3.13 on) */
-typedef PyObject *(*FastWithKeywords)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
+/* The state of a MethodEntry's module (its type's: a MethodEntry keeps its type, which
+ * keeps the module), or NULL with RuntimeError once cleared. */
+static inline NativeState *
+method_entry_state(PyObject *self)
+{
+    NativeState *st = (NativeState *)PyType_GetModuleState(Py_TYPE(self));
+    if (st != NULL && st->ready)
+        return st;
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "cbcl._native's state is cleared");
+    return NULL;
+}
 
 static PyObject *
 method_entry_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                         PyObject *kwnames)
 {
     MethodEntry *m = (MethodEntry *)callable;
+    NativeState *st = method_entry_state(callable);
+    if (st == NULL)
+        return NULL;
     CEntry *e = m->entry;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyTypeObject *owner = (PyTypeObject *)m->owner;
-    if (owner == NULL) /* (not in a class: the Python function, as it is) */
-        return PyObject_Vectorcall(e->fallback, args, nargsf, kwnames);
+    if (owner == NULL) { /* (not in a class: the Python function, as it is) */
+        PyObject *fallback = entry_fallback(e);
+        return fallback == NULL ? NULL : PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+    }
     if (nargs < 1) {
         PyErr_Format(PyExc_TypeError, "unbound method %s.%s() needs an argument",
                      owner->tp_name, e->def.ml_name);
@@ -87,10 +127,9 @@ method_entry_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf
                          owner->tp_name, e->def.ml_name, given);
             return NULL;
         }
-        return e->def.ml_meth(self, NULL);
+        return e->method(st, self, args + 1, 0, NULL);
     }
-    return ((FastWithKeywords)(void (*)(void))e->def.ml_meth)(self, args + 1, nargs - 1,
-                                                              kwnames);
+    return e->method(st, self, args + 1, nargs - 1, kwnames);
 }
 
 static PyObject *
@@ -108,8 +147,11 @@ method_entry_set_name(PyObject *self, PyObject *args)
     PyObject *owner, *name;
     if (!PyArg_ParseTuple(args, "O!U:__set_name__", &PyType_Type, &owner, &name))
         return NULL;
+    NativeState *st = method_entry_state(self);
+    if (st == NULL)
+        return NULL;
     Py_XSETREF(m->owner, Py_NewRef(owner));
-    if (m->entry->bind != NULL && m->entry->bind((PyTypeObject *)owner) < 0)
+    if (m->entry->bind != NULL && m->entry->bind(st, (PyTypeObject *)owner) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -124,7 +166,9 @@ method_entry_name(PyObject *self, void *Py_UNUSED(closure))
 static PyObject *
 method_entry_fallback_attribute(PyObject *self, void *closure)
 {
-    PyObject *fallback = ((MethodEntry *)self)->entry->fallback;
+    PyObject *fallback = entry_fallback(((MethodEntry *)self)->entry);
+    if (fallback == NULL)
+        return NULL;
     if (closure == NULL)
         return Py_NewRef(fallback);
     return PyObject_GetAttrString(fallback, (const char *)closure);
@@ -220,14 +264,15 @@ static PyType_Spec method_entry_spec = {
 };
 
 PyObject *
-cbcl_method_entry(CEntry *e)
+cbcl_method_entry(NativeState *st, CEntry *e)
 {
-    if (MethodEntryType == NULL || e->fallback == NULL) {
+    PyTypeObject *type = st->method_entry_type;
+    if (type == NULL || e->fallback == NULL || e->method == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a method entry needs the module and a fallback");
         return NULL;
     }
     /* (zeroed, tracked, and holding its heap type) */
-    MethodEntry *m = (MethodEntry *)MethodEntryType->tp_alloc(MethodEntryType, 0);
+    MethodEntry *m = (MethodEntry *)type->tp_alloc(type, 0);
     if (m == NULL)
         return NULL;
     m->vectorcall = method_entry_vectorcall;
@@ -238,12 +283,12 @@ cbcl_method_entry(CEntry *e)
 /* ------------------------------------------------------------------------- the module */
 
 /* decimals_in_place() -> bool: whether the readers make decimals in place (the layout
- * check of cstack.h held in both units that make them), for the tests. */
+ * check of cstack.h held: st->values), for the tests. */
 static PyObject *
-decimals_in_place(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+decimals_in_place(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(cbcl_scanner_decimals_in_place() &&
-                           cbcl_speedups_decimals_in_place());
+    NativeState *st = native_state(module);
+    return st == NULL ? NULL : PyBool_FromLong(st->values.in_place);
 }
 
 static PyMethodDef native_methods[] = {
@@ -256,30 +301,68 @@ static PyMethodDef native_methods[] = {
 static int
 native_exec(PyObject *module)
 {
+    NativeState *st = (NativeState *)PyModule_GetState(module);
+    if (st == NULL)
+        return -1;
     PyObject *type = PyType_FromModuleAndSpec(module, &method_entry_spec, NULL);
     if (type == NULL)
         return -1;
-    if (PyModule_AddObjectRef(module, "MethodEntry", type) < 0) {
-        Py_DECREF(type);
+    st->method_entry_type = (PyTypeObject *)type; /* (strong: the state's) */
+    if (PyModule_AddObjectRef(module, "MethodEntry", type) < 0)
         return -1;
-    }
-    Py_XSETREF(MethodEntryType, (PyTypeObject *)type);
     if (PyModule_AddFunctions(module, native_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_scanner_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_speedups_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_encoders_methods) < 0)
         return -1;
-    if (cbcl_scanner_exec(module) < 0 || cbcl_speedups_exec(module) < 0 ||
-            cbcl_encoders_exec(module) < 0)
+    if (cbcl_scanner_exec(module, st) < 0 || cbcl_speedups_exec(module, st) < 0 ||
+            cbcl_encoders_exec(module, st) < 0)
         return -1;
+    st->ready = 1;
     return 0;
+}
+
+static int
+native_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    NativeState *st = (NativeState *)PyModule_GetState(module);
+    if (st == NULL)
+        return 0;
+    Py_VISIT(st->method_entry_type);
+    int r;
+    if ((r = cbcl_scanner_traverse(st, visit, arg)) != 0 ||
+            (r = cbcl_speedups_traverse(st, visit, arg)) != 0 ||
+            (r = cbcl_encoders_traverse(st, visit, arg)) != 0)
+        return r;
+    return 0;
+}
+
+static int
+native_clear(PyObject *module)
+{
+    NativeState *st = (NativeState *)PyModule_GetState(module);
+    if (st == NULL)
+        return 0;
+    st->ready = 0; /* (from now on every function raises RuntimeError) */
+    cbcl_encoders_clear(st);
+    cbcl_speedups_clear(st);
+    cbcl_scanner_clear(st);
+    Py_CLEAR(st->method_entry_type);
+    return 0;
+}
+
+static void
+native_free(void *module)
+{
+    native_clear((PyObject *)module);
 }
 
 static PyModuleDef_Slot native_slots[] = {
     {Py_mod_exec, native_exec},
 #if PY_VERSION_HEX >= 0x030C0000
-    /* process-wide state (see above): not in more than one interpreter */
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+    /* all its state is the module object's (see above): a module per interpreter, each
+     * under that interpreter's own GIL */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
 #endif
 #if PY_VERSION_HEX >= 0x030D0000
     /* unlocked memos and borrowed items (see above): the GIL is needed */
@@ -292,9 +375,12 @@ static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cbcl._native",
     .m_doc = "Optional C twins of cbcl's readers, decoders and encoders (cbcl/_native_src/).",
-    .m_size = 0,
+    .m_size = sizeof(NativeState),
     .m_methods = NULL,
     .m_slots = native_slots,
+    .m_traverse = native_traverse,
+    .m_clear = native_clear,
+    .m_free = native_free,
 };
 
 PyMODINIT_FUNC

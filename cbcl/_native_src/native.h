@@ -1,7 +1,9 @@
 /* What the sources of cbcl._native (module.c, scanner.c, speedups.c, encoders.c: one
- * extension module, several translation units) declare to one another: each section's
- * method table and set-up, run by module.c's exec, and the scanner's reader, which
- * speedups.c's parse entry calls directly. Not exported from the shared object. */
+ * extension module, several translation units) declare to one another: the module's state
+ * (NativeState, below: everything the module keeps between calls), each section's method
+ * table, set-up, and the visit and clear of its part of the state, run by module.c, and the
+ * scanner's reader, which speedups.c's parse entry calls directly. Not exported from the
+ * shared object. */
 #ifndef CBCL_NATIVE_H
 #define CBCL_NATIVE_H
 
@@ -23,42 +25,179 @@
 #define CBCL_INTERNAL
 #endif
 
-/* A C entry point standing in for a Python function or method, its fallback (entry.h). */
+/* The sizes the sections' parts of the state are made of (each section checks its own
+ * names for them against these, below its enums). */
+#define CBCL_TOKEN_CODES 7     /* LPAR .. URI: the token codes below FIRST_ENTRY */
+#define CBCL_MESSAGE_FIELDS 11 /* a Message's fields, in grammar order */
+#define CBCL_PARSE_LIMITS 6    /* the default limits the parse entry reads */
+#define CBCL_FRAME_BITS 6      /* the present bits of a frame's optional fields */
+#define CBCL_MEMO_SLOTS 4096   /* the slots of each direct-mapped memo of atoms */
+#define CBCL_FIELD_PREFIX_MAX 40
+
+typedef struct NativeState NativeState;
+
+/* A slot of a direct-mapped memo of atoms by their text's bytes (the text reader's token
+ * memo, the binary decoder's atom memo; cstack.h): the text (an exact ASCII str) and the
+ * atom made of it, under a kind (0 where the memo has one). */
+typedef struct {
+    PyObject *key;   /* the text, or NULL */
+    PyObject *value; /* its atom */
+    long kind;
+} MemoSlot;
+
+/* A C entry point standing in for a Python function or method, its fallback (entry.h): a
+ * copy, in the module's state, of a section's static const template. */
 typedef struct CEntry {
-    PyMethodDef def;    /* ml_name, ml_meth and ml_flags static; ml_doc from `doc` */
-    PyObject *fallback; /* strong reference: the Python function */
-    PyObject *doc;      /* strong reference: ml_doc points into its UTF-8 */
+    PyMethodDef def;    /* ml_name, ml_flags (and a function's ml_meth) from the template;
+                         * ml_doc from `doc` */
+    /* A method's: called by its MethodEntry (module.c) with the module's state and the
+     * instance; the arguments after self as vectorcall has them (none for METH_NOARGS). */
+    PyObject *(*method)(NativeState *st, PyObject *self, PyObject *const *args,
+                        Py_ssize_t nargs, PyObject *kwnames);
     /* A method's: called when the class that binds it is made (__set_name__) with that
      * class, to find what it reads there; 0, or -1 with an exception. NULL: nothing. */
-    int (*bind)(PyTypeObject *owner);
+    int (*bind)(NativeState *st, PyTypeObject *owner);
+    PyObject *fallback; /* strong reference: the Python function (NULL: not given yet) */
+    PyObject *doc;      /* strong reference: ml_doc points into its UTF-8 */
 } CEntry;
 
-/* A method entry of `e` (module.c's cbcl._native.MethodEntry): a new reference, or NULL
- * with an exception. */
-CBCL_INTERNAL PyObject *cbcl_method_entry(CEntry *e);
+/* e's fallback (borrowed), or NULL with RuntimeError where the module's state has been
+ * cleared (a module torn down under a call). */
+static inline PyObject *
+entry_fallback(const CEntry *e)
+{
+    if (e->fallback == NULL)
+        PyErr_Format(PyExc_RuntimeError, "cbcl._native's entry %s has no fallback",
+                     e->def.ml_name);
+    return e->fallback;
+}
+
+/* cstack.h's: the types of the values the readers make, and its Decimal layout check. */
+typedef struct {
+    PyTypeObject *inert[3]; /* cbcl.core._values' Symbol, Keyword, URI (strong) */
+    PyObject *decimal;      /* decimal.Decimal (strong) */
+    int in_place;           /* 1: the layout check held (decimals made in place) */
+    int untrackable;        /* 1: a Decimal visits only its type (may be untracked) */
+} ValueTypes;
+
+/* scanner.c's: the token memo in front of the reader's token cache. */
+typedef struct {
+    MemoSlot memo[CBCL_MEMO_SLOTS];
+} ScannerState;
+
+/* speedups.c's. */
+typedef struct {
+    /* interned strings: the automaton's token classes, attribute and keyword names */
+    PyObject *s_lpar, *s_rpar, *s_end, *s_string, *s_integer, *s_kinds[CBCL_TOKEN_CODES];
+    PyObject *s_packed, *s_min_length, *s_max_length, *s_item, *s_start, *s_acceptance;
+    PyObject *s_registry, *s_protocols_by_id, *s_one_shot;
+    PyTypeObject *frame_state_type; /* cbcl._native.FrameState, this module's */
+    /* the decoder's atom memo in front of its own caches */
+    MemoSlot atom_memo[CBCL_MEMO_SLOTS];
+    /* new_with_attributes' last type and attribute tuple and their member descriptors */
+    PyTypeObject *slots_type;
+    PyObject *slots_names, *slot_members[CBCL_MESSAGE_FIELDS];
+    /* cbcl.protocol._schema._Pairs and its `packed` member descriptor, once met */
+    PyTypeObject *pairs_type;
+    PyObject *pairs_packed;
+    /* Decoder.decode: its entry, the trust store's check, the Decoder's slots */
+    CEntry decode_entry;
+    PyObject *decode_verified, *decoder_frame_state, *decoder_require, *decoder_registry;
+    /* cbcl.parse: its entry and what parse_entry gave it */
+    CEntry parse_entry;
+    PyObject *parse_verified, *parse_space_after, *parse_tables, *parse_cache, *parse_atom;
+    Py_ssize_t parse_limits[CBCL_PARSE_LIMITS];
+    PyObject *parse_last_registry;  /* a weak reference, or NULL */
+    PyObject *parse_last_protocols; /* its dict of loaded protocols */
+    /* cbcl.decode: its entry and what one_shot_entry gave it */
+    CEntry one_shot_entry;
+    PyObject *one_shot_verified;
+    PyTypeObject *one_shot_registry, *one_shot_memos;
+    PyObject *memos_default_state;
+} SpeedupsState;
+
+/* encoders.c's: what setup(), setup_message() and setup_frame() gave, and the entries. */
+typedef struct {
+    PyTypeObject *symbol, *keyword, *uri, *decimal;
+    Py_ssize_t max_decimal_chars; /* -1: setup() has not run; every twin declines */
+    long c_lpar, c_rpar, c_integer, c_decimal, c_symbol, c_keyword, c_uri, c_first;
+    int decimal_layout; /* 1: a Decimal's mpd_t is read directly */
+    PyTypeObject *message, *signature, *registry;
+    PyObject *field_members[CBCL_MESSAGE_FIELDS], *signature_members[2];
+    PyObject *text_names, *text_intents, *frame_intents;
+    long frame_bits[CBCL_FRAME_BITS];
+    char field_prefix[CBCL_MESSAGE_FIELDS][CBCL_FIELD_PREFIX_MAX];
+    Py_ssize_t field_prefix_length[CBCL_MESSAGE_FIELDS];
+    PyObject *s_protocols; /* "_protocols_by_id" */
+    CEntry canonical_entry, encode_entry;
+    /* the member descriptors of Encoder's validate, registry, _tables, _registry_protocols */
+    PyObject *encoder_members[4];
+} EncodersState;
+
+/* The module's state (PyModuleDef.m_size): one per module object, so one per interpreter
+ * that imports the module. Zeroed when the module is made; filled by native_exec and by
+ * the set-up and *_entry functions the Python side calls; visited and cleared by the
+ * module's m_traverse and m_clear (each section's part by its own functions). */
+struct NativeState {
+    int ready;                      /* 1 from the end of native_exec to m_clear */
+    PyTypeObject *method_entry_type; /* cbcl._native.MethodEntry, this module's */
+    ValueTypes values;
+    ScannerState scanner;
+    SpeedupsState speedups;
+    EncodersState encoders;
+};
+
+/* The state of `module` (a module made from this definition: a function's self), or NULL
+ * with RuntimeError once it has been cleared (a module torn down under a call). */
+static inline NativeState *
+native_state(PyObject *module)
+{
+    NativeState *st = (NativeState *)PyModule_GetState(module);
+    if (st != NULL && st->ready)
+        return st;
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "cbcl._native's state is cleared");
+    return NULL;
+}
+
+/* A method entry of `e` (module.c's cbcl._native.MethodEntry, of st's module): a new
+ * reference, or NULL with an exception. */
+CBCL_INTERNAL PyObject *cbcl_method_entry(NativeState *st, CEntry *e);
 
 CBCL_INTERNAL extern PyMethodDef cbcl_scanner_methods[];
 CBCL_INTERNAL extern PyMethodDef cbcl_speedups_methods[];
 CBCL_INTERNAL extern PyMethodDef cbcl_encoders_methods[];
 
-/* Each section's set-up at the module's exec: 0, or -1 with an exception. */
-CBCL_INTERNAL int cbcl_scanner_exec(PyObject *module);
-CBCL_INTERNAL int cbcl_speedups_exec(PyObject *module);
-CBCL_INTERNAL int cbcl_encoders_exec(PyObject *module);
+/* Each section's set-up at the module's exec: 0, or -1 with an exception. The scanner's
+ * makes st->values (cstack.h), which the others read. */
+CBCL_INTERNAL int cbcl_scanner_exec(PyObject *module, NativeState *st);
+CBCL_INTERNAL int cbcl_speedups_exec(PyObject *module, NativeState *st);
+CBCL_INTERNAL int cbcl_encoders_exec(PyObject *module, NativeState *st);
 
-/* Whether the unit's decimal_of makes Decimals in place (cstack.h's layout check). */
-CBCL_INTERNAL int cbcl_scanner_decimals_in_place(void);
-CBCL_INTERNAL int cbcl_speedups_decimals_in_place(void);
+/* Each section's part of m_traverse (every object reference it holds; 0, or what visit
+ * returned) and of m_clear (every reference released, the part as if never set up). */
+CBCL_INTERNAL int cbcl_scanner_traverse(NativeState *st, visitproc visit, void *arg);
+CBCL_INTERNAL int cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg);
+CBCL_INTERNAL int cbcl_encoders_traverse(NativeState *st, visitproc visit, void *arg);
+CBCL_INTERNAL void cbcl_scanner_clear(NativeState *st);
+CBCL_INTERNAL void cbcl_speedups_clear(NativeState *st);
+CBCL_INTERNAL void cbcl_encoders_clear(NativeState *st);
+
+/* An entry's references (entry.h): visited, and released (its ml_doc with its doc). */
+#define CBCL_VISIT_ENTRY(e) \
+    do { Py_VISIT((e).fallback); Py_VISIT((e).doc); } while (0)
+#define CBCL_CLEAR_ENTRY(e) \
+    do { (e).def.ml_doc = NULL; Py_CLEAR((e).fallback); Py_CLEAR((e).doc); } while (0)
 
 /* The scanner's reader of one value (scanner.c's read_value, its arguments checked: text
  * a str, cache a dict, utf8 the text's UTF-8 as bytes or Py_None): the value at character
  * pos, with *end (the character after it) and *nodes set; None to leave it to the Python
  * tiers; NULL with an exception (MemoryError, or one make_atom raised). */
-CBCL_INTERNAL PyObject *cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache,
-                                           PyObject *make_atom, Py_ssize_t depth_left,
-                                           Py_ssize_t max_items, Py_ssize_t budget,
-                                           Py_ssize_t max_string, Py_ssize_t max_name,
-                                           PyObject *utf8, Py_ssize_t *end_out,
-                                           Py_ssize_t *nodes_out);
+CBCL_INTERNAL PyObject *cbcl_read_value_of(NativeState *st, PyObject *text, Py_ssize_t pos,
+                                           PyObject *cache, PyObject *make_atom,
+                                           Py_ssize_t depth_left, Py_ssize_t max_items,
+                                           Py_ssize_t budget, Py_ssize_t max_string,
+                                           Py_ssize_t max_name, PyObject *utf8,
+                                           Py_ssize_t *end_out, Py_ssize_t *nodes_out);
 
 #endif

@@ -310,21 +310,20 @@ chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
 }
 
 /* The scanner's own memo of atoms by their token's bytes, in front of `cache`
- * (MemoSlot, cbcl/_native_src/cstack.h): direct-mapped, MEMO_SLOTS slots of ASCII tokens of at most
- * MEMO_CHARS characters, each holding the token and the atom `cache` or make_atom gave
- * for it. A pure memo, as `cache` is (spec/cbcl-1.0.md, "Process-wide memos"): the atom a
- * token denotes does not depend on when it was read, and no limit is stored (the name
- * limit is checked before the lookup). */
-#define MEMO_SLOTS 4096
+ * (MemoSlot, native.h; st->scanner.memo, in the module's state): direct-mapped,
+ * MEMO_SLOTS slots of ASCII tokens of at most MEMO_CHARS characters, each holding the
+ * token and the atom `cache` or make_atom gave for it. A pure memo, as `cache` is
+ * (spec/cbcl-1.0.md, "Process-wide memos"): the atom a token denotes does not depend on
+ * when it was read, and no limit is stored (the name limit is checked before the
+ * lookup). */
+#define MEMO_SLOTS CBCL_MEMO_SLOTS
 #define MEMO_CHARS 64
-
-static MemoSlot memo[MEMO_SLOTS];
 
 /* The atom of the run p[i:k] (`ascii`: whether the run is): a new reference, Py_None to
  * decline, NULL with an exception. */
 static PyObject *
-read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObject *cache,
-          PyObject *make_atom, Py_ssize_t max_name)
+read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii,
+          PyObject *cache, PyObject *make_atom, Py_ssize_t max_name)
 {
     if ((p[i] >= '0' && p[i] <= '9') || p[i] == '-') {
         int integer;
@@ -335,7 +334,7 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
         if (k - i > CACHED_DECIMAL_CHARS && is_decimal(p, i, k)) { /* never cached */
             if (k - i > MAX_DECIMAL_CHARS)
                 Py_RETURN_NONE;
-            return decimal_of(p + i, k - i, NULL);
+            return decimal_of(&st->values, p + i, k - i, NULL);
         }
     }
     int numeric = (p[i] >= '0' && p[i] <= '9') ||
@@ -346,7 +345,7 @@ read_atom(const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii, PyObjec
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
-        slot = &memo[memo_hash(p + i, length, 0, NULL) & (MEMO_SLOTS - 1)];
+        slot = &st->scanner.memo[memo_hash(p + i, length, 0, NULL) & (MEMO_SLOTS - 1)];
         PyObject *hit = memo_hit(slot, 0, p + i, length);
         if (hit != NULL)
             return hit;
@@ -374,8 +373,11 @@ char_index(const unsigned char *p, Py_ssize_t at, int ascii)
 }
 
 static PyObject *
-read_value(PyObject *Py_UNUSED(self), PyObject *args)
+read_value(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *text, *cache, *make_atom, *utf8 = Py_None;
     Py_ssize_t pos, depth_left, max_items, budget, max_string, max_name, end, nodes;
     if (!PyArg_ParseTuple(args, "UnO!Onnnnn|O", &text, &pos, &PyDict_Type, &cache,
@@ -386,8 +388,9 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "utf8 must be the text's UTF-8 (bytes) or None");
         return NULL;
     }
-    PyObject *value = cbcl_read_value_of(text, pos, cache, make_atom, depth_left, max_items, budget,
-                                         max_string, max_name, utf8, &end, &nodes);
+    PyObject *value = cbcl_read_value_of(st, text, pos, cache, make_atom, depth_left,
+                                         max_items, budget, max_string, max_name, utf8, &end,
+                                         &nodes);
     if (value == NULL || value == Py_None)
         return value;
     return Py_BuildValue("(Nnn)", value, end, nodes);
@@ -396,10 +399,10 @@ read_value(PyObject *Py_UNUSED(self), PyObject *args)
 /* read_value's work, read_value's arguments checked (text a str, cache a dict, utf8 the
  * text's UTF-8 as bytes or Py_None); also called directly by speedups.c's parse entry. */
 PyObject *
-cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *make_atom,
-              Py_ssize_t depth_left, Py_ssize_t max_items, Py_ssize_t budget,
-              Py_ssize_t max_string, Py_ssize_t max_name, PyObject *utf8, Py_ssize_t *end_out,
-              Py_ssize_t *nodes_out)
+cbcl_read_value_of(NativeState *st, PyObject *text, Py_ssize_t pos, PyObject *cache,
+                   PyObject *make_atom, Py_ssize_t depth_left, Py_ssize_t max_items,
+                   Py_ssize_t budget, Py_ssize_t max_string, Py_ssize_t max_name,
+                   PyObject *utf8, Py_ssize_t *end_out, Py_ssize_t *nodes_out)
 {
     const unsigned char *p;
     Py_ssize_t n, i;
@@ -429,7 +432,7 @@ cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *ma
         i = 0;
     }
 
-    Stack st = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
+    Stack stack = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
     PyObject *value = NULL;
     PyObject *result = NULL;
     Py_ssize_t nodes = 0, end = 0;
@@ -439,26 +442,26 @@ cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *ma
             goto bail; /* the text ends inside the value, or before it */
         unsigned char c = p[i];
         if (c == '(') {
-            if (++nodes > budget || st.depth >= depth_left)
-                goto bail; /* (the new list is st.depth + 1 deep) */
-            if (push_open(&st) < 0)
+            if (++nodes > budget || stack.depth >= depth_left)
+                goto bail; /* (the new list is stack.depth + 1 deep) */
+            if (push_open(&stack) < 0)
                 goto error;
             i++;
             continue;
         }
         if (c == ')') {
-            if (st.depth == 0)
+            if (stack.depth == 0)
                 goto bail;
-            if (top_items(&st) > max_items)
+            if (top_items(&stack) > max_items)
                 goto bail;
-            if ((value = pop_tuple(&st)) == NULL)
+            if ((value = pop_tuple(&stack, &st->values)) == NULL)
                 goto error;
             i++;
-            if (st.depth == 0) {
+            if (stack.depth == 0) {
                 end = i;
                 goto done;
             }
-            if (push_item(&st, value) < 0)
+            if (push_item(&stack, value) < 0)
                 goto error;
             value = NULL;
             continue;
@@ -474,7 +477,7 @@ cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *ma
                 high |= p[k++];
             if (k < n && p[k] == '"')
                 goto bail; /* an atom a string follows without a delimiter */
-            value = read_atom(p, i, k, !(high & 0x80), cache, make_atom, max_name);
+            value = read_atom(st, p, i, k, !(high & 0x80), cache, make_atom, max_name);
             end = k;
         }
         if (value == NULL)
@@ -482,9 +485,9 @@ cbcl_read_value_of(PyObject *text, Py_ssize_t pos, PyObject *cache, PyObject *ma
         if (value == Py_None)
             goto bail;
         i = end;
-        if (st.depth == 0)
+        if (stack.depth == 0)
             goto done; /* the value is one atom */
-        if (push_item(&st, value) < 0)
+        if (push_item(&stack, value) < 0)
             goto error;
         value = NULL;
     }
@@ -502,7 +505,7 @@ error:
     result = NULL;
 cleanup:
     Py_XDECREF(value);
-    stack_free(&st);
+    stack_free(&stack);
     return result;
 }
 
@@ -531,16 +534,36 @@ PyMethodDef cbcl_scanner_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The value types and the Decimal layout check of this unit's copy of cstack.h. */
+/* The value types and the Decimal layout check (cstack.h: st->values, which speedups.c
+ * reads too). */
 int
-cbcl_scanner_exec(PyObject *Py_UNUSED(module))
+cbcl_scanner_exec(PyObject *Py_UNUSED(module), NativeState *st)
 {
-    return init_value_types();
+    return init_value_types(&st->values);
 }
 
-/* Whether this unit's decimal_of makes decimals in place (module.c's decimals_in_place). */
 int
-cbcl_scanner_decimals_in_place(void)
+cbcl_scanner_traverse(NativeState *st, visitproc visit, void *arg)
 {
-    return DecimalInPlace;
+    for (int k = 0; k < 3; k++)
+        Py_VISIT(st->values.inert[k]);
+    Py_VISIT(st->values.decimal);
+    for (int k = 0; k < MEMO_SLOTS; k++) {
+        Py_VISIT(st->scanner.memo[k].key);
+        Py_VISIT(st->scanner.memo[k].value);
+    }
+    return 0;
+}
+
+void
+cbcl_scanner_clear(NativeState *st)
+{
+    for (int k = 0; k < MEMO_SLOTS; k++) {
+        Py_CLEAR(st->scanner.memo[k].key);
+        Py_CLEAR(st->scanner.memo[k].value);
+    }
+    for (int k = 0; k < 3; k++)
+        Py_CLEAR(st->values.inert[k]);
+    Py_CLEAR(st->values.decimal);
+    st->values.in_place = st->values.untrackable = 0;
 }

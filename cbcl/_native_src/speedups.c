@@ -46,10 +46,12 @@
  * the call), and only a valid symbol, keyword or short decimal calls make_atom, the
  * Python function that makes and remembers it. In front of those caches, a direct-mapped
  * memo by kind and bytes (atom_memo) finds a symbol, keyword or URI seen before without
- * making its str. The caches and make_atom are the calling
- * decoder's own (cbcl.binary._codec._Memos), passed with each call: this module keeps no state
- * but its interned strings, the types it makes (cbcl.core._values' atoms, Decimal) and the
- * member descriptors of the slots it reads and writes (entry.h).
+ * making its str. The caches and make_atom are the calling decoder's own
+ * (cbcl.binary._codec._Memos), passed with each call: the module's state (native.h's
+ * SpeedupsState, one per module object) keeps no more than its interned strings, the
+ * types it makes (cbcl.core._values' atoms, Decimal: cstack.h's ValueTypes), the atom
+ * memo, the member descriptors of the slots it reads and writes (entry.h) and what the
+ * entries were given; each function is handed that state (`st`), never a global.
  *
  * The Python side hands its state over as C types with named fields or as the public
  * callables it would call itself: a decoder's FrameState, the registry's protocols
@@ -61,8 +63,13 @@
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
        FIRST_ENTRY = 7 };
+static_assert(FIRST_ENTRY == CBCL_TOKEN_CODES, "the state's s_kinds: one per token code");
 
-static PyObject *S_LPAR, *S_RPAR, *S_END, *S_STRING, *S_INTEGER, *S_KINDS[FIRST_ENTRY];
+/* The section's state (native.h's SpeedupsState, st->speedups) holds the interned token
+ * classes (s_lpar ... s_kinds[code]) the automaton's transitions are keyed by, the
+ * attribute names read, the FrameState type, the atom memo, the slots new_with_attributes
+ * and packed_of found, and the entries with what their *_entry functions gave them. Every
+ * function that reads it is given the module's state `st`. */
 
 /* ------------------------------------------------------------------------- unpack */
 
@@ -378,14 +385,14 @@ valid_atom(long code, PyObject *text)
  * MEMO_CHARS characters, the memo emptied when it holds `entries`. A new reference, or
  * NULL with an exception. */
 static PyObject *
-remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
+remember_uri(const ValueTypes *vt, PyObject *uris, PyObject *text, Py_ssize_t entries)
 {
     /* str.__new__(URI, text), as _remember_uri makes it: URI() would match the regex
      * the text has just passed in C */
     PyObject *args = PyTuple_Pack(1, text);
     if (args == NULL)
         return NULL;
-    PyObject *uri = PyUnicode_Type.tp_new(InertTypes[2], args, NULL);
+    PyObject *uri = PyUnicode_Type.tp_new(vt->inert[2], args, NULL);
     Py_DECREF(args);
     if (uri == NULL || PyUnicode_GET_LENGTH(text) > MEMO_CHARS)
         return uri;
@@ -399,26 +406,25 @@ remember_uri(PyObject *uris, PyObject *text, Py_ssize_t entries)
 }
 
 /* The decoder's memo of atoms written in full, by kind and bytes, in front of the
- * decoders' own (MemoSlot, cbcl/_native_src/cstack.h, as cbcl/_native_src/scanner.c keeps one in front of the
- * text reader's cache): direct-mapped, ATOM_SLOTS slots of symbols, keywords and URIs of
- * at most ATOM_CHARS ASCII characters. A pure memo (spec/cbcl-1.0.md, "Process-wide
- * memos"): the atom a kind and text denote does not depend on when it was read; no limit
- * is stored (the name limit is checked before the lookup). */
-#define ATOM_SLOTS 4096
+ * decoders' own (MemoSlot, native.h; st->speedups.atom_memo, in the module's state, as
+ * cbcl/_native_src/scanner.c keeps one in front of the text reader's cache):
+ * direct-mapped, ATOM_SLOTS slots of symbols, keywords and URIs of at most ATOM_CHARS
+ * ASCII characters. A pure memo (spec/cbcl-1.0.md, "Process-wide memos"): the atom a
+ * kind and text denote does not depend on when it was read; no limit is stored (the name
+ * limit is checked before the lookup). */
+#define ATOM_SLOTS CBCL_MEMO_SLOTS
 #define ATOM_CHARS 64
-
-static MemoSlot atom_memo[ATOM_SLOTS];
 
 /* The slot of kind `code` and text s[0:len], or NULL for a text the memo does not hold
  * (longer than ATOM_CHARS, or not ASCII). */
 static MemoSlot *
-atom_slot(long code, const char *s, Py_ssize_t len)
+atom_slot(NativeState *st, long code, const char *s, Py_ssize_t len)
 {
     int ascii;
     if (len > ATOM_CHARS)
         return NULL;
     size_t h = memo_hash((const unsigned char *)s, len, code, &ascii);
-    return ascii ? &atom_memo[h & (ATOM_SLOTS - 1)] : NULL;
+    return ascii ? &st->speedups.atom_memo[h & (ATOM_SLOTS - 1)] : NULL;
 }
 
 /* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
@@ -429,7 +435,7 @@ atom_slot(long code, const char *s, Py_ssize_t len)
  * remembered here (remember_uri, at most `entries`), a longer decimal, never remembered,
  * constructed here. */
 static PyObject *
-atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
+atom_of(NativeState *st, long code, PyObject *text, PyObject *caches, PyObject *make_atom,
         Py_ssize_t max_name, Py_ssize_t entries)
 {
     if (!PyUnicode_CheckExact(text))
@@ -447,9 +453,10 @@ atom_of(long code, PyObject *text, PyObject *caches, PyObject *make_atom,
     if (!valid_atom(code, text))
         Py_RETURN_NONE;
     if (code == DECIMAL && PyUnicode_GET_LENGTH(text) > DECIMAL_MEMO_CHARS)
-        return decimal_of(PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text), text);
+        return decimal_of(&st->values, PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text),
+                          text);
     if (code == URI)
-        return remember_uri(PyTuple_GET_ITEM(caches, URI), text, entries);
+        return remember_uri(&st->values, PyTuple_GET_ITEM(caches, URI), text, entries);
     return PyObject_CallFunction(make_atom, "lO", code, text);
 }
 
@@ -477,7 +484,7 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
  * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
  * next code after them (it is "learned"). At most `budget` nodes (lists and atoms). */
 /* The atoms a body writes in full, in the order they get their codes (a code past the
- * table's is the index of one here): their classes borrowed from S_KINDS, the atoms owned.
+ * table's is the index of one here): their classes borrowed from the state's s_kinds, the atoms owned.
  * The first LEARNED_INLINE are kept inline and told apart by a scan (a body has few); past
  * that, a set of them all (`seen`) keeps the check linear. */
 #define LEARNED_INLINE 16
@@ -576,9 +583,9 @@ learned_free(Learned *l)
 }
 
 static PyObject *
-build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject *entries,
-              PyObject *codes, PyObject *caches, PyObject *make_atom, PyObject *start,
-              PyObject *step, Py_ssize_t max_depth, Py_ssize_t max_items,
+build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t offset,
+              PyObject *entries, PyObject *codes, PyObject *caches, PyObject *make_atom,
+              PyObject *start, PyObject *step, Py_ssize_t max_depth, Py_ssize_t max_items,
               Py_ssize_t max_string, Py_ssize_t max_name, Py_ssize_t budget,
               PyObject *refused, PyObject *accept, Py_ssize_t memo_entries)
 {
@@ -586,7 +593,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
     Learned learned = LEARNED_INIT; /* the atoms written in full, in order */
     PyObject *value = NULL;   /* owned */
-    Stack st = STACK_INIT;    /* the lists under way (cbcl/_native_src/cstack.h) */
+    Stack stack = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
     Py_ssize_t nodes = 0;
     Py_ssize_t i = offset;
@@ -626,7 +633,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                 goto error;
             if (value == Py_None)
                 goto bail;
-            cls = S_STRING;
+            cls = st->speedups.s_string;
         } else {
             if (t.big || t.integer < 0)
                 goto bail;
@@ -647,39 +654,39 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                 value = Py_NewRef(learned.atoms[k]);
                 cls = learned.classes[k];
             } else if (code == LPAR) {
-                if (++nodes > budget || st.depth >= max_depth)
-                    goto bail; /* (the new list is st.depth + 1 deep) */
-                if (push_open(&st) < 0)
+                if (++nodes > budget || stack.depth >= max_depth)
+                    goto bail; /* (the new list is stack.depth + 1 deep) */
+                if (push_open(&stack) < 0)
                     goto error;
                 if (node != NULL && !whole_at) {
                     int whole = 0;
-                    ok = advance(&node, S_LPAR, step, refused, &whole);
+                    ok = advance(&node, st->speedups.s_lpar, step, refused, &whole);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
                         goto bail;
                     if (whole)
-                        whole_at = st.depth;
+                        whole_at = stack.depth;
                 }
                 continue;
             } else if (code == RPAR) {
-                if (st.depth == 0 || top_items(&st) > max_items)
+                if (stack.depth == 0 || top_items(&stack) > max_items)
                     goto bail;
-                Py_ssize_t level = st.depth;
-                if ((value = pop_tuple(&st)) == NULL)
+                Py_ssize_t level = stack.depth;
+                if ((value = pop_tuple(&stack, &st->values)) == NULL)
                     goto error;
                 if (whole_at) {
                     if (whole_at == level)
                         whole_at = 0;
                 } else if (node != NULL) {
-                    ok = advance(&node, S_RPAR, step, refused, NULL);
+                    ok = advance(&node, st->speedups.s_rpar, step, refused, NULL);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
                         goto bail;
                 }
-                if (st.depth > 0) {
-                    if (push_item(&st, value) < 0) {
+                if (stack.depth > 0) {
+                    if (push_item(&stack, value) < 0) {
                         value = NULL;
                         goto error;
                     }
@@ -697,12 +704,12 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                     value = PyLong_FromLongLong(a.integer);
                     if (value == NULL)
                         goto error;
-                    cls = S_INTEGER;
+                    cls = st->speedups.s_integer;
                 } else {
                     if (!a.str)
                         goto bail;
                     MemoSlot *slot = code != DECIMAL && (code == URI || a.len <= max_name) ?
-                        atom_slot((long)code, a.s, a.len) : NULL;
+                        atom_slot(st, (long)code, a.s, a.len) : NULL;
                     if (slot != NULL)
                         value = memo_hit(slot, (long)code, (const unsigned char *)a.s, a.len);
                     if (value == NULL) {
@@ -713,7 +720,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                             Py_DECREF(text);
                             goto bail;
                         }
-                        value = atom_of((long)code, text, caches, make_atom, max_name,
+                        value = atom_of(st, (long)code, text, caches, make_atom, max_name,
                                         memo_entries);
                         if (slot != NULL && value != NULL && value != Py_None)
                             memo_keep(slot, (long)code, text, value);
@@ -723,7 +730,7 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
                         goto error;
                     if (value == Py_None)
                         goto bail;
-                    cls = S_KINDS[code];
+                    cls = st->speedups.s_kinds[code];
                     if (code != DECIMAL) { /* learned: it has the next code from now on */
                         if ((ok = PyDict_Contains(codes, value)) != 0 ||
                             (ok = learned_has(&learned, value)) != 0) {
@@ -747,9 +754,9 @@ build_body_of(const unsigned char *p, Py_ssize_t n, Py_ssize_t offset, PyObject 
             if (ok == 0)
                 goto bail;
         }
-        if (st.depth == 0)
+        if (stack.depth == 0)
             goto done; /* the body is one atom */
-        if (push_item(&st, value) < 0) {
+        if (push_item(&stack, value) < 0) {
             value = NULL;
             goto error;
         }
@@ -760,7 +767,7 @@ done:
     if (i != n)
         goto bail;
     if (node != NULL) {
-        PyObject *end = transition(node, S_END, step);
+        PyObject *end = transition(node, st->speedups.s_end, step);
         if (end == NULL)
             goto error;
         Py_DECREF(end); /* compared by identity only */
@@ -780,13 +787,16 @@ cleanup:
     Py_XDECREF(node);
     Py_XDECREF(value);
     learned_free(&learned);
-    stack_free(&st);
+    stack_free(&stack);
     return result;
 }
 
 static PyObject *
-build_body(PyObject *Py_UNUSED(self), PyObject *args)
+build_body(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     Py_buffer view;
     PyObject *entries, *codes, *caches, *make_atom, *start, *step, *refused, *accept;
     Py_ssize_t offset, max_depth, max_items, max_string, max_name, budget, memo_entries;
@@ -795,7 +805,7 @@ build_body(PyObject *Py_UNUSED(self), PyObject *args)
                           &start, &step, &max_depth, &max_items, &max_string, &max_name,
                           &budget, &refused, &accept, &memo_entries))
         return NULL;
-    PyObject *result = build_body_of((const unsigned char *)view.buf, view.len, offset,
+    PyObject *result = build_body_of(st, (const unsigned char *)view.buf, view.len, offset,
                                      entries, codes, caches, make_atom, start, step,
                                      max_depth, max_items, max_string, max_name, budget,
                                      refused, accept, memo_entries);
@@ -821,8 +831,8 @@ enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMES
  * index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
  * exception. */
 static int
-read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyObject *intents,
-                    PyObject *uris, Py_ssize_t max_string, Py_ssize_t memo_entries,
+read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t start,
+                    PyObject *intents, PyObject *uris, Py_ssize_t max_string, Py_ssize_t memo_entries,
                     PyObject **slots, Py_ssize_t *offset, Py_ssize_t *intent_index,
                     long long *bits)
 {
@@ -858,7 +868,7 @@ read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyOb
         } else {
             if (!t.str || t.len > max_string)
                 goto bail;
-            MemoSlot *memo = slot == 3 || slot == 4 ? atom_slot(URI, t.s, t.len) : NULL;
+            MemoSlot *memo = slot == 3 || slot == 4 ? atom_slot(st, URI, t.s, t.len) : NULL;
             const unsigned char *bytes = (const unsigned char *)t.s;
             if (memo != NULL && (slots[slot] = memo_hit(memo, URI, bytes, t.len)) != NULL)
                 continue; /* a URI already made (it was valid) */
@@ -880,7 +890,7 @@ read_frame_envelope(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, PyOb
                     Py_DECREF(text);
                     goto bail;
                 } else {
-                    uri = remember_uri(uris, text, memo_entries);
+                    uri = remember_uri(&st->values, uris, text, memo_entries);
                 }
                 if (memo != NULL && uri != NULL && uri != Py_None)
                     memo_keep(memo, URI, text, uri);
@@ -917,8 +927,11 @@ cleanup:
 }
 
 static PyObject *
-frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
+frame_envelope(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     Py_buffer view;
     Py_ssize_t start, max_string, memo_entries, offset = 0, intent_index = 0;
     long long bits = 0;
@@ -928,8 +941,8 @@ frame_envelope(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     PyObject *slots[ENVELOPE_SLOTS] = {NULL};
     PyObject *result = NULL;
-    int ok = read_frame_envelope((const unsigned char *)view.buf, view.len, start, intents,
-                                 uris, max_string, memo_entries, slots, &offset,
+    int ok = read_frame_envelope(st, (const unsigned char *)view.buf, view.len, start,
+                                 intents, uris, max_string, memo_entries, slots, &offset,
                                  &intent_index, &bits);
     PyBuffer_Release(&view);
     if (ok <= 0)
@@ -961,8 +974,8 @@ typedef struct {
 /* The walk of recognise from `start` (a dict): 1 accepted, 0 refused, -1 with an
  * exception. */
 static int
-walk(PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals, PyObject *step,
-     PyObject *refused, PyObject *accept)
+walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals,
+     PyObject *step, PyObject *refused, PyObject *accept)
 {
     PyObject *node = start; /* a strong reference (step may flush the automaton) */
     Py_INCREF(node);
@@ -974,7 +987,7 @@ walk(PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals, Py
         if (item != NULL) {
             if (PyTuple_CheckExact(item)) {
                 int whole = 0;
-                ok = advance(&node, S_LPAR, step, refused, &whole);
+                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole);
                 if (ok <= 0)
                     goto finish;
                 if (!whole) {
@@ -999,7 +1012,7 @@ walk(PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals, Py
                     ok = PyErr_Occurred() ? -1 : 0; /* not a CBCL value: refused */
                     goto finish;
                 }
-                if (cls == S_KINDS[SYMBOL] || cls == S_KINDS[KEYWORD]) {
+                if (cls == st->speedups.s_kinds[SYMBOL] || cls == st->speedups.s_kinds[KEYWORD]) {
                     PyObject *literal = PyDict_GetItemWithError(classes, item);
                     if (literal != NULL) {
                         cls = literal;
@@ -1025,12 +1038,12 @@ walk(PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals, Py
             continue;
         }
         depth--; /* the list is complete */
-        ok = advance(&node, S_RPAR, step, refused, NULL);
+        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL);
         if (ok <= 0)
             goto finish;
     }
     {
-        PyObject *end = transition(node, S_END, step);
+        PyObject *end = transition(node, st->speedups.s_end, step);
         if (end == NULL) {
             ok = -1;
             goto finish;
@@ -1045,13 +1058,16 @@ finish:
 }
 
 static PyObject *
-recognise(PyObject *Py_UNUSED(self), PyObject *args)
+recognise(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *body, *start, *classes, *terminals, *step, *refused, *accept;
     if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
                           &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
         return NULL;
-    int ok = walk(body, start, classes, terminals, step, refused, accept);
+    int ok = walk(st, body, start, classes, terminals, step, refused, accept);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
@@ -1072,25 +1088,25 @@ enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 1
  * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
  * or NULL with an exception. */
 /* The member descriptors new_with_attributes last found for a type and attribute tuple
- * (strong references, the type and tuple too): the slots it writes each attribute with. */
-static PyTypeObject *slots_type;
-static PyObject *slots_names;
-static PyObject *slot_members[F_COUNT];
+ * (st->speedups.slots_type, slots_names, slot_members: strong references, the type and
+ * tuple too): the slots it writes each attribute with. */
+static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "the state's slot_members: one per field");
 
 /* Whether every attribute of `attributes` is a slot of `type` (its own member descriptor,
  * entry.h, as a slots dataclass has, frozen or not: its __setattr__ is not the
  * descriptor's), remembering their descriptors: 1 or 0 (no exception). */
 static int
-slots_found(PyTypeObject *type, PyObject *attributes)
+slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
 {
     Py_ssize_t count = PyTuple_GET_SIZE(attributes);
-    if (type == slots_type && attributes == slots_names)
+    if (type == sp->slots_type && attributes == sp->slots_names)
         return 1;
-    if (type == slots_type && count == PyTuple_GET_SIZE(slots_names)) {
+    if (type == sp->slots_type && count == PyTuple_GET_SIZE(sp->slots_names)) {
         /* (another tuple of the same names: the envelope's and Message._trusted's) */
         Py_ssize_t k = 0;
         for (; k < count; k++) {
-            PyObject *a = PyTuple_GET_ITEM(attributes, k), *b = PyTuple_GET_ITEM(slots_names, k);
+            PyObject *a = PyTuple_GET_ITEM(attributes, k);
+            PyObject *b = PyTuple_GET_ITEM(sp->slots_names, k);
             if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
                 break;
         }
@@ -1110,23 +1126,25 @@ slots_found(PyTypeObject *type, PyObject *attributes)
             return 0;
         }
     }
-    Py_XSETREF(slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
-    Py_XSETREF(slots_names, Py_NewRef(attributes));
+    Py_XSETREF(sp->slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
+    Py_XSETREF(sp->slots_names, Py_NewRef(attributes));
     for (Py_ssize_t k = 0; k < F_COUNT; k++)
-        Py_XSETREF(slot_members[k], members[k]);
+        Py_XSETREF(sp->slot_members[k], members[k]);
     return 1;
 }
 
 static PyObject *
-new_with_attributes(PyTypeObject *type, PyObject *attributes, PyObject *const *values)
+new_with_attributes(NativeState *st, PyTypeObject *type, PyObject *attributes,
+                    PyObject *const *values)
 {
+    SpeedupsState *sp = &st->speedups;
     PyObject *made = type->tp_alloc(type, 0);
     if (made == NULL)
         return NULL;
-    int slots = slots_found(type, attributes); /* (the descriptors: no lookup by name) */
+    int slots = slots_found(sp, type, attributes); /* (the descriptors: no lookup by name) */
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
         PyObject *value = values[k] != NULL ? values[k] : Py_None;
-        if ((slots ? entry_put(slot_members[k], made, value) :
+        if ((slots ? entry_put(sp->slot_members[k], made, value) :
                      PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value)) < 0) {
             Py_DECREF(made);
             return NULL;
@@ -1138,8 +1156,11 @@ new_with_attributes(PyTypeObject *type, PyObject *attributes, PyObject *const *v
 /* make_object(type, attributes, values) -> object: new_with_attributes, for
  * Message._trusted (its fields checked by the caller). */
 static PyObject *
-make_object(PyObject *Py_UNUSED(self), PyObject *args)
+make_object(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *type, *attributes, *values;
     if (!PyArg_ParseTuple(args, "O!O!O!", &PyType_Type, &type, &PyTuple_Type, &attributes,
                           &PyTuple_Type, &values))
@@ -1152,7 +1173,7 @@ make_object(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "a type that object.__new__ makes");
         return NULL;
     }
-    return new_with_attributes((PyTypeObject *)type, attributes,
+    return new_with_attributes(st, (PyTypeObject *)type, attributes,
                                &PyTuple_GET_ITEM(values, 0));
 }
 
@@ -1160,8 +1181,8 @@ make_object(PyObject *Py_UNUSED(self), PyObject *args)
  * NULL with an exception. With `out` (F_COUNT slots), a Message's fields are also left
  * there in grammar order (NULL: absent), borrowed from the Message. */
 static PyObject *
-envelope_of(PyObject *value, PyObject *version, PyObject *fields, PyObject *intents,
-            PyObject *signature, PyObject *message, PyObject *attributes,
+envelope_of(NativeState *st, PyObject *value, PyObject *version, PyObject *fields,
+            PyObject *intents, PyObject *signature, PyObject *message, PyObject *attributes,
             PyTypeObject *uri_type, PyTypeObject *symbol_type, PyObject **out)
 {
     PyObject *found[F_COUNT] = {NULL}; /* new references */
@@ -1247,7 +1268,7 @@ envelope_of(PyObject *value, PyObject *version, PyObject *fields, PyObject *inte
     }
     if (expected < F_REQUIRED)
         goto refused;
-    result = new_with_attributes((PyTypeObject *)message, attributes, found);
+    result = new_with_attributes(st, (PyTypeObject *)message, attributes, found);
     if (result == NULL)
         goto error;
     if (out != NULL)
@@ -1278,8 +1299,11 @@ eleven_attributes(PyObject *attributes)
 }
 
 static PyObject *
-envelope(PyObject *Py_UNUSED(self), PyObject *args)
+envelope(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *value, *version, *fields, *intents, *signature, *message, *attributes;
     PyTypeObject *uri_type, *symbol_type;
     if (!PyArg_ParseTuple(args, "OOO!O!OO!O!O!O!", &value, &version, &PyDict_Type, &fields,
@@ -1287,7 +1311,7 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
                           &PyTuple_Type, &attributes, &PyType_Type, &uri_type,
                           &PyType_Type, &symbol_type) || !eleven_attributes(attributes))
         return NULL;
-    return envelope_of(value, version, fields, intents, signature, message, attributes,
+    return envelope_of(st, value, version, fields, intents, signature, message, attributes,
                        uri_type, symbol_type, NULL);
 }
 
@@ -1302,28 +1326,26 @@ envelope(PyObject *Py_UNUSED(self), PyObject *args)
 enum { HOW_PLAIN, HOW_SIZED, HOW_KEYED, HOW_LISTED, HOW_BETWEEN, HOW_AT_LEAST, HOW_AT_MOST,
        HOW_TESTED, HOW_MEMBER, HOW_OPEN };
 
-static PyObject *S_PACKED, *S_MIN_LENGTH, *S_MAX_LENGTH, *S_ITEM;
-
-/* cbcl.protocol._schema._Pairs and its `packed` slot's member descriptor, found at the first
- * _Pairs met (NULL: not yet; strong references): its packed tuple is then read through
- * the descriptor, not looked up by name. */
-static PyTypeObject *PAIRS_TYPE;
-static PyObject *PAIRS_PACKED;
+/* cbcl.protocol._schema._Pairs and its `packed` slot's member descriptor
+ * (st->speedups.pairs_type, pairs_packed) are found at the first _Pairs met (NULL: not
+ * yet; strong references): its packed tuple is then read through the descriptor, not
+ * looked up by name. */
 
 /* pairs.packed: a new reference, or NULL with an exception. */
 static PyObject *
-packed_of(PyObject *pairs)
+packed_of(NativeState *st, PyObject *pairs)
 {
+    SpeedupsState *sp = &st->speedups;
     PyTypeObject *type = Py_TYPE(pairs);
-    if (PAIRS_TYPE == NULL && strcmp(type->tp_name, "_Pairs") == 0 &&
-            (PAIRS_PACKED = entry_member(type, "packed")) != NULL)
-        PAIRS_TYPE = (PyTypeObject *)Py_NewRef((PyObject *)type);
-    if (type == PAIRS_TYPE) {
-        PyObject *packed = entry_get(PAIRS_PACKED, pairs);
+    if (sp->pairs_type == NULL && strcmp(type->tp_name, "_Pairs") == 0 &&
+            (sp->pairs_packed = entry_member(type, "packed")) != NULL)
+        sp->pairs_type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    if (type == sp->pairs_type) {
+        PyObject *packed = entry_get(sp->pairs_packed, pairs);
         if (packed != NULL)
             return packed;
     }
-    return PyObject_GetAttr(pairs, S_PACKED); /* (unset: the AttributeError) */
+    return PyObject_GetAttr(pairs, sp->s_packed); /* (unset: the AttributeError) */
 }
 
 /* Whether `value` passes the spec (kinds, how, a, b): 1, 0, or -1 with an exception; a
@@ -1427,8 +1449,8 @@ bits_of(PyObject *number, unsigned long long *bits)
 /* The fast pass over one list of keyword-argument pairs (after `start` heads): 1, 0,
  * -1 with an exception, 2 to leave the body to the Python pass. */
 static int
-pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
-           PyObject *keyed, PyObject *lists)
+pairs_hold(NativeState *st, PyObject *pairs, PyObject *items, int is_body,
+           PyObject *has_heads, PyObject *keyed, PyObject *lists)
 {
     int result = -1;
     PyObject *packed = NULL, *others = NULL;
@@ -1437,7 +1459,7 @@ pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
     Py_ssize_t n = PyTuple_GET_SIZE(items), start;
     unsigned long long seen = 0, required;
     /* (open, start, head, heads, first, table, other, required): _Pairs.packed */
-    if ((packed = packed_of(pairs)) == NULL)
+    if ((packed = packed_of(st, pairs)) == NULL)
         goto done;
     if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
         PyErr_SetString(PyExc_TypeError, "not a _Pairs");
@@ -1489,7 +1511,7 @@ pairs_hold(PyObject *pairs, PyObject *items, int is_body, PyObject *has_heads,
         long how;
         if (key == expected) {
             entry = following;
-        } else if (Py_TYPE(key) != InertTypes[1]) { /* not a Keyword (before hashing it) */
+        } else if (Py_TYPE(key) != st->values.inert[1]) { /* not a Keyword (before hashing it) */
             result = 0;
             goto done;
         } else if ((entry = PyDict_GetItemWithError(table, key)) == NULL) {
@@ -1574,10 +1596,10 @@ done:
 
 /* The fast pass over one list-of `t` and its `items`: 1, 0, or -1 with an exception. */
 static int
-list_holds(PyObject *t, PyObject *items, PyObject *keyed, PyObject *lists)
+list_holds(NativeState *st, PyObject *t, PyObject *items, PyObject *keyed, PyObject *lists)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(items);
-    PyObject *bounds[2] = {S_MIN_LENGTH, S_MAX_LENGTH};
+    PyObject *bounds[2] = {st->speedups.s_min_length, st->speedups.s_max_length};
     for (int k = 0; k < 2; k++) {
         PyObject *bound = PyObject_GetAttr(t, bounds[k]);
         if (bound == NULL)
@@ -1594,7 +1616,7 @@ list_holds(PyObject *t, PyObject *items, PyObject *keyed, PyObject *lists)
             Py_DECREF(bound);
         }
     }
-    PyObject *spec = PyObject_GetAttr(t, S_ITEM);
+    PyObject *spec = PyObject_GetAttr(t, st->speedups.s_item);
     if (spec == NULL)
         return -1;
     int result = -1;
@@ -1637,9 +1659,9 @@ list_pop(PyObject *list)
 /* schema_valid's work, its arguments checked: 1 or 0 (valid or not), 2 to leave the body
  * to the Python pass, -1 with an exception the Python pass would not catch either. */
 static int
-schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
+schema_holds(NativeState *st, PyObject *pairs, PyObject *body, PyObject *has_heads)
 {
-    PyObject *packed = packed_of(pairs);
+    PyObject *packed = packed_of(st, pairs);
     if (packed == NULL)
         goto failed;
     if (!PyTuple_CheckExact(packed) || PyTuple_GET_SIZE(packed) != 8) {
@@ -1657,7 +1679,7 @@ schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
         goto done;
     Py_INCREF(pairs);
     for (;;) {
-        result = pairs_hold(pairs, items, items == body, has_heads, keyed, lists);
+        result = pairs_hold(st, pairs, items, items == body, has_heads, keyed, lists);
         Py_DECREF(pairs);
         pairs = NULL;
         if (result != 1)
@@ -1669,7 +1691,7 @@ schema_holds(PyObject *pairs, PyObject *body, PyObject *has_heads)
             PyObject *pair = list_pop(lists);
             PyObject *value = PyTuple_GET_ITEM(pair, 1);
             result = PyTuple_Check(value) ?
-                list_holds(PyTuple_GET_ITEM(pair, 0), value, keyed, lists) : 0;
+                list_holds(st, PyTuple_GET_ITEM(pair, 0), value, keyed, lists) : 0;
             Py_DECREF(pair);
             if (result != 1)
                 goto done;
@@ -1701,12 +1723,15 @@ failed: /* an exception the Python pass would raise too: the explaining pass jud
 }
 
 static PyObject *
-schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
+schema_valid(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *pairs, *body, *has_heads;
     if (!PyArg_ParseTuple(args, "OO!O", &pairs, &PyTuple_Type, &body, &has_heads))
         return NULL;
-    int holds = schema_holds(pairs, body, has_heads);
+    int holds = schema_holds(st, pairs, body, has_heads);
     if (holds == 2)
         Py_RETURN_NONE;
     return holds < 0 ? NULL : PyBool_FromLong(holds);
@@ -1728,7 +1753,6 @@ schema_valid(PyObject *Py_UNUSED(self), PyObject *args)
 enum { P_GOVERNED, P_ENTRIES, P_BODY_TERMINAL, P_AUTOMATON, P_STEP, P_ATOMS, P_SOLE,
        P_CANDIDATES, P_SIZE };
 
-static PyObject *S_START, *S_ACCEPTANCE;
 
 /* Whether `plan` is an acceptance plan: 1, or 0 with TypeError. */
 static int
@@ -1746,9 +1770,9 @@ acceptance_ok(PyObject *plan)
 
 /* The protocol's plan (a new reference), or NULL with TypeError for one misshapen. */
 static PyObject *
-plan_of(PyObject *protocol)
+plan_of(NativeState *st, PyObject *protocol)
 {
-    PyObject *plan = PyObject_GetAttr(protocol, S_ACCEPTANCE);
+    PyObject *plan = PyObject_GetAttr(protocol, st->speedups.s_acceptance);
     if (plan != NULL && !acceptance_ok(plan))
         Py_CLEAR(plan);
     return plan;
@@ -1758,9 +1782,10 @@ plan_of(PyObject *protocol)
  * Py_None where the grammar has no rule for it or refuses its start terminal; NULL with an
  * exception. */
 static PyObject *
-start_of(PyObject *plan, PyObject *intent, PyObject *refused)
+start_of(NativeState *st, PyObject *plan, PyObject *intent, PyObject *refused)
 {
-    PyObject *node = PyObject_GetAttr(PyTuple_GET_ITEM(plan, P_AUTOMATON), S_START);
+    PyObject *node = PyObject_GetAttr(PyTuple_GET_ITEM(plan, P_AUTOMATON),
+                                      st->speedups.s_start);
     if (node == NULL)
         return NULL;
     PyObject *entries = PyTuple_GET_ITEM(plan, P_ENTRIES);
@@ -1799,7 +1824,8 @@ start_of(PyObject *plan, PyObject *intent, PyObject *refused)
  * the Python path (which raises SchemaError, or takes a type this pass leaves to it), -1
  * with an exception. */
 static int
-schema_accepts(PyObject *plan, PyObject *body, PyObject *has_heads, PyTypeObject *symbol_type)
+schema_accepts(NativeState *st, PyObject *plan, PyObject *body, PyObject *has_heads,
+               PyTypeObject *symbol_type)
 {
     PyObject *sole = PyTuple_GET_ITEM(plan, P_SOLE);
     PyObject *candidates = PyTuple_GET_ITEM(plan, P_CANDIDATES);
@@ -1851,7 +1877,7 @@ schema_accepts(PyObject *plan, PyObject *body, PyObject *has_heads, PyTypeObject
             return 1;
     }
     Py_INCREF(pairs);
-    int holds = schema_holds(pairs, body, has_heads);
+    int holds = schema_holds(st, pairs, body, has_heads);
     Py_DECREF(pairs);
     return holds < 0 ? -1 : holds == 1;
 }
@@ -1873,25 +1899,26 @@ governs(PyObject *plan, PyObject *intent)
  * Python path (which accepts a NOT-UNDERSTOOD or CANCEL the protocol does not govern, or
  * raises the precise error); -1 with an exception. */
 static int
-body_accepted(PyObject *plan, PyObject *intent, PyObject *body, PyObject *terminals,
+body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
+              PyObject *terminals,
               PyObject *refused, PyObject *accept, PyObject *has_heads,
               PyTypeObject *symbol_type)
 {
     if (!governs(plan, intent) || body == NULL || body == Py_None)
         return 0;
-    PyObject *node = start_of(plan, intent, refused);
+    PyObject *node = start_of(st, plan, intent, refused);
     if (node == NULL)
         return -1;
     if (node == Py_None) {
         Py_DECREF(node);
         return 0;
     }
-    int ok = walk(body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
+    int ok = walk(st, body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
                   PyTuple_GET_ITEM(plan, P_STEP), refused, accept);
     Py_DECREF(node);
     if (ok != 1)
         return ok;
-    return schema_accepts(plan, body, has_heads, symbol_type);
+    return schema_accepts(st, plan, body, has_heads, symbol_type);
 }
 
 /* accept_document(value, tables, protocols) -> Message | None: both passes over a document
@@ -1926,7 +1953,8 @@ tables_ok(PyObject *tables)
 /* accept_document's work: the Message, None, or NULL with an exception; *is_signed is set
  * when a Message with a signature is returned. */
 static PyObject *
-accept_document_of(PyObject *value, PyObject *tables, PyObject *protocols, int *is_signed)
+accept_document_of(NativeState *st, PyObject *value, PyObject *tables, PyObject *protocols,
+                   int *is_signed)
 {
     if (!tables_ok(tables))
         return NULL;
@@ -1937,7 +1965,7 @@ accept_document_of(PyObject *value, PyObject *tables, PyObject *protocols, int *
     PyObject *const *t = &PyTuple_GET_ITEM(tables, 0);
     PyTypeObject *symbol_type = (PyTypeObject *)t[T_SYMBOL];
     PyObject *fields[F_COUNT] = {NULL};
-    PyObject *message = envelope_of(value, t[T_VERSION], t[T_FIELDS], t[T_INTENTS],
+    PyObject *message = envelope_of(st, value, t[T_VERSION], t[T_FIELDS], t[T_INTENTS],
                                     t[T_SIGNATURE], t[T_MESSAGE], t[T_ATTRIBUTES],
                                     (PyTypeObject *)t[T_URI], symbol_type, fields);
     if (message == NULL || message == Py_None)
@@ -1952,13 +1980,13 @@ accept_document_of(PyObject *value, PyObject *tables, PyObject *protocols, int *
         Py_RETURN_NONE;
     }
     Py_INCREF(protocol);
-    PyObject *plan = plan_of(protocol);
+    PyObject *plan = plan_of(st, protocol);
     Py_DECREF(protocol);
     if (plan == NULL) {
         Py_DECREF(message);
         return NULL;
     }
-    int ok = body_accepted(plan, fields[O_INTENT], fields[O_BODY], t[T_TERMINALS],
+    int ok = body_accepted(st, plan, fields[O_INTENT], fields[O_BODY], t[T_TERMINALS],
                            t[T_REFUSED], t[T_ACCEPT], t[T_HAS_HEADS], symbol_type);
     Py_DECREF(plan);
     if (ok != 1) {
@@ -1972,14 +2000,17 @@ accept_document_of(PyObject *value, PyObject *tables, PyObject *protocols, int *
 }
 
 static PyObject *
-accept_document(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+accept_document(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "accept_document(value, tables, protocols)");
         return NULL;
     }
     int is_signed = 0;
-    return accept_document_of(args[0], args[1], args[2], &is_signed);
+    return accept_document_of(st, args[0], args[1], args[2], &is_signed);
 }
 
 /* ------------------------------------------------------------------------- decode_frame */
@@ -2021,7 +2052,6 @@ typedef struct {
                max_list_items, max_name_chars, max_nodes;
 } FrameState;
 
-static PyTypeObject *FrameStateType; /* (a strong reference, made by cbcl_speedups_exec) */
 
 #define FS_OBJECTS(X) X(frame_plans) X(protocols) X(intents) X(intent_lengths) X(shapes) \
     X(uris) X(caches) X(keep) X(envelope_nodes) X(refused) X(accept) X(has_heads) \
@@ -2030,7 +2060,7 @@ static PyTypeObject *FrameStateType; /* (a strong reference, made by cbcl_speedu
 static PyObject *
 frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {
+    static const char *const names[] = {
         "frame_plans", "protocols", "intents", "intent_lengths", "shapes", "uris", "caches",
         "keep", "envelope_nodes", "refused", "accept", "has_heads", "symbol", "message",
         "signature", "attributes", "memo_entries", "max_message_bytes", "max_string_bytes",
@@ -2044,7 +2074,7 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "|$O!O!O!O!O!O!O!OO!OOOO!O!OO!nnnnnnn:FrameState", names,
+            args, kwargs, "|$O!O!O!O!O!O!O!OO!OOOO!O!OO!nnnnnnn:FrameState", (char **)names,
             &PyDict_Type, &o[0], &PyDict_Type, &o[1], &PyTuple_Type, &o[2], &PyTuple_Type,
             &o[3], &PyBytes_Type, &o[4], &PyDict_Type, &o[5], &PyTuple_Type, &o[6], &o[7],
             &PyTuple_Type, &o[8], &o[9], &o[10], &o[11], &PyType_Type, &o[12], &PyType_Type,
@@ -2175,9 +2205,9 @@ static PyType_Spec frame_state_spec = {
 /* decode_frame's work, its data exact bytes: the Message, None, or NULL with an exception;
  * *is_signed is set when a Message with a signature is returned. */
 static PyObject *
-decode_frame_of(PyObject *data, PyObject *state_object, int *is_signed)
+decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is_signed)
 {
-    if (FrameStateType == NULL || Py_TYPE(state_object) != FrameStateType) {
+    if (Py_TYPE(state_object) != st->speedups.frame_state_type) {
         PyErr_SetString(PyExc_TypeError, "decode_frame's state must be a FrameState");
         return NULL;
     }
@@ -2209,7 +2239,7 @@ decode_frame_of(PyObject *data, PyObject *state_object, int *is_signed)
     PyObject *current = PyDict_GetItemWithError(d->protocols, PyTuple_GET_ITEM(plan, FP_ID));
     if (current != PyTuple_GET_ITEM(plan, FP_PROTOCOL))
         goto decline; /* (or an exception) */
-    int ok = read_frame_envelope(p, n, HEADER_BYTES, d->intents, d->uris,
+    int ok = read_frame_envelope(st, p, n, HEADER_BYTES, d->intents, d->uris,
                                  d->max_string_bytes, d->memo_entries, slots, &offset,
                                  &intent_index, &bits);
     if (ok <= 0)
@@ -2231,10 +2261,10 @@ decode_frame_of(PyObject *data, PyObject *state_object, int *is_signed)
         goto decline;
     if (!governs(acceptance, slots[0]))
         goto decline;
-    start = start_of(acceptance, slots[0], d->refused);
+    start = start_of(st, acceptance, slots[0], d->refused);
     if (start == NULL || start == Py_None)
         goto decline;
-    body = build_body_of(p, n, offset, PyTuple_GET_ITEM(plan, FP_ENTRIES),
+    body = build_body_of(st, p, n, offset, PyTuple_GET_ITEM(plan, FP_ENTRIES),
                          PyTuple_GET_ITEM(plan, FP_CODES), d->caches, d->keep, start,
                          PyTuple_GET_ITEM(acceptance, P_STEP), d->max_body_depth,
                          d->max_list_items, d->max_string_bytes, d->max_name_chars,
@@ -2242,7 +2272,7 @@ decode_frame_of(PyObject *data, PyObject *state_object, int *is_signed)
                          d->memo_entries);
     if (body == NULL || body == Py_None)
         goto decline;
-    ok = schema_accepts(acceptance, body, d->has_heads, (PyTypeObject *)d->symbol);
+    ok = schema_accepts(st, acceptance, body, d->has_heads, (PyTypeObject *)d->symbol);
     if (ok != 1)
         goto decline;
     if (slots[9] != NULL) {
@@ -2254,7 +2284,7 @@ decode_frame_of(PyObject *data, PyObject *state_object, int *is_signed)
         PyObject *values[F_COUNT] = {slots[2], slots[3], slots[4], slots[0],
                                      PyTuple_GET_ITEM(plan, FP_ID), slots[5], slots[6],
                                      slots[7], slots[8], body, signature};
-        result = new_with_attributes((PyTypeObject *)d->message, d->attributes, values);
+        result = new_with_attributes(st, (PyTypeObject *)d->message, d->attributes, values);
         *is_signed = signature != NULL;
     }
     goto cleanup;
@@ -2273,14 +2303,17 @@ cleanup:
 }
 
 static PyObject *
-decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
+decode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
         PyErr_SetString(PyExc_TypeError, "decode_frame(data: bytes, state)");
         return NULL;
     }
     int is_signed = 0;
-    return decode_frame_of(args[0], args[1], &is_signed);
+    return decode_frame_of(st, args[0], args[1], &is_signed);
 }
 
 /* ------------------------------------------------------------------------- entries */
@@ -2291,12 +2324,12 @@ decode_frame(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs)
  * None (declined) or NULL with an exception. What Decoder.decode and the one-shot decode
  * do once they have their state. */
 static PyObject *
-frame_message(PyObject *data, PyObject *state, int require, PyObject *verified,
-              PyObject *registry)
+frame_message(NativeState *st, PyObject *data, PyObject *state, int require,
+              PyObject *verified, PyObject *registry)
 {
     int is_signed = 0;
     Py_INCREF(state);
-    PyObject *message = decode_frame_of(data, state, &is_signed);
+    PyObject *message = decode_frame_of(st, data, state, &is_signed);
     Py_DECREF(state);
     if (message == NULL || message == Py_None || (!is_signed && !require))
         return message;
@@ -2309,29 +2342,31 @@ frame_message(PyObject *data, PyObject *state, int require, PyObject *verified,
  * and a decoder with a frame state (Decoder._frame_state), frame_message with the
  * decoder's registry and require_signatures. Anything else, or a frame decode_frame
  * declines, falls back to the Python method. */
-static PyObject *decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames);
-static int decoder_bind(PyTypeObject *owner);
-static CEntry DECODE_ENTRY = {
-    {"decode", (PyCFunction)(void (*)(void))decoder_decode, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL, decoder_bind};
-static PyObject *DECODE_VERIFIED; /* cbcl.protocol._api._verified(message, registry) -> message */
-/* The member descriptors of the slots of cbcl.binary._codec.Decoder decoder_decode reads
- * (strong references; NULL: not found) */
-static PyObject *DECODER_FRAME_STATE, *DECODER_REQUIRE, *DECODER_REGISTRY;
+static PyObject *decoder_decode(NativeState *st, PyObject *self, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames);
+static int decoder_bind(NativeState *st, PyTypeObject *owner);
+/* (the template of st->speedups.decode_entry; its state beside it: decode_verified,
+ * cbcl.protocol._api._verified(message, registry) -> message, and the member descriptors
+ * of the slots of cbcl.binary._codec.Decoder decoder_decode reads, strong references,
+ * NULL where not found) */
+static const CEntry DECODE_ENTRY = {
+    {"decode", NULL, METH_FASTCALL | METH_KEYWORDS, NULL}, decoder_decode, decoder_bind,
+    NULL, NULL};
 
 static PyObject *
-decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+               PyObject *kwnames)
 {
-    if (nargs == 1 && kwnames == NULL && DECODER_FRAME_STATE != NULL &&
+    SpeedupsState *sp = &st->speedups;
+    if (nargs == 1 && kwnames == NULL && sp->decoder_frame_state != NULL &&
             PyBytes_CheckExact(args[0])) {
         PyObject *message = Py_None; /* (borrowed while None: not decoded) */
-        PyObject *state = entry_get(DECODER_FRAME_STATE, self);
-        PyObject *require = state == NULL ? NULL : entry_get(DECODER_REQUIRE, self);
-        PyObject *registry = require == NULL ? NULL : entry_get(DECODER_REGISTRY, self);
+        PyObject *state = entry_get(sp->decoder_frame_state, self);
+        PyObject *require = state == NULL ? NULL : entry_get(sp->decoder_require, self);
+        PyObject *registry = require == NULL ? NULL : entry_get(sp->decoder_registry, self);
         if (registry != NULL && state != Py_None) {
-            message = frame_message(args[0], state, require != Py_False, DECODE_VERIFIED,
-                                    registry);
+            message = frame_message(st, args[0], state, require != Py_False,
+                                    sp->decode_verified, registry);
             if (message == Py_None)
                 Py_DECREF(message);
         }
@@ -2341,35 +2376,33 @@ decoder_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
         if (message != Py_None)
             return message; /* (or NULL: an exception) */
     }
-    return entry_call_method(&DECODE_ENTRY, self, args, nargs, kwnames);
+    return entry_call_method(&sp->decode_entry, self, args, nargs, kwnames);
 }
 
 /* cbcl.parse as a C function (cbcl/_native_src/entry.h): the ordinary call, parse(data,
  * registry=registry) with data exact bytes within the default limits, is what parse's
  * fast path (cbcl.protocol._api._accepted) does, in C: the UTF-8 decoded, the document read by
- * cbcl._native's reader (its capsule), both passes by accept_document_of. An unsigned
- * message is returned as it is; a signed one goes through PARSE_VERIFIED (the registry's
+ * cbcl._native's reader (cbcl_read_value_of), both passes by accept_document_of. An unsigned
+ * message is returned as it is; a signed one goes through parse_verified (the registry's
  * trust store, as parse has it). Any other call, or a document the C tiers decline, falls
  * back to the Python function (which reads it again, to accept it or raise). */
 static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames);
-static CEntry PARSE_ENTRY = {
+/* (the template of st->speedups.parse_entry; its state beside it: parse_entry's arguments,
+ * parse_verified(message, registry) -> message, parse_space_after(text, end) -> bool
+ * (cbcl.core._reader.only_space_after), accept_document's tables (parse_tables), the
+ * reader's token cache and atom maker, the default limits) */
+static const CEntry PARSE_ENTRY = {
     {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
-    NULL, NULL, NULL};
-/* parse_entry's arguments: PARSE_VERIFIED(message, registry) -> message;
- * PARSE_SPACE_AFTER(text, end) -> bool (cbcl.core._reader.only_space_after); accept_document's
- * tables; the reader's token cache and atom maker; the default limits */
-static PyObject *PARSE_VERIFIED, *PARSE_SPACE_AFTER, *PARSE_TABLES, *PARSE_CACHE, *PARSE_ATOM;
-static PyObject *S_REGISTRY, *S_PROTOCOLS_BY_ID;
+    NULL, NULL, NULL, NULL};
 enum { L_MESSAGE_BYTES, L_DEPTH, L_LIST_ITEMS, L_NODES, L_STRING_BYTES, L_NAME_CHARS,
        L_COUNT };
-static Py_ssize_t PARSE_LIMITS[L_COUNT];
+static_assert(L_COUNT == CBCL_PARSE_LIMITS, "the state's parse_limits: one per limit");
 
-/* The registry parse_fast last served (a weak reference; NULL: none yet) and its dict of
- * loaded protocols (strong): Registry._protocols_by_id() is the same dict for the
- * registry's lifetime, and a Python call per parse would cost more than the C tiers
- * save on a short message. */
-static PyObject *PARSE_LAST_REGISTRY, *PARSE_LAST_PROTOCOLS;
+/* The registry parse_fast last served (st->speedups.parse_last_registry, a weak
+ * reference; NULL: none yet) and its dict of loaded protocols (parse_last_protocols,
+ * strong): Registry._protocols_by_id() is the same dict for the registry's lifetime, and
+ * a Python call per parse would cost more than the C tiers save on a short message. */
 
 /* Whether weak reference `ref` refers to `object` (a dead one refers to nothing). */
 static int
@@ -2392,11 +2425,11 @@ refers_to(PyObject *ref, PyObject *object)
  * registry that has none (not a Registry: parse says what it is), NULL with one for an
  * error it raised. */
 static PyObject *
-parse_protocols(PyObject *registry)
+parse_protocols(SpeedupsState *sp, PyObject *registry)
 {
-    if (PARSE_LAST_REGISTRY != NULL && refers_to(PARSE_LAST_REGISTRY, registry))
-        return Py_NewRef(PARSE_LAST_PROTOCOLS);
-    PyObject *protocols = PyObject_CallMethodNoArgs(registry, S_PROTOCOLS_BY_ID);
+    if (sp->parse_last_registry != NULL && refers_to(sp->parse_last_registry, registry))
+        return Py_NewRef(sp->parse_last_protocols);
+    PyObject *protocols = PyObject_CallMethodNoArgs(registry, sp->s_protocols_by_id);
     if (protocols == NULL || !PyDict_CheckExact(protocols)) {
         if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
@@ -2408,20 +2441,22 @@ parse_protocols(PyObject *registry)
     if (ref == NULL) {
         PyErr_Clear(); /* (not weakly referable: not remembered) */
     } else {
-        Py_XSETREF(PARSE_LAST_REGISTRY, ref);
-        Py_XSETREF(PARSE_LAST_PROTOCOLS, Py_NewRef(protocols));
+        Py_XSETREF(sp->parse_last_registry, ref);
+        Py_XSETREF(sp->parse_last_protocols, Py_NewRef(protocols));
     }
     return protocols;
 }
 
 /* The message of parse_call's ordinary case; None: not that case (or declined). */
 static PyObject *
-parse_fast(PyObject *data, PyObject *registry)
+parse_fast(NativeState *st, PyObject *data, PyObject *registry)
 {
+    SpeedupsState *sp = &st->speedups;
+    const Py_ssize_t *limits = sp->parse_limits;
     Py_ssize_t n = PyBytes_GET_SIZE(data);
-    if (n > PARSE_LIMITS[L_MESSAGE_BYTES] || registry == Py_None)
+    if (n > limits[L_MESSAGE_BYTES] || registry == Py_None)
         Py_RETURN_NONE; /* (the careful path says which limit, or what registry is) */
-    PyObject *protocols = parse_protocols(registry);
+    PyObject *protocols = parse_protocols(sp, registry);
     if (protocols == NULL) {
         if (PyErr_Occurred())
             return NULL;
@@ -2436,10 +2471,9 @@ parse_fast(PyObject *data, PyObject *registry)
         goto decline;
     }
     Py_ssize_t end = 0, nodes = 0;
-    value = cbcl_read_value_of(text, 0, PARSE_CACHE, PARSE_ATOM, PARSE_LIMITS[L_DEPTH],
-                               PARSE_LIMITS[L_LIST_ITEMS], PARSE_LIMITS[L_NODES],
-                               PARSE_LIMITS[L_STRING_BYTES], PARSE_LIMITS[L_NAME_CHARS], data,
-                               &end, &nodes);
+    value = cbcl_read_value_of(st, text, 0, sp->parse_cache, sp->parse_atom, limits[L_DEPTH],
+                               limits[L_LIST_ITEMS], limits[L_NODES], limits[L_STRING_BYTES],
+                               limits[L_NAME_CHARS], data, &end, &nodes);
     if (value == NULL)
         goto cleanup;
     if (value == Py_None)
@@ -2448,7 +2482,7 @@ parse_fast(PyObject *data, PyObject *registry)
         PyObject *index = PyLong_FromSsize_t(end);
         if (index == NULL)
             goto cleanup;
-        PyObject *only = PyObject_CallFunctionObjArgs(PARSE_SPACE_AFTER, text, index, NULL);
+        PyObject *only = PyObject_CallFunctionObjArgs(sp->parse_space_after, text, index, NULL);
         Py_DECREF(index);
         if (only == NULL)
             goto cleanup;
@@ -2460,12 +2494,12 @@ parse_fast(PyObject *data, PyObject *registry)
             goto decline;
     }
     int is_signed = 0;
-    PyObject *message = accept_document_of(value, PARSE_TABLES, protocols, &is_signed);
+    PyObject *message = accept_document_of(st, value, sp->parse_tables, protocols, &is_signed);
     if (message == NULL || message == Py_None || !is_signed) {
         result = message;
         goto cleanup;
     }
-    result = PyObject_CallFunctionObjArgs(PARSE_VERIFIED, message, registry, NULL);
+    result = PyObject_CallFunctionObjArgs(sp->parse_verified, message, registry, NULL);
     Py_DECREF(message);
     goto cleanup;
 decline:
@@ -2481,25 +2515,31 @@ cleanup:
  * not served), any other, or one fast does not serve, by the entry's fallback: the shape of
  * parse_call and one_shot_call. */
 static PyObject *
-data_registry_call(CEntry *e, PyObject *(*fast)(PyObject *, PyObject *),
+data_registry_call(NativeState *st, CEntry *e,
+                   PyObject *(*fast)(NativeState *, PyObject *, PyObject *),
                    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
             PyBytes_CheckExact(args[0]) &&
-            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), S_REGISTRY) == 0) {
-        PyObject *message = fast(args[0], args[1]);
+            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), st->speedups.s_registry) == 0) {
+        PyObject *message = fast(st, args[0], args[1]);
         if (message != Py_None)
             return message; /* (or NULL: an exception) */
         Py_DECREF(message);
     }
-    return PyObject_Vectorcall(e->fallback, args, (size_t)nargs, kwnames);
+    PyObject *fallback = entry_fallback(e);
+    return fallback == NULL ? NULL :
+                              PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
 }
 
 static PyObject *
-parse_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
-           PyObject *kwnames)
+parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return data_registry_call(&PARSE_ENTRY, parse_fast, args, nargs, kwnames);
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    return data_registry_call(st, &st->speedups.parse_entry, parse_fast, args, nargs,
+                              kwnames);
 }
 
 /* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits)
@@ -2509,6 +2549,10 @@ parse_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
 static PyObject *
 parse_entry(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    SpeedupsState *sp = &st->speedups;
     PyObject *fallback, *doc, *verified, *space_after, *tables, *cache, *atom, *limits;
     if (!PyArg_ParseTuple(args, "OUOOO!O!OO!", &fallback, &doc, &verified, &space_after,
                           &PyTuple_Type, &tables, &PyDict_Type, &cache, &atom, &PyTuple_Type,
@@ -2530,25 +2574,21 @@ parse_entry(PyObject *module, PyObject *args)
         if (values[k] == -1 && PyErr_Occurred())
             return NULL;
     }
-    if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
-        (S_PROTOCOLS_BY_ID == NULL &&
-         (S_PROTOCOLS_BY_ID = PyUnicode_InternFromString("_protocols_by_id")) == NULL))
+    if (entry_set(&sp->parse_entry, fallback, doc) < 0)
         return NULL;
-    if (entry_set(&PARSE_ENTRY, fallback, doc) < 0)
-        return NULL;
-    Py_XSETREF(PARSE_VERIFIED, Py_NewRef(verified));
-    Py_XSETREF(PARSE_SPACE_AFTER, Py_NewRef(space_after));
-    Py_XSETREF(PARSE_TABLES, Py_NewRef(tables));
-    Py_XSETREF(PARSE_CACHE, Py_NewRef(cache));
-    Py_XSETREF(PARSE_ATOM, Py_NewRef(atom));
-    memcpy(PARSE_LIMITS, values, sizeof values);
-    return entry_function(&PARSE_ENTRY, module);
+    Py_XSETREF(sp->parse_verified, Py_NewRef(verified));
+    Py_XSETREF(sp->parse_space_after, Py_NewRef(space_after));
+    Py_XSETREF(sp->parse_tables, Py_NewRef(tables));
+    Py_XSETREF(sp->parse_cache, Py_NewRef(cache));
+    Py_XSETREF(sp->parse_atom, Py_NewRef(atom));
+    memcpy(sp->parse_limits, values, sizeof values);
+    return entry_function(&sp->parse_entry, module);
 }
 
-/* DECODE_ENTRY's bind: the member descriptors of the Decoder's slots _frame_state,
+/* decode_entry's bind: the member descriptors of the Decoder's slots _frame_state,
  * require_signatures and registry (its own); where it has none, every call falls back. */
 static int
-decoder_bind(PyTypeObject *owner)
+decoder_bind(NativeState *st, PyTypeObject *owner)
 {
     PyObject *state = entry_member(owner, "_frame_state");
     PyObject *require = entry_member(owner, "require_signatures");
@@ -2558,17 +2598,20 @@ decoder_bind(PyTypeObject *owner)
         Py_CLEAR(require);
         Py_CLEAR(registry);
     }
-    Py_XSETREF(DECODER_FRAME_STATE, state);
-    Py_XSETREF(DECODER_REQUIRE, require);
-    Py_XSETREF(DECODER_REGISTRY, registry);
+    Py_XSETREF(st->speedups.decoder_frame_state, state);
+    Py_XSETREF(st->speedups.decoder_require, require);
+    Py_XSETREF(st->speedups.decoder_registry, registry);
     return 0;
 }
 
 /* decode_entry(fallback, doc, verified) -> MethodEntry: Decoder.decode in C, the object
  * the class body binds (module.c; decoder_bind finds its slots when the class is made). */
 static PyObject *
-decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
+decode_entry(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
     PyObject *fallback, *doc, *verified;
     if (!PyArg_ParseTuple(args, "OUO", &fallback, &doc, &verified))
         return NULL;
@@ -2576,58 +2619,61 @@ decode_entry(PyObject *Py_UNUSED(self), PyObject *args)
         PyErr_SetString(PyExc_TypeError, "verified must be callable");
         return NULL;
     }
-    if (entry_set(&DECODE_ENTRY, fallback, doc) < 0)
+    if (entry_set(&st->speedups.decode_entry, fallback, doc) < 0)
         return NULL;
-    Py_XSETREF(DECODE_VERIFIED, Py_NewRef(verified));
-    return cbcl_method_entry(&DECODE_ENTRY);
+    Py_XSETREF(st->speedups.decode_verified, Py_NewRef(verified));
+    return cbcl_method_entry(st, &st->speedups.decode_entry);
 }
 
 /* cbcl.decode as a C function (cbcl/_native_src/entry.h): the ordinary call, decode(data,
  * registry=registry) with data exact bytes and registry an exact cbcl.Registry whose
  * one-shot memos (Registry._one_shot, a cbcl.binary._codec._Memos) hold the default limits'
  * frame state (_Memos.default_state), is decode_frame_of with that state; a signed message
- * goes through ONE_SHOT_VERIFIED(message, registry) (the trust store's check, as decode has
+ * goes through one_shot_verified(message, registry) (the trust store's check, as decode has
  * it). Any other call, a registry whose state is not made yet, or a frame decode_frame
  * declines, falls back to the Python function (which makes the state, or decodes the
  * frame carefully). */
 static PyObject *one_shot_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames);
-static CEntry ONE_SHOT_ENTRY = {
+/* (the template of st->speedups.one_shot_entry; its state beside it: one_shot_verified,
+ * cbcl.protocol._api._verified(message, registry); one_shot_registry, cbcl.Registry;
+ * one_shot_memos, cbcl.binary._codec._Memos; memos_default_state, _Memos.default_state's
+ * member descriptor) */
+static const CEntry ONE_SHOT_ENTRY = {
     {"decode", (PyCFunction)(void (*)(void))one_shot_call, METH_FASTCALL | METH_KEYWORDS,
-     NULL}, NULL, NULL, NULL};
-static PyObject *ONE_SHOT_VERIFIED;        /* cbcl.protocol._api._verified(message, registry) */
-static PyTypeObject *ONE_SHOT_REGISTRY;    /* cbcl.Registry (strong reference) */
-static PyTypeObject *ONE_SHOT_MEMOS;       /* cbcl.binary._codec._Memos (strong reference) */
-static PyObject *S_ONE_SHOT;               /* "_one_shot" */
-static PyObject *MEMOS_DEFAULT_STATE;      /* _Memos.default_state's member descriptor */
+     NULL}, NULL, NULL, NULL, NULL};
 
 /* The message of one_shot_call's ordinary case; None: not that case (or declined). */
 static PyObject *
-one_shot_fast(PyObject *data, PyObject *registry)
+one_shot_fast(NativeState *st, PyObject *data, PyObject *registry)
 {
-    if (Py_TYPE(registry) != ONE_SHOT_REGISTRY)
+    SpeedupsState *sp = &st->speedups;
+    if (Py_TYPE(registry) != sp->one_shot_registry)
         Py_RETURN_NONE;
-    PyObject *memos = PyObject_GetAttr(registry, S_ONE_SHOT);
+    PyObject *memos = PyObject_GetAttr(registry, sp->s_one_shot);
     if (memos == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *state = Py_TYPE(memos) == ONE_SHOT_MEMOS ?
-                      entry_get(MEMOS_DEFAULT_STATE, memos) : NULL;
+    PyObject *state = Py_TYPE(memos) == sp->one_shot_memos ?
+                      entry_get(sp->memos_default_state, memos) : NULL;
     Py_DECREF(memos);
     PyObject *message = state == NULL || state == Py_None ? Py_NewRef(Py_None) :
-                        frame_message(data, state, 0, ONE_SHOT_VERIFIED, registry);
+                        frame_message(st, data, state, 0, sp->one_shot_verified, registry);
     Py_XDECREF(state);
     return message;
 }
 
 static PyObject *
-one_shot_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs,
-              PyObject *kwnames)
+one_shot_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return data_registry_call(&ONE_SHOT_ENTRY, one_shot_fast, args, nargs, kwnames);
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    return data_registry_call(st, &st->speedups.one_shot_entry, one_shot_fast, args, nargs,
+                              kwnames);
 }
 
 /* one_shot_entry(fallback, doc, verified, Registry, _Memos) -> function | None: cbcl.decode
@@ -2635,6 +2681,10 @@ one_shot_call(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
 static PyObject *
 one_shot_entry(PyObject *module, PyObject *args)
 {
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    SpeedupsState *sp = &st->speedups;
     PyObject *fallback, *doc, *verified, *registry, *memos;
     if (!PyArg_ParseTuple(args, "OUOO!O!", &fallback, &doc, &verified, &PyType_Type,
                           &registry, &PyType_Type, &memos))
@@ -2646,17 +2696,15 @@ one_shot_entry(PyObject *module, PyObject *args)
     PyObject *member = entry_member((PyTypeObject *)memos, "default_state");
     if (member == NULL)
         Py_RETURN_NONE;
-    if ((S_REGISTRY == NULL && (S_REGISTRY = PyUnicode_InternFromString("registry")) == NULL) ||
-        (S_ONE_SHOT == NULL && (S_ONE_SHOT = PyUnicode_InternFromString("_one_shot")) == NULL) ||
-        entry_set(&ONE_SHOT_ENTRY, fallback, doc) < 0) {
+    if (entry_set(&sp->one_shot_entry, fallback, doc) < 0) {
         Py_DECREF(member);
         return NULL;
     }
-    Py_XSETREF(ONE_SHOT_VERIFIED, Py_NewRef(verified));
-    Py_XSETREF(ONE_SHOT_REGISTRY, (PyTypeObject *)Py_NewRef(registry));
-    Py_XSETREF(ONE_SHOT_MEMOS, (PyTypeObject *)Py_NewRef(memos));
-    Py_XSETREF(MEMOS_DEFAULT_STATE, member);
-    return entry_function(&ONE_SHOT_ENTRY, module);
+    Py_XSETREF(sp->one_shot_verified, Py_NewRef(verified));
+    Py_XSETREF(sp->one_shot_registry, (PyTypeObject *)Py_NewRef(registry));
+    Py_XSETREF(sp->one_shot_memos, (PyTypeObject *)Py_NewRef(memos));
+    Py_XSETREF(sp->memos_default_state, member);
+    return entry_function(&sp->one_shot_entry, module);
 }
 
 PyMethodDef cbcl_speedups_methods[] = {
@@ -2704,45 +2752,143 @@ PyMethodDef cbcl_speedups_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* The interned strings, the value types and FrameState of speedups.c (module.c's exec):
- * 0, or -1 with an exception. */
+/* The interned strings, FrameState and the entries of speedups.c, in st->speedups
+ * (module.c's exec; the value types are the scanner's set-up's): 0, or -1 with an
+ * exception. */
 int
-cbcl_speedups_exec(PyObject *module)
+cbcl_speedups_exec(PyObject *module, NativeState *st)
 {
+    SpeedupsState *sp = &st->speedups;
     PyObject *type = PyType_FromModuleAndSpec(module, &frame_state_spec, NULL);
     if (type == NULL)
         return -1;
-    if (PyModule_AddObjectRef(module, "FrameState", type) < 0) {
-        Py_DECREF(type);
+    sp->frame_state_type = (PyTypeObject *)type; /* (strong: the state's) */
+    if (PyModule_AddObjectRef(module, "FrameState", type) < 0)
         return -1;
-    }
-    Py_XSETREF(FrameStateType, (PyTypeObject *)type);
-    if ((S_LPAR = PyUnicode_InternFromString("LPAR")) == NULL ||
-        (S_RPAR = PyUnicode_InternFromString("RPAR")) == NULL ||
-        (S_END = PyUnicode_InternFromString("$END")) == NULL ||
-        (S_STRING = PyUnicode_InternFromString("STRING")) == NULL ||
-        (S_INTEGER = PyUnicode_InternFromString("INTEGER")) == NULL ||
-        (S_KINDS[DECIMAL] = PyUnicode_InternFromString("DECIMAL")) == NULL ||
-        (S_KINDS[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
-        (S_KINDS[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
-        (S_KINDS[URI] = PyUnicode_InternFromString("URI")) == NULL)
+    if ((sp->s_lpar = PyUnicode_InternFromString("LPAR")) == NULL ||
+        (sp->s_rpar = PyUnicode_InternFromString("RPAR")) == NULL ||
+        (sp->s_end = PyUnicode_InternFromString("$END")) == NULL ||
+        (sp->s_string = PyUnicode_InternFromString("STRING")) == NULL ||
+        (sp->s_integer = PyUnicode_InternFromString("INTEGER")) == NULL ||
+        (sp->s_kinds[DECIMAL] = PyUnicode_InternFromString("DECIMAL")) == NULL ||
+        (sp->s_kinds[SYMBOL] = PyUnicode_InternFromString("SYMBOL")) == NULL ||
+        (sp->s_kinds[KEYWORD] = PyUnicode_InternFromString("KEYWORD")) == NULL ||
+        (sp->s_kinds[URI] = PyUnicode_InternFromString("URI")) == NULL ||
+        (sp->s_packed = PyUnicode_InternFromString("packed")) == NULL ||
+        (sp->s_min_length = PyUnicode_InternFromString("min_length")) == NULL ||
+        (sp->s_max_length = PyUnicode_InternFromString("max_length")) == NULL ||
+        (sp->s_item = PyUnicode_InternFromString("_item")) == NULL ||
+        (sp->s_start = PyUnicode_InternFromString("start")) == NULL ||
+        (sp->s_acceptance = PyUnicode_InternFromString("acceptance")) == NULL ||
+        (sp->s_registry = PyUnicode_InternFromString("registry")) == NULL ||
+        (sp->s_protocols_by_id = PyUnicode_InternFromString("_protocols_by_id")) == NULL ||
+        (sp->s_one_shot = PyUnicode_InternFromString("_one_shot")) == NULL)
         return -1;
-    if (init_value_types() < 0)
-        return -1;
-    if ((S_PACKED = PyUnicode_InternFromString("packed")) == NULL ||
-        (S_MIN_LENGTH = PyUnicode_InternFromString("min_length")) == NULL ||
-        (S_MAX_LENGTH = PyUnicode_InternFromString("max_length")) == NULL ||
-        (S_ITEM = PyUnicode_InternFromString("_item")) == NULL ||
-        (S_START = PyUnicode_InternFromString("start")) == NULL ||
-        (S_ACCEPTANCE = PyUnicode_InternFromString("acceptance")) == NULL)
-        return -1;
+    sp->decode_entry = DECODE_ENTRY;
+    sp->parse_entry = PARSE_ENTRY;
+    sp->one_shot_entry = ONE_SHOT_ENTRY;
     return 0;
 }
 
-/* decimals_in_place() -> bool: whether decimal_of makes decimals in place (the layout
- * check of cstack.h held in this unit and the scanner's: module.c), for the tests. */
 int
-cbcl_speedups_decimals_in_place(void)
+cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
 {
-    return DecimalInPlace;
+    SpeedupsState *sp = &st->speedups;
+    Py_VISIT(sp->s_lpar);
+    Py_VISIT(sp->s_rpar);
+    Py_VISIT(sp->s_end);
+    Py_VISIT(sp->s_string);
+    Py_VISIT(sp->s_integer);
+    for (int k = 0; k < FIRST_ENTRY; k++)
+        Py_VISIT(sp->s_kinds[k]);
+    Py_VISIT(sp->s_packed);
+    Py_VISIT(sp->s_min_length);
+    Py_VISIT(sp->s_max_length);
+    Py_VISIT(sp->s_item);
+    Py_VISIT(sp->s_start);
+    Py_VISIT(sp->s_acceptance);
+    Py_VISIT(sp->s_registry);
+    Py_VISIT(sp->s_protocols_by_id);
+    Py_VISIT(sp->s_one_shot);
+    Py_VISIT(sp->frame_state_type);
+    for (int k = 0; k < ATOM_SLOTS; k++) {
+        Py_VISIT(sp->atom_memo[k].key);
+        Py_VISIT(sp->atom_memo[k].value);
+    }
+    Py_VISIT(sp->slots_type);
+    Py_VISIT(sp->slots_names);
+    for (int k = 0; k < F_COUNT; k++)
+        Py_VISIT(sp->slot_members[k]);
+    Py_VISIT(sp->pairs_type);
+    Py_VISIT(sp->pairs_packed);
+    CBCL_VISIT_ENTRY(sp->decode_entry);
+    Py_VISIT(sp->decode_verified);
+    Py_VISIT(sp->decoder_frame_state);
+    Py_VISIT(sp->decoder_require);
+    Py_VISIT(sp->decoder_registry);
+    CBCL_VISIT_ENTRY(sp->parse_entry);
+    Py_VISIT(sp->parse_verified);
+    Py_VISIT(sp->parse_space_after);
+    Py_VISIT(sp->parse_tables);
+    Py_VISIT(sp->parse_cache);
+    Py_VISIT(sp->parse_atom);
+    Py_VISIT(sp->parse_last_registry);
+    Py_VISIT(sp->parse_last_protocols);
+    CBCL_VISIT_ENTRY(sp->one_shot_entry);
+    Py_VISIT(sp->one_shot_verified);
+    Py_VISIT(sp->one_shot_registry);
+    Py_VISIT(sp->one_shot_memos);
+    Py_VISIT(sp->memos_default_state);
+    return 0;
+}
+
+void
+cbcl_speedups_clear(NativeState *st)
+{
+    SpeedupsState *sp = &st->speedups;
+    Py_CLEAR(sp->s_lpar);
+    Py_CLEAR(sp->s_rpar);
+    Py_CLEAR(sp->s_end);
+    Py_CLEAR(sp->s_string);
+    Py_CLEAR(sp->s_integer);
+    for (int k = 0; k < FIRST_ENTRY; k++)
+        Py_CLEAR(sp->s_kinds[k]);
+    Py_CLEAR(sp->s_packed);
+    Py_CLEAR(sp->s_min_length);
+    Py_CLEAR(sp->s_max_length);
+    Py_CLEAR(sp->s_item);
+    Py_CLEAR(sp->s_start);
+    Py_CLEAR(sp->s_acceptance);
+    Py_CLEAR(sp->s_registry);
+    Py_CLEAR(sp->s_protocols_by_id);
+    Py_CLEAR(sp->s_one_shot);
+    Py_CLEAR(sp->frame_state_type);
+    for (int k = 0; k < ATOM_SLOTS; k++) {
+        Py_CLEAR(sp->atom_memo[k].key);
+        Py_CLEAR(sp->atom_memo[k].value);
+    }
+    Py_CLEAR(sp->slots_type);
+    Py_CLEAR(sp->slots_names);
+    for (int k = 0; k < F_COUNT; k++)
+        Py_CLEAR(sp->slot_members[k]);
+    Py_CLEAR(sp->pairs_type);
+    Py_CLEAR(sp->pairs_packed);
+    CBCL_CLEAR_ENTRY(sp->decode_entry);
+    Py_CLEAR(sp->decode_verified);
+    Py_CLEAR(sp->decoder_frame_state);
+    Py_CLEAR(sp->decoder_require);
+    Py_CLEAR(sp->decoder_registry);
+    CBCL_CLEAR_ENTRY(sp->parse_entry);
+    Py_CLEAR(sp->parse_verified);
+    Py_CLEAR(sp->parse_space_after);
+    Py_CLEAR(sp->parse_tables);
+    Py_CLEAR(sp->parse_cache);
+    Py_CLEAR(sp->parse_atom);
+    Py_CLEAR(sp->parse_last_registry);
+    Py_CLEAR(sp->parse_last_protocols);
+    CBCL_CLEAR_ENTRY(sp->one_shot_entry);
+    Py_CLEAR(sp->one_shot_verified);
+    Py_CLEAR(sp->one_shot_registry);
+    Py_CLEAR(sp->one_shot_memos);
+    Py_CLEAR(sp->memos_default_state);
 }
