@@ -110,21 +110,25 @@ def chain_grammar(rules: int = 250) -> str:
     return "\n".join(lines) + "\n"
 
 
-def nested_schema(depth: int) -> str:
-    """A ``(schema …)`` whose record nests ``keys`` types ``depth`` deep (the record's
-    type at depth 1, as the schema compiler counts), for a grammar of
-    :func:`nested_grammar`."""
+def nested_schema(depth: int, kind: str = "keys") -> str:
+    """A ``(schema …)`` whose record's types nest ``depth`` deep as the schema compiler
+    counts (the record 1, its field's type 2, …, an ``integer`` at ``depth``): ``keys``
+    types (``kind="keys"``; two lists each, so 32 is also the descriptor's depth limit
+    of 64) or ``list-of`` types (``kind="list"``)."""
     inner = "integer"
-    for _ in range(depth - 1):
-        inner = f"(keys (:k {inner} required))"
+    for _ in range(depth - 2):
+        inner = f"(keys (:k {inner} required))" if kind == "keys" else f"(list-of {inner})"
     return f"(schema (record n (:k {inner} required)))"
 
 
-def nested_grammar(depth: int) -> str:
-    """``body: "(" "n" ":k" v1 ")"`` with ``v1: "(" ":k" v2 ")"`` and so on ``depth``
-    deep, ending in an INTEGER: the bodies :func:`nested_schema` describes."""
-    lines = ['body: "(" "n" ":k" v1 ")"']
-    for level in range(1, depth - 1):
-        lines.append(f'v{level}: "(" ":k" v{level + 1} ")"')
-    lines.append(f"v{depth - 1}: INTEGER")
+def nested_grammar(depth: int, kind: str = "keys") -> str:
+    """The bodies :func:`nested_schema` describes: ``(n :k (:k (:k … 7)))`` (``keys``) or
+    ``(n :k ((… (7) …)))`` (``list``), lists ``depth - 1`` deep."""
+    lines = ['body: "(" "n" ":k" v2 ")"']
+    for level in range(2, depth):
+        inner = f"v{level + 1}" if level + 1 < depth else "INTEGER"
+        lines.append(f'v{level}: "(" ":k" {inner} ")"' if kind == "keys"
+                     else f'v{level}: "(" {inner}* ")"')
+    if depth == 2:
+        lines.append("v2: INTEGER")
     return "\n".join(lines) + "\n"
