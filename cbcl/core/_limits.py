@@ -114,11 +114,14 @@ class LLMLimits:
     * ``max_json_depth`` (256): objects and arrays nested in a JSON Schema export's
       document (a body's lists nest about three deep each), checked before the document
       is written;
-    * ``max_draft_tokens`` (20,000): tokens of one drawn body; a draw that reaches it is
-      abandoned (it counts as a draw that is not one value);
+    * ``max_draft_tokens`` (5,000): tokens of one drawn body (a walk past 2,000 tokens
+      takes the shortest way out, so only a grammar whose least bodies are huge reaches
+      it: ``r0: r1 r1``, ``r1: r2 r2`` …);
+    * ``max_draw_tokens`` (100,000): tokens drawn in all for one generated body, or for
+      a prompt's examples;
     * ``max_drafts`` (200): draws for one generated body (then ``SchemaError`` if the
       schema refused the draws, else :class:`LimitError`);
-    * ``max_example_drafts`` (10,000): draws a prompt's examples take in all.
+    * ``max_example_drafts`` (2,000): draws a prompt's examples take in all.
 
     Raises ``ValueError`` for a limit that is not a positive ``int``.
     """
@@ -127,9 +130,10 @@ class LLMLimits:
     max_steps: int = 1_000_000
     max_output_bytes: int = 4 << 20
     max_json_depth: int = 256
-    max_draft_tokens: int = 20_000
+    max_draft_tokens: int = 5_000
+    max_draw_tokens: int = 100_000
     max_drafts: int = 200
-    max_example_drafts: int = 10_000
+    max_example_drafts: int = 2_000
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -141,11 +145,11 @@ class LLMLimits:
         """The :class:`LimitError` of budget ``name`` exhausted by ``what`` (``"the
         export"``, ``"the prompt's examples"`` …)."""
         maximum = getattr(self, name)
-        return LimitError(f"{what} needs more than {maximum:,} {_LLM_UNITS[name]} "
+        return LimitError(f"{what} would take more than {maximum:,} {_LLM_UNITS[name]} "
                           f"(LLMLimits.{name})", limit=name, maximum=maximum)
 
 
 DEFAULT_LLM_LIMITS = LLMLimits()
 _LLM_UNITS = {"max_rules": "rules", "max_steps": "steps", "max_output_bytes": "bytes",
               "max_json_depth": "levels of nesting", "max_draft_tokens": "tokens",
-              "max_drafts": "draws", "max_example_drafts": "draws"}
+              "max_draw_tokens": "tokens", "max_drafts": "draws", "max_example_drafts": "draws"}
