@@ -1265,29 +1265,34 @@ class _SchemaSide:
             return
         for record in schema.records:
             prefix = self._add(("prefix", record.heads))
-            self.roots.append((prefix, self.tid(record)))
+            self.roots.append((prefix, _run(self.tid(record))))
 
     def _add(self, entry: tuple[Any, ...]) -> int:
         self.types.append(entry)
         return self.first + len(self.types) - 1
 
-    def tid(self, t: SchemaType) -> int:
+    # tid() and spec() recurse as the schema's types nest: generators run by _run.
+
+    def tid(self, t: SchemaType) -> _Call:
         found = self.ids.get(id(t))
         if found is None:
             if isinstance(t, ListOf):
-                found = self._add(("list", t, self.spec(t.item)))
+                found = self._add(("list", t, (yield self.spec(t.item))))
             elif isinstance(t, Record):
                 found = self._add(("keys", t.keys, t.heads))
-            else:
-                assert isinstance(t, Keys)
+            elif isinstance(t, Keys):
                 found = self._add(("keys", t, ()))
+            else:  # pragma: no cover (atoms have no tree type)
+                raise TypeError(f"not a list type: {type(t).__name__}")
             self.ids[id(t)] = found
             entry = self.types[found - self.first]
             if entry[0] == "keys":
                 keys: Keys = entry[1]
                 fields = list(keys.fields)
-                specs = [self.spec(keys.fields[k]) for k in fields]
-                other = None if keys.other is None else self.spec(keys.other)
+                specs = []
+                for k in fields:
+                    specs.append((yield self.spec(keys.fields[k])))
+                other = None if keys.other is None else (yield self.spec(keys.other))
                 bits = {k: 1 << i for i, k in enumerate(fields)}
                 required = 0
                 for k in keys.required:
@@ -1297,7 +1302,7 @@ class _SchemaSide:
                     {k: (bits[k], i) for i, k in enumerate(fields)}, specs, other, required)
         return found
 
-    def spec(self, t: SchemaType) -> _Spec:
+    def spec(self, t: SchemaType) -> _Call:
         key = id(t)
         found = self.specs.get(key)
         if found is not None:
@@ -1309,7 +1314,7 @@ class _SchemaSide:
         else:
             found = _Spec(_NO_CLASSES, None, False)
             self.specs[key] = found
-            found.tree = self.tid(t)
+            found.tree = yield self.tid(t)
         self.specs[key] = found
         return found
 
