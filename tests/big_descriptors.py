@@ -101,13 +101,46 @@ def bounds_times_one_of(bounds: int = 2_000, values: int = 2_000, *, version: in
     return descriptor_text(grammar, "(schema " + " ".join(records) + ")", version=version)
 
 
-def chain_grammar(rules: int = 250) -> str:
+def chain_grammar(rules: int = 250, *, repeat: bool = False) -> str:
     """A grammar of ``rules`` rules, each referring to the next: ``body`` derives
-    ``(a x0 x1 … end)`` through a chain ``rules`` deep."""
+    ``(a x0 x1 … end)`` through a chain ``rules`` deep (with ``repeat``, each ``xI`` any
+    number of times: lists a JSON Schema can only approximate)."""
+    star = "*" if repeat else ""
     lines = ['body: "(" "a" r0 ")"']
-    lines += [f'r{i}: "x{i}" r{i + 1}' for i in range(rules - 2)]
+    lines += [f'r{i}: "x{i}"{star} r{i + 1}' for i in range(rules - 2)]
     lines.append(f'r{rules - 2}: "end"')
     return "\n".join(lines) + "\n"
+
+
+def group_grammar(depth: int) -> str:
+    """A rule whose groups nest ``depth`` deep, referring to itself in last position (a
+    right-linear rule the analysis takes apart level by level)."""
+    inner = "tail"
+    for level in range(depth):
+        inner = f'["g{level}" {inner}]' if level % 2 else f'("g{level}" {inner} | "h{level}")'
+    return f'body: "(" "a" tail ")"\ntail: "t" {inner}\n'
+
+
+def subsets_descriptor(records: int, fields: int, *, version: int = 1) -> bytes:
+    """Records of ``fields`` optional integer fields under a grammar that takes keys in
+    any order (``(KEYWORD value)*``): the schema's automaton has a state per subset of the
+    keys given, 2^fields for each record, so no comparison of two of them ends within the
+    default budgets."""
+    grammar = 'body: "(" SYMBOL (KEYWORD value)* ")"\n'
+    schema = " ".join(
+        f"(record h{i} " + " ".join(f"(:f{j} (integer :min {j} :max {7 * j + i}))"
+                                    for j in range(fields)) + ")" for i in range(records))
+    return descriptor_text(grammar, f"(schema {schema})", version=version)
+
+
+def keyword_sets_descriptor(sets: int, members: int = 8) -> bytes:
+    """``sets`` rules, each a list with a keyword set of ``members`` members: an export
+    makes 2^members states for each."""
+    rules = ["body: " + " | ".join(f"s{i}" for i in range(sets))]
+    for i in range(sets):
+        inner = " & ".join(f'":k{j}" INTEGER' for j in range(members))
+        rules.append(f's{i}: "(" "h{i}" ({inner}) ")"')
+    return descriptor_text("\n".join(rules) + "\n")
 
 
 def nested_schema(depth: int, kind: str = "keys") -> str:

@@ -1144,7 +1144,7 @@ class _Spacer:
                     self.outs[(name, p)] = table[p]
                     changed = True
             if changed:
-                for user in users.get(name, ()):
+                for user in sorted(users.get(name, ())):
                     if user not in waiting:
                         waiting.add(user)
                         todo.append(user)
@@ -1462,6 +1462,9 @@ class GrammarExport:
     intents: tuple[Intent, ...]
     not_carried: tuple[str, ...]
     start: str = "start"
+    #: The rules made and the steps taken, as ``LLMLimits.max_rules`` and ``max_steps``
+    #: count them (for benchmarks and tests).
+    work: tuple[int, int] = (0, 0)
 
 
 def _descriptor_of(descriptor: ProtocolDescriptor | bytes) -> ProtocolDescriptor:
@@ -1580,12 +1583,13 @@ def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguid
     """
     budget = _limits_of(limits)
     if format == "json-schema":
+        work = _Work(budget)
         document, notes, intents = _json_schema(descriptor, intent, schema, keyword_set_cap,
-                                                budget)
+                                                work)
         text = json.dumps(document, indent=1, ensure_ascii=True) + "\n"
         if len(text) > budget.max_output_bytes:  # (ASCII: characters are bytes)
             raise budget.exceeded("max_output_bytes", "the export")
-        return GrammarExport(format, text, intents, notes)
+        return GrammarExport(format, text, intents, notes, work=(work.rules, work.steps))
     dialect = _DIALECTS.get(format)
     if dialect is None:
         raise ValueError(f"unknown format {format!r} (formats: {', '.join(FORMATS)})")
@@ -1631,7 +1635,7 @@ def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguid
         else:
             out.add(f"{dialect.terminal(name)}: /{_render_regex(regex, _rust_char)}/")
     return GrammarExport(format, out.text(), intents, notes,
-                         "root" if format == "gbnf" else "start")
+                         "root" if format == "gbnf" else "start", (work.rules, work.steps))
 
 
 # --------------------------------------------------------------------------------------
@@ -1957,11 +1961,11 @@ def _json_depth(document: Any, work: _Work) -> int:
 
 
 def _json_schema(descriptor: ProtocolDescriptor | bytes, intent: Intent | str | None,
-                 schema: bool, set_cap: int, limits: LLMLimits
+                 schema: bool, set_cap: int, work: _Work
                  ) -> tuple[dict[str, Any], tuple[str, ...], tuple[Intent, ...]]:
+    limits = work.limits
     desc = _descriptor_of(descriptor)
     intents = _intents_of(desc, intent)
-    work = _Work(limits)
     lowerer, by_rule = _lower(desc, intents, schema, set_cap, work)
     builder = _JsonBuilder(lowerer, work)
     builder.value_defs()
@@ -2026,5 +2030,5 @@ def export_json_schema(descriptor: ProtocolDescriptor | bytes, *,
     """The JSON Schema (2020-12) of the JSON mapping (spec §7.2) of the protocol's messages
     (of ``intent``, or of every governed intent). See :func:`export_grammar`."""
     document, _, _ = _json_schema(descriptor, intent, schema, KEYWORD_SET_CAP,
-                                  _limits_of(limits))
+                                  _Work(_limits_of(limits)))
     return document

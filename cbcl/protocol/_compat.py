@@ -165,8 +165,8 @@ class CompatLimits:
     * ``max_members`` (12): members of one keyword set handled exactly (its automaton has
       a state per subset of members);
     * ``max_atom_classes`` (50,000): atom classes of step 2 (the named values, and a
-      region between each two bounds or lengths the schemas name), counted before any is
-      built;
+      region between each two bounds or lengths the schemas name), counted as soon as
+      they are made, before any automaton uses them;
     * ``max_witness_nodes`` (10,000): atoms plus lists of a witness body;
     * ``max_atom_chars`` (65,536): the length of a string or symbol a class needs as its
       representative (a schema's ``:min-length`` above it is not analysed);
@@ -221,6 +221,8 @@ class CompatReport:
     search: str | None = None
     #: Product states and signatures explored (for benchmarks and curiosity).
     explored: tuple[int, int] = (0, 0)
+    #: The steps the analysis took, as ``CompatLimits.max_steps`` counts them.
+    steps: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -508,24 +510,46 @@ _DECIMALS = Context(prec=4 * MAX_DECIMAL_CHARS, rounding=ROUND_FLOOR, Emax=999_9
                                           Inexact])
 
 
-def _arithmetic_refused(value: object, exc: DecimalException) -> DescriptorError:
-    return DescriptorError(f"descriptor: the schema bound {_clip(str(value), 60)} cannot be "
-                           f"analysed ({type(exc).__name__})")
+def _arithmetic_refused(value: object, why: str) -> DescriptorError:
+    if type(value) is int and value.bit_length() > 256:
+        shown = f"(an integer of {value.bit_length()} bits)"
+    else:
+        shown = _clip(str(value), 60)
+    return DescriptorError(f"descriptor: the schema bound {shown} cannot be analysed ({why})")
+
+
+#: The magnitude (a power of ten) of the largest and smallest numbers analysed: far beyond
+#: any the reader admits (int64, and 40-character decimals), so only a hand-built
+#: schema's numbers are refused.
+_MAGNITUDE = 2 * MAX_DECIMAL_CHARS
+
+
+def _bound(value: Any) -> Any:
+    """``value``, a schema's numeric bound, if the analysis can compute with it exactly;
+    raises :class:`DescriptorError` otherwise (a non-finite decimal, or one beyond
+    10^±:data:`_MAGNITUDE`), before any arithmetic."""
+    if type(value) is Decimal:
+        if not value.is_finite():
+            raise _arithmetic_refused(value, "not a finite number")
+        if value and not -2 * _MAGNITUDE <= value.adjusted() <= _MAGNITUDE:
+            raise _arithmetic_refused(value, "beyond the numbers a descriptor can hold")
+    elif type(value) is int and value.bit_length() > 4 * _MAGNITUDE:
+        raise _arithmetic_refused(value, "beyond the numbers a descriptor can hold")
+    return value
 
 
 def _decimal(k: Any) -> Decimal:
     """``k`` (an int or a Decimal) as a decimal written with a point (``3.0``); raises
     :class:`DescriptorError` for a number beyond exact arithmetic."""
+    _bound(k)
     try:
         with localcontext(_DECIMALS):
             value = Decimal(k)
-            if not value.is_finite():
-                raise InvalidOperation
             if value.as_tuple().exponent >= 0:  # type: ignore[operator]
                 value = value.quantize(_TENTHS)
             return value
     except DecimalException as exc:
-        raise _arithmetic_refused(k, exc) from None
+        raise _arithmetic_refused(k, type(exc).__name__) from None
 
 
 _TENTHS = Decimal("0.1")
@@ -702,9 +726,9 @@ class _Atoms:
             for t in _schema_types(schema):
                 if isinstance(t, AtomType):
                     if t.kind in ("integer", "number"):
-                        int_bounds.update(b for b in (t.low, t.high) if b is not None)
+                        int_bounds.update(_bound(b) for b in (t.low, t.high) if b is not None)
                     if t.kind in ("decimal", "number"):
-                        dec_bounds.update(b for b in (t.low, t.high) if b is not None)
+                        dec_bounds.update(_bound(b) for b in (t.low, t.high) if b is not None)
                     lengths = {b for b in (t.min_length, t.max_length) if b is not None}
                     if t.kind == "string":
                         str_lengths.update(lengths)
@@ -723,14 +747,6 @@ class _Atoms:
                     marked = marked or t.other is not None
                 elif isinstance(t, Record):
                     points[Symbol].update(h for h in t.heads if type(h) is Symbol)
-        # Every class is a point, or the representative of a region cut by the bounds:
-        # count them before building any.
-        expected = (sum(len(v) for v in points.values()) + 2 * (
-            len(int_bounds) + len(dec_bounds) + len(str_lengths) + len(sym_lengths))
-            + 2 * len(schemes) + 8)
-        if expected > limits.max_atom_classes:
-            raise _Unknown(f"the schemas and grammars need about {expected} atom classes "
-                           f"(more than max_atom_classes, {limits.max_atom_classes})")
         points[int] = {v for v in points[int] if INT64_MIN <= v <= INT64_MAX}
         self.points = points
         classes: list[_Class] = [_Class(type(v), v, True) for values in points.values()
@@ -753,7 +769,8 @@ class _Atoms:
         for a, b in _regions(dec_bounds):
             found = self._decimal_in(a, b, points[Decimal], dec_points)
             if found is not None:
-                classes.append(_Class(Decimal, found, False))
+                if _written(found):  # (else no decimal the reader reads lies there)
+                    classes.append(_Class(Decimal, found, False))
             elif a is None or a != b:  # an open interval of decimals is never empty
                 raise _Unknown(f"no representative decimal between {a} and {b}")
         for kind, lengths, low_length in ((str, str_lengths, 0), (Symbol, sym_lengths, 1)):
@@ -789,6 +806,8 @@ class _Atoms:
         if uri is None:  # pragma: no cover (x, x1, … are schemes)
             raise _Unknown("no representative URI")
         classes.append(_Class(URI, uri, False))
+        # (Making them took O(n log n) in the named values and bounds: a descriptor's
+        # size bounds that; what follows is bounded by their number.)
         if len(classes) > limits.max_atom_classes:
             raise _Unknown(f"the schemas and grammars need {len(classes)} atom classes "
                            f"(more than max_atom_classes, {limits.max_atom_classes})")
@@ -828,11 +847,13 @@ class _Atoms:
     def _decimal_in(a: Any, b: Any, avoid: set[Any], ordered: list[Any]) -> Decimal | None:
         """A decimal of the region ``(a, b)`` (or the point ``a == b``) that is not in
         ``avoid`` (``ordered``, sorted): the nearest the region's edge, the shortest."""
+        _bound(a)
+        _bound(b)
         try:
             with localcontext(_DECIMALS):
                 return _Atoms._decimal_between(a, b, avoid, ordered)
         except DecimalException as exc:
-            raise _arithmetic_refused(b if a is None else a, exc) from None
+            raise _arithmetic_refused(b if a is None else a, type(exc).__name__) from None
 
     @staticmethod
     def _decimal_between(a: Any, b: Any, avoid: set[Any], ordered: list[Any]
@@ -968,7 +989,10 @@ class _Atoms:
 
     def _confirm(self, t: AtomType, a: int, b: int, start: int, stop: int) -> None:
         def holds(i: int) -> bool:
-            return _atom_problem(t, self.classes[i].rep) is None
+            try:
+                return _atom_problem(t, self.classes[i].rep) is None
+            except CBCLError:  # (a problem whose message cannot show the value)
+                return False
 
         inside = [i for i in (a, b - 1) if a < b]
         outside = [i for i in (a - 1, b) if start <= i < stop and not a <= i < b]
@@ -1889,8 +1913,9 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
     changes = tuple(_changes(sides[0], sides[1]))
     directions = [(0, 1)] if mode == BACKWARD else [(1, 0)] if mode == FORWARD \
         else [(0, 1), (1, 0)]
+    meter = [0]
     try:
-        witnesses, explored = _decide(sides, directions, checkers, limits)
+        witnesses, explored = _decide(sides, directions, checkers, limits, meter)
     except _Unknown as exc:
         reason = str(exc)
         try:
@@ -1898,8 +1923,9 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
         except _Unknown as inner:
             found, search = [], f"not made: {inner}"
         if found:
-            return CompatReport(BREAKING, mode, changes, tuple(found), (), None)
-        return CompatReport(UNKNOWN, mode, changes, (), (reason,), search)
+            return CompatReport(BREAKING, mode, changes, tuple(found), (), None,
+                                steps=meter[0])
+        return CompatReport(UNKNOWN, mode, changes, (), (reason,), search, steps=meter[0])
     if not witnesses:
         for side, checker in zip(sides, checkers, strict=True):
             # The model of §4.3 (no literal/terminal overlap) must hold.
@@ -1909,13 +1935,27 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
                 return CompatReport(UNKNOWN, mode, changes, (), (
                     f"the grammar of {d.id} version {d.version} is {lr_verdict}, not "
                     f"LALR(1): it cannot be loaded, and its bodies are not what the "
-                    f"analysis assumed",), "not made", explored)
+                    f"analysis assumed",), "not made", explored, meter[0])
     verdict = BREAKING if witnesses else COMPATIBLE
-    return CompatReport(verdict, mode, changes, tuple(witnesses), (), None, explored)
+    return CompatReport(verdict, mode, changes, tuple(witnesses), (), None, explored,
+                        meter[0])
 
 
 def _decide(sides: list[_Side], directions: list[tuple[int, int]], checkers: list[_Checker],
-            limits: CompatLimits) -> tuple[list[Witness], tuple[int, int]]:
+            limits: CompatLimits, meter: list[int]) -> tuple[list[Witness], tuple[int, int]]:
+    """Steps 1 to 5; ``meter[0]`` is left holding the steps taken (also when a limit
+    ends the analysis)."""
+    products: list[_Product] = []
+    try:
+        return _decide_with(sides, directions, checkers, limits, products)
+    finally:
+        if products:
+            meter[0] = products[0].steps
+
+
+def _decide_with(sides: list[_Side], directions: list[tuple[int, int]],
+                 checkers: list[_Checker], limits: CompatLimits, products: list[_Product]
+                 ) -> tuple[list[Witness], tuple[int, int]]:
     for side in sides:
         side.terms = _Terms(side.source, limits.max_members)
     predicates: set[Term] = set()
@@ -1951,6 +1991,7 @@ def _decide(sides: list[_Side], directions: list[tuple[int, int]], checkers: lis
         side.schema_side = schema_side
         schema_sides.append(schema_side)
     product = _Product(builder, schema_sides, driving, prune, limits)
+    products.append(product)
     product.run()
     sizes = product.size
     verdicts: dict[tuple[int, str, Any, bool], bool] = {}
