@@ -85,8 +85,8 @@ def bounds_pair(breaking: bool = False) -> tuple[bytes, bytes]:
     return old, bounds_descriptor(version=2, widen=1, extra_value=True)
 
 
-def bounds_times_one_of(bounds: int = 2_000, values: int = 2_000, *, version: int = 1
-                        ) -> bytes:
+def bounds_times_one_of(bounds: int = 2_000, values: int = 2_000, *, version: int = 1,
+                        ident: str = "big/v1") -> bytes:
     """Issue 36's quadratic case: one field whose schema has ``bounds`` ranges (a record
     per range) and a one-of of ``values`` integers and decimals, all in the same span,
     so that every region between two bounds holds named values."""
@@ -98,7 +98,8 @@ def bounds_times_one_of(bounds: int = 2_000, values: int = 2_000, *, version: in
     ints = " ".join(str(k) for k in range(values // 2))
     decimals = " ".join(f"{k}.5" for k in range(values // 2))
     records.append(f"(record all (:x (one-of {ints} {decimals})) (:y (one-of {ints})))")
-    return descriptor_text(grammar, "(schema " + " ".join(records) + ")", version=version)
+    return descriptor_text(grammar, "(schema " + " ".join(records) + ")", version=version,
+                           ident=ident)
 
 
 def chain_grammar(rules: int = 250, *, repeat: bool = False) -> str:
@@ -121,7 +122,8 @@ def group_grammar(depth: int) -> str:
     return f'body: "(" "a" tail ")"\ntail: "t" {inner}\n'
 
 
-def subsets_descriptor(records: int, fields: int, *, version: int = 1) -> bytes:
+def subsets_descriptor(records: int, fields: int, *, version: int = 1,
+                       ident: str = "big/v1") -> bytes:
     """Records of ``fields`` optional integer fields under a grammar that takes keys in
     any order (``(KEYWORD value)*``): the schema's automaton has a state per subset of the
     keys given, 2^fields for each record, so no comparison of two of them ends within the
@@ -130,7 +132,7 @@ def subsets_descriptor(records: int, fields: int, *, version: int = 1) -> bytes:
     schema = " ".join(
         f"(record h{i} " + " ".join(f"(:f{j} (integer :min {j} :max {7 * j + i}))"
                                     for j in range(fields)) + ")" for i in range(records))
-    return descriptor_text(grammar, f"(schema {schema})", version=version)
+    return descriptor_text(grammar, f"(schema {schema})", version=version, ident=ident)
 
 
 def keyword_sets_descriptor(sets: int, members: int = 8) -> bytes:
