@@ -34,6 +34,7 @@ Every body returned is accepted by the protocol's grammar (and schema):
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
@@ -159,8 +160,9 @@ class _Walker:
             self.levels.append([expected, keys, None, 0])
             self.depth += 1
         elif token is _CLOSE:
-            self.levels.pop()
-            self.depth -= 1
+            if self.levels:  # (a ")" with no list open: the draft is not one value)
+                self.levels.pop()
+                self.depth -= 1
             self.after_element()
         else:
             level = self.levels[-1] if self.levels else None
@@ -315,9 +317,13 @@ class _Walker:
                 else max(low, 12)
             n = rng.randint(low, min(high, max(low, 12)))
             return "".join(rng.choice(_TEXT) for _ in range(n))
-        if kind == "INTEGER":
-            low = INT64_MIN if atom is None or atom.low is None else int(atom.low)
-            high = INT64_MAX if atom is None or atom.high is None else int(atom.high)
+        if kind == "INTEGER":  # (within int64 and the range, if they meet)
+            low = INT64_MIN if atom is None or atom.low is None \
+                else min(max(INT64_MIN, math.ceil(atom.low)), INT64_MAX)
+            high = INT64_MAX if atom is None or atom.high is None \
+                else max(min(INT64_MAX, math.floor(atom.high)), INT64_MIN)
+            if low > high:  # no integer fits: one the schema refuses, drawn again
+                return low
             if low < 0 <= high and rng.random() < 0.5:
                 return rng.randint(max(low, -100), min(high, 100))
             return rng.choice((low, high, rng.randint(low, high)))
@@ -365,11 +371,13 @@ def _build(tokens: list[Any]) -> Value | None:
         if token is _OPEN:
             stack.append([])
         elif token is _CLOSE:
+            if len(stack) == 1:  # a ")" that closes no list
+                return None
             done = tuple(stack.pop())
             stack[-1].append(done)
         else:
             stack[-1].append(token)
-    return stack[0][0] if len(stack[0]) == 1 else None
+    return stack[0][0] if len(stack) == 1 and len(stack[0]) == 1 else None
 
 
 def draw_bodies(source: GrammarSource, start: str, rng: random.Random, *, max_depth: int,
