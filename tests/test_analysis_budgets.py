@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from big_descriptors import (
+    bounds_descriptor,
     bounds_pair,
     bounds_times_one_of,
     chain_grammar,
@@ -532,3 +533,14 @@ def test_cli_diff_past_the_budget_and_of_huge_bounds(
     assert code == 5 and err == "" and out.startswith("breaking\n")
     code, out, err = run_cli(capsys, "descriptor", "diff", str(new), str(old))
     assert code == 0 and out.startswith("compatible\n")
+
+
+def test_cli_prompt_over_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    document = tmp_path / "big.cbcl"  # 8 forms whose schema refuses every draft
+    document.write_bytes(bounds_descriptor(records=8, fields=5, values=3))
+    code, out, err = run_cli(capsys, "prompt", str(document))
+    assert (code, out) == (4, "")  # a limit, not a usage error (LimitError is a ValueError)
+    assert err.startswith("limit: the prompt's examples would take more than 2,000 draws "
+                          "(LLMLimits.max_example_drafts)"), err
+    code, out, err = run_cli(capsys, "prompt", str(document), "--examples", "0")
+    assert code == 0 and out.startswith("## Messages: CBCL/1.0, protocol big/v1")
