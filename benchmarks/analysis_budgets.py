@@ -13,7 +13,10 @@ Cases (built by ``tests/big_descriptors.py``):
   states a record: ends ``unknown`` at ``max_steps``);
 * ``export-chain-FORMAT``: each export format of a 250-rule chain grammar (issue 29:
   ``internal: RecursionError``);
-* ``export-keyword-sets``: 80 keyword sets of 8 members (over ``max_rules``).
+* ``export-keyword-sets``: 80 keyword sets of 8 members (over ``max_rules``);
+* ``prompt-refused-drafts``: the prompt of the 150 KB descriptor (128 body forms, whose
+  schema refuses every example drawn: 400 drafts a form);
+* ``generate-exponential``: a body of a grammar whose least body has 2^60 tokens.
 
 Each case runs in a child process (so that one that never ends is cut at ``--timeout``
 seconds and reported as such), with the ``cbcl`` that ``PYTHONPATH`` or the environment
@@ -48,6 +51,22 @@ if case.startswith("diff"):
     work = lambda: diff_descriptors(old, new)
     show = lambda r: f"{{r.verdict}} ({{(r.reasons or ('',))[0][:70]}})"
     size = f"{{len(old):,}} + {{len(new):,}} bytes"
+elif case == "prompt-refused-drafts":
+    from cbcl.llm._prompt import render_prompt
+    from cbcl.protocol._registry import Registry
+    document = b.bounds_pair()[0]
+    registry = Registry(disk_cache=False, isolate=False)
+    protocol = registry.load(document, allow_unsigned=True)
+    work = lambda: render_prompt(protocol, registry=registry)
+    show = lambda text: f"{{len(text):,}} characters"
+    size = f"{{len(document):,}} bytes"
+elif case == "generate-exponential":
+    from cbcl.llm._generate import generate_bodies
+    document = b.descriptor_text('body: "(" "a" r0 ")"\n' + "".join(
+        f"r{{i}}: r{{i + 1}} r{{i + 1}}\n" for i in range(60)) + 'r60: "x"\n')
+    work = lambda: generate_bodies(document, "REQUEST", 1)
+    show = lambda bodies: f"{{len(bodies)}} bodies"
+    size = f"{{len(document):,}} bytes"
 else:
     from cbcl.llm._export import export_grammar
     if case == "export-keyword-sets":
@@ -67,7 +86,8 @@ print(f"{{time.process_time() - start:.2f}}\t{{size}}\t{{outcome}}")
 
 CASES = ("diff-150kb", "diff-150kb-breaking", "diff-bounds-x-one-of", "diff-subsets",
          "export-chain-llguidance", "export-chain-gbnf", "export-chain-lark",
-         "export-chain-json-schema", "export-keyword-sets")
+         "export-chain-json-schema", "export-keyword-sets", "prompt-refused-drafts",
+         "generate-exponential")
 
 
 def run(case: str, timeout: float) -> str:

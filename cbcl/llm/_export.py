@@ -482,10 +482,20 @@ _NEVER = _Alt(())
 _LP, _RP = _Tok("(", "("), _Tok(")", ")")
 
 
+def _never(e: _E) -> bool:
+    """``e == _NEVER``, without the dataclass's comparison."""
+    return type(e) is _Alt and not e.items
+
+
+def _empty(e: _E) -> bool:
+    """``e == _EMPTY``, without the dataclass's comparison."""
+    return type(e) is _Seq and not e.items
+
+
 def _s(*items: _E) -> _E:
     flat: list[_E] = []
     for item in items:
-        if item == _NEVER:
+        if _never(item):
             return _NEVER
         flat.extend(item.items if isinstance(item, _Seq) else (item,))
     return flat[0] if len(flat) == 1 else _Seq(tuple(flat))
@@ -503,9 +513,9 @@ def _a(*items: _E) -> _E:
 
 
 def _r(item: _E, op: str) -> _E:
-    if item == _NEVER:
+    if _never(item):
         return _EMPTY if op in "*?" else _NEVER
-    if item == _EMPTY:
+    if _empty(item):
         return _EMPTY
     return _Rep(item, op)
 
@@ -1069,6 +1079,7 @@ def _fold(e: _E, combine: Callable[[_E, list[Any]], Any], work: _Work) -> Any:
     first (each distinct node object once), iteratively; returns ``e``'s."""
     done: dict[int, Any] = {}
     stack: list[tuple[_E, bool]] = [(e, False)]
+    visited = 0
     while stack:
         node, expanded = stack.pop()
         if id(node) in done:
@@ -1078,30 +1089,42 @@ def _fold(e: _E, combine: Callable[[_E, list[Any]], Any], work: _Work) -> Any:
             stack.append((node, True))
             stack.extend((kid, False) for kid in reversed(kids) if id(kid) not in done)
             continue
-        work.step()
+        visited += 1
         done[id(node)] = combine(node, [done[id(kid)] for kid in kids])
+    work.step(visited)
     return done[id(e)]
+
+
+_INNER = (_Seq, _Alt, _Rep)
 
 
 def _map(e: _E, rebuild: Callable[[_E, list[_E]], _E], work: _Work) -> _E:
     """``e`` rebuilt bottom-up, left to right: ``rebuild(node, its children rebuilt)``
     for every occurrence of every node (not shared: each occurrence is rebuilt, in the
     order a recursive walk takes), iteratively."""
-    results: list[_E] = []
-    stack: list[tuple[_E, bool]] = [(e, False)]
-    while stack:
-        node, expanded = stack.pop()
-        kids = _children(node)
-        if kids and not expanded:
-            stack.append((node, True))
-            stack.extend((kid, False) for kid in reversed(kids))
-            continue
+    if type(e) not in _INNER:
         work.step()
-        count = len(kids)
-        rebuilt = results[len(results) - count:] if count else []
-        del results[len(results) - count:]
-        results.append(rebuild(node, rebuilt))
-    return results[0]
+        return rebuild(e, [])
+    # frames: [node, its children, the children rebuilt so far]
+    stack: list[tuple[_E, tuple[_E, ...], list[_E]]] = [(e, _children(e), [])]
+    visited = 0
+    while True:
+        node, kids, done = stack[-1]
+        if len(done) < len(kids):
+            kid = kids[len(done)]
+            if type(kid) in _INNER:
+                stack.append((kid, _children(kid), []))
+            else:
+                visited += 1
+                done.append(rebuild(kid, []))
+            continue
+        stack.pop()
+        visited += 1
+        result = rebuild(node, done)
+        if not stack:
+            work.step(visited)
+            return result
+        stack[-1][2].append(result)
 
 
 _States = dict[str, frozenset[str]]
@@ -1299,7 +1322,8 @@ def _simplify(rules: dict[str, _E], start: str, work: _Work) -> dict[str, _E]:
     def inline(e: _E, kids: list[_E]) -> _E:
         if isinstance(e, _Ref):
             target = rules.get(e.name)
-            if target is not None and (target in (_EMPTY, _NEVER) or isinstance(target, _Tok)):
+            if target is not None and (_empty(target) or _never(target)
+                                       or isinstance(target, _Tok)):
                 return target
             return e
         if isinstance(e, _Seq):
@@ -1353,9 +1377,9 @@ def _optionals(e: _E, work: _Work) -> _E:
                     items.append(item)
             return _s(*items)
         if isinstance(e, _Alt):
-            rest = [k for item, k in zip(e.items, kids, strict=True) if item != _EMPTY]
+            rest = [k for item, k in zip(e.items, kids, strict=True) if not _empty(item)]
             body = _a(*rest) if rest else _EMPTY
-            return _r(body, "?") if _EMPTY in e.items and rest else body
+            return _r(body, "?") if len(rest) < len(e.items) and rest else body
         if isinstance(e, _Rep):
             return _r(kids[0], e.op)
         return e
