@@ -41,6 +41,13 @@ is its own canonical form. It is built in four steps, all sans-io and determinis
    within int64 (a range expression), DECIMAL up to 40 characters, SYMBOL and KEYWORD
    names up to 128 characters, the string escapes of the canonical form only.
 
+Nothing recurses on a grammar's depth: every step that follows rule references or nests
+(the lowering, the spacing construction, the simplifier, the renderer, the JSON Schema
+builder) is a generator run on an explicit stack by :meth:`_Work.run`, or an iterative
+fold, so a chain of 256 rules costs no Python frames; the fixpoints use work lists. Every
+step, rule made and byte written counts against :class:`~cbcl.core._limits.LLMLimits`
+(spec/llm.md §12); past a budget the export raises :class:`LimitError`.
+
 The JSON Schema export (:func:`export_json_schema`) reuses step 1: each list of a body
 becomes an array schema; a list whose element sequences are finite and few (up to
 :data:`JSON_SEQUENCES_CAP`, keyword sets included) is an exact ``anyOf`` of ``prefixItems``,

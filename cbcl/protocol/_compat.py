@@ -23,7 +23,12 @@ module decides it, sans I/O, in five steps:
    occurrences in one list are the same keyword: this is how a repeated unnamed key,
    which a schema refuses and a grammar does not notice, is represented exactly). Each
    class has a representative value, and a predicate's truth on a class is its truth on
-   the representative, computed by the real schema code.
+   the representative. The classes are sorted kind by kind (numbers by value, strings and
+   symbols by length, URIs by scheme), so that each predicate holds on a few *intervals*
+   of them, found by bisection and checked at their ends, inside and out, by the real
+   schema code: O(n log n) in the bounds and named values, never their product. Bounds
+   are computed with exactly, in a decimal context wide enough for every number the
+   reader admits (a number beyond them is refused before any arithmetic).
 3. **Automata.** Every tree type's content becomes an NFA (Thompson's construction; a
    rule is inlined where it is referenced; a strongly connected set of rules is inlined
    once as a right- or left-linear NFA fragment; anything else there is self-embedding
@@ -37,7 +42,9 @@ module decides it, sans I/O, in five steps:
    All content automata run together over a list's children; the product state after the
    last child gives the list's signature. The reachable product states and signatures are
    computed to a fixpoint, with the atom classes and the signatures found so far as the
-   alphabet; product states in which no tree type of the side that must be covered is
+   alphabet — from each product state, one class (the cheapest) for each block of classes
+   that its automata cannot tell apart, which a sweep over the intervals of the sets they
+   test finds; product states in which no tree type of the side that must be covered is
    alive are pruned (no subtree of a body that side accepts passes through them). A body
    is one value: for each intent and each atom class or signature, each side's start rule
    (on that single letter) and schema root decide acceptance. Backward compatibility is:
@@ -48,6 +55,8 @@ module decides it, sans I/O, in five steps:
    the real reader and judged by both real recognisers (pass 2 tables and schema check);
    if they disagree with the analysis the verdict is ``unknown`` (and that is a bug).
 
+Nothing here recurses on a grammar's or a schema's depth: the walks keep explicit stacks,
+and the functions that build something per level are generators run by :func:`_run`.
 Where the grammars are not of that shape, or a limit (:class:`CompatLimits`) is reached,
 the verdict is ``unknown``, never ``compatible``; a bounded random search over bodies the
 covered side's grammar generates then looks for a witness with the real recognisers, and a
