@@ -12,9 +12,11 @@ import base64
 import hashlib
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from big_descriptors import bounds_times_one_of, subsets_descriptor
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
@@ -523,3 +525,48 @@ def test_stored_bytes_are_checked(tmp_path: Path) -> None:
             store.put(bad)
     with pytest.raises(ValueError, match="max_descriptor_bytes"):
         StateStore(tmp_path / "state", max_descriptor_bytes=0)
+
+
+# --------------------------------------------------------------------------- budgets (issue 36)
+
+
+def test_a_bound_of_1e27_is_compared_not_crashed(tmp_path: Path) -> None:
+    # decimal.InvalidOperation dropped the offer's connection with a traceback.
+    grammar = 'body: "(" "ask" ":n" NUMBER ")"\n'
+
+    def ranged(version: int, high: str) -> bytes:
+        return signed(descriptor(version, grammar,
+                                 schema=f"(schema (record ask (:n (number :max {high}))))"))
+
+    w = World(tmp_path)
+    w.registry.load(ranged(1, "1000000000000000000000000000.0"))
+    assert w.registry.load(ranged(2, "99999999999999999999999999999999999999.9")) \
+        .descriptor.version == 2
+    # the smallest witness: the shortest number above the new maximum
+    w.refused(ranged(3, "1000000000000000000000000000.0"), "(breaking; ",
+              "(ask :n 1000000000000000000000000000.1)")
+
+
+def test_an_offer_past_the_budgets_is_refused_unknown(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.registry.load(signed(subsets_descriptor(4, 20, ident="p/v1")))
+    hostile = signed(subsets_descriptor(4, 20, version=2, ident="p/v1"))
+    start = time.process_time()
+    w.refused(hostile, "(unknown; ", "(max_steps)")
+    assert time.process_time() - start < 20  # about 1.5 s, then remembered
+    start = time.process_time()
+    w.refused(hostile, "(unknown; ", "(max_steps)")
+    assert time.process_time() - start < 1
+    # a good update is served afterwards
+    assert w.registry.load(signed(descriptor(1, ASK, ident="q/v1"))).descriptor.version == 1
+
+
+def test_bounds_times_one_of_offer_is_cheap(tmp_path: Path) -> None:
+    # Issue 36: a signed payload under 64 KiB cost about 27 s of the server's CPU.
+    w = World(tmp_path)
+    w.registry.load(signed(bounds_times_one_of(1_300, 1_300, ident="p/v1")))
+    offer = signed(bounds_times_one_of(1_300, 1_300, version=2, ident="p/v1"))
+    assert len(offer) < 64 << 10
+    start = time.process_time()
+    assert w.registry.load(offer).descriptor.version == 2
+    assert time.process_time() - start < 15  # about 1 s with the grammar compiled

@@ -1,22 +1,45 @@
 """The fuzz invariant: any input gives a result or a CBCLError, nothing else.
 
 These are hypothesis properties that run in every test run; the long-running atheris
-campaign lives beside the benchmarks (issue 8).
+campaign lives beside the benchmarks (issue 8). The targets: the reader and the parser;
+and the analyses of a descriptor (the comparison, every export, generated messages) fed
+random and hostile descriptors.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
+from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from hypothesis import example, given, strategies as st
+import pytest
+from hostile import hostile_twin
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from strategies import messages, values
 
 import cbcl
-from cbcl import CBCLError
+from cbcl import URI, CBCLError, Encoder, Intent, Message, Registry, Symbol
+from cbcl.core._canonical import canonical_value, canonical_value_python
+from cbcl.core._limits import LLMLimits
+from cbcl.descriptor import CompatLimits, diff_descriptors
+from cbcl.json_mapping import to_json
+from cbcl.llm import EXPORT_FORMATS, export_grammar, generate_messages
+
+if TYPE_CHECKING:  # (mypy checks tests/fuzz/ too, and finds the module there)
+    import fuzz_cbcl
+else:
+    _spec = importlib.util.spec_from_file_location(
+        "fuzz_cbcl", Path(__file__).parent / "fuzz" / "fuzz_cbcl.py")
+    assert _spec is not None and _spec.loader is not None
+    fuzz_cbcl = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(fuzz_cbcl)
 
 EXAMPLE = (Path(__file__).parent.parent / "descriptors" / "examples"
            / "task-assignment-v1.cbcl").read_bytes()
+CONTRACT_NET = (Path(__file__).parent.parent / "descriptors" / "contract-net-v1.cbcl").read_bytes()
 
 # Bytes that matter to the reader, so random inputs reach deep into it.
 _ALPHABET = st.sampled_from(
@@ -84,26 +107,163 @@ def test_limits_never_change_the_kind_of_failure(value: cbcl.Value, depth: int, 
         assert cbcl.read(text, limits=limits) == value
 
 
+# --------------------------------------------------------------------------- descriptors
+# The analyses of a descriptor (issue 29): the comparison and every export, fed random and
+# hostile descriptors — grammars with groups, repetitions, keyword sets, lists opened in
+# one rule and closed in another, chains; schemas with ranges at the decimal limits,
+# one-of lists, nested types — and mutations of a shipped one. Each gives a result or a
+# CBCLError, under small budgets so that each example is quick.
+
+def _first_each(entries: list[Any]) -> list[Any]:
+    """The entries whose first element no earlier entry has (a map, not ``unique_by``:
+    hypothesis writes the whole element strategy out when a filter retries)."""
+    first: dict[Any, Any] = {}
+    for entry in entries:
+        first.setdefault(entry[0], entry)
+    return list(first.values())
+
+
+_RULES = ("body", "r1", "r2", "r3")
+_LITERALS = ('"a"', '"b"', '":k"', '":m"', '"("', '")"', '"true"')
+_BASE = ("SYMBOL", "STRING", "INTEGER", "DECIMAL", "NUMBER", "KEYWORD", "URI", "value")
+_items = st.recursive(
+    st.sampled_from(_LITERALS + _BASE + _RULES[1:]),
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: "(" + " ".join(xs) + ")"),
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: "[" + " ".join(xs) + "]"),
+        st.tuples(inner, inner).map(lambda xs: f"({xs[0]} | {xs[1]})"),
+        st.tuples(inner, st.sampled_from("*+?")).map(lambda x: x[0] + x[1]),
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: '"(" "h" ' + " ".join(xs)
+                                                     + ' ")"'),
+        st.lists(st.tuples(st.sampled_from((":a", ":b", ":c", ":d")), inner,
+                           st.booleans()), min_size=1, max_size=3)
+        .map(lambda ms: "(" + " & ".join(f'["{k}" {x}]' if opt else f'"{k}" {x}'
+                                         for k, x, opt in _first_each(ms)) + ")"),
+    ),
+    max_leaves=12,
+)
+_alternatives = st.lists(st.lists(_items, max_size=4).map(" ".join), min_size=1, max_size=3)
+_NUMBERS = ("0", "-1", "9223372036854775807", "-9223372036854775808", "1.5", "-0.5",
+            "1000000000000000000000000000.0", "99999999999999999999999999999999999999.9",
+            "-9999999999999999999999999999999999999.9",
+            "1.00000000000000000000000000000000000001")
+_types = st.recursive(
+    st.one_of(
+        st.sampled_from(("integer", "decimal", "number", "string", "symbol", "keyword",
+                         "uri", "boolean", "any")),
+        st.tuples(st.sampled_from(("integer", "number", "decimal")),
+                  st.sampled_from(_NUMBERS), st.sampled_from(_NUMBERS))
+        .map(lambda t: f"({t[0]} :min {t[1]} :max {t[2]})"),
+        st.tuples(st.sampled_from(("string", "symbol")), st.integers(0, 70_000),
+                  st.integers(0, 70_000))
+        .map(lambda t: f"({t[0]} :min-length {min(t[1:])} :max-length {max(t[1:])})"),
+        st.lists(st.sampled_from((*_NUMBERS, "a", "b", ":k", '"s"', "agent://x")),
+                 min_size=1, max_size=6, unique=True)
+        .map(lambda vs: f"(one-of {' '.join(vs)})"),
+    ),
+    lambda inner: st.one_of(
+        inner.map(lambda t: f"(list-of {t})"),
+        st.lists(st.tuples(st.sampled_from((":a", ":b", ":k", ":m")), inner, st.booleans()),
+                 max_size=3)
+        .map(lambda fs: "(keys " + " ".join(f"({k} {t}{' required' if r else ''})"
+                                            for k, t, r in _first_each(fs)) + ")"),
+    ),
+    max_leaves=6,
+)
+_records = st.lists(
+    st.tuples(st.sampled_from(("h", "a", "b")),
+              st.lists(st.tuples(st.sampled_from((":a", ":b", ":k", ":m")), _types,
+                                 st.booleans()), max_size=3).map(_first_each),
+              st.booleans()),
+    max_size=3).map(_first_each)
+
+
+@st.composite
+def hostile_descriptors(draw: st.DrawFn) -> tuple[str, int, str, int]:
+    """A descriptor as its parts (kept short for hypothesis to show: :func:`_built` writes
+    it): random rules (references only to rules it defines), the length of a chain of
+    rules ``r1`` starts instead (up to 300), maybe a random schema, and a version."""
+    rules = "\n".join(f"{name}: " + " | ".join(draw(_alternatives)) for name in _RULES)
+    records = draw(_records)
+    schema = "(schema " + " ".join(
+        f"(record {head} " + " ".join(f"({k} {t}{' required' if r else ''})"
+                                      for k, t, r in fields)
+        + (" (else any)" if other else "") + ")" for head, fields, other in records) + ")"
+    return rules, draw(st.integers(0, 300)), schema if records else "", draw(st.integers(1, 3))
+
+
+def _built(parts: tuple[str, int, str, int]) -> bytes:
+    """The descriptor text of :func:`hostile_descriptors`' parts."""
+    rules, chain, schema, version = parts
+    lines = rules.split("\n")
+    if chain:
+        lines[1] = 'r1: "(" "c" c0 ")"'
+        lines += [f'c{i}: "x" c{i + 1} | "y"' for i in range(chain)] + [f'c{chain}: "z"']
+    grammar = "\n".join(lines) + "\n"
+    return (f"(protocol-descriptor (id f/v1) (version {version}) (intents REQUEST INFORM) "
+            f"(grammar {cbcl.canonical(grammar)})" + (f" {schema}" if schema else "")
+            + ")").encode()
+
+
+_SMALL_COMPAT = CompatLimits(max_states=400, max_steps=20_000, max_nfa_states=4_000,
+                             search_bodies=10, max_witness_nodes=500)
+_SMALL_LLM = LLMLimits(max_rules=2_000, max_steps=50_000, max_output_bytes=1 << 20,
+                       max_draft_tokens=500, max_draw_tokens=5_000, max_drafts=20)
+
+
+def _analyses(old: bytes, new: bytes) -> None:
+    """Every analysis of the pair: a result or a CBCLError, nothing else."""
+    with contextlib.suppress(CBCLError):  # (full: both directions)
+        report = diff_descriptors(old, new, mode="full", limits=_SMALL_COMPAT)
+        assert report.verdict in ("compatible", "breaking", "unknown")
+        report.render()
+    for fmt in EXPORT_FORMATS:
+        for schema in (True, False):
+            with contextlib.suppress(CBCLError):
+                export_grammar(new, fmt, schema=schema, limits=_SMALL_LLM)
+    with contextlib.suppress(CBCLError):
+        generate_messages(new, 2, limits=_SMALL_LLM)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_descriptors(), hostile_descriptors())
+@example(*(2 * (('body: "(" "a" ":x" NUMBER ")"\nr1: "b"\nr2: "b"\nr3: "b"', 0,
+                 "(schema (record a (:x (number :min 0 :max "
+                 "1000000000000000000000000000.0))))", 1),)))
+def test_analyses_of_hostile_descriptors(old: tuple[str, int, str, int],
+                                         new: tuple[str, int, str, int]) -> None:
+    _analyses(_built(old), _built(new))
+    _analyses(_built(old), _built(old))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_analyses_of_mutated_descriptors(data: st.DataObject) -> None:
+    buffer = bytearray(CONTRACT_NET)
+    for _ in range(data.draw(st.integers(1, 4))):
+        index = data.draw(st.integers(0, len(buffer) - 1))
+        buffer[index] = data.draw(st.sampled_from(b'()"\\ :|*+?[]&0189.-axyINTEGR'))
+    _analyses(CONTRACT_NET, bytes(buffer))
+
+
+def test_the_atheris_targets_of_the_analyses_take_their_seeds() -> None:
+    # tests/fuzz/fuzz_cbcl.py's ``diff`` and ``export`` targets, on their seed corpus.
+    checks = fuzz_cbcl._setup()
+    corpus = Path(__file__).parent / "fuzz" / "corpus"
+    for target in ("diff", "export"):
+        seeds = sorted((corpus / target).iterdir())
+        assert seeds, target
+        for seed in seeds:
+            checks[target](seed.read_bytes())
+
+
 # --------------------------------------------------------------------------- hostile values
 # The writers under the fuzz invariant with values from a program (issue 29; spec §1.2,
 # "Values from a program are data, never code"): each value's hostile twin (tests/hostile.py:
 # its atoms and lists made subclasses whose methods lie or raise, or members of enums of
 # them, storing the same data) is written exactly as the value is - text, frame, JSON,
 # conversion, or the same error -, and tests/fuzz/fuzz_encoders.py's check (C twins against
-# Python twins, and each input's hostile twins) holds on hypothesis's bytes. (Imports here:
-# this block is appended to a file others append to.)
-
-import importlib.util  # noqa: E402
-import os  # noqa: E402
-from decimal import Decimal  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-from hostile import hostile_twin  # noqa: E402
-
-from cbcl import URI, Encoder, Intent, Message, Registry, Symbol  # noqa: E402
-from cbcl.core._canonical import canonical_value, canonical_value_python  # noqa: E402
-from cbcl.json_mapping import to_json  # noqa: E402
+# Python twins, and each input's hostile twins) holds on hypothesis's bytes.
 
 _FUZZ = Path(__file__).parent / "fuzz"
 _REGISTRY = Registry(disk_cache=False, isolate=False)

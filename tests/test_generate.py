@@ -100,3 +100,22 @@ def test_a_start_rule_that_gives_no_single_value() -> None:
     mixed = _descriptor("body: SYMBOL | SYMBOL SYMBOL\n")  # such draws are drawn again
     assert all(type(b) is cbcl.Symbol
                for b in generate_bodies(mixed, "INFORM", 20, schema=False))
+
+
+def test_a_parenthesis_that_closes_no_list_is_not_a_body() -> None:
+    # A ')' before any '(' made the walk pop an empty stack (IndexError, found by fuzzing).
+    data = _descriptor('body: "a" | ")" "b"\n')
+    assert set(generate_bodies(data, "INFORM", 30, seed=4, schema=False)) == {cbcl.Symbol("a")}
+
+
+def test_integers_for_a_range_beyond_int64_stay_within_it() -> None:
+    # (number :max 1e27): the walk drew 10^27 as an INTEGER, which no message can hold
+    # (ValueError from Message, found by fuzzing).
+    data = (b'(protocol-descriptor (id t/v1) (version 1) (intents INFORM) (grammar '
+            + cbcl.canonical('body: "(" "a" ":x" NUMBER ")"\n').encode()
+            + b') (schema (record a (:x (number :min 9223372036854775000 '
+            b':max 1000000000000000000000000000.0) required))))')
+    registry = cbcl.Registry(disk_cache=False, isolate=False)
+    registry.load(data, allow_unsigned=True)
+    for message in generate_messages(data, 40, seed=5):
+        assert cbcl.parse(message.canonical(), registry=registry) == message

@@ -109,6 +109,8 @@ def _cmd_prompt(args: argparse.Namespace, data: bytes) -> int:
         text = render_prompt(protocol, registry=registry, intent=intent,
                              count=args.examples, seed=args.seed)
     except ValueError as exc:
+        if isinstance(exc, CBCLError):  # (a budget: LimitError is a ValueError too)
+            raise
         usage_error("prompt", str(exc))
     sys.stdout.write("\n".join(escape_invisible(line) for line in text.split("\n")))
     sys.stdout.flush()

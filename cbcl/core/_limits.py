@@ -96,3 +96,60 @@ class Budget:
         position, context = self.locate(index)
         raise LimitError(limit_message(name, maximum, subject), limit=name, maximum=maximum,
                          position=position, context=context)
+
+
+@dataclass(frozen=True, slots=True)
+class LLMLimits:
+    """Budgets of the analyses of one descriptor made for language models (spec/llm.md
+    §12): grammar exports, prompts and generated bodies. Each is counted as the work is
+    done, before the work it protects; past one, the call raises :class:`LimitError` with
+    ``limit`` the field's name and ``maximum`` its value (exit code 4).
+
+    * ``max_rules`` (20,000): nonterminals an export makes (the lowered rules, one copy per
+      schema type a rule is used under, keyword-set states, spaced rules and helpers);
+    * ``max_steps`` (1,000,000): steps of an export's work (each item lowered, each rule
+      body spaced or simplified, each expression node the fixpoints, the JSON Schema
+      builder and the renderer visit);
+    * ``max_output_bytes`` (4 MiB): the UTF-8 size of an export's or a prompt's text;
+    * ``max_json_depth`` (256): objects and arrays nested in a JSON Schema export's
+      document (a body's lists nest about three deep each), checked before the document
+      is written;
+    * ``max_draft_tokens`` (5,000): tokens of one drawn body (a walk past 2,000 tokens
+      takes the shortest way out, so only a grammar whose least bodies are huge reaches
+      it: ``r0: r1 r1``, ``r1: r2 r2`` …);
+    * ``max_draw_tokens`` (100,000): tokens drawn in all for one generated body, or for
+      a prompt's examples;
+    * ``max_drafts`` (200): draws for one generated body (then ``SchemaError`` if the
+      schema refused the draws, else :class:`LimitError`);
+    * ``max_example_drafts`` (2,000): draws a prompt's examples take in all.
+
+    Raises ``ValueError`` for a limit that is not a positive ``int``.
+    """
+
+    max_rules: int = 20_000
+    max_steps: int = 1_000_000
+    max_output_bytes: int = 4 << 20
+    max_json_depth: int = 256
+    max_draft_tokens: int = 5_000
+    max_draw_tokens: int = 100_000
+    max_drafts: int = 200
+    max_example_drafts: int = 2_000
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"LLMLimits.{f.name} must be a positive int, got {value!r}")
+
+    def exceeded(self, name: str, what: str) -> LimitError:
+        """The :class:`LimitError` of budget ``name`` exhausted by ``what`` (``"the
+        export"``, ``"the prompt's examples"`` …)."""
+        maximum = getattr(self, name)
+        return LimitError(f"{what} would take more than {maximum:,} {_LLM_UNITS[name]} "
+                          f"(LLMLimits.{name})", limit=name, maximum=maximum)
+
+
+DEFAULT_LLM_LIMITS = LLMLimits()
+_LLM_UNITS = {"max_rules": "rules", "max_steps": "steps", "max_output_bytes": "bytes",
+              "max_json_depth": "levels of nesting", "max_draft_tokens": "tokens",
+              "max_draw_tokens": "tokens", "max_drafts": "draws", "max_example_drafts": "draws"}

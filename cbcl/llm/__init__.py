@@ -3,6 +3,7 @@ generated from a protocol's grammar, extraction of messages from model output, a
 system-prompt section that teaches a model a protocol. Repair hints are on every error
 (:meth:`cbcl.CBCLError.hint`)."""
 
+from ..core._limits import LLMLimits
 from ._export import (
     FORMATS as EXPORT_FORMATS,
     KEYWORD_SET_CAP,
@@ -17,6 +18,7 @@ from ._prompt import render_prompt
 
 __all__ = [
     "EXPORT_FORMATS", "EXTRACT_INPUT_FACTOR", "KEYWORD_SET_CAP", "STRING_LENGTH_CAP",
-    "DroppedSpan", "Extracted", "GrammarExport", "export_grammar", "export_json_schema",
+    "DroppedSpan", "Extracted", "GrammarExport", "LLMLimits", "export_grammar",
+    "export_json_schema",
     "extract", "generate_bodies", "generate_messages", "render_prompt",
 ]

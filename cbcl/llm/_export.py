@@ -41,6 +41,13 @@ is its own canonical form. It is built in four steps, all sans-io and determinis
    within int64 (a range expression), DECIMAL up to 40 characters, SYMBOL and KEYWORD
    names up to 128 characters, the string escapes of the canonical form only.
 
+Nothing recurses on a grammar's depth: every step that follows rule references or nests
+(the lowering, the spacing construction, the simplifier, the renderer, the JSON Schema
+builder) is a generator run on an explicit stack by :meth:`_Work.run`, or an iterative
+fold, so a chain of 256 rules costs no Python frames; the fixpoints use work lists. Every
+step, rule made and byte written counts against :class:`~cbcl.core._limits.LLMLimits`
+(spec/llm.md §12); past a budget the export raises :class:`LimitError`.
+
 The JSON Schema export (:func:`export_json_schema`) reuses step 1: each list of a body
 becomes an array schema; a list whose element sequences are finite and few (up to
 :data:`JSON_SEQUENCES_CAP`, keyword sets included) is an exact ``anyOf`` of ``prefixItems``,
@@ -52,13 +59,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeAlias, Union
 
 from ..core._canonical import canonical_value
-from ..core._errors import ProtocolError
+from ..core._errors import LimitError, ProtocolError
+from ..core._limits import DEFAULT_LLM_LIMITS, LLMLimits
 from ..core._reader import TOKEN, read
 from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 from ..core._vocabulary import MAX_DECIMAL_CHARS
@@ -481,10 +489,20 @@ _NEVER = _Alt(())
 _LP, _RP = _Tok("(", "("), _Tok(")", ")")
 
 
+def _never(e: _E) -> bool:
+    """``e == _NEVER``, without the dataclass's comparison."""
+    return type(e) is _Alt and not e.items
+
+
+def _empty(e: _E) -> bool:
+    """``e == _EMPTY``, without the dataclass's comparison."""
+    return type(e) is _Seq and not e.items
+
+
 def _s(*items: _E) -> _E:
     flat: list[_E] = []
     for item in items:
-        if item == _NEVER:
+        if _never(item):
             return _NEVER
         flat.extend(item.items if isinstance(item, _Seq) else (item,))
     return flat[0] if len(flat) == 1 else _Seq(tuple(flat))
@@ -502,9 +520,9 @@ def _a(*items: _E) -> _E:
 
 
 def _r(item: _E, op: str) -> _E:
-    if item == _NEVER:
+    if _never(item):
         return _EMPTY if op in "*?" else _NEVER
-    if item == _EMPTY:
+    if _empty(item):
         return _EMPTY
     return _Rep(item, op)
 
@@ -541,11 +559,79 @@ class _Body:
 _Type: TypeAlias = Union[SchemaType, _Body, None]  # noqa: UP007
 
 
+#: A function made iterative: a generator that yields the calls it makes (generators) and
+#: is sent their results; :meth:`_Work.run` runs it on an explicit stack.
+_Call: TypeAlias = Generator[Any, Any, Any]
+
+
+class _Work:
+    """The budgets of one export (:class:`~cbcl.core._limits.LLMLimits`): the steps
+    taken and the rules made, each counted as it happens, and the runner of the
+    iterative functions (no Python frame per level of a grammar's nesting or rule
+    chain: a chain of 256 rules costs a list of 256 suspended generators, not the
+    interpreter's stack)."""
+
+    def __init__(self, limits: LLMLimits, what: str = "the export") -> None:
+        self.limits = limits
+        self.what = what
+        self.steps = 0
+        self.rules = 0
+
+    def step(self, count: int = 1) -> None:
+        self.steps += count
+        if self.steps > self.limits.max_steps:
+            raise self.limits.exceeded("max_steps", self.what)
+
+    def rule(self) -> None:
+        self.rules += 1
+        if self.rules > self.limits.max_rules:
+            raise self.limits.exceeded("max_rules", self.what)
+
+    def run(self, call: _Call) -> Any:
+        """The result of ``call``, each call it makes run in turn on an explicit stack;
+        an exception unwinds the stack as it would the frames of a recursion (thrown
+        into each caller in turn, so its ``finally`` and ``except`` run)."""
+        stack = [call]
+        value: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                if error is None:
+                    try:
+                        self.step()
+                    except LimitError as exc:
+                        error = exc
+                if error is None:
+                    inner = stack[-1].send(value)
+                else:
+                    thrown, error = error, None
+                    inner = stack[-1].throw(thrown)
+            except StopIteration as stop:
+                stack.pop()
+                if not stack:
+                    return stop.value
+                value = stop.value
+            except Exception as exc:
+                stack.pop()
+                if not stack:
+                    raise
+                error, value = exc, None
+            else:
+                stack.append(inner)
+                value = None
+
+
 class _Lowerer:
-    def __init__(self, source: GrammarSource, schema: Schema | None, set_cap: int) -> None:
+    """Step 1. Every method that can reach another item is a generator run by
+    :meth:`_Work.run` (``x = yield self.value_items(…)`` is the call)."""
+
+    def __init__(self, source: GrammarSource, schema: Schema | None, set_cap: int,
+                 work: _Work) -> None:
         self.source = source
         self.schema = schema
         self.set_cap = set_cap
+        self.work = work
+        self.by_name = {rule.name: rule for rule in source.rules}
         self.rules: dict[str, _E] = {}
         self.terminals: dict[str, _Re] = {}
         self.terminal_keys: dict[tuple[Any, ...], str] = {}
@@ -559,6 +645,11 @@ class _Lowerer:
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
+
+    def new_rule(self, name: str) -> None:
+        """Reserve rule ``name`` (the rule refers to itself until its body is in)."""
+        self.work.rule()
+        self.rules[name] = _NEVER
 
     # ----------------------------------------------------------------- terminals
 
@@ -620,7 +711,7 @@ class _Lowerer:
 
     def value_rule(self) -> _E:
         if "value" not in self.rules:
-            self.rules["value"] = _NEVER  # (reserved: the rule refers to itself)
+            self.new_rule("value")  # (reserved: the rule refers to itself)
             atoms = [self.terminal(kind) for kind in _KINDS]
             self.rules["value"] = _a(*atoms, _s(_LP, _r(_Ref("value"), "*"), _RP))
         return _Ref("value")
@@ -633,6 +724,7 @@ class _Lowerer:
             return self.value_rule() if name == "value" else _a(*(self.terminal(k)
                                                                    for k in sorted(kinds)))
         if isinstance(typ, OneOf):
+            self.work.step(len(typ.values))
             return _a(*(self.literal_atom(v) for v in typ.values
                         if _VALUE_KINDS.get(type(v)) in kinds))
         if isinstance(typ, AtomType):
@@ -653,7 +745,7 @@ class _Lowerer:
     # ----------------------------------------------------------------- rules
 
     def rule_ref(self, name: str, typ: _Type, how: str, path: str,
-                 keys: Keys | None = None) -> _E:
+                 keys: Keys | None = None) -> _Call:
         """``name`` as one value of ``typ`` (``how == "value"``) or as items of a list
         level whose keys are ``keys`` (``how == "level"``)."""
         anchor: object = typ if how == "value" else keys
@@ -667,27 +759,26 @@ class _Lowerer:
                 count = self.counts[name] = self.counts.get(name, 0) + 1
                 found = f"r_{name}_{count}"
             self.memo[key] = found
-            self.rules[found] = _NEVER
-            rule = self.source.rule(name)
-            if how == "value":
-                body = _a(*(self.value_items(alt.items, typ, path)
-                            for alt in rule.alternatives))
-            else:
-                body = _a(*(self.level_items(alt.items, keys, path, guaranteed=None)
-                            for alt in rule.alternatives))
-            self.rules[found] = body
+            self.new_rule(found)
+            parts: list[_E] = []
+            for alt in self.by_name[name].alternatives:
+                if how == "value":
+                    parts.append((yield self.value_items(alt.items, typ, path)))
+                else:
+                    parts.append((yield self.level_items(alt.items, keys, path, None)))
+            self.rules[found] = _a(*parts)
         return _Ref(found)
 
-    def value_item(self, item: Item, typ: _Type, path: str) -> _E:
+    def value_item(self, item: Item, typ: _Type, path: str) -> _Call:
         """One item that is one value of type ``typ``."""
         if isinstance(item, Reference):
             if item.is_base:
                 return self.base(item.name, typ, path)
-            return self.rule_ref(item.name, typ, "value", path)
+            return (yield self.rule_ref(item.name, typ, "value", path))
         if isinstance(item, Literal):
             kind = "KEYWORD" if item.is_keyword else "SYMBOL"
             if item.text in "()":
-                return self.plain(item)
+                return _plain_literal(item)
             if isinstance(typ, OneOf):
                 return _Tok("lit", item.text) if any(
                     _VALUE_KINDS.get(type(v)) == kind and canonical_value(v) == item.text
@@ -698,19 +789,22 @@ class _Lowerer:
                 return _NEVER
             if isinstance(typ, (Record, Keys, ListOf)):
                 return _NEVER
-            return self.plain(item)
+            return _plain_literal(item)
         if isinstance(item, Group):
-            body = _a(*(self.value_items(alt.items, typ, path) for alt in item.alternatives))
+            parts: list[_E] = []
+            for alt in item.alternatives:
+                parts.append((yield self.value_items(alt.items, typ, path)))
+            body = _a(*parts)
             return _r(body, "?") if item.optional else body
         if typ is not None and not (isinstance(typ, AtomType) and typ.kind == "any"):
             self.note(f"schema: {path}: {_describe(typ)} (the grammar has a repetition or a "
                       "keyword set there)")
-        return self.plain(item)
+        return (yield self.plain(item))
 
-    def value_items(self, items: tuple[Item, ...], typ: _Type, path: str) -> _E:
+    def value_items(self, items: tuple[Item, ...], typ: _Type, path: str) -> _Call:
         """A sequence of items that is one value of type ``typ``."""
         if len(items) == 1:
-            return self.value_item(items[0], typ, path)
+            return (yield self.value_item(items[0], typ, path))
         is_list = (len(items) >= 2 and isinstance(items[0], Literal) and items[0].text == "("
                    and list_end(items, 0) == len(items))
         if not is_list or typ is None or (isinstance(typ, AtomType) and typ.kind == "any"):
@@ -718,7 +812,7 @@ class _Lowerer:
                                                         and typ.kind == "any"):
                 self.note(f"schema: {path}: {_describe(typ)} (the grammar's value there is "
                           "not one list or one atom)")
-            return self.plain_seq(items)
+            return (yield self.plain_seq(items))
         if isinstance(typ, (AtomType, OneOf)):
             return _NEVER  # a list where the schema wants an atom
         inner = items[1:-1]
@@ -728,12 +822,12 @@ class _Lowerer:
             if unsure:
                 self.note(f"schema: {path}: a record whose heads the grammar does not fix")
             if record is None:
-                return self.plain_seq(items)
+                return (yield self.plain_seq(items))
             typ = record
         if isinstance(typ, ListOf):
             self.note(f"schema: {path}: {typ.describe()} (list-of: element types and "
                       "lengths)")
-            return self.plain_seq(items)
+            return (yield self.plain_seq(items))
         if isinstance(typ, Record):
             heads = _leading_symbols(inner)
             count = len(typ.heads)
@@ -743,16 +837,18 @@ class _Lowerer:
                     return _NEVER  # the schema refuses every value of this shape
                 self.note(f"schema: {path}: {typ.describe()} (heads the grammar does not "
                           "fix)")
-                return self.plain_seq(items)
+                return (yield self.plain_seq(items))
             where = f"{path}.{typ.heads[0]}" if path else str(typ.heads[0])
             guaranteed: set[str] = set()
-            body = self.level_items(inner[count:], typ.keys, where, guaranteed)
-            heads_e = [self.plain(i) for i in inner[:count]]
+            body = yield self.level_items(inner[count:], typ.keys, where, guaranteed)
+            # (the heads are literal symbols: _leading_symbols found them)
+            heads_e = [_plain_literal(i) for i in inner[:count] if isinstance(i, Literal)]
             self.check_required(typ.keys, guaranteed, where)
             return _s(_LP, *heads_e, body, _RP)
-        assert isinstance(typ, Keys)
+        if not isinstance(typ, Keys):  # pragma: no cover (the types above are all)
+            raise TypeError(f"not a schema type: {type(typ).__name__}")
         guaranteed = set()
-        body = self.level_items(inner, typ, path, guaranteed)
+        body = yield self.level_items(inner, typ, path, guaranteed)
         self.check_required(typ, guaranteed, path)
         return _s(_LP, body, _RP)
 
@@ -763,11 +859,11 @@ class _Lowerer:
                           "require it)")
 
     def level_items(self, items: tuple[Item, ...], keys: Keys | None, path: str,
-                    guaranteed: set[str] | None) -> _E:
+                    guaranteed: set[str] | None) -> _Call:
         """Items inside a list whose keyword arguments have the types ``keys``;
         ``guaranteed`` collects the keys every match of this sequence gives."""
         if keys is None:
-            return self.plain_seq(items)
+            return (yield self.plain_seq(items))
         out: list[_E] = []
         i = 0
         while i < len(items):
@@ -778,9 +874,9 @@ class _Lowerer:
                     return _NEVER  # a key the schema does not allow
                 end = _value_end(items, i + 1)
                 where = f"{path}[{item.text}]"
-                value = (self.value_items(items[i + 1:end], typ, where) if end > i + 2
-                         else self.value_item(items[i + 1], typ, where))
-                out += [self.plain(item), value]
+                value = (yield (self.value_items(items[i + 1:end], typ, where) if end > i + 2
+                                else self.value_item(items[i + 1], typ, where)))
+                out += [_plain_literal(item), value]
                 if guaranteed is not None:
                     guaranteed.add(item.text)
                 i = end
@@ -793,29 +889,36 @@ class _Lowerer:
                 choices = []
                 for key, typ in keys.fields.items():
                     where = f"{path}[:{key}]"
-                    value = (self.value_items(items[i + 1:end], typ, where) if end > i + 2
-                             else self.value_item(items[i + 1], typ, where))
+                    value = (yield (self.value_items(items[i + 1:end], typ, where)
+                                    if end > i + 2
+                                    else self.value_item(items[i + 1], typ, where)))
                     choices.append(_s(_Tok("lit", ":" + str(key)), value))
                 out.append(_a(*choices))
                 self.unique_note(keys, path)
                 i = end
                 continue
             if isinstance(item, KeywordSet):
-                out.append(self.keyword_set(item, keys, path, guaranteed))
+                out.append((yield self.keyword_set(item, keys, path, guaranteed)))
             elif isinstance(item, Reference) and not item.is_base:
-                out.append(self.rule_ref(item.name, None, "level", path, keys))
+                out.append((yield self.rule_ref(item.name, None, "level", path, keys)))
                 self.unique_note(keys, path)
             elif isinstance(item, Group):
-                body = _a(*(self.level_items(alt.items, keys, path, None)
-                            for alt in item.alternatives))
+                parts: list[_E] = []
+                for alt in item.alternatives:
+                    parts.append((yield self.level_items(alt.items, keys, path, None)))
+                body = _a(*parts)
                 out.append(_r(body, "?") if item.optional else body)
             elif isinstance(item, Repeat):
                 inner = item.item
                 alternatives = (inner.alternatives if isinstance(inner, Group)
                                 and not inner.optional else None)
-                body = (_a(*(self.level_items(alt.items, keys, path, None)
-                             for alt in alternatives)) if alternatives is not None
-                        else self.level_items((inner,), keys, path, None))
+                if alternatives is not None:
+                    parts = []
+                    for alt in alternatives:
+                        parts.append((yield self.level_items(alt.items, keys, path, None)))
+                    body = _a(*parts)
+                else:
+                    body = yield self.level_items((inner,), keys, path, None)
                 if isinstance(inner, Group) and inner.optional:
                     body = _r(body, "?")
                 out.append(_r(body, item.op))
@@ -824,7 +927,7 @@ class _Lowerer:
             else:
                 if isinstance(item, Reference) and item.name in ("KEYWORD", "value"):
                     self.unique_note(keys, path)
-                out.append(self.plain(item))
+                out.append((yield self.plain(item)))
             i += 1
         return _s(*out)
 
@@ -834,7 +937,7 @@ class _Lowerer:
                       "their types, and that none repeats)")
 
     def keyword_set(self, item: KeywordSet, keys: Keys | None, path: str,
-                    guaranteed: set[str] | None) -> _E:
+                    guaranteed: set[str] | None) -> _Call:
         members: list[tuple[str, _E, bool]] = []
         for member in item.members:
             required = not member.optional
@@ -846,9 +949,9 @@ class _Lowerer:
                     continue
                 required = required or any(":" + str(k) == member.keyword
                                            for k in keys.required)
-                value = self.value_item(member.item, typ, f"{path}[{member.keyword}]")
+                value = yield self.value_item(member.item, typ, f"{path}[{member.keyword}]")
             else:
-                value = self.plain(member.item)
+                value = yield self.plain(member.item)
             if value == _NEVER:
                 if required:
                     return _NEVER
@@ -867,44 +970,57 @@ class _Lowerer:
         required_mask = sum(1 << n for n, (_, _, req) in enumerate(members) if req)
         full = (1 << len(members)) - 1
 
-        def state(mask: int) -> _E:
+        def state(mask: int) -> _Call:
             name = f"{prefix}_{mask:x}"
             if name not in self.rules:
-                self.rules[name] = _NEVER
+                self.new_rule(name)
                 choices: list[_E] = [_EMPTY] if mask & required_mask == required_mask else []
                 for n, (keyword, value, _) in enumerate(members):
                     if not mask & (1 << n):
-                        rest = state(mask | (1 << n)) if mask | (1 << n) != full else _EMPTY
+                        rest = (yield state(mask | (1 << n))) if mask | (1 << n) != full \
+                            else _EMPTY
                         choices.append(_s(_Tok("lit", keyword), value, rest))
                 self.rules[name] = _a(*choices) if choices else _EMPTY
             return _Ref(name)
 
-        return state(0) if members else _EMPTY
+        return (yield state(0)) if members else _EMPTY
 
     # ----------------------------------------------------------------- untyped
 
-    def plain(self, item: Item) -> _E:
+    def plain(self, item: Item) -> _Call:
         if isinstance(item, Literal):
-            return _LP if item.text == "(" else _RP if item.text == ")" else _Tok(
-                "lit", item.text)
+            return _plain_literal(item)
         if isinstance(item, Reference):
             if item.is_base:
                 return self.base(item.name, None, "")
-            return self.rule_ref(item.name, None, "value", "")
+            return (yield self.rule_ref(item.name, None, "value", ""))
         if isinstance(item, Group):
-            body = _a(*(self.plain_seq(alt.items) for alt in item.alternatives))
+            parts: list[_E] = []
+            for alt in item.alternatives:
+                parts.append((yield self.plain_seq(alt.items)))
+            body = _a(*parts)
             return _r(body, "?") if item.optional else body
         if isinstance(item, Repeat):
             inner = item.item
             if isinstance(inner, Group) and not inner.optional:
-                body = _a(*(self.plain_seq(alt.items) for alt in inner.alternatives))
+                parts = []
+                for alt in inner.alternatives:
+                    parts.append((yield self.plain_seq(alt.items)))
+                body = _a(*parts)
             else:
-                body = self.plain(inner)
+                body = yield self.plain(inner)
             return _r(body, item.op)
-        return self.keyword_set(item, None, "", None)
+        return (yield self.keyword_set(item, None, "", None))
 
-    def plain_seq(self, items: tuple[Item, ...]) -> _E:
-        return _s(*(self.plain(i) for i in items))
+    def plain_seq(self, items: tuple[Item, ...]) -> _Call:
+        out: list[_E] = []
+        for item in items:
+            out.append((yield self.plain(item)))
+        return _s(*out)
+
+
+def _plain_literal(item: Literal) -> _E:
+    return _LP if item.text == "(" else _RP if item.text == ")" else _Tok("lit", item.text)
 
 
 def _describe(typ: _Type) -> str:
@@ -957,89 +1073,200 @@ def _record_for(schema: Schema, heads: list[str]) -> tuple[Record | None, bool]:
 _L, _O = "l", "o"
 
 
+def _children(e: _E) -> tuple[_E, ...]:
+    if isinstance(e, (_Seq, _Alt)):
+        return e.items
+    if isinstance(e, _Rep):
+        return (e.item,)
+    return ()
+
+
+def _fold(e: _E, combine: Callable[[_E, list[Any]], Any], work: _Work) -> Any:
+    """``combine(node, results of its children)`` for every node of ``e``, children
+    first (each distinct node object once), iteratively; returns ``e``'s."""
+    done: dict[int, Any] = {}
+    stack: list[tuple[_E, bool]] = [(e, False)]
+    visited = 0
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in done:
+            continue
+        kids = _children(node)
+        if kids and not expanded:
+            stack.append((node, True))
+            stack.extend((kid, False) for kid in reversed(kids) if id(kid) not in done)
+            continue
+        visited += 1
+        done[id(node)] = combine(node, [done[id(kid)] for kid in kids])
+    work.step(visited)
+    return done[id(e)]
+
+
+_INNER = (_Seq, _Alt, _Rep)
+
+
+def _map(e: _E, rebuild: Callable[[_E, list[_E]], _E], work: _Work) -> _E:
+    """``e`` rebuilt bottom-up, left to right: ``rebuild(node, its children rebuilt)``
+    for every occurrence of every node (not shared: each occurrence is rebuilt, in the
+    order a recursive walk takes), iteratively."""
+    if type(e) not in _INNER:
+        work.step()
+        return rebuild(e, [])
+    # frames: [node, its children, the children rebuilt so far]
+    stack: list[tuple[_E, tuple[_E, ...], list[_E]]] = [(e, _children(e), [])]
+    visited = 0
+    while True:
+        node, kids, done = stack[-1]
+        if len(done) < len(kids):
+            kid = kids[len(done)]
+            if type(kid) in _INNER:
+                stack.append((kid, _children(kid), []))
+            else:
+                visited += 1
+                done.append(rebuild(kid, []))
+            continue
+        stack.pop()
+        visited += 1
+        result = rebuild(node, done)
+        if not stack:
+            work.step(visited)
+            return result
+        stack[-1][2].append(result)
+
+
+_States = dict[str, frozenset[str]]
+
+
 class _Spacer:
-    def __init__(self, rules: Mapping[str, _E]) -> None:
+    def __init__(self, rules: Mapping[str, _E], work: _Work) -> None:
         self.rules = dict(rules)
+        self.work = work
         self.outs: dict[tuple[str, str], frozenset[str]] = {}
         self.out_rules: dict[str, _E] = {}
         self.helpers = 0
+        self._spaced: dict[tuple[str, str], dict[str, _E]] = {}
         self._fix()
 
     def _fix(self) -> None:
         while True:
-            self.outs = {(n, p): frozenset() for n in self.rules for p in (_L, _O)}
-            changed = True
-            while changed:
-                changed = False
-                for name, body in self.rules.items():
-                    for p in (_L, _O):
-                        found = self.out_states(body, p)
-                        if found != self.outs[(name, p)]:
-                            self.outs[(name, p)] = found
-                            changed = True
+            self._outs()
             if not self._rewrite_irregular():
                 return
+
+    def _outs(self) -> None:
+        """The states each rule may leave in, per state it is entered in: the least
+        fixpoint, by a work list (a rule is looked at again when a rule it refers to
+        changes)."""
+        self.outs = {(n, p): frozenset() for n in self.rules for p in (_L, _O)}
+        users: dict[str, set[str]] = {}
+        for name, body in self.rules.items():
+            for ref in _refs(body, self.work):
+                users.setdefault(ref, set()).add(name)
+        todo = list(reversed(self.rules))
+        waiting = set(todo)
+        while todo:
+            name = todo.pop()
+            waiting.discard(name)
+            table = self.out_table(self.rules[name])
+            changed = False
+            for p in (_L, _O):
+                if table[p] != self.outs[(name, p)]:
+                    self.outs[(name, p)] = table[p]
+                    changed = True
+            if changed:
+                for user in sorted(users.get(name, ())):
+                    if user not in waiting:
+                        waiting.add(user)
+                        todo.append(user)
 
     def _rewrite_irregular(self) -> bool:
         """Replace repetitions whose item may be empty or end with ``(`` by recursive
         helper rules (``H: ε | x H``), which the general construction handles."""
         changed = False
 
-        def walk(e: _E) -> _E:
+        def rebuild(e: _E, kids: list[_E]) -> _E:
             nonlocal changed
             if isinstance(e, _Seq):
-                return _Seq(tuple(walk(i) for i in e.items))
+                return _Seq(tuple(kids))
             if isinstance(e, _Alt):
-                return _Alt(tuple(walk(i) for i in e.items))
+                return _Alt(tuple(kids))
             if isinstance(e, _Rep):
-                item = walk(e.item)
+                item = kids[0]
                 if e.op != "?" and not self.regular(item):
                     changed = True
                     self.helpers += 1
                     name = f"rep{self.helpers}"
+                    self.work.rule()
                     self.rules[name] = _a(_EMPTY, _s(item, _Ref(name)))
                     return _Ref(name) if e.op == "*" else _s(item, _Ref(name))
                 return _Rep(item, e.op)
             return e
 
         for name in list(self.rules):
-            self.rules[name] = walk(self.rules[name])
+            self.rules[name] = _map(self.rules[name], rebuild, self.work)
         return changed
 
     def regular(self, item: _E) -> bool:
-        return self.out_states(item, _L) <= {_O} and self.out_states(item, _O) <= {_O}
+        table = self.out_table(item)
+        return table[_L] <= {_O} and table[_O] <= {_O}
 
-    def out_states(self, e: _E, p: str) -> frozenset[str]:
+    def out_table(self, e: _E) -> _States:
+        """The states ``e`` may leave in, for each state it is entered in."""
+        return _fold(e, self._out_node, self.work)  # type: ignore[no-any-return]
+
+    def _out_node(self, e: _E, kids: list[_States]) -> _States:
         if isinstance(e, _Tok):
             if e.kind == "text":
-                return frozenset({_L if e.text.endswith((" ", "(")) else _O})
-            return frozenset({_L}) if e.kind == "(" else frozenset({_O})
+                state = frozenset({_L if e.text.endswith((" ", "(")) else _O})
+            else:
+                state = frozenset({_L}) if e.kind == "(" else frozenset({_O})
+            return {_L: state, _O: state}
         if isinstance(e, _Ref):
-            return self.outs.get((e.name, p), frozenset())
+            return {p: self.outs.get((e.name, p), frozenset()) for p in (_L, _O)}
         if isinstance(e, _Seq):
-            states = frozenset({p})
-            for item in e.items:
-                states = frozenset(q for s in states for q in self.out_states(item, s))
-            return states
+            out: _States = {}
+            for p in (_L, _O):
+                states = frozenset({p})
+                for table in kids:
+                    states = frozenset(q for s in states for q in table[s])
+                out[p] = states
+            return out
         if isinstance(e, _Alt):
-            return frozenset(q for item in e.items for q in self.out_states(item, p))
-        reached = frozenset({p}) if e.op in "*?" else frozenset()
-        frontier = self.out_states(e.item, p)
-        while not frontier <= reached:
-            reached |= frontier
-            if e.op == "?":
-                break
-            frontier = frozenset(q for s in frontier for q in self.out_states(e.item, s))
-        return reached
+            return {p: frozenset(q for table in kids for q in table[p]) for p in (_L, _O)}
+        item = kids[0]
+        out = {}
+        for p in (_L, _O):
+            reached = frozenset({p}) if e.op in "*?" else frozenset()
+            frontier = item[p]
+            while not frontier <= reached:
+                reached |= frontier
+                if e.op == "?":
+                    break
+                frontier = frozenset(q for s in frontier for q in item[s])
+            out[p] = reached
+        return out
 
-    def ref(self, name: str, p: str, q: str) -> _E:
+    def start(self, name: str, p: str, q: str) -> _Ref:
+        """The spaced rule of ``name`` entered in ``p`` and left in ``q``, made with every
+        spaced rule it refers to (``out_rules``)."""
+        found = self.work.run(self.ref(name, p, q))
+        if not isinstance(found, _Ref):  # pragma: no cover
+            raise TypeError("a spaced rule is a reference")
+        return found
+
+    def ref(self, name: str, p: str, q: str) -> _Call:
         out = f"{name}_{p}{q}"
         if out not in self.out_rules:
+            self.work.rule()
             self.out_rules[out] = _NEVER
-            self.out_rules[out] = self.trans(self.rules[name], p).get(q, _NEVER)
+            spaced = self._spaced.get((name, p))
+            if spaced is None:
+                spaced = yield self.trans(self.rules[name], p)
+                self._spaced[(name, p)] = spaced
+            self.out_rules[out] = spaced.get(q, _NEVER)
         return _Ref(out)
 
-    def trans(self, e: _E, p: str) -> dict[str, _E]:
+    def trans(self, e: _E, p: str) -> _Call:
         """``e`` entered in state ``p``: its spaced forms, by the state they leave."""
         if isinstance(e, _Tok):
             if e.kind == "text":  # fixed text (the envelope's), spaced by its author
@@ -1053,23 +1280,30 @@ class _Spacer:
                 return {_O: _Tok("text", space + e.text)}
             return {_O: _s(_Tok("text", " "), e) if space else e}
         if isinstance(e, _Ref):
-            return {q: self.ref(e.name, p, q) for q in sorted(self.outs[(e.name, p)])}
+            refs: dict[str, _E] = {}
+            for q in sorted(self.outs[(e.name, p)]):
+                refs[q] = yield self.ref(e.name, p, q)
+            return refs
         if isinstance(e, _Seq):
             current: dict[str, _E] = {p: _EMPTY}
             for item in e.items:
                 following: dict[str, list[_E]] = {}
                 for s, before in current.items():
-                    for q, after in self.trans(item, s).items():
+                    spaced: dict[str, _E] = yield self.trans(item, s)
+                    for q, after in spaced.items():
                         following.setdefault(q, []).append(_s(before, after))
                 current = {q: _a(*forms) for q, forms in following.items()}
             return current
         if isinstance(e, _Alt):
             found: dict[str, list[_E]] = {}
             for item in e.items:
-                for q, form in self.trans(item, p).items():
+                spaced = yield self.trans(item, p)
+                for q, form in spaced.items():
                     found.setdefault(q, []).append(form)
             return {q: _a(*forms) for q, forms in found.items()}
-        once = self.trans(e.item, p)
+        if not isinstance(e, _Rep):  # pragma: no cover (the kinds above are all)
+            raise TypeError(f"not an expression: {type(e).__name__}")
+        once = yield self.trans(e.item, p)
         if e.op == "?":
             result = dict(once)
             result[p] = _a(result[p], _EMPTY) if p in result else _EMPTY
@@ -1078,7 +1312,8 @@ class _Spacer:
         first = once.get(_O, _NEVER)
         if p == _O:
             return {_O: _r(first, e.op)}
-        more = _r(self.trans(e.item, _O).get(_O, _NEVER), "*")
+        again = yield self.trans(e.item, _O)
+        more = _r(again.get(_O, _NEVER), "*")
         seq = _s(first, more)
         if e.op == "+":
             return {_O: seq}
@@ -1089,30 +1324,42 @@ class _Spacer:
 # Simplification and rendering
 
 
-def _simplify(rules: dict[str, _E], start: str) -> dict[str, _E]:
+def _simplify(rules: dict[str, _E], start: str, work: _Work) -> dict[str, _E]:
     """Inline rules that match only the empty text or one token; drop unreachable ones."""
-    def inline(e: _E, table: Mapping[str, _E]) -> _E:
+    def inline(e: _E, kids: list[_E]) -> _E:
         if isinstance(e, _Ref):
-            target = table.get(e.name)
-            if target is not None and (target in (_EMPTY, _NEVER) or isinstance(target, _Tok)):
+            target = rules.get(e.name)
+            if target is not None and (_empty(target) or _never(target)
+                                       or isinstance(target, _Tok)):
                 return target
             return e
         if isinstance(e, _Seq):
-            return _s(*(inline(i, table) for i in e.items))
+            return _s(*kids)
         if isinstance(e, _Alt):
-            return _a(*(inline(i, table) for i in e.items))
+            return _a(*kids)
         if isinstance(e, _Rep):
-            return _r(inline(e.item, table), e.op)
+            return _r(kids[0], e.op)
         return e
 
-    changed = True
-    while changed:
-        changed = False
-        for name in list(rules):
-            body = _optionals(inline(rules[name], rules))
-            if body != rules[name]:
-                rules[name] = body
-                changed = True
+    # To a fixpoint, by a work list: a rule is simplified again when it or a rule it
+    # refers to has changed (a chain of rules that each collapse into one token
+    # collapses in one sweep, not in one pass over every rule per link).
+    users: dict[str, set[str]] = {}
+    for name, body in rules.items():
+        for ref in _refs(body, work):
+            users.setdefault(ref, set()).add(name)
+    todo = list(reversed(rules))
+    waiting = set(todo)
+    while todo:
+        name = todo.pop()
+        waiting.discard(name)
+        body = _optionals(_map(rules[name], inline, work), work)
+        if body != rules[name]:
+            rules[name] = body
+            for again in (name, *sorted(users.get(name, ()))):
+                if again not in waiting:
+                    waiting.add(again)
+                    todo.append(again)
     reachable: dict[str, _E] = {}
     todo = [start]
     while todo:
@@ -1120,38 +1367,49 @@ def _simplify(rules: dict[str, _E], start: str) -> dict[str, _E]:
         if name in reachable:
             continue
         reachable[name] = rules[name]
-        todo.extend(_refs(rules[name]))
+        todo.extend(_refs(rules[name], work))
     return {name: rules[name] for name in rules if name in reachable}
 
 
-def _optionals(e: _E) -> _E:
+def _optionals(e: _E, work: _Work) -> _E:
     """``a | ε`` as ``a?``; merges ``text`` tokens in sequences."""
-    if isinstance(e, _Seq):
-        items: list[_E] = []
-        for item in (_optionals(i) for i in e.items):
-            if items and isinstance(item, _Tok) and item.kind == "text" \
-                    and isinstance(items[-1], _Tok) and items[-1].kind == "text":
-                items[-1] = _Tok("text", items[-1].text + item.text)
-            else:
-                items.append(item)
-        return _s(*items)
-    if isinstance(e, _Alt):
-        rest = [_optionals(i) for i in e.items if i != _EMPTY]
-        body = _a(*rest) if rest else _EMPTY
-        return _r(body, "?") if _EMPTY in e.items and rest else body
-    if isinstance(e, _Rep):
-        return _r(_optionals(e.item), e.op)
-    return e
+    def rebuild(e: _E, kids: list[_E]) -> _E:
+        if isinstance(e, _Seq):
+            items: list[_E] = []
+            for item in kids:
+                if items and isinstance(item, _Tok) and item.kind == "text" \
+                        and isinstance(items[-1], _Tok) and items[-1].kind == "text":
+                    items[-1] = _Tok("text", items[-1].text + item.text)
+                else:
+                    items.append(item)
+            return _s(*items)
+        if isinstance(e, _Alt):
+            rest = [k for item, k in zip(e.items, kids, strict=True) if not _empty(item)]
+            body = _a(*rest) if rest else _EMPTY
+            return _r(body, "?") if len(rest) < len(e.items) and rest else body
+        if isinstance(e, _Rep):
+            return _r(kids[0], e.op)
+        return e
+
+    return _map(e, rebuild, work)
 
 
-def _refs(e: _E) -> Iterable[str]:
-    if isinstance(e, _Ref):
-        yield e.name
-    elif isinstance(e, (_Seq, _Alt)):
-        for item in e.items:
-            yield from _refs(item)
-    elif isinstance(e, _Rep):
-        yield from _refs(e.item)
+def _nodes(e: _E, work: _Work) -> Iterator[_E]:
+    """Every node of ``e`` (each occurrence), iteratively."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        work.step()
+        yield node
+        stack.extend(reversed(_children(node)))
+
+
+def _refs(e: _E, work: _Work) -> Iterator[str]:
+    return (node.name for node in _nodes(e, work) if isinstance(node, _Ref))
+
+
+def _tokens(e: _E, work: _Work) -> Iterator[_Tok]:
+    return (node for node in _nodes(e, work) if isinstance(node, _Tok))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1184,7 +1442,13 @@ _DIALECTS = {
 }
 
 
-def _render_expr(e: _E, d: _Dialect, top: bool = True) -> str:
+def _render_expr(e: _E, d: _Dialect, work: _Work) -> str:
+    """``e`` in dialect ``d`` (iteratively: a node's text depends on whether it is at
+    the top of its parent's text)."""
+    return work.run(_render_node(e, d, True))  # type: ignore[no-any-return]
+
+
+def _render_node(e: _E, d: _Dialect, top: bool) -> _Call:
     if isinstance(e, _Tok):
         return d.text(e.text) if e.kind == "text" else d.terminal(e.text)
     if isinstance(e, _Ref):
@@ -1192,12 +1456,20 @@ def _render_expr(e: _E, d: _Dialect, top: bool = True) -> str:
     if isinstance(e, _Seq):
         if not e.items:
             return '""'
-        text = " ".join(_render_expr(i, d, top=False) for i in e.items)
+        parts = []
+        for item in e.items:
+            parts.append((yield _render_node(item, d, False)))
+        text = " ".join(parts)
         return text if top else f"({text})"
     if isinstance(e, _Alt):
-        text = " | ".join(_render_expr(i, d) for i in e.items)
+        parts = []
+        for item in e.items:
+            parts.append((yield _render_node(item, d, True)))
+        text = " | ".join(parts)
         return text if top or len(e.items) == 1 else f"({text})"
-    inner = _render_expr(e.item, d, top=False)
+    if not isinstance(e, _Rep):  # pragma: no cover (the kinds above are all)
+        raise TypeError(f"not an expression: {type(e).__name__}")
+    inner = yield _render_node(e.item, d, False)
     if isinstance(e.item, _Rep):
         inner = f"({inner})"
     return inner + e.op
@@ -1221,6 +1493,9 @@ class GrammarExport:
     intents: tuple[Intent, ...]
     not_carried: tuple[str, ...]
     start: str = "start"
+    #: The rules made and the steps taken, as ``LLMLimits.max_rules`` and ``max_steps``
+    #: count them (for benchmarks and tests).
+    work: tuple[int, int] = (0, 0)
 
 
 def _descriptor_of(descriptor: ProtocolDescriptor | bytes) -> ProtocolDescriptor:
@@ -1238,6 +1513,14 @@ def _descriptor_of(descriptor: ProtocolDescriptor | bytes) -> ProtocolDescriptor
                     f"{type(descriptor).__name__}")
 
 
+def _limits_of(limits: LLMLimits | None) -> LLMLimits:
+    if limits is None:
+        return DEFAULT_LLM_LIMITS
+    if not isinstance(limits, LLMLimits):
+        raise TypeError(f"limits must be LLMLimits, not {type(limits).__name__}")
+    return limits
+
+
 def _intents_of(descriptor: ProtocolDescriptor, intent: Intent | str | None
                 ) -> tuple[Intent, ...]:
     if intent is None:
@@ -1253,17 +1536,18 @@ def _intents_of(descriptor: ProtocolDescriptor, intent: Intent | str | None
 
 
 def _lower(descriptor: ProtocolDescriptor, intents: tuple[Intent, ...], schema: bool,
-           set_cap: int) -> tuple[_Lowerer, dict[str, list[Intent]]]:
+           set_cap: int, work: _Work) -> tuple[_Lowerer, dict[str, list[Intent]]]:
     source = read_grammar(descriptor.grammar, starts=descriptor.start_rules)
     compiled = compile_schema(descriptor.schema) if schema and descriptor.schema is not None \
         else None
-    lowerer = _Lowerer(source, compiled, set_cap)
+    lowerer = _Lowerer(source, compiled, set_cap, work)
     by_rule: dict[str, list[Intent]] = {}
     for intent in intents:
         by_rule.setdefault(descriptor.starts[intent], []).append(intent)
     for rule in by_rule:
         body_type: _Type = _Body(compiled) if compiled is not None else None
-        ref = lowerer.rule_ref(rule, body_type, "value", "$.body")
+        ref = work.run(lowerer.rule_ref(rule, body_type, "value", "$.body"))
+        lowerer.new_rule("body_" + rule)
         lowerer.rules["body_" + rule] = ref
     return lowerer, by_rule
 
@@ -1288,9 +1572,28 @@ def _envelope(descriptor: ProtocolDescriptor, lowerer: _Lowerer,
               _Tok("text", ") (receiver "), uri, _Tok("text", ") (intent "), _a(*choices))
 
 
+class _Output:
+    """The lines of an export, bounded by ``max_output_bytes`` as they are added."""
+
+    def __init__(self, work: _Work) -> None:
+        self.work = work
+        self.lines: list[str] = []
+        self.size = 0
+
+    def add(self, line: str) -> None:
+        self.size += len(line.encode("utf-8", "surrogatepass")) + 1
+        if self.size > self.work.limits.max_output_bytes:
+            raise self.work.limits.exceeded("max_output_bytes", self.work.what)
+        self.lines.append(line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
 def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguidance", *,
                    intent: Intent | str | None = None, schema: bool = True,
-                   keyword_set_cap: int = KEYWORD_SET_CAP) -> GrammarExport:
+                   keyword_set_cap: int = KEYWORD_SET_CAP,
+                   limits: LLMLimits | None = None) -> GrammarExport:
     """The grammar of the canonical messages of ``descriptor``'s protocol (spec/llm.md).
 
     ``format`` is ``llguidance`` (llguidance's Lark dialect), ``gbnf`` (llama.cpp,
@@ -1301,15 +1604,23 @@ def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguid
     carry it. The text starts with comment lines naming what is not carried (also in
     ``not_carried``). ``descriptor`` is a :class:`ProtocolDescriptor` or the bytes of a
     descriptor, signed or not (a signature is not verified: an export trusts nothing).
+    ``limits`` (default :class:`~cbcl.core._limits.LLMLimits`) bound the work: rules
+    made, steps, the text's size (and the JSON Schema's nesting).
 
     Raises ``ValueError`` for an unknown format or intent name, :class:`ProtocolError`
-    for an intent the protocol does not govern, and what reading the descriptor raises
-    (:class:`DescriptorError`, :class:`GrammarError`, :class:`MalformedError` …).
+    for an intent the protocol does not govern, :class:`LimitError` naming the
+    :class:`LLMLimits` budget an export would exceed, and what reading the descriptor
+    raises (:class:`DescriptorError`, :class:`GrammarError`, :class:`MalformedError` …).
     """
+    budget = _limits_of(limits)
     if format == "json-schema":
-        document, notes, intents = _json_schema(descriptor, intent, schema, keyword_set_cap)
-        return GrammarExport(format, json.dumps(document, indent=1, ensure_ascii=True) + "\n",
-                             intents, notes)
+        work = _Work(budget)
+        document, notes, intents = _json_schema(descriptor, intent, schema, keyword_set_cap,
+                                                work)
+        text = json.dumps(document, indent=1, ensure_ascii=True) + "\n"
+        if len(text) > budget.max_output_bytes:  # (ASCII: characters are bytes)
+            raise budget.exceeded("max_output_bytes", "the export")
+        return GrammarExport(format, text, intents, notes, work=(work.rules, work.steps))
     dialect = _DIALECTS.get(format)
     if dialect is None:
         raise ValueError(f"unknown format {format!r} (formats: {', '.join(FORMATS)})")
@@ -1317,51 +1628,45 @@ def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguid
         raise ValueError("keyword_set_cap must be an int from 0 to 16")
     desc = _descriptor_of(descriptor)
     intents = _intents_of(desc, intent)
-    lowerer, by_rule = _lower(desc, intents, schema, keyword_set_cap)
+    work = _Work(budget)
+    lowerer, by_rule = _lower(desc, intents, schema, keyword_set_cap, work)
     lowerer.rules["message"] = _envelope(desc, lowerer, by_rule)
-    spacer = _Spacer(lowerer.rules)
-    start = spacer.ref("message", _L, _O)
-    assert isinstance(start, _Ref)
-    rules = _simplify(dict(spacer.out_rules), start.name)
+    spacer = _Spacer(lowerer.rules, work)
+    start = spacer.start("message", _L, _O)
+    rules = _simplify(dict(spacer.out_rules), start.name, work)
     notes = (*LIMITS_NOT_CARRIED, *lowerer.notes)
     if format == "gbnf":
         notes = (*notes, "gbnf: a string's characters are code points; a decoder must "
                  "produce well-formed UTF-8")
-    used_terminals = {t.text for e in rules.values() for t in _tokens(e) if t.kind == "term"}
-    lines = [f"{'#' if format == 'gbnf' else '//'} CBCL {desc.id} version {desc.version} "
-             f"({desc.digest}): canonical messages, "
-             + ("intent " + intents[0].value if intent is not None else "every intent"),
-             f"{'#' if format == 'gbnf' else '//'} not carried (cbcl.parse checks them):"]
-    lines += [f"{'#' if format == 'gbnf' else '//'}   {note}" for note in notes]
+    used_terminals = {t.text for e in rules.values() for t in _tokens(e, work)
+                      if t.kind == "term"}
+    comment = "#" if format == "gbnf" else "//"
+    out = _Output(work)
+    out.add(f"{comment} CBCL {desc.id} version {desc.version} ({desc.digest}): canonical "
+            "messages, " + ("intent " + intents[0].value if intent is not None
+                            else "every intent"))
+    out.add(f"{comment} not carried (cbcl.parse checks them):")
+    for note in notes:
+        out.add(f"{comment}   {note}")
     if format == "llguidance":
-        lines.append("%llguidance {}")
+        out.add("%llguidance {}")
     head = "root" if format == "gbnf" else "start"
-    lines.append(f"{head}{dialect.sep} {dialect.rule(start.name)}")
+    out.add(f"{head}{dialect.sep} {dialect.rule(start.name)}")
     for name, body in rules.items():
-        lines.append(f"{dialect.rule(name)}{dialect.sep} {_render_expr(body, dialect)}")
+        out.add(f"{dialect.rule(name)}{dialect.sep} {_render_expr(body, dialect, work)}")
     for name in lowerer.terminals:
         if name not in used_terminals:
             continue
         regex = lowerer.terminals[name]
         if format == "gbnf":
-            lines.append(f"{dialect.terminal(name)} ::= {_render_gbnf_regex(regex)}")
+            out.add(f"{dialect.terminal(name)} ::= {_render_gbnf_regex(regex)}")
         elif format == "lark":
-            lines.append(f"{dialect.terminal(name)}: /{_render_regex(regex, _lark_char)}"
-                         r"(?=[\ \)]|\Z)/")
+            out.add(f"{dialect.terminal(name)}: /{_render_regex(regex, _lark_char)}"
+                    r"(?=[\ \)]|\Z)/")
         else:
-            lines.append(f"{dialect.terminal(name)}: /{_render_regex(regex, _rust_char)}/")
-    return GrammarExport(format, "\n".join(lines) + "\n", intents, notes,
-                         "root" if format == "gbnf" else "start")
-
-
-def _tokens(e: _E) -> Iterable[_Tok]:
-    if isinstance(e, _Tok):
-        yield e
-    elif isinstance(e, (_Seq, _Alt)):
-        for item in e.items:
-            yield from _tokens(item)
-    elif isinstance(e, _Rep):
-        yield from _tokens(e.item)
+            out.add(f"{dialect.terminal(name)}: /{_render_regex(regex, _rust_char)}/")
+    return GrammarExport(format, out.text(), intents, notes,
+                         "root" if format == "gbnf" else "start", (work.rules, work.steps))
 
 
 # --------------------------------------------------------------------------------------
@@ -1375,17 +1680,62 @@ class _Approximate(Exception):
 
 
 #: An element sequence: ("elem", schema), ("seq", [...]), ("alt", [...]) or ("rep", x, op).
+#: Rules are inlined where they are not one value, so one is a DAG: the walkers below
+#: visit each node once (by identity) and never recurse.
 _ERe: TypeAlias = tuple[Any, ...]
 
 
+def _ere_children(regex: _ERe) -> list[_ERe]:
+    kind = regex[0]
+    if kind == "rep":
+        return [regex[1]]
+    if kind in ("seq", "alt"):
+        return list(regex[1])
+    return []
+
+
+class _EReFold:
+    """``combine(node, results of its children)`` over element sequences, children
+    first, each node object once (remembered by identity, with the node kept alive so
+    that an identity is never reused), iteratively, each node a step."""
+
+    def __init__(self, combine: Callable[[_ERe, list[Any]], Any], work: _Work) -> None:
+        self.combine = combine
+        self.work = work
+        self.done: dict[int, tuple[_ERe, Any]] = {}
+
+    def __call__(self, regex: _ERe) -> Any:
+        done = self.done
+        stack: list[tuple[_ERe, bool]] = [(regex, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in done:
+                continue
+            kids = _ere_children(node)
+            if kids and not expanded:
+                stack.append((node, True))
+                stack.extend((kid, False) for kid in reversed(kids) if id(kid) not in done)
+                continue
+            self.work.step()
+            done[id(node)] = (node, self.combine(node, [done[id(kid)][1] for kid in kids]))
+        return done[id(regex)][1]
+
+
 class _JsonBuilder:
-    def __init__(self, lowerer: _Lowerer) -> None:
+    def __init__(self, lowerer: _Lowerer, work: _Work) -> None:
         self.lowerer = lowerer
+        self.work = work
         self.rules = lowerer.rules
         self.defs: dict[str, Any] = {}
         self.notes: list[str] = []
         self.busy: set[str] = set()
         self.not_values: set[str] = set()
+        #: the element sequences of rules that are not one value, once computed
+        self.inlined: dict[str, _ERe] = {}
+        self.single = _EReFold(_single_node, work)
+        self.enumerate = _EReFold(_enumerate_node, work)
+        self.all_elements = _EReFold(_all_elements_node, work)
+        self.min_length = _EReFold(_min_length_node, work)
 
     # ------------------------------------------------------------ atoms
 
@@ -1417,7 +1767,8 @@ class _JsonBuilder:
             forms.append(_tagged("int", regex))
             return forms[0] if len(forms) == 1 else {"anyOf": forms}
         if kind == "KEYWORD":
-            assert isinstance(regex, _RSeq)
+            if not isinstance(regex, _RSeq):  # pragma: no cover (":" then a name)
+                raise TypeError("a keyword's expression is a sequence")
             return _tagged("keyword", _seq(*regex.items[1:]))
         return _tagged(kind.lower(), regex)
 
@@ -1432,7 +1783,7 @@ class _JsonBuilder:
 
     # ------------------------------------------------------------ element sequences
 
-    def elements(self, e: _E) -> _ERe:
+    def elements(self, e: _E) -> _Call:
         """The elements ``e`` contributes to the list it is in."""
         if isinstance(e, _Tok):
             if e.kind in "()":
@@ -1443,23 +1794,30 @@ class _JsonBuilder:
                 return ("elem", {"$ref": "#/$defs/value"})
             if e.name in self.defs:
                 return ("elem", {"$ref": f"#/$defs/{e.name}"})
+            inlined = self.inlined.get(e.name)
+            if inlined is not None:
+                return inlined
             if e.name in self.busy:
                 raise _Approximate  # recursion at one list level
             self.busy.add(e.name)
             try:
-                regex = self.elements(self.rules[e.name])
+                regex = yield self.elements(self.rules[e.name])
             finally:
                 self.busy.discard(e.name)
-            single = _single(regex)
+            single = self.single(regex)
             if single is not None and e.name not in self.not_values:
                 self.defs[e.name] = single
                 return ("elem", {"$ref": f"#/$defs/{e.name}"})
             self.not_values.add(e.name)
+            self.inlined[e.name] = regex
             return regex
         if isinstance(e, _Alt):
-            return ("alt", [self.elements(i) for i in e.items])
+            alternatives = []
+            for item in e.items:
+                alternatives.append((yield self.elements(item)))
+            return ("alt", alternatives)
         if isinstance(e, _Rep):
-            return ("rep", self.elements(e.item), e.op)
+            return ("rep", (yield self.elements(e.item)), e.op)
         out: list[_ERe] = []
         items = e.items
         i = 0
@@ -1474,27 +1832,29 @@ class _JsonBuilder:
                         if depth == 0:
                             break
                     j += 1
+                self.work.step(j - i)
                 if j == len(items):
                     raise _Approximate
-                out.append(("elem", self.array(_s(*items[i + 1:j]))))
+                out.append(("elem", (yield self.array(_s(*items[i + 1:j])))))
                 i = j + 1
                 continue
-            out.append(self.elements(item))
+            out.append((yield self.elements(item)))
             i += 1
         return ("seq", out)
 
-    def array(self, inner: _E) -> Any:
+    def array(self, inner: _E) -> _Call:
         """The schema of a list whose elements are ``inner``."""
-        regex = self.elements(inner)
-        sequences = _enumerate(regex, JSON_SEQUENCES_CAP)
+        regex = yield self.elements(inner)
+        sequences = self.enumerate(regex)
         if sequences is not None:
             forms = [{"type": "array", "prefixItems": seq, "minItems": len(seq),
                       "items": False} if seq else {"type": "array", "maxItems": 0}
                      for seq in sequences]
             return forms[0] if len(forms) == 1 else {"anyOf": forms}
         prefix, rest = _split_prefix(regex)
-        schemas = _all_elements(rest)
-        out: dict[str, Any] = {"type": "array", "minItems": len(prefix) + _min_length(rest)}
+        schemas = self.all_elements(rest)
+        out: dict[str, Any] = {"type": "array",
+                               "minItems": len(prefix) + self.min_length(rest)}
         if prefix:
             out["prefixItems"] = prefix
         out["items"] = {"anyOf": schemas} if len(schemas) > 1 else schemas[0] if schemas \
@@ -1505,8 +1865,8 @@ class _JsonBuilder:
         return out
 
     def value_schema(self, e: _E) -> Any:
-        regex = self.elements(e)
-        sequences = _enumerate(regex, JSON_SEQUENCES_CAP)
+        regex = self.work.run(self.elements(e))
+        sequences = self.enumerate(regex)
         if sequences is None or any(len(seq) != 1 for seq in sequences):
             raise _Approximate
         schemas = []
@@ -1522,18 +1882,18 @@ class _JsonBuilder:
                                                  "items": {"$ref": "#/$defs/value"}}]}
 
 
-def _single(regex: _ERe) -> Any:
+def _single_node(regex: _ERe, kids: list[Any]) -> Any:
     """The schema of the one element every sequence of ``regex`` has, or ``None``."""
-    if regex[0] == "elem":
+    kind = regex[0]
+    if kind == "elem":
         return regex[1]
-    if regex[0] == "seq" and len(regex[1]) == 1:
-        return _single(regex[1][0])
-    if regex[0] == "alt" and regex[1]:
-        schemas = [_single(r) for r in regex[1]]
-        if any(x is None for x in schemas):
+    if kind == "seq" and len(kids) == 1:
+        return kids[0]
+    if kind == "alt" and kids:
+        if any(x is None for x in kids):
             return None
         unique: list[Any] = []
-        for x in schemas:
+        for x in kids:
             if x not in unique:
                 unique.append(x)
         return unique[0] if len(unique) == 1 else {"anyOf": unique}
@@ -1546,15 +1906,17 @@ def _tagged(tag: str, regex: _Re) -> Any:
             "required": [tag], "additionalProperties": False}
 
 
-def _enumerate(regex: _ERe, cap: int) -> list[list[Any]] | None:
-    """Every element sequence of ``regex``, or ``None`` if infinite or more than ``cap``."""
+def _enumerate_node(regex: _ERe, kids: list[Any]) -> list[list[Any]] | None:
+    """Every element sequence of ``regex``, or ``None`` if infinite or more than
+    :data:`JSON_SEQUENCES_CAP` (``kids``: the children's)."""
+    cap = JSON_SEQUENCES_CAP
     kind = regex[0]
     if kind == "elem":
         return [[regex[1]]]
     if kind == "rep":
         if regex[2] != "?":
             return None
-        inner = _enumerate(regex[1], cap)
+        inner = kids[0]
         return None if inner is None or len(inner) + 1 > cap else [[], *inner]
     if kind == "alt":
         singles = [r for r in regex[1] if r[0] == "elem"]
@@ -1563,10 +1925,9 @@ def _enumerate(regex: _ERe, cap: int) -> list[list[Any]] | None:
             out.append([{"anyOf": [r[1] for r in singles]}])
         elif singles:
             out.append([singles[0][1]])
-        for r in regex[1]:
+        for r, found in zip(regex[1], kids, strict=True):
             if r[0] == "elem":
                 continue
-            found = _enumerate(r, cap)
             if found is None:
                 return None
             out += [seq for seq in found if seq not in out]
@@ -1574,8 +1935,7 @@ def _enumerate(regex: _ERe, cap: int) -> list[list[Any]] | None:
                 return None
         return out
     result: list[list[Any]] = [[]]
-    for part in regex[1]:
-        found = _enumerate(part, cap)
+    for found in kids:
         if found is None or len(found) * len(result) > cap:
             return None
         result = [a + b for a in result for b in found]
@@ -1592,36 +1952,53 @@ def _split_prefix(regex: _ERe) -> tuple[list[Any], _ERe]:
     return prefix, ("seq", parts)
 
 
-def _all_elements(regex: _ERe) -> list[Any]:
+def _all_elements_node(regex: _ERe, kids: list[list[Any]]) -> list[Any]:
     if regex[0] == "elem":
         return [regex[1]]
-    if regex[0] == "rep":
-        return _all_elements(regex[1])
     out: list[Any] = []
-    for part in regex[1]:
-        for schema in _all_elements(part):
+    for schemas in kids:
+        for schema in schemas:
             if schema not in out:
                 out.append(schema)
     return out
 
 
-def _min_length(regex: _ERe) -> int:
-    if regex[0] == "elem":
+def _min_length_node(regex: _ERe, kids: list[int]) -> int:
+    kind = regex[0]
+    if kind == "elem":
         return 1
-    if regex[0] == "rep":
-        return 0 if regex[2] != "+" else _min_length(regex[1])
-    if regex[0] == "alt":
-        return min((_min_length(r) for r in regex[1]), default=0)
-    return sum(_min_length(r) for r in regex[1])
+    if kind == "rep":
+        return 0 if regex[2] != "+" else kids[0]
+    if kind == "alt":
+        return min(kids, default=0)
+    return sum(kids)
+
+
+def _json_depth(document: Any, work: _Work) -> int:
+    """How deep ``document``'s objects and arrays nest (iteratively)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        work.step()
+        deepest = max(deepest, depth)
+        if isinstance(node, dict):
+            stack.extend((value, depth + 1) for value in node.values()
+                         if isinstance(value, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((value, depth + 1) for value in node
+                         if isinstance(value, (dict, list)))
+    return deepest
 
 
 def _json_schema(descriptor: ProtocolDescriptor | bytes, intent: Intent | str | None,
-                 schema: bool, set_cap: int
+                 schema: bool, set_cap: int, work: _Work
                  ) -> tuple[dict[str, Any], tuple[str, ...], tuple[Intent, ...]]:
+    limits = work.limits
     desc = _descriptor_of(descriptor)
     intents = _intents_of(desc, intent)
-    lowerer, by_rule = _lower(desc, intents, schema, set_cap)
-    builder = _JsonBuilder(lowerer)
+    lowerer, by_rule = _lower(desc, intents, schema, set_cap, work)
+    builder = _JsonBuilder(lowerer, work)
     builder.value_defs()
     identifier = {"type": "string", "minLength": 1}
     integer = builder.terminal(lowerer.terminal("INTEGER").text)  # type: ignore[union-attr]
@@ -1662,6 +2039,9 @@ def _json_schema(descriptor: ProtocolDescriptor | bytes, intent: Intent | str | 
     else:
         document["anyOf"] = forms
     document["$defs"] = builder.defs
+    # Checked before anything walks the document recursively (json.dumps, validators).
+    if _json_depth(document, work) > limits.max_json_depth:
+        raise limits.exceeded("max_json_depth", "the JSON Schema export")
     notes = tuple(dict.fromkeys((*LIMITS_NOT_CARRIED, *lowerer.notes, *builder.notes,
                                  *_JSON_NOTES)))
     return document, notes, intents
@@ -1676,10 +2056,10 @@ _JSON_NOTES = (
 
 
 def export_json_schema(descriptor: ProtocolDescriptor | bytes, *,
-                       intent: Intent | str | None = None, schema: bool = True
-                       ) -> dict[str, Any]:
+                       intent: Intent | str | None = None, schema: bool = True,
+                       limits: LLMLimits | None = None) -> dict[str, Any]:
     """The JSON Schema (2020-12) of the JSON mapping (spec §7.2) of the protocol's messages
     (of ``intent``, or of every governed intent). See :func:`export_grammar`."""
-    document, _, _ = _json_schema(descriptor, intent, schema, KEYWORD_SET_CAP)
+    document, _, _ = _json_schema(descriptor, intent, schema, KEYWORD_SET_CAP,
+                                  _Work(_limits_of(limits)))
     return document
-

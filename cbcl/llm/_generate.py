@@ -11,35 +11,43 @@ optional one with probability 1/2), and atoms are drawn per kind (or from given 
 Depth is bounded: below ``max_depth`` lists, each choice takes one of the alternatives that
 finish soonest (the least derivation height, :func:`~cbcl.grammar._subset.derivation_heights`,
 the grammar layer's one fixpoint over the rules), a repetition its least count and a
-keyword set its required members, so generation always ends. Two guards keep a hostile
-grammar's recursion *without* lists from exhausting the stack or the time: the walk turns
-shallow too once :data:`_NESTING_PER_LIST` times ``max_depth`` rule references are open,
-or once :data:`_MAX_TOKENS` tokens are out. The walk emits tokens (``(``, ``)``, atoms) and
-the value is built from them (a draft that is not one value is skipped).
+keyword set its required members, so generation always ends. Guards keep a hostile
+grammar from exhausting the stack or the time: the walk keeps an explicit stack of what
+is left to emit (a chain of 256 rules costs no Python frames), turns shallow too once
+:data:`_NESTING_PER_LIST` times ``max_depth`` rule references are open or
+:data:`_MAX_TOKENS` tokens are out, and counts every token against the budgets of
+:class:`~cbcl.core._limits.LLMLimits`: ``max_draft_tokens`` for one draft (a least
+derivation can still be exponential in the rules, ``r0: r1 r1``, ``r1: r2 r2`` …) and
+``max_draw_tokens`` for all the drafts of one body (or of a prompt's examples): past
+either, :class:`LimitError`. The walk emits tokens (``(``, ``)``, atoms) and the value is
+built from them (a draft that is not one value is skipped).
 
 With ``schema=True`` the walk follows the descriptor's schema as the body unfolds: when a
 list's head names a record (or the list is the value of a key whose type is a record or
 ``keys``), the values after its keywords are drawn from their types (``one-of`` values,
 integer ranges, string lengths, URI schemes, the keys a general ``KEYWORD`` may be), and
-each body is checked with :func:`cbcl.protocol._schema.check_schema`; one that fails is drawn again
-(at most :data:`MAX_ATTEMPTS` times per body). Every body returned is accepted by the
-protocol's grammar (and schema): ``parse(canonical(message), registry=R)`` accepts every
-message returned.
+each body is checked with :func:`cbcl.protocol._schema.check_schema`; one that fails is
+drawn again (at most ``max_drafts`` times per body, :data:`MAX_ATTEMPTS` by default).
+Every body returned is accepted by the protocol's grammar (and schema):
+``parse(canonical(message), registry=R)`` accepts every message returned.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from ..core._errors import ProtocolError, SchemaError
+from ..core._errors import LimitError, ProtocolError, SchemaError
+from ..core._limits import DEFAULT_LLM_LIMITS, LLMLimits
 from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 from ..grammar._subset import (
     GrammarSource,
     Group,
     Item,
+    KeywordMember,
     KeywordSet,
     Literal,
     Reference,
@@ -62,10 +70,10 @@ from ..protocol._schema import (
 )
 from ._export import _descriptor_of
 
-__all__ = ["MAX_ATTEMPTS", "draw_bodies", "generate_bodies", "generate_messages"]
+__all__ = ["MAX_ATTEMPTS", "Tally", "draw_bodies", "generate_bodies", "generate_messages"]
 
-#: Bodies drawn for one that the schema accepts, at most.
-MAX_ATTEMPTS = 200
+#: Bodies drawn for one that the schema accepts, at most (``LLMLimits.max_drafts``).
+MAX_ATTEMPTS = DEFAULT_LLM_LIMITS.max_drafts
 #: The walk turns shallow once this many rule references per allowed list level are open
 #: (rules that recurse without a list would otherwise nest without bound).
 _NESTING_PER_LIST = 4
@@ -76,6 +84,37 @@ _NAMES = ("alpha", "beta", "x", "task-1", "a/b", "v1.2", "+", "-", "...", "ok?",
           "EUR", "NaN", "inf", "_", "a@b", "-a", "..5")
 _TEXT = "abcxyz XYZ019-_é日本\"\\\n\t\u202e\U0001f600"
 _OPEN, _CLOSE = object(), object()
+#: Entries of the walk's stack besides grammar items: a rule's end (one reference fewer
+#: open), a list's ``)``, a keyword-set member (given or not when reached) and a value.
+_LEAVE_RULE, _CLOSE_LIST = object(), object()
+
+
+class _Member:
+    __slots__ = ("keys", "member")
+
+    def __init__(self, member: KeywordMember, keys: Keys | None) -> None:
+        self.member = member
+        self.keys = keys
+
+
+class _Value:
+    __slots__ = ("hint",)
+
+    def __init__(self, hint: SchemaType | None) -> None:
+        self.hint = hint
+
+
+class Tally:
+    """The tokens drawn so far for one generated body, or for one prompt's examples,
+    bounded by ``limits.max_draw_tokens``, and the budgets' holder (``what`` names the
+    work in a :class:`LimitError`)."""
+
+    __slots__ = ("limits", "tokens", "what")
+
+    def __init__(self, limits: LLMLimits, what: str) -> None:
+        self.limits = limits
+        self.what = what
+        self.tokens = 0
 
 
 class _Walker:
@@ -84,8 +123,10 @@ class _Walker:
     def __init__(self, source: GrammarSource, heights: Mapping[str, int],
                  schema: Schema | None, rng: random.Random, max_depth: int, *,
                  pools: Mapping[str, Sequence[Value]] | None = None,
-                 ordered: bool = False) -> None:
+                 ordered: bool = False, tally: Tally | None = None) -> None:
         self.source = source
+        self.tally = Tally(DEFAULT_LLM_LIMITS, "a body") if tally is None else tally
+        self.max_tokens = self.tally.limits.max_draft_tokens
         self.heights = heights
         self.schema = schema
         self.rng = rng
@@ -99,10 +140,18 @@ class _Walker:
         self.nesting = 0
         # list levels: [expected type, keys, pending value type, index]
         self.levels: list[list[Any]] = []
+        #: what is left to emit: [entries, next index] (the walk's explicit stack)
+        self.stack: list[list[Any]] = []
 
     # ------------------------------------------------------------- emitting
 
     def emit(self, token: Any) -> None:
+        tally = self.tally
+        if len(self.out) >= self.max_tokens:
+            raise tally.limits.exceeded("max_draft_tokens", tally.what)
+        tally.tokens += 1
+        if tally.tokens > tally.limits.max_draw_tokens:
+            raise tally.limits.exceeded("max_draw_tokens", tally.what)
         if token is _OPEN:
             expected = self.take_pending()
             if not self.levels and self.schema is not None:
@@ -111,8 +160,9 @@ class _Walker:
             self.levels.append([expected, keys, None, 0])
             self.depth += 1
         elif token is _CLOSE:
-            self.levels.pop()
-            self.depth -= 1
+            if self.levels:  # (a ")" with no list open: the draft is not one value)
+                self.levels.pop()
+                self.depth -= 1
             self.after_element()
         else:
             level = self.levels[-1] if self.levels else None
@@ -149,9 +199,34 @@ class _Walker:
         return (self.depth >= self.max_depth or self.nesting >= self.max_nesting
                 or len(self.out) >= _MAX_TOKENS)
 
-    def items(self, items: tuple[Item, ...]) -> None:
-        for item in items:
-            self.item(item)
+    def walk(self, first: Item) -> None:
+        """Emit the tokens of one draft from ``first``: each entry of the stack is taken
+        in the order a recursive walk would take it (an item's expansion before the next
+        item), so the draws from ``rng`` come in that order."""
+        stack = self.stack
+        stack.append([(first,), 0])
+        while stack:
+            frame = stack[-1]
+            entries, index = frame
+            if index == len(entries):
+                stack.pop()
+                continue
+            frame[1] = index + 1
+            entry = entries[index]
+            if entry is _LEAVE_RULE:
+                self.nesting -= 1
+            elif entry is _CLOSE_LIST:
+                self.emit(_CLOSE)
+            elif isinstance(entry, _Member):
+                self.member(entry)
+            elif isinstance(entry, _Value):
+                self.value(entry.hint)
+            else:
+                self.item(entry)
+
+    def push(self, entries: tuple[Any, ...]) -> None:
+        if entries:
+            self.stack.append([entries, 0])
 
     def choose(self, alternatives: list[tuple[Item, ...]]) -> tuple[Item, ...]:
         if self.shallow():
@@ -172,19 +247,17 @@ class _Walker:
             else:
                 rule = self.rules[item.name]
                 self.nesting += 1
-                self.items(self.choose([a.items for a in rule.alternatives]))
-                self.nesting -= 1
+                self.push((*self.choose([a.items for a in rule.alternatives]), _LEAVE_RULE))
         elif isinstance(item, Group):
             alternatives = [a.items for a in item.alternatives]
             if item.optional:
                 alternatives.append(())
-            self.items(self.choose(alternatives))
+            self.push(self.choose(alternatives))
         elif isinstance(item, Repeat):
             low = 1 if item.op == "+" else 0
             high = 1 if item.op == "?" else 3
             count = low if self.shallow() else self.rng.randint(low, high)
-            for _ in range(count):
-                self.item(item.item)
+            self.push((item.item,) * count)
         else:
             self.keyword_set(item)
 
@@ -193,16 +266,19 @@ class _Walker:
         if not self.ordered:
             self.rng.shuffle(members)
         keys = self.levels[-1][1] if self.levels else None
-        for member in members:
-            required = not member.optional or (keys is not None and any(
-                ":" + str(k) == member.keyword for k in keys.required))
-            allowed = keys is None or keys.other is not None or any(
-                ":" + str(k) == member.keyword for k in keys.fields)
-            if not allowed and not required:
-                continue
-            if required or (not self.shallow() and self.rng.random() < 0.5):
-                self.item(Literal(member.keyword, member.position))
-                self.item(member.item)
+        self.push(tuple(_Member(member, keys) for member in members))
+
+    def member(self, entry: _Member) -> None:
+        """One member of a keyword set, given or not (decided when it is reached)."""
+        member, keys = entry.member, entry.keys
+        required = not member.optional or (keys is not None and any(
+            ":" + str(k) == member.keyword for k in keys.required))
+        allowed = keys is None or keys.other is not None or any(
+            ":" + str(k) == member.keyword for k in keys.fields)
+        if not allowed and not required:
+            return
+        if required or (not self.shallow() and self.rng.random() < 0.5):
+            self.push((Literal(member.keyword, member.position), member.item))
 
     # ------------------------------------------------------------- atoms
 
@@ -241,9 +317,13 @@ class _Walker:
                 else max(low, 12)
             n = rng.randint(low, min(high, max(low, 12)))
             return "".join(rng.choice(_TEXT) for _ in range(n))
-        if kind == "INTEGER":
-            low = INT64_MIN if atom is None or atom.low is None else int(atom.low)
-            high = INT64_MAX if atom is None or atom.high is None else int(atom.high)
+        if kind == "INTEGER":  # (within int64 and the range, if they meet)
+            low = INT64_MIN if atom is None or atom.low is None \
+                else min(max(INT64_MIN, math.ceil(atom.low)), INT64_MAX)
+            high = INT64_MAX if atom is None or atom.high is None \
+                else max(min(INT64_MAX, math.floor(atom.high)), INT64_MIN)
+            if low > high:  # no integer fits: one the schema refuses, drawn again
+                return low
             if low < 0 <= high and rng.random() < 0.5:
                 return rng.randint(max(low, -100), min(high, 100))
             return rng.choice((low, high, rng.randint(low, high)))
@@ -273,9 +353,7 @@ class _Walker:
             return
         if not self.shallow() and self.rng.random() < 0.25:
             self.emit(_OPEN)
-            for _ in range(self.rng.randint(0, 3)):
-                self.value(None)
-            self.emit(_CLOSE)
+            self.push((*(_Value(None),) * self.rng.randint(0, 3), _CLOSE_LIST))
             return
         kind = self.rng.choice(("STRING", "INTEGER", "DECIMAL", "SYMBOL", "KEYWORD", "URI"))
         self.emit(self.draw(kind, None))
@@ -293,29 +371,35 @@ def _build(tokens: list[Any]) -> Value | None:
         if token is _OPEN:
             stack.append([])
         elif token is _CLOSE:
+            if len(stack) == 1:  # a ")" that closes no list
+                return None
             done = tuple(stack.pop())
             stack[-1].append(done)
         else:
             stack[-1].append(token)
-    return stack[0][0] if len(stack[0]) == 1 else None
+    return stack[0][0] if len(stack) == 1 and len(stack[0]) == 1 else None
 
 
 def draw_bodies(source: GrammarSource, start: str, rng: random.Random, *, max_depth: int,
                 schema: Schema | None = None,
                 pools: Mapping[str, Sequence[Value]] | None = None,
-                ordered: bool = False) -> Iterator[Value | None]:
+                ordered: bool = False, tally: Tally | None = None,
+                ) -> Iterator[Value | None]:
     """Draft bodies that rule ``start`` of ``source`` derives, drawn from ``rng``: endless,
     ``None`` for a draft that is not one value. ``max_depth`` bounds the nested lists (past
     it every choice is one that finishes soonest); ``schema`` guides the atoms and keys
     (nothing is checked here); ``pools`` gives the values each base name (``SYMBOL`` …
     ``NUMBER``, ``value``) is drawn from instead; ``ordered`` keeps keyword sets in the
-    author's order."""
+    author's order. ``tally`` counts the tokens drawn (default: a tally of its own under
+    the default :class:`LLMLimits`); raises :class:`LimitError` when a draft would pass
+    its ``max_draft_tokens`` or the tally its ``max_draw_tokens``."""
     heights = derivation_heights(source)
     position = source.rule(start).position
+    tally = Tally(DEFAULT_LLM_LIMITS, f"a body of rule {start}") if tally is None else tally
     while True:
         walker = _Walker(source, heights, schema, rng, max_depth, pools=pools,
-                         ordered=ordered)
-        walker.item(Reference(start, position))
+                         ordered=ordered, tally=tally)
+        walker.walk(Reference(start, position))
         yield _build(walker.out)
 
 
@@ -328,18 +412,24 @@ def _descriptor(descriptor: ProtocolDescriptor | bytes) -> ProtocolDescriptor:
 
 def generate_bodies(descriptor: ProtocolDescriptor | bytes, intent: Intent | str,
                     count: int, seed: int = 0, *, schema: bool = True,
-                    max_depth: int = 6) -> list[Value]:
+                    max_depth: int = 6, limits: LLMLimits | None = None) -> list[Value]:
     """``count`` bodies of ``intent`` messages of the protocol, drawn deterministically from
     ``seed``: the same arguments give the same bodies. With ``schema`` (the default) every
     body also satisfies the descriptor's schema. ``max_depth`` bounds the lists nested in a
-    body (beyond it every choice is the smallest).
+    body (beyond it every choice is the smallest). ``limits``
+    (:class:`~cbcl.core._limits.LLMLimits`) bound each draw (``max_draft_tokens``) and the
+    draws per body (``max_drafts``).
 
     Raises :class:`ProtocolError` for an intent the protocol does not govern,
-    :class:`SchemaError` when no body that the schema accepts is found in
-    :data:`MAX_ATTEMPTS` draws, ``ValueError`` for a bad ``count``/``max_depth`` or intent
-    name (or a start rule that gives no single value in as many draws), and what reading
-    the descriptor raises.
+    :class:`SchemaError` when no body that the schema accepts is found in ``max_drafts``
+    draws, :class:`LimitError` (a ``ValueError``, ``limit == "max_drafts"``) when no draw
+    in as many was one value (a start rule that gives several, or draws over
+    ``max_draft_tokens``), ``ValueError`` for a bad ``count``/``max_depth`` or intent
+    name, and what reading the descriptor raises.
     """
+    budget = DEFAULT_LLM_LIMITS if limits is None else limits
+    if not isinstance(budget, LLMLimits):
+        raise TypeError(f"limits must be LLMLimits, not {type(budget).__name__}")
     desc = _descriptor(descriptor)
     if type(count) is not int or count < 0:
         raise ValueError("count must be an int >= 0")
@@ -354,17 +444,23 @@ def generate_bodies(descriptor: ProtocolDescriptor | bytes, intent: Intent | str
     source = read_grammar(desc.grammar, starts=desc.start_rules)
     compiled = compile_schema(desc.schema) if schema and desc.schema is not None else None
     start = desc.starts[chosen]
+    what = f"rule {start} of {desc.id}"
+    tally = Tally(budget, f"a body of {what}")
     drafts = draw_bodies(source, start, random.Random(seed), max_depth=max_depth,
-                         schema=compiled)
-    return [_accepted(drafts, compiled, f"rule {start} of {desc.id}") for _ in range(count)]
+                         schema=compiled, tally=tally)
+    return [_accepted(drafts, compiled, what, tally) for _ in range(count)]
 
 
-def _accepted(drafts: Iterator[Value | None], schema: Schema | None, what: str) -> Value:
-    """The first of (at most :data:`MAX_ATTEMPTS`) ``drafts`` that is one value and that
-    ``schema`` accepts; raises the last :class:`SchemaError`, or ``ValueError`` if no draft
-    was one value."""
+def _accepted(drafts: Iterator[Value | None], schema: Schema | None, what: str,
+              tally: Tally) -> Value:
+    """The first of (at most ``max_drafts``) ``drafts`` that is one value and that
+    ``schema`` accepts (the tally's tokens counted from zero: the budgets are per body);
+    raises the last :class:`SchemaError`, or :class:`LimitError` if no draft was one
+    value."""
     refusal: SchemaError | None = None
-    for _ in range(MAX_ATTEMPTS):
+    tally.tokens = 0
+    attempts = tally.limits.max_drafts
+    for _ in range(attempts):
         body = next(drafts)
         if body is None:
             continue
@@ -377,12 +473,13 @@ def _accepted(drafts: Iterator[Value | None], schema: Schema | None, what: str) 
             refusal = exc
     if refusal is not None:
         raise refusal
-    raise ValueError(f"{what} gave no single value in {MAX_ATTEMPTS} draws")
+    raise LimitError(f"{what} gave no single value in {attempts} draws (LLMLimits.max_drafts)",
+                     limit="max_drafts", maximum=attempts)
 
 
 def generate_messages(descriptor: ProtocolDescriptor | bytes, count: int, seed: int = 0, *,
                       intent: Intent | str | None = None, schema: bool = True,
-                      max_depth: int = 6) -> list[Message]:
+                      max_depth: int = 6, limits: LLMLimits | None = None) -> list[Message]:
     """``count`` messages of the protocol (of ``intent``, or of its governed intents in
     turn), with bodies from :func:`generate_bodies` and envelopes that vary the optional
     fields (never a signature). Deterministic in ``seed``; raises as
@@ -391,7 +488,8 @@ def generate_messages(descriptor: ProtocolDescriptor | bytes, count: int, seed: 
     intents = [Intent(intent)] if intent is not None else list(desc.intents)
     rng = random.Random(seed)
     per = {i: generate_bodies(desc, i, (count + len(intents) - 1) // len(intents),
-                              rng.randrange(1 << 30), schema=schema, max_depth=max_depth)
+                              rng.randrange(1 << 30), schema=schema, max_depth=max_depth,
+                              limits=limits)
            for i in intents}
     messages: list[Message] = []
     for n in range(count):

@@ -9,6 +9,11 @@ and valid example messages. Every example is generated from the grammar
 :mod:`cbcl.llm._generate` with readable values and keyword sets in the author's order) and
 kept only when :func:`cbcl.parse` accepts the whole message with the protocol loaded — both
 passes and the schema — so a prompt never teaches a message the receiver would refuse.
+
+The work is bounded by :class:`~cbcl.core._limits.LLMLimits`: the drafts the examples take
+in all (``max_example_drafts``), the tokens drawn for them (``max_draw_tokens``, and
+``max_draft_tokens`` for one), and the size of the text (``max_output_bytes``); past one,
+:class:`LimitError`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from decimal import Decimal
 
 from ..core._canonical import canonical_value
 from ..core._errors import CBCLError
+from ..core._limits import DEFAULT_LLM_LIMITS, LLMLimits
 from ..core._values import URI, Keyword, Symbol, Value
 from ..protocol._api import parse
 from ..protocol._hints import (
@@ -30,7 +36,7 @@ from ..protocol._hints import (
 from ..protocol._message import Intent
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
-from ._generate import draw_bodies
+from ._generate import Tally, draw_bodies
 
 __all__ = ["example_bodies", "example_message", "render_prompt"]
 
@@ -73,16 +79,19 @@ def _pools(protocol: Protocol) -> dict[str, list[Value]]:
 
 
 def example_bodies(protocol: Protocol, intent: Intent, *, seed: int = 0,
-                   max_depth: int = _EXAMPLE_DEPTH) -> Iterator[str | None]:
+                   max_depth: int = _EXAMPLE_DEPTH, tally: Tally | None = None
+                   ) -> Iterator[str | None]:
     """Body texts (canonical) that the grammar's start rule for ``intent`` derives, drawn
     deterministically from ``seed`` by the package's body generator
     (:func:`cbcl.llm._generate.draw_bodies`) with values from small readable pools (the
     schema's ``one-of`` symbols and keywords among them) and keyword sets in the author's
     order: endless, ``None`` for a draft that is not one value. The schema does not guide
-    the draw (callers keep the bodies :func:`cbcl.parse` accepts)."""
+    the draw (callers keep the bodies :func:`cbcl.parse` accepts). ``tally`` counts the
+    tokens drawn (see :func:`~cbcl.llm._generate.draw_bodies`)."""
     source = grammar_index(protocol.descriptor).source
     for body in draw_bodies(source, protocol.descriptor.starts[intent], random.Random(seed),
-                            max_depth=max_depth, pools=_pools(protocol), ordered=True):
+                            max_depth=max_depth, pools=_pools(protocol), ordered=True,
+                            tally=tally):
         yield None if body is None else canonical_value(body)
 
 
@@ -93,21 +102,39 @@ def example_message(protocol: Protocol, intent: Intent, body: str, number: int =
             f"(body {body}))")
 
 
+class _Drafts:
+    """The drafts a prompt's examples have taken, bounded by ``max_example_drafts``."""
+
+    def __init__(self, limits: LLMLimits) -> None:
+        self.limits = limits
+        self.count = 0
+        self.tally = Tally(limits, "the prompt's examples")
+
+    def take(self) -> None:
+        self.count += 1
+        if self.count > self.limits.max_example_drafts:
+            raise self.limits.exceeded("max_example_drafts", "the prompt's examples")
+
+
 def examples(registry: Registry, protocol: Protocol, intents: Sequence[Intent],
-             count: int = 1, seed: int = 0) -> list[str]:
+             count: int = 1, seed: int = 0, drafts_taken: _Drafts | None = None) -> list[str]:
     """Example messages, each accepted by :func:`cbcl.parse` with ``registry`` (which holds
     ``protocol``), for ``intents`` (which share a start rule): ``count`` per form of the
-    body (per list head), for up to four forms, distinct, cycling through the intents."""
+    body (per list head), for up to four forms, distinct, cycling through the intents.
+    ``drafts_taken`` counts the drafts (default: under the default :class:`LLMLimits`);
+    raises :class:`LimitError` past its budgets."""
+    taken = _Drafts(DEFAULT_LLM_LIMITS) if drafts_taken is None else drafts_taken
     index = grammar_index(protocol.descriptor)
     forms = start_templates(index, protocol.descriptor.starts[intents[0]])
     wanted = count * min(len(forms), 4)
     found: list[str] = []
     heads: dict[str, int] = {}
-    drafts = example_bodies(protocol, intents[0], seed=seed)
+    drafts = example_bodies(protocol, intents[0], seed=seed, tally=taken.tally)
     for attempt in range(_ATTEMPTS * max(1, len(forms))):
         if len(found) == wanted:
             break
         intent = intents[len(found) % len(intents)]
+        taken.take()
         body = next(drafts)
         if body is None:
             continue
@@ -139,12 +166,16 @@ as shown."""
 
 
 def render_prompt(protocol: Protocol, *, registry: Registry, intent: Intent | None = None,
-                  count: int = 1, seed: int = 0) -> str:
+                  count: int = 1, seed: int = 0, limits: LLMLimits | None = None) -> str:
     """A system-prompt section (Markdown) that teaches a model to write messages of
     ``protocol`` (held by ``registry``): the envelope, the value syntax, each governed
     intent's body (only ``intent``'s, if given) and up to ``count`` valid example
-    messages per intent. Raises ``ValueError`` for an intent the protocol does not
-    govern."""
+    messages per intent. ``limits`` (default :class:`LLMLimits`) bound the work. Raises
+    ``ValueError`` for an intent the protocol does not govern and :class:`LimitError`
+    naming the budget a prompt would exceed."""
+    budget = DEFAULT_LLM_LIMITS if limits is None else limits
+    if not isinstance(budget, LLMLimits):
+        raise TypeError(f"limits must be LLMLimits, not {type(budget).__name__}")
     descriptor = protocol.descriptor
     intents = list(descriptor.intents)
     if intent is not None:
@@ -205,8 +236,12 @@ def render_prompt(protocol: Protocol, *, registry: Registry, intent: Intent | No
     shown = where_lines(index, references, limit=len(index.rules))
     if shown:
         lines += ["", "where", *(f"- {line}" for line in shown)]
+    taken = _Drafts(budget)
     texts = [text for members in groups.values()
-             for text in examples(registry, protocol, members, count, seed)]
+             for text in examples(registry, protocol, members, count, seed, taken)]
     if texts:
         lines += ["", "### Examples", "", "```cbcl", *texts, "```"]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if len(text.encode("utf-8", "surrogatepass")) > budget.max_output_bytes:
+        raise budget.exceeded("max_output_bytes", "the prompt")
+    return text

@@ -23,7 +23,12 @@ module decides it, sans I/O, in five steps:
    occurrences in one list are the same keyword: this is how a repeated unnamed key,
    which a schema refuses and a grammar does not notice, is represented exactly). Each
    class has a representative value, and a predicate's truth on a class is its truth on
-   the representative, computed by the real schema code.
+   the representative. The classes are sorted kind by kind (numbers by value, strings and
+   symbols by length, URIs by scheme), so that each predicate holds on a few *intervals*
+   of them, found by bisection and checked at their ends, inside and out, by the real
+   schema code: O(n log n) in the bounds and named values, never their product. Bounds
+   are computed with exactly, in a decimal context wide enough for every number the
+   reader admits (a number beyond them is refused before any arithmetic).
 3. **Automata.** Every tree type's content becomes an NFA (Thompson's construction; a
    rule is inlined where it is referenced; a strongly connected set of rules is inlined
    once as a right- or left-linear NFA fragment; anything else there is self-embedding
@@ -37,7 +42,9 @@ module decides it, sans I/O, in five steps:
    All content automata run together over a list's children; the product state after the
    last child gives the list's signature. The reachable product states and signatures are
    computed to a fixpoint, with the atom classes and the signatures found so far as the
-   alphabet; product states in which no tree type of the side that must be covered is
+   alphabet — from each product state, one class (the cheapest) for each block of classes
+   that its automata cannot tell apart, which a sweep over the intervals of the sets they
+   test finds; product states in which no tree type of the side that must be covered is
    alive are pruned (no subtree of a body that side accepts passes through them). A body
    is one value: for each intent and each atom class or signature, each side's start rule
    (on that single letter) and schema root decide acceptance. Backward compatibility is:
@@ -48,6 +55,8 @@ module decides it, sans I/O, in five steps:
    the real reader and judged by both real recognisers (pass 2 tables and schema check);
    if they disagree with the analysis the verdict is ``unknown`` (and that is a bug).
 
+Nothing here recurses on a grammar's or a schema's depth: the walks keep explicit stacks,
+and the functions that build something per level are generators run by :func:`_run`.
 Where the grammars are not of that shape, or a limit (:class:`CompatLimits`) is reached,
 the verdict is ``unknown``, never ``compatible``; a bounded random search over bodies the
 covered side's grammar generates then looks for a witness with the real recognisers, and a
@@ -59,16 +68,30 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import ROUND_FLOOR, Decimal
+from decimal import (
+    ROUND_CEILING,
+    ROUND_FLOOR,
+    Context,
+    Decimal,
+    DecimalException,
+    DivisionByZero,
+    Inexact,
+    InvalidOperation,
+    Overflow,
+    localcontext,
+)
 from typing import Any
 
 from ..core._canonical import canonical_value
-from ..core._errors import CBCLError, GrammarError
+from ..core._errors import CBCLError, DescriptorError, GrammarError
 from ..core._limits import DEFAULT_LIMITS
 from ..core._reader import read
 from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
+from ..core._vocabulary import MAX_DECIMAL_CHARS
 from ..grammar._compile import CompiledGrammar, compile_grammar
 from ..grammar._lr import LALR1, analyse
 from ..grammar._subset import (
@@ -78,6 +101,7 @@ from ..grammar._subset import (
     GrammarSource,
     Group,
     Item,
+    KeywordMember,
     KeywordSet,
     Literal,
     Reference,
@@ -136,15 +160,22 @@ Compile = Callable[[ProtocolDescriptor], CompiledGrammar]
 @dataclass(frozen=True, slots=True)
 class CompatLimits:
     """Limits on one comparison; reaching one makes the verdict ``unknown`` (never an
-    exception), with the limit named in the report.
+    exception), with the limit named in the report. Each is counted as the work is done,
+    before the work it protects (spec/compatibility.md §5).
 
     * ``max_states`` (20,000): product states (and, separately, signatures) explored by
       the determinisation of step 4;
-    * ``max_steps`` (2,000,000): product transitions computed (bounds the time);
+    * ``max_steps`` (1,000,000): the work of step 4, in automaton moves: each product
+      transition counts one, plus one per grammar NFA state and per schema automaton it
+      advances, plus one per segment swept to find the letters of a state (bounds the
+      time);
     * ``max_nfa_states`` (200,000): NFA states built for both grammars (inlining rules can
       multiply them);
     * ``max_members`` (12): members of one keyword set handled exactly (its automaton has
       a state per subset of members);
+    * ``max_atom_classes`` (50,000): atom classes of step 2 (the named values, and a
+      region between each two bounds or lengths the schemas name), counted as soon as
+      they are made, before any automaton uses them;
     * ``max_witness_nodes`` (10,000): atoms plus lists of a witness body;
     * ``max_atom_chars`` (65,536): the length of a string or symbol a class needs as its
       representative (a schema's ``:min-length`` above it is not analysed);
@@ -157,13 +188,14 @@ class CompatLimits:
     """
 
     max_states: int = 20_000
-    max_steps: int = 2_000_000
+    max_steps: int = 1_000_000
     max_nfa_states: int = 200_000
     max_members: int = 12
     max_witness_nodes: int = 10_000
     max_atom_chars: int = 65_536
     search_bodies: int = 500
     search_depth: int = 6
+    max_atom_classes: int = 50_000
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -198,6 +230,8 @@ class CompatReport:
     search: str | None = None
     #: Product states and signatures explored (for benchmarks and curiosity).
     explored: tuple[int, int] = (0, 0)
+    #: The steps the analysis took, as ``CompatLimits.max_steps`` counts them.
+    steps: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -257,6 +291,29 @@ def _atom_of(item: Literal | Reference) -> Term:
     return ("atom", ("kind", item.name))
 
 
+#: A function made iterative: a generator that yields the calls it makes (generators)
+#: and is sent their results; :func:`_run` runs it on an explicit stack.
+_Call = Generator[Any, Any, Any]
+
+
+def _run(call: _Call) -> Any:
+    """The result of ``call``, its nested calls run on an explicit stack (no Python
+    frame per level: a grammar's nesting cannot exhaust the interpreter's stack)."""
+    stack = [call]
+    value: Any = None
+    while True:
+        try:
+            inner = stack[-1].send(value)
+        except StopIteration as stop:
+            stack.pop()
+            if not stack:
+                return stop.value
+            value = stop.value
+        else:
+            stack.append(inner)
+            value = None
+
+
 class _Terms:
     """The hedge terms of one grammar (step 1)."""
 
@@ -264,12 +321,15 @@ class _Terms:
         self.max_members = max_members
         self.rules: dict[str, Term] = {}
         for rule in source.rules:
-            self.rules[rule.name] = self.alternatives(rule.alternatives, rule.name)
+            self.rules[rule.name] = _run(self.alternatives(rule.alternatives, rule.name))
 
-    def alternatives(self, alternatives: tuple[Alternative, ...], where: str) -> Term:
-        return ("alt", tuple(self.sequence(alt.items, where) for alt in alternatives))
+    def alternatives(self, alternatives: tuple[Alternative, ...], where: str) -> _Call:
+        out = []
+        for alt in alternatives:
+            out.append((yield self.sequence(alt.items, where)))
+        return ("alt", tuple(out))
 
-    def sequence(self, items: tuple[Item, ...], where: str) -> Term:
+    def sequence(self, items: tuple[Item, ...], where: str) -> _Call:
         stack: list[list[Term]] = [[]]
         for item in items:
             if isinstance(item, Literal) and item.text == "(":
@@ -282,13 +342,13 @@ class _Terms:
                 content = stack.pop()
                 stack[-1].append(("tree", _TreeNode(("seq", tuple(content)))))
             else:
-                stack[-1].append(self.item(item, where))
+                stack[-1].append((yield self.item(item, where)))
         if len(stack) != 1:
             raise _Unknown(f"rule {where}: a '(' is not closed within its alternative "
                            f"(parentheses not balanced within one alternative)")
         return ("seq", tuple(stack[0]))
 
-    def item(self, item: Item, where: str) -> Term:
+    def item(self, item: Item, where: str) -> _Call:
         if isinstance(item, Literal):
             if item.text in "()":
                 raise _Unknown(f"rule {where}: a parenthesis at {item.position} inside a "
@@ -300,16 +360,19 @@ class _Terms:
                 return _atom_of(item)
             return ("ref", item.name)
         if isinstance(item, Group):
-            inner = self.alternatives(item.alternatives, where)
+            inner = yield self.alternatives(item.alternatives, where)
             return ("alt", (_EPS, inner)) if item.optional else inner
         if isinstance(item, Repeat):
-            return ("rep", self.item(item.item, where), item.op)
+            return ("rep", (yield self.item(item.item, where)), item.op)
         if isinstance(item, KeywordSet):
             if len(item.members) > self.max_members:
                 raise _Unknown(f"rule {where}: a keyword set of {len(item.members)} members "
                                f"(more than max_members, {self.max_members})")
-            return ("kset", tuple((("lit", Keyword(m.keyword[1:])), self.item(m.item, where),
-                                   m.optional) for m in item.members))
+            members = []
+            for m in item.members:
+                members.append((("lit", Keyword(m.keyword[1:])), (yield self.item(m.item, where)),
+                                m.optional))
+            return ("kset", tuple(members))
         raise _Unknown(f"rule {where}: an item of an unknown kind")  # pragma: no cover
 
 
@@ -339,21 +402,29 @@ def _mentions(term: Term, scc: frozenset[str]) -> bool:
 
 def _linear(term: Term, scc: frozenset[str], last: bool) -> bool:
     """Whether references to ``scc`` occur in ``term`` only in its last (``last``) or
-    first position."""
-    kind = term[0]
-    if kind == "seq":
-        items = term[1]
-        if not items:
-            return True
-        edge = items[-1] if last else items[0]
-        rest = items[:-1] if last else items[1:]
-        return all(not _mentions(t, scc) for t in rest) and _linear(edge, scc, last)
-    if kind == "alt":
-        return all(_linear(t, scc, last) for t in term[1])
-    if kind == "rep":
-        return (term[2] == "?" and _linear(term[1], scc, last)) or not _mentions(term[1], scc)
-    if kind == "kset":
-        return not _mentions(term, scc)
+    first position (an explicit stack: no Python frame per level)."""
+    stack = [term]
+    while stack:
+        t = stack.pop()
+        kind = t[0]
+        if kind == "seq":
+            items = t[1]
+            if not items:
+                continue
+            edge = items[-1] if last else items[0]
+            rest = items[:-1] if last else items[1:]
+            if any(_mentions(r, scc) for r in rest):
+                return False
+            stack.append(edge)
+        elif kind == "alt":
+            stack.extend(t[1])
+        elif kind == "rep":
+            if _mentions(t[1], scc):
+                if t[2] != "?":
+                    return False
+                stack.append(t[1])
+        elif kind == "kset" and _mentions(t, scc):
+            return False
     return True
 
 
@@ -439,23 +510,117 @@ def _schema_types(schema: Schema | None) -> Iterator[SchemaType]:
             stack.append(t.item)
 
 
-def _near_zero(lo: int, hi: int, avoid: set[Any], make: Callable[[int], Any],
-               ) -> Iterator[Any]:
-    """Values ``make(k)`` for integers k in [lo, hi], nearest 0 first, not in ``avoid``."""
+#: Decimal arithmetic on schema bounds and the representatives between them: exact for
+#: every number the reader admits (int64 integers, decimals of at most MAX_DECIMAL_CHARS
+#: characters) and for representatives of up to MAX_DECIMAL_CHARS places; anything else
+#: (a hand-built schema's number) signals, and becomes a DescriptorError.
+_DECIMALS = Context(prec=4 * MAX_DECIMAL_CHARS, rounding=ROUND_FLOOR, Emax=999_999,
+                    Emin=-999_999, traps=[InvalidOperation, DivisionByZero, Overflow,
+                                          Inexact])
+
+
+def _arithmetic_refused(value: object, why: str) -> DescriptorError:
+    if type(value) is int and value.bit_length() > 256:
+        shown = f"(an integer of {value.bit_length()} bits)"
+    else:
+        shown = _clip(str(value), 60)
+    return DescriptorError(f"descriptor: the schema bound {shown} cannot be analysed ({why})")
+
+
+#: The magnitude (a power of ten) of the largest and smallest numbers analysed: far beyond
+#: any the reader admits (int64, and 40-character decimals), so only a hand-built
+#: schema's numbers are refused.
+_MAGNITUDE = 2 * MAX_DECIMAL_CHARS
+
+
+def _bound(value: Any) -> Any:
+    """``value``, a schema's numeric bound, if the analysis can compute with it exactly;
+    raises :class:`DescriptorError` otherwise (a non-finite decimal, or one beyond
+    10^±:data:`_MAGNITUDE`), before any arithmetic."""
+    if type(value) is Decimal:
+        if not value.is_finite():
+            raise _arithmetic_refused(value, "not a finite number")
+        if value and not -2 * _MAGNITUDE <= value.adjusted() <= _MAGNITUDE:
+            raise _arithmetic_refused(value, "beyond the numbers a descriptor can hold")
+    elif type(value) is int and value.bit_length() > 4 * _MAGNITUDE:
+        raise _arithmetic_refused(value, "beyond the numbers a descriptor can hold")
+    return value
+
+
+def _decimal(k: Any) -> Decimal:
+    """``k`` (an int or a Decimal) as a decimal written with a point (``3.0``); raises
+    :class:`DescriptorError` for a number beyond exact arithmetic."""
+    _bound(k)
+    try:
+        with localcontext(_DECIMALS):
+            value = Decimal(k)
+            if value.as_tuple().exponent >= 0:  # type: ignore[operator]
+                value = value.quantize(_TENTHS)
+            return value
+    except DecimalException as exc:
+        raise _arithmetic_refused(k, type(exc).__name__) from None
+
+
+_TENTHS = Decimal("0.1")
+
+
+def _first_free(values: list[Any], start: Any, step: Any, stop: Any) -> Any:
+    """The first of ``start``, ``start + step``, … (before ``stop``, if given: towards it)
+    that is not in the sorted list ``values``, or ``None``. Costs one bisection and the run
+    of consecutive members of ``values`` it skips."""
+    k = bisect_left(values, start)
+    candidate = start
+    if step > 0:
+        while k < len(values) and values[k] == candidate:
+            candidate += step
+            k += 1
+            if stop is not None and candidate > stop:
+                return None
+        return candidate if stop is None or candidate <= stop else None
+    k = bisect_right(values, start) - 1
+    while k >= 0 and values[k] == candidate:
+        candidate += step
+        k -= 1
+        if stop is not None and candidate < stop:
+            return None
+    return candidate if stop is None or candidate >= stop else None
+
+
+def _written(value: Decimal) -> bool:
+    """Whether the reader can read ``value`` back (at most MAX_DECIMAL_CHARS characters)."""
+    return len(format(value, "f")) <= MAX_DECIMAL_CHARS
+
+
+def _shortest_beyond(edge: Any, other: Any, ordered: list[Any], direction: int
+                     ) -> Decimal | None:
+    """The shortest decimal beyond ``edge`` (above it for ``direction`` 1, below for -1),
+    strictly before ``other`` if given, not in the sorted list ``ordered``: multiples of
+    0.1 first, then of 0.01, and so on. Run in the context :data:`_DECIMALS`."""
+    one = Decimal(1)
+    rounding = ROUND_FLOOR if direction > 0 else ROUND_CEILING
+    for places in range(1, 2 * MAX_DECIMAL_CHARS):
+        unit = one.scaleb(-places)
+        step = unit if direction > 0 else -unit
+        nearest = (Decimal(edge) / unit).to_integral_value(rounding=rounding) * unit + step
+        found = _first_free(ordered, nearest.quantize(unit), step, other)
+        if found is not None and (other is None or found != other):
+            return found  # type: ignore[no-any-return]
+    return None
+
+
+def _near_zero(lo: int, hi: int, points: list[int]) -> int | None:
+    """The integer of [lo, hi] nearest 0 (the larger of two as near) that is not in the
+    sorted list ``points``, or ``None``."""
     if lo > hi:
-        return
+        return None
     start = min(max(0, lo), hi)
-    tried = 0
-    for step in range(0, hi - lo + 1):
-        for k in ((start + step, start - step) if step else (start,)):
-            if lo <= k <= hi:
-                value = make(k)
-                if value not in avoid:
-                    yield value
-                    return
-                tried += 1
-                if tried > len(avoid) + 2:
-                    return
+    up: int | None = _first_free(points, start, 1, hi)
+    down: int | None = _first_free(points, start - 1, -1, lo) if start - 1 >= lo else None
+    if up is None:
+        return down
+    if down is None or up - start <= start - down:
+        return up
+    return down
 
 
 def _regions(bounds: Iterable[Any]) -> list[tuple[Any, Any]]:
@@ -471,20 +636,92 @@ def _regions(bounds: Iterable[Any]) -> list[tuple[Any, Any]]:
     return out
 
 
-def _decimal(k: Any) -> Decimal:
-    value = Decimal(k)
-    if value.as_tuple().exponent >= 0:  # type: ignore[operator]
-        value = value.quantize(Decimal("0.0"))
-    return value
+class _Set:
+    """A set of atom classes: their indexes as sorted, disjoint, non-empty half-open
+    intervals (every predicate is a few intervals of the ordered classes, see
+    :class:`_Atoms`)."""
+
+    __slots__ = ("_hash", "starts", "stops")
+
+    def __init__(self, intervals: Iterable[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for a, b in sorted(intervals):
+            if a >= b:
+                continue
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        self.starts = tuple(a for a, _ in merged)
+        self.stops = tuple(b for _, b in merged)
+        self._hash = hash((self.starts, self.stops))
+
+    def __contains__(self, index: object) -> bool:
+        if type(index) is not int:
+            return False
+        k = bisect_right(self.starts, index) - 1
+        return k >= 0 and index < self.stops[k]
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Set) and self.starts == other.starts \
+            and self.stops == other.stops
+
+    def __bool__(self) -> bool:
+        return bool(self.starts)
+
+    def __iter__(self) -> Iterator[int]:
+        for a, b in zip(self.starts, self.stops, strict=True):
+            yield from range(a, b)
+
+    def intervals(self) -> Iterator[tuple[int, int]]:
+        return zip(self.starts, self.stops, strict=True)
+
+    def size(self) -> int:
+        return sum(b - a for a, b in self.intervals())
+
+
+_NO_CLASSES = _Set(())
+#: The kinds in the order of the class list.
+_KIND_ORDER: tuple[type, ...] = (Symbol, Keyword, str, int, Decimal, URI)
+
+
+def _rep_length(rep: Value) -> int:
+    """The length of a representative's text (its text may be too long to write)."""
+    try:
+        return len(canonical_value(rep))
+    except CBCLError:
+        return len(str(rep))
+
+
+def _class_order(c: _Class) -> Any:
+    """How classes of one kind are sorted: numbers by value, URIs by scheme, other atoms
+    by length; then by text (fresh keywords last)."""
+    rep = c.rep
+    if c.kind in (int, Decimal):
+        return rep
+    text = str.__str__(rep)
+    if c.kind is URI:
+        return (0, text[:text.index(":")], text)
+    return (c.fresh, len(text), text)
 
 
 class _Atoms:
-    """The partition of step 2 for two descriptors."""
+    """The partition of step 2 for two descriptors.
+
+    The classes are listed kind by kind (:data:`_KIND_ORDER`), each kind sorted by
+    :func:`_class_order`, so that what any predicate of either descriptor holds of is a
+    few intervals of the list: a numeric range is found by bisecting values, a length
+    bound by bisecting lengths, a scheme by bisecting schemes, a literal or one-of value
+    by a dictionary. Each interval found is checked at its ends (and just outside them)
+    with the real schema code, so the sets are the real predicates' truth. Building
+    them costs O(n log n) in the bounds and named values, never their product."""
 
     def __init__(self, predicates: set[Term], schemas: list[Schema | None],
                  limits: CompatLimits) -> None:
-        points: dict[type, set[Any]] = {t: set() for t in (Symbol, Keyword, str, int, Decimal,
-                                                           URI)}
+        points: dict[type, set[Any]] = {t: set() for t in _KIND_ORDER}
         int_bounds: set[Any] = set()
         dec_bounds: set[Any] = set()
         str_lengths: set[int] = set()
@@ -498,9 +735,9 @@ class _Atoms:
             for t in _schema_types(schema):
                 if isinstance(t, AtomType):
                     if t.kind in ("integer", "number"):
-                        int_bounds.update(b for b in (t.low, t.high) if b is not None)
+                        int_bounds.update(_bound(b) for b in (t.low, t.high) if b is not None)
                     if t.kind in ("decimal", "number"):
-                        dec_bounds.update(b for b in (t.low, t.high) if b is not None)
+                        dec_bounds.update(_bound(b) for b in (t.low, t.high) if b is not None)
                     lengths = {b for b in (t.min_length, t.max_length) if b is not None}
                     if t.kind == "string":
                         str_lengths.update(lengths)
@@ -513,19 +750,17 @@ class _Atoms:
                 elif isinstance(t, OneOf):
                     for v in t.values:
                         if type(v) in points:
-                            points[type(v)].add(Decimal(v) if type(v) is Decimal else v)
+                            points[type(v)].add(v)
                 elif isinstance(t, Keys):
                     points[Keyword].update(k for k in t.fields if type(k) is Keyword)
                     marked = marked or t.other is not None
                 elif isinstance(t, Record):
                     points[Symbol].update(h for h in t.heads if type(h) is Symbol)
+        points[int] = {v for v in points[int] if INT64_MIN <= v <= INT64_MAX}
         self.points = points
-        classes: list[_Class] = []
-        for kind, values in points.items():
-            for v in sorted(values, key=lambda v: (str(type(v)), str(v))):
-                if kind is int and not INT64_MIN <= v <= INT64_MAX:
-                    continue
-                classes.append(_Class(kind, v, True))
+        classes: list[_Class] = [_Class(type(v), v, True) for values in points.values()
+                                 for v in values]
+        int_points = sorted(points[int])
         # integers, cut by the bounds, inside the 64-bit range
         for a, b in _regions(int_bounds):
             if a is not None and a == b:
@@ -536,12 +771,15 @@ class _Atoms:
             else:
                 lo = INT64_MIN if a is None else max(INT64_MIN, math.floor(a) + 1)
                 hi = INT64_MAX if b is None else min(INT64_MAX, math.ceil(b) - 1)
-            for value in _near_zero(lo, hi, points[int], int):
-                classes.append(_Class(int, value, False))
-        for a, b in _regions(dec_bounds):
-            value = self._decimal_in(a, b, points[Decimal])
+            value = _near_zero(lo, hi, int_points)
             if value is not None:
-                classes.append(_Class(Decimal, value, False))
+                classes.append(_Class(int, value, False))
+        dec_points = sorted(points[Decimal])
+        for a, b in _regions(dec_bounds):
+            found = self._decimal_in(a, b, points[Decimal], dec_points)
+            if found is not None:
+                if _written(found):  # (else no decimal the reader reads lies there)
+                    classes.append(_Class(Decimal, found, False))
             elif a is None or a != b:  # an open interval of decimals is never empty
                 raise _Unknown(f"no representative decimal between {a} and {b}")
         for kind, lengths, low_length in ((str, str_lengths, 0), (Symbol, sym_lengths, 1)):
@@ -574,41 +812,81 @@ class _Atoms:
         other = next(f"x{i}" if i else "x" for i in range(len(schemes) + 1)
                      if (f"x{i}" if i else "x") not in schemes)
         uri = self._uri(other)
-        assert uri is not None
+        if uri is None:  # pragma: no cover (x, x1, … are schemes)
+            raise _Unknown("no representative URI")
         classes.append(_Class(URI, uri, False))
+        # (Making them took O(n log n) in the named values and bounds: a descriptor's
+        # size bounds that; what follows is bounded by their number.)
+        if len(classes) > limits.max_atom_classes:
+            raise _Unknown(f"the schemas and grammars need {len(classes)} atom classes "
+                           f"(more than max_atom_classes, {limits.max_atom_classes})")
+        rank = {kind: k for k, kind in enumerate(_KIND_ORDER)}
+        classes.sort(key=lambda c: rank[c.kind])
+        self.ranges: dict[type, tuple[int, int]] = {}
+        start = 0
+        for of_kind in _KIND_ORDER:
+            stop = start
+            while stop < len(classes) and classes[stop].kind is of_kind:
+                stop += 1
+            classes[start:stop] = sorted(classes[start:stop], key=_class_order)
+            self.ranges[of_kind] = (start, stop)
+            start = stop
         self.classes = classes
-        self.all = frozenset(range(len(classes)))
-        self.keyword_classes = frozenset(i for i, c in enumerate(classes) if c.kind is Keyword)
+        self.all = _Set([(0, len(classes))])
+        self.keyword_classes = _Set([self.ranges[Keyword]])
+        #: (type, value) of each point class -> its index
+        self.index = {(c.kind, c.rep): i for i, c in enumerate(classes) if c.point}
+        # what the ranges are bisected by, per kind
+        self.keys: dict[type, list[Any]] = {}
+        for of_kind, (a, b) in self.ranges.items():
+            texts = [str.__str__(c.rep) if isinstance(c.rep, str) else "" for c in classes[a:b]]
+            if of_kind in (int, Decimal):
+                self.keys[of_kind] = [c.rep for c in classes[a:b]]
+            elif of_kind is URI:
+                self.keys[of_kind] = [text[:text.index(":")] for text in texts]
+            elif of_kind in (str, Symbol):
+                self.keys[of_kind] = [len(text) for text in texts]
+        #: the cost of each class as a witness's atom: one node, then its characters
+        self.cost = [_UNIT + min(_rep_length(c.rep), 1000) for c in classes]
+        self._cheapest = _RangeMin(self.cost)
+        self._sets: dict[Any, _Set] = {}
+        self._point_sets: dict[Any, _Set] = {}
 
-    def _decimal_in(self, a: Any, b: Any, avoid: set[Any]) -> Decimal | None:
+    @staticmethod
+    def _decimal_in(a: Any, b: Any, avoid: set[Any], ordered: list[Any]) -> Decimal | None:
+        """A decimal of the region ``(a, b)`` (or the point ``a == b``) that is not in
+        ``avoid`` (``ordered``, sorted): the nearest the region's edge, the shortest."""
+        _bound(a)
+        _bound(b)
+        try:
+            with localcontext(_DECIMALS):
+                return _Atoms._decimal_between(a, b, avoid, ordered)
+        except DecimalException as exc:
+            raise _arithmetic_refused(b if a is None else a, type(exc).__name__) from None
+
+    @staticmethod
+    def _decimal_between(a: Any, b: Any, avoid: set[Any], ordered: list[Any]
+                         ) -> Decimal | None:
         if a is not None and a == b:
             value = _decimal(a)
             return None if value in avoid else value
-        candidates: list[Decimal] = []
+        one = Decimal(1)
+        found: Decimal | None
         if a is None and b is None:
-            candidates = [_decimal(k) for k in range(0, len(avoid) + 2)]
-        elif a is None:
-            top = math.ceil(b) - 1
-            candidates = [_decimal(top - k) for k in range(len(avoid) + 2)]
-        elif b is None:
-            bottom = math.floor(a) + 1
-            candidates = [_decimal(bottom + k) for k in range(len(avoid) + 2)]
+            found = _first_free(ordered, _decimal(0), one, None)
+        elif b is None:  # the next integer up, or else the shortest decimal above a
+            found = _first_free(ordered, _decimal(math.floor(a) + 1), one, None)
+            if found is not None and not _written(found):
+                found = _shortest_beyond(a, None, ordered, 1)
+        elif a is None:  # the next integer down, or else the shortest decimal below b
+            found = _first_free(ordered, _decimal(math.ceil(b) - 1), -one, None)
+            if found is not None and not _written(found):
+                found = _shortest_beyond(b, None, ordered, -1)
         else:
-            # the shortest decimals above a: multiples of 0.1, then of 0.01, ...
-            da = Decimal(a)
-            for places in range(1, 30):
-                unit = Decimal(1).scaleb(-places)
-                first = (da / unit).to_integral_value(rounding=ROUND_FLOOR) + 1
-                for k in range(len(avoid) + 2):
-                    value = ((first + k) * unit).quantize(unit)
-                    if value < b:
-                        candidates.append(value)
-                if len(candidates) > len(avoid):
-                    break
-        for value in candidates:
-            if value not in avoid and (a is None or value > a) and (b is None or value < b):
-                return value
-        return None
+            found = _shortest_beyond(a, b, ordered, 1)
+        if found is None or (a is not None and found <= a) or (b is not None and found >= b):
+            return None  # pragma: no cover (a free value always lies past the run)
+        return found
 
     @staticmethod
     def _text_of(kind: type, lo: int, hi: int, avoid: set[Any]) -> Any:
@@ -649,29 +927,160 @@ class _Atoms:
                 if found == n:
                     return kw
 
-    def grammar_classes(self, pred: Term) -> frozenset[int]:
-        kind, what = pred
-        out = set()
-        for i, c in enumerate(self.classes):
-            if kind == "lit":
-                if c.point and type(c.rep) is type(what) and c.rep == what:
-                    out.add(i)
-            elif what == NUMBER:
-                if c.kind in (int, Decimal):
-                    out.add(i)
-            elif c.kind is _KIND_TYPES[what]:
-                out.add(i)
-        return frozenset(out)
+    def point(self, value: Value) -> _Set:
+        """The class of the named value ``value`` (none if it has none)."""
+        key = (type(value), value)
+        found = self._point_sets.get(key)
+        if found is None:
+            index = self.index.get(key)
+            found = _NO_CLASSES if index is None else _Set([(index, index + 1)])
+            self._point_sets[key] = found
+        return found
 
-    def schema_classes(self, t: AtomType | OneOf) -> frozenset[int]:
-        out = set()
-        for i, c in enumerate(self.classes):
-            if isinstance(t, OneOf):
-                if c.point and _one_of(t, c.rep):
-                    out.add(i)
-            elif _atom_problem(t, c.rep) is None:
-                out.add(i)
-        return frozenset(out)
+    def kind(self, kind: type) -> _Set:
+        return _Set([self.ranges[kind]])
+
+    def grammar_classes(self, pred: Term) -> _Set:
+        kind, what = pred
+        if kind == "lit":
+            return self.point(what)
+        if what == NUMBER:
+            return _Set([self.ranges[int], self.ranges[Decimal]])
+        return self.kind(_KIND_TYPES[what])
+
+    def schema_classes(self, t: AtomType | OneOf) -> _Set:
+        found = self._sets.get(id(t))
+        if found is None:
+            found = self._sets[id(t)] = (self._one_of(t) if isinstance(t, OneOf)
+                                         else self._atom_type(t))
+        return found
+
+    def _one_of(self, t: OneOf) -> _Set:
+        out = []
+        for v in t.values:
+            found = self.index.get((type(v), v))
+            if found is not None:
+                if not _one_of(t, self.classes[found].rep):  # pragma: no cover
+                    raise _Unknown("a one-of value's class does not satisfy it (an analysis "
+                                   "bug; please report it)")
+                out.append((found, found + 1))
+        return _Set(out)
+
+    def _atom_type(self, t: AtomType) -> _Set:
+        """The classes an atom type holds of: per kind it admits, the interval its bounds
+        cut (checked at both ends, inside and out, by the schema's own test)."""
+        out: list[tuple[int, int]] = []
+        for kind in _ATOM_KIND_TYPES[t.kind]:
+            start, stop = self.ranges[kind]
+            if t.kind == "boolean":
+                out += [(i, i + 1) for i in range(start, stop)
+                        if self.classes[i].point and self.classes[i].rep in _BOOLEANS]
+                continue
+            keys = self.keys.get(kind)
+            a, b = start, stop
+            low: Any = None
+            high: Any = None
+            if kind in (int, Decimal):
+                low, high = t.low, t.high
+            elif kind in (str, Symbol):
+                low, high = t.min_length, t.max_length
+            elif kind is URI:
+                low = high = t.scheme
+            if keys is not None:
+                if low is not None:
+                    a = start + bisect_left(keys, low)
+                if high is not None:
+                    b = start + bisect_right(keys, high)
+            if a < b:
+                out.append((a, b))
+            self._confirm(t, a, b, start, stop)
+        return _Set(out)
+
+    def _confirm(self, t: AtomType, a: int, b: int, start: int, stop: int) -> None:
+        def holds(i: int) -> bool:
+            try:
+                return _atom_problem(t, self.classes[i].rep) is None
+            except CBCLError:  # (a problem whose message cannot show the value)
+                return False
+
+        inside = [i for i in (a, b - 1) if a < b]
+        outside = [i for i in (a - 1, b) if start <= i < stop and not a <= i < b]
+        if not all(holds(i) for i in inside) or any(holds(i) for i in outside):
+            raise _Unknown(f"the classes of {t.describe()} do not agree with the schema "
+                           f"(an analysis bug; please report it)")
+
+    def blocks(self, sets: Iterable[_Set], wanted: Iterable[_Set] | None,
+               split_keywords: bool) -> tuple[list[int], int]:
+        """The classes that no set of ``sets`` tells apart form blocks; one class stands
+        for each (its cheapest): those, among the classes in some ``wanted`` set (every
+        class if ``None``), with each keyword class a block of its own if
+        ``split_keywords``. Also returns the work done (segments swept)."""
+        ids: dict[_Set, int] = {}
+        for s in sets:
+            ids.setdefault(s, len(ids))
+        wanted_ids = None if wanted is None else {ids.setdefault(s, len(ids)) for s in wanted}
+        events: dict[int, list[int]] = {0: [], len(self.classes): []}
+        for s, k in ids.items():
+            for a, b in s.intervals():
+                events.setdefault(a, []).append(k + 1)
+                events.setdefault(b, []).append(-k - 1)
+        kw_start, kw_stop = self.ranges[Keyword]
+        if split_keywords:
+            for i in range(kw_start, kw_stop + 1):
+                events.setdefault(i, [])
+        positions = sorted(events)
+        active: set[int] = set()
+        best: dict[Any, int] = {}
+        cost = self.cost
+        for j in range(len(positions) - 1):
+            for change in events[positions[j]]:
+                if change > 0:
+                    active.add(change - 1)
+                else:
+                    active.discard(-change - 1)
+            a, b = positions[j], positions[j + 1]
+            if wanted_ids is not None and wanted_ids.isdisjoint(active):
+                continue
+            key: Any = frozenset(active)
+            if split_keywords and kw_start <= a < kw_stop:
+                key = (key, a)
+            index = self._cheapest(a, b)
+            found = best.get(key)
+            if found is None or cost[index] < cost[found]:
+                best[key] = index
+        return sorted(best.values()), len(positions)
+
+
+_UNIT = 1 << 32  # a witness's cost: (nodes << 32) + characters
+_BOOLEANS = (Symbol("true"), Symbol("false"))
+_ATOM_KIND_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "decimal": (Decimal,), "number": (int, Decimal),
+    "symbol": (Symbol,), "keyword": (Keyword,), "uri": (URI,), "boolean": (Symbol,),
+    "any": _KIND_ORDER}
+
+
+class _RangeMin:
+    """The index of the least value in ``values[a:b]``, in constant time (a sparse table,
+    n log n ints)."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = values
+        level = array("l", range(len(values)))
+        self.levels = [level]
+        width = 1
+        while 2 * width <= len(values):
+            previous = level
+            level = array("l", (previous[i] if values[previous[i]] <= values[
+                previous[i + width]] else previous[i + width]
+                for i in range(len(values) - 2 * width + 1)))
+            self.levels.append(level)
+            width *= 2
+
+    def __call__(self, a: int, b: int) -> int:
+        k = (b - a).bit_length() - 1
+        level = self.levels[k]
+        i, j = level[a], level[b - (1 << k)]
+        return i if self.values[i] <= self.values[j] else j
 
 
 _KIND_TYPES: dict[str, type] = {"SYMBOL": Symbol, "KEYWORD": Keyword, "STRING": str,
@@ -691,12 +1100,12 @@ class _Builder:
         self.limit = limits.max_nfa_states
         self.eps: list[list[int]] = []
         #: per state: (classes or None for a tree move, tree type or _ANY_LABEL, target)
-        self.moves: list[list[tuple[frozenset[int] | None, int, int]]] = []
+        self.moves: list[list[tuple[_Set | None, int, int]]] = []
         self.tree_ids: dict[int, int] = {}  # id(_TreeNode) -> tree type
         self.tree_nodes: list[_TreeNode] = []
         self.tree_bounds: list[tuple[int, int]] = []
         self.uses_value = False
-        self._classes: dict[Term, frozenset[int]] = {}
+        self._classes: dict[Term, _Set] = {}
 
     def new(self) -> int:
         if len(self.eps) >= self.limit:
@@ -869,7 +1278,7 @@ _KEY = -1  # a keyword list's state that expects a key
 
 @dataclass(slots=True)
 class _Spec:
-    classes: frozenset[int]
+    classes: _Set
     tree: int | None  # a schema tree type
     any: bool
 
@@ -889,29 +1298,34 @@ class _SchemaSide:
             return
         for record in schema.records:
             prefix = self._add(("prefix", record.heads))
-            self.roots.append((prefix, self.tid(record)))
+            self.roots.append((prefix, _run(self.tid(record))))
 
     def _add(self, entry: tuple[Any, ...]) -> int:
         self.types.append(entry)
         return self.first + len(self.types) - 1
 
-    def tid(self, t: SchemaType) -> int:
+    # tid() and spec() recurse as the schema's types nest: generators run by _run.
+
+    def tid(self, t: SchemaType) -> _Call:
         found = self.ids.get(id(t))
         if found is None:
             if isinstance(t, ListOf):
-                found = self._add(("list", t, self.spec(t.item)))
+                found = self._add(("list", t, (yield self.spec(t.item))))
             elif isinstance(t, Record):
                 found = self._add(("keys", t.keys, t.heads))
-            else:
-                assert isinstance(t, Keys)
+            elif isinstance(t, Keys):
                 found = self._add(("keys", t, ()))
+            else:  # pragma: no cover (atoms have no tree type)
+                raise TypeError(f"not a list type: {type(t).__name__}")
             self.ids[id(t)] = found
             entry = self.types[found - self.first]
             if entry[0] == "keys":
                 keys: Keys = entry[1]
                 fields = list(keys.fields)
-                specs = [self.spec(keys.fields[k]) for k in fields]
-                other = None if keys.other is None else self.spec(keys.other)
+                specs = []
+                for k in fields:
+                    specs.append((yield self.spec(keys.fields[k])))
+                other = None if keys.other is None else (yield self.spec(keys.other))
                 bits = {k: 1 << i for i, k in enumerate(fields)}
                 required = 0
                 for k in keys.required:
@@ -921,7 +1335,7 @@ class _SchemaSide:
                     {k: (bits[k], i) for i, k in enumerate(fields)}, specs, other, required)
         return found
 
-    def spec(self, t: SchemaType) -> _Spec:
+    def spec(self, t: SchemaType) -> _Call:
         key = id(t)
         found = self.specs.get(key)
         if found is not None:
@@ -931,9 +1345,9 @@ class _SchemaSide:
         elif isinstance(t, (AtomType, OneOf)):
             found = _Spec(self.atoms.schema_classes(t), None, False)
         else:
-            found = _Spec(frozenset(), None, False)
+            found = _Spec(_NO_CLASSES, None, False)
             self.specs[key] = found
-            found.tree = self.tid(t)
+            found.tree = yield self.tid(t)
         self.specs[key] = found
         return found
 
@@ -1004,6 +1418,44 @@ class _SchemaSide:
             return None
         return (position, _KEY, bits, marked, others)
 
+    def awaited_head(self, tid: int, state: Any) -> int | None:
+        """The class of the head symbol the automaton ``tid`` awaits in ``state`` (every
+        other letter ends it: -1 if that symbol has no class), or ``None``."""
+        entry = self.types[tid - self.first]
+        if entry[0] == "prefix":
+            heads, at = entry[1], state
+        elif entry[0] == "keys":
+            heads, at = entry[2], state[0]
+        else:
+            return None
+        if at >= len(heads):
+            return None
+        return self.atoms.index.get((Symbol, heads[at]), -1)
+
+    def relevant(self, tid: int, state: Any) -> tuple[tuple[_Set, ...], bool]:
+        """What :meth:`step` from ``state`` tells atom classes apart by: the sets whose
+        members it treats alike (each class outside all of them alike too), and whether
+        it tells every keyword class apart (a key of ``(else …)``: each named key is
+        remembered)."""
+        entry = self.types[tid - self.first]
+        kind = entry[0]
+        atoms = self.atoms
+        if kind == "prefix":
+            heads = entry[1]
+            return ((atoms.point(heads[state]),) if state < len(heads) else ()), False
+        if kind == "list":
+            return (() if entry[2].any else (entry[2].classes,)), False
+        _, _, heads, table, specs, other, _ = entry
+        position, phase, _, _, _ = state
+        if position < len(heads):
+            return (atoms.point(heads[position]),), False
+        if phase == _KEY:
+            if other is not None:
+                return (), True
+            return tuple(atoms.point(key) for key in table), False
+        spec = other if phase == len(specs) else specs[phase]
+        return (() if spec.any else (spec.classes,)), False
+
     def accepting(self, tid: int, state: Any) -> bool:
         entry = self.types[tid - self.first]
         kind = entry[0]
@@ -1070,6 +1522,48 @@ class _Product:
         self.holding: dict[int, list[int]] = {}
         self.size: list[int] = []
         self.steps = 0
+        self._letters: dict[Any, list[int]] = {}
+        self._splits: dict[frozenset[tuple[int, Any]],
+                           tuple[dict[int, list[tuple[int, Any]]], list[tuple[int, Any]]]] = {}
+
+    def count(self, work: int) -> None:
+        """Add ``work`` to the steps done; over ``max_steps``, the answer is unknown."""
+        self.steps += work
+        if self.steps > self.limits.max_steps:
+            raise _Unknown(f"the comparison needs more than {self.limits.max_steps} steps "
+                           f"(max_steps)")
+
+    def atom_letters(self, hstate: Any) -> list[int]:
+        """The atom classes worth trying from ``hstate``: one per block of classes that
+        its automata cannot tell apart (so each leads to one target), among those some
+        state of the covered side moves on when pruning."""
+        gstates, sstates = hstate
+        moves = self.b.moves
+        sets: set[_Set] = set()
+        wanted: set[_Set] | None = set() if self.prune else None
+        driving = self.driving
+        for state in gstates:
+            for on, tree, _ in moves[state]:
+                if on is not None and tree != _ANY_LABEL:
+                    sets.add(on)
+                    if wanted is not None and state in driving:
+                        wanted.add(on)
+        split = False
+        owner = self.owner
+        for tid, local in sstates:
+            found, splits = owner[tid].relevant(tid, local)
+            sets.update(found)
+            split = split or splits
+        self.count(len(gstates) + len(sstates))
+        if wanted is not None and not wanted:
+            return []
+        key = (frozenset(sets), None if wanted is None else frozenset(wanted), split)
+        letters = self._letters.get(key)
+        if letters is None:
+            letters, work = self.atoms.blocks(sets, wanted, split)
+            self.count(work)
+            self._letters[key] = letters
+        return letters
 
     def closure(self, states: Iterable[int]) -> frozenset[int]:
         out: set[int] = set()
@@ -1099,14 +1593,35 @@ class _Product:
                     out.append(target)
         return self.closure(out) if out else frozenset()
 
+    def schema_split(self, sstates: frozenset[tuple[int, Any]]
+                     ) -> tuple[dict[int, list[tuple[int, Any]]], list[tuple[int, Any]]]:
+        """``sstates`` in two: the automata that await a record's head symbol, by the
+        class of that symbol (every other letter ends them), and the others."""
+        found = self._splits.get(sstates)
+        if found is None:
+            waiting: dict[int, list[tuple[int, Any]]] = {}
+            rest: list[tuple[int, Any]] = []
+            for tid, local in sstates:
+                head = self.owner[tid].awaited_head(tid, local)
+                if head is None:
+                    rest.append((tid, local))
+                else:
+                    waiting.setdefault(head, []).append((tid, local))
+            self.count(len(sstates))
+            found = self._splits[sstates] = (waiting, rest)
+        return found
+
     def step(self, hstate: Any, letter: Any, is_atom: bool) -> Any:
         gstates, sstates = hstate
         g = self.move(gstates, letter, is_atom)
         if self.prune and g.isdisjoint(self.driving):
             return None
+        waiting, rest = self.schema_split(sstates)
+        alive = rest + waiting.get(letter, []) if is_atom else rest
+        self.count(len(alive))
         s = []
         steps = self.owner_step
-        for tid, local in sstates:
+        for tid, local in alive:
             nxt = steps[tid](tid, local, letter, is_atom)
             if nxt is not None:
                 s.append((tid, nxt))
@@ -1123,23 +1638,18 @@ class _Product:
         sstates = frozenset((tid, local) for side in self.schemas for tid, local in
                             side.initial())
         initial = (self.closure(starts), sstates)
-        atom_letters = list(range(len(self.atoms.classes)))
         queue: list[tuple[int, Any, bool]] = []
-        self._add(initial, None, queue, atom_letters)
-        limits = self.limits
+        self._add(initial, None, queue)
         while queue:
             h, letter, is_atom = queue.pop()
-            self.steps += 1
-            if self.steps > limits.max_steps:
-                raise _Unknown(f"the comparison needs more than {limits.max_steps} product "
-                               f"transitions (max_steps)")
-            target = self.step(self.state_list[h], letter if is_atom else self.sig_list[letter],
-                               is_atom)
+            hstate = self.state_list[h]
+            self.count(1 + len(hstate[0]))
+            target = self.step(hstate, letter if is_atom else self.sig_list[letter], is_atom)
             if target is None:
                 continue
             t = self.states.get(target)
             if t is None:
-                t = self._add(target, (h, (letter, is_atom)), queue, atom_letters)
+                t = self._add(target, (h, (letter, is_atom)), queue)
             self.edges.append((h, letter, is_atom, t))
         self._settle()
 
@@ -1149,8 +1659,8 @@ class _Product:
         it; a signature costs one more than its cheapest product state)."""
         infinite = float("inf")
         # A cost is (nodes << 32) + characters: fewest nodes first, then the shortest text.
-        unit = 1 << 32
-        atom_cost = [unit + min(len(canonical_value(c.rep)), 1000) for c in self.atoms.classes]
+        unit = _UNIT
+        atom_cost = self.atoms.cost
         cost: list[float] = [infinite] * len(self.state_list)
         size: list[float] = [infinite] * len(self.sig_list)
         done_h = [False] * len(self.state_list)
@@ -1197,7 +1707,7 @@ class _Product:
         self.size = [int(v) for v in size]
 
     def _add(self, hstate: Any, parent: tuple[int, Any] | None,
-             queue: list[tuple[int, Any, bool]], atom_letters: list[int]) -> int:
+             queue: list[tuple[int, Any, bool]]) -> int:
         limits = self.limits
         if len(self.state_list) >= limits.max_states:
             raise _Unknown(f"the comparison needs more than {limits.max_states} product "
@@ -1206,20 +1716,19 @@ class _Product:
         self.states[hstate] = h
         self.state_list.append(hstate)
         self.parent.append(parent)
+        atom_letters = self.atom_letters(hstate)
         if self.prune:
             # Only letters that some state of the covered side moves on can lead anywhere
-            # (every other target is pruned): its atom classes, and the signatures holding
-            # one of its tree types (now, and as they are found).
-            classes: set[int] = set()
+            # (every other target is pruned): its atom classes (atom_letters keeps only
+            # those), and the signatures holding one of its tree types (now, and as they
+            # are found).
             trees: set[int] = set()
             moves = self.b.moves
             for state in hstate[0] & self.driving:
                 for on, tree, _ in moves[state]:
-                    if on is not None:
-                        classes |= on
-                    else:
+                    if on is None:
                         trees.add(tree)
-            queue.extend((h, c, True) for c in sorted(classes))
+            queue.extend((h, c, True) for c in atom_letters)
             for tree in trees:
                 self.waiting.setdefault(tree, []).append(h)
             wanted = {k for tree in trees for k in self.holding.get(tree, ())}
@@ -1413,8 +1922,9 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
     changes = tuple(_changes(sides[0], sides[1]))
     directions = [(0, 1)] if mode == BACKWARD else [(1, 0)] if mode == FORWARD \
         else [(0, 1), (1, 0)]
+    meter = [0]
     try:
-        witnesses, explored = _decide(sides, directions, checkers, limits)
+        witnesses, explored = _decide(sides, directions, checkers, limits, meter)
     except _Unknown as exc:
         reason = str(exc)
         try:
@@ -1422,8 +1932,9 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
         except _Unknown as inner:
             found, search = [], f"not made: {inner}"
         if found:
-            return CompatReport(BREAKING, mode, changes, tuple(found), (), None)
-        return CompatReport(UNKNOWN, mode, changes, (), (reason,), search)
+            return CompatReport(BREAKING, mode, changes, tuple(found), (), None,
+                                steps=meter[0])
+        return CompatReport(UNKNOWN, mode, changes, (), (reason,), search, steps=meter[0])
     if not witnesses:
         for side, checker in zip(sides, checkers, strict=True):
             # The model of §4.3 (no literal/terminal overlap) must hold.
@@ -1433,13 +1944,27 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
                 return CompatReport(UNKNOWN, mode, changes, (), (
                     f"the grammar of {d.id} version {d.version} is {lr_verdict}, not "
                     f"LALR(1): it cannot be loaded, and its bodies are not what the "
-                    f"analysis assumed",), "not made", explored)
+                    f"analysis assumed",), "not made", explored, meter[0])
     verdict = BREAKING if witnesses else COMPATIBLE
-    return CompatReport(verdict, mode, changes, tuple(witnesses), (), None, explored)
+    return CompatReport(verdict, mode, changes, tuple(witnesses), (), None, explored,
+                        meter[0])
 
 
 def _decide(sides: list[_Side], directions: list[tuple[int, int]], checkers: list[_Checker],
-            limits: CompatLimits) -> tuple[list[Witness], tuple[int, int]]:
+            limits: CompatLimits, meter: list[int]) -> tuple[list[Witness], tuple[int, int]]:
+    """Steps 1 to 5; ``meter[0]`` is left holding the steps taken (also when a limit
+    ends the analysis)."""
+    products: list[_Product] = []
+    try:
+        return _decide_with(sides, directions, checkers, limits, products)
+    finally:
+        if products:
+            meter[0] = products[0].steps
+
+
+def _decide_with(sides: list[_Side], directions: list[tuple[int, int]],
+                 checkers: list[_Checker], limits: CompatLimits, products: list[_Product]
+                 ) -> tuple[list[Witness], tuple[int, int]]:
     for side in sides:
         side.terms = _Terms(side.source, limits.max_members)
     predicates: set[Term] = set()
@@ -1475,34 +2000,64 @@ def _decide(sides: list[_Side], directions: list[tuple[int, int]], checkers: lis
         side.schema_side = schema_side
         schema_sides.append(schema_side)
     product = _Product(builder, schema_sides, driving, prune, limits)
+    products.append(product)
     product.run()
     sizes = product.size
+    verdicts: dict[tuple[int, str, Any, bool], bool] = {}
 
-    letters: list[tuple[Any, bool]] = [(c, True) for c in range(len(atoms.classes))]
-    letters += [(k, False) for k in range(len(product.sig_list))]
-
-    def accepts(side: _Side, intent: Intent, letter: Any, is_atom: bool) -> bool:
+    def accepts(k: int, intent: Intent, letter: Any, is_atom: bool) -> bool:
+        side = sides[k]
         rule = side.descriptor.starts.get(intent)
         if rule is None:
             return False
-        s, e = side.roots[rule]
-        value = letter if is_atom else product.sig_list[letter]
-        after = product.move(product.closure((s,)), value, is_atom)
-        if e not in after:
-            return False
-        assert side.schema_side is not None
-        return side.schema_side.root_accepts(value, is_atom)
+        key = (k, rule, letter, is_atom)
+        found = verdicts.get(key)
+        if found is None:
+            s, e = side.roots[rule]
+            value = letter if is_atom else product.sig_list[letter]
+            start = product.closure((s,))
+            product.count(1 + len(start))
+            assert side.schema_side is not None
+            found = verdicts[key] = e in product.move(start, value, is_atom) and \
+                side.schema_side.root_accepts(value, is_atom)
+        return found
+
+    def body_atoms(intent: Intent, a: int, b: int) -> list[int]:
+        """The atom classes worth trying as a whole body: one per block of those the two
+        start rules cannot tell apart, among those the covered side's moves take."""
+        sets: set[_Set] = set()
+        wanted: set[_Set] | None = set()
+        for k in (a, b):
+            rule = sides[k].descriptor.starts.get(intent)
+            if rule is None:
+                continue
+            for state in product.closure((sides[k].roots[rule][0],)):
+                for on, tree, _ in builder.moves[state]:
+                    if on is None:
+                        continue
+                    if tree == _ANY_LABEL:
+                        if k == a:
+                            wanted = None
+                        continue
+                    sets.add(on)
+                    if k == a and wanted is not None:
+                        wanted.add(on)
+        if wanted is not None and not wanted:
+            return []
+        letters, work = atoms.blocks(sets, wanted, False)
+        product.count(work)
+        return letters
 
     witnesses: list[Witness] = []
     for a, b in directions:
-        covered, cover = sides[a], sides[b]
-        for intent in covered.descriptor.intents:
+        for intent in sides[a].descriptor.intents:
             best: tuple[int, Any, bool] | None = None
+            letters: list[tuple[Any, bool]] = [(c, True) for c in body_atoms(intent, a, b)]
+            letters += [(k, False) for k in range(len(product.sig_list))]
             for letter, is_atom in letters:
-                if accepts(covered, intent, letter, is_atom) and not accepts(
-                        cover, intent, letter, is_atom):
-                    size = (1 << 32) + len(canonical_value(atoms.classes[letter].rep)) \
-                        if is_atom else sizes[letter]
+                if accepts(a, intent, letter, is_atom) and not accepts(
+                        b, intent, letter, is_atom):
+                    size = atoms.cost[letter] if is_atom else sizes[letter]
                     if best is None or size < best[0]:
                         best = (size, letter, is_atom)
             if best is None:
@@ -1566,8 +2121,25 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
             found = heights[id(alt)] = sequence_height(alt.items, height)
         return found
 
-    def emit(items: Iterable[Item], level: int, out: list[Any], budget: list[int]) -> None:
-        for item in items:
+    def emit(items: tuple[Item, ...], level: int, out: list[Any], budget: list[int]) -> None:
+        # An explicit stack of (items, next index, rule nesting): the derivation runs in
+        # the order a recursive walk takes (each item's expansion before the next item),
+        # drawing from ``rng`` in that order, with no Python frame per nesting level.
+        frames: list[list[Any]] = [[items, 0, level]]
+        while frames:
+            frame = frames[-1]
+            sequence, index, level = frame
+            if index == len(sequence):
+                frames.pop()
+                continue
+            frame[1] = index + 1
+            item = sequence[index]
+            if isinstance(item, KeywordMember):  # one member of a keyword set, in turn
+                if item.optional and rng.random() < 0.5:
+                    continue
+                out.append(Keyword(item.keyword[1:]))
+                frames.append([(item.item,), 0, level])
+                continue
             budget[0] -= 1
             if budget[0] < 0:
                 raise _TooBig
@@ -1588,7 +2160,7 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
                     if level >= depth:
                         least = min(alt_height(a) for a in alts)
                         alts = tuple(a for a in alts if alt_height(a) == least)
-                    emit(rng.choice(alts).items, level + 1, out, budget)
+                    frames.append([rng.choice(alts).items, 0, level + 1])
             elif isinstance(item, Group):
                 if item.optional and rng.random() < 0.5:
                     continue
@@ -1596,20 +2168,16 @@ def generate_bodies(source: GrammarSource, start: str, count: int, depth: int,
                 if level >= depth:
                     least = min(alt_height(a) for a in alts)
                     alts = tuple(a for a in alts if alt_height(a) == least)
-                emit(rng.choice(alts).items, level, out, budget)
+                frames.append([rng.choice(alts).items, 0, level])
             elif isinstance(item, Repeat):
                 low = 1 if item.op == "+" else 0
                 high = 1 if item.op == "?" else (low if level >= depth else 3)
-                for _ in range(rng.randint(low, max(low, high))):
-                    emit((item.item,), level, out, budget)
+                times = rng.randint(low, max(low, high))
+                frames.append([(item.item,) * times, 0, level])
             else:
                 members = list(item.members)
                 rng.shuffle(members)
-                for member in members:
-                    if member.optional and rng.random() < 0.5:
-                        continue
-                    out.append(Keyword(member.keyword[1:]))
-                    emit((member.item,), level, out, budget)
+                frames.append([tuple(members), 0, level])
 
     made = 0
     tries = 0
@@ -1768,29 +2336,49 @@ def _member_changes(rule: str, k: int, old: KeywordSet, new: KeywordSet) -> Iter
 
 
 def _type_text(t: SchemaType | None) -> str:
+    lists: list[ListOf] = []
+    while isinstance(t, ListOf):  # (a loop: list-of nests as deep as the schema allows)
+        lists.append(t)
+        t = t.item
     if t is None:
-        return "none"
-    if isinstance(t, AtomType):
-        return t.describe()
-    if isinstance(t, OneOf):
-        return t.describe()
-    if isinstance(t, ListOf):
-        return f"a list of ({_type_text(t.item)}) of {t.min_length or 0} to " \
-               f"{t.max_length if t.max_length is not None else '…'} elements"
-    if isinstance(t, Record):
-        return f"(record {' '.join(t.heads)} …)"
-    return "(keys …)"
+        text = "none"
+    elif isinstance(t, (AtomType, OneOf)):
+        text = t.describe()
+    elif isinstance(t, Record):
+        text = f"(record {' '.join(t.heads)} …)"
+    else:
+        text = "(keys …)"
+    for outer in reversed(lists):
+        text = f"a list of ({text}) of {outer.min_length or 0} to " \
+               f"{outer.max_length if outer.max_length is not None else '…'} elements"
+    return text
 
 
 def _keys_changes(where: str, old: Keys, new: Keys) -> Iterator[str]:
+    """The changes between two ``keys`` types, nested ones at their field, in order (an
+    explicit stack of the levels being compared: no Python frame per level)."""
+    stack = [_keys_level(where, old, new)]
+    while stack:
+        for line in stack[-1]:
+            if isinstance(line, tuple):  # a nested pair of keys: compare it first
+                stack.append(_keys_level(*line))
+                break
+            yield line
+        else:
+            stack.pop()
+
+
+def _keys_level(where: str, old: Keys, new: Keys) -> Iterator[str | tuple[str, Keys, Keys]]:
+    """The changes of one level of :func:`_keys_changes`; a nested pair of ``keys`` is
+    yielded as ``(where, old, new)`` for the caller to compare."""
     for key, t in old.fields.items():
         if key not in new.fields:
             yield f"{where}: field {key.text} removed"
             continue
         u = new.fields[key]
         if isinstance(t, (Keys, Record)) and isinstance(u, (Keys, Record)):
-            yield from _keys_changes(f"{where}[{key.text}]", t if isinstance(t, Keys)
-                                     else t.keys, u if isinstance(u, Keys) else u.keys)
+            yield (f"{where}[{key.text}]", t if isinstance(t, Keys) else t.keys,
+                   u if isinstance(u, Keys) else u.keys)
         elif t != u:
             yield f"{where}: field {key.text}: {_type_text(t)} -> {_type_text(u)}"
         if (key in old.required) != (key in new.required):

@@ -5,13 +5,19 @@
     python tests/fuzz/fuzz_cbcl.py reader -max_total_time=180 tests/fuzz/corpus/reader
 
 TARGET is one of ``reader``, ``envelope``, ``body``, ``decoder``, ``descriptor``,
-``grammar``, ``session``. Any exception other than ``CBCLError`` (and the
+``grammar``, ``session``, ``diff``, ``export``. Any exception other than ``CBCLError`` (and the
 ``TypeError``/``ValueError`` an API documents for arguments of the wrong type, which a
 harness never passes) is a finding: libFuzzer stops and writes the input to ``crash-*``.
 The seed corpus under ``tests/fuzz/corpus/<target>/`` is built from the shipped examples,
 ``spec/vectors`` and the descriptors by ``tests/fuzz/make_corpus.py``; for ``session``,
 from the frames of a real handshake (:class:`SessionKit` records them). Without atheris,
 ``--replay FILE…`` runs the same check on saved inputs (used by the smoke test).
+
+``diff`` compares two descriptors (the input cut at its first NUL byte; without one, the
+input with itself) in ``full`` mode under small :class:`CompatLimits`; ``export`` exports a
+descriptor in the format its first byte chooses (and with or without its schema), and
+draws two messages of it, under small :class:`LLMLimits` — the analyses of issue 29, which
+must answer within their budgets.
 
 ``session`` feeds a :class:`cbcl.Session` (responder or initiator, in one of the handshake
 states of :data:`SESSION_SCENARIOS`) a byte stream: its input is one byte choosing the
@@ -494,9 +500,35 @@ def _setup() -> dict[str, Callable[[bytes], None]]:
             with contextlib.suppress(cbcl.CBCLError):
                 compile_grammar(text, small, starts=starts)
 
+    from cbcl.core._limits import LLMLimits
+    from cbcl.descriptor import CompatLimits, diff_descriptors
+    from cbcl.llm import EXPORT_FORMATS, export_grammar, generate_messages
+
+    compat_limits = CompatLimits(max_states=400, max_steps=20_000, max_nfa_states=4_000,
+                                 search_bodies=10, max_witness_nodes=500)
+    llm_limits = LLMLimits(max_rules=2_000, max_steps=50_000, max_output_bytes=1 << 20,
+                           max_draft_tokens=500, max_draw_tokens=5_000, max_drafts=20)
+
+    def diff(data: bytes) -> None:
+        old, _, new = data.partition(b"\0")
+        with contextlib.suppress(cbcl.CBCLError):
+            report = diff_descriptors(old, new or old, mode="full", limits=compat_limits)
+            assert report.verdict in ("compatible", "breaking", "unknown"), report
+            report.render()
+
+    def export(data: bytes) -> None:
+        if not data:
+            return
+        fmt = EXPORT_FORMATS[data[0] % len(EXPORT_FORMATS)]
+        with contextlib.suppress(cbcl.CBCLError):
+            export_grammar(data[1:], fmt, schema=data[0] < 128, limits=llm_limits)
+        with contextlib.suppress(cbcl.CBCLError):
+            generate_messages(data[1:], 2, limits=llm_limits)
+
     kit = SessionKit()
     return {"reader": reader, "envelope": envelope, "body": body, "decoder": decoder,
-            "descriptor": descriptor, "grammar": grammar, "session": kit.check}
+            "descriptor": descriptor, "grammar": grammar, "session": kit.check,
+            "diff": diff, "export": export}
 
 
 def main(argv: list[str]) -> int:

@@ -97,6 +97,7 @@ def build() -> dict[str, list[bytes]]:
     vectors = [p.read_bytes() for p in sorted((ROOT / "spec" / "vectors").rglob("*"))
                if p.is_file() and p.suffix in (".cbcl", ".bin", ".canonical")]
     descriptors = [p.read_bytes() for p in sorted((ROOT / "descriptors").glob("*.cbcl"))]
+    unsigned = [d for d in descriptors if b"(signed-descriptor" not in d]
     grammars = [p.read_bytes() for p in sorted((ROOT / "descriptors" / "grammars").glob("*"))]
     encoder = cbcl.Encoder(registry)
     frames = [encoder.encode(cbcl.parse(text, registry=registry)) for text in examples]
@@ -108,6 +109,9 @@ def build() -> dict[str, list[bytes]]:
         "decoder": frames + [frame[:-1] for frame in frames[:3]],
         "descriptor": descriptors,
         "grammar": grammars,
+        "diff": [a + b"\0" + b for a in unsigned for b in unsigned],
+        "export": [bytes([k]) + d for k, d in enumerate(unsigned)]
+                  + [bytes([128 + k]) + d for k, d in enumerate(unsigned)],
         "session": _session_seeds(),
     }
 
