@@ -94,9 +94,10 @@ typedef struct {
     PyTypeObject *frame_state_type; /* cbcl._native.FrameState, this module's */
     /* the decoder's atom memo in front of its own caches */
     MemoSlot atom_memo[CBCL_MEMO_SLOTS];
-    /* new_with_attributes' last type and attribute tuple and their member descriptors */
+    /* new_with_attributes' last type and attribute tuple and their member descriptors;
+     * slots_names_also: another tuple of the same names, met since (both callers hit) */
     PyTypeObject *slots_type;
-    PyObject *slots_names, *slot_members[CBCL_MESSAGE_FIELDS];
+    PyObject *slots_names, *slots_names_also, *slot_members[CBCL_MESSAGE_FIELDS];
     /* cbcl.protocol._schema._Pairs and its `packed` member descriptor, once met */
     PyTypeObject *pairs_type;
     PyObject *pairs_packed;

@@ -1099,10 +1099,13 @@ static int
 slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
 {
     Py_ssize_t count = PyTuple_GET_SIZE(attributes);
-    if (type == sp->slots_type && attributes == sp->slots_names)
+    if (type == sp->slots_type &&
+            (attributes == sp->slots_names || attributes == sp->slots_names_also))
         return 1;
     if (type == sp->slots_type && count == PyTuple_GET_SIZE(sp->slots_names)) {
-        /* (another tuple of the same names: the envelope's and Message._trusted's) */
+        /* (another tuple of the same names: the envelope's, the frame decoder's and
+         * Message._trusted's; the last one met is remembered too, so that a run of calls
+         * from one caller compares no names after its first) */
         Py_ssize_t k = 0;
         for (; k < count; k++) {
             PyObject *a = PyTuple_GET_ITEM(attributes, k);
@@ -1110,8 +1113,10 @@ slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
             if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
                 break;
         }
-        if (k == count) /* (PyUnicode_Compare raises nothing for two strs) */
+        if (k == count) { /* (PyUnicode_Compare raises nothing for two strs) */
+            Py_XSETREF(sp->slots_names_also, Py_NewRef(attributes));
             return 1;
+        }
     }
     if (count > F_COUNT)
         return 0;
@@ -1128,6 +1133,7 @@ slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
     }
     Py_XSETREF(sp->slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
     Py_XSETREF(sp->slots_names, Py_NewRef(attributes));
+    Py_CLEAR(sp->slots_names_also);
     for (Py_ssize_t k = 0; k < F_COUNT; k++)
         Py_XSETREF(sp->slot_members[k], members[k]);
     return 1;
@@ -2817,6 +2823,7 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
     }
     Py_VISIT(sp->slots_type);
     Py_VISIT(sp->slots_names);
+    Py_VISIT(sp->slots_names_also);
     for (int k = 0; k < F_COUNT; k++)
         Py_VISIT(sp->slot_members[k]);
     Py_VISIT(sp->pairs_type);
@@ -2869,6 +2876,7 @@ cbcl_speedups_clear(NativeState *st)
     }
     Py_CLEAR(sp->slots_type);
     Py_CLEAR(sp->slots_names);
+    Py_CLEAR(sp->slots_names_also);
     for (int k = 0; k < F_COUNT; k++)
         Py_CLEAR(sp->slot_members[k]);
     Py_CLEAR(sp->pairs_type);
