@@ -205,6 +205,16 @@ def _class_of(protocol: Protocol, item: Any) -> str | None:
     return ATOM_TERMINALS.get(kind) if cls is None else cls
 
 
+def _feed_atom(protocol: Protocol, node: Any, item: Any) -> tuple[str, Any]:
+    """The class of atom ``item`` and the node after feeding it from ``node`` (``REFUSED``
+    if the grammar refuses it there). Raises ``TypeError`` if ``item`` is not a CBCL value."""
+    cls = _class_of(protocol, item)
+    if cls is None:
+        raise TypeError(f"not a CBCL value: {type(item).__name__}")
+    found = node.get(cls)
+    return cls, protocol.automaton.step(node, cls) if found is None else found
+
+
 def find_refusal(protocol: Protocol, body: Value, intent: Intent | None = None,
                  work: RefusalWork | None = None) -> Refusal | None:
     """The first token of ``body`` (a value already read) that the grammar refuses for an
@@ -274,12 +284,7 @@ def _walk_python(protocol: Protocol, items: tuple[Any, ...], lo: int, hi: int, n
             if not whole:
                 frames.append([item, -1, here, len(item)])
         else:
-            cls = _class_of(protocol, item)
-            if cls is None:
-                raise TypeError(f"not a CBCL value: {type(item).__name__}")
-            found = node.get(cls)
-            if found is None:
-                found = step(node, cls)
+            cls, found = _feed_atom(protocol, node, item)
             if found is REFUSED:
                 return Refusal(ITEM, here, node, cls)
             node = found
@@ -437,12 +442,7 @@ def _search_native(protocol: Protocol, body: Value, start: Any,
                 continue
             found = target
         else:
-            atom = _class_of(protocol, item)
-            if atom is None:
-                raise TypeError(f"not a CBCL value: {type(item).__name__}")
-            found = node.get(atom)
-            if found is None:
-                found = step(node, atom)
+            atom, found = _feed_atom(protocol, node, item)
             if found is REFUSED:
                 return Refusal(ITEM, here, node, atom)
         level.node, level.lo = found, lo + 1
