@@ -349,19 +349,21 @@ def test_pre_handshake_timeout_ends_a_pending_connection_not_an_established_one(
 @pytest.mark.slow
 def test_the_servers_own_work_is_not_the_peers_time(tmp_path: Path) -> None:
     """A cold offer whose compile takes longer than pre_handshake_timeout is accepted: the
-    deadline counts only the peer's time."""
+    deadline counts only the peer's time. (The deadline is well under what a cold compile
+    in a fresh worker process costs on any machine — ~0.5 s here, quiet —, and the test
+    checks that the compile did outlast it, so it cannot pass vacuously.)"""
     document = slow_descriptor("eviction", rules=40)
     registry = initiator_registry(document)
     cbcl.protocol._registry.DEFAULT_GRAMMAR_CACHE.clear()  # the server's compile is cold
 
     async def scenario() -> None:
         async with running(tmp_path, connection=PATIENT,
-                           server=caps(pre_handshake_timeout=0.5)) as srv:
+                           server=caps(pre_handshake_timeout=0.2)) as srv:
             assert await offer_only(srv.address, document, "slow", registry) == "accepted"
             accepted = srv.lines("loaded -> accepted")
             assert accepted and "grammar compiled" in accepted[0]
             took = float(accepted[0].split("grammar compiled, ")[1].split(" ms")[0])
-            assert took > 500, accepted  # the compile alone outlasted the deadline
+            assert took > 200, accepted  # the compile alone outlasted the deadline
     run(scenario)
 
 
