@@ -345,6 +345,8 @@ def test_cbcl_parses_and_decodes_with_the_extension_in_a_subinterpreter() -> Non
             exec({core!r})
         print("both ran")
         """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    # (-I: the checkout's own cbcl/ on the current directory, where the extension may not
+    # be built in place, must not shadow the installed package the test is about)
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0 and done.stdout == "both ran\n", done.stderr
