@@ -98,6 +98,7 @@ from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._values import URI
 from ..core._version import __version__
 from ..net._agent import Agent, Context, Handler
+from ..net._transport import _check_count, _check_seconds
 from ..protocol._api import parse
 from ..protocol._conversation import Conversation, Machine, compile_machine
 from ..protocol._message import Message
@@ -178,16 +179,12 @@ class A2AServerLimits:
     def __post_init__(self) -> None:
         for name in ("request_timeout", "handler_timeout", "header_timeout",
                      "idle_task_timeout"):
-            value = getattr(self, name)
-            if type(value) not in (int, float) or not 0 < value <= 86_400:
-                raise ValueError(f"{name} must be a number of seconds in (0, 86400]")
+            _check_seconds(name, getattr(self, name))
         for name, low in (("max_connections", 1), ("keep_alive_timeout", 1),
                           ("max_tasks", 1), ("max_task_bytes", 1024),
                           ("max_conversations", 1), ("max_conversation_messages", 1),
                           ("replay_window", 1)):
-            value = getattr(self, name)
-            if type(value) is not int or not low <= value <= 1 << 40:
-                raise ValueError(f"{name} must be an int from {low} to 2**40")
+            _check_count(name, getattr(self, name), lower=low, upper=1 << 40)
         if self.max_request_bytes is not None and (
                 type(self.max_request_bytes) is not int or self.max_request_bytes < 1):
             raise ValueError("max_request_bytes must be a positive int or None")
