@@ -30,6 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import installed
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _CHILD = r'''
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=list(CASES), choices=CASES)
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     for case in args.only:
         print(run(case, args.timeout), flush=True)
     return 0

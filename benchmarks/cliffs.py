@@ -30,6 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import installed
 from cbcl_bench import find_descriptors, generated, load_registry
 
 import cbcl
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 if a variant is over {TARGET}× plain")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     registry = load_registry(find_descriptors())
     before = reader_at(args.before) if args.before else None
     functions = contenders(registry, before)

@@ -18,6 +18,8 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+import installed
+
 from cbcl.core._canonical import quote
 from cbcl.protocol._compat import CompatReport, diff_descriptors
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rules", type=int, default=RULES)
     args = parser.parse_args()
+    installed.check()  # the installed cbcl, with its C extension
     old = descriptor(args.rules, 1, False)
     for name, new in (("compatible", descriptor(args.rules, 2, True)),
                       ("breaking", descriptor(args.rules, 2, False, narrow_last=True))):

@@ -18,6 +18,8 @@ import argparse
 import resource
 import time
 
+import installed
+
 
 def oversized_descriptor(seed: int, literals: int) -> bytes:
     """An unsigned descriptor whose grammar's tables are about ``50 * literals²`` bytes."""
@@ -51,6 +53,7 @@ def main() -> None:
     parser.add_argument("--offers", type=int, default=10)
     parser.add_argument("--literals", type=int, default=1220)
     args = parser.parse_args()
+    installed.check()  # the installed cbcl, with its C extension
     import cbcl
     from cbcl.grammar._compile import compile_guarded
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import installed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -148,7 +149,6 @@ def shipped() -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     import llguidance
 
-    sys.path.insert(0, str(ROOT))
     import cbcl
     from cbcl.llm._export import export_grammar
 
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--verbose", action="store_true", help="print each refusal")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     tok = SyntheticTokenizer()
     lltok = lltokenizer(tok)
     total = Stats()

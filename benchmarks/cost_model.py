@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import installed
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cliffs
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print the fit's rows")
     parser.add_argument("--messages", type=int, default=1000)
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     registry = load_registry(find_descriptors())
     encoder = cbcl.Encoder(registry, validate=False)
     ops = operations(registry)

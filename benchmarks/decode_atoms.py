@@ -31,8 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+import installed
 from cbcl_bench import find_descriptors, load_registry, natural_json, typed_peers, varied
 
 from cbcl import Decoder, Encoder, Message, Registry
@@ -156,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", metavar="SO")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     results = run(args.messages, args.rounds, args.baseline)
     for name, row in results.items():
         print(f"{name}: {row['messages']} messages, frame {row['frame_bytes_mean']} B, "

@@ -35,8 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+import installed
 from cbcl_bench import PROTOCOLS, _record, find_descriptors, load_registry
 
 from cbcl import URI, Message, Registry, Value, parse
@@ -196,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     results = run(args.messages, args.rounds)
     for size, row in results["classes"].items():
         print(f"{size}: {row['messages']} messages, canonical {row['canonical_bytes_mean']} B, "

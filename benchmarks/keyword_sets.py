@@ -20,6 +20,8 @@ import random
 import time
 from typing import Any
 
+import installed
+
 import cbcl
 
 RECORDS = {
@@ -129,6 +131,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    installed.check()  # the installed cbcl, with its C extension
     print(json.dumps({k: round(v, 3) for k, v in run(args.messages, args.rounds).items()},
                      indent=2))
 

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import installed
+
 import cbcl
 from cbcl.core._limits import DEFAULT_LIMITS
 from cbcl.core._reader import LPAR, RPAR, TOKEN, read_value_at, token_start
@@ -356,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="valid messages to use")
     parser.add_argument("--verbose", action="store_true", help="print each bad outcome")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     result = measure(limit=args.limit,
                      report=(lambda line: print(line, file=sys.stderr)) if args.verbose
                      else None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import installed
 from cbcl_bench import find_descriptors, load_times, synthetic_descriptor
 
 SHIPPED = ["task-assignment-v1", "contract-net-v1", "request-v1", "canon-a-v1"]
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     directory = find_descriptors()
     cases = {name: (directory / f"{name}.cbcl").read_bytes() for name in SHIPPED}
     cases.update({f"synthetic-{n}-rules": synthetic_descriptor(n) for n in (16, 64, 256)})

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import installed
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 
@@ -80,7 +81,9 @@ def _registry() -> Any:
 
 
 def _stdio(*args: str, cwd: Path = ROOT) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=list(args), cwd=str(cwd))
+    # (-P: the checkout, the cwd, is not on the child's path, so it imports the installed cbcl)
+    return StdioServerParameters(command=installed.PYTHON[0], args=[*installed.PYTHON[1:], *args],
+                                 cwd=str(cwd))
 
 
 async def _time(client: Client, tool: str, arguments: dict[str, Any], calls: int,
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--json", metavar="PATH", default=None)
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     runner: Callable[[], Awaitable[list[dict[str, Any]]]] = lambda: run(args.calls,  # noqa: E731
                                                                         args.warmup)
     rows = anyio.run(runner)

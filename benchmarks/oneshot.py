@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import installed
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cliffs
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     three, fifty = registry(3), registry(50)
     worst = 0.0
     for size in ("small", "medium"):

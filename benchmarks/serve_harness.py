@@ -11,11 +11,12 @@ import platform
 import re
 import resource
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import installed
 
 #: The serve options of the transport limits (names fixed by the issue); which of them
 #: this checkout's ``cbcl serve`` has is read from its ``--help``.
@@ -88,7 +89,7 @@ def make_keys(root: Path) -> Keys:
 
 
 def serve_help() -> str:
-    done = subprocess.run([sys.executable, "-m", "cbcl", "serve", "--help"],
+    done = subprocess.run([*installed.PYTHON, "-m", "cbcl", "serve", "--help"],
                           capture_output=True, text=True, timeout=60, check=False)
     return done.stdout + done.stderr
 
@@ -220,7 +221,7 @@ class ServeProcess:
                  env: dict[str, str] | None = None) -> None:
         self.root = root
         (root / f"{name}-state").mkdir(mode=0o700, exist_ok=True)
-        self.command = [sys.executable, "-m", "cbcl", "serve", "--listen", "127.0.0.1:0",
+        self.command = [*installed.PYTHON, "-m", "cbcl", "serve", "--listen", "127.0.0.1:0",
                         "--trust", str(keys.server_trust), "--state",
                         str(root / f"{name}-state"), "--key", str(keys.server_key_file),
                         *extra]

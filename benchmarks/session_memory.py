@@ -18,6 +18,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import installed
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 import cbcl
@@ -92,6 +93,7 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=100_000)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
+    installed.check()  # the installed cbcl, with its C extension
     a, b = pair()
     for number in range(1000):  # warm-up: caches and the automaton fill
         conversation(a, b, number)

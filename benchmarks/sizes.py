@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import installed
 from cbcl_bench import (
     RECORDS,
     compact_json,
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     from cbcl_bench import build_corpus
 
     directory = find_descriptors()

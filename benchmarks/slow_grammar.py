@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+import installed
+
 #: The soak benchmark's default: 4–5 s to compile in-process on the reference machine.
 DEFAULT_RULES = 60
 DEFAULT_ALTERNATIVES = 6
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     row = measure(args.seed, args.rules, args.alternatives)
     if args.json:
         print(json.dumps(row))

@@ -58,6 +58,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import installed
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import serve_harness as harness
@@ -942,6 +944,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     modes = [m for m in args.modes.split(",") if m]
     if any(m not in ("distinct", "shared") for m in modes) or not modes:
         parser.error("--modes takes distinct and/or shared")

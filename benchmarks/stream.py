@@ -51,6 +51,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import installed
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import serve_harness as harness
@@ -425,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an extra cbcl serve argument")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    installed.check()  # the installed cbcl, with its C extension
     began = time.time()
 
     def say(line: str) -> None:

@@ -101,9 +101,11 @@ MESSAGES = {"small": 1000, "medium": 1000, "large": 16}
 
 def find_descriptors(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The ``descriptors/`` directory of a checkout. Raises ``FileNotFoundError``."""
-    here = Path(__file__).resolve().parent.parent
+    # (this file is benchmarks/cbcl_bench/__init__.py in a checkout: its descriptors/ are
+    # two folders up)
+    checkout = Path(__file__).resolve().parent.parent.parent
     candidates = [Path(explicit)] if explicit else [Path.cwd() / "descriptors",
-                                                    here / "descriptors"]
+                                                    checkout / "descriptors"]
     for candidate in candidates:
         if all((candidate / f"{name}.cbcl").is_file() for name in PROTOCOLS):
             return candidate
