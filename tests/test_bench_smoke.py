@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import jsonschema
 import msgspec
 import pytest
 
+import cbcl
 from cbcl.cli import build_parser
 
 KEYS = {"machine", "command", "throughput", "sizes", "load", "scaling", "targets", "seconds"}
@@ -76,7 +78,8 @@ def test_markdown_table(results: dict[str, Any]) -> None:
 
 def test_missing_peers_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without msgspec and pydantic the run goes on and says what it could not measure."""
-    monkeypatch.setattr(_bench, "typed_peers", lambda protocol: _bench.TypedPeers())
+    monkeypatch.setattr(_bench, "typed_peers",
+                        lambda protocol, decimals=float: _bench.TypedPeers())
     monkeypatch.setitem(_bench.MODES, "smoke", {**SMOKE, "messages": {"small": 2,
                                                                       "medium": 1}})
     results = _bench.run(mode="smoke", report=lambda line: None)
@@ -262,3 +265,64 @@ def test_command_without_descriptors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert args.handler(args, b"") == 1
     assert "descriptors" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
+
+
+def test_mixed_sets_are_measured_warm_and_first_pass(results: dict[str, Any]) -> None:
+    rows = results["mixed"]
+    assert set(rows) == {f"table-v1/{size}" for size in _bench.MIXED_ROWS}
+    decoders = set(_bench._MIXED_DECODERS)
+    for name, row in rows.items():
+        for decoder in decoders:
+            assert {f"{decoder}_us", f"first_{decoder}_us", f"first_vs_warm_{decoder}"} <= \
+                set(row), (name, decoder)
+            assert row["peak_memory_per_byte"][decoder] > 0
+        for ratio in _bench.MIXED_RATIOS:
+            assert {ratio, f"{ratio}_float"} <= set(row), (name, ratio)
+        for ratio in ("text_vs_pydantic", "binary_vs_msgspec_msgpack"):
+            assert {f"first_{ratio}", f"first_{ratio}_float"} <= set(row), (name, ratio)
+    table = _bench.markdown(results)
+    assert "**Mixed content**" in table and "| table-v1/mixed-64k (first pass) |" in table
+
+
+def _names(value: Any) -> Iterator[str]:
+    """Every symbol, keyword and URI in a value."""
+    if isinstance(value, tuple):
+        for item in value:
+            yield from _names(item)
+    elif type(value) in (cbcl.Symbol, cbcl.Keyword, cbcl.URI):
+        yield str(value)
+
+
+def test_mixed_sets_have_a_realistic_vocabulary() -> None:
+    """Most names appear once in a set (issue 35), and the sets of two seeds share few."""
+    first = _bench.mixed_messages("mixed-4k", 50, "a")
+    names = [name for message in first for name in _names(message.body)]
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    once = sum(1 for count in counts.values() if count == 1)
+    assert len(counts) > 1000 and once > 0.6 * len(counts)
+    second = {name for message in _bench.mixed_messages("mixed-4k", 50, "b")
+              for name in _names(message.body)}
+    fresh = {name for name, count in counts.items() if count == 1 and ":" not in name[:1]}
+    assert len(fresh & second) < 0.01 * len(fresh)
+
+
+def test_mixed_peers_hold_decimals_as_they_say_and_refuse_what_cbcl_refuses() -> None:
+    registry = _bench.load_registry(_bench.find_descriptors())
+    message = _bench.mixed_messages("mixed-4k", 1, "peers")[0]
+    document = json.loads(_bench.natural_json(message))
+    cbcl.validate(message, registry=registry)
+    for decimals in (Decimal, float):
+        peers = _bench.typed_peers(_bench.MIXED_PROTOCOL, decimals)
+        value = msgspec.json.decode(json.dumps(document), type=peers.msgspec_type)
+        assert type(value.body.rows[0].price) is decimals
+        assert peers.pydantic is not None
+        model = peers.pydantic.model_validate_json(json.dumps(document))
+        assert type(model.root.body.rows[0].rate) is decimals
+        broken = copy.deepcopy(document)
+        broken["body"]["rows"][0]["owner"] = "not a uri"
+        with pytest.raises((msgspec.ValidationError, ValueError)):
+            peers.pydantic.model_validate_json(json.dumps(broken))
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.json.decode(json.dumps(broken), type=peers.msgspec_type)

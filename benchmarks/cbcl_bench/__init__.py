@@ -118,6 +118,7 @@ def load_registry(descriptors: Path) -> Registry:
     registry = Registry(disk_cache=False, isolate=False)
     for name in PROTOCOLS:
         registry.load((descriptors / f"{name}.cbcl").read_bytes(), allow_unsigned=True)
+    registry.load(mixed_descriptor(), allow_unsigned=True)  # the mixed sets' protocol
     return registry
 
 
@@ -505,7 +506,9 @@ def natural_json(message: Message) -> bytes:
 # is ("str", min length, max length), ("int", min, max), ("number", min), ("symbol",),
 # ("one-of", values), ("any",), ("args",) (keyword arguments, any values: an object),
 # ("keys", fields) (an object of those fields), ("record", Rec) or ("reason",)
-# (contract-net's refusal: one of three symbols or ``(other STRING)``).
+# (contract-net's refusal: one of three symbols or ``(other STRING)``); the mixed sets add
+# ("decimal", min, max) (held as the peer's decimal type: ``Decimal`` or ``float``),
+# ("uri",) and ("list", element spec).
 
 
 @dataclass(frozen=True)
@@ -603,11 +606,21 @@ def _constrained(t: Any, annotation: Callable[..., Any], constraints: dict[str, 
 
 def _spec_type(spec: tuple[Any, ...], meta: Callable[..., Any],
                record: Callable[[Rec], Any],
-               keys: Callable[[Iterable[tuple[str, tuple[Any, ...], bool]]], Any]) -> Any:
+               keys: Callable[[Iterable[tuple[str, tuple[Any, ...], bool]]], Any],
+               decimals: type = float) -> Any:
     """The typed-peer type of one field spec of :data:`SPECS`, the same for msgspec and
     pydantic: ``meta(t, **constraints)`` adds constraints, ``record`` and ``keys`` build a
-    nested record and a keyword list in the peer's own way."""
+    nested record and a keyword list in the peer's own way; a ``decimal`` is held as
+    ``decimals``."""
     kind = spec[0]
+    if kind == "decimal":  # (msgspec bounds no Decimal: it gets them only as float)
+        if decimals is Decimal and meta.__qualname__.startswith("_msgspec_types"):
+            return decimals
+        return meta(decimals, ge=spec[1], le=spec[2])
+    if kind == "uri":
+        return meta(str, pattern=URI_PATTERN)
+    if kind == "list":
+        return list[_spec_type(spec[1], meta, record, keys, decimals)]  # type: ignore[misc]
     if kind == "str":
         return meta(str, min_length=spec[1] or None, max_length=spec[2])
     if kind == "int":
@@ -629,10 +642,10 @@ def _spec_type(spec: tuple[Any, ...], meta: Callable[..., Any],
     return record(spec[1])
 
 
-def _msgspec_types(protocol: str) -> tuple[Any, Callable[[Any], None]]:
-    """The msgspec type of a natural-JSON message of ``protocol``, and a check of what a
-    ``Struct`` cannot express (a record with further members of any name, kept as an
-    object: its ``kind``)."""
+def _msgspec_types(protocol: str, decimals: type = float) -> tuple[Any, Callable[[Any], None]]:
+    """The msgspec type of a natural-JSON message of ``protocol`` (its decimals held as
+    ``decimals``), and a check of what a ``Struct`` cannot express (a record with further
+    members of any name, kept as an object: its ``kind``)."""
     import msgspec
     from msgspec import UNSET, Meta, UnsetType
 
@@ -647,7 +660,8 @@ def _msgspec_types(protocol: str) -> tuple[Any, Callable[[Any], None]]:
         return struct(rec.kind, rec.fields, rec.kind, target=rec.target)
 
     def of(spec: tuple[Any, ...]) -> Any:
-        return _spec_type(spec, meta, record, lambda fields: struct("Keys", fields, None))
+        return _spec_type(spec, meta, record, lambda fields: struct("Keys", fields, None),
+                          decimals)
 
     def struct(name: str, fields: Iterable[tuple[str, tuple[Any, ...], bool]],
                kind: str | None, *, tag: str | None = None, target: str | None = None) -> Any:
@@ -705,9 +719,10 @@ def _msgspec_types(protocol: str) -> tuple[Any, Callable[[Any], None]]:
     return _union(messages), check
 
 
-def _pydantic_model(protocol: str) -> type[RootModel[Any]]:
+def _pydantic_model(protocol: str, decimals: type = float) -> type[RootModel[Any]]:
     """A pydantic ``RootModel`` of a natural-JSON message of ``protocol``: strict, no
-    unknown fields, the message union discriminated by intent, each body union by kind."""
+    unknown fields, the message union discriminated by intent, each body union by kind,
+    decimals held as ``decimals``."""
     from pydantic import BaseModel, ConfigDict, Field, RootModel, create_model
 
     closed = ConfigDict(extra="forbid", strict=True)
@@ -721,7 +736,7 @@ def _pydantic_model(protocol: str) -> type[RootModel[Any]]:
             spec, meta,
             lambda rec: model(rec.kind, rec.fields, rec.kind, target=rec.target,
                               extra=rec.extra),
-            lambda fields: model("Keys", fields, None))
+            lambda fields: model("Keys", fields, None), decimals)
 
     def model(name: str, fields: Iterable[tuple[str, tuple[Any, ...], bool]],
               kind: str | None, *, target: str | None = None, extra: bool = False) -> Any:
@@ -763,18 +778,19 @@ def _pydantic_model(protocol: str) -> type[RootModel[Any]]:
     return RootModel[union]
 
 
-_TYPED: dict[str, TypedPeers] = {}
+_TYPED: dict[tuple[str, type], TypedPeers] = {}
 
 
-def typed_peers(protocol: str) -> TypedPeers:
-    """The typed JSON peers of ``protocol`` that are installed (built once)."""
-    if protocol in _TYPED:
-        return _TYPED[protocol]
+def typed_peers(protocol: str, decimals: type = float) -> TypedPeers:
+    """The typed JSON peers of ``protocol`` that are installed (built once), holding its
+    decimals as ``decimals`` (``float``, as a JSON API mostly does, or ``Decimal``)."""
+    if (protocol, decimals) in _TYPED:
+        return _TYPED[protocol, decimals]
     peers = TypedPeers()
     with contextlib.suppress(ImportError):
-        peers.msgspec_type, peers.msgspec_check = _msgspec_types(protocol)
+        peers.msgspec_type, peers.msgspec_check = _msgspec_types(protocol, decimals)
     try:
-        peers.pydantic = _pydantic_model(protocol)
+        peers.pydantic = _pydantic_model(protocol, decimals)
     except ImportError:
         pass
     else:
@@ -785,7 +801,7 @@ def typed_peers(protocol: str) -> TypedPeers:
         else:
             schema = peers.pydantic.model_json_schema()
             peers.jsonschema = jsonschema.Draft202012Validator(schema).validate
-    _TYPED[protocol] = peers
+    _TYPED[protocol, decimals] = peers
     return peers
 
 
@@ -1273,6 +1289,279 @@ def scaling(registry: Registry, targets: Iterable[int], *, rounds: int,
     return out
 
 
+# --------------------------------------------------------------------------- mixed sets
+#
+# Issues 33 and 35: messages of ~4 KB and ~64 KB whose rows hold every atom kind (strings,
+# integers, decimals of 2 and 6 places, symbols, URIs, keyword members, nested lists),
+# with the vocabulary real agents write: most symbols, keywords and URIs appear once
+# (:class:`Vocabulary`). They are carried by a benchmark protocol, table/v1
+# (:func:`mixed_descriptor`), whose grammar and schema type every field, so CBCL checks
+# what the typed peers check. Each peer runs twice: holding decimals as ``Decimal`` (exact,
+# as CBCL does) and as ``float`` (as JSON APIs mostly do). Beside the warm figure (the best
+# of interleaved passes over one set) each decoder gets a *first pass*: one pass over a set
+# it has never read, with names none of the contenders' caches can hold, which is what a
+# server meets when peers invent names.
+
+MIXED_PROTOCOL = "table-v1"
+#: Rows per message (about ~4 KB and ~64 KB of canonical text). A row's ten members come in
+#: one order, as a program writes them, except in the ``any-order`` set, where each row has
+#: its own order (as a model may write them; the grammar takes any order).
+MIXED_ROWS = {"mixed-4k": 13, "mixed-64k": 210, "mixed-4k-any-order": 13}
+
+_ROW = Rec("row", (
+    ("id", _ID, True), ("name", ("str", 0, 256), True), ("qty", _INT0, True),
+    ("price", ("decimal", 0, None), True), ("rate", ("decimal", 0, 1), True),
+    ("unit", ("symbol",), True), ("owner", ("uri",), True),
+    ("tags", ("list", ("symbol",)), True), ("attrs", ("args",), True),
+    ("dims", ("list", ("decimal", None, None)), True)))
+SPECS[MIXED_PROTOCOL] = {"INFORM": (Rec("table", (("id", _ID, True),
+                                                  ("rows", ("list", ("record", _ROW)), True))),)}
+
+_MIXED_GRAMMAR = """\
+table: "(" "table" (":id" STRING & ":rows" rows) ")"
+rows: "(" row* ")"
+row: "(" "row" (ROW_MEMBERS) ")"
+symbols: "(" SYMBOL* ")"
+attrs: "(" (KEYWORD value)+ ")"
+decimals: "(" DECIMAL* ")"
+""".replace("ROW_MEMBERS", " & ".join((
+    '":id" STRING', '":name" STRING', '":qty" INTEGER', '":price" DECIMAL', '":rate" DECIMAL',
+    '":unit" SYMBOL', '":owner" URI', '":tags" symbols', '":attrs" attrs',
+    '":dims" decimals')))  # (a grammar line is not broken inside a group)
+_MIXED_SCHEMA = (
+    "(schema (record table (:id (string :min-length 1 :max-length 128) required)"
+    " (:rows (list-of (record row"
+    " (:id (string :min-length 1 :max-length 128) required)"
+    " (:name (string :max-length 256) required) (:qty (integer :min 0) required)"
+    " (:price (decimal :min 0) required) (:rate (decimal :min 0 :max 1) required)"
+    " (:unit symbol required) (:owner uri required) (:tags (list-of symbol) required)"
+    " (:attrs (keys (else any)) required) (:dims (list-of decimal) required))) required)))")
+
+
+def mixed_descriptor() -> bytes:
+    """The descriptor of table/v1, the mixed sets' protocol (unsigned)."""
+    from cbcl.core._canonical import quote
+
+    return (f"(protocol-descriptor (id table/v1) (version 1) (intents (INFORM table)) "
+            f"(grammar {quote(_MIXED_GRAMMAR)}) {_MIXED_SCHEMA})").encode()
+
+
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "pe", "sa", "do", "gu", "bre",
+              "stra", "xin", "qua", "el", "om", "ur", "ix")
+
+
+class Vocabulary:
+    """Names as agents write them: a ``fresh`` share never seen before (a new word and
+    number each time), the rest from a few hundred recurring ones."""
+
+    def __init__(self, rng: random.Random, *, recurring: int = 300, fresh: float = 0.8):
+        self.rng, self.fresh = rng, fresh
+        self.pool = [self.new() for _ in range(recurring)]
+
+    def new(self) -> str:
+        rng = self.rng
+        word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4)))
+        return f"{word}-{rng.randrange(10**6)}"
+
+    def name(self) -> str:
+        return self.new() if self.rng.random() < self.fresh else self.rng.choice(self.pool)
+
+
+def _mixed_row(rng: random.Random, vocabulary: Vocabulary,
+               any_order: bool) -> tuple[Any, ...]:
+    name = vocabulary.name
+    attrs: list[Any] = []
+    for key in dict.fromkeys(name() for _ in range(rng.randint(1, 3))):  # (each once)
+        attrs += [K(key), rng.choice((rng.randrange(10**6), _words(rng, 1, 3)))]
+    return _members(rng, (S("row"),), [
+        ("id", f"r-{rng.randrange(10**9):09d}"), ("name", f"{_words(rng, 1, 4)} {name()}"),
+        ("qty", rng.randrange(10**6)), ("price", _decimal(rng, 99999)),
+        ("rate", Decimal(f"0.{rng.randrange(1, 10**6):06d}")), ("unit", S(name())),
+        ("owner", URI(f"agent://{name()}.example.net/{name()}")),
+        # (not one tag: natural() reads a list of one symbol as a record of that kind)
+        ("tags", tuple(S(name()) for _ in range(rng.choice((0, 2, 3, 4))))),
+        ("attrs", tuple(attrs)),
+        ("dims", tuple(_decimal(rng, 1000, 3) for _ in range(rng.randint(1, 3))))],
+        shuffle=any_order)
+
+
+def mixed_messages(size: str, count: int, seed: str) -> list[Message]:
+    """``count`` different table/v1 messages of size class ``size`` (:data:`MIXED_ROWS`),
+    their names from a vocabulary of their own (``seed``)."""
+    rng = random.Random(f"mixed/{size}/{seed}")
+    vocabulary = Vocabulary(rng)
+    rows = MIXED_ROWS[size]
+    out = []
+    for index in range(count):
+        body = _members(rng, (S("table"),), [
+            ("id", f"tbl-{rng.randrange(10**8)}"),
+            ("rows", tuple(_mixed_row(rng, vocabulary, size.endswith("any-order"))
+                           for _ in range(max(1, rows + rng.randint(-2, 2)))))])
+        out.append(Message(
+            message_id=f"msg-{index:05d}-{rng.randrange(1 << 32):08x}",
+            sender=URI(f"agent://{vocabulary.name()}.example.net/{rng.choice(_ROLES)}"),
+            receiver=_uri(rng), intent="INFORM", protocol=S("table/v1"),
+            conversation_id=f"{vocabulary.name()}-{rng.randrange(10**6)}",
+            timestamp=1764400000000 + rng.randrange(10**8), body=body))
+    return out
+
+
+@dataclass
+class _Inputs:
+    """One set of messages in every contender's input form."""
+
+    texts: list[bytes]
+    frames: list[bytes]
+    naturals: list[bytes]
+    packed: list[bytes]
+
+
+def _inputs(messages: list[Message], encoder: Encoder) -> _Inputs:
+    import msgspec
+
+    naturals = [natural_json(message) for message in messages]
+    return _Inputs([canonical(message).encode() for message in messages],
+                   [encoder.encode(message) for message in messages], naturals,
+                   [msgspec.msgpack.encode(json.loads(n)) for n in naturals])
+
+
+#: The decoders of the mixed sets: name → (input form, peer decimals or None for CBCL).
+_MIXED_DECODERS = {
+    "cbcl_text_parse": ("texts", None), "cbcl_binary_decode": ("frames", None),
+    "msgspec_json_decode": ("naturals", Decimal), "msgspec_msgpack_decode": ("packed", Decimal),
+    "pydantic_validate_json": ("naturals", Decimal),
+    "msgspec_json_decode_float": ("naturals", float),
+    "msgspec_msgpack_decode_float": ("packed", float),
+    "pydantic_validate_json_float": ("naturals", float)}
+#: Ratios of a mixed row: name → (peer, CBCL contender); figure = peer time / CBCL time.
+MIXED_RATIOS = {
+    "text_vs_pydantic": ("pydantic_validate_json", "cbcl_text_parse"),
+    "text_vs_msgspec_json": ("msgspec_json_decode", "cbcl_text_parse"),
+    "binary_vs_msgspec_msgpack": ("msgspec_msgpack_decode", "cbcl_binary_decode"),
+    "binary_encode_vs_msgspec_msgpack": ("msgspec_msgpack_encode", "cbcl_binary_encode"),
+    "text_encode_vs_msgspec_json": ("msgspec_json_encode", "cbcl_text_encode"),
+}
+
+
+def _decoders(registry: Registry, decoder: Decoder) -> dict[str, Callable[[bytes], object]]:
+    """Each of :data:`_MIXED_DECODERS` as a function of one input."""
+    import msgspec
+
+    def parse_text(text: bytes) -> object:
+        return parse(text, registry=registry)
+
+    out: dict[str, Callable[[bytes], object]] = {"cbcl_text_parse": parse_text,
+                                                  "cbcl_binary_decode": decoder.decode}
+    for decimals, suffix in ((Decimal, ""), (float, "_float")):
+        peers = typed_peers(MIXED_PROTOCOL, decimals)
+        if peers.msgspec_type is not None:
+            out["msgspec_json_decode" + suffix] = msgspec.json.Decoder(peers.msgspec_type).decode
+            out["msgspec_msgpack_decode" + suffix] = msgspec.msgpack.Decoder(
+                peers.msgspec_type).decode
+        if peers.pydantic is not None:
+            out["pydantic_validate_json" + suffix] = peers.pydantic.model_validate_json
+    return out
+
+
+def _first_pass(function: Callable[[bytes], object], items: list[bytes]) -> float:
+    """Seconds per item of one pass over ``items`` (collector off, as in :func:`compare`)."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for item in items:
+            function(item)
+        return (time.perf_counter() - start) / len(items)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _peak_per_byte(function: Callable[[bytes], object], item: bytes) -> float:
+    """Peak bytes tracemalloc sees while ``function`` reads ``item``, per byte of it."""
+    function(item)  # (warm: what a first call builds once is not the message's cost)
+    tracemalloc.start()
+    try:
+        function(item)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak / len(item)
+
+
+def mixed(registry: Registry, *, sizes: dict[str, tuple[int, int]], rounds: int,
+          seconds: float, report: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Per mixed size class (``sizes``: name → (messages per set, messages per first-pass
+    set)): µs per message of every contender warm, each decoder's first pass over sets of
+    never-seen names, the ratios (Decimal-holding peers; ``_float`` the float-holding ones;
+    ``first_`` on first passes) and each decoder's parse-memory peak per input byte."""
+    import msgspec
+
+    encoder = Encoder(registry, validate=False)
+    decoder = Decoder(registry)
+    out: dict[str, dict[str, Any]] = {}
+    for size, (count, fresh_count) in sizes.items():
+        messages = mixed_messages(size, count, "warm")
+        inputs = _inputs(messages, encoder)
+        decoders = _decoders(registry, decoder)
+        functions: dict[str, Callable[[], object]] = {
+            name: _each(function, getattr(inputs, _MIXED_DECODERS[name][0]))
+            for name, function in decoders.items()}
+        read = [parse(text, registry=registry) for text in inputs.texts]  # or raises
+        functions["cbcl_text_encode"] = _each(Message.canonical, read)
+        functions["cbcl_binary_encode"] = _each(encoder.encode, read)
+        for suffix in ("", "_float"):
+            if "msgspec_json_decode" + suffix in decoders:
+                objects = [decoders["msgspec_json_decode" + suffix](n) for n in inputs.naturals]
+                functions["msgspec_json_encode" + suffix] = _each(msgspec.json.Encoder().encode,
+                                                                  objects)
+                functions["msgspec_msgpack_encode" + suffix] = _each(
+                    msgspec.msgpack.Encoder().encode, objects)
+        times = compare(functions, rounds=rounds, seconds=seconds)
+        row: dict[str, Any] = {"messages": count, "first_pass_messages": fresh_count,
+                               "bytes": round(sum(map(len, inputs.texts)) / count)}
+        row.update({f"{name}_us": value / count * 1e6 for name, value in times.items()})
+        row["peak_memory_per_byte"] = {
+            name: _peak_per_byte(function, getattr(inputs, _MIXED_DECODERS[name][0])[0])
+            for name, function in decoders.items()}
+        del functions, read, inputs, messages
+        # First passes: each decoder in each round reads a set of its own, of names no set
+        # before had; then a wash set of as many names again goes through every decoder, so
+        # no cache still holds a name of a set not yet read.
+        fresh = {(name, r): _inputs(mixed_messages(size, fresh_count, f"{name}/{r}"), encoder)
+                 for r in range(rounds) for name in decoders}
+        wash = _inputs(mixed_messages(size, fresh_count * 2, "wash"), encoder)
+        for name, function in decoders.items():
+            for item in getattr(wash, _MIXED_DECODERS[name][0]):
+                function(item)
+        best = dict.fromkeys(decoders, math.inf)
+        for r in range(rounds):
+            for name, function in decoders.items():
+                items = getattr(fresh[name, r], _MIXED_DECODERS[name][0])
+                best[name] = min(best[name], _first_pass(function, items))
+        row.update({f"first_{name}_us": value * 1e6 for name, value in best.items()})
+        for ratio, (peer, ours) in MIXED_RATIOS.items():
+            for suffix in ("", "_float"):
+                if f"{peer}{suffix}_us" in row:
+                    row[ratio + suffix] = row[f"{peer}{suffix}_us"] / row[f"{ours}_us"]
+                if f"first_{peer}{suffix}_us" in row:
+                    row[f"first_{ratio}{suffix}"] = (row[f"first_{peer}{suffix}_us"]
+                                                     / row[f"first_{ours}_us"])
+        for name in decoders:
+            row[f"first_vs_warm_{name}"] = row[f"first_{name}_us"] / row[f"{name}_us"]
+        out[f"{MIXED_PROTOCOL}/{size}"] = row
+        report(f"  {MIXED_PROTOCOL}/{size} ({count} messages, {row['bytes']} B): text "
+               f"{row['cbcl_text_parse_us']:.1f} µs (first pass "
+               f"{row['first_cbcl_text_parse_us']:.1f}), binary "
+               f"{row['cbcl_binary_decode_us']:.1f} µs (first pass "
+               f"{row['first_cbcl_binary_decode_us']:.1f}); binary ×msgspec msgpack "
+               f"{row.get('binary_vs_msgspec_msgpack', math.nan):.2f} (Decimal), "
+               f"{row.get('binary_vs_msgspec_msgpack_float', math.nan):.2f} (float)")
+        del fresh, wash
+    return out
+
+
 # --------------------------------------------------------------------------- the suite
 
 
@@ -1294,15 +1583,20 @@ MODES: dict[str, dict[str, Any]] = {
     "full": {"sizes": ("small", "medium", "large"), "messages": MESSAGES, "subset": 200,
              "rounds": 15, "seconds": 0.04, "load_repeat": 3, "rules": (16, 64, 256),
              "scaling": (1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20),
-             "scaling_rounds": 3, "scaling_seconds": 0.2},
+             "scaling_rounds": 3, "scaling_seconds": 0.2,
+             "mixed": {"mixed-4k": (1000, 200), "mixed-64k": (48, 12),
+                       "mixed-4k-any-order": (200, 50)}},
     "quick": {"sizes": ("small", "medium"), "messages": MESSAGES, "subset": 100,
               "rounds": 3, "seconds": 0.04, "load_repeat": 1, "rules": (16, 64, 256),
               "scaling": (1 << 10, 16 << 10, 128 << 10, 1 << 20), "scaling_rounds": 2,
-              "scaling_seconds": 0.05},
+              "scaling_seconds": 0.05,
+              "mixed": {"mixed-4k": (300, 60), "mixed-64k": (16, 6),
+                        "mixed-4k-any-order": (60, 20)}},
     # For the test suite: every measurement once, as briefly as possible (not figures).
     "smoke": {"sizes": ("small", "medium"), "messages": {"small": 12, "medium": 4},
               "subset": 12, "rounds": 1, "seconds": 0.001, "load_repeat": 1, "rules": (16,),
-              "scaling": (1 << 10, 16 << 10), "scaling_rounds": 1, "scaling_seconds": 0.001},
+              "scaling": (1 << 10, 16 << 10), "scaling_rounds": 1, "scaling_seconds": 0.001,
+              "mixed": {"mixed-4k": (4, 2), "mixed-64k": (1, 1), "mixed-4k-any-order": (2, 1)}},
 }
 
 
@@ -1331,6 +1625,9 @@ def run(*, quick: bool = False, descriptors: str | None = None, mode: str | None
                 seconds=settings["seconds"], subset=settings["subset"], report=report))
             results["sizes"].update(sizes([case], registry))
             del case
+    report("mixed content, realistic vocabularies (warm and first pass)")
+    results["mixed"] = mixed(registry, sizes=settings["mixed"], rounds=settings["rounds"],
+                             seconds=settings["seconds"], report=report)
     report("descriptor loading")
     results["load"] = loading(directory, settings["load_repeat"], settings["rules"])
     report("scaling")
@@ -1476,6 +1773,7 @@ def markdown(results: dict[str, Any]) -> str:
             ("msgpack_unpackb", "msgpack"), ("orjson_loads", "orjson")],
            [("text_vs_sexpdata", "×sexpdata"), ("text_vs_lark", "×lark"),
             ("text_vs_json_loads_jsonschema", "×json+jsonschema")])
+    _mixed_tables(out, results.get("mixed", {}))
     out.append("\n**Sizes** (mean bytes per message; ratios of the sums over the set)\n")
     columns = [("text", "text"), ("canonical", "canonical"), ("binary", "binary"),
                ("natural_json", "natural JSON"), ("natural_msgpack", "natural msgpack"),
@@ -1504,6 +1802,56 @@ def markdown(results: dict[str, Any]) -> str:
                    f"{row['binary_mb_s']:.2f} | {row['peak_memory_bytes'] / 1024:.0f} KiB | "
                    f"{row['peak_memory_per_byte']:.1f} |")
     return "\n".join(out) + "\n"
+
+
+def _mixed_tables(out: list[str], rows: dict[str, dict[str, Any]]) -> None:
+    """The mixed sets' tables (see :func:`mixed`)."""
+    if not rows:
+        return
+    out.append("\n**Mixed content** (table/v1: rows of strings, integers, decimals, symbols, "
+               "URIs, keyword members and lists; most names appear once). µs per message, "
+               "warm (best of interleaved passes over one set) and *first pass* (one pass "
+               "over a set no contender has read); peers hold decimals as `Decimal` "
+               "(exact, as CBCL) and, in the *float* columns, as `float`\n")
+    decoders = [("cbcl_text_parse", "CBCL text"), ("cbcl_binary_decode", "CBCL binary"),
+                ("pydantic_validate_json", "pydantic"),
+                ("pydantic_validate_json_float", "pydantic float"),
+                ("msgspec_json_decode", "msgspec JSON"),
+                ("msgspec_json_decode_float", "msgspec JSON float"),
+                ("msgspec_msgpack_decode", "msgspec msgpack"),
+                ("msgspec_msgpack_decode_float", "msgspec msgpack float")]
+    for first in ("", "first_"):
+        label = "first pass" if first else "warm"
+        _table(out, {f"{name} ({label})": {
+                   key.removeprefix(first): value for key, value in row.items()
+                   if first == "" or key.startswith(first) or key == "bytes"}
+                   for name, row in rows.items()},
+               [("bytes", "bytes")], decoders,
+               [("text_vs_pydantic", "text ×pydantic"),
+                ("text_vs_pydantic_float", "text ×pydantic float"),
+                ("text_vs_msgspec_json", "text ×msgspec JSON"),
+                ("binary_vs_msgspec_msgpack", "binary ×msgspec msgpack"),
+                ("binary_vs_msgspec_msgpack_float", "binary ×msgspec msgpack float")])
+        out.append("")
+    _table(out, rows, [], [("cbcl_text_encode", "CBCL canonical text"),
+                           ("cbcl_binary_encode", "CBCL binary"),
+                           ("msgspec_json_encode", "msgspec JSON"),
+                           ("msgspec_msgpack_encode", "msgspec msgpack"),
+                           ("msgspec_msgpack_encode_float", "msgspec msgpack float")],
+           [("text_encode_vs_msgspec_json", "text ×msgspec JSON"),
+            ("binary_encode_vs_msgspec_msgpack", "binary ×msgspec msgpack"),
+            ("binary_encode_vs_msgspec_msgpack_float", "binary ×msgspec msgpack float")])
+    out.append("\nFirst pass / warm, and peak memory of reading one message per byte of its "
+               "input (tracemalloc)\n")
+    names = [name for name, _ in decoders]
+    out.append("| set | " + " | ".join(f"{label} first/warm" for _, label in decoders[:2])
+               + " | " + " | ".join(f"{label} B/B" for _, label in decoders) + " |")
+    out.append("|---|" + "---:|" * (2 + len(names)))
+    for name, row in rows.items():
+        memory = row["peak_memory_per_byte"]
+        out.append(f"| {name} | " + " | ".join(
+            f"{row[f'first_vs_warm_{n}']:.2f}" for n in names[:2]) + " | " + " | ".join(
+            f"{memory[n]:.1f}" if n in memory else "–" for n in names) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
