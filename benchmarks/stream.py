@@ -3,9 +3,10 @@ in the same run, over loopback TCP, with 1 and with 8 requests in flight on one 
 
     python benchmarks/stream.py [--requests 5000] [--repeats 3] [--json PATH]
 
-Processes: ``cbcl serve`` (``python -m cbcl serve --listen 127.0.0.1:0 …``, default limits,
-fresh keys, empty grammar cache); the baseline server (``python benchmarks/stream.py
-_baseline``: asyncio streams, one JSON line per message); and the client, this process.
+Processes: ``cbcl serve`` (``python -m cbcl serve --listen 127.0.0.1:0 …``, default limits
+but a one-hour idle timeout, fresh keys, empty grammar cache); the baseline server
+(``python benchmarks/stream.py _baseline``: asyncio streams, one JSON line per message); and
+the client, this process.
 
 CBCL: the client negotiates request/v1 (binary; and text, for information) with the
 library's initiator (``cbcl.session._session.Session`` on a
@@ -439,7 +440,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{machine['cpus']} CPUs (shared by cbcl serve, the baseline server and the client)")
     say(f"code: {state['commit']}; uncommitted library files: "
         f"{state['uncommitted_library_files']}")
-    extra = [part for arg in args.serve_arg for part in shlex.split(arg)]
+    # Each system's connections stay open, idle, while the others are measured: a long run
+    # on a loaded machine outlasts the 30 s idle timeout, and the server rightly ends the
+    # idle session (NOT-UNDERSTOOD timeout). The timeout costs nothing per message, so the
+    # harness raises it; --serve-arg "--idle-timeout N" sets another.
+    extra = ["--idle-timeout", "3600",
+             *(part for arg in args.serve_arg for part in shlex.split(arg))]
     with tempfile.TemporaryDirectory(prefix="cbcl-stream-") as temp:
         root = Path(temp)
         keys = harness.make_keys(root)
