@@ -1733,15 +1733,20 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     if _decode_frame_c is not None and type(data) is bytes and type(registry) is Registry \
             and type(key) is Limits:
         # The whole frame in one C call, with the frame state this registry's memos keep
-        # for these limits (a Decoder's setup per call was ~2x a ~370 B frame's decoding).
-        message = _decode_frame_c(data, _one_shot_state(registry, key))
-        if message is not None:
-            if message.signature is not None:
-                _verify_signed(message, registry)
-            return message
+        # for these limits (a Decoder's setup per call was ~2x a ~370 B frame's decoding),
+        # unless the C entry has just made it (it does once the default state is kept).
+        memos = registry._one_shot
+        if key is not DEFAULT_LIMITS or type(memos) is not _Memos or \
+                memos.default_state is None:
+            message = _decode_frame_c(data, _one_shot_state(registry, key))
+            if message is not None:
+                if message.signature is not None:
+                    _verify_signed(message, registry)
+                return message
     decoder = Decoder.__new__(Decoder)
     decoder._setup(registry, limits, None, False, False, True)
-    return decoder.decode(data)
+    # (the Python method, not its C entry: decode_frame has declined this frame already)
+    return decode_python(decoder, data)
 
 
 def _one_shot_state(registry: Registry, limits: Limits) -> FrameState:
