@@ -24,7 +24,7 @@ import pytest
 from big_descriptors import bounds_times_one_of
 from key_files import public_key_pem
 from test_compat_policy import ASK, ASK_BARE, ASK_QTY, descriptor, private, signed
-from test_eviction import negotiate_from, recorded_version
+from test_eviction import HANDSHAKE_BOUND_MS, negotiate_from, recorded_version
 from test_serve_attacks import KEY, WAIT, good_peer, running
 
 import cbcl
@@ -178,12 +178,21 @@ def test_the_comparison_counts_against_the_compile_gate(
 
 
 def test_an_expensive_offer_is_refused_and_a_good_peer_is_served(
-        tmp_path: Path, not_here: None) -> None:
+        tmp_path: Path, not_here: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``cbcl serve`` with a policy requiring backward compatibility for big/v1: a peer
-    offers an update whose comparison is the issue's quadratic case while a good peer
-    negotiates and runs its conversation; the update is refused with a ``rejected``
-    reply (nothing recorded), the good peer is served, and the comparison never ran in
-    the server's process."""
+    offers an update whose comparison is the issue's quadratic case; once the comparison
+    has begun, a good peer negotiates and runs its conversation, its handshake within
+    the bound the eviction tests use (1 s; a few ms normally). The update is refused
+    with a ``rejected`` reply (nothing recorded), and the comparison never ran in the
+    server's process."""
+    started = threading.Event()
+    real = cbcl.protocol._compat.compare_guarded
+
+    def starting(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cbcl.protocol._registry, "compare_guarded", starting)
     trust = tmp_path / "trust"
     trust.mkdir()
     (trust / "policy.cbcl").write_text(
@@ -197,7 +206,9 @@ def test_an_expensive_offer_is_refused_and_a_good_peer_is_served(
         async with running(tmp_path) as srv:
             assert await negotiate_from(srv.address, "127.0.0.3", first) == "established"
             offer = asyncio.create_task(negotiate_from(srv.address, "127.0.0.2", update))
-            await good_peer(srv.address, tag="during")
+            assert await asyncio.to_thread(started.wait, WAIT)
+            timings = await good_peer(srv.address, tag="during")
+            assert timings["handshake"] < HANDSHAKE_BOUND_MS, timings
             assert await asyncio.wait_for(offer, WAIT) == "rejected rollback"
             assert recorded_version(srv, "big/v1") == 1
     asyncio.run(scenario())
