@@ -567,7 +567,9 @@ class Decoder:
         return message
 
     def _decode_tiers(self, data: bytes | bytearray | memoryview) -> Message:
-        """:meth:`decode` by the tiers (fast, then careful), without the signature check."""
+        """:meth:`decode` by the tiers (fast; by the body's value, where ``cbcl._native``
+        builds it: see :func:`_frame_by_value`; then careful), without the signature
+        check."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"expected bytes, not {type(data).__name__}")
         # (decode_frame, where it read this frame, has declined it: most likely a refusal)
