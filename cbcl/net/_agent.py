@@ -72,6 +72,7 @@ from ..session._session import (
     Offer,
     ProtocolMessage,
     Query,
+    RefusalBudget,
     Rejected,
     RemoteProtocolError,
     Session,
@@ -1069,6 +1070,11 @@ class Agent:
         self.pool = WorkPool(self.server_limits.compile_workers,
                              self.server_limits.compile_queue)
         self._learned_per_peer = LearnedProtocols(self.server_limits.max_learned_per_peer)
+        #: What each peer address's refused frames have cost the sessions it serves
+        #: (``server_limits.max_refusals`` within ``refusal_window``; see ServerLimits).
+        self.refusals = RefusalBudget(
+            self.server_limits.max_refusals,
+            max(1, round(self.server_limits.refusal_window * 1000)))
         base = self._registry()
         self.preloaded = [item if isinstance(item, Protocol) else base.load(item)
                           for item in descriptors]
@@ -1122,7 +1128,8 @@ class Agent:
     # ----------------------------------------------------------------- sessions
 
     def _session(self, role: str, registry: Registry, peer: URI | str | None = None,
-                 encodings: Iterable[str] | None = None) -> Session:
+                 encodings: Iterable[str] | None = None,
+                 refusal_budget: RefusalBudget | None = None) -> Session:
         return Session(role, registry=registry, me=self.name, peer=peer,
                        encodings=self.encodings if encodings is None else encodings,
                        signing_key=self.key,
@@ -1130,13 +1137,16 @@ class Agent:
                        limits=self.limits,
                        max_frame_bytes=self.connection_limits.max_frame_bytes,
                        max_pending_frames=self.connection_limits.max_pending_frames,
-                       max_conversations=self.server_limits.max_conversations)
+                       max_conversations=self.server_limits.max_conversations,
+                       refusal_budget=refusal_budget)
 
     def _responder(self) -> Session:
+        """A session for a served connection: it shares the agent's
+        :attr:`refusals` budget (the transport gives it the peer's address)."""
         registry = self._registry()
         for protocol in itertools.chain(self.preloaded, self.learned.protocols()):
             registry.adopt(protocol)
-        return self._session("responder", registry)
+        return self._session("responder", registry, refusal_budget=self.refusals)
 
     async def serve(self, address: str) -> Server:
         """Listen on ``address`` (``HOST:PORT``, port 0 picks one, or ``unix:PATH``) and
