@@ -4,6 +4,7 @@ system-prompt section that teaches a model a protocol. Repair hints are on every
 (:meth:`cbcl.CBCLError.hint`)."""
 
 from ..core._limits import LLMLimits
+from ._checker import Checker, CheckerMisuse, Ok, Refused
 from ._export import (
     FORMATS as EXPORT_FORMATS,
     KEYWORD_SET_CAP,
@@ -18,7 +19,7 @@ from ._prompt import render_prompt
 
 __all__ = [
     "EXPORT_FORMATS", "EXTRACT_INPUT_FACTOR", "KEYWORD_SET_CAP", "STRING_LENGTH_CAP",
-    "DroppedSpan", "Extracted", "GrammarExport", "LLMLimits", "export_grammar",
-    "export_json_schema",
-    "extract", "generate_bodies", "generate_messages", "render_prompt",
+    "Checker", "CheckerMisuse", "DroppedSpan", "Extracted", "GrammarExport", "LLMLimits",
+    "Ok", "Refused", "export_grammar", "export_json_schema", "extract", "generate_bodies",
+    "generate_messages", "render_prompt",
 ]

@@ -260,7 +260,10 @@ class Checker:
         if body:
             if self.protocol is None or self.intent is None:
                 raise TypeError("a body checker needs protocol= and intent=")
-            self._require_governed(self.protocol, self.intent, 0)
+            try:
+                self._require_governed(self.protocol, self.intent, 0)
+            except _Refusal as refusal:
+                raise refusal.error from None
             self._start_body(self.protocol, self.intent, 0)
 
     # ------------------------------------------------------------------ the interface
@@ -595,6 +598,7 @@ class Checker:
                            error=EnvelopeError)
         self._previous = terminal
         self._count_item(terminal, start)
+        self.steps += 1
         done = feed(tables, stack, terminal)
         if done == REFUSED:
             try:
