@@ -5,6 +5,7 @@ system-prompt section that teaches a model a protocol. Repair hints are on every
 
 from ..core._limits import LLMLimits
 from ._checker import Checker, CheckerMisuse, Ok, Refused
+from ._complete import Attempt, Completion, CompletionError, complete, complete_async
 from ._export import (
     FORMATS as EXPORT_FORMATS,
     KEYWORD_SET_CAP,
@@ -18,8 +19,27 @@ from ._generate import generate_bodies, generate_messages
 from ._prompt import render_prompt
 
 __all__ = [
-    "EXPORT_FORMATS", "EXTRACT_INPUT_FACTOR", "KEYWORD_SET_CAP", "STRING_LENGTH_CAP",
-    "Checker", "CheckerMisuse", "DroppedSpan", "Extracted", "GrammarExport", "LLMLimits",
-    "Ok", "Refused", "export_grammar", "export_json_schema", "extract", "generate_bodies",
-    "generate_messages", "render_prompt",
+    "EXPORT_FORMATS",
+    "EXTRACT_INPUT_FACTOR",
+    "KEYWORD_SET_CAP",
+    "STRING_LENGTH_CAP",
+    "Attempt",
+    "Checker",
+    "CheckerMisuse",
+    "Completion",
+    "CompletionError",
+    "DroppedSpan",
+    "Extracted",
+    "GrammarExport",
+    "LLMLimits",
+    "Ok",
+    "Refused",
+    "complete",
+    "complete_async",
+    "export_grammar",
+    "export_json_schema",
+    "extract",
+    "generate_bodies",
+    "generate_messages",
+    "render_prompt",
 ]

@@ -119,6 +119,9 @@ class Ok:
     complete: bool
     message: Message | None = None
     body: Value | None = None
+    #: Where the message (or body) ends, once ``complete``: the index after its last
+    #: character (-1 before).
+    end: int = -1
 
     def __bool__(self) -> bool:
         return True
@@ -187,8 +190,11 @@ class Checker:
     ``registry`` holds the protocols a body may use. ``intent`` and ``protocol``, when
     given, are required of the message (a message of another intent or protocol is
     refused at that field); with ``body=True`` the text is one body of ``protocol``'s
-    ``intent`` messages (both required) rather than a whole message. ``limits`` as
-    :func:`cbcl.parse` takes them.
+    ``intent`` messages (both required) rather than a whole message. ``trailing=True``:
+    the text may go on after the message (a model's prose): once the message's last
+    ``)`` is read, the rest is not looked at, and :meth:`finish` parses the message
+    alone (:attr:`Ok.end` says where it ends). ``limits`` as :func:`cbcl.parse` takes
+    them.
 
     Raises ``TypeError`` for arguments of the wrong type, :class:`UnknownProtocolError`
     for a ``protocol`` the registry does not hold and :class:`ProtocolError` for an
@@ -196,7 +202,7 @@ class Checker:
 
     def __init__(self, registry: Registry, *, intent: Intent | str | None = None,
                  protocol: Protocol | Symbol | str | None = None, body: bool = False,
-                 limits: Limits | None = None) -> None:
+                 trailing: bool = False, limits: Limits | None = None) -> None:
         if not isinstance(registry, Registry):
             raise TypeError("registry must be a cbcl.Registry")
         limits = DEFAULT_LIMITS if limits is None else limits
@@ -257,6 +263,8 @@ class Checker:
         self._body_start = 0
         self._mode = _ENVELOPE
         self._body_only = body
+        self._trailing = trailing
+        self._end = -1
         if body:
             if self.protocol is None or self.intent is None:
                 raise TypeError("a body checker needs protocol= and intent=")
@@ -303,7 +311,7 @@ class Checker:
             self._run(final=False)
         except _Refusal as refusal:
             return self._refused(refusal)
-        self._result = Ok(self._size, self._complete)
+        self._result = Ok(self._size, self._complete, end=self._end)
         return self._result
 
     def finish(self) -> Ok | Refused:
@@ -324,15 +332,17 @@ class Checker:
             return self._refused(refusal)
         try:
             text = self._full()
+            if self._trailing and self._end >= 0:
+                text = text[:self._end]
             if self._body_only:
                 assert self._body_protocol is not None
                 value = read(text, limits=self.limits)
                 if self._body_protocol.schema is not None:
                     check_schema(self._body_protocol.schema, value)
-                self._result = Ok(self._size, True, body=value)
+                self._result = Ok(self._size, True, body=value, end=self._end)
             else:
                 message = parse(text, registry=self.registry, limits=self.limits)
-                self._result = Ok(self._size, True, message=message)
+                self._result = Ok(self._size, True, message=message, end=self._end)
         except CBCLError as error:
             index = self._size
             if error.position is not None and error.position.line:
@@ -426,6 +436,10 @@ class Checker:
     def _run(self, final: bool) -> None:
         """Decide every token the text so far decides (all of them when ``final``)."""
         while True:
+            if self._complete and self._end < 0:
+                self._end = self._pos
+            if self._complete and self._trailing:
+                return
             if self._comment:
                 text = self._window
                 found = _COMMENT_END.search(text, self._pos - self._offset)
