@@ -1,7 +1,8 @@
 """CBCL for language models (spec/llm.md): grammar exports for constrained decoding, messages
 generated from a protocol's grammar, extraction of messages from model output, and the
-system-prompt section that teaches a model a protocol. Repair hints are on every error
-(:meth:`cbcl.CBCLError.hint`)."""
+system-prompt section that teaches a model a protocol, a checker of a message as it is
+written (:class:`Checker`) and the repair loop (:func:`complete`). Repair hints are on
+every error (:meth:`cbcl.CBCLError.hint`)."""
 
 from ..core._limits import LLMLimits
 from ._checker import Checker, CheckerMisuse, Ok, Refused
