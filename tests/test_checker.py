@@ -345,3 +345,54 @@ def test_misuse() -> None:
     assert isinstance(CheckerMisuse("x"), CBCLError)
     with pytest.raises(TypeError):
         Checker(object())  # type: ignore[arg-type]
+
+
+#: Pieces of hostile text: controls, bidirectional and invisible characters, surrogates
+#: spelled as escapes, fragments of envelopes.
+HOSTILE = [*'()"\\:;\n\r\t abcXYZ-.+0123456789é{}/', "\x00", "\x7f", "\u202e", "\ufeff",
+           "\u2028", "😀", "CBCL/1.0", "(body ", "(intent PROPOSE)", "\\u", "\\ud800",
+           "(protocol contract-net/v1)", "agent://x"]
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.lists(st.sampled_from(HOSTILE), max_size=40).map("".join),
+                 st.tuples(st.sampled_from(VALID), st.integers(0, 10_000),
+                           st.lists(st.sampled_from(HOSTILE), max_size=4).map("".join))
+                 .map(lambda t: t[0][:t[1] % (len(t[0]) + 1)] + t[2]
+                      + t[0][t[1] % (len(t[0]) + 1):])),
+       cuts, st.booleans())
+def test_any_text_gets_a_verdict_never_another_exception(text: str, cut: list[int],
+                                                        as_bytes: bool) -> None:
+    verdict, _, _ = _check(text, cut, as_bytes=as_bytes)  # (raises nothing)
+    _agrees(text, verdict)
+
+
+@settings(max_examples=100)
+@given(st.sampled_from([t for t in VALID if "(body " in t]), st.integers(0, 10_000),
+       st.integers(0, 3), st.sampled_from(PIECES), cuts)
+def test_a_body_alone_is_judged_as_in_its_message(text: str, where: int, how: int,
+                                                  piece: str, cut: list[int]) -> None:
+    """Body mode refuses a body where message mode refuses it in the message (its
+    refusals in the body moved by where the body starts)."""
+    message = cbcl.parse(text, registry=REGISTRY)
+    assert message.intent is not None
+    body = cbcl.canonical(message.body)  # type: ignore[arg-type]
+    body = body if how == 3 else _mutate(body, where, how, piece)
+    whole = (f'(CBCL/1.0 (message-id "m") (sender a://b) (receiver a://c) (intent '
+             f"{message.intent.value}) (protocol {message.protocol}) (body ")
+    in_message, _, _ = _check(whole + body + "))", [len(whole) + c for c in cut])
+    checker = Checker(REGISTRY, protocol=message.protocol, intent=message.intent, body=True)
+    at = 0
+    verdict: Ok | Refused = Ok(0, False)
+    for end in [*sorted(set(cut)), len(body)]:
+        if end > at and isinstance(verdict, Ok):
+            verdict = checker.feed(body[at:end])
+            at = end
+    alone = checker.finish() if isinstance(verdict, Ok) else verdict
+    if isinstance(in_message, Refused) and isinstance(in_message.error, BodyError) and \
+            in_message.index >= len(whole) and in_message.error.position is not None:
+        assert isinstance(alone, Refused)
+        assert (alone.index, alone.error.message) == \
+            (in_message.index - len(whole), in_message.error.message)
+    elif isinstance(in_message, Ok):
+        assert isinstance(alone, Ok) and alone.body == cbcl.read(body)
