@@ -75,6 +75,17 @@ def test_each_mistake_is_fixed_after_the_hint_that_names_it(kind: str, error: ty
     assert first.prompt_bytes < second.prompt_bytes  # the retry quotes the answer and hint
 
 
+def test_a_refusal_is_placed_in_the_answer_as_written() -> None:
+    model = _model("prose", "recased")
+    done = _run(model)
+    first = done.attempts[0]
+    assert first.error is not None and first.error.position is not None
+    with pytest.raises(cbcl.CBCLError) as raised:  # what extract says of the same answer
+        cbcl.extract(first.text, registry=REGISTRY)
+    assert first.error.position == raised.value.position
+    assert first.error.message == raised.value.message and first.hint == raised.value.hint()
+
+
 def test_a_model_that_never_converges() -> None:
     model = _model("prose", "recased", "missing", stubborn=True)
     with pytest.raises(CompletionError) as raised:

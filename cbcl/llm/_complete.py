@@ -40,10 +40,11 @@ from typing import Any
 
 from ..core._errors import CBCLError, LimitError
 from ..core._limits import DEFAULT_LIMITS, Limits
+from ..core._reader import context_of, position_of
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
-from ._checker import Checker, Refused
+from ._checker import Checker, Refused, _index_of
 from ._extract import INPUT_FACTOR, extract
 from ._prompt import render_prompt
 
@@ -107,6 +108,7 @@ class _Answer:
         self._bytes = 0
         self._tail = ""  # the last characters, where a candidate may start
         self._checker: Checker | None = None
+        self._begin = 0  # where the message the checker reads starts in the answer
         self.refused: Refused | None = None
         self.complete = False
         self.error: CBCLError | None = None
@@ -131,6 +133,7 @@ class _Answer:
         return not self.stopped
 
     def _append(self, chunk: str) -> None:
+        before = self._size
         self._parts.append(chunk)
         self._size += len(chunk)
         self._bytes += len(chunk.encode("utf-8", "surrogatepass"))
@@ -144,6 +147,7 @@ class _Answer:
                 self._tail = window[-64:]
                 return
             self._checker = self._loop.checker()
+            self._begin = before - len(self._tail) + found.start()
             piece = window[found.start():]
         verdict = self._checker.feed(piece)
         if isinstance(verdict, Refused):
@@ -161,16 +165,27 @@ class _Answer:
     def output_bytes(self) -> int:
         return self._bytes
 
+    def _moved(self, error: CBCLError) -> CBCLError:
+        """``error``, found in the message's text, with its position moved into the
+        answer (where the model, shown its answer, finds it)."""
+        position = error.position
+        if self._checker is not None and position is not None and position.line:
+            index = self._begin + _index_of(self._checker.text, position)
+            text = self.text
+            error.position = position_of(text, index)
+            error.context = context_of(text, index)
+        return error
+
     def verdict(self) -> tuple[Message | None, str, CBCLError | None]:
         """The message and its text, or the error the answer is refused with."""
         if self.error is not None:
             return None, "", self.error
         if self.refused is not None:
-            return None, "", self.refused.error
+            return None, "", self._moved(self.refused.error)
         if self._checker is not None and self.complete:
             final = self._checker.finish()
             if isinstance(final, Refused):
-                return None, "", final.error
+                return None, "", self._moved(final.error)
             assert final.message is not None
             return final.message, self._checker.text[:final.end], None
         try:  # no whole message: extract says what is wrong (or finds one after all)
