@@ -225,8 +225,9 @@ class _Loop:
         self.attempts: list[Attempt] = []
         section = render_prompt(self.protocol, registry=registry, intent=self.intent) \
             if prompt is None else prompt
-        self.base = (f"{section}\n## Your task\n\n{task}\n\nReply with one CBCL/1.0 message "
-                     f"of intent {self.intent.value} in protocol {self.protocol.id}.\n")
+        wanted = (f"Reply with one CBCL/1.0 message of intent {self.intent.value} in "
+                  f"protocol {self.protocol.id}.\n")
+        self.base = f"{section}\n## Your task\n\n" + (f"{task}\n\n" if task else "") + wanted
         self.prompt = self.base
 
     def checker(self) -> Checker:
