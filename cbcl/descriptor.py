@@ -5,7 +5,7 @@ the loaded protocols a registry holds (spec/cbcl-1.0.md §3, §6.7)."""
 from .grammar._subset import GrammarLimits
 from .protocol._agreement import check_schema_against_grammar
 from .protocol._authoring import build_descriptor, render_descriptor
-from .protocol._compat import CompatLimits, CompatReport, diff_descriptors
+from .protocol._compat import CompatLimits, CompatReport, Witness, diff_descriptors
 from .protocol._declaration import (
     Declaration,
     descriptor_from_declaration,
@@ -33,6 +33,7 @@ __all__ = [
     "Protocol",
     "ProtocolDescriptor",
     "Registry",
+    "Witness",
     "build_descriptor",
     "check_schema_against_grammar",
     "descriptor_from_declaration",
