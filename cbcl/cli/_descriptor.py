@@ -221,7 +221,7 @@ def respond(message, context):
                                                      reason="not for sale"))
         return context.reply("INFORM", cbcl.body("offer", item=item,
                                                  price=price * fields["quantity"],
-                                                 currency=cbcl.Symbol("EUR")))
+                                                 currency="EUR"))
     return None
 '''
 
