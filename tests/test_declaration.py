@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from grammar_bodies import bodies
-from hypothesis import given, settings, strategies as st
+from hypothesis import event, given, settings, strategies as st
 from strategies import mutate_tokens
 from test_protocol import TOKENS
 
@@ -388,3 +388,122 @@ def test_cli_builds_a_declaration(capsys: pytest.CaptureFixture[str], tmp_path: 
     source.write_text(AUCTION.replace("(one-of kg piece)", "(one-of kg kg)"))
     assert main(["descriptor", "build", str(source), "-o", str(out)]) != 0
     assert f"{source}: " in capsys.readouterr().err
+
+
+# ------------------------------------------- random declarations: grammar ⊇ schema, LR(1)
+
+_VALID_ATOMS = st.sampled_from([
+    "string", "(string :min-length 1 :max-length 8)", "integer", "(integer :min 0 :max 9)",
+    "decimal", "(number :min 0)", "symbol", "(symbol :max-length 3)", "keyword", "uri",
+    "(uri :scheme agent)", "boolean", "any", "(one-of a b c)", "(one-of 1 2 3)",
+    '(one-of "x" y 2)', "(one-of :k :j)", "(one-of 1 2.5)", "(one-of true)"])
+_KEYS = [":a", ":b", ":c", ":d"]
+
+
+def _valid_types(depth: int) -> st.SearchStrategy[str]:
+    if depth == 0:
+        return _VALID_ATOMS
+    inner = _valid_types(depth - 1)
+    fields = st.lists(st.tuples(st.sampled_from(_KEYS), inner, st.booleans()),
+                      max_size=4, unique_by=lambda f: f[0]).map(
+        lambda fs: " ".join(f"({k} {t}{' required' if r else ''})" for k, t, r in fs))
+    return st.one_of(
+        _VALID_ATOMS,
+        st.tuples(inner, st.sampled_from(["", " :max-length 3", " :min-length 1"])).map(
+            lambda t: f"(list-of {t[0]}{t[1]})"),
+        fields.map(lambda f: f"(keys {f})"),
+        inner.map(lambda t: f"(keys (else {t}))"),
+        st.tuples(st.sampled_from(["r", "s", "r s", "true"]), fields).map(
+            lambda t: f"(record {t[0]} {t[1]})"))
+
+
+@st.composite
+def declarations(draw: st.DrawFn) -> str:
+    intents = draw(st.lists(st.sampled_from(["INFORM", "QUERY", "PROPOSE", "NOT-UNDERSTOOD"]),
+                            min_size=1, max_size=3, unique=True))
+    parts, n = [], 0
+    for intent in intents:
+        records = []
+        for _ in range(draw(st.integers(1, 2))):
+            fields = draw(st.lists(st.tuples(st.sampled_from(_KEYS), _valid_types(2),
+                                             st.booleans()),
+                                   max_size=4, unique_by=lambda f: f[0]))
+            shown = " ".join(f"({k} {t}{' required' if r else ''})" for k, t, r in fields)
+            records.append(f"(record h{n} {shown})")
+            n += 1
+        parts.append(f"(intent {intent} {' '.join(records)})")
+    return f"(protocol-declaration (id rnd/v1) (version 1) {' '.join(parts)})"
+
+
+def _draw_value(draw: st.DrawFn, t: object, depth: int = 0) -> cbcl.Value:
+    """A value shaped by compiled type ``t``, often but not always one the schema
+    accepts (small ranges of each kind, optional keys sometimes, any order)."""
+    from cbcl.protocol._schema import AtomType, Keys, ListOf, OneOf, Record
+
+    if isinstance(t, OneOf):
+        return draw(st.sampled_from(t.values))
+    if isinstance(t, AtomType):
+        kinds: dict[str, st.SearchStrategy[cbcl.Value]] = {
+            "string": st.text("ab ", max_size=9), "integer": st.integers(-2, 11),
+            "decimal": st.sampled_from([cbcl.read("0.5"), cbcl.read("-1.0")]),
+            "number": st.sampled_from([3, cbcl.read("2.5"), -1]),
+            "symbol": st.sampled_from([cbcl.Symbol("a"), cbcl.Symbol("abcd")]),
+            "keyword": st.just(cbcl.Keyword("k")),
+            "uri": st.sampled_from([cbcl.URI("agent://x"), cbcl.URI("https://y")]),
+            "boolean": st.sampled_from([cbcl.Symbol("true"), cbcl.Symbol("false")]),
+            "any": st.sampled_from([1, "s", cbcl.Symbol("q"), (cbcl.Symbol("z"), 1)])}
+        return draw(kinds[t.kind])
+    if isinstance(t, ListOf):
+        return tuple(_draw_value(draw, t.item, depth + 1)
+                     for _ in range(draw(st.integers(0, 4 if depth < 4 else 0))))
+    keys = t.keys if isinstance(t, Record) else t
+    assert isinstance(keys, Keys)
+    chosen = [k for k in keys.fields if k in keys.required or draw(st.booleans())]
+    if keys.other is not None and draw(st.booleans()):
+        chosen.append(cbcl.Keyword("zz"))
+    out: list[cbcl.Value] = list(t.heads) if isinstance(t, Record) else []
+    for key in draw(st.permutations(chosen)):
+        child = keys.fields.get(key, keys.other)
+        out += [key, _draw_value(draw, child, depth + 1)]
+    return tuple(out)
+
+
+def _heads_by_intent(text: str) -> dict[cbcl.Intent, set[cbcl.Symbol]]:
+    """The first head of each record each intent of the declaration ``text`` lists."""
+    found: dict[cbcl.Intent, set[cbcl.Symbol]] = {}
+    declaration = cbcl.read(text)
+    assert isinstance(declaration, tuple)
+    for item in declaration[1:]:
+        if isinstance(item, tuple) and item[0] == cbcl.Symbol("intent"):
+            found[cbcl.Intent(str(item[1]))] = {
+                part[1] for part in item[2:] if isinstance(part, tuple)
+                and part[0] == cbcl.Symbol("record") and isinstance(part[1], cbcl.Symbol)}
+    return found
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=declarations(), data=st.data())
+def test_random_declarations_build_and_their_grammar_takes_what_their_schema_does(
+        text: str, data: st.DataObject) -> None:
+    """Every well-formed declaration derives an LR(1) grammar (the build compiles it), and
+    a body that the schema accepts is accepted by the descriptor, grammar and schema
+    together, for exactly the intents that declare its record: the derived grammar never
+    refuses what the schema says, and never takes another intent's body."""
+    from cbcl.protocol._schema import check_schema, compile_schema
+
+    declared = read_declaration(text)
+    registry = registry_of(declared.build())
+    assert declared.schema is not None
+    schema = compile_schema(declared.schema)
+    heads = _heads_by_intent(text)
+    for record in schema.records:
+        body = data.draw(st.composite(lambda draw, r=record: _draw_value(draw, r))())
+        try:
+            check_schema(schema, body)
+        except cbcl.SchemaError:
+            event("a body the schema refuses")
+            continue
+        event("a body the schema accepts")
+        for intent, _rule in declared.starts:
+            sent = message(intent.value, cbcl.canonical(body), "rnd/v1")
+            assert accepted(registry, sent) == (record.heads[0] in heads[intent]), sent
