@@ -532,3 +532,56 @@ def test_a_declaration_at_the_grammar_limits_builds_in_bounded_work() -> None:
     with pytest.raises(cbcl.GrammarError, match="max_productions"):
         read_declaration(declaration(16)).build()
     assert time.process_time() - started < 30
+
+
+def test_literal_length_limit() -> None:
+    """A head, or a key with its colon, is a literal of at most max_literal_chars (64)."""
+    limit = GrammarLimits().max_literal_chars
+    ok = f"(protocol-declaration (id a/v1) (version 1) (intent INFORM (record {'h' * limit} " \
+         f"(:{'k' * (limit - 1)} integer))))"
+    read_declaration(ok)
+    with pytest.raises(cbcl.DescriptorError, match="max_literal_chars"):
+        read_declaration(ok.replace("h" * limit, "h" * (limit + 1)))
+    with pytest.raises(cbcl.DescriptorError, match="max_literal_chars"):
+        read_declaration(ok.replace("k" * (limit - 1), "k" * limit))
+    long_symbol = "s" * (limit + 1)  # a one-of symbol too long for a literal: SYMBOL
+    assert 'SYMBOL' in read_declaration(
+        f"(protocol-declaration (id a/v1) (version 1) (intent INFORM (record h "
+        f"(:x (one-of a {long_symbol})))))").grammar
+
+
+def test_check_steps_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schema-against-grammar check takes at most MAX_CHECK_STEPS steps: a check that
+    takes N passes with the limit at N and is refused at N − 1."""
+    from cbcl.protocol import _agreement
+    from cbcl.protocol._schema import compile_schema
+
+    shipped = read_descriptor((DESCRIPTORS / "contract-net-v1.cbcl").read_bytes())
+    assert shipped.schema is not None
+    records = [(r, f"$.schema[{i}]")
+               for i, r in enumerate(compile_schema(shipped.schema).records, 1)]
+    steps = _agreement.check_records(shipped.grammar, shipped.start_rules, records, None,
+                                     "schema")
+    assert 0 < steps < _agreement.MAX_CHECK_STEPS
+    monkeypatch.setattr(_agreement, "MAX_CHECK_STEPS", steps)
+    check_schema_against_grammar(shipped.grammar, shipped.schema, starts=shipped.start_rules)
+    monkeypatch.setattr(_agreement, "MAX_CHECK_STEPS", steps - 1)
+    with pytest.raises(cbcl.DescriptorError, match=f"more than {steps - 1} steps"):
+        check_schema_against_grammar(shipped.grammar, shipped.schema,
+                                     starts=shipped.start_rules)
+
+
+def test_the_check_is_linear_enough_for_the_largest_grammars() -> None:
+    """256 rules, each a record of one list with a key, and a schema of 255 records: the
+    check stays far inside its step budget (the places are indexed once)."""
+    from cbcl.protocol import _agreement
+    from cbcl.protocol._schema import compile_schema
+
+    rules = ["body: " + " | ".join(f"r{i}" for i in range(255))]
+    rules += [f'r{i}: "(" "h{i}" ":k" INTEGER ")"' for i in range(255)]
+    schema = "(schema " + " ".join(f"(record h{i} (:k (integer :min 0)))"
+                                   for i in range(255)) + ")"
+    records = [(r, "$") for r in compile_schema(cbcl.read(schema)).records]
+    steps = _agreement.check_records("\n".join(rules) + "\n", ("body",), records, None,
+                                     "schema")
+    assert steps < 5_000

@@ -13,8 +13,10 @@ in a rule named there, which is followed once) are collected with the items afte
 Each item's possible first value kinds are found the same way (a literal symbol, a
 terminal, ``value``, a list). A record's field must be among those keys, unless the
 grammar writes a general ``KEYWORD`` there, and its type must admit some value of those
-kinds. Every walk keeps an explicit work list and the whole check at most
-:data:`MAX_CHECK_STEPS` steps, so a hostile grammar costs bounded work.
+kinds. Every walk keeps an explicit work list, and the whole check takes at most
+:data:`MAX_CHECK_STEPS` steps (a step: a sequence of the tree walked, an item followed for
+its kinds, a place a record's heads are looked for), so a hostile grammar costs bounded
+work; the places a list opens are indexed by their first head once, in one walk.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def _atom_terminal(value: Value) -> str:
 _KINDS_OF_TERMINAL = {"STRING": {"string"}, "INTEGER": {"integer"}, "DECIMAL": {"decimal"},
                       "NUMBER": {"integer", "decimal"}, "SYMBOL": {"symbol"},
                       "KEYWORD": {"keyword"}, "URI": {"uri"}, "value": {"any"}}
-MAX_CHECK_STEPS = 1 << 16
+MAX_CHECK_STEPS = 1 << 20
 
 
 class _GrammarFacts:
@@ -63,6 +65,7 @@ class _GrammarFacts:
     def __init__(self, source: GrammarSource) -> None:
         self.rules = {rule.name: rule for rule in source.rules}
         self.steps = 0
+        self._openings: dict[str, list[tuple[str, tuple[Item, ...], int]]] | None = None
 
     def _step(self) -> None:
         self.steps += 1
@@ -100,32 +103,43 @@ class _GrammarFacts:
                 found.add("keyword")
         return found
 
+    def _index(self) -> dict[str, list[tuple[str, tuple[Item, ...], int]]]:
+        """Every ``"(" "HEAD"`` the grammar writes, by HEAD: the rule, the sequence and the
+        index of the ``"("`` in it (one walk of the whole tree, made once)."""
+        if self._openings is not None:
+            return self._openings
+        openings: dict[str, list[tuple[str, tuple[Item, ...], int]]] = {}
+        for rule in self.rules.values():
+            sequences: list[tuple[Item, ...]] = [alt.items for alt in rule.alternatives]
+            while sequences:
+                self._step()
+                items = sequences.pop()
+                for at, it in enumerate(items):
+                    if isinstance(it, Group):
+                        sequences.extend(a.items for a in it.alternatives)
+                    elif isinstance(it, Repeat) and isinstance(it.item, Group):
+                        sequences.extend(a.items for a in it.item.alternatives)
+                    elif isinstance(it, KeywordSet):
+                        sequences.extend((m.item,) for m in it.members)
+                    elif isinstance(it, Literal) and it.text == "(" and at + 1 < len(items):
+                        head = items[at + 1]
+                        if isinstance(head, Literal):
+                            openings.setdefault(head.text, []).append((rule.name, items, at))
+        self._openings = openings
+        return openings
+
     def lists(self, heads: tuple[Symbol, ...]) -> list[tuple[str, dict[str, list[Item]], bool]]:
         """Every place a list ``( HEADS …`` is written: its rule, the items that can follow
         each keyword literal in it (directly, in a keyword set, or in a rule it names),
         and whether a general ``KEYWORD`` can be a key there."""
         wanted = [str(h) for h in heads]
         places: list[tuple[str, dict[str, list[Item]], bool]] = []
-        for rule in self.rules.values():
-            for alt in rule.alternatives:
-                sequences: list[tuple[Item, ...]] = [alt.items]
-                while sequences:
-                    self._step()
-                    items = sequences.pop()
-                    for at, it in enumerate(items):
-                        if isinstance(it, Group):
-                            sequences.extend(a.items for a in it.alternatives)
-                        elif isinstance(it, Repeat) and isinstance(it.item, Group):
-                            sequences.extend(a.items for a in it.item.alternatives)
-                        elif isinstance(it, KeywordSet):
-                            sequences.extend((m.item,) for m in it.members)
-                        if not (isinstance(it, Literal) and it.text == "("):
-                            continue
-                        following = items[at + 1:at + 1 + len(wanted)]
-                        if [x.text if isinstance(x, Literal) else None
-                                for x in following] == wanted:
-                            keys, general = self.keys_after(items[at + 1 + len(wanted):])
-                            places.append((rule.name, keys, general))
+        for rule, items, at in self._index().get(wanted[0], ()):
+            self._step()
+            following = items[at + 1:at + 1 + len(wanted)]
+            if [x.text if isinstance(x, Literal) else None for x in following] == wanted:
+                keys, general = self.keys_after(items[at + 1 + len(wanted):])
+                places.append((rule, keys, general))
         return places
 
     def keys_after(self, items: tuple[Item, ...]) -> tuple[dict[str, list[Item]], bool]:
@@ -206,9 +220,10 @@ def check_schema_against_grammar(grammar: str, schema: Value, *,
 
 
 def check_records(grammar: str, starts: tuple[str, ...], records: list[tuple[Record, str]],
-                  limits: GrammarLimits | None, what: str) -> None:
+                  limits: GrammarLimits | None, what: str) -> int:
     """:func:`check_schema_against_grammar` for ``records``, each with the path that names
-    it in ``what`` (``schema``, ``declaration``); raises as it does."""
+    it in ``what`` (``schema``, ``declaration``): the steps it took. Raises as
+    :func:`check_schema_against_grammar` does."""
     source = read_grammar(grammar, limits=limits, starts=tuple(dict.fromkeys(starts)))
     facts = _GrammarFacts(source)
     work = list(records)
@@ -245,3 +260,4 @@ def check_records(grammar: str, starts: tuple[str, ...], records: list[tuple[Rec
             nested = [t] if isinstance(t, Record) else \
                 [t.item] if isinstance(t, ListOf) and isinstance(t.item, Record) else []
             work.extend((n, where) for n in nested if isinstance(n, Record))
+    return facts.steps

@@ -79,7 +79,6 @@ __all__ = [
 DECLARATION_HEAD = "protocol-declaration"
 #: The longest rule name the derivation makes (before a ``_N`` suffix).
 MAX_DERIVED_NAME = 40
-_MAX_LITERAL = 64  # GrammarLimits' default max_literal_chars: a longer name is no literal
 
 _TERMINAL_OF_KIND = {"string": "STRING", "integer": "INTEGER", "decimal": "DECIMAL",
                      "number": "NUMBER", "symbol": "SYMBOL", "keyword": "KEYWORD",
@@ -135,7 +134,8 @@ def read_declaration(source: str | bytes | Value, *, limits: Limits | None = Non
     Raises ``TypeError`` for a source of another type; :class:`MalformedError` or
     :class:`LimitError` for text the reader refuses (under ``limits``); and
     :class:`DescriptorError` for a declaration that is not valid — its path names the place
-    (``$.intent[2].record[1][3]``), and for a hand-written grammar, the grammar rule too.
+    (``$.intent[2][3][2][1]``: the second intent's third element, a record, then its second
+    element, a field, then the field's type), and for a hand-written grammar, the grammar rule too.
     The derived grammar is held to ``grammar_limits`` (rules, members per keyword set,
     text size); it is not compiled here (:meth:`Declaration.build` does that)."""
     limits = DEFAULT_LIMITS if limits is None else limits
@@ -292,9 +292,10 @@ class _Names:
         return name
 
 
-def _literal(name: str) -> bool:
-    """True if the symbol or keyword text ``name`` can be a grammar literal."""
-    return (name.isascii() and len(name) <= _MAX_LITERAL
+def _literal(name: str, max_chars: int) -> bool:
+    """True if the symbol or keyword text ``name`` can be a grammar literal of at most
+    ``max_chars`` characters."""
+    return (name.isascii() and len(name) <= max_chars
             and _LITERAL_NAME.match(name.removeprefix(":")) is not None
             and not (name[0] in "+-." and len(name) > 1 and name[1].isdigit()))
 
@@ -359,7 +360,7 @@ class _Deriver:
             return _TERMINAL_OF_KIND[t.kind]
         if isinstance(t, OneOf):
             symbols = [v for v in t.values if type(v) is Symbol]
-            literal = all(_literal(str(v)) for v in symbols)
+            literal = all(_literal(str(v), self.limits.max_literal_chars) for v in symbols)
             options = [f'"{v}"' if literal and type(v) is Symbol else _atom_terminal(v)
                        for v in t.values]
             if "INTEGER" in options and "DECIMAL" in options:
@@ -378,9 +379,10 @@ class _Deriver:
         parts = []
         for key, child in keys.fields.items():
             text = str.__str__(key)
-            if not _literal(":" + text):
+            if not _literal(":" + text, self.limits.max_literal_chars):
                 raise _bad(f"the key :{text} cannot be a grammar literal (ASCII, at most "
-                           f"{_MAX_LITERAL - 1} characters)", where)
+                           f"{self.limits.max_literal_chars} characters with its colon, "
+                           "GrammarLimits.max_literal_chars)", where)
             item = self.expression(child, f"{wanted}_{text}", where)
             member = f'":{text}" {item}'
             parts.append(member if key in keys.required else f"[{member}]")
@@ -391,9 +393,10 @@ class _Deriver:
     def body_of(self, t: SchemaType, wanted: str, where: str) -> str:
         if isinstance(t, Record):
             for head in t.heads:
-                if not _literal(str(head)):
+                if not _literal(str(head), self.limits.max_literal_chars):
                     raise _bad(f"the head {head} cannot be a grammar literal (ASCII, at most "
-                               f"{_MAX_LITERAL} characters)", where)
+                               f"{self.limits.max_literal_chars} characters, "
+                               "GrammarLimits.max_literal_chars)", where)
             heads = " ".join(f'"{h}"' for h in t.heads)
             inner = self.members(t.keys, wanted, where)
             return f'"(" {heads}{" " + inner if inner else ""} ")"'
