@@ -173,6 +173,9 @@ def test_rule_names_are_made_unique() -> None:
      "a start rule is a rule name"),
     ("(protocol-declaration (id a/v1) (version 1) (intent INFORM (record a)) "
      "(intent INFORM (record b)))", "intent INFORM is listed twice"),
+    ("(protocol-declaration (id a/v1) (version 1) (intent INFORM (rule x) (record a)) "
+     "(intent QUERY (rule x) (record b)))",
+     r"\$\.intent\[2\]: the start rule x is INFORM's too"),
 ])
 def test_bad_declarations_are_refused(text: str, message_: str) -> None:
     with pytest.raises(cbcl.DescriptorError, match=message_):

@@ -192,6 +192,11 @@ def read_declaration(source: str | bytes | Value, *, limits: Limits | None = Non
     schema = _schema_section(parsed)
     conversation, functions = fields.get("conversation"), fields.get("functions")
     if grammar is None:
+        first: dict[str, str] = {}
+        for n, (intent, rule, _) in enumerate(parsed, 1):
+            if first.setdefault(rule, intent) != intent:
+                raise _bad(f"the start rule {rule} is {first[rule]}'s too (without a "
+                           "grammar, each intent has its own)", f"$.intent[{n}]")
         text = derive_grammar(parsed, glimits)
         return Declaration(ident, version, expires, entries, text, True, schema,
                            conversation, functions)
