@@ -89,6 +89,9 @@ def test_a_declaration_derives_grammar_and_schema() -> None:
         'line: "(" "line" (":sku" SYMBOL & ":unit" ("kg" | "piece")) ")"\n')
     assert declared.schema is not None
     assert cbcl.canonical(declared.schema).startswith("(schema (record ask (:item (string")
+    assert [(i.value, [cbcl.canonical(r).split()[1] for r in rs])
+            for i, rs in declared.records] == [
+        ("REQUEST", ["ask"]), ("INFORM", ["offer"]), ("REFUSE", ["decline"])]
 
 
 def test_the_same_declaration_gives_the_same_bytes() -> None:

@@ -92,7 +92,8 @@ _RESERVED_RULES = frozenset({"body", "value"})
 class Declaration:
     """A declaration as read: the descriptor's fields, with ``grammar`` derived (or as
     written, when ``derived`` is false) and ``schema`` the ``(schema …)`` section made of
-    the declared records. ``starts`` gives each intent its start rule."""
+    the declared records. ``starts`` gives each intent its start rule, ``records`` the
+    records each intent's body may be (what typed classes or generated code would follow)."""
 
     id: Symbol
     version: int
@@ -103,6 +104,8 @@ class Declaration:
     schema: Value | None
     conversation: Value | None
     functions: Value | None
+    #: Per intent, in order, the records its body may be, as declared (their values).
+    records: tuple[tuple[Intent, tuple[Value, ...]], ...] = ()
 
     def build(self, *, comment: str | None = None, limits: Limits | None = None,
               grammar_limits: GrammarLimits | None = None) -> bytes:
@@ -199,12 +202,17 @@ def read_declaration(source: str | bytes | Value, *, limits: Limits | None = Non
                            "grammar, each intent has its own)", f"$.intent[{n}]")
         text = derive_grammar(parsed, glimits)
         return Declaration(ident, version, expires, entries, text, True, schema,
-                           conversation, functions)
+                           conversation, functions, _records_of(parsed))
     check_records(str(grammar), tuple(rule for _, rule in entries),
                   [(record, where) for _, _, declared in parsed
                    for _, record, where in declared], glimits, "declaration")
     return Declaration(ident, version, expires, entries, str(grammar), False, schema,
-                       conversation, functions)
+                       conversation, functions, _records_of(parsed))
+
+
+def _records_of(parsed: list[_Intent]) -> tuple[tuple[Intent, tuple[Value, ...]], ...]:
+    return tuple((Intent(name), tuple(value for value, _, _ in declared))
+                 for name, _, declared in parsed)
 
 
 def _count(value: Value, where: str) -> int:
