@@ -62,6 +62,7 @@ from ..protocol._descriptor import ProtocolDescriptor
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import PreparedDescriptor, Registry, compiled_size
+from ..protocol._schema import coerce_body
 from ..protocol._trust import Identity, TrustStore, read_signed_descriptor_unverified
 from ..session._reasons import MAX_FAILURE_DETAIL, failure_body, failure_exit, read_failure
 from ..session._session import (
@@ -285,10 +286,14 @@ class Context:
     def reply(self, intent: Intent | str, body: Value | None = None, *,
               reply_by: int | None = None) -> Message:
         """A reply to :attr:`message`: from its receiver to its sender, in its protocol and
-        conversation, ``in-reply-to`` its id; our id, the peer's ids only as values. Raises
-        ``TypeError``/``ValueError`` for a field of the wrong type (as :class:`Message`
-        does)."""
+        conversation, ``in-reply-to`` its id; our id, the peer's ids only as values. A
+        ``str`` the protocol's schema types as a symbol, keyword or URI is made one
+        (:func:`cbcl.conversation.coerce_body`). Raises ``TypeError``/``ValueError`` for a
+        field of the wrong type (as :class:`Message` does)."""
         message = self.message
+        protocol = self.protocol
+        if protocol is not None and protocol.schema is not None and body is not None:
+            body = coerce_body(protocol.schema, body)  # "EUR" -> EUR where it is a symbol
         return Message(message_id=self._next_id(), sender=message.receiver,
                        receiver=message.sender, intent=Intent(intent),
                        protocol=message.protocol, conversation_id=message.conversation_id,
@@ -351,7 +356,10 @@ class AgentConversation:
                    reply_by: int | None = None) -> Message | None:
         """Send ``(intent, body)`` in this conversation; return the peer's next message in
         it (``None`` with ``expect_reply=False``, or when this message finished the
-        conversation). ``timeout`` (seconds, default the agent's ``reply_timeout``).
+        conversation). A ``str`` the protocol's schema types as a symbol, keyword or URI
+        is made one (:func:`cbcl.conversation.coerce_body`): ``currency="EUR"`` is the
+        symbol ``EUR`` where the schema says so. ``timeout`` (seconds, default the
+        agent's ``reply_timeout``).
         Raises :class:`PeerFailed` (the peer answered that it could not answer: its reason
         code, at once), :class:`ConversationClosed` (the link ended, or no reply in time),
         :class:`~cbcl.ProtocolError`/``ViolationError`` for a message the protocol refuses
@@ -360,6 +368,8 @@ class AgentConversation:
         protocol = link.session.protocol
         if protocol is None:
             raise ConversationClosed("no protocol is established", reason="closed")
+        if protocol.schema is not None and body is not None:
+            body = coerce_body(protocol.schema, body)  # "EUR" -> EUR where it is a symbol
         message = Message(message_id=link.next_id(), sender=link.me, receiver=link.peer,
                           intent=Intent(intent), protocol=protocol.id,
                           conversation_id=self.id, reply_by=reply_by, body=body)

@@ -2373,6 +2373,34 @@ def _keys_changes(where: str, old: Keys, new: Keys) -> Iterator[str]:
             stack.pop()
 
 
+def _length_text(t: ListOf) -> str:
+    return f"{t.min_length or 0} to " \
+           f"{t.max_length if t.max_length is not None else '…'} elements"
+
+
+def _field_change(where: str, key: Keyword, t: SchemaType, u: SchemaType
+                  ) -> Iterator[str | tuple[str, Keys, Keys]]:
+    """How field ``key`` of ``where`` changed from type ``t`` to ``u`` (not equal), as
+    precisely as the types allow: through lists to their elements (``[:xs][*]``), and into
+    nested records and keyword lists, whose keys are yielded as a nested pair to compare."""
+    at, label = f"{where}[{key.text}]", f"{where}: field {key.text}"
+    while isinstance(t, ListOf) and isinstance(u, ListOf):
+        if (t.min_length, t.max_length) != (u.min_length, u.max_length):
+            yield f"{label}: a list of {_length_text(t)} -> a list of {_length_text(u)}"
+        t, u = t.item, u.item
+        label, at = f"{at}[*]: elements", f"{at}[*]"
+        if t == u:
+            return
+    if isinstance(t, (Keys, Record)) and isinstance(u, (Keys, Record)):
+        if isinstance(t, Record) and isinstance(u, Record) and t.heads != u.heads:
+            yield f"{label}: (record {' '.join(t.heads)} …) -> (record {' '.join(u.heads)} …)"
+        elif isinstance(t, Record) != isinstance(u, Record):
+            yield f"{label}: {_type_text(t)} -> {_type_text(u)}"
+        yield (at, t if isinstance(t, Keys) else t.keys, u if isinstance(u, Keys) else u.keys)
+    else:
+        yield f"{label}: {_type_text(t)} -> {_type_text(u)}"
+
+
 def _keys_level(where: str, old: Keys, new: Keys) -> Iterator[str | tuple[str, Keys, Keys]]:
     """The changes of one level of :func:`_keys_changes`; a nested pair of ``keys`` is
     yielded as ``(where, old, new)`` for the caller to compare."""
@@ -2381,11 +2409,8 @@ def _keys_level(where: str, old: Keys, new: Keys) -> Iterator[str | tuple[str, K
             yield f"{where}: field {key.text} removed"
             continue
         u = new.fields[key]
-        if isinstance(t, (Keys, Record)) and isinstance(u, (Keys, Record)):
-            yield (f"{where}[{key.text}]", t if isinstance(t, Keys) else t.keys,
-                   u if isinstance(u, Keys) else u.keys)
-        elif t != u:
-            yield f"{where}: field {key.text}: {_type_text(t)} -> {_type_text(u)}"
+        if t != u:
+            yield from _field_change(where, key, t, u)
         if (key in old.required) != (key in new.required):
             yield f"{where}: field {key.text} made " \
                   f"{'required' if key in new.required else 'optional'}"
