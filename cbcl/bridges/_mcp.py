@@ -20,25 +20,33 @@ timeout (answered ``isError`` then, whatever the handler still does), and whatev
 raises — ``SystemExit`` and ``KeyboardInterrupt`` included — is an ``isError`` result and a
 log record with its traceback (logger ``cbcl.bridges``), never the end of the server.
 
+:func:`run_stdio` serves either over standard input and output with this module's own
+transport (spec/interop.md §5.5): a line cap read in bounded chunks, and JSON-RPC error
+replies for lines that cannot be read.
+
 Needs the ``mcp`` extra (``pip install 'cbcl[mcp]'``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import logging
 import math
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, cast
 
 try:
+    import anyio
     from mcp.server.lowlevel import Server
     from mcp.server.mcpserver import MCPServer
+    from mcp.shared.message import SessionMessage
     from mcp_types import (
         CallToolRequestParams,
         CallToolResult,
@@ -46,6 +54,7 @@ try:
         PaginatedRequestParams,
         TextContent,
         Tool,
+        jsonrpc_message_adapter,
     )
     from pydantic import Field
 except ImportError as exc:  # pragma: no cover - the extra is missing
@@ -68,7 +77,8 @@ from ..net._handlers import HandlerThreads, run_handler
 from ..protocol._api import canonical, parse
 from ..protocol._conversation import Conversation, Machine, compile_machine
 from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
-from ..protocol._json import message_to_json, to_json
+from ..protocol._fields import _SURROGATE
+from ..protocol._json import _SURROGATE_ESCAPE, _json_depth, message_to_json, to_json
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
@@ -314,16 +324,267 @@ def _check(data: bytes, start: list[str] | None, limits: Limits) -> CallToolResu
                           is_error=compiled.verdict != LALR1)
 
 
-async def run_stdio(server: MCPServer | Server[Any]) -> None:
-    """Serve ``server`` over this process's standard input and output until the input
-    ends (``cbcl mcp``)."""
-    if isinstance(server, MCPServer):
-        await server.run_stdio_async()
-        return
-    from mcp.server.stdio import stdio_server
+# --------------------------------------------------------------------------- stdio
+#
+# Theory of operation. The SDK's stdio transport reads a whole line, however long, into
+# memory, replaces invalid UTF-8 with U+FFFD and answers nothing to a line it cannot read.
+# This one reads standard input in chunks of READ_CHUNK bytes (os.read in a worker thread)
+# and splits lines on LF itself: a line that grows past max_line_bytes is discarded as it
+# arrives (its bytes are never held beyond the cap) and answered with a JSON-RPC error once
+# its LF comes. A line within the cap is read strictly — UTF-8 (a lone surrogate's bytes
+# are invalid), nesting measured before json.loads, duplicate member names, NaN/Infinity
+# and escaped lone surrogates refused — and only then validated by the SDK's own JSON-RPC
+# types. Every refusal is answered as JSON-RPC 2.0 §5.1 says: -32700 (parse error) or
+# -32600 (invalid request), with the request's id where it could be read, else null. The
+# server (its handlers) then sees only messages the SDK would have read.
 
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+#: Bytes read from standard input at a time.
+READ_CHUNK = 64 << 10
+#: JSON-RPC 2.0 error codes (§5.1).
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+#: Objects and arrays a JSON-RPC line may nest beyond ``limits.max_depth`` (the envelope of
+#: a ``tools/call`` around its arguments).
+JSONRPC_DEPTH_MARGIN = 8
+
+
+def default_max_line_bytes(limits: Limits = DEFAULT_LIMITS) -> int:
+    """The default cap on one JSON-RPC line: 8 × ``max_message_bytes`` + 64 KiB, room for
+    a tool argument within the message limit written with JSON escapes (``\\u00XX`` is 6
+    bytes for 1), and for the request around it."""
+    return 8 * limits.max_message_bytes + (64 << 10)
+
+
+class _LineError(Exception):
+    def __init__(self, code: int, data: str, request_id: str | int | None = None) -> None:
+        super().__init__(data)
+        self.code, self.data, self.request_id = code, data, request_id
+
+
+def _request_id(document: Any) -> str | int | None:
+    """The ``id`` of a JSON-RPC object when it is one MCP allows (a string or an integer:
+    not null, a boolean or a fraction), else ``None``."""
+    if type(document) is not dict:
+        return None
+    found = document.get("id")
+    return found if type(found) is str or type(found) is int else None
+
+
+def read_jsonrpc_line(line: bytes, max_depth: int) -> Any:
+    """The JSON-RPC message (an SDK ``JSONRPCMessage``) on one line of MCP's stdio transport
+    (without its LF). Raises :class:`_LineError` with the JSON-RPC error to answer:
+    :data:`PARSE_ERROR` for invalid UTF-8, JSON that is not RFC 8259 JSON (``NaN``, a
+    member name twice, a lone surrogate escape) or nested beyond ``max_depth``;
+    :data:`INVALID_REQUEST` for JSON that is not a JSON-RPC message of MCP (a batch
+    included: MCP has none)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _LineError(PARSE_ERROR, f"invalid UTF-8 at byte {exc.start}") from None
+    if _json_depth(text) > max_depth:
+        raise _LineError(PARSE_ERROR, f"JSON nested more than {max_depth} deep")
+    try:
+        document = json.loads(text, object_pairs_hook=_unique_members,
+                              parse_constant=_no_constant)
+        if _SURROGATE_ESCAPE.search(text) is not None and _holds_lone_surrogate(document):
+            raise ValueError("a string holds a lone surrogate escape")
+    except RecursionError:
+        raise _LineError(PARSE_ERROR, "JSON nested too deep") from None
+    except ValueError as exc:  # JSONDecodeError included
+        raise _LineError(PARSE_ERROR, escape_invisible(str(exc), limit=200)) from None
+    if type(document) is list:
+        raise _LineError(INVALID_REQUEST, "JSON-RPC batches are not part of MCP")
+    if type(document) is not dict:
+        raise _LineError(INVALID_REQUEST, "a JSON-RPC message is a JSON object")
+    if "id" in document and _request_id(document) is None:
+        # (the SDK would read the message as a notification, and answer nothing)
+        raise _LineError(INVALID_REQUEST, "an id is a string or an integer")
+    try:
+        return jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception as exc:  # pydantic's ValidationError: not a JSON-RPC message of MCP
+        said = escape_invisible(str(exc).split("\n", 1)[0], limit=200)
+        raise _LineError(INVALID_REQUEST, f"not a JSON-RPC message: {said}",
+                         _request_id(document)) from None
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in members:
+            raise ValueError(f"member name {escape_invisible(name, quote=True, limit=40)!r} "
+                             f"appears twice in one object")
+        members[name] = value
+    return members
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _holds_lone_surrogate(document: Any) -> bool:
+    stack = [document]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if _SURROGATE.search(item) is not None:
+                return True
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+    return False
+
+
+def _error_line(code: int, data: str, request_id: str | int | None) -> bytes:
+    message = "Parse error" if code == PARSE_ERROR else "Invalid Request"
+    return json.dumps({"jsonrpc": "2.0", "id": request_id,
+                       "error": {"code": code, "message": message, "data": data}},
+                      separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+class _Lines:
+    """Splits the chunks of a byte stream into LF-terminated lines of at most ``cap``
+    bytes (sans-io): :meth:`feed` returns the lines completed, each ``bytes`` or, for a
+    line that outgrew the cap (its bytes dropped as they came), ``None``."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.pending = bytearray()
+        self.discarding = False
+
+    def feed(self, chunk: bytes) -> list[bytes | None]:
+        lines: list[bytes | None] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if self.discarding or len(self.pending) + end - start > self.cap:
+                lines.append(None)
+            else:
+                self.pending += chunk[start:end]
+                lines.append(bytes(self.pending))
+            self.pending.clear()
+            self.discarding = False
+            start = end + 1
+        if not self.discarding:
+            if len(self.pending) + len(chunk) - start > self.cap:
+                self.discarding = True
+                self.pending = bytearray()  # (the memory goes back now, not at the LF)
+            else:
+                self.pending += chunk[start:]
+        return lines
+
+    def end(self) -> list[bytes | None]:
+        """The last line, when the stream ends without its LF."""
+        if self.discarding:
+            return [None]
+        return [bytes(self.pending)] if self.pending.strip() else []
+
+
+def _claim_stdio() -> tuple[int, int, Callable[[], None]]:
+    """Private duplicates of fds 0 and 1 (the wire), with fd 0 pointed at the null device
+    and fd 1 at stderr while serving (as the SDK's transport does: a handler's stray read
+    or print never touches the wire), and the function that restores them."""
+    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+    os.dup2(2, 1)
+
+    def restore() -> None:
+        os.dup2(wire_in, 0)
+        os.dup2(wire_out, 1)
+        os.close(wire_in)
+        os.close(wire_out)
+    return wire_in, wire_out, restore
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+async def serve_lines(server: Server[Any], initialization: Any, read_fd: int, write_fd: int,
+                      *, max_line_bytes: int, max_depth: int) -> None:
+    """Serve the low-level ``server`` over newline-delimited JSON-RPC on two file
+    descriptors until ``read_fd`` ends (see the theory of operation above)."""
+    to_server, from_reader = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    to_writer, from_server = anyio.create_memory_object_stream[SessionMessage](0)
+    write_lock = anyio.Lock()
+
+    async def write(data: bytes) -> None:
+        async with write_lock:
+            await anyio.to_thread.run_sync(_write_all, write_fd, data)
+
+    async def reader() -> None:
+        lines = _Lines(max_line_bytes)
+        async with to_server:
+            while True:
+                chunk = await anyio.to_thread.run_sync(os.read, read_fd, READ_CHUNK,
+                                                       abandon_on_cancel=True)
+                done = lines.feed(chunk) if chunk else lines.end()
+                for line in done:
+                    if line is not None and not line.strip():
+                        continue  # (a blank line carries nothing to answer)
+                    try:
+                        if line is None:
+                            raise _LineError(INVALID_REQUEST, f"a line longer than "
+                                             f"{max_line_bytes} bytes (the line cap)")
+                        message = read_jsonrpc_line(line, max_depth)
+                    except _LineError as refused:
+                        logger.warning("mcp: refused a JSON-RPC line (%d): %s", refused.code,
+                                       refused.data)
+                        await write(_error_line(refused.code, refused.data,
+                                                refused.request_id))
+                        continue
+                    await to_server.send(SessionMessage(message))
+                if not chunk:
+                    return
+
+    async def writer() -> None:
+        async with from_server:
+            async for item in from_server:
+                text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                await write(text.encode("utf-8") + b"\n")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(reader)
+        group.start_soon(writer)
+        async with to_writer:
+            await server.run(from_reader, to_writer, initialization)
+        group.cancel_scope.cancel()
+
+
+async def run_stdio(server: MCPServer | Server[Any], *, limits: Limits | None = None,
+                    max_line_bytes: int | None = None) -> None:
+    """Serve ``server`` over this process's standard input and output until the input
+    ends (``cbcl mcp``), reading lines of at most ``max_line_bytes`` (default
+    :func:`default_max_line_bytes` of ``limits``) nested at most ``limits.max_depth`` +
+    :data:`JSONRPC_DEPTH_MARGIN` deep. Raises ``ValueError`` for a cap below 1."""
+    limits = DEFAULT_LIMITS if limits is None else limits
+    cap = default_max_line_bytes(limits) if max_line_bytes is None else max_line_bytes
+    if type(cap) is not int or cap < 1:
+        raise ValueError("max_line_bytes must be a positive int")
+    low = _lowlevel(server)
+    wire_in, wire_out, restore = _claim_stdio()
+    try:
+        await serve_lines(low, low.create_initialization_options(), wire_in, wire_out,
+                          max_line_bytes=cap, max_depth=limits.max_depth + JSONRPC_DEPTH_MARGIN)
+    finally:
+        restore()
+
+
+def _lowlevel(server: MCPServer | Server[Any]) -> Server[Any]:
+    """The low-level server that answers for ``server`` (an MCPServer's own: mcp 2.x names
+    no public accessor for it)."""
+    if isinstance(server, MCPServer):
+        return server._lowlevel_server
+    return server
 
 
 # --------------------------------------------------------------------------- the bridge

@@ -5,6 +5,7 @@ standard input and output, or, with ``--handler``, a request/v1 agent served as 
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import TYPE_CHECKING
 
 from ..core._limits import DEFAULT_LIMITS
@@ -58,7 +59,8 @@ def _cmd_mcp(args: argparse.Namespace, data: bytes) -> int:
                                         expose_errors=args.expose_errors)
         except ValueError as exc:
             usage_error("cbcl mcp", str(exc))
-    anyio.run(_mcp.run_stdio, server)  # type: ignore[arg-type]
+    anyio.run(functools.partial(_mcp.run_stdio, server,  # type: ignore[arg-type]
+                                limits=args.limits, max_line_bytes=args.max_line_bytes))
     return EXIT_OK
 
 
@@ -93,4 +95,8 @@ def register(commands: Commands) -> None:
                    default=DEFAULT_LIMITS.max_message_bytes,
                    help=f"message (and tool argument) size limit, 1 to {MAX_DOCUMENT_BYTES} "
                         f"(default {DEFAULT_LIMITS.max_message_bytes})")
+    m.add_argument("--max-line-bytes", type=int_in(1, 1 << 40), metavar="N", default=None,
+                   help="the longest JSON-RPC line read from standard input, in bytes (a "
+                        "longer one is discarded as it arrives and answered -32600); "
+                        "default 8 x --max-message-bytes + 64 KiB")
     m.set_defaults(handler=_cmd_mcp, file=None)
