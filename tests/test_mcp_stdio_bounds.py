@@ -150,7 +150,7 @@ def test_what_cannot_be_read_is_answered_as_json_rpc_says(server: Server) -> Non
 
 def test_a_200_mb_line_does_not_raise_the_peak_rss_by_its_size(
         started: list[Server]) -> None:
-    started.append(Server())  # the default cap: 8 MiB + 64 KiB
+    started.append(Server())  # the default cap: 10 MiB + 64 KiB
     server = started[-1]
     server.send(json.dumps(INITIALIZE).encode() + b"\n")
     assert server.reply()["id"] == 1
@@ -164,7 +164,7 @@ def test_a_200_mb_line_does_not_raise_the_peak_rss_by_its_size(
     assert server.reply()["id"] == 2
     grown_mib = (server.peak_rss_kib() - before) / 1024
     # The line is discarded past the cap as it arrives: the peak grows by about the cap
-    # (8 MiB) at most, never by the line's 200 MiB (a wide margin against noise).
+    # (10 MiB) at most, never by the line's 200 MiB (a wide margin against noise).
     assert grown_mib < 48, grown_mib
     assert server.close() == 0
 
@@ -175,4 +175,4 @@ def test_the_line_splitter_holds_no_more_than_its_cap() -> None:
     assert lines.feed(b"hijk") == [] and lines.pending == b""  # past the cap: dropped
     assert lines.feed(b"lmn\n12345\n123456\n\n") == [None, b"12345", None, b""]
     assert lines.feed(b"xy") == [] and lines.end() == [b"xy"]
-    assert default_max_line_bytes(Limits(max_message_bytes=1000)) == 8000 + 65536
+    assert default_max_line_bytes(Limits(max_message_bytes=1000)) == 10_000 + 65536

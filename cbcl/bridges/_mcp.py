@@ -89,6 +89,7 @@ from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
 from ..protocol._fields import _SURROGATE
 from ..protocol._json import (
     _SURROGATE_ESCAPE,
+    JSON_SIZE_FACTOR,
     _json_depth,
     message_from_json,
     message_to_json,
@@ -366,10 +367,11 @@ JSONRPC_DEPTH_MARGIN = 8
 
 
 def default_max_line_bytes(limits: Limits = DEFAULT_LIMITS) -> int:
-    """The default cap on one JSON-RPC line: 8 × ``max_message_bytes`` + 64 KiB, room for
-    a tool argument within the message limit written with JSON escapes (``\\u00XX`` is 6
-    bytes for 1), and for the request around it."""
-    return 8 * limits.max_message_bytes + (64 << 10)
+    """The default cap on one JSON-RPC line: ``JSON_SIZE_FACTOR`` (10) ×
+    ``max_message_bytes`` + 64 KiB, room for a message within the limit in the JSON mapping
+    (an intent tool's arguments), or a text argument written with JSON escapes
+    (``\\u00XX`` is 6 bytes for 1), and for the request around it."""
+    return JSON_SIZE_FACTOR * limits.max_message_bytes + (64 << 10)
 
 
 class _LineError(Exception):
@@ -564,17 +566,23 @@ async def serve_lines(server: Server[Any], initialization: Any, read_fd: int, wr
                 if not chunk:
                     return
 
+    written = anyio.Event()
+
     async def writer() -> None:
-        async with from_server:
-            async for item in from_server:
-                text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await write(text.encode("utf-8") + b"\n")
+        try:
+            async with from_server:
+                async for item in from_server:
+                    text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await write(text.encode("utf-8") + b"\n")
+        finally:
+            written.set()
 
     async with anyio.create_task_group() as group:
         group.start_soon(reader)
         group.start_soon(writer)
         async with to_writer:
             await server.run(from_reader, to_writer, initialization)
+        await written.wait()  # every answer out before the reader (maybe in a read) stops
         group.cancel_scope.cancel()
 
 

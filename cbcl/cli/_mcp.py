@@ -110,5 +110,5 @@ def register(commands: Commands) -> None:
     m.add_argument("--max-line-bytes", type=int_in(1, 1 << 40), metavar="N", default=None,
                    help="the longest JSON-RPC line read from standard input, in bytes (a "
                         "longer one is discarded as it arrives and answered -32600); "
-                        "default 8 x --max-message-bytes + 64 KiB")
+                        "default 10 x --max-message-bytes + 64 KiB")
     m.set_defaults(handler=_cmd_mcp, file=None)
