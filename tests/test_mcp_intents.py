@@ -22,6 +22,7 @@ from mcp_types import CallToolResult, TextContent
 
 from cbcl import Agent, Intent, Registry, parse
 from cbcl.bridges._mcp import intent_tool_name, intent_tools, protocol_server
+from cbcl.cli._main import main
 from cbcl.json_mapping import message_to_json
 from cbcl.llm import export_json_schema
 
@@ -209,3 +210,24 @@ async def test_an_agent_serves_the_intents_it_handles(anyio_backend: str) -> Non
             assert client.server_capabilities.resources is None
     finally:
         await agent.close()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--handler", "handler:respond"], "--handler needs --descriptor"),
+    (["--descriptor", str(CONTRACT_NET), "--allow-unsigned", "--handler", "handler:respond",
+      "--tool", "x"], "--tool needs --descriptor of request/v1"),
+    (["--tool", "x"], "--tool needs --handler"),
+    (["--max-line-bytes", "0"], "expected an integer from 1"),
+])
+def test_cbcl_mcp_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str], args: list[str],
+                               says: str) -> None:
+    (tmp_path / "handler.py").write_text(textwrap.dedent(HANDLER))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (load_handler adds the directory)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(["mcp", *args])
+    finally:
+        sys.modules.pop("handler", None)
+    assert stopped.value.code == 2 and says in capsys.readouterr().err

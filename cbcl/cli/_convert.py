@@ -6,8 +6,7 @@ loss.
 
 Every conversion goes through a CBCL :class:`~cbcl.Message`: the input is read into one
 (pass 1 only for CBCL text and JSON: the body is not judged, no descriptor is needed), then
-written
-out. What either step loses is listed; without ``--lossy`` the first loss refuses the
+written out. What either step loses is listed; without ``--lossy`` the first loss refuses the
 conversion (kind ``lossy``, exit 5) and nothing is written; with it the result is written
 and each loss is one ``lost: …`` line on standard error.
 """

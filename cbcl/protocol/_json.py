@@ -62,6 +62,7 @@ from ._message import VERSION, Intent, Message, Signature
 
 JSON_SAFE_INT = 2**53 - 1
 _TAGS = {"int", "decimal", "symbol", "keyword", "uri"}
+_SHOWN_AS_THEMSELVES = frozenset({bool, int, float, type(None)})
 
 
 def _atom_to_json(value: Any) -> Any:
@@ -166,8 +167,13 @@ def _atom_from_json(obj: Any, path: str) -> Value:
                 return number_d
             except (ValueError, InvalidOperation) as exc:
                 raise _bad(path, f"invalid {tag} {text!r}: {exc}") from None
-    shown = escape_invisible(f"{obj!r:.60}") if type(obj) is not dict else "an object " \
-        "that is not one of {\"int\"|\"decimal\"|\"symbol\"|\"keyword\"|\"uri\": STRING}"
+    if type(obj) is dict:
+        shown = 'an object that is not one of {"int"|"decimal"|"symbol"|"keyword"|"uri": ' \
+                'STRING}'
+    elif type(obj) in _SHOWN_AS_THEMSELVES:
+        shown = escape_invisible(f"{obj!r:.60}")
+    else:  # (a program's object: named by its type, never through its own methods)
+        shown = f"a value of type {type(obj).__name__}"
     raise _bad(path, f"not a CBCL value in the JSON mapping: {shown}")
 
 
