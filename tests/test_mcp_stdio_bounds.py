@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, strategies as st
 
 pytest.importorskip("mcp")
 
-from cbcl.bridges._mcp import _Lines, default_max_line_bytes
+from cbcl.bridges._mcp import (
+    _error_line,
+    _LineError,
+    _Lines,
+    default_max_line_bytes,
+    read_jsonrpc_line,
+)
 from cbcl.core._limits import Limits
 
 ROOT = Path(__file__).parent.parent
@@ -176,3 +183,22 @@ def test_the_line_splitter_holds_no_more_than_its_cap() -> None:
     assert lines.feed(b"lmn\n12345\n123456\n\n") == [None, b"12345", None, b""]
     assert lines.feed(b"xy") == [] and lines.end() == [b"xy"]
     assert default_max_line_bytes(Limits(max_message_bytes=1000)) == 10_000 + 65536
+
+
+_PIECES = st.sampled_from(
+    [b"{", b"}", b"[", b"]", b'"', b":", b",", b"\\", b"\\ud800", b"\\u0041", b'"id"',
+     b'"jsonrpc"', b'"2.0"', b'"method"', b'"ping"', b'"params"', b"1", b"1.5", b"-0",
+     b"true", b"null", b"NaN", b"\xff", b"\xed\xa0\x80", b"\xc3\xa9", b" ", b"\r", b"\x00"])
+
+
+@given(st.binary(max_size=120) | st.lists(_PIECES, max_size=40).map(b"".join))
+@example(b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}')
+def test_fuzz_any_line_is_a_message_or_a_json_rpc_error(line: bytes) -> None:
+    try:
+        message = read_jsonrpc_line(line, 72)
+    except _LineError as refused:
+        assert refused.code in (-32700, -32600)
+        assert refused.request_id is None or type(refused.request_id) in (str, int)
+        json.loads(_error_line(refused.code, refused.data, refused.request_id))
+    else:
+        assert message.jsonrpc == "2.0"

@@ -415,8 +415,9 @@ def read_jsonrpc_line(line: bytes, max_depth: int) -> Any:
         raise _LineError(INVALID_REQUEST, "JSON-RPC batches are not part of MCP")
     if type(document) is not dict:
         raise _LineError(INVALID_REQUEST, "a JSON-RPC message is a JSON object")
-    if "id" in document and _request_id(document) is None:
-        # (the SDK would read the message as a notification, and answer nothing)
+    if "id" in document and _request_id(document) is None and "method" in document:
+        # (the SDK would read the request as a notification, and answer nothing; a
+        # response's id may be null, JSON-RPC 2.0 §5)
         raise _LineError(INVALID_REQUEST, "an id is a string or an integer")
     try:
         return jsonrpc_message_adapter.validate_json(line, by_name=False)
