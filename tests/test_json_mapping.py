@@ -363,3 +363,23 @@ def test_convert_from_json_refusals(capsys: pytest.CaptureFixture[str],
     code, out, err = run(capsys, "convert", "--from", "json", "--to", "cbcl",
                          "--max-message-bytes", "1024", str(path))
     assert (code, out) == (4, "") and err.startswith("limit")
+
+
+def test_the_json_of_a_message_at_the_limit_is_within_the_size_bound() -> None:
+    """The densest JSON per byte of text — one-letter symbols, ``a `` becoming
+    ``{"symbol": "a"}, `` — of a message at a small limit still reads back."""
+    limits = Limits(max_message_bytes=4096, max_list_items=4096, max_nodes=4096)
+    head = example_message()
+    body: tuple[Any, ...] = ()
+    while True:
+        bigger = (*body, cbcl.Symbol("a"))
+        candidate = Message(message_id=head.message_id, sender=head.sender,
+                            receiver=head.receiver, intent=head.intent,
+                            protocol=head.protocol, body=bigger)
+        if len(candidate.canonical().encode()) > limits.max_message_bytes:
+            break
+        body, message = bigger, candidate
+    text = message_to_json_text(message)
+    assert len(text) > 8 * len(message.canonical())  # the dense case it means to be
+    assert len(text) <= JSON_SIZE_FACTOR * limits.max_message_bytes
+    assert message_from_json(text, limits=limits) == message
