@@ -55,7 +55,7 @@ def render(name: str) -> bytes:
     return build_descriptor(
         ident, version, intents, (HERE / "grammars" / f"{name}.lark").read_text("utf-8"),
         schema=section("schema"), conversation=section("conversation"),
-        functions=section("functions"),
+        functions=section("functions"), constraints=section("constraints"),
         comment=f"{ident}: generated from descriptors/grammars/{name}.lark and\n"
                 f"descriptors/sections/{name}.*.cbcl by descriptors/make_descriptors.py.\n"
                 f"Edit those files and re-run it.")

@@ -215,12 +215,15 @@ def descriptors(draw: st.DrawFn) -> cbcl.descriptor.ProtocolDescriptor:
     others = [intent for intent in cbcl.Intent if intent not in base.intents]
     intents = draw(st.permutations(base.intents)) + draw(st.lists(
         st.sampled_from(others), unique=True, max_size=3))
+    functions = draw(st.sampled_from([base.functions, None]))
     return dataclasses.replace(
         base, id=draw(symbols), version=draw(st.integers(0, 2**63 - 1)),
         expires=draw(st.none() | st.integers(0, 2**63 - 1)), intents=tuple(intents),
         grammar=draw(strings), digest="sha256:unknown",
         schema=draw(st.sampled_from([base.schema, None])),
-        functions=draw(st.sampled_from([base.functions, None])),
+        functions=functions,
+        # (the rules call functions: without the list, none of them may stand)
+        constraints=draw(st.sampled_from([base.constraints, None])) if functions else None,
         intent_rules=tuple((intent, rule) for intent in intents
                            for listed, rule in base.intent_rules if listed == intent))
 
@@ -278,7 +281,7 @@ def build_args(name: str) -> list[str]:
     args = ["descriptor", "build", "--id", ident, "--version", str(version),
             "--grammar", str(DESCRIPTORS / "grammars" / f"{name}.lark"),
             "--intents", *intents.split()]
-    for section in ("schema", "conversation", "functions"):
+    for section in ("schema", "conversation", "functions", "constraints"):
         path = DESCRIPTORS / "sections" / f"{name}.{section}.cbcl"
         if path.exists():
             args += [f"--{section}", str(path)]

@@ -91,7 +91,7 @@ from ..grammar._kernel import (
     terminal_of,
 )
 from ..grammar._lalr import value_states
-from ..protocol._api import _verified as _verify_signed, check_outgoing
+from ..protocol._api import _verified as _verify_signed, check_constraints, check_outgoing
 from ..protocol._hints import body_hint, heads_of_lists
 from ..protocol._message import (
     _ATTRIBUTES as _MESSAGE_ATTRIBUTES,
@@ -564,6 +564,7 @@ class Decoder:
         message = self._decode_tiers(data)
         if message.signature is not None or self.require_signatures:
             _verify_signed(message, self.registry)
+        check_constraints(self.registry, message)
         return message
 
     def _decode_tiers(self, data: bytes | bytearray | memoryview) -> Message:

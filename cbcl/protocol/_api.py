@@ -125,6 +125,8 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
             explain_body(protocol, text, message, limits, refusal=refusal)
     elif check_intent_and_body(protocol, message) is False:
         explain_body(protocol, text, message, limits)
+    if protocol.constraints is not None:  # (never served in C: see Registry._fast)
+        protocol.constraints.check(message)
     return message
 
 
@@ -242,6 +244,8 @@ def validate(message: Message, *, registry: Registry, limits: Limits | None = No
     if protocol is None:
         _unknown_protocol(message.canonical(), message, limits)
     _check_body(protocol, message, limits)
+    if protocol.constraints is not None:
+        protocol.constraints.check(message)
 
 
 def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAULT_LIMITS,
@@ -252,6 +256,17 @@ def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAUL
     a :class:`Limits` (neither is checked). Raises as :func:`validate`."""
     _check_limits(message, limits)
     _check_body(protocol, message, limits)
+    if protocol.constraints is not None:
+        protocol.constraints.check(message)
+
+
+def check_constraints(registry: Registry, message: Message) -> None:
+    """Apply the stateless constraints of the protocol ``registry`` holds for ``message``
+    (one pass 2 has accepted), if it has any: what the binary decoder runs after its tiers.
+    Raises :class:`ConstraintError` or :class:`LimitError`."""
+    protocol = registry.get(message.protocol)
+    if protocol is not None and protocol.constraints is not None:
+        protocol.constraints.check(message)
 
 
 def _check_body(protocol: Protocol, message: Message, limits: Limits) -> None:

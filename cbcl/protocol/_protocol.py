@@ -20,6 +20,7 @@ from ..grammar._compile import (
 )
 from ..grammar._kernel import GENERAL_SHOWN
 from ..grammar._lalr import Tables
+from ._constraints import Constraints, read_constraints
 from ._descriptor import ProtocolDescriptor
 from ._message import Intent
 from ._schema import Schema, compile_schema
@@ -42,6 +43,9 @@ class Protocol:
     schema: Schema | None = None
     #: Pass 2's automaton over the tables' stacks, built as bodies need it.
     automaton: StackAutomaton = field(init=False)
+    #: The descriptor's rules, compiled (``None`` without a ``(constraints …)`` section):
+    #: parse, validate and the codec apply the stateless ones, a conversation the rest.
+    constraints: Constraints | None = field(init=False)
     #: The intents whose bodies the grammar judges, as a set.
     governed: frozenset[Intent] = field(init=False)
     #: Intent -> the start terminal fed before its body (empty: one start rule for all).
@@ -52,6 +56,13 @@ class Protocol:
     acceptance: tuple[Any, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        descriptor = self.descriptor
+        object.__setattr__(self, "constraints", None if descriptor.constraints is None
+                           else read_constraints(descriptor.constraints,
+                                                 intents=descriptor.intents,
+                                                 functions=descriptor.functions,
+                                                 conversation=descriptor.conversation
+                                                 is not None))
         object.__setattr__(self, "governed", frozenset(self.descriptor.intents))
         terminals = self.tables.start_terminals
         starts = self.descriptor.starts
