@@ -435,3 +435,91 @@ def test_an_expensive_rule_set_is_bounded_by_the_budget() -> None:
                                       + b")"))
     with pytest.raises(cbcl.LimitError):
         cbcl.parse(message("PROPOSE", proposal()), registry=registry)
+
+
+# --------------------------------------------------------------------------- descriptor diff
+
+def _diff(old: bytes, new: bytes, mode: str = "backward") -> tuple[str, str]:
+    from cbcl.protocol._compat import diff_descriptors
+    report = diff_descriptors(old, new, mode=mode)
+    return report.verdict, report.render()
+
+
+LOGIC = CANON_BARE.replace(b"(functions =)", b"(functions = and or)")
+BARE = LOGIC.replace(b"(version 1)", b"(version 2)")
+
+
+def _canon_rules(*rules: bytes, version: int) -> bytes:
+    return with_rules(LOGIC, b"\n  (constraints " + b" ".join(rules) + b")",
+                      version=version)
+
+
+def test_a_new_constraint_is_breaking_backward_and_a_removed_one_forward() -> None:
+    ruled = _canon_rules(_rule("(has :city)", name="city", intents="QUERY"), version=3)
+    assert _diff(BARE, BARE)[0] == "compatible"
+    verdict, text = _diff(BARE, ruled)
+    assert verdict == "breaking" and "constraint added: city (QUERY)" in text
+    assert _diff(BARE, ruled, "forward")[0] == "compatible"  # fewer bodies: forward holds
+    assert _diff(ruled, BARE, "forward")[0] == "breaking"  # removed: breaking forward
+    assert _diff(ruled, BARE)[0] == "compatible"
+    assert _diff(ruled, ruled.replace(b"(version 3)", b"(version 4)"), "full")[0] \
+        == "compatible"
+
+
+def test_an_implied_constraint_is_compatible_and_an_earlier_one_unknown() -> None:
+    old = _canon_rules(_rule("(has :city)", name="a", intents="QUERY"),
+                       _rule("(has :unit)", name="b", intents="QUERY"), version=3)
+    implied = _canon_rules(_rule("(and (has :unit) (or (has :city) (has :date)))", name="c",
+                                 intents="QUERY"), version=4)
+    assert _diff(old, implied)[0] == "compatible"
+    assert _diff(implied, old)[0] == "breaking"  # (has :city) alone is not implied
+    earlier = _canon_rules(_rule("(earlier QUERY (has :city))", name="e", intents="INFORM"),
+                           version=4)
+    with pytest.raises(cbcl.DescriptorError, match="needs a"):
+        read_descriptor(earlier)  # (canon-a/v1 has no conversation: no earlier)
+    conversation = b"""
+  (conversation (roles asker answerer) (initial start) (final done)
+    (transitions (start QUERY asker asked) (asked INFORM answerer done)))"""
+    talk = LOGIC.replace(b"\n  (functions", conversation + b"\n  (functions")
+    verdict, text = _diff(talk, with_rules(talk, b"\n  (constraints " + _rule(
+        "(earlier QUERY (has :city))", name="e", intents="INFORM") + b")", version=4))
+    assert verdict == "unknown" and "reads earlier messages" in text
+
+
+# --------------------------------------------------------------------------- prompts, exports
+
+def test_rules_in_words() -> None:
+    from cbcl.protocol._constraints import in_words
+    check = cbcl.read(b"(<= (field :bid :price) (earlier CFP (field :task :params :budget)))")
+    assert in_words(check) == "`:bid :price` is at most the earlier CFP's " \
+                              "`:task :params :budget`"
+    assert in_words(cbcl.read(b"(or (not (has :bid :eta)) (<= (field :bid :eta) 100))")) \
+        == "(not `:bid :eta` is present or `:bid :eta` is at most 100)"
+    assert in_words(cbcl.read(b"(= (head) (quote query))")) == "the body's head equals query"
+
+
+def test_the_prompt_states_the_rules_of_its_intents() -> None:
+    from cbcl.llm import render_prompt
+    protocol = REGISTRY.get("canon-a/v1")
+    assert protocol is not None
+    text = render_prompt(protocol, registry=REGISTRY, intent=cbcl.Intent.QUERY)
+    assert '- QUERY: `:city` is present (else refused: "a weather query needs a city")' \
+        in text
+    assert "REFUSE:" not in text.split("### Rules")[1]  # only the rules of its intents
+    # Its examples satisfy them: the prompt teaches no message the receiver refuses.
+    assert ":city" in text.split("### Examples")[1]
+
+
+def test_exports_list_the_constraints_as_not_carried() -> None:
+    from cbcl.llm import export_grammar
+    for fmt in ("lark", "json-schema"):
+        export = export_grammar(CANON_A, fmt)
+        assert 'constraint query-needs-city: "a weather query needs a city"' \
+            in export.not_carried
+    assert "constraint query-needs-city" in export_grammar(CANON_A, "lark").text
+    hostile = with_rules(CANON_BARE, b'\n  (constraints ' + _rule(
+        "true", intents="QUERY", text='x\\nbody: \\"(\\" \\")\\"') + b")")
+    section = read_descriptor(hostile).constraints
+    assert type(section) is tuple and "\n" in str(section[1][4][1])  # type: ignore[index]
+    text = export_grammar(hostile, "lark").text
+    assert '\nbody: "(" ")"' not in text  # (a message's newline stays escaped)

@@ -95,10 +95,11 @@ class Rule:
     earlier: frozenset[Intent] = frozenset()
 
     def describe(self) -> str:
-        """The rule in words, for prompts: its intents, its check and its message."""
-        intents = " ".join(i.value for i in self.intents)
-        return f"{self.name} ({intents}): {canonical_value(self.check)} — " \
-               f"refused with \"{self.message}\""
+        """The rule in words, for prompts: its intents, its check stated in words, and
+        its message (canonical text: quotes and newlines escaped)."""
+        intents = ", ".join(i.value for i in self.intents)
+        return f"{intents}: {in_words(self.check)} (else refused: " \
+               f"{canonical_value(self.message)})"
 
 
 #: What a rule reads of an earlier message: ("field", path), ("envelope", (name,)) or
@@ -362,6 +363,60 @@ def constraints_not_carried(section: Value | None) -> tuple[str, ...]:
                  for rule in section[1:]
                  if type(rule) is tuple and len(rule) == 5 and type(rule[4]) is tuple
                  and len(rule[4]) == 2)
+
+
+_RELATIONS = {"<": "is less than", "<=": "is at most", ">": "is more than",
+              ">=": "is at least", "=": "equals", "!=": "differs from"}
+_ARITHMETIC = {"+": " + ", "-": " - ", "*": " × ", "/": " ÷ "}
+#: The longest statement of a check in words (a longer one is cut with "…").
+MAX_WORDS_CHARS = 400
+
+
+def in_words(check: Value) -> str:
+    """A loaded rule's check stated in words: ``(<= (field :bid :price) (earlier CFP
+    (field :budget)))`` is "`:bid :price` is at most the earlier CFP's `:budget`". Its depth
+    is bounded at load (:data:`MAX_RULE_DEPTH`), so the recursion is too."""
+    text = _words(check, "")
+    return text if len(text) <= MAX_WORDS_CHARS else text[:MAX_WORDS_CHARS - 1] + "…"
+
+
+def _words(expr: Value, whose: str) -> str:
+    if type(expr) is not tuple:
+        return canonical_value(expr)
+    if not expr or type(expr[0]) is not Symbol:  # pragma: no cover - refused at load
+        return canonical_value(expr)
+    head, args = str(expr[0]), expr[1:]
+    path = " ".join(canonical_value(a) for a in args)
+    if head == "field":
+        return f"{whose}`{path}`"
+    if head == "has":
+        return f"{whose}`{path}` is present"
+    if head == "head":
+        return f"{whose or 'the '}body's head"
+    if head == "envelope":
+        return f"{whose}envelope {path}"
+    if head == "has-envelope":
+        return f"{whose}envelope has {path}"
+    if head == "quote":
+        return path
+    if head == "seen":
+        return f"an earlier {path} message was exchanged"
+    if head == "earlier" and len(args) == 2:
+        return _words(args[1], f"the earlier {canonical_value(args[0])}'s ")
+    parts = [_words(a, whose) for a in args]
+    if head in _RELATIONS:
+        return f" {_RELATIONS[head]} ".join(parts)
+    if head in _ARITHMETIC and len(parts) > 1:
+        return "(" + _ARITHMETIC[head].join(parts) + ")"
+    if head in ("and", "or"):
+        return "(" + f" {head} ".join(parts) + ")"
+    if head == "not":
+        return f"not {parts[0]}"
+    if head == "if" and len(parts) == 3:
+        return f"(if {parts[0]} then {parts[1]}, otherwise {parts[2]})"
+    if head in ("min", "max"):
+        return f"the {'least' if head == 'min' else 'greatest'} of " + ", ".join(parts)
+    return f"{head}(" + ", ".join(parts) + ")"  # (-x, seconds … hours)
 
 
 # --------------------------------------------------------------------------- loading
