@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from cbcl.protocol._constraints import (
     MAX_STEPS,
     ConstraintError,
 )
+from cbcl.protocol._evaluator import run
 from cbcl.session import ProtocolMessage, RemoteProtocolError
 from cbcl.session._reasons import error_code
 
@@ -404,9 +406,27 @@ def expressions() -> st.SearchStrategy[str]:
             lambda t: "(" + " ".join([t[0], *t[1]]) + ")"), max_leaves=40)
 
 
+AGREED: list[str] = []
+
+
+def _agree(rule: _constraints.Rule, context: _constraints._MessageContext,
+           functions: frozenset[str]) -> None:
+    compiled = rule.compiled
+    assert compiled is not None
+    assert _outcome(lambda: compiled(context, _constraints._Meter(MAX_STEPS))) == _outcome(
+        lambda: run(rule.check, functions, None, MAX_STEPS, 32, "$", context)[0])
+
+
+def _outcome(call: Callable[[], object]) -> tuple[str, str]:
+    try:
+        return "value", repr(call())
+    except cbcl.CBCLError as exc:
+        return type(exc).__name__, str(exc)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(expressions(), min_size=1, max_size=4),
-       st.sampled_from([proposal(), proposal(7), proposal(200, "1e400")]))
+       st.sampled_from([proposal(), proposal(7), proposal(200, "99999999999999999999.5")]))
 def test_hostile_rules_give_a_result_or_a_cbcl_error(checks: list[str], body: str) -> None:
     rules = b" ".join(_rule(check, name=f"r{i}", intents="PROPOSE CFP")
                       for i, check in enumerate(checks))
@@ -420,6 +440,15 @@ def test_hostile_rules_give_a_result_or_a_cbcl_error(checks: list[str], body: st
             cbcl.parse(data, registry=registry)
     protocol = registry.get("contract-net/v1")
     assert protocol is not None and protocol.constraints is not None
+    # The compiled checks and the evaluator agree: the same value or the same error.
+    for data in (message("PROPOSE", body), message("PROPOSE", proposal())):
+        parsed = cbcl.parse(data, registry=registry_of(CONTRACT_NET))
+        for history in (None, {cbcl.Intent.CFP: _constraints.Snapshot.of(
+                parsed, frozenset({("field", ("bid", "price")), ("head", ())}))}):
+            for rule in protocol.constraints.rules:
+                _agree(rule, _constraints._MessageContext(parsed, history),
+                       protocol.constraints.functions)
+                AGREED.append(rule.name)
     history = {cbcl.Intent.CFP: _constraints.Snapshot({})}
     with contextlib.suppress(cbcl.CBCLError):
         protocol.constraints.check_in_conversation(
@@ -523,3 +552,31 @@ def test_exports_list_the_constraints_as_not_carried() -> None:
     assert type(section) is tuple and "\n" in str(section[1][4][1])  # type: ignore[index]
     text = export_grammar(hostile, "lark").text
     assert '\nbody: "(" ")"' not in text  # (a message's newline stays escaped)
+
+
+good_atoms = st.sampled_from(["1", "0", "-9223372036854775808", "9223372036854775807", "1.5",
+                              '"s"', "true", "false", "(field :bid :price)", "(has :bid)",
+                              "(field :task-id)", "(head)", "(quote bid)",
+                              "(envelope reply-by)", "(has-envelope reply-by)",
+                              "(seen CFP)", "(earlier CFP (field :bid :price))"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(good_atoms, lambda inner: st.tuples(
+    st.sampled_from(FUNCTIONS), st.lists(inner, min_size=1, max_size=3)).map(
+        lambda t: "(" + " ".join([t[0], *t[1]]) + ")"), max_leaves=12),
+    st.sampled_from([proposal(), proposal(7, "2.5")]))
+def test_compiled_checks_agree_with_the_evaluator(check: str, body: str) -> None:
+    payload = with_rules(CONTRACT_NET, b"\n  (constraints " + _rule(check) + b")")
+    try:
+        registry = registry_of(payload)
+    except cbcl.DescriptorError:
+        return  # (an arity the draw got wrong)
+    protocol = registry.get("contract-net/v1")
+    assert protocol is not None and protocol.constraints is not None
+    (rule,) = protocol.constraints.rules
+    parsed = cbcl.parse(message("PROPOSE", body), registry=registry_of(CONTRACT_NET))
+    for history in (None, {}, {cbcl.Intent.CFP: _constraints.Snapshot.of(
+            parsed, frozenset({("field", ("bid", "price"))}))}):
+        _agree(rule, _constraints._MessageContext(parsed, history),
+               protocol.constraints.functions)

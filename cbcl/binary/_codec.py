@@ -555,6 +555,8 @@ class Decoder:
         envelope fields pass 1 refuses, :class:`BodyError` for a body the grammar refuses),
         :class:`LimitError`, :class:`UnknownProtocolError` for an unknown digest or short
         id, :class:`ProtocolError` for an intent the protocol does not govern,
+        :class:`SchemaError` (:class:`ConstraintError` for a rule of the protocol's
+        constraints, spec/conversations.md §5),
         :class:`TrustError` for a bad or missing required message signature, and
         ``TypeError`` for input that is not bytes.
         """
@@ -581,6 +583,7 @@ class Decoder:
         if size > limits.max_message_bytes:
             _limit(limits, "max_message_bytes", 0, "frame")
         table, start = self._header(data)
+        declined = declined and table.protocol.constraints is None  # (never served in C)
         if self._fast_c is not None:  # cbcl._native reads the frame's bytes
             message = None if declined else \
                 _fast_frame(table, data, start, limits, self._memos, *self._fast_c)

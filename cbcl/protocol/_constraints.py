@@ -29,6 +29,7 @@ evaluation error or an absent datum refuses the message with :class:`ConstraintE
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -44,7 +45,9 @@ from ._evaluator import (
     Absent,
     AbsentError,
     Context,
+    _ArgError,
     _atom,
+    _kind,
     read_functions,
     run,
 )
@@ -93,6 +96,8 @@ class Rule:
     check: Value
     message: str
     earlier: frozenset[Intent] = frozenset()
+    #: The check compiled to closures (:func:`_compile`), as the evaluator would run it.
+    compiled: Compiled | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         """The rule in words, for prompts: its intents, its check stated in words, and
@@ -174,14 +179,16 @@ class Snapshot:
 
 
 def _apply(rules: tuple[Rule, ...], context: Context, functions: frozenset[str]) -> None:
-    left = MAX_STEPS
+    meter = _Meter(MAX_STEPS)
     for rule in rules:
         try:
-            if left < 1:
-                raise LimitError("", limit="budget", maximum=MAX_STEPS)
-            value, steps = run(rule.check, functions, None, left, MAX_RULE_DEPTH, "$",
-                               context)
-        except LimitError:
+            if rule.compiled is not None:
+                value = rule.compiled(context, meter)
+            else:  # (a Rule made by hand: the evaluator runs it)
+                value, steps = run(rule.check, functions, None, max(meter.left, 1),
+                                   MAX_RULE_DEPTH, "$", context)
+                meter.left -= steps
+        except (_OutOfSteps, LimitError):
             raise LimitError(f"constraints: the budget of {MAX_STEPS} evaluation steps per "
                              f"message ran out in rule {rule.name}", limit="constraint_steps",
                              maximum=MAX_STEPS) from None
@@ -189,10 +196,127 @@ def _apply(rules: tuple[Rule, ...], context: Context, functions: frozenset[str])
             raise _refused(rule, str(exc).split(": ", 1)[-1]) from None
         except EvaluationError as exc:
             raise _refused(rule, f"its check failed: {exc.message}") from None
-        left -= steps
         if value is not TRUE and value != TRUE:
             raise _refused(rule, None if value == FALSE else
                            f"its check gave {_short(value)}, not a boolean")
+
+
+# ---------------------------------------------------------------- checks compiled to closures
+#
+# A loaded check becomes a tree of closures, one per node, that does what the evaluator
+# (_evaluator.run) does with it: one step charged per evaluated node before it is
+# evaluated (the meter counts down from the budget per message), lazy if/and/or, the
+# library's functions applied to evaluated arguments, context forms read through the
+# Context, and the same errors with the same paths. Its nesting is bounded at load
+# (MAX_RULE_DEPTH), so the recursion is too. tests/test_constraints.py holds the two to the
+# same results on random checks.
+
+class _OutOfSteps(Exception):
+    """The meter ran out (the caller raises the LimitError)."""
+
+
+class _Meter:
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+Compiled = Callable[[Context, _Meter], Value]
+
+
+def _bool_error(where: str, name: str, value: Value) -> EvaluationError:
+    return EvaluationError(f"{where}: {name} expects a boolean (true or false), got "
+                           f"{_kind(value)}", path=where)
+
+
+def _compile(expr: Value, path: str = "$") -> Compiled:
+    """The closures of a check that :func:`read_constraints` accepted."""
+    if type(expr) is not tuple:
+        value = _atom(expr)
+
+        def atom(context: Context, meter: _Meter) -> Value:
+            meter.left -= 1
+            if meter.left < 0:
+                raise _OutOfSteps
+            return value
+        return atom
+    name, args = str(expr[0]), expr[1:]
+    if name in CONTEXT_FORMS:
+        if name == "earlier":
+            intent, inner = args[0], _compile(args[1], f"{path}[2]")
+
+            def earlier(context: Context, meter: _Meter) -> Value:
+                meter.left -= 1
+                if meter.left < 0:
+                    raise _OutOfSteps
+                try:
+                    other = context.earlier(intent)
+                except Absent as exc:
+                    raise AbsentError(f"{path}: {exc}", path=path) from None
+                return inner(other, meter)
+            return earlier
+
+        def form(context: Context, meter: _Meter) -> Value:
+            meter.left -= 1
+            if meter.left < 0:
+                raise _OutOfSteps
+            try:
+                return context.lookup(name, args)
+            except Absent as exc:
+                raise AbsentError(f"{path}: {exc}", path=path) from None
+            except ValueError as exc:
+                raise EvaluationError(f"{path}: {exc}", path=path) from None
+        return form
+    children = [_compile(arg, f"{path}[{i}]") for i, arg in enumerate(args, 1)]
+    if name == "if":
+        test, then, otherwise = children
+
+        def if_(context: Context, meter: _Meter) -> Value:
+            meter.left -= 1
+            if meter.left < 0:
+                raise _OutOfSteps
+            decided = test(context, meter)
+            if decided == TRUE:
+                return then(context, meter)
+            if decided == FALSE:
+                return otherwise(context, meter)
+            raise _bool_error(f"{path}[1]", "if", decided)
+        return if_
+    if name in ("and", "or"):
+        stop = FALSE if name == "and" else TRUE
+
+        def logic(context: Context, meter: _Meter) -> Value:
+            meter.left -= 1
+            if meter.left < 0:
+                raise _OutOfSteps
+            result: Value = stop
+            for index, child in enumerate(children, 1):
+                result = child(context, meter)
+                if result != TRUE and result != FALSE:
+                    raise _bool_error(f"{path}[{index}]", name, result)
+                if result == stop:
+                    return result
+            return result
+        return logic
+    apply = LIBRARY[name].apply
+    if apply is None:  # pragma: no cover - (now) is refused at load
+        raise DescriptorError(f"descriptor: {path}: {name} cannot be compiled")
+
+    def call(context: Context, meter: _Meter) -> Value:
+        meter.left -= 1
+        if meter.left < 0:
+            raise _OutOfSteps
+        values = [child(context, meter) for child in children]
+        try:
+            return apply(values)
+        except _ArgError as exc:
+            if exc.index == 0:
+                raise EvaluationError(f"{path}: {name}: {exc}", path=path) from None
+            where = f"{path}[{exc.index}]"
+            raise EvaluationError(f"{where}: {name}: argument {exc.index}: {exc}",
+                                  path=where) from None
+    return call
 
 
 def _refused(rule: Rule, detail: str | None) -> ConstraintError:
@@ -491,7 +615,7 @@ def _read_rule(item: Value, where: str, governed: tuple[Intent, ...],
     check = check_part[1]
     earlier = _check_expression(check, f"{where}.check", governed, allowed, conversation,
                                 reads)
-    return Rule(name, tuple(intents), check, text, earlier)
+    return Rule(name, tuple(intents), check, text, earlier, _compile(check))
 
 
 def _check_expression(expr: Value, where: str, governed: tuple[Intent, ...],

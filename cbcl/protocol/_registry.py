@@ -334,6 +334,7 @@ class Registry:
         # (whose rules only the Python paths apply), so a protocol with them is never
         # accepted in C and one without costs nothing more.
         self._fast: dict[Symbol, Protocol] = {}
+        self._constrained = False
         self._bindings: dict[str, tuple[str, ...]] = {}  # id -> keys, without a state dir
         self._abandoned = False
         #: The one-shot cbcl.decode's memos for this registry (cbcl.binary._codec._one_shot_memos:
@@ -365,6 +366,9 @@ class Registry:
             self._fast[protocol.id] = protocol
         else:
             self._fast.pop(protocol.id, None)
+        #: Whether some loaded protocol has constraints (then parse's Python path runs
+        #: the C tiers with every protocol, and checks the rules after them).
+        self._constrained = len(self._fast) < len(self._protocols)
 
     def get(self, protocol_id: str | Symbol) -> Protocol | None:
         """The loaded protocol with this id, or ``None``."""
