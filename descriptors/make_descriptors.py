@@ -35,7 +35,7 @@ SHIPPED = {
                         "ACCEPT=acceptance REJECT=rejection INFORM=done FAILURE=failure"),
     "request-v1": ("request/v1", 1, "REQUEST=request AGREE=agree REFUSE=refuse "
                    "FAILURE=failure INFORM"),
-    "canon-a-v1": ("canon-a/v1", 1, "QUERY REQUEST INFORM REFUSE FAILURE"),
+    "canon-a-v1": ("canon-a/v1", 2, "QUERY REQUEST INFORM REFUSE FAILURE"),
     "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
                             "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),
 }
