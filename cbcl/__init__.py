@@ -67,6 +67,9 @@ from .protocol._api import (
 from .protocol._authoring import (
     build_descriptor,
 )
+from .protocol._declaration import (
+    descriptor_from_declaration,
+)
 from .protocol._fields import (
     Fields,
     FieldsError,
@@ -140,6 +143,7 @@ __all__ = [
     "build_descriptor",
     "canonical",
     "decode",
+    "descriptor_from_declaration",
     "encode",
     "extract",
     "keys",

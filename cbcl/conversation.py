@@ -8,9 +8,10 @@ from .protocol._conversation import (
     compile_machine,
 )
 from .protocol._evaluator import evaluate
-from .protocol._schema import Schema, check_schema, compile_schema
+from .protocol._schema import Schema, check_schema, coerce_body, compile_schema
 
 __all__ = [
     "Conversation", "ConversationTracker", "Machine", "Schema", "Step", "check_schema",
+    "coerce_body",
     "compile_machine", "compile_schema", "evaluate",
 ]

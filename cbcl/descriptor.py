@@ -1,9 +1,16 @@
-"""Protocol descriptors: reading, authoring, comparing versions (spec/compatibility.md), and
+"""Protocol descriptors: reading, authoring (from a declaration too, spec/declarations.md),
+comparing versions (spec/compatibility.md), and
 the loaded protocols a registry holds (spec/cbcl-1.0.md §3, §6.7)."""
 
 from .grammar._subset import GrammarLimits
+from .protocol._agreement import check_schema_against_grammar
 from .protocol._authoring import build_descriptor, render_descriptor
-from .protocol._compat import CompatLimits, CompatReport, diff_descriptors
+from .protocol._compat import CompatLimits, CompatReport, Witness, diff_descriptors
+from .protocol._declaration import (
+    Declaration,
+    descriptor_from_declaration,
+    read_declaration,
+)
 from .protocol._descriptor import ProtocolDescriptor, read_descriptor
 from .protocol._protocol import Protocol
 from .protocol._registry import (
@@ -19,14 +26,19 @@ __all__ = [
     "CompatLimits",
     "CompatReport",
     "CompileGate",
+    "Declaration",
     "GrammarCache",
     "GrammarLimits",
     "PreparedDescriptor",
     "Protocol",
     "ProtocolDescriptor",
     "Registry",
+    "Witness",
     "build_descriptor",
+    "check_schema_against_grammar",
+    "descriptor_from_declaration",
     "diff_descriptors",
+    "read_declaration",
     "read_descriptor",
     "render_descriptor",
 ]

@@ -569,3 +569,28 @@ def test_open_conversations_on_a_link_are_bounded(keys: Keys) -> None:
             await server.close()
 
     run(body)
+
+
+def test_a_str_is_sent_as_the_symbol_the_schema_says(keys: Keys) -> None:
+    """Coercion where the schema is explicit (spec/conversations.md §2.3): ``action=`` and
+    ``currency=`` given as ``str`` go as the symbols the schema types them as, in a sent
+    message and in a reply; without it the schema would refuse both."""
+    log: list[str] = []
+
+    def plain_bidder(message: Message, context: Context) -> Message | None:
+        return context.reply("PROPOSE", cbcl.body(
+            "proposal", task_id="t-1",
+            bid=cbcl.body("bid", price=cbcl.read(b"7.25"), currency="EUR", eta=10)))
+
+    async def body() -> None:
+        server = server_agent(keys, log)
+        server.on("contract-net/v1", "CFP")(plain_bidder)
+        async with linked(keys, server) as link:
+            reply = await link.conversation().send("CFP", cbcl.body(
+                "cfp", task=cbcl.body("task", id="t-1", action="render-video"),
+                deadline=1764503600000))
+            assert reply is not None and reply.body == (
+                Symbol("proposal"), Keyword("task-id"), "t-1", Keyword("bid"), BID)
+
+    run(body)
+    assert any('received' in line and "CFP" in line for line in log), log

@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 from big_descriptors import (
-    bounds_descriptor,
     bounds_pair,
     bounds_times_one_of,
     chain_grammar,
@@ -385,9 +384,20 @@ def test_prompt_drafts_and_bytes_accepted_and_refused() -> None:
         assert info.value.limit == limit
 
 
+def unfittable_descriptor(forms: int) -> bytes:
+    """A descriptor of ``forms`` body forms whose schema refuses every draft: each record
+    requires a key its grammar never writes, so no draft can be fitted to the schema (as
+    the prompt fits a value out of range, spec/llm.md §10)."""
+    grammar = "body: " + " | ".join(f"r{i}" for i in range(forms)) + "\n" + "".join(
+        f'r{i}: "(" "h{i}" ":a" INTEGER ")"\n' for i in range(forms))
+    schema = "(schema " + " ".join(f"(record h{i} (:a integer) (:b integer required))"
+                                   for i in range(forms)) + ")"
+    return descriptor_text(grammar, schema)
+
+
 def test_a_prompt_whose_examples_never_pass_is_refused_quickly() -> None:
     # 128 body forms whose schema refuses every draft: 400 drafts a form were 51,200 parses.
-    registry, protocol = loaded(bounds_pair()[0])
+    registry, protocol = loaded(unfittable_descriptor(128))
     start = time.process_time()
     with pytest.raises(LimitError) as info:
         render_prompt(protocol, registry=registry)
@@ -537,7 +547,7 @@ def test_cli_diff_past_the_budget_and_of_huge_bounds(
 
 def test_cli_prompt_over_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     document = tmp_path / "big.cbcl"  # 8 forms whose schema refuses every draft
-    document.write_bytes(bounds_descriptor(records=8, fields=5, values=3))
+    document.write_bytes(unfittable_descriptor(8))
     code, out, err = run_cli(capsys, "prompt", str(document))
     assert (code, out) == (4, "")  # a limit, not a usage error (LimitError is a ValueError)
     assert err.startswith("limit: the prompt's examples would take more than 2,000 draws "

@@ -416,8 +416,8 @@ def test_new_then_build_sign_parse(capsys: pytest.CaptureFixture[str], tmp_path:
     assert (code, err) == (0, "")
     directory = tmp_path / "auction"
     names = sorted(path.name for path in directory.iterdir())
-    assert names == ["auction-v1.README.txt", "auction-v1.example.cbcl", "auction-v1.lark",
-                     "auction-v1.schema.cbcl", "handler.py"]
+    assert names == ["auction-v1.README.txt", "auction-v1.declaration.cbcl",
+                     "auction-v1.example.cbcl", "handler.py"]
     readme, serving = (directory / "auction-v1.README.txt").read_text().split(
         "Then serve it", 1)
     commands = readme_commands(readme)
@@ -427,7 +427,7 @@ def test_new_then_build_sign_parse(capsys: pytest.CaptureFixture[str], tmp_path:
         ["cbcl", "serve"], ["until", "grep"], ["cbcl", "send"]]
     assert "--handler handler:respond" in serving
     assert [c.split()[:3] for c in commands] == [
-        ["cbcl", "grammar", "check"], ["cbcl", "descriptor", "build"],
+        ["cbcl", "descriptor", "build"],
         ["cbcl", "keygen", "--out"], ["mkdir", "-p", "trust"], ["cbcl", "descriptor", "sign"],
         ["cbcl", "parse", "auction-v1.example.cbcl"]]
     assert readme_commands(out) == commands  # what it prints is what the README says
@@ -435,7 +435,7 @@ def test_new_then_build_sign_parse(capsys: pytest.CaptureFixture[str], tmp_path:
 
     monkeypatch.chdir(directory)
     outputs = [run_line(capsys, line) for line in commands]
-    assert outputs[0].startswith("LALR(1)")
+    assert outputs[0].startswith("wrote auction-v1.cbcl: auction/v1 version 1 sha256:")
     example = cbcl.read((directory / "auction-v1.example.cbcl").read_bytes())
     assert outputs[-1] == cbcl.canonical(example) + "\n"
     descriptor = cbcl.descriptor.read_descriptor((directory / "auction-v1.cbcl").read_bytes())
@@ -456,13 +456,13 @@ def test_new_then_build_sign_parse(capsys: pytest.CaptureFixture[str], tmp_path:
 
 def test_new_refuses_to_overwrite(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert run(capsys, "descriptor", "new", "a/v1", "--dir", str(tmp_path))[0] == 0
-    (tmp_path / "a-v1.lark").write_text("mine\n")
-    (tmp_path / "a-v1.schema.cbcl").unlink()
+    (tmp_path / "a-v1.declaration.cbcl").write_text("mine\n")
+    (tmp_path / "handler.py").unlink()
     code, out, err = run(capsys, "descriptor", "new", "a/v1", "--dir", str(tmp_path))
     assert (code, out) == (1, "")
-    assert err.startswith(f"io: {tmp_path}/a-v1.lark: exists")
-    assert (tmp_path / "a-v1.lark").read_text() == "mine\n"
-    assert not (tmp_path / "a-v1.schema.cbcl").exists()  # nothing was written
+    assert err.startswith(f"io: {tmp_path}/a-v1.declaration.cbcl: exists")
+    assert (tmp_path / "a-v1.declaration.cbcl").read_text() == "mine\n"
+    assert not (tmp_path / "handler.py").exists()  # nothing was written
 
 
 def test_new_refuses_a_bad_id(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -477,9 +477,10 @@ def test_new_names_files_after_the_id(capsys: pytest.CaptureFixture[str],
                                       tmp_path: Path) -> None:
     code, _, _ = run(capsys, "descriptor", "new", "acme.bids/v2*", "--dir", str(tmp_path))
     assert code == 0
-    assert (tmp_path / "acme.bids-v2.lark").exists()
-    readme = (tmp_path / "acme.bids-v2.README.txt").read_text()
-    assert "--id 'acme.bids/v2*'" in readme  # quoted for the shell
+    assert (tmp_path / "acme.bids-v2.declaration.cbcl").exists()
+    declared = cbcl.descriptor.read_declaration(
+        (tmp_path / "acme.bids-v2.declaration.cbcl").read_bytes())
+    assert declared.id == cbcl.Symbol("acme.bids/v2*")
 
 
 @pytest.mark.slow

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import cbcl
 from cbcl import DescriptorError, GrammarError, Intent, Keyword, Symbol, Value
 from cbcl.core._canonical import quote
-from cbcl.descriptor import CompatLimits, diff_descriptors, read_descriptor
+from cbcl.descriptor import CompatLimits, ProtocolDescriptor, diff_descriptors, read_descriptor
 from cbcl.grammar._subset import read_grammar
 from cbcl.protocol._compat import BREAKING, COMPATIBLE, UNKNOWN, _Checker, generate_bodies
 
@@ -488,3 +489,36 @@ def test_compatible_means_no_old_body_refused(pair: tuple[bytes, bytes], seed: i
     for body in generate_bodies(source, "body", 60, 4, seed=seed, atoms=atoms):
         if old_check.accepts(Intent.REQUEST, body):
             assert new_check.accepts(Intent.REQUEST, body), body
+
+
+def _declared_order(lines: str = "(one-of kg piece)", length: str = ":max-length 4",
+                    head: str = "line", qty: str = "(integer :min 1)") -> ProtocolDescriptor:
+    return read_descriptor(cbcl.descriptor_from_declaration(
+        "(protocol-declaration (id order/v1) (version 1) (intent REQUEST (record order "
+        f"(:lines (list-of (record {head} (:unit {lines} required) (:qty {qty})) {length}) "
+        "required))))"))
+
+
+@pytest.mark.parametrize(("new", "line"), [
+    ({"lines": "(one-of kg)"},
+     "schema: record order[:lines][*]: field :unit: one of kg piece -> one of kg"),
+    ({"qty": "(integer :min 1 :max 9)"},
+     "schema: record order[:lines][*]: field :qty: an integer in [1, …] -> an integer in "
+     "[1, 9]"),
+    ({"length": ":max-length 3"},
+     "schema: record order: field :lines: a list of 0 to 4 elements -> a list of 0 to 3 "
+     "elements"),
+    ({"head": "item"},
+     "schema: record order[:lines][*]: elements: (record line …) -> (record item …)"),
+])
+def test_a_nested_change_is_named_where_it_is(new: dict[str, str], line: str) -> None:
+    """A change inside a list-of record's one-of (issue 32) is one line at its place, and
+    never the same text on both sides of the arrow."""
+    report = diff_descriptors(_declared_order(), _declared_order(**new))
+    assert report.verdict == "breaking"
+    schema_lines = [c for c in report.changes if c.startswith("schema")]
+    assert schema_lines == [line]
+    for change in report.changes:
+        if " -> " in change:
+            before, after = change.split(": ", 2)[-1].split(" -> ", 1)
+            assert before != after, change

@@ -194,9 +194,9 @@ def test_the_same_update_is_refused_again_at_once(world: World,
 
     def counting(*args: object, **kwargs: object) -> object:
         calls.append("diff")
-        return diff_descriptors(*args, **kwargs)  # type: ignore[arg-type]
+        return cbcl.protocol._compat.compare(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cbcl.protocol._registry, "diff_descriptors", counting)
+    monkeypatch.setattr(cbcl.protocol._registry, "compare", counting)
     bad = signed(descriptor(2, ASK_BARE))
     first = world.refused(bad, "breaking")
     assert calls == ["diff"]

@@ -53,11 +53,14 @@ def test_body_shapes_are_rendered_from_the_grammar(registry: Registry) -> None:
     assert protocol is not None
     prompt = render_prompt(protocol, registry=registry)
     assert "- PROPOSE: (proposal :task-id STRING :bid <bid> [:valid-until INTEGER])" in prompt
-    assert "- <bid> is: (bid :price NUMBER :currency SYMBOL [:eta INTEGER])" in prompt
+    assert ("- <bid> is: (bid :price NUMBER :currency {EUR | USD | GBP | CHF | JPY} "
+            "[:eta INTEGER])") in prompt  # the schema's one-of, in the grammar's form
     assert "- <reason> is: busy | unqualified | deadline-too-short | (other STRING)" in prompt
     assert "- <params> is: ({KEYWORD VALUE}*)" in prompt
     assert "may come in any order, each at most once" in prompt
     assert "(CBCL/1.0\n  (message-id STRING)" in prompt
+    assert "\n  (conversation-id STRING)\n" in prompt  # required: it has a machine
+    assert "- in proposed: ACCEPT from the manager -> awarded" in prompt
     assert '- CANCEL: no body, or a reason STRING ("why").' in prompt
 
 
@@ -132,3 +135,58 @@ def test_a_body_that_is_not_one_value_gives_no_examples() -> None:
     prompt = render_prompt(protocol, registry=registry)
     assert "- INFORM: SYMBOL SYMBOL" in prompt
     assert "### Examples" not in prompt
+
+
+DECLARED = """(protocol-declaration (id lab/v1) (version 1)
+  (intent REQUEST
+    (record sample
+      (:sample-id (string :min-length 3 :max-length 12) required)
+      (:assay (one-of cbc hba1c lipids tsh) required)
+      (:priority (integer :min 1 :max 5) required)
+      (:fasting boolean)
+      (:tubes (list-of (record tube (:colour (one-of red blue)) (:ml (decimal :min 0.5)))
+                       :min-length 1 :max-length 2)))))"""
+
+
+def test_the_prompt_follows_the_declaration() -> None:
+    """What the schema says beyond the grammar is in the prompt (one-of values in the
+    form, ranges and lengths as field values), there is no conversation-id without a
+    machine, and the examples carry values in range."""
+    registry = Registry(disk_cache=False, isolate=False)
+    registry.load(cbcl.descriptor_from_declaration(DECLARED), allow_unsigned=True)
+    protocol = registry.get(cbcl.Symbol("lab/v1"))
+    assert protocol is not None
+    prompt = render_prompt(protocol, registry=registry, count=3)
+    assert ("- REQUEST: (sample :sample-id STRING :assay {cbc | hba1c | lipids | tsh} "
+            ":priority INTEGER [:fasting {true | false}] [:tubes <request_tubes>])") in prompt
+    assert ("- (sample …): :sample-id a STRING of 3 to 12 characters; :assay one of cbc, "
+            "hba1c, lipids, tsh; :priority an INTEGER from 1 to 5; :fasting true or false; "
+            ":tubes a list of 1 to 2 elements, each (tube …)") in prompt
+    assert "- (tube …): :colour one of red, blue; :ml a DECIMAL of at least 0.5" in prompt
+    assert "[(conversation-id STRING)]" in prompt and "### The conversation" not in prompt
+    texts = examples_of(prompt)
+    assert len(texts) == 3
+    for text in texts:
+        body = cbcl.parse(text, registry=registry).body
+        assert body is not None
+        fields = cbcl.Fields(body)
+        priority = fields["priority"]
+        assert type(priority) is int and 1 <= priority <= 5
+        assert str(fields["assay"]) in ("cbc", "hba1c", "lipids", "tsh")
+
+
+def test_fit_to_schema_repairs_what_it_can() -> None:
+    from cbcl.llm._prompt import fit_to_schema
+    from cbcl.protocol._schema import compile_schema
+
+    schema = compile_schema(cbcl.read(
+        '(schema (record r (:n (integer :min 5 :max 7)) (:s (string :min-length 2)) '
+        '(:o (one-of a b)) (:b boolean) (:u (uri :scheme agent)) (:l (list-of integer '
+        ':max-length 1)) (:k (keys (:x (decimal :max 0))))))'))
+    body = cbcl.read('(r :n 99 :s "" :o zz :b maybe :u https://x :l (1 2 3) :k (:x 4.5) '
+                     ':other 1)')
+    fitted = fit_to_schema(schema, body)
+    assert cbcl.canonical(fitted) == (
+        '(r :n 5 :s "example" :o a :b true :u agent://example/peer :l (1) :k (:x 0.0) '
+        ':other 1)')
+    assert fit_to_schema(schema, cbcl.read("(q :n 1)")) == cbcl.read("(q :n 1)")

@@ -673,3 +673,31 @@ def test_the_c_twin_leaves_a_type_of_many_fields_to_the_explaining_pass() -> Non
         c_twin = getattr(_schema, "_schema_valid_c", None)
         if c_twin is not None:
             assert (c_twin(record._pairs, good, _schema._has_heads) is None) is left
+
+
+# ------------------------------------------------------------------ coercion (issue 32)
+
+from cbcl.conversation import coerce_body  # noqa: E402
+
+_COERCED = cbcl.read(
+    "(schema (record offer (:currency (one-of EUR USD) required) (:k keyword) (:u uri) "
+    "(:b boolean) (:s symbol) (:t string) (:n (one-of \"EUR\" EUR)) (:o (keys (else symbol))) "
+    "(:l (list-of (record x (:y (uri :scheme agent)))))))")
+
+
+def test_coerce_makes_a_str_what_the_schema_says() -> None:
+    built = cbcl.body("offer", currency="EUR", k=":size", u="agent://x", b="true",
+                      s="bad name", t="keep", n="EUR", o=cbcl.keys(p="q"),
+                      l=[cbcl.body("x", y="agent://z"), cbcl.body("x", y="not a uri")])
+    assert cbcl.canonical(coerce_body(_COERCED, built)) == (
+        '(offer :currency EUR :k :size :u agent://x :b true :s "bad name" :t "keep" '
+        ':n "EUR" :o (:p q) :l ((x :y agent://z) (x :y "not a uri")))')
+    check_schema(_COERCED, coerce_body(_COERCED, cbcl.body("offer", currency="USD")))
+
+
+def test_coerce_leaves_what_it_cannot_make() -> None:
+    for body in (cbcl.body("offer", currency="GBP"), cbcl.body("other", currency="EUR"),
+                 "text", 3, cbcl.body("offer", currency=Decimal("1.5"))):
+        assert coerce_body(_COERCED, body) is body  # the same object: nothing changed
+    with pytest.raises(SchemaError, match="expected one of EUR USD"):
+        check_schema(_COERCED, coerce_body(_COERCED, cbcl.body("offer", currency="GBP")))

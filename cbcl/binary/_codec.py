@@ -100,7 +100,16 @@ from ..protocol._message import (
     Message,
     Signature,
 )
-from ..protocol._pass2 import _ALWAYS_ADMITTED, start_node, start_stack
+from ..protocol._pass2 import (
+    _ALWAYS_ADMITTED,
+    END,
+    ITEM,
+    Refusal,
+    find_refusal,
+    refusal_error,
+    start_node,
+    start_stack,
+)
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
 from ..protocol._schema import _has_heads, check_schema
@@ -549,20 +558,22 @@ class Decoder:
         :class:`TrustError` for a bad or missing required message signature, and
         ``TypeError`` for input that is not bytes.
         """
-        state = self._frame_state
-        message = None
-        if state is not None and type(data) is bytes:  # cbcl._native: the whole frame
-            message = _decode_frame_c(data, state)    # in one call (None: not that way)
-        if message is None:
-            message = self._decode_tiers(data)
+        # (the C entry standing in for this method has tried cbcl._native.decode_frame on
+        # a frame of exact bytes where there is a frame state: this is reached when it
+        # declined, and _decode_tiers decides the frame without trying it again)
+        message = self._decode_tiers(data)
         if message.signature is not None or self.require_signatures:
             _verify_signed(message, self.registry)
         return message
 
     def _decode_tiers(self, data: bytes | bytearray | memoryview) -> Message:
-        """:meth:`decode` by the tiers (fast, then careful), without the signature check."""
+        """:meth:`decode` by the tiers (fast; by the body's value, where ``cbcl._native``
+        builds it: see :func:`_frame_by_value`; then careful), without the signature
+        check."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"expected bytes, not {type(data).__name__}")
+        # (decode_frame, where it read this frame, has declined it: most likely a refusal)
+        declined = self._frame_state is not None and type(data) is bytes
         data = bytes(data)
         limits = self.limits
         size = len(data)
@@ -570,7 +581,11 @@ class Decoder:
             _limit(limits, "max_message_bytes", 0, "frame")
         table, start = self._header(data)
         if self._fast_c is not None:  # cbcl._native reads the frame's bytes
-            message = _fast_frame(table, data, start, limits, self._memos, *self._fast_c)
+            message = None if declined else \
+                _fast_frame(table, data, start, limits, self._memos, *self._fast_c)
+            if message is None:  # decided from the body's value (a refusal at C speed)
+                message = _frame_by_value(table, data, start, limits, self._memos,
+                                          *self._fast_c)
             if message is None:  # a frame it declines: msgpack reads it, carefully
                 message = _decode_tokens(table, self._tokens(data, start), limits, data,
                                          start, self._unpacker)
@@ -1015,15 +1030,9 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
     except ValueError:
         _malformed(f"receiver is not a URI: {receiver[:40]!r}", where(4), EnvelopeError)
     if not governed:
-        if intent in _ALWAYS_ADMITTED:
-            if body is not None and type(body) is not str:
-                raise BodyError(f"a {intent.value} body that {descriptor.id} does not "
-                                "govern must be absent or a reason string",
-                                position=_at(start))
-        else:
-            governs = " ".join(i.value for i in descriptor.intents)
-            raise ProtocolError(f"{descriptor.id} does not govern {intent.value} messages "
-                                f"(it governs {governs})", position=_at(start))
+        ungoverned = _ungoverned_refusal(protocol, intent, body, start)
+        if ungoverned is not None:
+            raise ungoverned
     elif body is None:
         missing = BodyError(f"{descriptor.id} requires a body for {intent.value}",
                             position=_at(start))
@@ -1037,6 +1046,135 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
     # Every field has been checked above, each of its exact type.
     return Message._trusted(message_id, sender_uri, receiver_uri, intent, protocol.id,
                             body=body, **optional)
+
+
+def _ungoverned_refusal(protocol: Protocol, intent: Intent, body: Any,
+                        start: int) -> BodyError | ProtocolError | None:
+    """The error for a body of ``intent``, which ``protocol`` does not govern (at the
+    frame's first token, ``start``): ``None`` for a NOT-UNDERSTOOD or CANCEL without a body
+    or with a reason string."""
+    descriptor = protocol.descriptor
+    if intent in _ALWAYS_ADMITTED:
+        if body is not None and type(body) is not str:
+            return BodyError(f"a {intent.value} body that {descriptor.id} does not "
+                             "govern must be absent or a reason string", position=_at(start))
+        return None
+    governs = " ".join(i.value for i in descriptor.intents)
+    return ProtocolError(f"{descriptor.id} does not govern {intent.value} messages "
+                         f"(it governs {governs})", position=_at(start))
+
+
+# --------------------------------------------------------------------------- refusal by value
+#
+# A frame decode_frame declines is most often one its grammar refuses. The careful tier
+# would find out by walking every token in Python (10-50x an accepted frame); instead
+# _frame_by_value builds the body in C *without* the grammar (every limit and the frame's
+# own rules are checked as the fast path checks them), then asks pass 2 where the grammar
+# refuses the value (_pass2.find_refusal: about one native walk up to the refusal) and
+# words the error from the automaton there (_pass2.refusal_error, as for text). The
+# token's byte offset is found by writing the body's value up to the refusal again in C
+# (pack_frame) and comparing it with the frame: equal bytes end at the refused token. A
+# frame not written in msgpack's shortest forms (a decoder accepts it, spec/binary.md
+# §3.4) is stepped through by msgpack's unpacker up to that token instead. Anything else
+# the body builder declines (a limit, a malformed token) goes to the careful tier, which
+# raises the precise error.
+
+
+def _frame_by_value(table: SymbolTable, data: bytes, start: int, limits: Limits,
+                    memos: _Memos, frame_envelope: Any, build_body: Any) -> Message | None:
+    """The message of a frame ``cbcl._native`` reads whole but the fast path may have
+    declined, decided from its body's value: the message if it is accepted; the error
+    the careful tier would raise if the body breaks no limit or rule of the frame but
+    its intent is not governed or the grammar refuses it (:class:`BodyError`,
+    :class:`ProtocolError`), or the schema does (:class:`SchemaError`); ``None`` for
+    anything else (the careful tier decides)."""
+    head = frame_envelope(data, start, INTENTS, memos.uris, limits.max_string_bytes,
+                          memos.entries)
+    if head is None:
+        return None
+    (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
+     timestamp, key_id, signed, offset) = head
+    protocol = table.protocol
+    if not present & HAS_BODY or \
+            (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
+        return None  # (no body: nothing to walk; an envelope not yet checked: careful)
+    body = _fast_body_at(table, data, offset, limits, _ENVELOPE_NODES[present], None,
+                         memos, build_body)
+    if body is None:
+        return None  # a limit, a malformed token: the careful tier says which, and where
+    if intent not in protocol.governed:
+        ungoverned = _ungoverned_refusal(protocol, intent, body, start)
+        if ungoverned is not None:
+            raise ungoverned
+        governed = False
+    else:
+        governed = True
+        refusal = find_refusal(protocol, body, intent)
+        if refusal is not None:
+            raise refusal_error(protocol, body, refusal, intent,
+                                _at(_refusal_offset(table, body, refusal, data, offset)))
+    return _fast_finish(protocol, intent, governed, body, message_id, sender, receiver,
+                        conversation_id, in_reply_to, reply_by, timestamp,
+                        None if key_id is None else Signature(key_id, signed))
+
+
+def _refusal_offset(table: SymbolTable, body: Value, refusal: Refusal, data: bytes,
+                    offset: int) -> int:
+    """The byte offset in ``data`` of the token ``refusal`` points at in ``body``, whose
+    tokens start at ``offset`` and end the frame: after the tokens of the body's value
+    up to it, written again (:func:`_body_bytes` of :func:`_cut`), where the frame holds
+    those very bytes; else after as many tokens, stepped through by msgpack."""
+    if refusal.kind == END:
+        return len(data)
+    path = refusal.path
+    if refusal.kind == ITEM:
+        if not path:
+            return offset
+        cut, closes = _cut(body, path), len(path)
+    else:  # CLOSE: the list at ``path`` whole, then its ")"
+        cut = body if not path else _cut(body, (*path[:-1], path[-1] + 1))
+        closes = len(path) + 1
+    written = _body_bytes(table, cut)
+    before = len(written) - closes  # (a ")" is one byte: CODE_RPAR is a fixint)
+    if data[offset:offset + before] == written[:before]:
+        return offset + before
+    tokens = _unpack_c(written, 0) if _unpack_c is not None else None
+    if tokens is None:
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(written)
+        tokens = list(unpacker)
+    return _token_offset(msgpack.Unpacker, data, offset, len(tokens) - closes)
+
+
+def _cut(value: Value, path: tuple[int, ...]) -> Value:
+    """``value`` with each list on ``path`` (a non-empty path of indexes) cut before the
+    element the path goes through next: the last list before its element ``path[-1]``,
+    the others after the cut list."""
+    lists: list[tuple[Any, int]] = []
+    here: Any = value
+    for index in path[:-1]:
+        lists.append((here, index))
+        here = here[index]
+    cut: Any = here[:path[-1]]
+    for items, index in reversed(lists):
+        cut = (*items[:index], cut)
+    return cut  # type: ignore[no-any-return]
+
+
+def _body_bytes(table: SymbolTable, body: Value) -> bytes:
+    """The body tokens of a frame whose body is ``body``, as :class:`Encoder` writes them
+    (by ``cbcl._native.pack_frame`` where it is built and takes it)."""
+    if _native is not None:
+        prepared = _native.prepare(table.codes)
+        if prepared is not None:
+            written: bytes | None = _native.pack_frame(b"", [], body, prepared)
+            if written is not None:
+                return written
+    tokens: list[Any] = []
+    _body_tokens(body, dict(table.codes), tokens)
+    packed: bytes = msgpack.packb(tokens)
+    first = packed[0]
+    return packed[1 if first < 0xDC else (3 if first == 0xDC else 5):]
 
 
 def envelope_limits(limits: Limits, protocol: Protocol, intent: Intent, present: int,
@@ -1507,6 +1645,7 @@ except ImportError:  # not built: the Python twins run
     _build_body_c = None  # type: ignore[assignment]
     _decode_frame_c = None  # type: ignore[assignment]
     _frame_envelope_c = None  # type: ignore[assignment]
+    _unpack_c = None  # type: ignore[assignment]
     #: Whether the optional C accelerator cbcl._native is built (and agrees).
     SPEEDUPS = False
 else:
@@ -1596,15 +1735,20 @@ def decode(data: bytes | bytearray | memoryview, *, registry: Registry,
     if _decode_frame_c is not None and type(data) is bytes and type(registry) is Registry \
             and type(key) is Limits:
         # The whole frame in one C call, with the frame state this registry's memos keep
-        # for these limits (a Decoder's setup per call was ~2x a ~370 B frame's decoding).
-        message = _decode_frame_c(data, _one_shot_state(registry, key))
-        if message is not None:
-            if message.signature is not None:
-                _verify_signed(message, registry)
-            return message
+        # for these limits (a Decoder's setup per call was ~2x a ~370 B frame's decoding),
+        # unless the C entry has just made it (it does once the default state is kept).
+        memos = registry._one_shot
+        if key is not DEFAULT_LIMITS or type(memos) is not _Memos or \
+                memos.default_state is None:
+            message = _decode_frame_c(data, _one_shot_state(registry, key))
+            if message is not None:
+                if message.signature is not None:
+                    _verify_signed(message, registry)
+                return message
     decoder = Decoder.__new__(Decoder)
     decoder._setup(registry, limits, None, False, False, True)
-    return decoder.decode(data)
+    # (the Python method, not its C entry: decode_frame has declined this frame already)
+    return decode_python(decoder, data)
 
 
 def _one_shot_state(registry: Registry, limits: Limits) -> FrameState:

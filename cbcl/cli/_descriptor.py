@@ -34,6 +34,7 @@ from ..protocol._authoring import (
     section_value,
 )
 from ..protocol._compat import diff_descriptors
+from ..protocol._declaration import read_declaration
 from ..protocol._descriptor import digest_of, read_descriptor
 from ..protocol._trust import read_signed_descriptor_unverified, sign_descriptor
 from ._common import (
@@ -46,6 +47,7 @@ from ._common import (
     read_file,
     signing_keys,
     unix_ms,
+    usage_error,
 )
 
 
@@ -71,8 +73,35 @@ def _about(where: str) -> Iterator[None]:
         raise
 
 
-def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
+def _declared(args: argparse.Namespace) -> bytes:
+    """The descriptor a declaration file declares (``build DECLARATION``)."""
+    given = [f"--{name}" for name in ("id", "version", "grammar", "intents", "expires",
+                                      *SECTIONS)
+             if getattr(args, name) is not None]
+    if given:
+        usage_error("descriptor build",
+                    f"{' '.join(given)}: a declaration holds these; give either "
+                    "DECLARATION or --id --version --grammar --intents")
+    grammar_limits = GrammarLimits()
+    with _about(args.declaration):
+        declaration = read_declaration(read_file(args.declaration, args.limits),
+                                       limits=args.limits, grammar_limits=grammar_limits)
+    with _about(f"{args.declaration} (the built descriptor)"):
+        return declaration.build(
+            comment="\n".join(args.comment) if args.comment else None, limits=args.limits,
+            grammar_limits=grammar_limits)
 
+
+def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
+    if args.declaration is not None:
+        signers = signing_keys(args) if args.key else []
+        payload = _declared(args)
+        return _write_built(args, payload, signers)
+    missing = [f"--{name}" for name in ("id", "version", "grammar", "intents")
+               if getattr(args, name) is None]
+    if missing:
+        usage_error("descriptor build", "give a DECLARATION, or all of --id --version "
+                    f"--grammar --intents (missing: {' '.join(missing)})")
     with _about("--id"):
         ident = protocol_id(args.id)
     with _about("--intents"):
@@ -99,6 +128,11 @@ def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
             expires=args.expires,
             comment="\n".join(args.comment) if args.comment else None, limits=args.limits,
             grammar_limits=grammar_limits, **sections)
+    return _write_built(args, payload, signers)
+
+
+def _write_built(args: argparse.Namespace, payload: bytes,
+                 signers: list[tuple[str, Any]]) -> int:
     out = payload
     if signers:
 
@@ -110,54 +144,44 @@ def _cmd_build(args: argparse.Namespace, data: bytes) -> int:
     Path(args.output).write_bytes(out)
     signed = f"signed by {' '.join(key_id for key_id, _ in signers)}" if signers \
         else "unsigned"
-    print(escape_invisible(f"wrote {args.output}: {ident} version {args.version} "
+    built = read_descriptor(payload, limits=args.limits)
+    print(escape_invisible(f"wrote {args.output}: {built.id} version {built.version} "
                            f"{digest_of(payload)} ({signed})"))
     return EXIT_OK
 
 
 # --------------------------------------------------------------------------- descriptor new
 
-#: The intents of the starting protocol: a buyer asks (REQUEST), a seller offers (INFORM)
-#: or declines (REFUSE).
-STARTER_INTENTS = ("REQUEST=ask", "INFORM=offer", "REFUSE=decline")
-#: Their start rules, for ``grammar check --start``.
-STARTER_RULES = ("ask", "offer", "decline")
-
-_GRAMMAR = """\
-// {id}: the body grammar (spec/cbcl-1.0.md §4, a subset of lark's EBNF).
-// Written by `cbcl descriptor new` as a start: edit it, then check it with
-//   cbcl grammar check {name}.lark
-// A body is one CBCL value. Quoted text is a literal: "(" and ")" open and close a list,
-// "ask" is the symbol ask, ":item" the keyword :item. STRING INTEGER DECIMAL NUMBER
-// SYMBOL KEYWORD URI match one atom of that kind (NUMBER: an integer or a decimal);
-// value matches any value. [x] is optional, x* repeats, x | y is a choice. Members
-// joined by & (":k" x & ":j" y) come in any order, each once; one in [ ] is optional.
-// Each intent's body starts at its own rule: the descriptor's intents say which
-// (REQUEST=ask INFORM=offer REFUSE=decline).
-
-// (ask :item "lamp" :quantity 2), optionally with :note "...", in any order
-ask: "(" "ask" (":item" STRING & ":quantity" INTEGER & [":note" STRING]) ")"
-// (offer :item "lamp" :price 12.50 :currency EUR)
-offer: "(" "offer" (":item" STRING & ":price" NUMBER & ":currency" SYMBOL) ")"
-// (decline :item "lamp" :reason "out of stock")
-decline: "(" "decline" (":item" STRING & ":reason" STRING) ")"
-"""
-
-_SCHEMA = """\
-; {id}: what the values of each body mean (spec/conversations.md §2). A record names a
-; body's head symbol and types its :key value pairs; a required key must be present.
-(schema
-  (record ask
-    (:item (string :min-length 1 :max-length 128) required)
-    (:quantity (integer :min 1 :max 1000) required)
-    (:note (string :max-length 1024)))
-  (record offer
-    (:item (string :min-length 1 :max-length 128) required)
-    (:price (number :min 0) required)
-    (:currency (one-of EUR USD GBP) required))
-  (record decline
-    (:item (string :min-length 1 :max-length 128) required)
-    (:reason (string :min-length 1 :max-length 1024) required)))
+_DECLARATION = """\
+; {id}: the protocol, declared once (spec/declarations.md). Written by
+; `cbcl descriptor new` as a start: edit it, then build it with
+;   cbcl descriptor build {name}.declaration.cbcl -o {name}.cbcl
+; Each (intent …) lists the records its body may be: a head symbol and its :key fields,
+; typed as a schema types them (spec/conversations.md §2): string, integer, decimal,
+; number, symbol, keyword, uri, boolean, any, (one-of …), (list-of …), (keys …), a nested
+; (record …); bounds as :min :max :min-length :max-length. A field marked required must
+; be present; keys come in any order, each once. The body grammar and the schema are both
+; derived from this file.
+(protocol-declaration
+  (id {id})
+  (version 1)
+  ; a buyer asks: (ask :item "lamp" :quantity 2), optionally with :note "..."
+  (intent REQUEST
+    (record ask
+      (:item (string :min-length 1 :max-length 128) required)
+      (:quantity (integer :min 1 :max 1000) required)
+      (:note (string :max-length 1024))))
+  ; a seller offers: (offer :item "lamp" :price 12.50 :currency EUR)
+  (intent INFORM
+    (record offer
+      (:item (string :min-length 1 :max-length 128) required)
+      (:price (number :min 0) required)
+      (:currency (one-of EUR USD GBP) required)))
+  ; or declines: (decline :item "lamp" :reason "out of stock")
+  (intent REFUSE
+    (record decline
+      (:item (string :min-length 1 :max-length 128) required)
+      (:reason (string :min-length 1 :max-length 1024) required))))
 """
 
 _EXAMPLE = """\
@@ -197,20 +221,20 @@ def respond(message, context):
                                                      reason="not for sale"))
         return context.reply("INFORM", cbcl.body("offer", item=item,
                                                  price=price * fields["quantity"],
-                                                 currency=cbcl.Symbol("EUR")))
+                                                 currency="EUR"))
     return None
 '''
 
 _README = """\
 {id}: a protocol descriptor's sources, written by `cbcl descriptor new`.
 
-  {name}.lark           the body grammar
-  {name}.schema.cbcl    the schema section: what each body's values mean
-  {name}.example.cbcl   a sample message
-  handler.py            what a server answers (cbcl serve --handler handler:respond)
+  {name}.declaration.cbcl  the protocol: per intent, its records and their typed fields
+  {name}.example.cbcl      a sample message
+  handler.py               what a server answers (cbcl serve --handler handler:respond)
 
-Next, in this directory: check the grammar, build the descriptor, make a key (once), trust
-it, sign the descriptor, and parse the sample with it.
+Next, in this directory: build the descriptor (its grammar and schema derived from the
+declaration), make a key (once), trust it, sign the descriptor, and parse the sample
+with it.
 
 {commands}
 Then serve it with the handler, and send the sample (from a second terminal, or as here;
@@ -224,8 +248,8 @@ stop the server with kill %1):
 
 Raise --version with every release of {id}:
 a peer refuses a version older than one it has seen. To add a conversation or the
-evaluator functions (spec/conversations.md), give build --conversation FILE or
---functions FILE.
+evaluator functions (spec/conversations.md), add a (conversation …) or (functions …)
+field to the declaration.
 """
 
 
@@ -234,10 +258,7 @@ def starter_commands(ident: str, name: str) -> list[str]:
     starting files (in the directory that holds them)."""
     q = shlex.quote
     return [
-        f"cbcl grammar check {q(name + '.lark')} --start {' '.join(STARTER_RULES)}",
-        f"cbcl descriptor build --id {q(ident)} --version 1 --grammar {q(name + '.lark')} \\\n"
-        f"    --intents {' '.join(STARTER_INTENTS)} --schema {q(name + '.schema.cbcl')} "
-        f"-o {q(name + '.cbcl')}",
+        f"cbcl descriptor build {q(name + '.declaration.cbcl')} -o {q(name + '.cbcl')}",
         "cbcl keygen --out my-key",
         "mkdir -p trust && cp my-key.pub trust/",
         f"cbcl descriptor sign {q(name + '.cbcl')} --key my-key.key "
@@ -252,8 +273,7 @@ def starter_files(ident: str) -> dict[str, str]:
     name = file_stem(ident)
     commands = "".join(f"  {command}\n" for command in starter_commands(ident, name))
     fields = {"id": ident, "name": name, "commands": commands}
-    return {f"{name}.lark": _GRAMMAR.format(**fields),
-            f"{name}.schema.cbcl": _SCHEMA.format(**fields),
+    return {f"{name}.declaration.cbcl": _DECLARATION.format(**fields),
             f"{name}.example.cbcl": _EXAMPLE.format(**fields),
             "handler.py": _HANDLER.format(**fields),
             f"{name}.README.txt": _README.format(**fields)}
@@ -319,15 +339,19 @@ def register(descriptor_commands: Commands) -> None:
     """Add ``build`` and ``new`` to ``descriptor_commands`` (the ``add_subparsers`` action
     of ``cbcl descriptor``)."""
     build = descriptor_commands.add_parser(
-        "build", help="build a descriptor from a grammar file, intents and section files "
-                      "(and sign it, with --key)")
-    build.add_argument("--id", required=True, metavar="ID",
+        "build", help="build a descriptor from a declaration, or from a grammar file, "
+                      "intents and section files (and sign it, with --key)")
+    build.add_argument("declaration", nargs="?", metavar="DECLARATION",
+                       help="a (protocol-declaration …) file (spec/declarations.md): the "
+                            "grammar and schema are derived from it; without it, give --id "
+                            "--version --grammar --intents")
+    build.add_argument("--id", metavar="ID",
                        help="the protocol id, a symbol such as auction/v1")
-    build.add_argument("--version", required=True, type=int_in(0, INT64_MAX), metavar="N",
+    build.add_argument("--version", type=int_in(0, INT64_MAX), metavar="N",
                        help=f"the descriptor version, 0 to {INT64_MAX}")
-    build.add_argument("--grammar", required=True, metavar="FILE",
+    build.add_argument("--grammar", metavar="FILE",
                        help="the body grammar (spec §4), e.g. auction-v1.lark")
-    build.add_argument("--intents", required=True, nargs="+", metavar="INTENT[=RULE]",
+    build.add_argument("--intents", nargs="+", metavar="INTENT[=RULE]",
                        help="the intents whose bodies the grammar governs, each with its "
                             "start rule as INTENT=rule (default: body)")
     for name in SECTIONS:

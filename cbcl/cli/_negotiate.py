@@ -750,6 +750,10 @@ SERVER_OPTIONS: tuple[tuple[str, float, float, str], ...] = (
     ("--pre-handshake-share", 0.001, 1.0,
      "fraction of the connections, and of the sessions, one address may hold before "
      "their handshakes are done"),
+    ("--max-refusals", 1, 1024,
+     "frames of one address refused within --refusal-window; then its connections are "
+     "turned away unread (limit) until the oldest refusal is a window old"),
+    ("--refusal-window", 0.001, MAX_SECONDS, "seconds over which --max-refusals counts"),
 )
 #: The options that set :class:`HandlerLimits` (serve): how handlers run.
 HANDLER_OPTIONS: tuple[tuple[str, float, float, str], ...] = (

@@ -283,14 +283,30 @@ def _limits_data(limits: GrammarLimits) -> dict[str, int]:
 # package's own directory, bound as ``cbcl`` before anything imports it, so neither another
 # installed copy nor a directory put first on sys.path is ever searched for it).
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
-_WORKER_BOOT = ("import importlib.util, sys; "
+# The entry it runs is a function of a module of this package, named by its arguments:
+# the compile (cbcl.grammar._compile_worker.main) or another analysis run under the same
+# guard (run_guarded: the compatibility check of cbcl.protocol._compat).
+_WORKER_BOOT = ("import importlib, importlib.util, sys; "
                 "spec = importlib.util.spec_from_file_location('cbcl', sys.argv[1], "
                 "submodule_search_locations=[sys.argv[2]]); "
                 "module = importlib.util.module_from_spec(spec); sys.modules['cbcl'] = module; "
                 "spec.loader.exec_module(module); "
-                "from cbcl.grammar._compile_worker import main; sys.exit(main())")
-_WORKER_ARGS = (sys.executable, "-I", "-c", _WORKER_BOOT, str(_PACKAGE_DIR / "__init__.py"),
-                str(_PACKAGE_DIR))
+                "sys.exit(getattr(importlib.import_module(sys.argv[3]), sys.argv[4])())")
+#: The compile worker's entry: module and function.
+COMPILE_ENTRY = ("cbcl.grammar._compile_worker", "main")
+
+
+def _worker_args(entry: tuple[str, str]) -> tuple[str, ...]:
+    """The command line of a worker running ``entry`` (a module of this package and a
+    function of it that takes no argument and returns the exit status)."""
+    module, function = entry
+    if not module.startswith("cbcl.") or not function.isidentifier():
+        raise ValueError(f"not an entry of this package: {module}:{function}")
+    return (sys.executable, "-I", "-c", _WORKER_BOOT, str(_PACKAGE_DIR / "__init__.py"),
+            str(_PACKAGE_DIR), module, function)
+
+
+_WORKER_ARGS = _worker_args(COMPILE_ENTRY)
 
 
 def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
@@ -334,6 +350,32 @@ def compile_guarded(text: str, limits: GrammarLimits | None = None, *,
         raise TablesTooLarge(size, max_table_bytes, states=len(compiled.tables.actions)
                              if compiled.tables is not None else 0)
     return compiled
+
+
+def run_guarded(request: dict[str, Any], entry: tuple[str, str], *, timeout: float,
+                memory: int, cancelled: Callable[[], bool] | None,
+                max_reply: int) -> bytes:
+    """Run ``entry`` (see :func:`_worker_args`) in a worker guarded as the compile's is:
+    ``request`` (JSON data) on its stdin, with ``memory`` bytes of address space and
+    ``timeout`` seconds of CPU (its ``"memory"`` and ``"cpu_seconds"``, which the entry
+    applies with :func:`cbcl.grammar._compile_worker.confine`), three times that of wall
+    clock, a lower priority, ``cancelled`` polled every 50 ms; returns its stdout (at most
+    ``max_reply`` bytes). Raises :class:`GrammarError` (verdict ``rejected``) when the
+    worker runs out of time or memory, dies or replies beyond its bound, and
+    :class:`LimitError` when it is cancelled or cannot be started."""
+    data = json.dumps({**request, "memory": memory,
+                       "cpu_seconds": max(1, math.ceil(timeout))}).encode()
+    status, out, err = _exchange(data, deadline=time.monotonic() + 3 * timeout,
+                                 timeout=timeout, cancelled=cancelled, max_reply=max_reply,
+                                 args=_worker_args(entry))
+    if status != 0:
+        if status in (-signal.SIGXCPU, -signal.SIGKILL) and b"Error" not in err:
+            raise GrammarError(f"the analysis took more than {timeout:g} s of CPU",
+                               verdict="rejected")
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        reason = "ran out of memory" if "MemoryError" in tail[0] else f"failed: {tail[0]}"
+        raise GrammarError(f"the analysis worker {reason}", verdict="rejected")
+    return out
 
 
 def _request(text: str, limits: GrammarLimits | None, *, starts: tuple[str, ...],
@@ -383,15 +425,15 @@ def _read_reply(out: bytes) -> CompiledGrammar:
 
 
 def _exchange(request: bytes, *, deadline: float, timeout: float,
-              cancelled: Callable[[], bool] | None, max_reply: int
-              ) -> tuple[int, bytes, bytes]:
+              cancelled: Callable[[], bool] | None, max_reply: int,
+              args: tuple[str, ...] = _WORKER_ARGS) -> tuple[int, bytes, bytes]:
     """Run a worker: write ``request`` whole to its stdin as it drains, read its stdout (at
     most ``max_reply`` bytes) and the tail of its stderr, in one loop that checks the
     ``deadline`` (monotonic) and ``cancelled`` every 50 ms, then wait for its exit under
     the same deadline. Returns (exit status, stdout, stderr tail); the worker is dead on
     return or raise. Raises as :func:`compile_guarded`."""
     try:
-        worker = subprocess.Popen(_WORKER_ARGS, stdin=subprocess.PIPE,
+        worker = subprocess.Popen(args, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   cwd=_PACKAGE_DIR)
     except OSError as exc:

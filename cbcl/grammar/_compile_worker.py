@@ -28,8 +28,9 @@ def _encode(reply: dict[str, Any]) -> bytes:
     return json.dumps(reply, separators=(",", ":")).encode()
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.buffer.read())
+def confine(request: dict[str, Any]) -> None:
+    """Apply a request's limits to this worker: ``memory`` bytes of address space,
+    ``cpu_seconds`` of CPU, and a lower priority than the process that serves peers."""
     memory = int(request["memory"])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     seconds = int(request.get("cpu_seconds", 0))
@@ -38,6 +39,11 @@ def main() -> int:
     # Compiling is background work: the process that serves peers comes first.
     with contextlib.suppress(OSError):
         os.nice(10)
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.buffer.read())
+    confine(request)
     limit = int(request["max_table_bytes"])
     try:
         compiled = compile_grammar(request["grammar"], GrammarLimits(**request["limits"]),

@@ -62,6 +62,7 @@ from ..protocol._descriptor import ProtocolDescriptor
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import PreparedDescriptor, Registry, compiled_size
+from ..protocol._schema import coerce_body
 from ..protocol._trust import Identity, TrustStore, read_signed_descriptor_unverified
 from ..session._reasons import MAX_FAILURE_DETAIL, failure_body, failure_exit, read_failure
 from ..session._session import (
@@ -72,6 +73,7 @@ from ..session._session import (
     Offer,
     ProtocolMessage,
     Query,
+    RefusalBudget,
     Rejected,
     RemoteProtocolError,
     Session,
@@ -284,10 +286,14 @@ class Context:
     def reply(self, intent: Intent | str, body: Value | None = None, *,
               reply_by: int | None = None) -> Message:
         """A reply to :attr:`message`: from its receiver to its sender, in its protocol and
-        conversation, ``in-reply-to`` its id; our id, the peer's ids only as values. Raises
-        ``TypeError``/``ValueError`` for a field of the wrong type (as :class:`Message`
-        does)."""
+        conversation, ``in-reply-to`` its id; our id, the peer's ids only as values. A
+        ``str`` the protocol's schema types as a symbol, keyword or URI is made one
+        (:func:`cbcl.conversation.coerce_body`). Raises ``TypeError``/``ValueError`` for a
+        field of the wrong type (as :class:`Message` does)."""
         message = self.message
+        protocol = self.protocol
+        if protocol is not None and protocol.schema is not None and body is not None:
+            body = coerce_body(protocol.schema, body)  # "EUR" -> EUR where it is a symbol
         return Message(message_id=self._next_id(), sender=message.receiver,
                        receiver=message.sender, intent=Intent(intent),
                        protocol=message.protocol, conversation_id=message.conversation_id,
@@ -350,7 +356,10 @@ class AgentConversation:
                    reply_by: int | None = None) -> Message | None:
         """Send ``(intent, body)`` in this conversation; return the peer's next message in
         it (``None`` with ``expect_reply=False``, or when this message finished the
-        conversation). ``timeout`` (seconds, default the agent's ``reply_timeout``).
+        conversation). A ``str`` the protocol's schema types as a symbol, keyword or URI
+        is made one (:func:`cbcl.conversation.coerce_body`): ``currency="EUR"`` is the
+        symbol ``EUR`` where the schema says so. ``timeout`` (seconds, default the
+        agent's ``reply_timeout``).
         Raises :class:`PeerFailed` (the peer answered that it could not answer: its reason
         code, at once), :class:`ConversationClosed` (the link ended, or no reply in time),
         :class:`~cbcl.ProtocolError`/``ViolationError`` for a message the protocol refuses
@@ -359,6 +368,8 @@ class AgentConversation:
         protocol = link.session.protocol
         if protocol is None:
             raise ConversationClosed("no protocol is established", reason="closed")
+        if protocol.schema is not None and body is not None:
+            body = coerce_body(protocol.schema, body)  # "EUR" -> EUR where it is a symbol
         message = Message(message_id=link.next_id(), sender=link.me, receiver=link.peer,
                           intent=Intent(intent), protocol=protocol.id,
                           conversation_id=self.id, reply_by=reply_by, body=body)
@@ -1069,6 +1080,11 @@ class Agent:
         self.pool = WorkPool(self.server_limits.compile_workers,
                              self.server_limits.compile_queue)
         self._learned_per_peer = LearnedProtocols(self.server_limits.max_learned_per_peer)
+        #: What each peer address's refused frames have cost the sessions it serves
+        #: (``server_limits.max_refusals`` within ``refusal_window``; see ServerLimits).
+        self.refusals = RefusalBudget(
+            self.server_limits.max_refusals,
+            max(1, round(self.server_limits.refusal_window * 1000)))
         base = self._registry()
         self.preloaded = [item if isinstance(item, Protocol) else base.load(item)
                           for item in descriptors]
@@ -1122,7 +1138,8 @@ class Agent:
     # ----------------------------------------------------------------- sessions
 
     def _session(self, role: str, registry: Registry, peer: URI | str | None = None,
-                 encodings: Iterable[str] | None = None) -> Session:
+                 encodings: Iterable[str] | None = None,
+                 refusal_budget: RefusalBudget | None = None) -> Session:
         return Session(role, registry=registry, me=self.name, peer=peer,
                        encodings=self.encodings if encodings is None else encodings,
                        signing_key=self.key,
@@ -1130,13 +1147,16 @@ class Agent:
                        limits=self.limits,
                        max_frame_bytes=self.connection_limits.max_frame_bytes,
                        max_pending_frames=self.connection_limits.max_pending_frames,
-                       max_conversations=self.server_limits.max_conversations)
+                       max_conversations=self.server_limits.max_conversations,
+                       refusal_budget=refusal_budget)
 
     def _responder(self) -> Session:
+        """A session for a served connection: it shares the agent's
+        :attr:`refusals` budget (the transport gives it the peer's address)."""
         registry = self._registry()
         for protocol in itertools.chain(self.preloaded, self.learned.protocols()):
             registry.adopt(protocol)
-        return self._session("responder", registry)
+        return self._session("responder", registry, refusal_budget=self.refusals)
 
     async def serve(self, address: str) -> Server:
         """Listen on ``address`` (``HOST:PORT``, port 0 picks one, or ``unix:PATH``) and

@@ -135,6 +135,12 @@ class ServerLimits:
     pending (at least one of each) — one more evicts that address's oldest pending one.
     When the connections or the slots are full, the oldest pending connection of the
     address holding the most is evicted (``busy``) to make room for a newcomer.
+
+    Refusals (a :class:`~cbcl.session.RefusalBudget` the server's sessions share):
+    ``max_refusals`` frames of one peer address refused within ``refusal_window`` seconds
+    (each refusal ends its connection); after that, that address's connections are
+    answered NOT-UNDERSTOOD ``limit`` (``max_refusals``) at their first frame, unread,
+    until the oldest refusal is a window old (ESTABLISHED sessions are not cut).
     Raises ``ValueError`` for a value out of range."""
 
     max_connections: int = 1024
@@ -147,15 +153,20 @@ class ServerLimits:
     compile_queue: int = 16
     pre_handshake_timeout: float = 5.0
     pre_handshake_share: float = 0.125
+    max_refusals: int = 16
+    refusal_window: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_connections_per_peer", "max_sessions",
                      "max_conversations", "max_learned_per_peer"):
             _check_count(name, getattr(self, name))
+        # (at most 1,024: the budget remembers that many times for each of 4,096 addresses)
+        _check_count("max_refusals", self.max_refusals, upper=1024)
         _check_count("compile_workers", self.compile_workers, upper=256)
         _check_count("compile_queue", self.compile_queue, upper=1 << 16, lower=0)
         _check_seconds("slot_timeout", self.slot_timeout)
         _check_seconds("pre_handshake_timeout", self.pre_handshake_timeout)
+        _check_seconds("refusal_window", self.refusal_window)
         _check_fraction("pre_handshake_share", self.pre_handshake_share)
 
     def pending_share(self, total: int) -> int:

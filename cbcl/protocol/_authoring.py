@@ -31,6 +31,7 @@ from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._reader import read
 from ..core._values import INT64_MAX, Symbol, Value, is_name
 from ..grammar._subset import GrammarLimits, rule_name_problem
+from ._agreement import check_schema_against_grammar
 from ._conversation import compile_machine
 from ._descriptor import BODY_RULE, ProtocolDescriptor, read_descriptor
 from ._evaluator import read_functions
@@ -227,7 +228,9 @@ def build_descriptor(id: str, version: int, intents: str | Iterable[str], gramma
     that cannot be one; :class:`DescriptorError` for a bad id, version, expiry or intent
     list, or a section that is not valid; :class:`GrammarError` for a grammar that would
     be refused; :class:`MalformedError`/:class:`LimitError` for section text the reader
-    refuses or a descriptor over ``limits``."""
+    refuses or a descriptor over ``limits``. The schema must agree with the grammar
+    (:func:`cbcl.descriptor.check_schema_against_grammar`): a record field the grammar
+    cannot write, or a type it contradicts, is a :class:`DescriptorError` naming both."""
     ident = protocol_id(id)
     version = _integer("version", version)
     expires = None if expires is None else _integer("expires", expires)
@@ -237,6 +240,9 @@ def build_descriptor(id: str, version: int, intents: str | Iterable[str], gramma
     sections = [section_value(name, source, intents=governed, limits=limits)
                 for name, source in zip(SECTIONS, (schema, conversation, functions),
                                         strict=True) if source is not None]
+    if schema is not None:
+        check_schema_against_grammar(grammar, sections[0], grammar_limits=grammar_limits,
+                                     starts=tuple(dict.fromkeys(r for _, r in entries)))
     payload = _layout(ident, version, expires, entries, grammar, sections, comment)
     built = read_descriptor(payload, limits=limits)
     wanted = (ident, version, expires, entries, grammar,

@@ -65,9 +65,12 @@ witness found that way makes the verdict ``breaking``.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import json
 import math
 import random
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -88,11 +91,12 @@ from typing import Any
 
 from ..core._canonical import canonical_value
 from ..core._errors import CBCLError, DescriptorError, GrammarError
-from ..core._limits import DEFAULT_LIMITS
+from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._reader import read
 from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 from ..core._vocabulary import MAX_DECIMAL_CHARS
-from ..grammar._compile import CompiledGrammar, compile_grammar
+from ..grammar._compile import CompiledGrammar, compile_grammar, run_guarded
+from ..grammar._compile_worker import confine
 from ..grammar._lr import LALR1, analyse
 from ..grammar._subset import (
     NUMBER,
@@ -142,6 +146,7 @@ __all__ = [
     "UNKNOWN",
     "CompatLimits",
     "CompatReport",
+    "CompatVerdict",
     "Compile",
     "Witness",
     "diff_descriptors",
@@ -2368,6 +2373,34 @@ def _keys_changes(where: str, old: Keys, new: Keys) -> Iterator[str]:
             stack.pop()
 
 
+def _length_text(t: ListOf) -> str:
+    return f"{t.min_length or 0} to " \
+           f"{t.max_length if t.max_length is not None else '…'} elements"
+
+
+def _field_change(where: str, key: Keyword, t: SchemaType, u: SchemaType
+                  ) -> Iterator[str | tuple[str, Keys, Keys]]:
+    """How field ``key`` of ``where`` changed from type ``t`` to ``u`` (not equal), as
+    precisely as the types allow: through lists to their elements (``[:xs][*]``), and into
+    nested records and keyword lists, whose keys are yielded as a nested pair to compare."""
+    at, label = f"{where}[{key.text}]", f"{where}: field {key.text}"
+    while isinstance(t, ListOf) and isinstance(u, ListOf):
+        if (t.min_length, t.max_length) != (u.min_length, u.max_length):
+            yield f"{label}: a list of {_length_text(t)} -> a list of {_length_text(u)}"
+        t, u = t.item, u.item
+        label, at = f"{at}[*]: elements", f"{at}[*]"
+        if t == u:
+            return
+    if isinstance(t, (Keys, Record)) and isinstance(u, (Keys, Record)):
+        if isinstance(t, Record) and isinstance(u, Record) and t.heads != u.heads:
+            yield f"{label}: (record {' '.join(t.heads)} …) -> (record {' '.join(u.heads)} …)"
+        elif isinstance(t, Record) != isinstance(u, Record):
+            yield f"{label}: {_type_text(t)} -> {_type_text(u)}"
+        yield (at, t if isinstance(t, Keys) else t.keys, u if isinstance(u, Keys) else u.keys)
+    else:
+        yield f"{label}: {_type_text(t)} -> {_type_text(u)}"
+
+
 def _keys_level(where: str, old: Keys, new: Keys) -> Iterator[str | tuple[str, Keys, Keys]]:
     """The changes of one level of :func:`_keys_changes`; a nested pair of ``keys`` is
     yielded as ``(where, old, new)`` for the caller to compare."""
@@ -2376,11 +2409,8 @@ def _keys_level(where: str, old: Keys, new: Keys) -> Iterator[str | tuple[str, K
             yield f"{where}: field {key.text} removed"
             continue
         u = new.fields[key]
-        if isinstance(t, (Keys, Record)) and isinstance(u, (Keys, Record)):
-            yield (f"{where}[{key.text}]", t if isinstance(t, Keys) else t.keys,
-                   u if isinstance(u, Keys) else u.keys)
-        elif t != u:
-            yield f"{where}: field {key.text}: {_type_text(t)} -> {_type_text(u)}"
+        if t != u:
+            yield from _field_change(where, key, t, u)
         if (key in old.required) != (key in new.required):
             yield f"{where}: field {key.text} made " \
                   f"{'required' if key in new.required else 'optional'}"
@@ -2415,3 +2445,148 @@ def _schema_changes(old: Schema | None, new: Schema | None) -> Iterator[str]:
     if old is not None and [r.heads for r in old.records if r.heads in after] != [
             r.heads for r in new.records if r.heads in before]:
         yield "schema: records reordered"
+
+
+# --------------------------------------------------------------------------- in a worker
+#
+# A registry's policy check (spec/trust.md §6.1) compares an offer, from a peer, with the
+# accepted descriptor: work bounded by CompatLimits, but seconds of CPU at those bounds.
+# So a registry that isolates its compiles runs the comparison as it runs a compile, in the
+# guarded worker (cbcl.grammar._compile.run_guarded: CPU, wall-clock and memory limits, a
+# lower priority, cancelled when nobody waits), under its compile gate: compare_guarded
+# sends both descriptors' documents and the limits as JSON, the worker (worker_main) reads
+# them back, compares them (compiling the grammars in the worker, guarded as a whole) and
+# replies with the verdict alone (CompatVerdict), which the parent checks before use. A
+# worker that fails, overruns or is killed gives an ``unknown`` verdict saying why, so the
+# update is refused (TrustError ``incompatible``), never the connection dropped.
+
+
+#: How a :class:`CompatVerdict`'s reason starts when a grammar could not be compiled (a
+#: verdict of this process's limits, not of the pair: never remembered).
+UNCOMPILED = "a grammar cannot be compiled here: "
+
+
+@dataclass(frozen=True, slots=True)
+class CompatVerdict:
+    """What a registry needs of a :class:`CompatReport`: the verdict, its first witness
+    (intent, the side that accepts it: ``"old"`` or ``"new"``, its canonical text) or
+    ``None``, and the first reason (``""`` if none)."""
+
+    verdict: str
+    witness: tuple[str, str, str] | None
+    reason: str
+
+
+def compare(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | bytes, *, mode: str,
+            limits: CompatLimits, grammar_limits: GrammarLimits,
+            compile: Compile | None) -> CompatVerdict:
+    """:func:`diff_descriptors`' verdict as a :class:`CompatVerdict`; a grammar that
+    cannot be compiled (``GrammarError``) gives ``unknown``, saying so. Raises as
+    :func:`diff_descriptors` otherwise."""
+    try:
+        report = diff_descriptors(old, new, mode=mode, limits=limits, compile=compile,
+                                  grammar_limits=grammar_limits)
+    except GrammarError as exc:
+        return CompatVerdict(UNKNOWN, None, UNCOMPILED + exc.one_line())
+    witness = None
+    if report.witnesses:
+        first = report.witnesses[0]
+        witness = (first.intent.value, first.accepted_by, first.text)
+    return CompatVerdict(report.verdict, witness, report.reasons[0] if report.reasons else "")
+
+
+def descriptor_document(descriptor: ProtocolDescriptor) -> bytes:
+    """A document that :func:`read_descriptor` reads back as ``descriptor`` (but for its
+    digest, which names the original bytes): each field in the canonical form."""
+    rules = dict(descriptor.intent_rules)
+    intents: list[Value] = [Symbol(intent.value) if intent not in rules else
+                            (Symbol(intent.value), Symbol(rules[intent]))
+                            for intent in descriptor.intents]
+    fields: list[Value] = [
+        Symbol("protocol-descriptor"), (Symbol("id"), descriptor.id),
+        (Symbol("version"), descriptor.version)]
+    if descriptor.expires is not None:
+        fields.append((Symbol("expires"), descriptor.expires))
+    fields.append((Symbol("intents"), *intents))
+    fields.append((Symbol("grammar"), descriptor.grammar))
+    for section in (descriptor.schema, descriptor.conversation, descriptor.functions):
+        if section is not None:
+            fields.append(section)
+    return canonical_value(tuple(fields)).encode()
+
+
+def _fields_of(limits: Any) -> dict[str, int]:
+    return {f.name: getattr(limits, f.name) for f in dataclasses.fields(limits) if f.init}
+
+
+#: The worker's entry (module, function) for :func:`compare_guarded`.
+COMPARE_ENTRY = ("cbcl.protocol._compat", "worker_main")
+#: The longest reply a comparing worker may write (a verdict, a witness's text, a reason).
+MAX_VERDICT_BYTES = 1 << 20
+
+
+def compare_guarded(old: ProtocolDescriptor, new: ProtocolDescriptor, *, mode: str,
+                    limits: CompatLimits, grammar_limits: GrammarLimits,
+                    read_limits: Limits, timeout: float, memory: int,
+                    cancelled: Callable[[], bool] | None,
+                    max_table_bytes: int) -> CompatVerdict:
+    """:func:`compare` in a guarded worker process (see the section's comment): at most
+    ``timeout`` seconds of its CPU (three times that of wall clock) and ``memory`` bytes,
+    stopped when ``cancelled()``; each grammar compiled there within ``max_table_bytes``.
+    A worker that fails, overruns or replies with anything but a verdict gives
+    ``unknown`` with the reason. Raises :class:`LimitError` when it is cancelled or no
+    worker can be started."""
+    request = {"old": descriptor_document(old).decode(), "new": descriptor_document(new).decode(),
+               "mode": mode, "limits": _fields_of(limits),
+               "grammar_limits": _fields_of(grammar_limits),
+               "read_limits": _fields_of(read_limits), "max_table_bytes": max_table_bytes}
+    try:
+        out = run_guarded(request, COMPARE_ENTRY, timeout=timeout, memory=memory,
+                          cancelled=cancelled, max_reply=MAX_VERDICT_BYTES)
+    except GrammarError as exc:
+        return CompatVerdict(UNKNOWN, None, exc.message)
+    try:
+        reply = json.loads(out)
+        if type(reply) is not dict:
+            raise ValueError
+        if "error" in reply:
+            error = reply["error"]
+            if type(error) is not str:
+                raise ValueError
+            return CompatVerdict(UNKNOWN, None, "the analysis refused: " + error)
+        verdict, witness, reason = reply["verdict"], reply["witness"], reply["reason"]
+        if verdict not in (COMPATIBLE, BREAKING, UNKNOWN) or type(reason) is not str or not (
+                witness is None or (type(witness) is list and len(witness) == 3 and all(
+                    type(part) is str for part in witness)
+                    and witness[1] in ("old", "new"))):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        return CompatVerdict(UNKNOWN, None, "the analysis worker's reply is malformed")
+    return CompatVerdict(verdict, None if witness is None else tuple(witness), reason)
+
+
+def worker_main() -> int:
+    """The comparing worker (:data:`COMPARE_ENTRY`): one JSON request on stdin, one JSON
+    reply on stdout — ``{"verdict", "witness", "reason"}``, or ``{"error": TEXT}`` for a
+    descriptor or a limit the analysis refuses."""
+    request = json.loads(sys.stdin.buffer.read())
+    confine(request)
+    grammar_limits = GrammarLimits(**request["grammar_limits"])
+    read_limits = Limits(**request["read_limits"])
+    max_table_bytes = int(request["max_table_bytes"])
+    try:
+        old = read_descriptor(request["old"].encode(), limits=read_limits)
+        new = read_descriptor(request["new"].encode(), limits=read_limits)
+        found = compare(old, new, mode=request["mode"],
+                        limits=CompatLimits(**request["limits"]),
+                        grammar_limits=grammar_limits,
+                        compile=lambda d: compile_grammar(d.grammar, grammar_limits,
+                                                          starts=d.start_rules,
+                                                          max_table_bytes=max_table_bytes))
+    except CBCLError as exc:
+        reply: dict[str, Any] = {"error": exc.one_line()}
+    else:
+        reply = {"verdict": found.verdict, "witness": found.witness, "reason": found.reason}
+    sys.stdout.buffer.write(json.dumps(reply, separators=(",", ":")).encode())
+    sys.stdout.buffer.flush()
+    return 0

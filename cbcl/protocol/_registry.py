@@ -50,7 +50,14 @@ from ..grammar._compile import (
 from ..grammar._lalr import table_bytes
 from ..grammar._lr import LALR1
 from ..grammar._subset import GrammarLimits, check_starts
-from ._compat import COMPATIBLE, CompatLimits, diff_descriptors
+from ._compat import (
+    COMPATIBLE,
+    UNCOMPILED,
+    CompatLimits,
+    CompatVerdict,
+    compare,
+    compare_guarded,
+)
 from ._descriptor import ProtocolDescriptor, digest_of, read_descriptor
 from ._protocol import Protocol
 from ._state import StateRecord, StateStore
@@ -567,25 +574,19 @@ class Registry:
                    f"{self.grammar_limits!r}")
             verdict: tuple[str, str] | None = self.grammar_cache.verdicts.recall(key)
             if verdict is None:
-                try:
-                    report = diff_descriptors(
-                        old, descriptor, mode=mode, limits=self.compat_limits,
-                        compile=lambda d: self.compiled(d.grammar, starts=d.start_rules),
-                        grammar_limits=self.grammar_limits)
-                except GrammarError as exc:  # the accepted grammar, refused here now
-                    verdict = ("unknown", "a grammar cannot be compiled here: "
-                               + _peer(exc.one_line()))
+                found = self._compare(old, descriptor, mode)
+                if found.witness is not None:
+                    intent, accepted_by, text = found.witness
+                    by, not_by = (old, descriptor) if accepted_by == "old" \
+                        else (descriptor, old)
+                    detail = (f"witness {intent}: accepted by version {by.version}, "
+                              f"refused by version {not_by.version}: {_peer(text)}")
+                elif found.reason.startswith(UNCOMPILED):
+                    detail = UNCOMPILED + _peer(found.reason[len(UNCOMPILED):])
                 else:
-                    if report.witnesses:
-                        w = report.witnesses[0]
-                        by, not_by = (old, descriptor) if w.accepted_by == "old" \
-                            else (descriptor, old)
-                        detail = (f"witness {w.intent.value}: accepted by version "
-                                  f"{by.version}, refused by version {not_by.version}: "
-                                  f"{_peer(w.text)}")
-                    else:
-                        detail = _peer(report.reasons[0]) if report.reasons else ""
-                    verdict = (report.verdict, detail)
+                    detail = _peer(found.reason) if found.reason else ""
+                verdict = (found.verdict, detail)
+                if not found.reason.startswith(UNCOMPILED):
                     self.grammar_cache.verdicts.remember(key, verdict)
             if verdict[0] != COMPATIBLE:
                 raise TrustError(_FAILED, reason=f"incompatible: {ident} version "
@@ -595,6 +596,29 @@ class Registry:
                                  cause="incompatible")
             checked.add(old.digest)
         return frozenset(checked)
+
+    def _compare(self, old: ProtocolDescriptor, new: ProtocolDescriptor,
+                 mode: str) -> CompatVerdict:
+        """The policy's comparison of ``new`` with ``old``: compile work, so where this
+        registry isolates its compiles it runs in the guarded worker under the compile
+        gate (:func:`~cbcl.protocol._compat.compare_guarded`: its CPU, memory and time
+        limits, stopped when the registry is abandoned), else here. Raises
+        :class:`LimitError` when the gate or the worker refuses it."""
+        if not self.isolate:
+            return compare(old, new, mode=mode, limits=self.compat_limits,
+                           grammar_limits=self.grammar_limits,
+                           compile=lambda d: self.compiled(d.grammar, starts=d.start_rules))
+        gate = self.compile_gate
+        with contextlib.nullcontext() if gate is None else gate.slot(self.compile_wait):
+            if self._abandoned:
+                raise LimitError("the comparison was abandoned: nobody waits for it",
+                                 limit="abandoned", maximum=0)
+            return compare_guarded(old, new, mode=mode, limits=self.compat_limits,
+                                   grammar_limits=self.grammar_limits,
+                                   read_limits=self.limits, timeout=self.compile_timeout,
+                                   memory=self.compile_memory,
+                                   cancelled=lambda: self._abandoned,
+                                   max_table_bytes=self.max_compiled_bytes)
 
     def _binding_applies(self, ident: str) -> bool:
         """Trust on first use governs ids the policy has no ``(protocol …)`` rule for."""

@@ -771,6 +771,73 @@ def check_schema(schema: Schema | Value, body: Value, *, path: str = "$.body") -
     _explain(record, body, path)
 
 
+# --------------------------------------------------------------------------- coercion
+
+_COERCE_DEPTH = MAX_TYPE_DEPTH + 2  # (a compiled type is at most MAX_TYPE_DEPTH deep)
+
+
+def coerce_body(schema: Schema | Value, body: Value) -> Value:
+    """``body`` with each ``str`` that the schema types as a symbol, keyword or URI made
+    one (spec/conversations.md §2.3): a field typed ``symbol``, ``keyword``, ``uri`` or
+    ``boolean``, or a ``one-of`` that lists the symbol (keyword, URI) the string spells and
+    not the string itself. ``"EUR"`` for ``(:currency (one-of EUR USD))`` becomes the
+    symbol ``EUR``, ``":size"`` or ``"size"`` for a ``keyword`` the keyword ``:size``.
+    Nothing else changes: a ``str`` that is not a valid symbol, keyword or URI stays a
+    ``str`` (the check then says why), a float is never made a decimal, a body whose head
+    no record names is returned as it is. Raises :class:`DescriptorError` for a malformed
+    schema section, nothing for any body."""
+    compiled = schema if isinstance(schema, Schema) else compile_schema(schema)
+    record = compiled.record_for(body)
+    return body if record is None else _coerce(record, body, 0)
+
+
+def _coerce(t: SchemaType, value: Value, depth: int) -> Value:
+    if depth > _COERCE_DEPTH:
+        return value
+    if type(value) is str:
+        return _coerce_text(t, value)
+    if type(value) is not tuple:
+        return value
+    if isinstance(t, ListOf):
+        items = tuple(_coerce(t.item, item, depth + 1) for item in value)
+        return value if all(map(is_, items, value)) else items
+    if isinstance(t, Record):
+        keys, start = t.keys, len(t.heads)
+    elif isinstance(t, Keys):
+        keys, start = t, 0
+    else:
+        return value
+    out = list(value)
+    for i in range(start + 1, len(out), 2):
+        key = out[i - 1]
+        child = keys.fields.get(key, keys.other) if type(key) is Keyword else None
+        if child is not None:
+            out[i] = _coerce(child, out[i], depth + 1)
+    return value if all(map(is_, out, value)) else tuple(out)
+
+
+def _coerce_text(t: SchemaType, text: str) -> Value:
+    """``text`` as the atom ``t`` says it is, when it can be one; else ``text``."""
+    kinds: tuple[type, ...]
+    if isinstance(t, AtomType):
+        kinds = {"symbol": (Symbol,), "boolean": (Symbol,), "keyword": (Keyword,),
+                 "uri": (URI,)}.get(t.kind, ())
+    elif isinstance(t, OneOf) and text not in [v for v in t.values if type(v) is str]:
+        kinds = tuple(dict.fromkeys(type(v) for v in t.values
+                                    if type(v) in (Symbol, Keyword, URI)))
+    else:
+        kinds = ()
+    for kind in kinds:
+        try:
+            atom: Symbol | Keyword | URI = kind(text)
+        except ValueError:
+            continue
+        if isinstance(t, OneOf) and not _one_of(t, atom):
+            continue
+        return atom
+    return text
+
+
 try:
     from .._native import schema_valid as _native_schema_valid
 except ImportError:  # not built: the explaining pass alone
