@@ -45,7 +45,7 @@ from cbcl import (
 )
 from cbcl.demo import respond
 from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits, PeerFailed
-from cbcl.net._nats import subject_token, token_text
+from cbcl.net._nats import NatsConnection, subject_token, token_text
 from cbcl.session._bootstrap import not_understood_frame
 
 ROOT = Path(__file__).parent.parent
@@ -733,21 +733,23 @@ def accept_for(task: str) -> Any:
 
 def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
     """Three nodes; the contractors and one manager are connected to the node that is
-    killed (SIGKILL) in the middle of the run. The clients move to the other nodes, the
-    lost frames are repeated, and every conversation completes, each message handled
-    once."""
+    killed (SIGKILL) in the middle of the run, while each link has 8 conversations in
+    flight at once. The clients move to the other nodes, every conversation's lost frame
+    is repeated (not only the link's last), and every conversation completes, each
+    message handled once."""
     seen: dict[tuple[str, str, str], int] = {}
+    in_flight, rounds = 8, 2
+    links_made = 2 * 3
 
     def contractor(name: str) -> Agent:
         def handle(message: Message, context: Context) -> Message | None:
             key = (name, str(message.conversation_id), message.intent.value)
             seen[key] = seen.get(key, 0) + 1
-            if len(seen) == 24 and kill is not None:
+            if len(seen) == links_made * in_flight * 2 and kill is not None:
                 kill()  # the node dies while this contractor holds a message unanswered
             return respond(message, context)
         return Agent(name, key=keys.pair, trust=keys.store, handler=handle)
 
-    conversations = 12
     done: list[str] = []
     kill: Callable[[], None] | None = None
 
@@ -772,31 +774,42 @@ def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
                 moved = [*buses, managers[1]]
                 links = [(m, name, await m.open_link(name, descriptor=keys.signed))
                          for m in managers for name in names]
-                async def converse(manager: NatsBus, name: str, link: Any) -> None:
-                    for number in range(conversations):
-                        task = f"t-{manager.me[-1]}-{name[-1]}-{number}"
-                        conversation = link.conversation(f"job-{task}")
-                        proposal = await conversation.send(Intent.CFP, cfp_for(task))
-                        assert proposal is not None and proposal.intent is Intent.PROPOSE
-                        result = await conversation.send(Intent.ACCEPT, accept_for(task))
-                        assert result is not None and result.intent is Intent.INFORM
-                        done.append(task)
+                assert len(links) == links_made
 
-                await asyncio.gather(*(converse(m, n, link) for m, n, link in links))
+                async def converse(manager: NatsBus, name: str, link: Any, task: str) -> None:
+                    conversation = link.conversation(f"job-{task}")
+                    proposal = await conversation.send(Intent.CFP, cfp_for(task))
+                    assert proposal is not None and proposal.intent is Intent.PROPOSE
+                    result = await conversation.send(Intent.ACCEPT, accept_for(task))
+                    assert result is not None and result.intent is Intent.INFORM
+                    done.append(task)
+
+                async def run_link(manager: NatsBus, name: str, link: Any) -> None:
+                    for wave in range(rounds):  # `in_flight` conversations at once
+                        await asyncio.gather(*(
+                            converse(manager, name, link,
+                                     f"t-{manager.me[-1]}-{name[-1]}-{wave}-{number}")
+                            for number in range(in_flight)))
+
+                await asyncio.gather(*(run_link(m, n, link) for m, n, link in links))
                 # The clients of the dead node moved to a live one.
                 dead = cluster.nodes[1].url.rsplit(":", 1)[1]
                 for bus in [*buses, *managers]:
                     url = bus.client.connected_url
                     assert url is not None and str(url.port) != dead
                     assert bus.client.stats["reconnects"] >= (bus in moved)
+                retransmits.append(sum(m.stats["retransmits"] for m in managers))
 
             assert cluster.nodes[1].process is not None
             assert cluster.nodes[1].process.poll() is not None  # it really died
 
-        run(body, timeout=90)
+        retransmits: list[int] = []
+        run(body, timeout=120)
 
-    assert len(done) == len(set(done)) == 2 * 3 * conversations  # none lost
-    assert len(seen) == 2 * 2 * 3 * conversations and set(seen.values()) == {1}  # none twice
+    conversations = links_made * in_flight * rounds  # 96
+    assert len(done) == len(set(done)) == conversations  # none lost
+    assert len(seen) == 2 * conversations and set(seen.values()) == {1}  # none twice
+    assert retransmits[0] >= 1  # frames were lost and repeated
 
 
 async def until(condition: Callable[[], bool], deadline: float = 20.0) -> None:
@@ -855,6 +868,28 @@ def test_a_lost_frame_is_repeated_and_a_lost_answer_resent(server: NatsNode,
 
     run(body)
     assert handled == ["CFP", "ACCEPT"]
+
+
+@pytest.mark.parametrize("threads", [3, 4])
+def test_frames_kept_to_repeat_n_threads_kept_n_plus_one_drops_the_oldest(
+        server: NatsNode, keys: Keys, threads: int) -> None:
+    """The opener keeps the latest frame of each thread of a link (the handshake, each
+    conversation) to repeat, for at most ``reply_cache`` threads: one more drops the
+    oldest (the peer could not answer its repeat from its cache anyway)."""
+    async def body() -> None:
+        limits = NatsLimits(reply_cache=3)
+        async with bus_of(serving_agent(keys, []), server.url) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url, limits=limits) as bus:
+            await served.serve()
+            link = await bus.open_link(SERVER, descriptor=keys.signed)
+            connection = link.connection
+            assert isinstance(connection, NatsConnection) and not connection._resend
+            for number in range(threads):
+                connection._arm(f"c{number}", "cbcl.nowhere", b"frame %d" % number)
+            kept = list(connection._resend)
+            assert kept == [f"c{number}" for number in range(threads)][-3:]
+
+    run(body)
 
 
 # --------------------------------------------------------------------------- the command line

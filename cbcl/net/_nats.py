@@ -19,7 +19,8 @@ replay window, the transcript hash and the conversation machine.
   on another conversation's subject is refused. An empty message is the end of the
   stream.
 - NATS delivers at most once; a node that fails loses what was in flight. The opener of a
-  link repeats its last frame when nothing came back within ``retransmit_after``; the
+  link repeats its latest frame of each thread (the handshake, each conversation, each
+  message without one) when that thread got no answer within ``retransmit_after``; the
   other side drops a frame it has seen (by SHA-256, ``dedupe_window``) and answers a
   repeat with what it answered the first time (``reply_cache``). So a lost frame costs a
   repeat and no message reaches a session twice.
@@ -162,12 +163,13 @@ class NatsLimits:
     (a token bucket; beyond it ``busy``); ``remembered_sessions``: ended session ids kept,
     so a replayed first frame is dropped; ``dedupe_window``: frame digests remembered per
     session (a repeat is dropped); ``reply_cache``: received frames per session whose
-    answers are kept to answer a repeat; ``retransmit_after``/``max_retransmits``: when and
-    how often the opener of a link repeats its last frame; ``max_token_bytes``: the longest
-    subject token (URI, conversation id); ``pending_msgs``: messages nats-py buffers per
-    subscription (beyond: dropped, a slow consumer); ``max_call_replies``: answers taken
-    for one :meth:`NatsBus.fan_out`; ``request_timeout``: every NATS request (JetStream
-    API and publish acknowledgements) and the connect.
+    answers are kept to answer a repeat, and the threads (handshake, conversations) whose
+    latest frame an opener keeps to repeat; ``retransmit_after``/``max_retransmits``: when
+    and how often the opener of a link repeats a thread's latest frame; ``max_token_bytes``:
+    the longest subject token (URI, conversation id); ``pending_msgs``: messages nats-py
+    buffers per subscription (beyond: dropped, a slow consumer); ``max_call_replies``:
+    answers taken for one :meth:`NatsBus.fan_out`; ``request_timeout``: every NATS request
+    (JetStream API and publish acknowledgements) and the connect.
 
     Durable delivery: ``durable_batch`` messages fetched at once; ``ack_wait`` before an
     unacknowledged message is delivered again, at most ``max_deliver`` times;
@@ -250,6 +252,23 @@ def _unframe(data: bytes) -> list[bytes]:
 # --------------------------------------------------------------------------- a session
 
 
+#: A thread of a link whose frames the opener repeats: the handshake (``None``), a
+#: conversation (its subject token), a message without one (``("_", message id)``).
+_Thread = str | tuple[str, str] | None
+
+
+@dataclass(slots=True)
+class _Resend:
+    """The opener's latest frame of one thread: where it went, when to repeat it next,
+    how often it was repeated."""
+
+    subject: str
+    data: bytes
+    reply: str
+    at: float
+    count: int = 0
+
+
 class NatsConnection(Connection):
     """A :class:`Session` whose frames travel as NATS messages: the
     :class:`~cbcl.net._transport.Connection` of the NATS edge, so a :class:`~cbcl.net.Link` runs on
@@ -280,9 +299,10 @@ class NatsConnection(Connection):
         self._frame_of: OrderedDict[str, bytes] = OrderedDict()
         self._suffix: str | None = None  # its conversation token (None: a handshake subject)
         self._last_activity = self._loop.time()
-        self._resend: tuple[str, bytes, str] | None = None
-        self._resent = 0
-        self._resend_at = 0.0
+        # The opener's frames awaiting an answer, one per thread of the link: the
+        # handshake (None), each conversation (its subject token), and each message without
+        # a conversation (("_", its id)). An answer on that thread clears its entry.
+        self._resend: dict[_Thread, _Resend] = {}
         self._peer_checked = False
         self._closed = False
         self._no_responders = False
@@ -325,6 +345,11 @@ class NatsConnection(Connection):
 
     async def _accepted(self, event: Event) -> None:
         await self._check_subjects(event)  # (Connection.next_event's hook)
+        if isinstance(event, ProtocolMessage) and event.message.conversation_id is None \
+                and event.message.in_reply_to is not None:
+            self._resend.pop((NO_CONVERSATION, event.message.in_reply_to), None)
+        elif not isinstance(event, ProtocolMessage):
+            self._resend.pop(None, None)  # the handshake was answered
         if isinstance(event, ProtocolMessage) and self._current is not None:
             self._frame_of[event.message.message_id] = self._current
             while len(self._frame_of) > self.bus.limits.reply_cache:
@@ -386,28 +411,35 @@ class NatsConnection(Connection):
                 raise ConnectionLost(f"no agent {peer_text(self.peer, 60)} listens on the bus")
             if self._inbox:
                 self._last_activity = self._loop.time()
-                if self._resend is not None:
-                    self._resend = None  # an answer came: nothing to repeat
-                return self._inbox.popleft()
+                suffix, payload = self._inbox.popleft()
+                # An answer on a thread: nothing of it to repeat (a message without a
+                # conversation is answered by its in-reply-to: see _accepted).
+                if suffix != NO_CONVERSATION:
+                    self._resend.pop(suffix, None)
+                return suffix, payload
             now = self._loop.time()
             deadline = self._last_activity + limits.idle_timeout
             why = f"no message for {limits.idle_timeout:g} s"
             if self.session.state not in _HANDSHAKE_OVER and self._handshake_deadline < deadline:
                 deadline = self._handshake_deadline
                 why = f"the handshake did not finish within {limits.handshake_timeout:g} s"
-            wake = deadline
-            if self._resend is not None and self._resent < self.bus.limits.max_retransmits:
-                wake = min(wake, self._resend_at)
             if now >= deadline:
                 await self._time_out(why)
-            if self._resend is not None and now >= self._resend_at \
-                    and self._resent < self.bus.limits.max_retransmits:
-                subject, data, reply = self._resend
-                self._resent += 1
-                self.retransmits += 1
-                self.bus.stats["retransmits"] += 1
-                self._resend_at = now + self.bus.limits.retransmit_after * (1 + self._resent)
-                await self.bus._publish(subject, data, reply)
+            wake = deadline
+            repeated = False
+            for thread, entry in list(self._resend.items()):
+                if entry.count >= self.bus.limits.max_retransmits:
+                    del self._resend[thread]  # given up: the deadlines decide
+                elif now >= entry.at:
+                    entry.count += 1
+                    entry.at = now + self.bus.limits.retransmit_after * (1 + entry.count)
+                    self.retransmits += 1
+                    self.bus.stats["retransmits"] += 1
+                    repeated = True
+                    await self.bus._publish(entry.subject, entry.data, entry.reply)
+                else:
+                    wake = min(wake, entry.at)
+            if repeated:
                 continue
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
@@ -416,11 +448,16 @@ class NatsConnection(Connection):
 
     # ----------------------------------------------------------------- output
 
-    def _arm(self, subject: str, data: bytes, reply: str = "") -> None:
+    def _arm(self, thread: _Thread, subject: str, data: bytes, reply: str = "") -> None:
+        """Keep ``data`` (the opener's latest frame of ``thread``) to repeat until that
+        thread is answered; a later frame of the thread replaces it."""
         if self.opener:
-            self._resend = (subject, data, reply)
-            self._resent = 0
-            self._resend_at = self._loop.time() + self.bus.limits.retransmit_after
+            self._resend.pop(thread, None)  # (re-inserted last: the oldest stay first)
+            limits = self.bus.limits
+            self._resend[thread] = _Resend(subject, data, reply,
+                                           self._loop.time() + limits.retransmit_after)
+            while len(self._resend) > limits.reply_cache:  # (what the peer can answer)
+                self._resend.pop(next(iter(self._resend)))
             self._arrived.set()  # the pump's wait recomputes its wake-up time
 
     async def _emit(self, subject: str, data: bytes, reply: str = "", *,
@@ -441,7 +478,7 @@ class NatsConnection(Connection):
         for payload in _unframe(data):
             await self._emit(self.out_subject, payload)
             if self.session.state not in _HANDSHAKE_OVER:
-                self._arm(self.out_subject, payload)  # the initiator's Finished awaits one
+                self._arm(None, self.out_subject, payload)  # the Finished awaits one
 
     async def send(self, event: Event) -> int:
         """Send ``event``: the first frame (the QUERY) on the peer's agent subject, the rest
@@ -451,11 +488,15 @@ class NatsConnection(Connection):
             return 0
         payload = data[PREFIX_BYTES:]
         answering = None
+        thread: _Thread = None
         if isinstance(event, Query) and self._first_subject is not None:
             subject, reply = self._first_subject, self.inbox
             self._first_subject = None
         elif isinstance(event, ProtocolMessage):
-            subject = f"{self.out_subject}.{self.bus._cid_token(event.message.conversation_id)}"
+            token = self.bus._cid_token(event.message.conversation_id)
+            thread = token if token != NO_CONVERSATION \
+                else (NO_CONVERSATION, event.message.message_id)
+            subject = f"{self.out_subject}.{token}"
             reply = ""
             # A reply answers the frame its message came in (handlers run beside the pump,
             # so the frame being handled now may be a later one); anything else, none
@@ -468,9 +509,9 @@ class NatsConnection(Connection):
         await self._emit(subject, payload, reply, answering=answering)
         step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
         if step is not None and step.finished:
-            self._resend = None
+            self._resend.pop(thread, None)
         else:
-            self._arm(subject, payload, reply)
+            self._arm(thread, subject, payload, reply)
         return len(data)
 
     async def close(self) -> None:
