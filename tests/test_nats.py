@@ -384,14 +384,15 @@ def test_hostile_publishers_on_an_agent_subject(server: NatsNode, keys: Keys) ->
             await served.serve()
             raw = await Raw.open(server.url)
             try:
-                # Garbage: refused malformed, answered on the reply subject, like over TCP.
+                # Garbage, an oversize frame (more than a handshake frame may hold, 132
+                # KiB), a CBCL message of the wrong kind before the handshake: refused,
+                # and not answered — no sender names the reply subject's agent, so the
+                # reply subject is only the publisher's claim.
+                unanswered = served.stats["unanswered"]
                 await raw.start(b"\x00\xffnot a message")
-                assert not_understood_code(await raw.answer()) == "malformed"
-                # Oversize: more than a handshake frame may hold (132 KiB), refused unread.
                 await raw.start(b"(" * (140 * 1024))
-                assert not_understood_code(await raw.answer()) == "limit"
-                # A CBCL message of the wrong kind before the handshake.
                 await raw.start(not_understood_frame("busy", now=1)[4:])
+                await wait_for(lambda: served.stats["unanswered"] >= unanswered + 2)
                 assert await raw.nothing()
                 # No reply subject, or one that is not a session subject for this agent:
                 # dropped, nothing is written anywhere.
@@ -402,9 +403,12 @@ def test_hostile_publishers_on_an_agent_subject(server: NatsNode, keys: Keys) ->
                 await raw.start(b"x", reply=raw.reply_subject(sid="0" * 31))
                 await wait_for(lambda: served.stats["refused"] == before + 4)
                 assert await raw.nothing()
-                # A QUERY whose sender is not the peer its reply subject names.
+                # A QUERY whose sender is not the peer its reply subject names: dropped,
+                # unanswered (test_no_reply_reaches_a_spoofed_subject).
+                spoofed = served.stats["spoofed"]
                 await raw.start(query_frame(keys, me="agent://test/client"))
-                assert not_understood_code(await raw.answer()) == "malformed"
+                await wait_for(lambda: served.stats["spoofed"] == spoofed + 1)
+                assert await raw.nothing()
                 # A well-formed QUERY is answered; the same frame again (a repeat) gets the
                 # same answer, and nothing more; once the session is over, a replay of it
                 # is dropped.
@@ -479,6 +483,68 @@ def test_hostile_publisher_on_a_session_subject(server: NatsNode, keys: Keys) ->
                 await wait_for(lambda: served.stats["unknown"] == unknown + 1)
         finally:
             await watcher.close()
+
+    run(body)
+
+
+def test_no_reply_reaches_a_spoofed_subject(server: NatsNode, keys: Keys) -> None:
+    """An attacker publishes first frames whose reply subject names a victim — with the
+    session id of the victim's live session with the server, and with fresh ones — and
+    whose sender is the attacker, or which do not parse, or which come when the server is
+    full. A client subscribed as the victim sees nothing at all from the server, the
+    victim's live session goes on, and the attacker's own well-formed QUERY is answered on
+    its own subject."""
+    async def body() -> None:
+        limits = NatsLimits(max_sessions=4)
+        victim_seen: list[tuple[str, bytes]] = []
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as victim:
+            await served.serve()
+            link = await victim.open_link(SERVER, descriptor=keys.signed)
+            (_, live_sid, _), = victim._sessions
+            watcher = await nats.connect(server.url)  # subscribed as the victim
+
+            async def keep(msg: Any) -> None:
+                victim_seen.append((msg.subject, msg.data))
+            await watcher.subscribe(f"cbcl.s.{subject_token(CLIENT)}.>", cb=keep)
+            await watcher.flush()
+            raw = await Raw.open(server.url)
+            try:
+                def victims_subject(sid: str | None = None) -> str:
+                    return (f"cbcl.s.{subject_token(CLIENT)}.{subject_token(SERVER)}."
+                            f"{sid or os.urandom(16).hex()}.i")
+
+                before = dict(served.stats)
+                frames = [query_frame(keys), b"\x00garbage", b"(" * (140 * 1024)]
+                for frame in frames:  # the attacker's QUERY, garbage, oversize
+                    await raw.start(frame, reply=victims_subject(live_sid))
+                    await raw.start(frame, reply=victims_subject())
+                live = {(subject_token(CLIENT), live_sid, "r")}
+                await wait_for(lambda: served.stats["spoofed"] == before["spoofed"] + 1
+                               and served.stats["replays"] == before["replays"] + 3
+                               and served.stats["unanswered"] >= before["unanswered"] + 2
+                               and served._sessions.keys() == live)
+                # The server full (the victim's session and the attacker's own): a
+                # spoofed first frame would be refused busy, and is not answered either.
+                owns = []
+                for _ in range(3):
+                    owns.append(await raw.start(query_frame(keys)))
+                    assert b"(receiver agent://test/evil)" in await raw.answer()
+                await raw.start(query_frame(keys), reply=victims_subject())
+                await wait_for(lambda: served.stats["busy"] == before["busy"] + 1)
+                for own in owns:
+                    await raw.client.publish(own.replace(".i", ".r").replace(
+                        f"cbcl.s.{raw.token}.{subject_token(SERVER)}",
+                        f"cbcl.s.{subject_token(SERVER)}.{raw.token}"), b"")
+                await wait_for(lambda: served._sessions.keys() == live)
+                assert victim_seen == []  # nothing was ever published as to the victim
+                assert victim.stats["unknown"] == 0
+                # The victim's session was not touched.
+                answer = await link.conversation().send(Intent.CFP, CFP_BODY)
+                assert answer is not None and answer.intent is Intent.PROPOSE
+            finally:
+                await raw.client.close()
+                await watcher.close()
 
     run(body)
 

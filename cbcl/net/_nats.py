@@ -27,8 +27,9 @@ replay window, the transcript hash and the conversation machine.
 - A publisher on an agent's subject is an unauthenticated peer: every first frame starts
   a session under the limits of TCP (frame size, pending frames, handshake and idle
   deadlines) and of :class:`NatsLimits` (sessions at once, starts per second, session ids
-  remembered so a replayed first frame is dropped). Refusals are NOT-UNDERSTOOD values,
-  sent only to a subject that names the refused peer.
+  remembered so a replayed first frame is dropped). A reply subject is the publisher's
+  claim: nothing (answer, refusal, end of stream) is published on it until the first
+  message's sender is the agent it names (:meth:`NatsConnection._answers_peer`).
 - :meth:`NatsBus.fan_out` publishes one call on a group subject many agents listen on
   (:meth:`NatsBus.join`); every member answers with its name, and each gets its own
   session and conversation.
@@ -304,6 +305,10 @@ class NatsConnection(Connection):
         # a conversation (("_", its id)). An answer on that thread clears its entry.
         self._resend: dict[_Thread, _Resend] = {}
         self._peer_checked = False
+        # Whether this side may publish on the session's subjects: an opener chose its
+        # peer; a responder only once the session's peer (the first message's sender) is
+        # the one the subjects name — never onto another agent's subjects.
+        self._peer_ok: bool | None = True if opener else None
         self._closed = False
         self._no_responders = False
         #: Frames dropped as repeats, and frames this side repeated.
@@ -374,14 +379,11 @@ class NatsConnection(Connection):
         session = self.session
         if not self._peer_checked and session.peer is not None:
             self._peer_checked = True
-            try:
-                named = subject_token(str(session.peer), limit=self.bus.limits.max_token_bytes)
-            except (ValueError, CBCLError):
-                named = ""
-            if named != self.key[0]:
-                await self._refuse("malformed", f"the session subject names "
-                                   f"{peer_text(self.key[0], 40)}, not the sender "
-                                   f"{peer_text(session.peer, 40)}")
+            if not self._answers_peer():
+                self.bus.stats["spoofed"] += 1
+                raise RemoteProtocolError(  # (nothing is sent: see _answers_peer)
+                    f"the session subject names {peer_text(self.key[0], 40)}, not the "
+                    f"sender {peer_text(session.peer, 40)}", code="malformed")
         if isinstance(event, NotUnderstood):
             return
         if isinstance(event, ProtocolMessage):
@@ -393,6 +395,22 @@ class NatsConnection(Connection):
         elif self._suffix is not None and self._current is not None:
             await self._refuse("malformed", "a handshake message came on a conversation's "
                                "subject")
+
+    def _answers_peer(self) -> bool:
+        """Whether what this side sends may be published: always for the opener; for a
+        responder, only once its session's peer (bound by the first message's sender) is
+        the agent whose token the session subjects carry. Until then — a first frame that
+        does not parse, or whose sender is not the one its reply subject names — nothing
+        is published: the reply subject is the publisher's claim, and answering it would
+        write onto whatever agent's subjects it names."""
+        if self._peer_ok is None and self.session.peer is not None:
+            try:
+                named = subject_token(str(self.session.peer),
+                                      limit=self.bus.limits.max_token_bytes)
+            except (ValueError, CBCLError):
+                named = ""
+            self._peer_ok = named == self.key[0]
+        return bool(self._peer_ok)
 
     async def _refuse(self, code: str, why: str) -> None:
         with contextlib.suppress(ConnectionLost):
@@ -463,7 +481,11 @@ class NatsConnection(Connection):
     async def _emit(self, subject: str, data: bytes, reply: str = "", *,
                     answering: bytes | None = None) -> None:
         """Publish ``data``, remembered as an answer to the frame ``answering`` (default:
-        the frame being handled) so that a repeat of that frame is answered again."""
+        the frame being handled) so that a repeat of that frame is answered again.
+        Nothing is published while the peer is not verified (:meth:`_answers_peer`)."""
+        if not self._answers_peer():
+            self.bus.stats["unanswered"] += 1
+            return
         await self.bus._publish(subject, data, reply)
         self.bytes_sent += len(data)
         frame = self._current if answering is None else answering
@@ -522,7 +544,8 @@ class NatsConnection(Connection):
         self._closed = True
         with contextlib.suppress(CBCLError):
             self.session.send(ConnectionClosed(), now=self.clock())
-        if self._first_subject is None:  # something was sent: the peer may hold a session
+        if self._first_subject is None and self._answers_peer():
+            # (something was sent: the peer may hold a session)
             with contextlib.suppress(ConnectionLost):
                 await self.bus._publish(self.out_subject, b"")
         self.bus._forget(self)
@@ -581,6 +604,7 @@ class NatsBus:
         self._closing = False
         self.stats: dict[str, int] = {
             "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
+            "spoofed": 0, "unanswered": 0,
             "retransmits": 0, "durable_accepted": 0, "durable_refused": 0,
             "durable_duplicates": 0, "errors": 0}
 
@@ -753,8 +777,11 @@ class NatsBus:
                    if self._responders >= self.limits.max_sessions
                    else f"more than {self.limits.start_rate:g} session starts per second "
                         "(start_rate)")
-            self.agent._say(f"nats: refused a session from {peer_text(peer, 60)}: {why}")
             self._remember_ended(peer_token, sid)
+            if not self._sent_by(peer_token, msg.data):
+                self.stats["unanswered"] += 1  # not told: its sender is not the subject's
+                return
+            self.agent._say(f"nats: refused a session from {peer_text(peer, 60)}: {why}")
             refusal = not_understood_frame("busy", now=clock_ms())
             with contextlib.suppress(ConnectionLost):
                 await self._publish(reply, refusal[PREFIX_BYTES:])
@@ -771,6 +798,18 @@ class NatsBus:
         agent._links.add(link)
         self._spawn(self._run_responder(connection, link))
         await connection.deliver(None, msg.data)
+
+    def _sent_by(self, peer_token: str, data: bytes) -> bool:
+        """Whether the first frame ``data`` is a CBCL message whose sender's token is
+        ``peer_token`` (the one its reply subject names): only then may a refusal be
+        published there (an envelope-only parse, microseconds)."""
+        if len(data) > self.agent.connection_limits.max_frame_bytes:
+            return False
+        try:
+            sender = parse(data, limits=self.agent.limits, envelope_only=True).sender
+            return self._token(str(sender)) == peer_token
+        except (CBCLError, ValueError):
+            return False
 
     async def _run_responder(self, connection: NatsConnection, link: Link) -> None:
         try:
