@@ -150,7 +150,10 @@ def test_subject_tokens_of_uris_and_what_is_refused() -> None:
 def test_nats_limits_are_range_checked() -> None:
     NatsLimits(max_sessions=1, max_retransmits=0)
     for bad in ({"max_sessions": 0}, {"start_rate": float("nan")}, {"retransmit_after": 0},
-                {"max_token_bytes": 8}, {"durable_batch": True}):
+                {"max_token_bytes": 8}, {"durable_batch": True},
+                {"sender_start_rate": 0}, {"sender_start_burst": 0},
+                {"pre_handshake_timeout": float("inf")}, {"pre_handshake_share": 0},
+                {"pre_handshake_share": 1.5}):
         with pytest.raises(ValueError):
             NatsLimits(**bad)
 
@@ -340,6 +343,7 @@ class Raw:
         self.client = client
         self.token = subject_token(name)
         self.got: asyncio.Queue[bytes] = asyncio.Queue()
+        self.subjects: list[str] = []  # where each answer came
 
     @classmethod
     async def open(cls, url: str, name: str = "agent://test/evil") -> Raw:
@@ -347,6 +351,7 @@ class Raw:
 
         async def keep(msg: Any) -> None:
             if msg.data:  # (an empty message is the end of a session's stream)
+                raw.subjects.append(msg.subject)
                 await raw.got.put(msg.data)
         await raw.client.subscribe(f"cbcl.s.{raw.token}.>", cb=keep)
         await raw.client.flush()
@@ -495,7 +500,8 @@ def test_no_reply_reaches_a_spoofed_subject(server: NatsNode, keys: Keys) -> Non
     victim's live session goes on, and the attacker's own well-formed QUERY is answered on
     its own subject."""
     async def body() -> None:
-        limits = NatsLimits(max_sessions=4)
+        # (4 session starts: the victim's and the 3 below, then busy)
+        limits = NatsLimits(start_burst=4, start_rate=0.001, pre_handshake_share=1.0)
         victim_seen: list[tuple[str, bytes]] = []
         async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
                 bus_of(Agent(CLIENT, key=keys.pair), server.url) as victim:
@@ -524,19 +530,13 @@ def test_no_reply_reaches_a_spoofed_subject(server: NatsNode, keys: Keys) -> Non
                                and served.stats["replays"] == before["replays"] + 3
                                and served.stats["unanswered"] >= before["unanswered"] + 2
                                and served._sessions.keys() == live)
-                # The server full (the victim's session and the attacker's own): a
-                # spoofed first frame would be refused busy, and is not answered either.
-                owns = []
-                for _ in range(3):
-                    owns.append(await raw.start(query_frame(keys)))
-                    assert b"(receiver agent://test/evil)" in await raw.answer()
+                # Over the start rate: a spoofed first frame would be refused busy, and is
+                # not answered either; the attacker's own is, on its own subject.
                 await raw.start(query_frame(keys), reply=victims_subject())
                 await wait_for(lambda: served.stats["busy"] == before["busy"] + 1)
-                for own in owns:
-                    await raw.client.publish(own.replace(".i", ".r").replace(
-                        f"cbcl.s.{raw.token}.{subject_token(SERVER)}",
-                        f"cbcl.s.{subject_token(SERVER)}.{raw.token}"), b"")
-                await wait_for(lambda: served._sessions.keys() == live)
+                await raw.start(query_frame(keys))
+                assert not_understood_code(await raw.answer()) == "busy"
+                await asyncio.sleep(0.2)
                 assert victim_seen == []  # nothing was ever published as to the victim
                 assert victim.stats["unknown"] == 0
                 # The victim's session was not touched.
@@ -567,6 +567,77 @@ def test_max_sessions_n_served_n_plus_one_busy(server: NatsNode, keys: Keys) -> 
     run(body)
 
 
+FLOOD_FIGURES: dict[int, dict[str, Any]] = {}
+
+
+@pytest.mark.parametrize("senders", [1, 8])
+def test_a_flood_of_stalled_queries_leaves_room_for_a_good_peer(
+        server: NatsNode, keys: Keys, senders: int) -> None:
+    """5,000 QUERYs in about 0.4 s from one sender (then from 8), each answered and then
+    left stalled, under the default limits but for 64 session slots (which 8 senders'
+    shares, 8 each, fill; 256 by default): every one of a good peer's handshakes, made
+    while the flood runs and after it, completes. (Before per-sender accounting, the
+    flood drained the agent's start bucket and held every session slot for the 30 s
+    handshake timeout: every other peer was refused ``busy``.) Each sender is held to
+    its start rate and its share of the slots, and when the slots are full a newcomer
+    evicts the oldest session of the sender holding the most, never an established
+    one."""
+    async def body() -> None:
+        names = [f"agent://test/flood-{n}" for n in range(senders)]
+        limits = NatsLimits(max_sessions=64)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as good:
+            await served.serve()
+            await (await good.open_link(SERVER, descriptor=keys.signed)).close()  # learned
+            flooder = await nats.connect(server.url, pending_size=64 << 20)
+            frames = [(name, query_frame(keys, me=name)) for name in names]
+            subject = f"cbcl.agent.{subject_token(SERVER)}"
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                for chunk in range(10):  # 10 chunks of 500, 40 ms apart
+                    for number in range(500):
+                        name, frame = frames[(chunk * 500 + number) % senders]
+                        await flooder.publish(subject, frame, reply=(
+                            f"cbcl.s.{subject_token(name)}.{subject_token(SERVER)}."
+                            f"{os.urandom(16).hex()}.i"))
+                    sent += 500
+                    await asyncio.sleep(0.04)
+                await flooder.flush()
+
+            times: list[float] = []
+            try:
+                flooding = asyncio.ensure_future(flood())
+                await wait_for(lambda: sent >= 500)
+                for _ in range(6):  # three while the flood runs, three after it
+                    started = time.monotonic()
+                    link = await good.open_link(SERVER, descriptor=keys.signed)
+                    times.append(time.monotonic() - started)
+                    assert link.established.done()
+                    await link.close()
+                    if len(times) == 3:
+                        await flooding
+            finally:
+                flooding.cancel()
+                await flooder.close()
+            stats = dict(served.stats)
+            share = served.limits.pending_share()
+            assert sent == 5000 and stats["busy"] > 4000
+            # No sender holds more than its share of the slots: one over it evicts its
+            # own oldest; with 8 the slots were full, and the good peer's sessions took
+            # the place of flooders' oldest.
+            assert all(served._pending.count(subject_token(name)) <= share for name in names)
+            assert stats["evicted"] > 0
+            FLOOD_FIGURES[senders] = {"handshake_s": [round(t, 3) for t in times],
+                                      "busy": stats["busy"], "evicted": stats["evicted"]}
+            # A handshake waits for no stalled session: far within pre_handshake_timeout
+            # (5 s), let alone handshake_timeout (30 s); 1 s on a quiet machine.
+            assert max(times) < 5.0, FLOOD_FIGURES
+
+    run(body)
+
+
 def test_start_rate_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys) -> None:
     async def body() -> None:
         limits = NatsLimits(start_burst=3, start_rate=0.001)
@@ -581,6 +652,108 @@ def test_start_rate_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys) -> 
                 assert not_understood_code(await raw.answer()) == "busy"
             finally:
                 await raw.client.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("starts", [3, 4])
+def test_sender_start_burst_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys,
+                                                       starts: int) -> None:
+    """One sender's first frames beyond its own bucket are refused ``busy``; another
+    sender is served meanwhile (the agent's bucket is not drained by one sender)."""
+    async def body() -> None:
+        limits = NatsLimits(sender_start_burst=3, sender_start_rate=0.001)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            other = await Raw.open(server.url, "agent://test/other")
+            try:
+                codes = []
+                for _ in range(starts):
+                    await raw.start(query_frame(keys))
+                    answer = await raw.answer()
+                    codes.append(not_understood_code(answer)
+                                 if b"NOT-UNDERSTOOD" in answer else "answered")
+                assert codes == ["answered"] * 3 + ["busy"] * (starts - 3)
+                await other.start(query_frame(keys, me="agent://test/other"))
+                assert b"unsupported" in await other.answer()
+            finally:
+                await raw.client.close()
+                await other.client.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("stalled", [3, 4])
+def test_pre_handshake_share_n_held_n_plus_one_evicts_the_oldest(
+        server: NatsNode, keys: Keys, stalled: int) -> None:
+    """A sender holds at most its share of the sessions before their handshakes are
+    ESTABLISHED (3 of 8 here): one more evicts its own oldest (told ``busy``)."""
+    async def body() -> None:
+        limits = NatsLimits(max_sessions=8, pre_handshake_share=0.375)
+        assert limits.pending_share() == 3
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            try:
+                replies, got = [], []
+                for number in range(stalled):  # each answered before the next
+                    replies.append(await raw.start(query_frame(keys)))
+                    got.append(await raw.answer())
+                    if number == 3:  # and the oldest is told busy
+                        got.append(await raw.answer())
+                assert await raw.nothing()
+                answers: dict[str, str] = {}
+                for subject, answer in zip(raw.subjects, got, strict=True):
+                    code = not_understood_code(answer) if b"NOT-UNDERSTOOD" in answer else ""
+                    answers[subject] = answers.get(subject, "") + code
+                # The oldest (whose "unsupported" came first) was told busy.
+                assert answers == {reply: "busy" if stalled > 3 and reply == replies[0]
+                                   else "" for reply in replies}
+                await wait_for(lambda: len(served._sessions) == 3)
+                assert served.stats["evicted"] == stalled - 3
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
+def test_full_sessions_evict_the_oldest_of_the_sender_holding_most(
+        server: NatsNode, keys: Keys) -> None:
+    """When every session is taken, a newcomer takes the place of the oldest session not
+    yet established of the sender holding the most; when every one is established, it
+    is refused ``busy``."""
+    async def body() -> None:
+        limits = NatsLimits(max_sessions=3, pre_handshake_share=1.0)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as good:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            other = await Raw.open(server.url, "agent://test/other")
+            try:
+                replies = []
+                for _ in range(2):
+                    replies.append(await raw.start(query_frame(keys)))
+                    assert b"unsupported" in await raw.answer()
+                await other.start(query_frame(keys, me="agent://test/other"))
+                assert b"unsupported" in await other.answer()
+                # Full: the good peer's session evicts raw's oldest (raw holds the most).
+                link = await good.open_link(SERVER, descriptor=keys.signed)
+                assert not_understood_code(await raw.answer()) == "busy"
+                assert raw.subjects[-1] == replies[0] and await other.nothing(0.1)
+                # Full again, with one established: the next newcomers evict the two
+                # others' sessions, then are refused: all three sessions established.
+                links = [link, await good.open_link(SERVER, descriptor=keys.signed),
+                         await good.open_link(SERVER, descriptor=keys.signed)]
+                assert served.stats["evicted"] == 3
+                with pytest.raises(NegotiationFailed) as caught:
+                    await good.open_link(SERVER, descriptor=keys.signed)
+                assert caught.value.reason == "busy"
+                for each in links:
+                    assert (await each.conversation().send(Intent.CFP, CFP_BODY)) is not None
+            finally:
+                await raw.client.close()
+                await other.client.close()
 
     run(body)
 
@@ -651,11 +824,18 @@ def test_remembered_sessions_n_kept_n_plus_one_forgotten(
     run(body)
 
 
-def test_a_silent_peer_is_timed_out_in_the_handshake(server: NatsNode, keys: Keys) -> None:
+@pytest.mark.parametrize("connection_limits, limits", [
+    (ConnectionLimits(handshake_timeout=0.5), NatsLimits()),
+    (ConnectionLimits(), NatsLimits(pre_handshake_timeout=0.5)),
+])
+def test_a_silent_peer_is_timed_out_in_the_handshake(
+        server: NatsNode, keys: Keys, connection_limits: ConnectionLimits,
+        limits: NatsLimits) -> None:
+    """A peer that stalls after its QUERY holds its session until the shorter of the
+    handshake deadline and the pre-handshake deadline (seconds, not the 30 s)."""
     async def body() -> None:
-        agent = serving_agent(keys, [],
-                              connection_limits=ConnectionLimits(handshake_timeout=0.5))
-        async with bus_of(agent, server.url) as served:
+        agent = serving_agent(keys, [], connection_limits=connection_limits)
+        async with bus_of(agent, server.url, limits=limits) as served:
             await served.serve()
             raw = await Raw.open(server.url)
             try:

@@ -94,7 +94,10 @@ from ._transport import (
     Connection,
     ConnectionLimits,
     _check_count,
+    _check_fraction,
     _check_seconds,
+    _Pending,
+    _Served,
     clock_ms,
 )
 
@@ -159,9 +162,16 @@ class NatsLimits:
     """What one :class:`NatsBus` allows (spec/nats.md §5); per session the agent's
     :class:`~cbcl.net.ConnectionLimits` apply as over TCP.
 
-    ``max_sessions``: sessions this agent answers at once (one more first frame: ``busy``);
-    ``start_rate``/``start_burst``: first frames accepted per second on the agent's subject
-    (a token bucket; beyond it ``busy``); ``remembered_sessions``: ended session ids kept,
+    ``max_sessions``: sessions this agent answers at once (one more first frame evicts the
+    oldest session not yet ESTABLISHED of the sender holding the most, or is refused
+    ``busy`` when every session is established); ``start_rate``/``start_burst``: first
+    frames accepted per second on the agent's subject (a token bucket; beyond it
+    ``busy``); ``sender_start_rate``/``sender_start_burst``: the same per sender (the agent
+    its reply subject names), checked first, so that no sender drains the agent's bucket;
+    ``pre_handshake_timeout``: seconds of the peer's time a session may take to be
+    ESTABLISHED (``handshake_timeout`` still bounds the whole handshake);
+    ``pre_handshake_share``: the fraction of ``max_sessions`` one sender may hold not yet
+    ESTABLISHED (one more evicts its own oldest); ``remembered_sessions``: ended session ids kept,
     so a replayed first frame is dropped; ``dedupe_window``: frame digests remembered per
     session (a repeat is dropped); ``reply_cache``: received frames per session whose
     answers are kept to answer a repeat, and the threads (handshake, conversations) whose
@@ -182,6 +192,10 @@ class NatsLimits:
     max_sessions: int = 256
     start_rate: float = 500.0
     start_burst: int = 256
+    sender_start_rate: float = 10.0
+    sender_start_burst: int = 8
+    pre_handshake_timeout: float = 5.0
+    pre_handshake_share: float = 0.125
     remembered_sessions: int = 16_384
     dedupe_window: int = 256
     reply_cache: int = 32
@@ -201,7 +215,8 @@ class NatsLimits:
     durable_replay_window: int = 4096
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "start_burst", "remembered_sessions", "dedupe_window",
+        for name in ("max_sessions", "start_burst", "sender_start_burst",
+                     "remembered_sessions", "dedupe_window",
                      "reply_cache", "pending_msgs", "max_call_replies", "durable_batch",
                      "max_deliver", "durable_max_msgs", "durable_replay_window"):
             _check_count(name, getattr(self, name))
@@ -209,9 +224,16 @@ class NatsLimits:
         _check_count("max_token_bytes", self.max_token_bytes, lower=16, upper=1024)
         _check_count("durable_max_bytes", self.durable_max_bytes, upper=1 << 40)
         for name in ("retransmit_after", "request_timeout", "ack_wait", "duplicate_window",
-                     "durable_max_age"):
+                     "durable_max_age", "pre_handshake_timeout"):
             _check_seconds(name, getattr(self, name), upper=86_400.0 * 365)
         _check_seconds("start_rate", self.start_rate, upper=1e6)
+        _check_seconds("sender_start_rate", self.sender_start_rate, upper=1e6)
+        _check_fraction("pre_handshake_share", self.pre_handshake_share)
+
+    def pending_share(self) -> int:
+        """How many of the ``max_sessions`` one sender may hold before its handshake is
+        ESTABLISHED: ``pre_handshake_share`` of them, rounded down, at least 1."""
+        return max(1, int(self.max_sessions * self.pre_handshake_share))
 
 
 class _Bucket:
@@ -282,7 +304,12 @@ class NatsConnection(Connection):
         # No stream: Connection's state without its reader and writer; its reading is
         # replaced (_receive, _accepted).
         self._start(session, limits=bus.agent.connection_limits, clock=clock_ms,
-                    pool=bus.agent.pool, peer=peer, slot=None)
+                    pool=bus.agent.pool, peer=peer, slot=None,
+                    pre_handshake_timeout=None if opener
+                    else bus.limits.pre_handshake_timeout)
+        #: The bus's bookkeeping of a served session (its sender, whether it holds one of
+        #: the ``max_sessions``); ``None`` for an opener's.
+        self.served: _Served | None = None
         self.bus = bus
         self.key = key
         self.out_subject = out_subject
@@ -422,6 +449,8 @@ class NatsConnection(Connection):
         frame when nothing comes back."""
         limits = self.limits
         while True:
+            if self.evicted is not None:
+                raise self._busy()
             if self._overflow:
                 await self._refuse("limit", f"more than {limits.max_pending_frames} frames "
                                    "are waiting (max_pending_frames)")
@@ -441,6 +470,11 @@ class NatsConnection(Connection):
             if self.session.state not in _HANDSHAKE_OVER and self._handshake_deadline < deadline:
                 deadline = self._handshake_deadline
                 why = f"the handshake did not finish within {limits.handshake_timeout:g} s"
+            pre = self._pre_handshake_deadline
+            if self._pending and pre is not None and pre < deadline:
+                deadline = pre
+                why = (f"the handshake did not finish within {self._pre_handshake_timeout:g}"
+                       " s of the peer's time (pre_handshake_timeout)")
             if now >= deadline:
                 await self._time_out(why)
             wake = deadline
@@ -463,6 +497,29 @@ class NatsConnection(Connection):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(wake):
                     await self._arrived.wait()
+
+    def evict(self, why: str) -> None:
+        """End this served session for the bus's limits, from outside its task: tell the
+        peer NOT-UNDERSTOOD ``busy`` (best effort, only a verified peer), and wake the task
+        where it waits, which then raises :class:`ConnectionLost` (code ``busy``) with
+        ``why``. A second call does nothing."""
+        if self.evicted is not None:
+            return
+        self.evicted = why
+        if self._answers_peer():
+            with contextlib.suppress(CBCLError):
+                refusal = self.session.refuse("busy")
+                self.bus._spawn(self._emit_quietly(refusal))
+        self._arrived.set()
+        waiting = self._waiting
+        if waiting is not None:
+            with contextlib.suppress(RuntimeError):  # its deadline is passing anyway
+                waiting.reschedule(self._loop.time())
+
+    async def _emit_quietly(self, data: bytes) -> None:
+        with contextlib.suppress(ConnectionLost):
+            for payload in _unframe(data):
+                await self._emit(self.out_subject, payload)
 
     # ----------------------------------------------------------------- output
 
@@ -593,7 +650,11 @@ class NatsBus:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._bucket = _Bucket(self.limits.start_rate, self.limits.start_burst)
-        self._responders = 0
+        self._sender_buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._responders = 0  # served sessions holding one of max_sessions
+        self._pending = _Pending()  # served sessions not ESTABLISHED yet, by sender
+        self._quiet: dict[str, tuple[float, int]] = {}  # rate-limited log lines
+        self._busy_made: tuple[int, bytes] = (-(1 << 62), b"")
         self._subs: list[Any] = []
         self._durable_task: asyncio.Task[None] | None = None
         self._durable_stop = False
@@ -604,7 +665,7 @@ class NatsBus:
         self._closing = False
         self.stats: dict[str, int] = {
             "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
-            "spoofed": 0, "unanswered": 0,
+            "spoofed": 0, "unanswered": 0, "evicted": 0,
             "retransmits": 0, "durable_accepted": 0, "durable_refused": 0,
             "durable_duplicates": 0, "errors": 0}
 
@@ -754,13 +815,6 @@ class NatsBus:
                             f"{peer_text(reply, 80)} is not a session subject for this agent")
             return
         peer_token, sid = parts[0], parts[2]
-        try:
-            peer = token_text(peer_token)
-        except ValueError:
-            self.stats["refused"] += 1
-            self.agent._say(f"nats: dropped a first frame from an undecodable name "
-                            f"{peer_text(peer_token, 60)}")
-            return
         key = (peer_token, sid, "r")
         live = self._sessions.get(key)
         if live is not None and live.seen(msg.data):
@@ -768,29 +822,51 @@ class NatsBus:
             return
         if live is not None or (peer_token, sid) in self._ended:
             self.stats["replays"] += 1
-            self.agent._say(f"nats: dropped a first frame for session {sid[:12]}… of "
-                            f"{peer_text(peer, 60)}, which was used before (a replay)")
+            self._say_quietly("replay", f"nats: dropped a first frame for session "
+                              f"{sid[:12]}… of {peer_text(peer_token, 60)}, which was used "
+                              "before (a replay)")
             return
-        if self._responders >= self.limits.max_sessions or not self._bucket.take():
-            self.stats["busy"] += 1
-            why = (f"{self.limits.max_sessions} sessions are open (max_sessions)"
-                   if self._responders >= self.limits.max_sessions
-                   else f"more than {self.limits.start_rate:g} session starts per second "
-                        "(start_rate)")
-            self._remember_ended(peer_token, sid)
-            if not self._sent_by(peer_token, msg.data):
-                self.stats["unanswered"] += 1  # not told: its sender is not the subject's
-                return
-            self.agent._say(f"nats: refused a session from {peer_text(peer, 60)}: {why}")
-            refusal = not_understood_frame("busy", now=clock_ms())
-            with contextlib.suppress(ConnectionLost):
-                await self._publish(reply, refusal[PREFIX_BYTES:])
+        limits = self.limits
+        victim: _Served | None = None
+        why = ""
+        if not self._sender_bucket(peer_token).take():
+            why = (f"more than {limits.sender_start_rate:g} session starts per second from "
+                   "this sender (sender_start_rate)")
+        elif not self._bucket.take():
+            why = (f"more than {limits.start_rate:g} session starts per second "
+                   "(start_rate)")
+        elif self._pending.count(peer_token) >= limits.pending_share():
+            victim = self._pending.oldest(peer_token)
+            evicting = (f"its sender holds {limits.pending_share()} sessions not established"
+                        " (pre_handshake_share)")
+        elif self._responders >= limits.max_sessions:
+            victim = self._pending.victim(peer_token)
+            evicting = f"{limits.max_sessions} sessions are open (max_sessions)"
+            if victim is None:
+                why = evicting + ", all established"
+        if why:
+            await self._refuse_busy(peer_token, sid, reply, msg.data, why)
             return
+        try:  # (decoded only now: a flood's refusals need not)
+            peer = token_text(peer_token)
+        except ValueError:
+            self.stats["refused"] += 1
+            self.agent._say(f"nats: dropped a first frame from an undecodable name "
+                            f"{peer_text(peer_token, 60)}")
+            return
+        if victim is not None:
+            self._evict(victim, evicting)
         agent = self.agent
         session = agent._responder()
         connection = NatsConnection(
             self, session, key=key, out_subject=reply,
             inbox=f"{self._session_prefix}{peer_token}.{sid}.r", peer=peer, opener=False)
+        served = _Served(peer_token, self._loop_time())
+        served.connection = connection
+        served.holding = True
+        connection.served = served
+        connection.on_established = lambda: self._pending.discard(served)
+        self._pending.add(served)
         agent._watch_offers(connection, peer)
         link = Link(agent, connection, next(agent._numbers), "serve")
         self._register(connection, link)
@@ -799,17 +875,81 @@ class NatsBus:
         self._spawn(self._run_responder(connection, link))
         await connection.deliver(None, msg.data)
 
-    def _sent_by(self, peer_token: str, data: bytes) -> bool:
-        """Whether the first frame ``data`` is a CBCL message whose sender's token is
-        ``peer_token`` (the one its reply subject names): only then may a refusal be
-        published there (an envelope-only parse, microseconds)."""
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _sender_bucket(self, peer_token: str) -> _Bucket:
+        """The start bucket of one sender (at most ``remembered_sessions`` senders are
+        remembered, the least recently seen forgotten: a full bucket again)."""
+        bucket = self._sender_buckets.pop(peer_token, None)
+        if bucket is None:
+            bucket = _Bucket(self.limits.sender_start_rate, self.limits.sender_start_burst)
+        self._sender_buckets[peer_token] = bucket
+        while len(self._sender_buckets) > self.limits.remembered_sessions:
+            self._sender_buckets.popitem(last=False)
+        return bucket
+
+    def _evict(self, victim: _Served, why: str) -> None:
+        """Make room for a newcomer: end the served session ``victim`` (not ESTABLISHED),
+        whose place passes to the newcomer at once."""
+        self._pending.discard(victim)
+        if victim.holding:
+            victim.holding = False
+            self._responders -= 1
+        self.stats["evicted"] += 1
+        connection = victim.connection
+        if connection is not None:
+            connection.evict(f"evicted after {self._loop_time() - victim.started:.1f} s "
+                             f"without a finished handshake to make room: {why}")
+
+    async def _refuse_busy(self, peer_token: str, sid: str, reply: str, data: bytes,
+                           why: str) -> None:
+        """Refuse a first frame ``busy``: on its reply subject, only if the frame's sender
+        is the agent that subject names (so the sender is the token's text);
+        remembered, so a repeat is dropped."""
+        self.stats["busy"] += 1
+        self._remember_ended(peer_token, sid)
+        sender = self._sent_by(peer_token, data)
+        if sender is None:
+            self.stats["unanswered"] += 1  # not told: its sender is not the subject's
+            return
+        self._say_quietly("busy", f"nats: refused a session from {peer_text(sender, 60)}: "
+                          f"{why}")
+        with contextlib.suppress(ConnectionLost):
+            await self._publish(reply, self._busy_frame())
+
+    def _busy_frame(self) -> bytes:
+        """The NOT-UNDERSTOOD ``busy`` payload, made again when a second old (its
+        timestamp must be fresh; a flood's refusals share it)."""
+        now = clock_ms()
+        if now - self._busy_made[0] >= 1000:
+            self._busy_made = (now, not_understood_frame("busy", now=now)[PREFIX_BYTES:])
+        return self._busy_made[1]
+
+    def _say_quietly(self, kind: str, text: str) -> None:
+        """Log ``text``, but lines of one ``kind`` at most once a second: a flood of
+        refusals writes one line a second, with the number of lines left out."""
+        now = time.monotonic()
+        last, left_out = self._quiet.get(kind, (0.0, 0))
+        if now - last < 1.0:
+            self._quiet[kind] = (last, left_out + 1)
+            return
+        self._quiet[kind] = (now, 0)
+        more = f" ({left_out} more like it in the last second)" if left_out else ""
+        self.agent._say(text + more)
+
+    def _sent_by(self, peer_token: str, data: bytes) -> str | None:
+        """The sender of the first frame ``data`` if it is a CBCL message whose sender's
+        token is ``peer_token`` (the one its reply subject names), else ``None``: only
+        then may a refusal be published there (an envelope-only parse, microseconds)."""
         if len(data) > self.agent.connection_limits.max_frame_bytes:
-            return False
+            return None
         try:
-            sender = parse(data, limits=self.agent.limits, envelope_only=True).sender
-            return self._token(str(sender)) == peer_token
+            sender = str(parse(data, limits=self.agent.limits, envelope_only=True).sender)
+            return sender if self._token(sender) == peer_token else None
         except (CBCLError, ValueError):
-            return False
+            return None
 
     async def _run_responder(self, connection: NatsConnection, link: Link) -> None:
         try:
@@ -818,7 +958,12 @@ class NatsBus:
         finally:
             if link.established.done() and not link.established.cancelled():
                 link.established.exception()  # nobody awaits a served link's agreement
-            self._responders -= 1
+            served = connection.served
+            if served is not None:
+                self._pending.discard(served)
+                if served.holding:
+                    served.holding = False
+                    self._responders -= 1
             await connection.close()
             connection.session.registry.abandon()
 
