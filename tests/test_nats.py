@@ -28,6 +28,7 @@ from nats_fixtures import (
     NatsNode,
     nats_cluster,
     nats_server,
+    wait_for_jetstream,
 )
 from processes import stop_process
 
@@ -47,6 +48,13 @@ from cbcl.demo import respond
 from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits, PeerFailed
 from cbcl.net._nats import NatsConnection, subject_token, token_text
 from cbcl.session._bootstrap import not_understood_frame
+
+
+def read_message(data: bytes) -> Message:
+    """A stored message's envelope and body, read without its protocol."""
+    from cbcl import parse
+
+    return parse(data, envelope_only=True)
 
 ROOT = Path(__file__).parent.parent
 PAYLOAD = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
@@ -940,27 +948,110 @@ def test_durable_delivery_across_a_restart(server: NatsNode, keys: Keys,
     run(body)
 
 
-def test_durable_send_to_an_agent_without_an_inbox(server: NatsNode, keys: Keys) -> None:
+def test_durable_send_before_the_receiver_first_starts(server: NatsNode, keys: Keys,
+                                                      tmp_path: Path) -> None:
+    """A sender that comes first makes the receiver's stream as the receiver would (the
+    same configuration), so its messages wait there; the receiver, started later, takes
+    them. A message the protocol refuses never leaves."""
+    handled: list[str] = []
+    later = "agent://test/later"
+
+    def handler(message: Message, context: Context) -> None:
+        handled.append(message.message_id)
+
     async def body() -> None:
         async with bus_of(Agent(CLIENT, key=keys.pair), server.url) as sender:
-            message = Message(message_id=sender.durable_id(), sender=CLIENT,
-                              receiver="agent://test/nowhere", intent=Intent.REQUEST,
-                              protocol="request/v1", body=REQUEST_BODY)
-            with pytest.raises(ConnectionLost, match="no durable inbox"):
-                await sender.send_durable(message, descriptor=keys.signed_request)
+            sent = [Message(message_id=sender.durable_id(), sender=CLIENT, receiver=later,
+                            intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY)
+                    for _ in range(2)]
+            for message in sent:
+                assert await sender.send_durable(message, descriptor=keys.signed_request) \
+                    is False
+            info = await sender.client.jetstream().stream_info(sender.stream_name(later))
+            made = sender.stream_config(later)
+            assert info.config.subjects == made.subjects
+            assert (info.config.max_age, info.config.max_msgs, info.config.duplicate_window) \
+                == (made.max_age, made.max_msgs, made.duplicate_window)
             # A message the protocol refuses never leaves.
             from cbcl import CBCLError
-            bad = Message(message_id=sender.durable_id(), sender=CLIENT,
-                          receiver="agent://test/nowhere", intent=Intent.REQUEST,
-                          protocol="request/v1", body=read(b"(request)"))
+            bad = Message(message_id=sender.durable_id(), sender=CLIENT, receiver=later,
+                          intent=Intent.REQUEST, protocol="request/v1", body=read(b"(request)"))
             with pytest.raises(CBCLError) as caught:
                 await sender.send_durable(bad, descriptor=keys.signed_request)
             assert not isinstance(caught.value, ConnectionLost)
             with pytest.raises(ValueError):
                 await sender.send_durable(Message(
-                    message_id=" spaced", sender=CLIENT, receiver=DURABLE,
+                    message_id=" spaced", sender=CLIENT, receiver=later,
                     intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY),
                     descriptor=keys.signed_request)
+            with pytest.raises(ValueError):
+                await sender.send_durable(sent[0], descriptor=keys.signed_request,
+                                          replicas=6)
+        agent = Agent(later, trust=keys.store, state=tmp_path / "state",
+                      descriptors=[keys.signed_request], handler=handler)
+        async with bus_of(agent, server.url) as receiver:
+            await receiver.enable_durable()
+            await wait_for(lambda: len(handled) == 2)
+        assert handled == [m.message_id for m in sent]
+
+    run(body)
+
+
+@pytest.mark.parametrize("max_deliver", [3])
+def test_a_durable_message_not_handled_yet_is_kept_then_dead_lettered(
+        server: NatsNode, keys: Keys, tmp_path: Path, max_deliver: int) -> None:
+    """A durable message of a protocol the receiver does not hold is not terminated: it
+    is delivered again after ``durable_retry_delay`` times its deliveries so far, and
+    handled once the receiver has learned the protocol (here from a trusted peer's
+    offer); one whose protocol never comes is moved, on its ``max_deliver``-th delivery
+    (not before), to the dead-letter subject with why and how often — never lost."""
+    handled: list[str] = []
+
+    def handler(message: Message, context: Context) -> Message | None:
+        if str(message.protocol) == "request/v1":
+            handled.append(message.message_id)
+            return None
+        return respond(message, context)
+
+    async def body() -> None:
+        limits = NatsLimits(durable_retry_delay=0.3, max_deliver=max_deliver)
+        receiver_agent = Agent(DURABLE + "-new", key=keys.pair, trust=keys.store,
+                               state=tmp_path / "state", handler=handler)
+        async with bus_of(receiver_agent, server.url, limits=limits) as receiver, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as sender:
+            await receiver.serve()
+            await receiver.enable_durable()
+            name = DURABLE + "-new"
+            waiting = Message(message_id=sender.durable_id(), sender=CLIENT, receiver=name,
+                              intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY)
+            await sender.send_durable(waiting, descriptor=keys.signed_request)
+            doomed = Message(message_id=sender.durable_id(), sender=CLIENT, receiver=name,
+                             intent=Intent.CFP, protocol="contract-net/v1",
+                             conversation_id="job-1", body=CFP_BODY)
+            await sender.send_durable(doomed, descriptor=keys.signed)
+            await wait_for(lambda: receiver.stats["durable_retried"] >= 2)
+            assert handled == [] and receiver.stats["durable_refused"] == 0
+            # The receiver learns request/v1 (a trusted peer's offer): the next delivery
+            # of the waiting message is handled.
+            await sender.open_link(name, descriptor=keys.signed_request)
+            await wait_for(lambda: handled == [waiting.message_id], timeout=10)
+            await wait_for(lambda: receiver.stats["durable_dead"] == 1, timeout=10)
+            js = sender.client.jetstream()
+            dead = await js.get_last_msg(receiver.stream_name(name),
+                                         receiver.dead_letter_subject(name))
+            assert dead.data is not None
+            kept = read_message(dead.data)  # the message itself, as stored
+            assert (kept.message_id, kept.intent, kept.body) == (doomed.message_id,
+                                                                 Intent.CFP, doomed.body)
+            headers = dead.headers or {}
+            assert headers["CBCL-Msg-Id"] == doomed.message_id
+            assert headers["CBCL-Deliveries"] == str(max_deliver)  # not one before
+            assert "unknown protocol" in headers["CBCL-Dead-Reason"]
+            # Both settled: nothing pending, nothing delivered again.
+            await asyncio.sleep(0.5)
+            info = await js.consumer_info(receiver.stream_name(name), "cbcl")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+            assert receiver.stats["durable_dead"] == 1 and handled == [waiting.message_id]
 
     run(body)
 
@@ -1056,6 +1147,54 @@ def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
     assert len(done) == len(set(done)) == conversations  # none lost
     assert len(seen) == 2 * conversations and set(seen.values()) == {1}  # none twice
     assert retransmits[0] >= 1  # frames were lost and repeated
+
+
+def test_a_replicated_durable_stream_survives_its_leaders_death(keys: Keys,
+                                                                 tmp_path: Path) -> None:
+    """``replicas=3`` in a three-node cluster: the stream's leader is killed (SIGKILL).
+    Messages sent meanwhile are stored once a new leader is elected (the publish is
+    retried), a receiver that (re)starts meanwhile sets up its delivery once it can
+    (retried, not given up), and every message is handled once."""
+    handled: list[str] = []
+
+    def handler(message: Message, context: Context) -> None:
+        handled.append(message.message_id)
+
+    def receiver() -> Agent:
+        return Agent(DURABLE, trust=keys.store, state=tmp_path / "state",
+                     descriptors=[keys.signed_request], handler=handler)
+
+    with nats_cluster(3) as cluster:
+        wait_for_jetstream(cluster.urls)
+        by_name = {node.name: node for node in cluster.nodes}
+
+        async def body() -> None:
+            urls = cluster.urls
+            limits = NatsLimits(request_timeout=2.0)
+            async with bus_of(Agent(CLIENT, key=keys.pair), urls, limits=limits) as sender:
+                sent = []
+                async with bus_of(receiver(), urls, limits=limits) as first:
+                    await first.enable_durable(replicas=3)
+                    info = await first.client.jetstream().stream_info(
+                        first.stream_name(DURABLE))
+                    assert info.config.num_replicas == 3
+                    assert info.cluster is not None and info.cluster.leader in by_name
+                    leader = by_name[info.cluster.leader]
+                    for number in range(3):
+                        sent.append(durable_request(sender, number))
+                        await sender.send_durable(sent[-1], descriptor=keys.signed_request)
+                    await wait_for(lambda: len(handled) == 3, timeout=10)
+                leader.kill()
+                for number in range(3, 8):  # while a leader is elected
+                    sent.append(durable_request(sender, number))
+                    await sender.send_durable(sent[-1], descriptor=keys.signed_request)
+                async with bus_of(receiver(), urls, limits=limits) as again:
+                    await again.enable_durable(replicas=3)
+                    await wait_for(lambda: len(handled) == 8, timeout=30)
+                    assert leader.process is not None and leader.process.poll() is not None
+            assert handled == [m.message_id for m in sent]  # each once, in order
+
+        run(body, timeout=120)
 
 
 async def until(condition: Callable[[], bool], deadline: float = 20.0) -> None:
@@ -1176,8 +1315,14 @@ def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
                        f'(receiver {name}) (intent REQUEST) (protocol request/v1) '
                        f'(conversation-id "night-1") (body (request :action (action :name '
                        f'snapshot-volume :args (:volume "vol-9")) :by 1764540000000)))')
+    # Before the receiver ever started: its stream is made by the sender.
+    first = cbcl_command("send", "--nats", server.url, "--durable", "--replicas", "1",
+                         "--descriptor", str(signed_request), "--key", str(keys.key_file),
+                         str(request))
+    assert first.returncode == 0, first.stderr
+    assert "stored for" in first.stdout and "duplicate" not in first.stdout
     with serving("--nats", server.url, "--name", name, "--trust", str(keys.trust),
-                 "--durable", "--state", str(tmp_path / "state"),
+                 "--durable", "--replicas", "1", "--state", str(tmp_path / "state"),
                  "--descriptors", str(tmp_path / "descriptors")) as process:
         negotiated = cbcl_command("negotiate", "--nats", server.url, "--to", name,
                                   "--descriptor", str(signed), "--key", str(keys.key_file))
@@ -1192,8 +1337,7 @@ def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
                                 str(signed_request), "--key", str(keys.key_file),
                                 str(request)) for _ in range(2)]
         assert [d.returncode for d in durable] == [0, 0], durable[0].stderr
-        assert "stored for" in durable[0].stdout and "duplicate" not in durable[0].stdout
-        assert "dropped as a duplicate" in durable[1].stdout
+        assert all("dropped as a duplicate" in d.stdout for d in durable)
         # No such agent: exit 1, one line.
         nobody = cbcl_command("negotiate", "--nats", server.url, "--to", "agent://test/none",
                               "--descriptor", str(signed), "--key", str(keys.key_file))
@@ -1225,6 +1369,14 @@ def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
     (["send", "--descriptor", "D", "--key", "K", "M"], "give --connect ADDRESS or --nats"),
     (["send", "--connect", "h:1", "--durable", "--descriptor", "D", "--key", "K", "M"],
      "--to and --durable go with --nats"),
+    (["send", "--nats", "nats://h:1", "--replicas", "3", "--descriptor", "D", "--key", "K",
+      "M"], "--replicas goes with --durable"),
+    (["serve", "--trust", "T", "--nats", "nats://h:1", "--replicas", "3"],
+     "--replicas goes with --durable"),
+    (["serve", "--trust", "T", "--nats", "nats://h:1", "--durable", "--replicas", "6"],
+     "--replicas"),
+    (["serve", "--trust", "T", "--nats", "nats://h:1", "--durable", "--replicas", "0"],
+     "--replicas"),
 ])
 def test_cli_nats_usage_errors(args: list[str], message: str) -> None:
     result = cbcl_command(*args)

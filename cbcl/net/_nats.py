@@ -69,7 +69,13 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 from ..binary._framing import PREFIX_BYTES
 from ..core._display import peer_text
-from ..core._errors import CBCLError, ConnectionLost, LimitError, MalformedError
+from ..core._errors import (
+    CBCLError,
+    ConnectionLost,
+    LimitError,
+    MalformedError,
+    UnknownProtocolError,
+)
 from ..core._files import write_atomically
 from ..core._values import URI, Value
 from ..protocol._api import check_outgoing, parse
@@ -183,7 +189,13 @@ class NatsLimits:
     (JetStream API and publish acknowledgements) and the connect.
 
     Durable delivery: ``durable_batch`` messages fetched at once; ``ack_wait`` before an
-    unacknowledged message is delivered again, at most ``max_deliver`` times;
+    unacknowledged message is delivered again; a message the receiver cannot handle yet
+    (a protocol it does not hold) is delivered again after ``durable_retry_delay`` times
+    the number of its deliveries, and on its ``max_deliver``-th delivery (or any later:
+    a message delivered more often was never settled) is moved to the dead-letter
+    subject; ``durable_retry_for``: seconds setting up durable delivery, and a durable
+    publish, are retried (a stream's leader being elected again, a node down) before
+    :class:`ConnectionLost`;
     ``duplicate_window`` (seconds) of the server's ``Nats-Msg-Id`` deduplication;
     ``durable_max_age``, ``durable_max_msgs``, ``durable_max_bytes`` bound the stream
     (oldest dropped); ``durable_replay_window`` message ids the receiver remembers.
@@ -208,6 +220,8 @@ class NatsLimits:
     durable_batch: int = 64
     ack_wait: float = 30.0
     max_deliver: int = 5
+    durable_retry_delay: float = 60.0
+    durable_retry_for: float = 60.0
     duplicate_window: float = 120.0
     durable_max_age: float = 86_400.0
     durable_max_msgs: int = 1_000_000
@@ -224,7 +238,8 @@ class NatsLimits:
         _check_count("max_token_bytes", self.max_token_bytes, lower=16, upper=1024)
         _check_count("durable_max_bytes", self.durable_max_bytes, upper=1 << 40)
         for name in ("retransmit_after", "request_timeout", "ack_wait", "duplicate_window",
-                     "durable_max_age", "pre_handshake_timeout"):
+                     "durable_max_age", "pre_handshake_timeout", "durable_retry_delay",
+                     "durable_retry_for"):
             _check_seconds(name, getattr(self, name), upper=86_400.0 * 365)
         _check_seconds("start_rate", self.start_rate, upper=1e6)
         _check_seconds("sender_start_rate", self.sender_start_rate, upper=1e6)
@@ -667,7 +682,7 @@ class NatsBus:
             "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
             "spoofed": 0, "unanswered": 0, "evicted": 0,
             "retransmits": 0, "durable_accepted": 0, "durable_refused": 0,
-            "durable_duplicates": 0, "errors": 0}
+            "durable_duplicates": 0, "durable_retried": 0, "durable_dead": 0, "errors": 0}
 
     # ----------------------------------------------------------------- connecting
 
@@ -763,6 +778,24 @@ class NatsBus:
     def durable_subject(self, uri: URI | str) -> str:
         """Where durable messages to ``uri`` go (``P.d.TOKEN``)."""
         return f"{self.prefix}.d.{self._token(str(uri))}"
+
+    def dead_letter_subject(self, uri: URI | str) -> str:
+        """Where durable messages to ``uri`` that could not be handled are kept
+        (``P.dead.TOKEN``, in ``uri``'s stream)."""
+        return f"{self.prefix}.dead.{self._token(str(uri))}"
+
+    def stream_config(self, uri: URI | str, *, replicas: int = 1) -> js_api.StreamConfig:
+        """The JetStream stream that keeps ``uri``'s durable messages and dead letters:
+        made the same by the receiver and by a sender that comes first."""
+        limits = self.limits
+        return js_api.StreamConfig(
+            name=self.stream_name(uri),
+            subjects=[self.durable_subject(uri), self.dead_letter_subject(uri)],
+            max_age=limits.durable_max_age, max_msgs=limits.durable_max_msgs,
+            max_bytes=limits.durable_max_bytes,
+            max_msg_size=self.agent.connection_limits.max_frame_bytes,
+            duplicate_window=limits.duplicate_window, num_replicas=replicas,
+            discard=js_api.DiscardPolicy.OLD, storage=js_api.StorageType.FILE)
 
     def stream_name(self, uri: URI | str) -> str:
         """The JetStream stream that keeps ``uri``'s durable messages."""
@@ -1140,37 +1173,34 @@ class NatsBus:
 
     async def enable_durable(self, *, replicas: int = 1) -> None:
         """Keep this agent's durable messages in a JetStream stream (made if missing,
-        ``replicas`` copies in a cluster) and take them with a durable pull consumer:
-        messages sent while the agent was down arrive now. Each is judged like a session's
-        message (both passes, the schema, receiver, timestamp within
-        ``durable_max_age`` and 30 s of the future, the replay window) against the
-        protocols the agent holds, then handed to its handler and acknowledged; a refused
-        one is terminated. Raises :class:`ConnectionLost`."""
+        ``replicas`` copies in a cluster: 3 survive the death of the stream's leader) and
+        take them with a durable pull consumer: messages sent while the agent was down
+        arrive now. Each is judged like a session's message (both passes, the schema,
+        receiver, timestamp within ``durable_max_age`` and 30 s of the future, the replay
+        window) against the protocols the agent holds, then handed to its handler and
+        acknowledged; a refused one is terminated; one of a protocol the agent does not
+        hold (yet) is delivered again later, and moved to :meth:`dead_letter_subject`
+        after ``max_deliver`` deliveries. Setting up is retried for ``durable_retry_for``
+        seconds (backoff 0.25 s doubling to 5 s; each failure logged). Raises
+        ``ValueError`` for ``replicas`` outside 1..5, :class:`ConnectionLost`."""
         _check_count("replicas", replicas, upper=5)
         limits = self.limits
         subject = self.durable_subject(self.agent.name)
         name = self.stream_name(self.agent.name)
-        config = js_api.StreamConfig(
-            name=name, subjects=[subject], max_age=limits.durable_max_age,
-            max_msgs=limits.durable_max_msgs, max_bytes=limits.durable_max_bytes,
-            max_msg_size=self.agent.connection_limits.max_frame_bytes,
-            duplicate_window=limits.duplicate_window, num_replicas=replicas,
-            discard=js_api.DiscardPolicy.OLD, storage=js_api.StorageType.FILE)
+        config = self.stream_config(self.agent.name, replicas=replicas)
+        consumer = js_api.ConsumerConfig(
+            durable_name="cbcl", ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=limits.ack_wait, max_deliver=-1, filter_subject=subject,
+            max_ack_pending=limits.durable_batch * 4,
+            deliver_policy=js_api.DeliverPolicy.ALL)
         js = self._jetstream()
-        try:
-            try:
-                await js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await js.update_stream(config)  # the stream exists: keep it, take the limits
-            consumer = js_api.ConsumerConfig(
-                durable_name="cbcl", ack_policy=js_api.AckPolicy.EXPLICIT,
-                ack_wait=limits.ack_wait, max_deliver=limits.max_deliver,
-                max_ack_pending=limits.durable_batch * 4,
-                deliver_policy=js_api.DeliverPolicy.ALL)
-            subscription = await js.pull_subscribe(subject, durable="cbcl", stream=name,
-                                                   config=consumer)
-        except nats.errors.Error as exc:
-            raise _nats_lost("cannot set up durable delivery", exc) from None
+
+        async def set_up() -> Any:
+            await self._ensure_stream(js, config)
+            return await js.pull_subscribe(subject, durable="cbcl", stream=name,
+                                           config=consumer)
+
+        subscription = await self._retrying("set up durable delivery", set_up)
         registry = self.agent._registry()
         for protocol in (*self.agent.preloaded, *self.agent.learned.protocols()):
             registry.adopt(protocol)
@@ -1178,6 +1208,39 @@ class NatsBus:
         self._load_durable_seen()
         self._durable_stop = False
         self._durable_task = asyncio.ensure_future(self._durable_loop(subscription))
+
+    async def _ensure_stream(self, js: JetStreamContext, config: js_api.StreamConfig,
+                             *, update: bool = True) -> None:
+        """Make the stream of ``config``; if it exists, take ``config``'s limits (when
+        ``update``) or leave it as it is. Raises nats-py's errors."""
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError:  # it exists, made otherwise
+            if update:
+                await js.update_stream(config)
+
+    async def _retrying(self, what: str, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        """``attempt()`` again after each of nats-py's errors but a bad request (a
+        timeout, no responders or unavailable while a stream's leader is elected, a
+        server going away), backing off from 0.25
+        s to 5 s, for ``durable_retry_for`` seconds; each failure logged. Raises
+        :class:`ConnectionLost` with the last error."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.durable_retry_for
+        pause = 0.25
+        while True:
+            try:
+                return await attempt()
+            except nats.js.errors.BadRequestError as exc:  # not a passing failure
+                raise _nats_lost(f"cannot {what}", exc) from None
+            except (nats.errors.Error, TimeoutError) as exc:
+                if self._closing or loop.time() + pause > deadline:
+                    raise _nats_lost(f"cannot {what}", exc) from None
+                self.stats["errors"] += 1
+                self.agent._say(f"nats: cannot {what} yet ({peer_text(exc, 120) or 'timeout'})"
+                                f"; trying again in {pause:g} s")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     def _seen_path(self) -> Path | None:
         state = self.agent.state
@@ -1209,6 +1272,7 @@ class NatsBus:
             self._durable_seen_set.discard(self._durable_seen.popleft())
 
     async def _durable_loop(self, subscription: Any) -> None:
+        pause = 0.25  # after a failed fetch (a node down, a leader being elected)
         while not self._durable_stop:
             try:
                 batch = await subscription.fetch(self.limits.durable_batch, timeout=0.5)
@@ -1218,9 +1282,12 @@ class NatsBus:
                 if self._durable_stop:
                     return
                 self.stats["errors"] += 1
-                self.agent._say(f"nats: durable fetch failed: {peer_text(exc, 120)}")
-                await asyncio.sleep(0.25)
+                self._say_quietly("fetch", f"nats: durable fetch failed: "
+                                  f"{peer_text(exc, 120)}; trying again")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
                 continue
+            pause = 0.25
             for msg in batch:
                 await self._take_durable(msg)
 
@@ -1259,8 +1326,16 @@ class NatsBus:
 
     async def _take_durable(self, msg: Msg) -> None:
         try:
-            message = self._judge_durable(msg)
+            try:
+                message = self._judge_durable(msg)
+            except UnknownProtocolError:
+                if not self._learn_durable_protocols():
+                    raise
+                message = self._judge_durable(msg)  # learned since: judged again
             identity = self._durable_identity(message)
+        except UnknownProtocolError as exc:
+            await self._not_yet(msg, exc)
+            return
         except CBCLError as exc:
             self.stats["durable_refused"] += 1
             self.agent._say(f"nats: durable message refused and terminated: "
@@ -1317,6 +1392,64 @@ class NatsBus:
                            f"{peer_text(exc.one_line(), 160)}", level=logging.ERROR,
                            event="invalid-reply", message=answer)
 
+    def _learn_durable_protocols(self) -> bool:
+        """Adopt into the durable registry the protocols the agent learned since (over
+        its sessions); whether there was any."""
+        registry = self._durable_registry
+        if registry is None:  # pragma: no cover - set before the loop runs
+            return False
+        fresh = [protocol for protocol in self.agent.learned.protocols()
+                 if registry.get(protocol.id) is None]
+        for protocol in fresh:
+            registry.adopt(protocol)
+        return bool(fresh)
+
+    async def _not_yet(self, msg: Msg, error: CBCLError) -> None:
+        """A durable message this agent cannot handle yet (a protocol it does not hold):
+        kept — delivered again after ``durable_retry_delay`` times its deliveries so
+        far — and on its ``max_deliver``-th delivery moved to the dead-letter subject,
+        never dropped. Raises nothing (failures are logged; the server delivers it again
+        after ``ack_wait``)."""
+        limits = self.limits
+        try:
+            deliveries = int(msg.metadata.num_delivered or 1)
+        except (AttributeError, ValueError, TypeError):  # not a JetStream message
+            deliveries = 1
+        reason = peer_text(error.one_line(), 200)
+        try:
+            if deliveries < limits.max_deliver:
+                self.stats["durable_retried"] += 1
+                delay = limits.durable_retry_delay * deliveries
+                self.agent._say(f"nats: durable message not handled yet ({reason}); "
+                                f"delivery {deliveries} of {limits.max_deliver}, again in "
+                                f"{delay:g} s")
+                await msg.nak(delay=delay)
+                return
+            await self._dead_letter(msg, reason, deliveries)
+        except (nats.errors.Error, TimeoutError) as exc:
+            self.stats["errors"] += 1
+            self.agent._say(f"nats: could not keep a durable message for later: "
+                            f"{peer_text(exc, 120)}")
+
+    async def _dead_letter(self, msg: Msg, reason: str, deliveries: int) -> None:
+        """Store ``msg`` on the dead-letter subject (its headers kept, with why and how
+        often it was delivered), then terminate the original — only once the copy is
+        acknowledged. Raises nats-py's errors."""
+        headers = dict(msg.headers or {})
+        original = headers.pop(MSG_ID, "")
+        headers.update({"CBCL-Dead-Reason": reason, "CBCL-Deliveries": str(deliveries),
+                        "CBCL-Msg-Id": original, "CBCL-Subject": msg.subject})
+        if original:  # the copy deduplicated too, apart from the original's id
+            headers[MSG_ID] = f"dead:{original}"
+        await self._jetstream().publish(self.dead_letter_subject(self.agent.name),
+                                        msg.data, timeout=self.limits.request_timeout,
+                                        headers=headers)
+        await msg.term()
+        self.stats["durable_dead"] += 1
+        self.agent._say(f"nats: durable message {peer_text(original, 64)} moved to "
+                        f"{self.dead_letter_subject(self.agent.name)} after {deliveries} "
+                        f"deliveries: {reason}", level=logging.WARNING)
+
     async def _settle(self, msg: Msg, *, accepted: bool) -> None:
         try:
             await (msg.ack() if accepted else msg.term())
@@ -1352,15 +1485,20 @@ class NatsBus:
                              "(or one this agent holds)")
         return found
 
-    async def send_durable(self, message: Message, *, descriptor: bytes | None = None
-                           ) -> bool:
+    async def send_durable(self, message: Message, *, descriptor: bytes | None = None,
+                           replicas: int = 1) -> bool:
         """Store ``message`` in its receiver's durable stream (``Nats-Msg-Id`` = its id),
         checked first as the receiver will check it, in canonical text; the protocol is
-        ``descriptor``'s (signed), or one the agent holds. A publish whose acknowledgement
-        does not come is repeated (at most three times, with the same id). Returns whether
-        the server had the id already (a duplicate, dropped). Raises the message's
-        :class:`CBCLError` (nothing is sent), ``ValueError`` for an id that cannot be a
-        header value, :class:`ConnectionLost` (no durable inbox, no server)."""
+        ``descriptor``'s (signed), or one the agent holds. If the receiver has no stream
+        yet (it never started), the stream is made as the receiver would make it
+        (:meth:`stream_config`, ``replicas`` copies); an existing one is left as it is.
+        A publish that fails for a passing reason (no acknowledgement, a node down, a
+        leader being elected) is repeated with the same id for ``durable_retry_for``
+        seconds. Returns whether the server had the id already (a duplicate, dropped).
+        Raises the message's :class:`CBCLError` (nothing is sent), ``ValueError`` for an
+        id that cannot be a header value or ``replicas`` outside 1..5,
+        :class:`ConnectionLost` (no server, no acknowledgement in time)."""
+        _check_count("replicas", replicas, upper=5)
         ident = message.message_id
         if not ident.isprintable() or ident != ident.strip() or len(ident) > 256:
             raise ValueError("a durable message id is at most 256 printable characters, "
@@ -1372,23 +1510,23 @@ class NatsBus:
         data = message.canonical().encode("utf-8")
         subject = self.durable_subject(message.receiver)
         js = self._jetstream()
-        last: BaseException | None = None
-        for _ in range(3):
+        timeout = self.limits.request_timeout
+
+        async def publish() -> Any:
             try:
-                ack = await js.publish(subject, data, timeout=self.limits.request_timeout,
-                                       headers={MSG_ID: ident})
+                return await js.publish(subject, data, timeout=timeout,
+                                        headers={MSG_ID: ident})
             except nats.js.errors.NoStreamResponseError:
-                raise ConnectionLost(f"{peer_text(message.receiver, 60)} has no durable "
-                                     "inbox on this bus") from None
-            except (nats.errors.TimeoutError, nats.errors.ConnectionReconnectingError,
-                    nats.errors.NoRespondersError) as exc:
-                last = exc
-                await asyncio.sleep(self.limits.retransmit_after)
-                continue
-            except nats.errors.Error as exc:
-                raise _nats_lost("durable publish failed", exc) from None
-            return bool(ack.duplicate)
-        raise _nats_lost("durable publish not acknowledged", last or TimeoutError())
+                # No stream takes the subject: the receiver never started. Made here as
+                # the receiver makes it (left as it is if it exists meanwhile).
+                await self._ensure_stream(
+                    js, self.stream_config(message.receiver, replicas=replicas),
+                    update=False)
+                return await js.publish(subject, data, timeout=timeout,
+                                        headers={MSG_ID: ident})
+
+        ack = await self._retrying("store a durable message", publish)
+        return bool(ack.duplicate)
 
     # ----------------------------------------------------------------- closing
 
