@@ -1056,6 +1056,29 @@ def test_a_durable_message_not_handled_yet_is_kept_then_dead_lettered(
     run(body)
 
 
+def test_durable_setup_and_publish_are_retried_then_given_up(keys: Keys) -> None:
+    """With no JetStream to answer (a server without it: what a client sees while no
+    stream leader can be elected), setting up durable delivery and a durable publish are
+    retried with backoff, each failure logged, and given up after ``durable_retry_for``
+    with :class:`ConnectionLost` — a CBCL error, not nats-py's."""
+    log: list[str] = []
+
+    async def body() -> None:
+        limits = NatsLimits(durable_retry_for=1.0, request_timeout=0.3)
+        async with bus_of(Agent(DURABLE, trust=keys.store, log=log.append),
+                          node.url, limits=limits) as bus:
+            with pytest.raises(ConnectionLost, match="cannot set up durable delivery"):
+                await bus.enable_durable()
+            retried = [line for line in log if "trying again" in line]
+            assert len(retried) >= 2  # 0.25 s, then 0.5 s, within the 1 s
+            with pytest.raises(ConnectionLost, match="cannot store a durable message"):
+                await bus.send_durable(durable_request(bus, 1),
+                                       descriptor=keys.signed_request)
+
+    with nats_server(jetstream=False) as node:
+        run(body)
+
+
 # --------------------------------------------------------------------------- a cluster
 
 
