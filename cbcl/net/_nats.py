@@ -37,7 +37,17 @@ replay window, the transcript hash and the conversation machine.
   an agent's messages in a JetStream stream while it is down. The CBCL message id is the
   ``Nats-Msg-Id``, so the server drops a repeat within its duplicate window and the
   receiver's replay window drops it again; a message is acknowledged only after both
-  passes accepted it and its handler ran, and a refused one is terminated.
+  passes accepted it and its handler ran, and a refused one is terminated. One of a
+  protocol the receiver does not hold yet is kept (NAK with a growing delay) and, after
+  ``max_deliver`` deliveries, moved to the dead-letter subject in the same stream. The
+  stream is made alike by whichever side comes first (:meth:`NatsBus.stream_config`);
+  setting up and publishing are retried with backoff for ``durable_retry_for``.
+- Unauthenticated senders share the agent fairly, as over TCP: a served session not
+  ESTABLISHED is pending (``pre_handshake_timeout``), one sender holds at most
+  ``pre_handshake_share`` of the sessions, a newcomer evicts the oldest pending session
+  of the sender holding the most, and each sender has its own start bucket. The sender
+  is the agent a first frame's reply subject names — which its first message's sender
+  must be before anything is published there.
 
 nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
 """
