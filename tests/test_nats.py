@@ -1177,7 +1177,8 @@ def test_a_replicated_durable_stream_survives_its_leaders_death(keys: Keys,
     """``replicas=3`` in a three-node cluster: the stream's leader is killed (SIGKILL).
     Messages sent meanwhile are stored once a new leader is elected (the publish is
     retried), a receiver that (re)starts meanwhile sets up its delivery once it can
-    (retried, not given up), and every message is handled once."""
+    (retried, not given up; naming no replicas, it keeps the stream's three), and every
+    message is handled once."""
     handled: list[str] = []
 
     def handler(message: Message, context: Context) -> None:
@@ -1212,8 +1213,11 @@ def test_a_replicated_durable_stream_survives_its_leaders_death(keys: Keys,
                     sent.append(durable_request(sender, number))
                     await sender.send_durable(sent[-1], descriptor=keys.signed_request)
                 async with bus_of(receiver(), urls, limits=limits) as again:
-                    await again.enable_durable(replicas=3)
+                    await again.enable_durable()  # (no replicas named: the stream's kept)
                     await wait_for(lambda: len(handled) == 8, timeout=30)
+                    info = await again.client.jetstream().stream_info(
+                        again.stream_name(DURABLE))
+                    assert info.config.num_replicas == 3
                     assert leader.process is not None and leader.process.poll() is not None
             assert handled == [m.message_id for m in sent]  # each once, in order
 

@@ -209,7 +209,7 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
             signing=signing, limits=limits, connection=connection_limits(args),
             server=server_limits(args), preload=tuple(preload), handler=handler,
             nats=nats_servers(args) if args.nats else None, durable=args.durable,
-            replicas=args.replicas or 1,
+            replicas=args.replicas,
             handler_timeout=args.handler_timeout, handlers=handler_limits(args),
             expose_errors=args.expose_errors)
         logged = log_to(sys.stdout, args.log_format)
@@ -237,8 +237,9 @@ class ServeConfig:
     #: ``--nats``: serve on this NATS server or cluster instead of ``listen``.
     nats: str | None = None
     durable: bool = False
-    #: ``--replicas``: copies of the durable stream in a cluster.
-    replicas: int = 1
+    #: ``--replicas``: copies of the durable stream in a cluster (``None``: 1 for a new
+    #: stream, an existing one's own).
+    replicas: int | None = None
     #: ``--handler-timeout``, the handler limits, ``--expose-errors``.
     handler_timeout: float = 30.0
     handlers: HandlerLimits = field(default_factory=HandlerLimits)
@@ -852,7 +853,8 @@ def register(commands: Commands) -> None:
                         "60 s)")
     s.add_argument("--replicas", type=int_in(1, 5), metavar="N",
                    help="with --durable: copies of the stream in a cluster, 1 to 5 "
-                        "(default 1; 3 survive the death of the stream's leader)")
+                        "(default: 1 for a new stream, an existing one keeps its own; 3 "
+                        "survive the death of the stream's leader)")
     s.add_argument("--trust", required=True, metavar="DIR",
                    help="trust store that decides which offered descriptors load")
     s.add_argument("--descriptors", metavar="DIR",

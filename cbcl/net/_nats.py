@@ -1181,9 +1181,10 @@ class NatsBus:
     def _jetstream(self) -> JetStreamContext:
         return self.client.jetstream(timeout=self.limits.request_timeout)
 
-    async def enable_durable(self, *, replicas: int = 1) -> None:
+    async def enable_durable(self, *, replicas: int | None = None) -> None:
         """Keep this agent's durable messages in a JetStream stream (made if missing,
-        ``replicas`` copies in a cluster: 3 survive the death of the stream's leader) and
+        ``replicas`` copies in a cluster: 3 survive the death of the stream's leader;
+        ``None``: 1 for a new stream, as many as it has for an existing one) and
         take them with a durable pull consumer: messages sent while the agent was down
         arrive now. Each is judged like a session's message (both passes, the schema,
         receiver, timestamp within ``durable_max_age`` and 30 s of the future, the replay
@@ -1193,11 +1194,12 @@ class NatsBus:
         after ``max_deliver`` deliveries. Setting up is retried for ``durable_retry_for``
         seconds (backoff 0.25 s doubling to 5 s; each failure logged). Raises
         ``ValueError`` for ``replicas`` outside 1..5, :class:`ConnectionLost`."""
-        _check_count("replicas", replicas, upper=5)
+        if replicas is not None:
+            _check_count("replicas", replicas, upper=5)
         limits = self.limits
         subject = self.durable_subject(self.agent.name)
         name = self.stream_name(self.agent.name)
-        config = self.stream_config(self.agent.name, replicas=replicas)
+        config = self.stream_config(self.agent.name, replicas=replicas or 1)
         consumer = js_api.ConsumerConfig(
             durable_name="cbcl", ack_policy=js_api.AckPolicy.EXPLICIT,
             ack_wait=limits.ack_wait, max_deliver=-1, filter_subject=subject,
@@ -1206,7 +1208,7 @@ class NatsBus:
         js = self._jetstream()
 
         async def set_up() -> Any:
-            await self._ensure_stream(js, config)
+            await self._ensure_stream(js, config, keep_replicas=replicas is None)
             return await js.pull_subscribe(subject, durable="cbcl", stream=name,
                                            config=consumer)
 
@@ -1220,14 +1222,19 @@ class NatsBus:
         self._durable_task = asyncio.ensure_future(self._durable_loop(subscription))
 
     async def _ensure_stream(self, js: JetStreamContext, config: js_api.StreamConfig,
-                             *, update: bool = True) -> None:
+                             *, update: bool = True, keep_replicas: bool = False) -> None:
         """Make the stream of ``config``; if it exists, take ``config``'s limits (when
-        ``update``) or leave it as it is. Raises nats-py's errors."""
+        ``update``; its own number of replicas kept when ``keep_replicas``) or leave it
+        as it is. Raises nats-py's errors."""
         try:
             await js.add_stream(config)
         except nats.js.errors.BadRequestError:  # it exists, made otherwise
-            if update:
-                await js.update_stream(config)
+            if not update:
+                return
+            if keep_replicas:
+                info = await js.stream_info(str(config.name))
+                config = config.evolve(num_replicas=info.config.num_replicas)
+            await js.update_stream(config)
 
     async def _retrying(self, what: str, attempt: Callable[[], Awaitable[Any]]) -> Any:
         """``attempt()`` again after each of nats-py's errors but a bad request (a
