@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, strategies as st
@@ -955,9 +956,11 @@ def test_durable_send_before_the_receiver_first_starts(server: NatsNode, keys: K
     them. A message the protocol refuses never leaves."""
     handled: list[str] = []
     later = "agent://test/later"
+    log: list[str] = []
 
-    def handler(message: Message, context: Context) -> None:
+    def handler(message: Message, context: Context) -> Message | None:
         handled.append(message.message_id)
+        return respond(message, context)  # a durable reply, to a sender with no stream
 
     async def body() -> None:
         async with bus_of(Agent(CLIENT, key=keys.pair), server.url) as sender:
@@ -988,10 +991,15 @@ def test_durable_send_before_the_receiver_first_starts(server: NatsNode, keys: K
                 await sender.send_durable(sent[0], descriptor=keys.signed_request,
                                           replicas=6)
         agent = Agent(later, trust=keys.store, state=tmp_path / "state",
-                      descriptors=[keys.signed_request], handler=handler)
+                      descriptors=[keys.signed_request], handler=handler, log=log.append)
         async with bus_of(agent, server.url) as receiver:
             await receiver.enable_durable()
             await wait_for(lambda: len(handled) == 2)
+            await wait_for(lambda: sum("durable reply was not sent" in line
+                                       for line in log) == 2)
+            # A receiver's replies make no stream for a name a message claims.
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await receiver.client.jetstream().stream_info(receiver.stream_name(CLIENT))
         assert handled == [m.message_id for m in sent]
 
     run(body)

@@ -1402,8 +1402,8 @@ class NatsBus:
                        timings=timings)
             return
         if isinstance(answer, Message):
-            try:
-                await self.send_durable(answer)
+            try:  # (never a stream for a name a durable message merely claims)
+                await self.send_durable(answer, make_stream=False)
             except CBCLError as exc:
                 agent._say(f"nats: the durable reply was not sent: "
                            f"{peer_text(exc.one_line(), 160)}", level=logging.ERROR,
@@ -1503,12 +1503,13 @@ class NatsBus:
         return found
 
     async def send_durable(self, message: Message, *, descriptor: bytes | None = None,
-                           replicas: int = 1) -> bool:
+                           replicas: int = 1, make_stream: bool = True) -> bool:
         """Store ``message`` in its receiver's durable stream (``Nats-Msg-Id`` = its id),
         checked first as the receiver will check it, in canonical text; the protocol is
         ``descriptor``'s (signed), or one the agent holds. If the receiver has no stream
         yet (it never started), the stream is made as the receiver would make it
-        (:meth:`stream_config`, ``replicas`` copies); an existing one is left as it is.
+        (:meth:`stream_config`, ``replicas`` copies) — unless not ``make_stream``, when
+        that is :class:`ConnectionLost`; an existing one is left as it is.
         A publish that fails for a passing reason (no acknowledgement, a node down, a
         leader being elected) is repeated with the same id for ``durable_retry_for``
         seconds. Returns whether the server had the id already (a duplicate, dropped).
@@ -1536,6 +1537,9 @@ class NatsBus:
             except nats.js.errors.NoStreamResponseError:
                 # No stream takes the subject: the receiver never started. Made here as
                 # the receiver makes it (left as it is if it exists meanwhile).
+                if not make_stream:
+                    raise ConnectionLost(f"{peer_text(message.receiver, 60)} has no "
+                                         "durable inbox on this bus") from None
                 await self._ensure_stream(
                     js, self.stream_config(message.receiver, replicas=replicas),
                     update=False)
