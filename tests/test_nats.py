@@ -665,6 +665,34 @@ def test_start_rate_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys) -> 
     run(body)
 
 
+@pytest.mark.parametrize("extra, answered", [(0, True), (1, False)])
+def test_a_sender_token_of_max_token_bytes_served_one_more_dropped(
+        server: NatsNode, keys: Keys, extra: int, answered: bool) -> None:
+    """The sender's token in a first frame's reply subject is checked before any table
+    keeps it: at ``max_token_bytes`` (40 here) the QUERY is answered, one byte more and
+    it is dropped unanswered (counted ``refused``)."""
+    name = "agent://test/" + "e" * (19 + extra)
+    assert len(subject_token(name)) == 40 + extra
+
+    async def body() -> None:
+        limits = NatsLimits(max_token_bytes=40)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url, name)
+            try:
+                refused = served.stats["refused"]
+                await raw.start(query_frame(keys, me=name))
+                if answered:
+                    assert b"unsupported" in await raw.answer()
+                else:
+                    await wait_for(lambda: served.stats["refused"] == refused + 1)
+                    assert await raw.nothing() and not served._sender_buckets
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
 @pytest.mark.parametrize("starts", [3, 4])
 def test_sender_start_burst_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys,
                                                        starts: int) -> None:

@@ -858,6 +858,14 @@ class NatsBus:
                             f"{peer_text(reply, 80)} is not a session subject for this agent")
             return
         peer_token, sid = parts[0], parts[2]
+        if len(peer_token) > self.limits.max_token_bytes \
+                or _TOKEN_RE.fullmatch(peer_token) is None:
+            # (before any table holds it: senders' buckets and ended sessions are keyed
+            # by it; decoded in full only for a session)
+            self.stats["refused"] += 1
+            self._say_quietly("token", f"nats: dropped a first frame from a name that is "
+                              f"not a subject token {peer_text(peer_token, 60)}")
+            return
         key = (peer_token, sid, "r")
         live = self._sessions.get(key)
         if live is not None and live.seen(msg.data):
