@@ -153,6 +153,8 @@ async def _send_one(link: Link, message: Message, expect_replies: bool, as_json:
 
 def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
 
+    if args.replicas is not None and not args.durable:
+        _usage("--replicas goes with --durable")
     if args.a2a:  # (spec/interop.md §4.7: cbcl/cli/_a2a.py)
         return send_a2a(args, _read_messages(args.messages))
     if bool(args.connect) == bool(args.nats):
@@ -163,8 +165,6 @@ def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
     else:
         if args.to is not None or args.durable:
             _usage("--to and --durable go with --nats")
-    if args.replicas is not None and not args.durable:
-        _usage("--replicas goes with --durable")
         try:
             parse_address(args.connect)
         except ValueError as exc:
