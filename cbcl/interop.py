@@ -51,6 +51,8 @@ if _TYPE_CHECKING:  # the lazy names, typed (at run time __getattr__ imports the
     )
     from .bridges._mcp import (
         bridge_server as bridge_server,
+        intent_tools as intent_tools,
+        protocol_server as protocol_server,
         run_stdio as run_stdio,
         tools_server as tools_server,
     )
@@ -59,7 +61,7 @@ _A2A = ("a2a_json_to_message", "a2a_to_message", "agent_card_extension", "card_p
         "message_to_a2a", "message_to_a2a_json", "read_a2a", "task_state", "write_a2a")
 _A2A_CLIENT = ("A2AClient", "A2AReply")
 _A2A_SERVER = ("A2AServer", "A2AServerLimits", "a2a_app", "serve_a2a")
-_MCP = ("bridge_server", "run_stdio", "tools_server")
+_MCP = ("bridge_server", "intent_tools", "protocol_server", "run_stdio", "tools_server")
 
 __all__ = [
     "AgentId", "ConversionError", "FipaMessage", "FipaSyntaxError", "JidNames",

@@ -72,10 +72,17 @@ async def stdio_client(anyio_backend: str) -> AsyncIterator[Client]:
 
 async def test_stdio_lists_the_tools(stdio_client: Client) -> None:
     listed = await stdio_client.list_tools()
-    names = {tool.name for tool in listed.tools}
-    assert names == {"parse", "canonical", "check", "export", "prompt"}
+    names = [tool.name for tool in listed.tools]
+    # CBCL's tools, then one per intent of the descriptor loaded (tests/test_mcp_intents.py)
+    assert names == ["parse", "canonical", "check", "export", "prompt", "request_v1.REQUEST",
+                     "request_v1.AGREE", "request_v1.REFUSE", "request_v1.FAILURE",
+                     "request_v1.INFORM"]
     for tool in listed.tools:
         assert tool.description and tool.input_schema["type"] == "object"
+    # Only what is served is advertised: tools, not resources or prompts.
+    capabilities = stdio_client.server_capabilities
+    assert capabilities.tools is not None
+    assert capabilities.resources is None and capabilities.prompts is None
 
 
 async def test_stdio_parse_and_canonical(stdio_client: Client) -> None:
@@ -153,7 +160,7 @@ async def test_stdio_check_export_prompt(stdio_client: Client) -> None:
     ("prompt", {"descriptor": "(signed-descriptor"}, "malformed"),
     ("prompt", {"protocol": "request/v1", "examples": 10_000}, "Error executing tool prompt"),
     ("check", {"grammar": "\x00"}, "rejected"),
-    ("nonexistent", {}, "Unknown tool"),
+    ("nonexistent", {}, "usage: unknown tool nonexistent"),
 ])
 async def test_stdio_hostile_arguments(stdio_client: Client, tool: str,
                                        arguments: dict[str, Any], starts: str) -> None:

@@ -1,7 +1,14 @@
-"""CBCL over MCP (the Model Context Protocol, ``mcp`` 2.x): CBCL's tools as an MCP server, and
-a bridge that serves a request/v1 agent as MCP tools (spec/interop.md §5).
+"""CBCL over MCP (the Model Context Protocol, ``mcp`` 2.x): CBCL's tools as an MCP server,
+one tool per intent of any protocol, and a bridge that serves a request/v1 agent's actions
+as MCP tools (spec/interop.md §5).
 
-:func:`tools_server` is what ``cbcl mcp`` runs over stdio: the tools ``parse``, ``canonical``,
+:func:`protocol_server` is what ``cbcl mcp`` runs: CBCL's tools (below) and, for each
+protocol of its registry, one tool per governed intent (:func:`intent_tools`) whose input
+is a message in the JSON mapping and whose result — the checked message, or with a handler
+the handler's reply — is structured content its ``outputSchema`` describes. It advertises
+only the tools capability.
+
+:func:`tools_server` holds CBCL's own tools: ``parse``, ``canonical``,
 ``check``, ``export`` and ``prompt``, each the library call of the CLI command of that name.
 Every argument is hostile input, read under the server's limits; a :class:`~cbcl.CBCLError`
 is a tool result with ``isError`` whose text is the error's one line (spec §6.3), so is a
@@ -20,25 +27,35 @@ timeout (answered ``isError`` then, whatever the handler still does), and whatev
 raises — ``SystemExit`` and ``KeyboardInterrupt`` included — is an ``isError`` result and a
 log record with its traceback (logger ``cbcl.bridges``), never the end of the server.
 
+:func:`run_stdio` serves either over standard input and output with this module's own
+transport (spec/interop.md §5.5): a line cap read in bounded chunks, and JSON-RPC error
+replies for lines that cannot be read.
+
 Needs the ``mcp`` extra (``pip install 'cbcl[mcp]'``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import logging
 import math
+import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, cast
 
 try:
+    import anyio
     from mcp.server.lowlevel import Server
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.shared.message import SessionMessage
     from mcp_types import (
         CallToolRequestParams,
         CallToolResult,
@@ -46,6 +63,7 @@ try:
         PaginatedRequestParams,
         TextContent,
         Tool,
+        jsonrpc_message_adapter,
     )
     from pydantic import Field
 except ImportError as exc:  # pragma: no cover - the extra is missing
@@ -61,14 +79,22 @@ from ..core._version import __version__
 from ..grammar._compile import compile_guarded
 from ..grammar._lr import LALR1
 from ..grammar._subset import read_grammar
-from ..llm._export import export_grammar
+from ..llm._export import export_grammar, export_json_schema
 from ..llm._prompt import render_prompt
 from ..net._agent import Agent, Context
 from ..net._handlers import HandlerThreads, run_handler
 from ..protocol._api import canonical, parse
 from ..protocol._conversation import Conversation, Machine, compile_machine
 from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
-from ..protocol._json import message_to_json, to_json
+from ..protocol._fields import _SURROGATE
+from ..protocol._json import (
+    _SURROGATE_ESCAPE,
+    JSON_SIZE_FACTOR,
+    _json_depth,
+    message_from_json,
+    message_to_json,
+    to_json,
+)
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
@@ -81,9 +107,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BridgeTool",
+    "IntentTool",
     "bridge_server",
     "error_result",
+    "intent_tools",
     "plain_to_value",
+    "protocol_server",
     "run_stdio",
     "tools_server",
 ]
@@ -314,16 +343,275 @@ def _check(data: bytes, start: list[str] | None, limits: Limits) -> CallToolResu
                           is_error=compiled.verdict != LALR1)
 
 
-async def run_stdio(server: MCPServer | Server[Any]) -> None:
-    """Serve ``server`` over this process's standard input and output until the input
-    ends (``cbcl mcp``)."""
-    if isinstance(server, MCPServer):
-        await server.run_stdio_async()
-        return
-    from mcp.server.stdio import stdio_server
+# --------------------------------------------------------------------------- stdio
+#
+# Theory of operation. The SDK's stdio transport reads a whole line, however long, into
+# memory, replaces invalid UTF-8 with U+FFFD and answers nothing to a line it cannot read.
+# This one reads standard input in chunks of READ_CHUNK bytes (os.read in a worker thread)
+# and splits lines on LF itself: a line that grows past max_line_bytes is discarded as it
+# arrives (its bytes are never held beyond the cap) and answered with a JSON-RPC error once
+# its LF comes. A line within the cap is read strictly — UTF-8 (a lone surrogate's bytes
+# are invalid), nesting measured before json.loads, duplicate member names, NaN/Infinity
+# and escaped lone surrogates refused — and only then validated by the SDK's own JSON-RPC
+# types. Every refusal is answered as JSON-RPC 2.0 §5.1 says: -32700 (parse error) or
+# -32600 (invalid request), with the request's id where it could be read, else null. The
+# server (its handlers) then sees only messages the SDK would have read.
 
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+#: Bytes read from standard input at a time.
+READ_CHUNK = 64 << 10
+#: JSON-RPC 2.0 error codes (§5.1).
+PARSE_ERROR, INVALID_REQUEST = -32700, -32600
+#: Objects and arrays a JSON-RPC line may nest beyond ``limits.max_depth`` (the envelope of
+#: a ``tools/call`` around its arguments).
+JSONRPC_DEPTH_MARGIN = 8
+
+
+def default_max_line_bytes(limits: Limits = DEFAULT_LIMITS) -> int:
+    """The default cap on one JSON-RPC line: ``JSON_SIZE_FACTOR`` (10) ×
+    ``max_message_bytes`` + 64 KiB, room for a message within the limit in the JSON mapping
+    (an intent tool's arguments), or a text argument written with JSON escapes
+    (``\\u00XX`` is 6 bytes for 1), and for the request around it."""
+    return JSON_SIZE_FACTOR * limits.max_message_bytes + (64 << 10)
+
+
+class _LineError(Exception):
+    def __init__(self, code: int, data: str, request_id: str | int | None = None) -> None:
+        super().__init__(data)
+        self.code, self.data, self.request_id = code, data, request_id
+
+
+def _request_id(document: Any) -> str | int | None:
+    """The ``id`` of a JSON-RPC object when it is one MCP allows (a string or an integer:
+    not null, a boolean or a fraction), else ``None``."""
+    if type(document) is not dict:
+        return None
+    found = document.get("id")
+    return found if type(found) is str or type(found) is int else None
+
+
+def read_jsonrpc_line(line: bytes, max_depth: int) -> Any:
+    """The JSON-RPC message (an SDK ``JSONRPCMessage``) on one line of MCP's stdio transport
+    (without its LF). Raises :class:`_LineError` with the JSON-RPC error to answer:
+    :data:`PARSE_ERROR` for invalid UTF-8, JSON that is not RFC 8259 JSON (``NaN``, a
+    member name twice, a lone surrogate escape) or nested beyond ``max_depth``;
+    :data:`INVALID_REQUEST` for JSON that is not a JSON-RPC message of MCP (a batch
+    included: MCP has none)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _LineError(PARSE_ERROR, f"invalid UTF-8 at byte {exc.start}") from None
+    if _json_depth(text) > max_depth:
+        raise _LineError(PARSE_ERROR, f"JSON nested more than {max_depth} deep")
+    try:
+        document = json.loads(text, object_pairs_hook=_unique_members,
+                              parse_constant=_no_constant)
+        if _SURROGATE_ESCAPE.search(text) is not None and _holds_lone_surrogate(document):
+            raise ValueError("a string holds a lone surrogate escape")
+    except RecursionError:
+        raise _LineError(PARSE_ERROR, "JSON nested too deep") from None
+    except ValueError as exc:  # JSONDecodeError included
+        raise _LineError(PARSE_ERROR, escape_invisible(str(exc), limit=200)) from None
+    if type(document) is list:
+        raise _LineError(INVALID_REQUEST, "JSON-RPC batches are not part of MCP")
+    if type(document) is not dict:
+        raise _LineError(INVALID_REQUEST, "a JSON-RPC message is a JSON object")
+    if "id" in document and _request_id(document) is None and "method" in document:
+        # (the SDK would read the request as a notification, and answer nothing; a
+        # response's id may be null, JSON-RPC 2.0 §5)
+        raise _LineError(INVALID_REQUEST, "an id is a string or an integer")
+    try:
+        return jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except Exception as exc:  # pydantic's ValidationError: not a JSON-RPC message of MCP
+        said = escape_invisible(str(exc).split("\n", 1)[0], limit=200)
+        raise _LineError(INVALID_REQUEST, f"not a JSON-RPC message: {said}",
+                         _request_id(document)) from None
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in members:
+            raise ValueError(f"member name {escape_invisible(name, quote=True, limit=40)!r} "
+                             f"appears twice in one object")
+        members[name] = value
+    return members
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _holds_lone_surrogate(document: Any) -> bool:
+    stack = [document]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            if _SURROGATE.search(item) is not None:
+                return True
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+    return False
+
+
+def _error_line(code: int, data: str, request_id: str | int | None) -> bytes:
+    message = "Parse error" if code == PARSE_ERROR else "Invalid Request"
+    return json.dumps({"jsonrpc": "2.0", "id": request_id,
+                       "error": {"code": code, "message": message, "data": data}},
+                      separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+class _Lines:
+    """Splits the chunks of a byte stream into LF-terminated lines of at most ``cap``
+    bytes (sans-io): :meth:`feed` returns the lines completed, each ``bytes`` or, for a
+    line that outgrew the cap (its bytes dropped as they came), ``None``."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.pending = bytearray()
+        self.discarding = False
+
+    def feed(self, chunk: bytes) -> list[bytes | None]:
+        lines: list[bytes | None] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if self.discarding or len(self.pending) + end - start > self.cap:
+                lines.append(None)
+            else:
+                self.pending += chunk[start:end]
+                lines.append(bytes(self.pending))
+            self.pending.clear()
+            self.discarding = False
+            start = end + 1
+        if not self.discarding:
+            if len(self.pending) + len(chunk) - start > self.cap:
+                self.discarding = True
+                self.pending = bytearray()  # (the memory goes back now, not at the LF)
+            else:
+                self.pending += chunk[start:]
+        return lines
+
+    def end(self) -> list[bytes | None]:
+        """The last line, when the stream ends without its LF."""
+        if self.discarding:
+            return [None]
+        return [bytes(self.pending)] if self.pending.strip() else []
+
+
+def _claim_stdio() -> tuple[int, int, Callable[[], None]]:
+    """Private duplicates of fds 0 and 1 (the wire), with fd 0 pointed at the null device
+    and fd 1 at stderr while serving (as the SDK's transport does: a handler's stray read
+    or print never touches the wire), and the function that restores them."""
+    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+    finally:
+        os.close(null)
+    os.dup2(2, 1)
+
+    def restore() -> None:
+        os.dup2(wire_in, 0)
+        os.dup2(wire_out, 1)
+        os.close(wire_in)
+        os.close(wire_out)
+    return wire_in, wire_out, restore
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+async def serve_lines(server: Server[Any], initialization: Any, read_fd: int, write_fd: int,
+                      *, max_line_bytes: int, max_depth: int) -> None:
+    """Serve the low-level ``server`` over newline-delimited JSON-RPC on two file
+    descriptors until ``read_fd`` ends (see the theory of operation above)."""
+    to_server, from_reader = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    to_writer, from_server = anyio.create_memory_object_stream[SessionMessage](0)
+    write_lock = anyio.Lock()
+
+    async def write(data: bytes) -> None:
+        async with write_lock:
+            await anyio.to_thread.run_sync(_write_all, write_fd, data)
+
+    async def reader() -> None:
+        lines = _Lines(max_line_bytes)
+        async with to_server:
+            while True:
+                chunk = await anyio.to_thread.run_sync(os.read, read_fd, READ_CHUNK,
+                                                       abandon_on_cancel=True)
+                done = lines.feed(chunk) if chunk else lines.end()
+                for line in done:
+                    if line is not None and not line.strip():
+                        continue  # (a blank line carries nothing to answer)
+                    try:
+                        if line is None:
+                            raise _LineError(INVALID_REQUEST, f"a line longer than "
+                                             f"{max_line_bytes} bytes (the line cap)")
+                        message = read_jsonrpc_line(line, max_depth)
+                    except _LineError as refused:
+                        logger.warning("mcp: refused a JSON-RPC line (%d): %s", refused.code,
+                                       refused.data)
+                        await write(_error_line(refused.code, refused.data,
+                                                refused.request_id))
+                        continue
+                    await to_server.send(SessionMessage(message))
+                if not chunk:
+                    return
+
+    written = anyio.Event()
+
+    async def writer() -> None:
+        try:
+            async with from_server:
+                async for item in from_server:
+                    text = item.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await write(text.encode("utf-8") + b"\n")
+        finally:
+            written.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(reader)
+        group.start_soon(writer)
+        async with to_writer:
+            await server.run(from_reader, to_writer, initialization)
+        await written.wait()  # every answer out before the reader (maybe in a read) stops
+        group.cancel_scope.cancel()
+
+
+async def run_stdio(server: MCPServer | Server[Any], *, limits: Limits | None = None,
+                    max_line_bytes: int | None = None) -> None:
+    """Serve ``server`` over this process's standard input and output until the input
+    ends (``cbcl mcp``), reading lines of at most ``max_line_bytes`` (default
+    :func:`default_max_line_bytes` of ``limits``) nested at most ``limits.max_depth`` +
+    :data:`JSONRPC_DEPTH_MARGIN` deep. Raises ``ValueError`` for a cap below 1."""
+    limits = DEFAULT_LIMITS if limits is None else limits
+    cap = default_max_line_bytes(limits) if max_line_bytes is None else max_line_bytes
+    if type(cap) is not int or cap < 1:
+        raise ValueError("max_line_bytes must be a positive int")
+    low = _lowlevel(server)
+    wire_in, wire_out, restore = _claim_stdio()
+    try:
+        await serve_lines(low, low.create_initialization_options(), wire_in, wire_out,
+                          max_line_bytes=cap, max_depth=limits.max_depth + JSONRPC_DEPTH_MARGIN)
+    finally:
+        restore()
+
+
+def _lowlevel(server: MCPServer | Server[Any]) -> Server[Any]:
+    """The low-level server that answers for ``server`` (an MCPServer's own: mcp 2.x names
+    no public accessor for it)."""
+    if isinstance(server, MCPServer):
+        return server._lowlevel_server
+    return server
 
 
 # --------------------------------------------------------------------------- the bridge
@@ -448,29 +736,10 @@ class _Bridge:
         conversation.receive(request, now=_now())
 
         context = Context(request, next_id=lambda: self.next_id("re"))
-        outcome = await run_handler(self.handler, request, context, threads=self.threads,
-                                    timeout=self.timeout)
-        if outcome.kind == "stopped":
-            return _agent_error("the agent is stopping")
-        if outcome.kind == "timeout":
-            busy = "" if outcome.value != "thread" else (
-                f" (no handler thread was free: {self.threads.busy} busy)")
-            logger.error("bridge: the handler of %s did not answer within %g s%s",
-                         escape_invisible(name, limit=60), self.timeout, busy,
-                         extra={"cbcl": {"event": "handler-timeout", "tool": name}})
-            return _agent_error(f"the agent did not answer within {self.timeout:g} s")
-        if outcome.kind == "raised":
-            error: BaseException = outcome.value
-            said = escape_invisible(f"{type(error).__name__}: {error}", limit=200)
-            logger.error("bridge: the handler of %s failed: %s", escape_invisible(name, limit=60),
-                         said, exc_info=error if isinstance(error, Exception) else None,
-                         extra={"cbcl": {"event": "handler-failed", "tool": name}})
-            shown = said if self.expose_errors else type(error).__name__
-            return _agent_error(f"the agent failed: {shown}")
-        answer: Any = outcome.value
-        replies = [answer] if isinstance(answer, Message) or answer is None else answer
-        if not isinstance(replies, Sequence) or not replies or replies == [None]:
-            return _agent_error("the agent did not answer")
+        replies = await _answers(self.handler, request, context, name, threads=self.threads,
+                                 timeout=self.timeout, expose_errors=self.expose_errors)
+        if isinstance(replies, CallToolResult):
+            return replies
         last: Message | None = None
         try:
             for reply in replies:
@@ -501,6 +770,37 @@ class _Bridge:
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
+
+
+async def _answers(handler: Handler, request: Message, context: Context, tool: str, *,
+                   threads: HandlerThreads, timeout: float,
+                   expose_errors: bool) -> Sequence[Any] | CallToolResult:
+    """What ``handler`` answered to ``request`` — a non-empty sequence, each to be checked
+    as a Message — or the ``isError`` result of a handler that stopped, overran its
+    ``timeout``, raised anything (logged with its traceback) or said nothing."""
+    outcome = await run_handler(handler, request, context, threads=threads, timeout=timeout)
+    if outcome.kind == "stopped":
+        return _agent_error("the agent is stopping")
+    if outcome.kind == "timeout":
+        busy = "" if outcome.value != "thread" else (
+            f" (no handler thread was free: {threads.busy} busy)")
+        logger.error("bridge: the handler of %s did not answer within %g s%s",
+                     escape_invisible(tool, limit=60), timeout, busy,
+                     extra={"cbcl": {"event": "handler-timeout", "tool": tool}})
+        return _agent_error(f"the agent did not answer within {timeout:g} s")
+    if outcome.kind == "raised":
+        error: BaseException = outcome.value
+        said = escape_invisible(f"{type(error).__name__}: {error}", limit=200)
+        logger.error("bridge: the handler of %s failed: %s", escape_invisible(tool, limit=60),
+                     said, exc_info=error if isinstance(error, Exception) else None,
+                     extra={"cbcl": {"event": "handler-failed", "tool": tool}})
+        shown = said if expose_errors else type(error).__name__
+        return _agent_error(f"the agent failed: {shown}")
+    answer: Any = outcome.value
+    replies = [answer] if isinstance(answer, Message) or answer is None else answer
+    if not isinstance(replies, Sequence) or not replies or list(replies) == [None]:
+        return _agent_error("the agent did not answer")
+    return replies
 
 
 def _agent_error(text: str) -> CallToolResult:
@@ -615,3 +915,225 @@ def bridge_server(handler: Handler | Agent, tools: Iterable[BridgeTool | str], *
     return Server(name, version=_version(), on_list_tools=list_tools, on_call_tool=call_tool,
                   get_tool_input_schema=lambda tool: dict(specs[tool].input_schema)
                   if tool in specs else None)
+
+
+# --------------------------------------------------------------------------- any protocol
+#
+# `cbcl mcp --descriptor D …` serves one tool per governed intent of every protocol loaded.
+# A call's arguments are a whole message in the JSON mapping (spec §7.2), as the protocol's
+# JSON Schema export for that intent describes it (the tool's inputSchema); the message is
+# read by message_from_json, must be of the tool's protocol and intent, and is checked by
+# both passes and the schema. Without a handler the result is that checked message; with
+# one (any protocol's participant: a function, or an Agent's handler for that protocol and
+# intent) it is the handler's last reply, checked the same way. Either way the result's
+# structuredContent is a message's JSON mapping and the tool's outputSchema its schema.
+
+_NOT_IN_TOOL_NAMES = re.compile(r"[^A-Za-z0-9_.-]")
+#: The longest MCP tool name (the MCP specification's tool name rules).
+MAX_TOOL_NAME = 128
+
+
+def intent_tool_name(protocol: str, intent: Intent) -> str:
+    """The MCP tool name of ``intent`` of ``protocol``: the protocol id with each character
+    MCP's tool names do not allow written ``_``, a dot, the intent (``request_v1.REQUEST``)."""
+    return f"{_NOT_IN_TOOL_NAMES.sub('_', protocol)}.{intent.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class IntentTool:
+    """One MCP tool of :func:`protocol_server`: messages of ``intent`` of ``protocol``."""
+
+    name: str
+    protocol: str
+    intent: Intent
+    description: str
+    input_schema: Mapping[str, Any]
+    output_schema: Mapping[str, Any]
+    handler: Handler | None = None
+
+
+def _object_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with ``"type": "object"`` at its root, as MCP asks of a tool's schemas (a
+    protocol's schema of several intents is an ``anyOf`` of objects: the same set)."""
+    return schema if schema.get("type") == "object" else {**schema, "type": "object"}
+
+
+def intent_tools(registry: Registry, *, handler: Handler | Agent | None = None
+                 ) -> list[IntentTool]:
+    """The tools of every governed intent of every protocol in ``registry``: the input
+    schema is the JSON Schema export of the intent's messages
+    (:func:`cbcl.llm.export_json_schema`); the output schema that same schema without a
+    handler (the result is the checked message), the whole protocol's with one (the result
+    is a reply). With an :class:`~cbcl.Agent`, only the intents it has a handler for.
+    Raises ``ValueError`` when two protocols' ids make the same tool name, or one longer
+    than :data:`MAX_TOOL_NAME`; :class:`~cbcl.LimitError` as the export does."""
+    tools: list[IntentTool] = []
+    seen: dict[str, str] = {}
+    for protocol in registry.protocols():
+        descriptor = protocol.descriptor
+        protocol_id = str.__str__(descriptor.id)
+        whole: dict[str, Any] | None = None
+        for intent in descriptor.intents:
+            chosen: Handler | None = None
+            if isinstance(handler, Agent):
+                chosen = handler.handler_for(protocol_id, intent)
+                if chosen is None:
+                    continue
+            elif handler is not None:
+                chosen = handler
+            name = intent_tool_name(protocol_id, intent)
+            if len(name) > MAX_TOOL_NAME:
+                raise ValueError(f"tool name {name[:40]}… is longer than {MAX_TOOL_NAME} "
+                                 f"characters")
+            if name in seen:
+                raise ValueError(f"protocols {seen[name]} and {protocol_id} both make the "
+                                 f"tool name {name}")
+            seen[name] = protocol_id
+            schema = _object_schema(export_json_schema(descriptor, intent=intent))
+            if handler is None:
+                output, what = schema, "Returns the message, checked"
+            else:
+                if whole is None:
+                    whole = _object_schema(export_json_schema(descriptor))
+                output, what = whole, "Returns the agent's reply, a message of the protocol"
+            tools.append(IntentTool(
+                name=name, protocol=protocol_id, intent=intent, input_schema=schema,
+                output_schema=output, handler=chosen, description=(
+                    f"Send a CBCL {protocol_id} {intent.value} message, written in the "
+                    f"CBCL JSON mapping as the input schema says (every envelope member "
+                    f"and the body). It is checked by both passes and the protocol's "
+                    f"schema. {what} (its JSON mapping as structured content, its "
+                    f"canonical text as text); isError with the error line when it is "
+                    f"refused.")))
+    return tools
+
+
+def _message_result(message: Message) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message.canonical())],
+                          structured_content=message_to_json(message))
+
+
+@dataclass
+class _IntentServer:
+    registry: Registry
+    tools: dict[str, IntentTool]
+    limits: Limits
+    timeout: float
+    threads: HandlerThreads
+    expose_errors: bool
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    prefix: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def check(self, message: Message) -> Message:
+        """``message`` checked by both passes and the schema (and the trust store, if the
+        registry has one), or a :class:`CBCLError`."""
+        return parse(message.canonical(), limits=self.limits, registry=self.registry)
+
+    async def call(self, tool: IntentTool, arguments: dict[str, Any]) -> CallToolResult:
+        try:
+            message = message_from_json(arguments, limits=self.limits)
+            if str.__str__(message.protocol) != tool.protocol or message.intent is not tool.intent:
+                raise MalformedError(
+                    f"the tool {tool.name} takes {tool.protocol} {tool.intent.value} "
+                    f"messages, not {escape_invisible(str(message.protocol), limit=60)} "
+                    f"{message.intent.value}")
+            request = self.check(message)
+        except Exception as exc:
+            return error_result(exc)
+        if tool.handler is None:
+            return _message_result(request)
+        context = Context(request, next_id=lambda: f"mcp-{self.prefix}-re-{next(self.ids)}")
+        replies = await _answers(tool.handler, request, context, tool.name,
+                                 threads=self.threads, timeout=self.timeout,
+                                 expose_errors=self.expose_errors)
+        if isinstance(replies, CallToolResult):
+            return replies
+        last: Message | None = None
+        try:
+            for reply in replies:
+                if not isinstance(reply, Message):
+                    raise TypeError(f"the agent returned {type(reply).__name__}, not a "
+                                    f"Message")
+                last = self.check(reply)
+        except Exception as exc:
+            return error_result(exc)
+        assert last is not None  # (replies is not empty)
+        protocol = self.registry.get(last.protocol)
+        if str.__str__(last.protocol) != tool.protocol or protocol is None \
+                or last.intent not in protocol.descriptor.intents:
+            # Not a message the output schema describes: the result says so.
+            return _agent_error(f"the agent answered {last.intent.value} of "
+                                f"{escape_invisible(str(last.protocol), limit=60)}, which "
+                                f"{tool.protocol} does not govern: {last.canonical()}")
+        return _message_result(last)
+
+
+def protocol_server(registry: Registry | None, *, handler: Handler | Agent | None = None,
+                    limits: Limits | None = None, cbcl_tools: bool = True,
+                    timeout: float = 30.0, threads: int = 8, expose_errors: bool = False,
+                    name: str = "cbcl") -> Server[Any]:
+    """The MCP server of ``cbcl mcp``: one tool per governed intent of each protocol in
+    ``registry`` (:func:`intent_tools`; ``None``: none), and, without a ``handler`` and
+    with ``cbcl_tools``, CBCL's own tools (:func:`tools_server`'s). With ``handler`` (a
+    function ``respond(message, context)``, sync or async, or an :class:`~cbcl.Agent`,
+    whose handlers, threads and ``expose_errors`` are used) each call's message is
+    answered by it as :func:`bridge_server`'s calls are (``timeout``, ``threads``,
+    ``expose_errors``). Only the tools capability is advertised: nothing else is served.
+    Raises ``ValueError`` as :func:`intent_tools` does, or for ``timeout`` outside
+    (0, 86400] s or ``threads`` outside 1 to 4096."""
+    limits = DEFAULT_LIMITS if limits is None else limits
+    if not isinstance(limits, Limits):
+        raise TypeError("limits must be a cbcl.Limits")
+    if not 0 < timeout <= 86_400:
+        raise ValueError("timeout must be in (0, 86400] seconds")
+    pool = None
+    if isinstance(handler, Agent):
+        pool, expose_errors = handler.threads, handler.expose_errors
+    elif handler is not None and not callable(handler):
+        raise TypeError("handler must be callable or a cbcl.Agent")
+    tools = [] if registry is None else intent_tools(registry, handler=handler)
+    by_name = {tool.name: tool for tool in tools}
+    intents = _IntentServer(
+        registry=registry if registry is not None else Registry(limits=limits,
+                                                                disk_cache=False),
+        tools=by_name, limits=limits, timeout=float(timeout), expose_errors=bool(expose_errors),
+        threads=pool or HandlerThreads(threads, name="cbcl-mcp"))
+    own = tools_server(registry, limits=limits, name=name) \
+        if handler is None and cbcl_tools else None
+    own_names: set[str] = set()
+    listed = [Tool(name=tool.name, description=tool.description,
+                   input_schema=dict(tool.input_schema), output_schema=dict(tool.output_schema))
+              for tool in tools]
+
+    async def list_tools(ctx: ServerRequestContext[Any],
+                         params: PaginatedRequestParams | None) -> ListToolsResult:
+        mine = [] if own is None else await own.list_tools()
+        return ListToolsResult(tools=[*mine, *listed])
+
+    async def call_tool(ctx: ServerRequestContext[Any],
+                        params: CallToolRequestParams) -> CallToolResult:
+        try:
+            tool = by_name.get(params.name)
+            if tool is not None:
+                return await intents.call(tool, params.arguments or {})
+            if not own_names and own is not None:
+                own_names.update(tool.name for tool in await own.list_tools())
+            if own is not None and params.name in own_names:
+                done = await own.call_tool(params.name, params.arguments or {})
+                if isinstance(done, CallToolResult):
+                    return done
+            return error_result(ValueError(f"unknown tool "
+                                           f"{escape_invisible(params.name, limit=60)}"))
+        except Exception as exc:  # never a crash (the SDK's own argument checks included)
+            if own is not None and isinstance(exc, ToolError):
+                return CallToolResult(content=[TextContent(
+                    type="text", text=escape_invisible(str(exc).replace("\n", " ")))],
+                    is_error=True)
+            return error_result(exc)
+
+    def input_schema(tool: str) -> dict[str, Any] | None:
+        found = by_name.get(tool)
+        return None if found is None else dict(found.input_schema)
+
+    return Server(name, version=_version(), on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=input_schema)

@@ -1,10 +1,13 @@
-"""``cbcl mcp``: CBCL's tools (parse, canonical, check, export, prompt) as an MCP server over
-standard input and output, or, with ``--handler``, a request/v1 agent served as MCP tools
-(:mod:`cbcl.bridges._mcp`; needs the ``mcp`` extra)."""
+"""``cbcl mcp``: an MCP server over standard input and output (:mod:`cbcl.bridges._mcp`;
+needs the ``mcp`` extra): CBCL's tools (parse, canonical, check, export, prompt) and one
+tool per intent of each ``--descriptor``; with ``--handler``, an agent of those protocols
+answering the intent tools; with ``--handler`` and ``--tool``, a request/v1 agent's
+actions as tools."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import TYPE_CHECKING
 
 from ..core._limits import DEFAULT_LIMITS
@@ -35,42 +38,53 @@ def _cmd_mcp(args: argparse.Namespace, data: bytes) -> int:
     if args.respond is None:
         if args.tool:
             usage_error("cbcl mcp", "--tool needs --handler")
-        server: object = _mcp.tools_server(registry, limits=args.limits)
+        server: object = _mcp.protocol_server(registry, limits=args.limits)
     else:
-
-        if not args.tool:
-            usage_error("cbcl mcp", "--handler needs at least one --tool NAME[=DESCRIPTION]")
-        if registry is None or registry.get(_mcp.REQUEST_PROTOCOL) is None:
-            usage_error("cbcl mcp", f"--handler needs --descriptor of {_mcp.REQUEST_PROTOCOL}")
         try:
             respond = load_handler(args.respond)
         except (ValueError, ImportError, AttributeError, TypeError) as exc:
             usage_error("cbcl mcp", f"--handler: {exc}")
-        tools = []
-        for spec in args.tool:
-            name, _, description = spec.partition("=")
-            tools.append(_mcp.BridgeTool(name, description))
+        if registry is None or not registry.protocols():
+            usage_error("cbcl mcp", "--handler needs --descriptor (the protocols it answers)")
         try:
-            server = _mcp.bridge_server(respond, tools, registry=registry, limits=args.limits,
-                                        client=args.client, agent=args.agent,
-                                        timeout=args.handler_timeout,
-                                        threads=args.handler_threads,
-                                        expose_errors=args.expose_errors)
+            if args.tool:
+                if registry.get(_mcp.REQUEST_PROTOCOL) is None:
+                    usage_error("cbcl mcp", f"--tool needs --descriptor of "
+                                            f"{_mcp.REQUEST_PROTOCOL}")
+                tools = []
+                for spec in args.tool:
+                    name, _, description = spec.partition("=")
+                    tools.append(_mcp.BridgeTool(name, description))
+                server = _mcp.bridge_server(respond, tools, registry=registry,
+                                            limits=args.limits, client=args.client,
+                                            agent=args.agent, timeout=args.handler_timeout,
+                                            threads=args.handler_threads,
+                                            expose_errors=args.expose_errors)
+            else:
+                server = _mcp.protocol_server(registry, handler=respond, limits=args.limits,
+                                              timeout=args.handler_timeout,
+                                              threads=args.handler_threads,
+                                              expose_errors=args.expose_errors)
         except ValueError as exc:
             usage_error("cbcl mcp", str(exc))
-    anyio.run(_mcp.run_stdio, server)  # type: ignore[arg-type]
+    anyio.run(functools.partial(_mcp.run_stdio, server,  # type: ignore[arg-type]
+                                limits=args.limits, max_line_bytes=args.max_line_bytes))
     return EXIT_OK
 
 
 def register(commands: Commands) -> None:
     """Add ``mcp`` to ``commands`` (the ``cbcl`` subcommands)."""
     m = commands.add_parser(
-        "mcp", help="serve CBCL's tools (parse, canonical, check, export, prompt) over MCP "
-                    "stdio; with --handler, a request/v1 agent as MCP tools")
+        "mcp", help="serve CBCL's tools (parse, canonical, check, export, prompt) and one "
+                    "tool per intent of each --descriptor over MCP stdio; with --handler, "
+                    "an agent answering the intent tools (with --tool: a request/v1 "
+                    "agent's actions as tools)")
     add_protocol_options(m)
     m.add_argument("--handler", dest="respond", metavar="MODULE:CALLABLE", default=None,
-                   help="serve this request/v1 handler, respond(message, context), as MCP "
-                        "tools (needs --descriptor of request/v1 and --tool)")
+                   help="answer each intent tool's message with this handler, "
+                        "respond(message, context), whose last reply is the result (needs "
+                        "--descriptor); with --tool, a request/v1 handler whose actions "
+                        "are the tools")
     m.add_argument("--tool", action="append", default=[], metavar="NAME[=DESCRIPTION]",
                    help="with --handler: an action the agent answers, one MCP tool "
                         "(repeatable)")
@@ -93,4 +107,8 @@ def register(commands: Commands) -> None:
                    default=DEFAULT_LIMITS.max_message_bytes,
                    help=f"message (and tool argument) size limit, 1 to {MAX_DOCUMENT_BYTES} "
                         f"(default {DEFAULT_LIMITS.max_message_bytes})")
+    m.add_argument("--max-line-bytes", type=int_in(1, 1 << 40), metavar="N", default=None,
+                   help="the longest JSON-RPC line read from standard input, in bytes (a "
+                        "longer one is discarded as it arrives and answered -32600); "
+                        "default 10 x --max-message-bytes + 64 KiB")
     m.set_defaults(handler=_cmd_mcp, file=None)

@@ -178,6 +178,8 @@ def _one_edge(args: argparse.Namespace, option: str) -> None:
 
 def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
     _one_edge(args, "--listen")
+    if args.replicas is not None and not args.durable:
+        _usage(args, "--replicas goes with --durable")
     if args.nats:
         nats_servers(args)
     else:
@@ -207,6 +209,7 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
             signing=signing, limits=limits, connection=connection_limits(args),
             server=server_limits(args), preload=tuple(preload), handler=handler,
             nats=nats_servers(args) if args.nats else None, durable=args.durable,
+            replicas=args.replicas,
             handler_timeout=args.handler_timeout, handlers=handler_limits(args),
             expose_errors=args.expose_errors)
         logged = log_to(sys.stdout, args.log_format)
@@ -234,6 +237,9 @@ class ServeConfig:
     #: ``--nats``: serve on this NATS server or cluster instead of ``listen``.
     nats: str | None = None
     durable: bool = False
+    #: ``--replicas``: copies of the durable stream in a cluster (``None``: 1 for a new
+    #: stream, an existing one's own).
+    replicas: int | None = None
     #: ``--handler-timeout``, the handler limits, ``--expose-errors``.
     handler_timeout: float = 30.0
     handlers: HandlerLimits = field(default_factory=HandlerLimits)
@@ -333,8 +339,8 @@ async def _serve_nats(config: ServeConfig) -> int:
         raise
     try:
         await bus.serve()
-        if config.durable:
-            await bus.enable_durable()
+        if config.durable:  # (retried while the stream is unavailable, then exit 1)
+            await bus.enable_durable(replicas=config.replicas)
         durable = f", durable on {bus.durable_subject(agent.name)}" if config.durable else ""
         _note(f"serve: listening on NATS {config.nats} as {config.name} (subject "
               f"{bus.agent_subject(agent.name)}{durable})", "listening", name=config.name)
@@ -847,7 +853,12 @@ def register(commands: Commands) -> None:
                         "made from --name")
     s.add_argument("--durable", action="store_true",
                    help="with --nats: also take durable messages from this agent's "
-                        "JetStream stream (made if missing)")
+                        "JetStream stream (made if missing; setting it up is retried for "
+                        "60 s)")
+    s.add_argument("--replicas", type=int_in(1, 5), metavar="N",
+                   help="with --durable: copies of the stream in a cluster, 1 to 5 "
+                        "(default: 1 for a new stream, an existing one keeps its own; 3 "
+                        "survive the death of the stream's leader)")
     s.add_argument("--trust", required=True, metavar="DIR",
                    help="trust store that decides which offered descriptors load")
     s.add_argument("--descriptors", metavar="DIR",
