@@ -38,6 +38,7 @@ from typing import Any
 import jsonschema
 import llguidance
 import pytest
+from hypothesis import given, strategies as st
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 import cbcl
@@ -46,6 +47,7 @@ from cbcl.json_mapping import from_json, message_to_json
 from cbcl.llm import export_grammar, export_json_schema, generate_messages
 from cbcl.llm._export import (
     _ALL,
+    _SURROGATES,
     _cls,
     _minus,
     _pattern,
@@ -226,6 +228,64 @@ def test_gbnf_escapes_are_fixed_width_and_hex_safe() -> None:
         assert not re.search(r"[\x80-\xff]", text)  # U+0080..U+00FF always escaped
         for escape in re.findall(r"\\(.)", text):
             assert escape in "xu", text[:200]
+
+
+_HEX = "0123456789abcdefABCDEF"
+
+
+def _decode_escapes(body: str, greedy_x: bool) -> list[int | None]:
+    """The code points of a GBNF literal's or class's inside (``None`` for a range's ``-``),
+    read as llama.cpp reads escapes (``\\x`` two digits) or as XGrammar does (``\\x`` as
+    many as follow)."""
+    out: list[int | None] = []
+    i = 0
+    while i < len(body):
+        if body[i] == "\\" and body[i + 1] in "xuU":
+            end = i + 2 + {"x": 2, "u": 4, "U": 8}[body[i + 1]]
+            if greedy_x and body[i + 1] == "x":
+                while end < len(body) and body[end] in _HEX:
+                    end += 1
+            out.append(int(body[i + 2:end], 16))
+            i = end
+        elif body[i] == "\\":
+            out.append(ord(body[i + 1]))
+            i += 2
+        else:
+            out.append(None if body[i] == "-" else ord(body[i]))
+            i += 1
+    return out
+
+
+_CODE_POINTS = st.integers(1, 0x10FFFF).filter(lambda cp: not 0xD800 <= cp <= 0xDFFF)
+
+
+@given(st.lists(_CODE_POINTS, min_size=1, max_size=12))
+def test_gbnf_literal_escapes_read_alike(points: list[int]) -> None:
+    """Any literal: llama.cpp's and XGrammar's readings give its code points, and
+    llguidance's GBNF reader accepts exactly it."""
+    text = "".join(map(chr, points))
+    written = _render_gbnf_regex(_RLit(text))
+    assert written[0] == written[-1] == '"'
+    body = written[1:-1]
+    assert _decode_escapes(body, greedy_x=False) == points
+    assert _decode_escapes(body, greedy_x=True) == points
+    matcher = _llguidance_gbnf(f"root ::= {written}\n")
+    assert _llguidance_accepts(matcher, text)
+
+
+@given(st.lists(st.tuples(_CODE_POINTS, st.integers(0, 40)), min_size=1, max_size=8))
+def test_gbnf_class_escapes_read_alike(bounds: list[tuple[int, int]]) -> None:
+    ranges = _cls(_minus(tuple((lo, min(lo + width, 0x10FFFF)) for lo, width in bounds),
+                         _SURROGATES)).ranges
+    if not ranges:
+        return
+    written = _render_gbnf_regex(_cls(ranges))
+    expected: list[int | None] = []
+    for lo, hi in ranges:
+        expected += [lo] if lo == hi else [lo, None, hi]
+    assert written[0] == "[" and written[-1] == "]"
+    for greedy in (False, True):
+        assert _decode_escapes(written[1:-1], greedy_x=greedy) == expected, written
 
 
 def _json_probes(ranges: _Ranges) -> list[str]:

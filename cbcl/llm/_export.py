@@ -35,7 +35,12 @@ is its own canonical form. It is built in four steps, all sans-io and determinis
    ``_RAlt``/``_RRep``) over code-point ranges, rendered per dialect: Rust ``regex`` syntax
    for llguidance, Python ``re`` for lark (each terminal followed by a look-ahead for the
    delimiter, since lark's dynamic lexer takes the first alternative that matches, not the
-   longest), character-level rules for GBNF. Classes are always written as positive ranges
+   longest), character-level rules for GBNF, and the common subset of ECMA-262 (``u``
+   mode), Python ``re`` and XGrammar for JSON Schema patterns. GBNF and the patterns write
+   each character in a form every engine reads as the same code point (spec/llm.md §2.1;
+   :func:`_gbnf_char`, :func:`_pattern_char`, :func:`_unambiguous_hex`: XGrammar reads
+   ``\\x`` greedily, llguidance's GBNF reader strips the zeros of ``\\u``/``\\U``).
+   Classes are always written as positive ranges
    that skip the surrogates (no negated class can let an encoded surrogate through). The
    lexical rules of §1 are translated exactly, with the limits that are regular: INTEGER
    within int64 (a range expression), DECIMAL up to 40 characters, SYMBOL and KEYWORD
