@@ -454,6 +454,33 @@ def xgr_compiler(xgr: Any) -> Any:
     return _xgr_compiler(xgr)
 
 
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_xgrammar_compiles_whole_exports(xgr: Any, xgr_compiler: Any, path: Path,
+                                         capfd: pytest.CaptureFixture[str]) -> None:
+    """The exports of every intent at once (one body rule per start rule) compile too: the
+    GBNF accepts a generated message of each intent and refuses it with a trailing space;
+    JSON samples that ``jsonschema`` finds valid (see the JSON sampling test) map back to
+    messages whose envelope pass 1 accepts, of every intent the protocol governs."""
+    data = path.read_bytes()
+    grammar = xgr_compiler.compile_grammar(export_grammar(data, "gbnf").text)
+    for message in generate_messages(data, 20, seed=9):
+        assert _xgr_accepts(xgr, grammar, message.canonical())
+        assert not _xgr_accepts(xgr, grammar, message.canonical() + " ")
+    text = export_grammar(data, "json-schema").text
+    schema = xgr_compiler.compile_json_schema(text, any_whitespace=False)
+    validator = jsonschema.Draft202012Validator(json.loads(text))
+    sampler = _XgrSampler(xgr, zlib.crc32(path.name.encode()), budget=1500, avoid=b"\\")
+    intents: set[cbcl.Intent] = set()
+    for _ in range(SAMPLES):
+        sample = sampler.sample(schema)
+        assert sample is not None, "a sample did not end"
+        obj = json.loads(sample, strict=False)
+        if validator.is_valid(obj) and not _has_lone_surrogate(obj):
+            intents.add(cbcl.parse(_message_text(obj), envelope_only=True).intent)
+    assert intents == set(read_descriptor(data).intents)
+    assert "warning" not in capfd.readouterr().err.lower()
+
+
 @pytest.mark.parametrize(("name", "intent"), CASES)
 def test_xgrammar_gbnf_samples_parse(xgr: Any, xgr_compiler: Any, name: str, intent: str,
                                      capfd: pytest.CaptureFixture[str]) -> None:
