@@ -233,7 +233,7 @@ def test_gbnf_escapes_are_fixed_width_and_hex_safe() -> None:
 _HEX = "0123456789abcdefABCDEF"
 
 
-def _decode_escapes(body: str, greedy_x: bool) -> list[int | None]:
+def _decode_escapes(body: str, greedy_x: bool, in_class: bool) -> list[int | None]:
     """The code points of a GBNF literal's or class's inside (``None`` for a range's ``-``),
     read as llama.cpp reads escapes (``\\x`` two digits) or as XGrammar does (``\\x`` as
     many as follow)."""
@@ -251,12 +251,15 @@ def _decode_escapes(body: str, greedy_x: bool) -> list[int | None]:
             out.append(ord(body[i + 1]))
             i += 2
         else:
-            out.append(None if body[i] == "-" else ord(body[i]))
+            out.append(None if in_class and body[i] == "-" else ord(body[i]))
             i += 1
     return out
 
 
-_CODE_POINTS = st.integers(1, 0x10FFFF).filter(lambda cp: not 0xD800 <= cp <= 0xDFFF)
+#: Code points, mostly where escapes are written (ASCII, U+0080..U+10FF).
+_CODE_POINTS = st.one_of(st.sampled_from([ord(c) for c in '"\\\n\x7f\xa0\xff0Aa9Ff-]^']),
+                         st.integers(0x20, 0x7E), st.integers(1, 0x10FF),
+                         st.integers(1, 0x10FFFF).filter(lambda cp: not 0xD800 <= cp <= 0xDFFF))
 
 
 @given(st.lists(_CODE_POINTS, min_size=1, max_size=12))
@@ -267,8 +270,8 @@ def test_gbnf_literal_escapes_read_alike(points: list[int]) -> None:
     written = _render_gbnf_regex(_RLit(text))
     assert written[0] == written[-1] == '"'
     body = written[1:-1]
-    assert _decode_escapes(body, greedy_x=False) == points
-    assert _decode_escapes(body, greedy_x=True) == points
+    assert _decode_escapes(body, greedy_x=False, in_class=False) == points
+    assert _decode_escapes(body, greedy_x=True, in_class=False) == points
     matcher = _llguidance_gbnf(f"root ::= {written}\n")
     assert _llguidance_accepts(matcher, text)
 
@@ -285,7 +288,8 @@ def test_gbnf_class_escapes_read_alike(bounds: list[tuple[int, int]]) -> None:
         expected += [lo] if lo == hi else [lo, None, hi]
     assert written[0] == "[" and written[-1] == "]"
     for greedy in (False, True):
-        assert _decode_escapes(written[1:-1], greedy_x=greedy) == expected, written
+        assert _decode_escapes(written[1:-1], greedy_x=greedy, in_class=True) == expected, \
+            written
 
 
 def _json_probes(ranges: _Ranges) -> list[str]:
