@@ -57,7 +57,10 @@ def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
 
 # A node of a protocol's StackAutomaton (cbcl/grammar/_automaton.py): an exact dict holding the
 # node's reserved keys (its stack) and its transitions by token class, whose values are
-# nodes, ``(node, whole)`` pairs and the automaton's outcomes alike.
+# nodes, ``(node, whole)`` pairs and the automaton's outcomes alike; for an automaton made
+# with ``walker_masks``, ``(next, ops)`` and ``(node, whole, ops)`` where a token passes a
+# keyword set's state: the walks keep the sets' masks and apply ``ops`` to them
+# (``cbcl.grammar._automaton.apply_set_ops``).
 _Node = TypeVar("_Node", bound=dict[Any, Any])
 
 def unpack(data: ReadableBuffer, start: int, /) -> list[int | str] | None:
@@ -135,7 +138,8 @@ def recognise(
     ``node``: the twin of ``cbcl.protocol._pass2.walk_body``. ``classes`` maps the atoms that spell
     grammar literals to their terminals (``Protocol.atoms``), ``terminals`` the types of
     values to their data terminals (``ATOM_TERMINALS``); a value of another type is
-    refused. Raises only what ``step`` raises."""
+    refused. Raises what ``step`` raises, and ``ValueError`` for a keyword set's operation
+    with no set under way (``node`` inside a set of a ``walker_masks`` automaton)."""
 
 def envelope(
     value: Value,

@@ -37,7 +37,9 @@
  * recursion) and stepping the protocol's StackAutomaton (cbcl/grammar/_automaton.py): a node is
  * a dict, a transition a lookup, a missing one a call of automaton.step. The current node
  * is always held by a strong reference: step may flush the automaton, after which only
- * the walk keeps its nodes alive. An atom written in full is looked up in its kind's
+ * the walk keeps its nodes alive. The recogniser's nodes carry no keyword set's mask: a
+ * walk (build_body's, recognise's) keeps the masks of the sets under way (SetFrames) and
+ * applies the set operations a transition carries (advance, apply_set_ops). An atom written in full is looked up in its kind's
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
  * decimals). A miss is validated here, by C mirrors of cbcl/core/_vocabulary.py's rules
  * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
@@ -229,29 +231,148 @@ transition(PyObject *node, PyObject *cls, PyObject *step)
     return PyObject_CallFunctionObjArgs(step, node, cls, NULL);
 }
 
+/* The masks of the keyword sets under way in one walk, innermost last: the walker's side of
+ * a StackAutomaton made with walker_masks (cbcl/grammar/_automaton.py), whose nodes carry
+ * no masks and whose transitions that pass a set's state carry its set operations. */
+typedef struct {
+    unsigned long long *masks;
+    Py_ssize_t depth, capacity;
+    unsigned long long inline_masks[16];
+} SetFrames;
+
+static inline void
+set_frames_init(SetFrames *f)
+{
+    f->masks = f->inline_masks;
+    f->depth = 0;
+    f->capacity = 16;
+}
+
+static inline void
+set_frames_free(SetFrames *f)
+{
+    if (f->masks != f->inline_masks)
+        PyMem_Free(f->masks);
+    f->masks = f->inline_masks;
+    f->depth = 0;
+}
+
+enum { SET_OPEN = 0, SET_MEMBER = 1, SET_CLOSE = 2 };
+
+/* Apply a transition's set operations (a tuple of ints, cbcl.grammar._automaton.set_op) to
+ * `f`, as cbcl.grammar._automaton.apply_set_ops does: 1, 0 where the kernel refuses (a member
+ * given twice, a set ended without a required member), -1 with an exception. */
+static int
+apply_set_ops(SetFrames *f, PyObject *ops)
+{
+    if (!PyTuple_CheckExact(ops)) {
+        PyErr_SetString(PyExc_TypeError, "a transition's set operations must be a tuple");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ops); k++) {
+        unsigned long long op = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ops, k));
+        if (op == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        unsigned long long mask = op >> 2;
+        int kind = (int)(op & 3);
+        if (kind == SET_OPEN) {
+            if (f->depth == f->capacity) {
+                Py_ssize_t more = 2 * f->capacity;
+                unsigned long long *grown = f->masks == f->inline_masks ?
+                    PyMem_Malloc((size_t)more * sizeof *grown) :
+                    PyMem_Realloc(f->masks, (size_t)more * sizeof *grown);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                if (f->masks == f->inline_masks)
+                    memcpy(grown, f->inline_masks, sizeof f->inline_masks);
+                f->masks = grown;
+                f->capacity = more;
+            }
+            f->masks[f->depth++] = 0;
+            continue;
+        }
+        if (f->depth == 0) {
+            PyErr_SetString(PyExc_ValueError, "a keyword set's operation with no set under way");
+            return -1;
+        }
+        if (kind == SET_MEMBER) {
+            if (f->masks[f->depth - 1] & mask)
+                return 0; /* given twice */
+            f->masks[f->depth - 1] |= mask;
+        } else if (mask & ~f->masks[--f->depth]) {
+            return 0; /* the set ends without a required member */
+        }
+    }
+    return 1;
+}
+
 /* Replace the strong reference *node by the node `cls` leads to: 1 on success, 0 if the
- * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. */
+ * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. A transition
+ * with set operations ((next, ops); (next, whole, ops) for LPAR) applies them to `frames`. */
 static inline int
-advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole)
+advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole,
+        SetFrames *frames)
 {
     PyObject *next = transition(*node, cls, step);
     if (next == NULL)
         return -1;
+    PyObject *ops = NULL;
     if (whole != NULL) {
-        if (!PyTuple_CheckExact(next) || PyTuple_GET_SIZE(next) != 2) {
+        if (!PyTuple_CheckExact(next) ||
+                (PyTuple_GET_SIZE(next) != 2 && PyTuple_GET_SIZE(next) != 3)) {
             Py_DECREF(next);
-            PyErr_SetString(PyExc_TypeError, "an LPAR transition must be (node, whole)");
+            PyErr_SetString(PyExc_TypeError, "an LPAR transition must be (node, whole[, ops])");
             return -1;
         }
-        PyObject *target = PyTuple_GET_ITEM(next, 0);
         *whole = PyTuple_GET_ITEM(next, 1) == Py_True;
-        Py_INCREF(target);
+        if (PyTuple_GET_SIZE(next) == 3)
+            ops = PyTuple_GET_ITEM(next, 2);
+    } else if (PyTuple_CheckExact(next)) {
+        if (PyTuple_GET_SIZE(next) != 2) {
+            Py_DECREF(next);
+            PyErr_SetString(PyExc_TypeError, "a transition with set operations must be "
+                                             "(node, ops)");
+            return -1;
+        }
+        ops = PyTuple_GET_ITEM(next, 1);
+    }
+    if (whole != NULL || ops != NULL) {
+        PyObject *target = Py_NewRef(PyTuple_GET_ITEM(next, 0));
+        if (ops != NULL && target != refused) {
+            int ok = apply_set_ops(frames, ops);
+            if (ok <= 0) {
+                Py_DECREF(target);
+                Py_DECREF(next);
+                return ok;
+            }
+        }
         Py_DECREF(next);
         next = target;
     }
     Py_DECREF(*node);
     *node = next;
     return next == refused ? 0 : 1;
+}
+
+/* Whether `$END` completes the walk at `node`: 1, 0, -1 with an exception (a transition
+ * with set operations applies them to `frames` first). */
+static int
+ends(PyObject *node, PyObject *end_class, PyObject *step, PyObject *accept, SetFrames *frames)
+{
+    PyObject *end = transition(node, end_class, step);
+    if (end == NULL)
+        return -1;
+    int ok;
+    if (PyTuple_CheckExact(end)) {
+        ok = PyTuple_GET_SIZE(end) == 2 && PyTuple_GET_ITEM(end, 0) == accept ?
+            apply_set_ops(frames, PyTuple_GET_ITEM(end, 1)) : 0;
+    } else {
+        ok = end == accept; /* compared by identity only */
+    }
+    Py_DECREF(end);
+    return ok;
 }
 
 /* The lexical rules of cbcl/core/_vocabulary.py, mirrored exactly (tests/test_decoder_atoms.py
@@ -603,6 +724,8 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
     PyObject *value = NULL;   /* owned */
     Stack stack = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
+    SetFrames sets;           /* the keyword sets' masks (advance) */
+    set_frames_init(&sets);
     Py_ssize_t nodes = 0;
     Py_ssize_t i = offset;
     Py_ssize_t static_count = PyTuple_GET_SIZE(entries);
@@ -668,7 +791,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     goto error;
                 if (node != NULL && !whole_at) {
                     int whole = 0;
-                    ok = advance(&node, st->speedups.s_lpar, step, refused, &whole);
+                    ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
@@ -687,7 +810,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     if (whole_at == level)
                         whole_at = 0;
                 } else if (node != NULL) {
-                    ok = advance(&node, st->speedups.s_rpar, step, refused, NULL);
+                    ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
@@ -756,7 +879,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
         if (++nodes > budget)
             goto bail;
         if (node != NULL && !whole_at) {
-            ok = advance(&node, cls, step, refused, NULL);
+            ok = advance(&node, cls, step, refused, NULL, &sets);
             if (ok < 0)
                 goto error;
             if (ok == 0)
@@ -775,11 +898,10 @@ done:
     if (i != n)
         goto bail;
     if (node != NULL) {
-        PyObject *end = transition(node, st->speedups.s_end, step);
-        if (end == NULL)
+        ok = ends(node, st->speedups.s_end, step, accept, &sets);
+        if (ok < 0)
             goto error;
-        Py_DECREF(end); /* compared by identity only */
-        if (end != accept)
+        if (ok == 0)
             goto bail;
     }
     result = value;
@@ -796,6 +918,7 @@ cleanup:
     Py_XDECREF(value);
     learned_free(&learned);
     stack_free(&stack);
+    set_frames_free(&sets);
     return result;
 }
 
@@ -987,6 +1110,8 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
 {
     PyObject *node = start; /* a strong reference (step may flush the automaton) */
     Py_INCREF(node);
+    SetFrames sets; /* the keyword sets' masks (advance) */
+    set_frames_init(&sets);
     Frame *frames = NULL;
     Py_ssize_t depth = 0, capacity = 0;
     PyObject *item = body; /* borrowed */
@@ -995,7 +1120,7 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
         if (item != NULL) {
             if (PyTuple_CheckExact(item)) {
                 int whole = 0;
-                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole);
+                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
                 if (ok <= 0)
                     goto finish;
                 if (!whole) {
@@ -1030,7 +1155,7 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
                     }
                 }
                 Py_INCREF(cls); /* the lookups' dicts may change under step */
-                ok = advance(&node, cls, step, refused, NULL);
+                ok = advance(&node, cls, step, refused, NULL, &sets);
                 Py_DECREF(cls);
                 if (ok <= 0)
                     goto finish;
@@ -1046,22 +1171,15 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
             continue;
         }
         depth--; /* the list is complete */
-        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL);
+        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
         if (ok <= 0)
             goto finish;
     }
-    {
-        PyObject *end = transition(node, st->speedups.s_end, step);
-        if (end == NULL) {
-            ok = -1;
-            goto finish;
-        }
-        Py_DECREF(end); /* compared by identity only */
-        ok = end == accept;
-    }
+    ok = ends(node, st->speedups.s_end, step, accept, &sets);
 finish:
     Py_DECREF(node);
     PyMem_Free(frames);
+    set_frames_free(&sets);
     return ok;
 }
 

@@ -80,7 +80,7 @@ from ..core._vocabulary import (
     SYMBOL_RE,
     URI_RE,
 )
-from ..grammar._automaton import ACCEPT, REFUSED
+from ..grammar._automaton import ACCEPT, REFUSED, apply_set_ops
 from ..grammar._kernel import (
     ACCEPTED,
     REFUSED as REFUSED_BY_GRAMMAR,
@@ -106,8 +106,8 @@ from ..protocol._pass2 import (
     ITEM,
     Refusal,
     find_refusal,
+    recogniser_start,
     refusal_error,
-    start_node,
     start_stack,
 )
 from ..protocol._protocol import Protocol
@@ -1458,8 +1458,8 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     and the grammar is the protocol's :class:`StackAutomaton`, one lookup a token."""
     if nodes + len(tokens) - index > limits.max_nodes:  # a token is at most one node
         return None
-    automaton = table.protocol.automaton
-    start = start_node(table.protocol, governed) if governed is not None else None
+    automaton = table.protocol.recogniser
+    start = recogniser_start(table.protocol, governed) if governed is not None else None
     if start is REFUSED:
         return None
     if memos is None:
@@ -1476,12 +1476,12 @@ def _fast_body_at(table: SymbolTable, data: bytes, offset: int, limits: Limits,
                   build_body: Any) -> Value | None:
     """:func:`_fast_body` for the body whose tokens are ``data[offset:]``, read from the
     bytes by ``build_body`` (``cbcl._native``'s, which counts the nodes itself)."""
-    start = start_node(table.protocol, governed) if governed is not None else None
+    start = recogniser_start(table.protocol, governed) if governed is not None else None
     if start is REFUSED:
         return None
     value: Value | None = build_body(
         data, offset, table.entry_list, table.codes, memos.caches, memos.keep, start,
-        table.protocol.automaton.step, limits.max_depth - 2,  # envelope, (body …) open
+        table.protocol.recogniser.step, limits.max_depth - 2,  # envelope, (body …) open
         limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
         limits.max_nodes - nodes, REFUSED, ACCEPT, memos.entries)
     return value
@@ -1518,6 +1518,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
     parents: list[list[Value]] = []
     items: list[Value] | None = None
     whole_at = 0  # the depth of a list taken as a whole value (the grammar waits), or 0
+    frames: list[int] = []  # the keyword sets' masks (cbcl.grammar._automaton.apply_set_ops)
     value: Value
     cls: str
     tokens_left = iter(tokens)
@@ -1536,8 +1537,10 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                     return None
                 items = []
                 if node is not None and not whole_at:
-                    node, whole = node.get("LPAR") or step(node, "LPAR")
-                    if node is refused:
+                    found = node.get("LPAR") or step(node, "LPAR")
+                    node, whole = found[0], found[1]
+                    if node is refused or (len(found) == 3
+                                           and not apply_set_ops(frames, found[2])):
                         return None
                     if whole:
                         whole_at = len(parents) + 1
@@ -1551,7 +1554,11 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                         whole_at = 0
                 elif node is not None:
                     node = node.get("RPAR") or step(node, "RPAR")
-                    if node is refused:
+                    if type(node) is tuple:
+                        node, ops = node
+                        if not apply_set_ops(frames, ops):
+                            return None
+                    elif node is refused:
                         return None
                 if parents:
                     items = parents.pop()
@@ -1598,7 +1605,11 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
             return None
         if node is not None and not whole_at:
             node = node.get(cls) or step(node, cls)
-            if node is refused:
+            if type(node) is tuple:
+                node, ops = node
+                if not apply_set_ops(frames, ops):
+                    return None
+            elif node is refused:
                 return None
         if items is None:  # the body is one atom
             break
@@ -1607,8 +1618,14 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
         return None  # the frame ends inside the body
     if next(tokens_left, _MISSING) is not _MISSING:
         return None
-    if node is not None and (node.get("$END") or step(node, "$END")) is not accept:
-        return None
+    if node is not None:
+        end = node.get("$END") or step(node, "$END")
+        if type(end) is tuple:
+            end, ops = end
+            if not apply_set_ops(frames, ops):
+                return None
+        if end is not accept:
+            return None
     return value
 
 
