@@ -34,8 +34,18 @@ def read_value(
     anything but a well-formed value within the limits (``depth_left`` lists deep,
     ``max_items`` items a list, ``budget`` nodes, strings of ``max_string`` UTF-8 bytes,
     names of ``max_name`` characters). ``cache`` is ``cbcl.core._reader._CACHE`` (token text ->
-    atom, read only) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every
-    atom but integers and decimals of more than 4 characters, which are made in C."""
+    atom) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every atom but
+    integers, decimals of more than 4 characters and (once :func:`setup_intern` has run)
+    ASCII keywords, symbols and URIs, which are made in C, interned and remembered in
+    ``cache`` as ``make_atom`` would."""
+
+def setup_intern(symbols: dict[str, Any], keywords: dict[str, Any],
+                 pinned_symbols: dict[str, Any], pinned_keywords: dict[str, Any],
+                 max_names: int, cache_chars: int, cache_max: int, /) -> None:
+    """The reader's intern tables (``cbcl.core._reader._SYMBOLS`` …), the bound of each
+    (emptied down to its pinned names when full) and the token cache's bounds: the C
+    readers intern new names there, without a call into Python. Raises ``ValueError``
+    for a bound that is not positive."""
 
 def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
     """Whether the layout check of ``cbcl/_native_src/cstack.h`` holds for ``type`` (its

@@ -80,9 +80,21 @@ typedef struct {
     int untrackable;        /* 1: a Decimal visits only its type (may be untracked) */
 } ValueTypes;
 
-/* scanner.c's: the token memo in front of the reader's token cache. */
+/* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._reader's
+ * _SYMBOLS and _KEYWORDS, the names pinned in them, their bound, and the bounds of the
+ * reader's token cache), so that a name never seen before is interned here, without a call
+ * into Python (cbcl_intern_name). `symbols` NULL: not set up (make_atom is called). */
+typedef struct {
+    PyObject *symbols, *keywords, *pinned_symbols, *pinned_keywords; /* dicts (strong) */
+    Py_ssize_t max_names;   /* _INTERN_MAX: a table this full is emptied to its pinned */
+    Py_ssize_t cache_chars; /* _CACHED_CHARS: the longest token the token cache keeps */
+    Py_ssize_t cache_max;   /* _CACHE_MAX: a token cache this full is emptied */
+} InternTables;
+
+/* scanner.c's: the token memo in front of the reader's token cache, the intern tables. */
 typedef struct {
     MemoSlot memo[CBCL_MEMO_SLOTS];
+    InternTables intern;
 } ScannerState;
 
 /* speedups.c's. */
@@ -189,6 +201,13 @@ CBCL_INTERNAL void cbcl_encoders_clear(NativeState *st);
     do { Py_VISIT((e).fallback); Py_VISIT((e).doc); } while (0)
 #define CBCL_CLEAR_ENTRY(e) \
     do { (e).def.ml_doc = NULL; Py_CLEAR((e).fallback); Py_CLEAR((e).doc); } while (0)
+
+/* The interned Symbol (keyword 0) or Keyword (keyword 1) named `name` (an exact str, a
+ * valid name: not checked), made and entered in the reader's intern table on a miss, as
+ * cbcl.core._reader.intern_symbol/intern_keyword do: a new reference; Py_None (new
+ * reference) where setup_intern has not run, to call the Python twin instead; NULL with
+ * an exception. */
+CBCL_INTERNAL PyObject *cbcl_intern_name(NativeState *st, int keyword, PyObject *name);
 
 /* The scanner's reader of one value (scanner.c's read_value, its arguments checked: text
  * a str, cache a dict, utf8 the text's UTF-8 as bytes or Py_None): the value at character

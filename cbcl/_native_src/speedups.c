@@ -515,6 +515,8 @@ remember_uri(const ValueTypes *vt, PyObject *uris, PyObject *text, Py_ssize_t en
         return NULL;
     PyObject *uri = PyUnicode_Type.tp_new(vt->inert[2], args, NULL);
     Py_DECREF(args);
+    if (uri != NULL && PyObject_GC_IsTracked(uri))
+        PyObject_GC_UnTrack(uri); /* (it refers to its type only: see cbcl_intern_name) */
     if (uri == NULL || PyUnicode_GET_LENGTH(text) > MEMO_CHARS)
         return uri;
     if (PyDict_GET_SIZE(uris) >= entries)
@@ -578,6 +580,12 @@ atom_of(NativeState *st, long code, PyObject *text, PyObject *caches, PyObject *
                           text);
     if (code == URI)
         return remember_uri(&st->values, PyTuple_GET_ITEM(caches, URI), text, entries);
+    if (code == SYMBOL || code == KEYWORD) { /* interned here, without a call into Python */
+        PyObject *name = cbcl_intern_name(st, code == KEYWORD, text);
+        if (name != Py_None)
+            return name;
+        Py_DECREF(name); /* (the tables are not set up: make_atom interns) */
+    }
     return PyObject_CallFunction(make_atom, "lO", code, text);
 }
 
