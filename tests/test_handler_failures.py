@@ -12,8 +12,8 @@ In process (an :class:`Agent` serving on loopback, and a client agent) and acros
 processes (a real ``cbcl serve --handler`` and ``cbcl send`` / a client agent). Every
 asyncio run is guarded (tests/loop_guard.py): nothing asyncio would only log may happen.
 
-Uses internals: ``cbcl.net._handlers`` (HandlerThreads, run_handler) and the link's
-``received`` log lines, to know what the server took."""
+Uses internals: ``cbcl.net._handlers`` (HandlerThreads, run_handler); what the server took
+is its agent's ``messages_received``."""
 
 from __future__ import annotations
 
@@ -516,8 +516,7 @@ def test_handler_concurrency_n_at_once_and_one_more_waits(keys: Keys, extra: int
         async with linked(keys, server) as link:
             calls = [asyncio.ensure_future(link.conversation().send(
                 Intent.CFP, cfp(f"t-{n}"), timeout=60)) for n in range(bound + extra)]
-            await until(lambda: sum(": received " in line for line in lines)
-                        == bound + extra)
+            await until(lambda: server.messages_received == bound + extra)
             await until(lambda: len(gates) == bound)
             await asyncio.sleep(0.2)
             assert len(gates) == bound  # never more than N
@@ -545,10 +544,10 @@ def test_handler_backlog_n_taken_and_one_more_waits_in_the_stream(
         gates.append(gate)
         await gate.wait()
 
-    def received() -> int:
-        return sum(": received " in line for line in lines)
-
     async def body() -> None:
+        def received() -> int:
+            return server.messages_received
+
         server = serving(keys, lines, handler=held, handler_limits=HandlerLimits(
             handler_backlog=backlog, handler_concurrency=1))
         async with linked(keys, server) as link:
@@ -588,12 +587,12 @@ def test_an_agent_closes_a_link_whose_backlog_is_full(keys: Keys) -> None:
                                         descriptor=keys.signed)
             for n in range(4):
                 await link.conversation().send(Intent.CFP, cfp(f"t-{n}"), expect_reply=False)
-            await until(lambda: sum(": received " in line for line in lines) == 2)
+            await until(lambda: server.messages_received == 2)
             async with asyncio.timeout(30):
                 await server.close(grace=0.1)
             # The two held ones, then any the freed backlog let in before the link closed.
             answered = sum("NOT-UNDERSTOOD shutdown" in line for line in lines)
-            assert 2 <= answered <= sum(": received " in line for line in lines), lines
+            assert 2 <= answered <= server.messages_received, lines
         finally:
             await client.close()
 
@@ -707,7 +706,9 @@ class HandlerLanes(RuleBasedStateMachine):
         may; then what it started must be what the model says may start."""
         busy = {cid for cid, numbers in self.waiting.items() if numbers} | set(self.running)
         expected, sent = min(self.bound, len(busy)), self.number
-        self.run(until(lambda: sum(": received " in line for line in self.lines) == sent
+        server = self.server
+        assert server is not None
+        self.run(until(lambda: server.messages_received == sent
                        and len(self.gates) == expected))
         for cid in self.gates:
             if cid not in self.running:  # started since: its oldest waiting message

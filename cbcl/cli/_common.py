@@ -232,6 +232,9 @@ def signing_keys(args: argparse.Namespace) -> list[tuple[str, Ed25519PrivateKey]
 cli_log = logging.getLogger("cbcl.cli")
 #: The formats of ``--log-format``.
 LOG_FORMATS = ("text", "json")
+#: The levels of ``--log-level``.
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR}
 #: What starts each line of a traceback in the text format.
 TRACEBACK_INDENT = "    "
 
@@ -313,7 +316,8 @@ def lean_log_records() -> None:
     logging.logMultiprocessing = False
 
 
-def log_to(stream: TextIO, log_format: str = "text") -> LogTarget:
-    """Write the ``cbcl`` loggers' records (INFO and above) to ``stream`` in
+def log_to(stream: TextIO, log_format: str = "text", level: int = logging.INFO
+           ) -> LogTarget:
+    """Write the ``cbcl`` loggers' records (``level`` and above) to ``stream`` in
     ``log_format`` until the returned target is closed."""
-    return LogTarget(stream, log_format)
+    return LogTarget(stream, log_format, level)
