@@ -1080,3 +1080,62 @@ def test_a_client_that_goes_away_cancels_its_handler_in_a_real_serve(keys: Keys)
         stop_process(sender)
         errors = serve.stop()
     assert errors == ""
+
+
+def test_an_on_loop_handler_runs_in_the_links_own_task(keys: Keys) -> None:
+    """An ``on_loop`` handler is called in the link's own task (no lane task, no thread),
+    in order; what it raises is still contained and answered ``handler-failed``, and one
+    that returns an awaitable is still awaited within the deadline."""
+    seen: list[tuple[str, bool, bool]] = []
+
+    def bidder(message: Message, context: Context) -> Any:
+        link = context.link
+        assert link is not None
+        task = task_of(message)
+        seen.append((task, asyncio.current_task() is link.task, not link._lane_tasks))
+        if task == "fail":
+            raise RuntimeError("inline")
+        if task == "later":
+            async def later() -> Message:
+                await asyncio.sleep(0)
+                return proposal(message, context)
+            return later()
+        return proposal(message, context)
+
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(bidder))
+        async with linked(keys, server) as link:
+            for name in ("a", "b"):
+                reply = await link.conversation().send(Intent.CFP, cfp(name), timeout=30)
+                assert reply is not None and reply.intent is Intent.PROPOSE
+            with pytest.raises(PeerFailed) as failed:
+                await link.conversation().send(Intent.CFP, cfp("fail"), timeout=30)
+            assert failed.value.reason == "handler-failed"
+            reply = await link.conversation().send(Intent.CFP, cfp("later"), timeout=30)
+            assert reply is not None and reply.intent is Intent.PROPOSE
+            assert server.messages_received == 4
+
+    run_guarded(body)
+    assert seen == [("a", True, True), ("b", True, True), ("fail", True, True),
+                    ("later", True, True)]
+
+
+def test_reads_share_one_timer_per_connection(keys: Keys) -> None:
+    """Each read only moves its connection's deadline: the timer set by the first read
+    of an established link is the one still set after many more (none is made per read),
+    and the idle deadline still follows the last read."""
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(proposal))
+        async with linked(keys, server) as link:
+            connection = link.connection
+            await link.conversation().send(Intent.CFP, cfp("t-0"), timeout=30)
+            timer = connection._read_timer
+            assert timer is not None
+            for n in range(1, 20):
+                await link.conversation().send(Intent.CFP, cfp(f"t-{n}"), timeout=30)
+            assert connection._read_timer is timer
+            loop = asyncio.get_running_loop()
+            idle = connection.limits.idle_timeout
+            assert loop.time() < connection._read_deadline <= loop.time() + idle
+
+    run_guarded(body)
