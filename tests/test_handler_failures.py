@@ -1139,3 +1139,30 @@ def test_reads_share_one_timer_per_connection(keys: Keys) -> None:
             assert loop.time() < connection._read_deadline <= loop.time() + idle
 
     run_guarded(body)
+
+
+def test_answers_to_frames_that_arrive_together_share_one_write(keys: Keys) -> None:
+    """Frames read together are answered together: the server holds each answer while
+    more frames wait and writes them all at once (one write for four replies)."""
+    from cbcl.net._transport import clock_ms
+    from cbcl.session._session import ProtocolMessage
+
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(proposal))
+        async with linked(keys, server) as link:
+            await link.conversation().send(Intent.CFP, cfp("t-first"), timeout=30)
+            (served,) = server._links
+            before = served.connection.writes
+            protocol = link.protocol
+            assert protocol is not None
+            conversations = [link.conversation() for _ in range(4)]
+            frames = b"".join(link.session.send(ProtocolMessage(Message(
+                message_id=link.next_id(), sender=link.me, receiver=link.peer,
+                intent=Intent.CFP, protocol=protocol.id, conversation_id=c.id,
+                body=cfp(f"t-{n}"))), now=clock_ms()) for n, c in enumerate(conversations))
+            link.connection.writer.write(frames)  # one write: read at once by the server
+            replies = [await c.next(timeout=30) for c in conversations]
+            assert [r.body[2] for r in replies] == ["t-0", "t-1", "t-2", "t-3"]  # type: ignore[index]
+            assert served.connection.writes == before + 1
+
+    run_guarded(body)

@@ -307,6 +307,10 @@ class Connection:
         #: cache``, ``disk cache``; empty when it was refused).
         self.last_work_source = ""
         self.bytes_sent = 0
+        #: Writes to the stream (answers to frames that arrived together share one).
+        self.writes = 0
+        self._held: list[bytes] = []  # answers held back for one write (see _write)
+        self._flush_soon = False
         #: Bytes the session produced by itself on the last event (its automatic replies).
         self.last_flush_bytes = 0
         self.bytes_received = 0
@@ -354,6 +358,22 @@ class Connection:
             return
         if self.evicted is not None:
             raise self._busy()
+        session = self.session
+        if session.frames_waiting and session.state is HandshakeState.ESTABLISHED:
+            # More frames are waiting to be answered now: their answers go out in one
+            # write, when the last is answered (or at the end of this turn of the loop).
+            # (Never a refusal: the session is then in ERROR, and it is written at once.)
+            self._held.append(data)
+            self.bytes_sent += len(data)
+            if not self._flush_soon:
+                self._flush_soon = True
+                self._loop.call_soon(self._write_held)
+            return
+        size = len(data)
+        if self._held:
+            self._held.append(data)
+            data = b"".join(self._held)
+            self._held.clear()
         writer = self.writer
         try:
             writer.write(data)
@@ -370,7 +390,21 @@ class Connection:
             raise ConnectionLost(f"the peer is gone ({exc.strerror or exc}) in state "
                                  f"{self.session.state.value}{self.session._where()}"
                                  ) from None
-        self.bytes_sent += len(data)
+        self.bytes_sent += size
+        self.writes += 1
+
+    def _write_held(self) -> None:
+        """Write the answers held back (see :meth:`_write`); a peer gone by now is found
+        by the next read."""
+        self._flush_soon = False
+        if not self._held or self.evicted is not None:
+            return
+        data = b"".join(self._held)
+        self._held.clear()
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            if not self.writer.transport.is_closing():
+                self.writer.write(data)
+                self.writes += 1
 
     async def flush(self) -> None:
         """Write what the session produced by itself."""
@@ -554,6 +588,7 @@ class Connection:
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
+        self._write_held()
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError, TimeoutError):
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)
