@@ -313,6 +313,18 @@ class Context:
                        in_reply_to=message.message_id, reply_by=reply_by, body=body)
 
 
+    def _our_reply(self, intent: Intent, body: Value) -> Message:
+        """:meth:`reply` for the library's own responder, whose ``body`` it built from
+        values of exact CBCL types (never the peer's text): made without the constructor's
+        checks and the schema's coercion, which such a body does not need. Every field but
+        the body is the received message's (checked when it arrived) or our own id; the
+        session checks the whole reply against the protocol before it leaves."""
+        message = self.message
+        return Message._trusted(self._next_id(), message.receiver, message.sender, intent,
+                                message.protocol, message.conversation_id,
+                                message.message_id, None, None, body, None)
+
+
 def load_handler(spec: str) -> Handler:
     """``MODULE:CALLABLE`` (``pkg.mod:name``, attributes dotted) → the callable, imported
     with the current directory on the import path (as uvicorn does). Raises ``ValueError``
