@@ -309,3 +309,25 @@ def test_serve_logs_in_either_format(tmp_path: Path, store: Any, log_format: str
     accepted = next(r for r in records if r["event"] == "accepted")
     assert "work_ms" in accepted["timings"]
     assert not any(r["event"] == "forged" for r in records)
+
+
+def test_log_level_leaves_serves_own_lines_at_info() -> None:
+    """``--log-level warning`` drops the per-message INFO lines but never serve's own
+    (``serve: listening on …``: where it listens must be said); ``debug`` lets the
+    received lines through; closing puts every level back."""
+    net, cli = logging.getLogger("cbcl.net"), logging.getLogger("cbcl.cli")
+    before = (logging.getLogger("cbcl").level, cli.level)
+    for level, expected in ((logging.WARNING, ["serve: listening", "net warning"]),
+                            (logging.DEBUG, ["serve: listening", "net info", "net debug",
+                                             "net warning"])):
+        out = io.StringIO()
+        target = LogTarget(out, "text", level)
+        try:
+            cli.info("serve: listening")
+            net.info("net info")
+            net.debug("net debug")
+            net.warning("net warning")
+        finally:
+            target.close()
+        assert out.getvalue().splitlines() == expected
+    assert (logging.getLogger("cbcl").level, cli.level) == before
