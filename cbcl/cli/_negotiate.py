@@ -80,6 +80,7 @@ from ..session._session import (
 )
 from ._common import (
     LOG_FORMATS,
+    LOG_LEVELS,
     MAX_SECONDS,
     Commands,
     cli_log,
@@ -212,7 +213,7 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
             replicas=args.replicas,
             handler_timeout=args.handler_timeout, handlers=handler_limits(args),
             expose_errors=args.expose_errors)
-        logged = log_to(sys.stdout, args.log_format)
+        logged = log_to(sys.stdout, args.log_format, LOG_LEVELS[args.log_level])
         lean_log_records()  # this process is serve's own: records without what it never shows
         try:
             return asyncio.run(_serve_main(args, config))
@@ -883,6 +884,9 @@ def register(commands: Commands) -> None:
     s.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                    help="one escaped line per event (text, the default), or one JSON "
                         "object per line (json)")
+    s.add_argument("--log-level", choices=tuple(LOG_LEVELS), default="info",
+                   help="the least severe events logged (default info: one line per "
+                        "message handled; debug adds one per message received)")
     add_limit_options(s, HANDLER_OPTIONS, HandlerLimits())
     add_limit_options(s, SERVER_OPTIONS, ServerLimits())
     s.set_defaults(handler=_cmd_serve, file=None)
