@@ -38,6 +38,7 @@ another intent, a value the class's schema refuses) is a :class:`SchemaError`.
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import types
 import typing
@@ -118,6 +119,9 @@ class Declared:
 
 # --------------------------------------------------------------------------- field plans
 
+# (cbcl.Value's own forward references, for a class whose module has not imported them)
+_VALUE_NAMES: dict[str, Any] = {"Symbol": Symbol, "Keyword": Keyword, "URI": URI,
+                                "Decimal": Decimal}
 _MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING"})()
 _TRUE, _FALSE = intern_symbol("true", pin=True), intern_symbol("false", pin=True)
 _KEBAB = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -196,7 +200,7 @@ def _atom_kind(name: str, tp: Any) -> tuple[str, Callable[[Any], tuple[Any, Valu
 def _any_value(name: str) -> Callable[[Any], tuple[Any, Value]]:
     def to_value(v: Any) -> tuple[Any, Value]:
         if isinstance(v, Record):
-            body = v.__cbcl_body__
+            body = v.to_body()
             return body, body
         value = check_value(v, name, "$")
         return value, value
@@ -299,7 +303,7 @@ def _plan_type(name: str, tp: Any, owner: str
         def to_record(v: Any) -> tuple[Any, Value]:
             if type(v) is not record_cls:
                 raise _bad_type(name, record_cls.__name__, v)
-            return v, v.__cbcl_body__
+            return v, v.to_body()
         return record_cls.__cbcl_type__, to_record, getattr(record_cls, "_from_body")  # noqa: B009
     found = _atom_kind(name, tp)
     if found is None:
@@ -323,6 +327,7 @@ def _bool_of(v: Any) -> bool:
 
 # ---------------------------------------------------------------------------- the class
 
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True)
 class _RecordMeta(type):
     """Makes a :class:`Record` subclass: slots from its annotations, the methods from its
     field plans (see the module's comment)."""
@@ -354,7 +359,9 @@ def _names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
 
 def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
              intent: str | Iterable[str] | None, head: str | Iterable[str] | None) -> None:
-    hints = typing.get_type_hints(cls, include_extras=True)
+    module = sys.modules.get(cls.__module__)
+    names = {**globals(), **_VALUE_NAMES, **(vars(module) if module is not None else {})}
+    hints = typing.get_type_hints(cls, globalns=names, include_extras=True)
     intents = _names(intent) or ()
     try:
         cls.__cbcl_intents__ = tuple(Intent(i) for i in intents)
@@ -374,7 +381,11 @@ def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
     keys: set[str] = set()
     for field_name in fields:
         tp = hints[field_name]
-        extras = typing.get_args(tp)[1:] if typing.get_origin(tp) is typing.Annotated else ()
+        bare = tp
+        if typing.get_origin(bare) in (Union, types.UnionType):  # (X | None)
+            bare = next((a for a in typing.get_args(bare) if a is not type(None)), bare)
+        extras = typing.get_args(bare)[1:] if typing.get_origin(bare) is typing.Annotated \
+            else ()
         key_name = next((e.name for e in extras if isinstance(e, Key)),
                         field_name.replace("_", "-"))
         try:
@@ -530,7 +541,6 @@ class Record(metaclass=_RecordMeta):
 
     __slots__ = ("__cbcl_body__",)
 
-    __cbcl_body__: Value
     __cbcl_heads__: ClassVar[tuple[Symbol, ...]]
     __cbcl_intents__: ClassVar[tuple[Intent, ...]]
     __cbcl_type__: ClassVar[str]
@@ -549,7 +559,7 @@ class Record(metaclass=_RecordMeta):
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild, (type(self), self.__cbcl_body__)
+        return _rebuild, (type(self), self.to_body())
 
     @classmethod
     def from_body(cls: type[R], body: Value) -> R:
@@ -568,7 +578,8 @@ class Record(metaclass=_RecordMeta):
 
     def to_body(self) -> Value:
         """The body's CBCL value (as it will be written)."""
-        return self.__cbcl_body__
+        body: Value = getattr(self, "__cbcl_body__")  # noqa: B009 - (a slot, unannotated)
+        return body
 
 
 def _rebuild(cls: type[Record], body: Value) -> Record:
@@ -673,6 +684,9 @@ def declaration_of(*classes: type[Record], id: str, version: int,
     parts = [f"(id {id})", f"(version {version})"]
     if expires is not None:
         parts.append(f"(expires {expires})")
+    if rules:  # (the intents in the order of ``rules``, then any other)
+        ordered = {Intent(i): by_intent.get(Intent(i), []) for i in rules}
+        by_intent = {**ordered, **by_intent}
     for intent, listed in by_intent.items():
         rule = (rules or {}).get(intent.value)
         parts.append(f"(intent {intent.value}" + (f" (rule {rule})" if rule else "")
