@@ -7,14 +7,17 @@ import sys
 from pathlib import Path
 
 from ..core._display import escape_invisible
+from ..core._reader import read
+from ..core._values import Symbol
 from ..protocol._codegen import generate_records
 from ..protocol._trust import read_signed_descriptor_unverified
 from ._common import EXIT_OK, Commands
 
 
 def _cmd_codegen(args: argparse.Namespace, data: bytes) -> int:
-    if data.lstrip().startswith(b"(signed-descriptor"):
-        data = read_signed_descriptor_unverified(data).payload
+    document = read(data, limits=args.limits)
+    if type(document) is tuple and document and document[0] == Symbol("signed-descriptor"):
+        data = read_signed_descriptor_unverified(data, limits=args.limits).payload
     source = generate_records(data)
     if args.output == "-":
         sys.stdout.write(source)

@@ -380,6 +380,8 @@ def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
     plans: list[_Plan] = []
     keys: set[str] = set()
     for field_name in fields:
+        if field_name.startswith("_") or not field_name.isidentifier():
+            raise TypeError(f"{name}.{field_name}: a member's name does not start with _")
         tp = hints[field_name]
         bare = tp
         if typing.get_origin(bare) in (Union, types.UnionType):  # (X | None)
@@ -444,62 +446,61 @@ def _optional(to_wire: Callable[[Any], tuple[Any, Value]]) -> Callable[[Any], tu
 
 
 def _make_methods(cls: Any, plans: list[_Plan]) -> None:
-    """``__init__`` and ``_from_body``, written over identifiers only (the field names);
-    every constant is in the namespace."""
+    """``__init__`` and ``_from_body``, written over identifiers only (the field names,
+    none of which starts with ``_``; every local and constant here does)."""
     names = [p.name for p in plans]
-    ns: dict[str, Any] = {"_set": object.__setattr__, "_new": object.__new__, "cls": cls,
+    ns: dict[str, Any] = {"_set": object.__setattr__, "_new": object.__new__, "_cls": cls,
                           "_MISSING": _MISSING, "_check": _check_made, "_dict": dict,
-                          "_zip": zip, "_heads": cls.__cbcl_heads__}
+                          "_zip": zip, "_heads": cls.__cbcl_heads__, "_list": list,
+                          "_tuple": tuple, "_type": type, "_hash": hash,
+                          "_NotImplemented": NotImplemented}
     for i, p in enumerate(plans):
         ns[f"_k{i}"], ns[f"_w{i}"], ns[f"_f{i}"], ns[f"_d{i}"] = \
             p.key, p.to_wire, p.from_wire, p.default
     params = ", ".join(f"{p.name}" if p.required else f"{p.name}=_d{i}"
                        for i, p in enumerate(plans))
-    lines = [f"def __init__(self{', *, ' + params if params else ''}):",
-             "    wire = list(_heads)"]
+    lines = [f"def __init__(_self{', *, ' + params if params else ''}):",
+             "    _wire = _list(_heads)"]
     for i, p in enumerate(plans):
-        lines.append(f"    {p.name}, v = _w{i}({p.name})")
+        lines.append(f"    {p.name}, _v = _w{i}({p.name})")
         if p.required:
-            lines.append(f"    wire += (_k{i}, v)")
+            lines.append(f"    _wire += (_k{i}, _v)")
         else:
-            lines.append(f"    if v is not None: wire += (_k{i}, v)")
-    lines.append("    body = tuple(wire)")
-    lines.append("    _check(cls, body)")
+            lines.append(f"    if _v is not None: _wire += (_k{i}, _v)")
+    lines.append("    _body = _tuple(_wire)")
+    lines.append("    _check(_cls, _body)")
     for p in plans:
-        lines.append(f"    _set(self, {p.name!r}, {p.name})")
-    lines.append("    _set(self, '__cbcl_body__', body)")
+        lines.append(f"    _set(_self, {p.name!r}, {p.name})")
+    lines.append("    _set(_self, '__cbcl_body__', _body)")
     start = len(cls.__cbcl_heads__)
-    lines += ["def _from_body(body):",
-              "    self = _new(cls)",
-              f"    d = _dict(_zip(body[{start}::2], body[{start + 1}::2]))"]
+    lines += ["def _from_body(_body):",
+              "    _self = _new(_cls)",
+              f"    _d = _dict(_zip(_body[{start}::2], _body[{start + 1}::2]))"]
     for i, p in enumerate(plans):
-        get = f"d[_k{i}]" if p.required else f"d.get(_k{i}, _MISSING)"
+        get = f"_d[_k{i}]" if p.required else f"_d.get(_k{i}, _MISSING)"
         if p.required:
             value = get if p.from_wire is None else f"_f{i}({get})"
-            lines.append(f"    _set(self, {p.name!r}, {value})")
+            lines.append(f"    _set(_self, {p.name!r}, {value})")
         else:
-            lines.append(f"    v = {get}")
-            converted = "v" if p.from_wire is None else f"_f{i}(v)"
-            lines.append(f"    _set(self, {p.name!r}, _d{i} if v is _MISSING else {converted})")
-    lines += ["    _set(self, '__cbcl_body__', body)", "    return self"]
-    fields = "".join(f"self.{n}, " for n in names)
-    other = "".join(f"other.{n}, " for n in names)
-    lines += ["def __eq__(self, other):",
-              "    if type(other) is not type(self): return NotImplemented",
+            lines.append(f"    _v = {get}")
+            converted = "_v" if p.from_wire is None else f"_f{i}(_v)"
+            lines.append(f"    _set(_self, {p.name!r}, _d{i} if _v is _MISSING else {converted})")
+    lines += ["    _set(_self, '__cbcl_body__', _body)", "    return _self"]
+    fields = "".join(f"_self.{n}, " for n in names)
+    other = "".join(f"_other.{n}, " for n in names)
+    lines += ["def __eq__(_self, _other):",
+              "    if _type(_other) is not _type(_self): return _NotImplemented",
               f"    return ({fields}) == ({other})",
-              "def __hash__(self):",
-              f"    return hash(({fields}))",
-              "def __repr__(self):",
-              "    return f'{type(self).__name__}(" +
-              ", ".join(f"{n}={{self.{n}!r}}" for n in names) + ")'",
-              "def _fields(self):",
-              f"    return ({fields})"]
+              "def __hash__(_self):",
+              f"    return _hash(({fields}))",
+              "def __repr__(_self):",
+              "    return f'{_type(_self).__name__}(" +
+              ", ".join(f"{n}={{_self.{n}!r}}" for n in names) + ")'"]
     exec("\n".join(lines), ns)  # identifiers and constants only (see above)
     for method in ("__init__", "__eq__", "__hash__", "__repr__"):
         ns[method].__qualname__ = f"{cls.__qualname__}.{method}"
         setattr(cls, method, ns[method])
     cls._from_body = staticmethod(ns["_from_body"])
-    cls.__cbcl_fields__ = ns["_fields"]
 
 
 def _check_made(cls: Any, body: Value) -> None:
