@@ -449,7 +449,7 @@ def _make_methods(cls: Any, plans: list[_Plan]) -> None:
     """``__init__`` and ``_from_body``, written over identifiers only (the field names,
     none of which starts with ``_``; every local and constant here does)."""
     names = [p.name for p in plans]
-    ns: dict[str, Any] = {"_set": object.__setattr__, "_new": object.__new__, "_cls": cls,
+    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls,
                           "_MISSING": _MISSING, "_check": _check_made, "_dict": dict,
                           "_zip": zip, "_heads": cls.__cbcl_heads__, "_list": list,
                           "_tuple": tuple, "_type": type, "_hash": hash,
@@ -457,6 +457,9 @@ def _make_methods(cls: Any, plans: list[_Plan]) -> None:
     for i, p in enumerate(plans):
         ns[f"_k{i}"], ns[f"_w{i}"], ns[f"_f{i}"], ns[f"_d{i}"] = \
             p.key, p.to_wire, p.from_wire, p.default
+        ns[f"_s{i}"] = _slot_setter(cls, p.name)
+    ns["_sb"] = _slot_setter(cls, "__cbcl_body__")
+    ns["_len"] = len
     params = ", ".join(f"{p.name}" if p.required else f"{p.name}=_d{i}"
                        for i, p in enumerate(plans))
     lines = [f"def __init__(_self{', *, ' + params if params else ''}):",
@@ -469,23 +472,40 @@ def _make_methods(cls: Any, plans: list[_Plan]) -> None:
             lines.append(f"    if _v is not None: _wire += (_k{i}, _v)")
     lines.append("    _body = _tuple(_wire)")
     lines.append("    _check(_cls, _body)")
-    for p in plans:
-        lines.append(f"    _set(_self, {p.name!r}, {p.name})")
-    lines.append("    _set(_self, '__cbcl_body__', _body)")
+    for i, p in enumerate(plans):
+        lines.append(f"    _s{i}(_self, {p.name})")
+    lines.append("    _sb(_self, _body)")
+    # _from_body: the keys in the declared order (as the reader shares them, compared by
+    # identity) are taken in one pass; any other order goes to _by_dict, which finds each
+    # key in a dict of the body's pairs.
     start = len(cls.__cbcl_heads__)
     lines += ["def _from_body(_body):",
+              "    _self = _new(_cls)",
+              f"    _n = _len(_body); _i = {start}"]
+    for i, p in enumerate(plans):
+        value = "_body[_i + 1]" if p.from_wire is None else f"_f{i}(_body[_i + 1])"
+        lines.append(f"    if _i < _n and _body[_i] is _k{i}:")
+        lines.append(f"        _s{i}(_self, {value}); _i += 2")
+        lines.append("    else:" if not p.required else "    else: return _by_dict(_body)")
+        if not p.required:
+            lines.append(f"        _s{i}(_self, _d{i})")
+    lines += ["    if _i != _n: return _by_dict(_body)",
+              "    _sb(_self, _body)",
+              "    return _self"]
+    lines += ["def _by_dict(_body):",
               "    _self = _new(_cls)",
               f"    _d = _dict(_zip(_body[{start}::2], _body[{start + 1}::2]))"]
     for i, p in enumerate(plans):
         get = f"_d[_k{i}]" if p.required else f"_d.get(_k{i}, _MISSING)"
         if p.required:
             value = get if p.from_wire is None else f"_f{i}({get})"
-            lines.append(f"    _set(_self, {p.name!r}, {value})")
+            lines.append(f"    _s{i}(_self, {value})")
         else:
             lines.append(f"    _v = {get}")
             converted = "_v" if p.from_wire is None else f"_f{i}(_v)"
-            lines.append(f"    _set(_self, {p.name!r}, _d{i} if _v is _MISSING else {converted})")
-    lines += ["    _set(_self, '__cbcl_body__', _body)", "    return _self"]
+            lines.append(f"    _s{i}(_self, _d{i} if _v is _MISSING else {converted})")
+    lines += ["    _sb(_self, _body)", "    return _self"]
+
     fields = "".join(f"_self.{n}, " for n in names)
     other = "".join(f"_other.{n}, " for n in names)
     lines += ["def __eq__(_self, _other):",
@@ -501,6 +521,16 @@ def _make_methods(cls: Any, plans: list[_Plan]) -> None:
         ns[method].__qualname__ = f"{cls.__qualname__}.{method}"
         setattr(cls, method, ns[method])
     cls._from_body = staticmethod(ns["_from_body"])
+
+
+def _slot_setter(cls: Any, name: str) -> Callable[[Any, Any], None]:
+    """The ``__set__`` of slot ``name`` of ``cls`` (or of its base): a call, no lookup."""
+    for klass in cls.__mro__:
+        member = klass.__dict__.get(name)
+        if member is not None:
+            setter: Callable[[Any, Any], None] = member.__set__
+            return setter
+    raise TypeError(f"{cls.__name__} has no slot {name}")  # pragma: no cover
 
 
 def _check_made(cls: Any, body: Value) -> None:
