@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 import sys
 import types
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -200,3 +201,41 @@ def test_random_declarations_decode_into_classes_and_back_byte_for_byte(
             cbcl.validate(cbcl.Message(message_id="m", sender="agent://a",
                                        receiver="agent://b", intent=intent,
                                        protocol="rnd/v1", body=remade), registry=registry)
+
+
+class Stamped(cbcl.Record, intent="NOTIFY"):
+    at: datetime
+    until: Annotated[datetime, cbcl.Range(0, None)] | None = None
+
+
+def test_datetime_is_integer_ms_utc() -> None:
+    assert Stamped.__cbcl_type__ == \
+        "(record stamped (:at integer required) (:until (integer :min 0)))"
+    at = datetime(2026, 12, 7, 10, 0, 0, 123000, tzinfo=UTC)
+    made = Stamped(at=at)
+    assert made.to_body() == (cbcl.Symbol("stamped"), cbcl.Keyword("at"), 1_796_637_600_123)
+    assert Stamped.from_body(made.to_body()) == made
+    with pytest.raises(ValueError, match="time zone"):
+        Stamped(at=datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="millisecond"):
+        Stamped(at=at.replace(microsecond=123456))
+    with pytest.raises(ValueError, match="below the minimum"):
+        Stamped(at=at, until=datetime(1969, 1, 1, tzinfo=UTC))
+    with pytest.raises(cbcl.SchemaError, match="datetime range"):
+        Stamped.from_body((cbcl.Symbol("stamped"), cbcl.Keyword("at"), 2**63 - 1))
+
+
+def test_a_record_holds_only_records_defined_before_it() -> None:
+    with pytest.raises(TypeError, match="cannot be resolved"):
+        types.new_class("Node", (cbcl.Record,), {}, lambda ns: ns.update(
+            __annotations__={"children": "tuple[Node, ...]"}))
+
+
+def test_decoding_keys_in_another_order_or_not_shared() -> None:
+    """The dict path: keys in another order than declared, or keyword objects that are
+    not the reader's shared ones, decode to the same record."""
+    body = (cbcl.Symbol("sample-request"), cbcl.Keyword("assay"), cbcl.Symbol("cbc"),
+            cbcl.Keyword("sample-id"), "S-9")
+    made = SampleRequest.from_body(body)
+    assert made == SampleRequest(sample_id="S-9", assay="cbc")
+    assert made.to_body() is body

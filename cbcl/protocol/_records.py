@@ -44,6 +44,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, ClassVar, TypeVar, Union
 
@@ -181,6 +182,19 @@ def _atom_kind(name: str, tp: Any) -> tuple[str, Callable[[Any], tuple[Any, Valu
                 return False, _FALSE
             raise _bad_type(name, "bool", v)
         return "boolean", to_bool
+    if tp is datetime:
+        def to_time(v: Any) -> tuple[Any, Value]:
+            if type(v) is not datetime:
+                raise _bad_type(name, "datetime", v)
+            if v.tzinfo is None:
+                raise ValueError(f"{name}: a datetime with a time zone (UTC on the wire)")
+            delta = v - _EPOCH
+            if delta.microseconds % 1000:
+                raise ValueError(f"{name}: a datetime to the millisecond (integer ms on "
+                                 "the wire)")
+            ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+            return v.astimezone(UTC), ms
+        return "integer", to_time
     for atom, kind in ((Symbol, "symbol"), (Keyword, "keyword"), (URI, "uri")):
         if tp is atom:
             def to_atom(v: Any, atom: Any = atom) -> tuple[Any, Value]:
@@ -314,7 +328,20 @@ def _plan_type(name: str, tp: Any, owner: str
     opts = {"string": len_opts, "symbol": len_opts, "integer": range_opts,
             "decimal": range_opts, "uri": _options((("scheme", Symbol(scheme.scheme)
                                                       if scheme else None),))}.get(kind, "")
-    return closed(kind, opts), to_wire, (_bool_of if kind == "boolean" else None)
+    return closed(kind, opts), to_wire, (_bool_of if kind == "boolean" else
+                                         _time_of if tp is datetime else None)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _time_of(ms: int) -> datetime:
+    """A checked integer (ms since the epoch, UTC) as a datetime; out of datetime's range
+    it is a ValueError (the caller's SchemaError)."""
+    try:
+        return _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        raise ValueError(f"{ms} ms is outside the datetime range") from None
 
 
 def _plain_of(v: Any) -> Any:
@@ -361,7 +388,11 @@ def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
              intent: str | Iterable[str] | None, head: str | Iterable[str] | None) -> None:
     module = sys.modules.get(cls.__module__)
     names = {**globals(), **_VALUE_NAMES, **(vars(module) if module is not None else {})}
-    hints = typing.get_type_hints(cls, globalns=names, include_extras=True)
+    try:
+        hints = typing.get_type_hints(cls, globalns=names, include_extras=True)
+    except Exception as exc:  # (a name not defined yet: the class itself, a later class)
+        raise TypeError(f"{name}: an annotation cannot be resolved ({exc}); a record "
+                        "holds records defined before it") from None
     intents = _names(intent) or ()
     try:
         cls.__cbcl_intents__ = tuple(Intent(i) for i in intents)
@@ -568,7 +599,9 @@ class Record(metaclass=_RecordMeta):
     Instances are immutable and slotted, made with keyword arguments only. The
     constructor raises ``TypeError`` for a value of the wrong type and ``ValueError`` for
     one the record's schema refuses (a range, a length, a one-of); ``str`` is taken for a
-    ``cbcl.Symbol``/``Keyword``/``URI`` member and ``int`` for a ``Decimal`` one."""
+    ``cbcl.Symbol``/``Keyword``/``URI`` member and ``int`` for a ``Decimal`` one. A
+    ``datetime`` member (with a time zone, to the millisecond) is an ``integer`` of
+    milliseconds since the epoch, UTC, on the wire."""
 
     __slots__ = ("__cbcl_body__",)
 
@@ -604,7 +637,10 @@ class Record(metaclass=_RecordMeta):
             raise SchemaError(f"$.body: expected ({' '.join(cls.__cbcl_heads__)} …), found "
                               f"{canonical_value(body)[:40]}", path="$.body")
         check_schema(schema, body)
-        made: R = getattr(cls, "_from_body")(body)  # noqa: B009 - (set by the metaclass)
+        try:
+            made: R = getattr(cls, "_from_body")(body)  # noqa: B009 - (set by the metaclass)
+        except ValueError as exc:  # (as record_of)
+            raise SchemaError(f"$.body: {exc}", path="$.body") from None
         return made
 
     def to_body(self) -> Value:
@@ -669,7 +705,10 @@ def record_of(message: Message, type_: Any, protocol: Protocol | None = None) ->
                           path="$.body")
     if not _trusted(cls, protocol):
         check_schema(cls.__cbcl_schema__, body)
-    return cls._from_body(body)
+    try:
+        return cls._from_body(body)
+    except ValueError as exc:  # (a value the schema takes and Python cannot: a datetime)
+        raise SchemaError(f"$.body: {exc}", path="$.body") from None
 
 
 def _trusted(cls: Any, protocol: Protocol | None) -> bool:
