@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from strategies import values
 from test_declaration import _draw_value, declarations
 
 import cbcl
@@ -239,3 +240,37 @@ def test_decoding_keys_in_another_order_or_not_shared() -> None:
     made = SampleRequest.from_body(body)
     assert made == SampleRequest(sample_id="S-9", assay="cbc")
     assert made.to_body() is body
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=values)
+def test_any_body_gives_a_record_or_a_schema_error(body: cbcl.Value) -> None:
+    """The untrusted path (no protocol that holds the class's record): whatever the body,
+    an instance or a SchemaError, never another exception."""
+    for shaped in (body, (cbcl.Symbol("sample-request"), *body) if isinstance(body, tuple)
+                   else body):
+        try:
+            made = record_of(message(shaped), SampleRequest)
+        except cbcl.SchemaError:
+            continue
+        assert isinstance(made, SampleRequest) and made.to_body() == shaped
+
+
+def test_the_trust_memo_is_bounded() -> None:
+    """A class remembers, for at most _TRUST_MAX protocols, whether their schema holds its
+    record: at N entries the next one empties the memo first."""
+    from cbcl.protocol._records import _TRUST_MAX, _trusted
+
+    class Once(cbcl.Record, intent="INFORM"):
+        n: int
+
+    known: dict[int, Any] = Once.__cbcl_trusted__  # type: ignore[attr-defined]
+    kept = []
+    for i in range(_TRUST_MAX + 1):
+        registry = cbcl.Registry()
+        registry.load(cbcl.descriptor_from(Once, id=f"once{i}/v1", version=1),
+                      allow_unsigned=True)
+        protocol = registry.get(cbcl.Symbol(f"once{i}/v1"))
+        kept.append(protocol)
+        assert _trusted(Once, protocol) is True
+        assert len(known) == (i % _TRUST_MAX) + 1
