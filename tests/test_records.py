@@ -274,3 +274,17 @@ def test_the_trust_memo_is_bounded() -> None:
         kept.append(protocol)
         assert _trusted(Once, protocol) is True
         assert len(known) == (i % _TRUST_MAX) + 1
+
+
+class Loose(cbcl.Record, intent="INFORM", head="loose"):
+    v: cbcl.Value
+    w: cbcl.Value | None = None
+    e: tuple[Line, ...] = ()
+
+
+def test_value_members_are_any() -> None:
+    """``cbcl.Value`` (a string alias at run time) is ``any``, ``| None`` too."""
+    assert Loose.__cbcl_type__.startswith("(record loose (:v any required) (:w any)")
+    made = Loose(v=(cbcl.Symbol("x"), 1), w=(1, "a"))
+    assert made.w == (1, "a")
+    assert cbcl.canonical(made.to_body()) == '(loose :v (x 1) :w (1 "a") :e ())'

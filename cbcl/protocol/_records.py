@@ -123,6 +123,11 @@ class Declared:
 # (cbcl.Value's own forward references, for a class whose module has not imported them)
 _VALUE_NAMES: dict[str, Any] = {"Symbol": Symbol, "Keyword": Keyword, "URI": URI,
                                 "Decimal": Decimal}
+class _AnyValue:
+    """What ``cbcl.Value`` (a string alias at run time) stands for in an annotation."""
+
+
+_VALUE_ATOMS = {str, int, Decimal, Symbol, Keyword, URI}
 _MISSING: Any = type("_Missing", (), {"__repr__": lambda self: "MISSING"})()
 _TRUE, _FALSE = intern_symbol("true", pin=True), intern_symbol("false", pin=True)
 _KEBAB = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -254,7 +259,8 @@ def _plan_type(name: str, tp: Any, owner: str
         if length else ""
     range_opts = _options((("min", bounds.min), ("max", bounds.max))) if bounds else ""
     origin = typing.get_origin(tp)
-    if tp is Any or repr(tp) == repr(Value):
+    if tp is Any or tp is _AnyValue or (origin in (Union, types.UnionType) and
+                                        set(typing.get_args(tp)) >= _VALUE_ATOMS):
         return "any", _any_value(name), None
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -388,6 +394,11 @@ def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
              intent: str | Iterable[str] | None, head: str | Iterable[str] | None) -> None:
     module = sys.modules.get(cls.__module__)
     names = {**globals(), **_VALUE_NAMES, **(vars(module) if module is not None else {})}
+    for known, value in list(names.items()):  # (cbcl.Value, a str at run time, as a type)
+        if value is Value:
+            names[known] = _AnyValue
+        elif isinstance(value, types.ModuleType) and getattr(value, "Value", None) is Value:
+            names[known] = types.SimpleNamespace(**{**vars(value), "Value": _AnyValue})
     try:
         hints = typing.get_type_hints(cls, globalns=names, include_extras=True)
     except Exception as exc:  # (a name not defined yet: the class itself, a later class)
