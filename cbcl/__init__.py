@@ -82,6 +82,12 @@ from .protocol._message import (
     Intent,
     Message,
 )
+from .protocol._records import (
+    Length,
+    Range,
+    Record,
+    descriptor_from,
+)
 from .protocol._registry import (
     Registry,
 )
@@ -108,6 +114,7 @@ __all__ = [
     "ConnectionLost",
     "ConversationClosed",
     "ConversationError",
+    # typed records (spec/declarations.md §8)
     # the binary form, protocols and descriptors
     "Decoder",
     "DescriptorError",
@@ -119,6 +126,7 @@ __all__ = [
     "GrammarError",
     "Intent",
     "Keyword",
+    "Length",
     "LimitError",
     "Limits",
     "LocalProtocolError",
@@ -127,6 +135,8 @@ __all__ = [
     "NegotiationFailed",
     "Position",
     "ProtocolError",
+    "Range",
+    "Record",
     "Registry",
     "RemoteProtocolError",
     "SchemaError",
@@ -143,6 +153,7 @@ __all__ = [
     "build_descriptor",
     "canonical",
     "decode",
+    "descriptor_from",
     "descriptor_from_declaration",
     "encode",
     "extract",

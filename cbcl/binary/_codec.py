@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import msgpack
 import msgpack.fallback
@@ -111,6 +111,7 @@ from ..protocol._pass2 import (
     start_stack,
 )
 from ..protocol._protocol import Protocol
+from ..protocol._records import record_of
 from ..protocol._registry import Registry
 from ..protocol._schema import _has_heads, check_schema
 
@@ -461,6 +462,9 @@ def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> Iterator[An
 # --------------------------------------------------------------------------- decoding
 
 
+_R = TypeVar("_R")
+
+
 class Decoder:
     """Decodes and fully recognises binary frames of the protocols in ``registry``.
 
@@ -547,8 +551,15 @@ class Decoder:
     # Where the extension is built, decode is a C method (cbcl._native.decode_entry,
     # cbcl/_native_src/entry.h): a frame of exact bytes with a frame state is
     # decode_frame's, any other call, or a frame it declines, this method's.
+    @overload
+    def decode(self, data: bytes | bytearray | memoryview, *, type: None = None) -> Message: ...
+    @overload
+    def decode(self, data: bytes | bytearray | memoryview, *, type: type[_R]) -> _R: ...
+    @overload
+    def decode(self, data: bytes | bytearray | memoryview, *, type: Any) -> Any: ...
+
     @entry(None if _native is None else _native.decode_entry, _verify_signed, method=True)
-    def decode(self, data: bytes | bytearray | memoryview) -> Message:
+    def decode(self, data: bytes | bytearray | memoryview, *, type: Any = None) -> Any:
         """Decode one frame (without its stream length prefix) and recognise it.
 
         Raises :class:`MalformedError` for a broken frame (:class:`EnvelopeError` for
@@ -557,7 +568,14 @@ class Decoder:
         id, :class:`ProtocolError` for an intent the protocol does not govern,
         :class:`TrustError` for a bad or missing required message signature, and
         ``TypeError`` for input that is not bytes.
+
+        With ``type=`` a :class:`cbcl.Record` class (or ``A | B``), the message's body is
+        returned as an instance of it (:func:`cbcl.descriptor.record_of`: :class:`SchemaError` for a
+        body that is not the class's).
         """
+        if type is not None:  # the message as without type= (the C entry's call), converted
+            message = self.decode(data)
+            return record_of(message, type, self.registry.get(message.protocol))
         # (the C entry standing in for this method has tried cbcl._native.decode_frame on
         # a frame of exact bytes where there is a frame state: this is reached when it
         # declined, and _decode_tiers decides the frame without trying it again)
