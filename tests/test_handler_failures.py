@@ -18,6 +18,7 @@ is its agent's ``messages_received``."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import contextlib
 import gc
 import json
@@ -165,7 +166,11 @@ async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError("the condition never held")
+            try:  # (which condition: the line that gave it)
+                source = inspect.getsource(check).strip()
+            except (OSError, TypeError):
+                source = repr(check)
+            raise AssertionError(f"the condition never held: {source}")
         await asyncio.sleep(0.005)
 
 
