@@ -18,9 +18,9 @@ is its agent's ``messages_received``."""
 from __future__ import annotations
 
 import asyncio
-import inspect
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import os
