@@ -283,7 +283,35 @@ def schema_valid(pairs: Any, body: tuple[Value, ...],
 def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...], /) -> Any:
     """An instance of ``type`` (one ``object.__new__`` makes; ``TypeError`` otherwise)
     made without ``__init__`` and given each attribute its value as ``object.__setattr__``
-    gives it: ``Message._trusted``'s construction, its fields checked by the caller."""
+    gives it (the ``Message`` :func:`setup_message` registered, given its fields in grammar
+    order, is filled in its :class:`MessageFields` struct): ``Message._trusted``'s
+    construction, its fields checked by the caller."""
+
+class MessageFields:
+    """The storage of ``cbcl.protocol._message.Message``: a base class whose C struct
+    holds the eleven fields as named members (``cbcl/_native_src/native.h``), which the
+    C writers read and the decoders fill directly. Writable (the frozen dataclass over it
+    writes them with ``object.__setattr__``); ``AttributeError`` for one unset. No
+    ``__dict__``, no weak references."""
+
+    message_id: Any
+    sender: Any
+    receiver: Any
+    intent: Any
+    protocol: Any
+    conversation_id: Any
+    in_reply_to: Any
+    reply_by: Any
+    timestamp: Any
+    body: Any
+    signature: Any
+
+class SignatureFields:
+    """The storage of ``cbcl.protocol._message.Signature``, as :class:`MessageFields` is
+    ``Message``'s: ``key_id`` and ``value`` as named members of its struct."""
+
+    key_id: Any
+    value: Any
 
 @final
 class MethodEntry:
@@ -335,22 +363,24 @@ def canonical(value: object, /) -> str | None:
 
 def canonical_message(message: object, /) -> str | None:
     """``Message.canonical()``'s text (that of ``canonical_value(message.to_value())``),
-    written from the slots of an exact :class:`cbcl.Message`, or ``None`` for anything the
+    written from the fields of an exact :class:`cbcl.Message`, or ``None`` for anything the
     Python path must handle (a subclass, an intent that is not an ``Intent`` member, a
     signature that is not an exact ``Signature``, or a field :func:`canonical` declines)."""
 
 def pack_message(header: bytes, message: object, table: object, /) -> bytes | None:
     """``Encoder.encode``'s frame of ``message``: ``header``, the envelope tokens, then the
-    body's under ``table`` (what :func:`prepare` returned), from the slots of an exact
+    body's under ``table`` (what :func:`prepare` returned), from the fields of an exact
     :class:`cbcl.Message`, or ``None`` for anything the Python path must handle (as
     :func:`canonical_message`, and a token :func:`pack_frame` declines)."""
 
 def setup_message(message: type, signature: type, names: tuple[Any, ...],
                   intents: tuple[tuple[Any, Any], ...], /) -> bool:
-    """``Message`` and ``Signature`` (slotted: their fields are read through their member
-    descriptors), the envelope's symbols (the version, then each field's, in the
+    """``Message`` and ``Signature`` (classes over :class:`MessageFields` and
+    :class:`SignatureFields` that add nothing to their instances: their fields are read
+    from the structs), the envelope's symbols (the version, then each field's, in the
     fields' order) and the intents as ``(member, symbol)`` pairs; ``False`` (every message
-    declined) if the types are not slotted as expected."""
+    declined) if the types are not laid out so: not over those bases, or adding a
+    ``__dict__``, ``__weakref__`` or a slot."""
 
 def encode_message(message: object, registry: object, tables: dict[Any, Any], /) -> bytes | None:
     """:func:`pack_message` with the header and table an ``Encoder`` cached for the

@@ -53,9 +53,10 @@
  * then written in positional notation with at least one fractional digit.
  *
  * canonical_message(message) and pack_message / encode_message(message ...) write a whole
- * message: Message.canonical()'s text and Encoder.encode()'s frame, from the slots of an
- * exact Message (read through its member descriptors, found by setup_message()), the
- * envelope written as Message.to_value() and the Python encoder list it, each field's value
+ * message: Message.canonical()'s text and Encoder.encode()'s frame, from the fields of an
+ * exact Message (read from its MessageFields struct, native.h: setup_message() checks the
+ * class adds nothing to it), the envelope written as Message.to_value() and the Python
+ * encoder list it, each field's value
  * by the same writers as the body's; anything else (a subclass, an intent that is not an
  * Intent member, a signature that is not an exact Signature, an unset slot) declines.
  *
@@ -106,7 +107,7 @@ copy_bytes(char *dst, const char *src, size_t n)
 /* What setup(), setup_message() and setup_frame() give the section is kept in the module's
  * state (native.h's EncodersState, st->encoders): the value types, the token codes, the
  * longest decimal text (max_decimal_chars, -1 until setup() has run: every twin then
- * declines), the message types and their member descriptors, the envelope's names. The
+ * declines), the message types, the envelope's names. The
  * walks are handed it (`enc`, a const pointer) by the function the module's state is
  * found in. */
 
@@ -909,7 +910,7 @@ canonical(PyObject *module, PyObject *value)
 /* ------------------------------------------------------------------------- messages */
 
 /* The member descriptors of the slots `names` of `type` (entry_member: its own), as new
- * references in out: 1, or 0 (none kept, no exception) if one is not. */
+ * references in out: 1, or 0 (none kept, no exception) if one is not (the Encoder's). */
 static int
 members_of(PyTypeObject *type, const char *const *names, int n, PyObject **out)
 {
@@ -923,20 +924,15 @@ members_of(PyTypeObject *type, const char *const *names, int n, PyObject **out)
     return 1;
 }
 
-/* cbcl.protocol._message.Message and Signature (slotted dataclasses: their fields are read
- * through their member descriptors, entry.h), set by setup_message(); NULL: every message
- * is declined. */
+/* cbcl.protocol._message.Message and Signature (dataclasses over the C types
+ * MessageFields and SignatureFields: their fields are read from their structs, native.h),
+ * set by setup_message(); NULL: every message is declined. */
 enum {
     F_MESSAGE_ID, F_SENDER, F_RECEIVER, F_INTENT, F_PROTOCOL, F_CONVERSATION_ID,
     F_IN_REPLY_TO, F_REPLY_BY, F_TIMESTAMP, F_BODY, F_SIGNATURE, N_FIELDS
 };
-static const char *const FIELD_ATTRS[N_FIELDS] = {
-    "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
-    "in_reply_to", "reply_by", "timestamp", "body", "signature"};
-static const char *const SIGNATURE_ATTRS[2] = {"key_id", "value"};
-static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "the state's field_members: one per field");
-/* In the state (enc): message, signature and their member descriptors (field_members,
- * signature_members: strong references). The text's: text_names, the version symbol,
+static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "message_fields_get: one per field");
+/* In the state (enc): message, signature (strong references). The text's: text_names, the version symbol,
  * then the field symbols, in FIELD_ATTRS' order (a tuple of 1 + N_FIELDS exact Symbols);
  * text_intents, the intents as (member, symbol) pairs (Message.to_value's _INTENT_SYMBOL).
  * The frame's: frame_intents, the intents by code (cbcl.binary._codec.INTENTS),
@@ -958,34 +954,26 @@ fields_release(Fields *m)
 }
 
 /* The fields of an exact Message (and of its signature, an exact Signature or None), as
- * strong references; DECLINE for anything else, or an unset field. */
+ * strong references (held: a lookup in the walk may run Python code); DECLINE for
+ * anything else, or an unset field. */
 static int
 fields_read(const EncodersState *enc, PyObject *message, Fields *m)
 {
-    if (enc->message == NULL || Py_TYPE(message) != enc->message)
+    if (enc->message == NULL || Py_TYPE(message) != enc->message ||
+            !message_fields_get(message, m->f))
         return DECLINE;
-    memset(m, 0, sizeof(*m));
-    for (int i = 0; i < N_FIELDS; i++) {
-        PyObject *v = entry_get(enc->field_members[i], message);
-        if (v == NULL)
-            goto decline;
-        m->f[i] = v;
-    }
+    m->sig[0] = m->sig[1] = NULL;
     PyObject *signature = m->f[F_SIGNATURE];
     if (signature != Py_None) {
-        if (Py_TYPE(signature) != enc->signature)
-            goto decline;
-        for (int i = 0; i < 2; i++) {
-            PyObject *v = entry_get(enc->signature_members[i], signature);
-            if (v == NULL)
-                goto decline;
-            m->sig[i] = v;
+        SignatureFieldsObject *s = (SignatureFieldsObject *)signature;
+        if (Py_TYPE(signature) != enc->signature || s->key_id == NULL || s->value == NULL) {
+            fields_release(m);
+            return DECLINE;
         }
+        m->sig[0] = Py_NewRef(s->key_id);
+        m->sig[1] = Py_NewRef(s->value);
     }
     return OK;
-decline:
-    fields_release(m);
-    return DECLINE;
 }
 
 /* Each field's " (name " as ASCII (enc->field_prefix, field_prefix_length), made by
@@ -2003,6 +1991,17 @@ setup(PyObject *module, PyObject *args)
     return PyBool_FromLong(enc->decimal_layout);
 }
 
+/* Whether `type` is `base` (this module's MessageFields or SignatureFields) or a class
+ * over it that adds nothing to its instances (`size`, its struct's: no __dict__, no
+ * __weakref__, no slot), so that the struct is the whole of an instance's fields. */
+static int
+fields_layout(PyTypeObject *base, PyTypeObject *type, size_t size)
+{
+    return base != NULL && PyType_IsSubtype(type, base) &&
+           type->tp_basicsize == (Py_ssize_t)size && type->tp_itemsize == 0 &&
+           type->tp_dictoffset == 0 && type->tp_weaklistoffset == 0;
+}
+
 static PyObject *
 setup_message(PyObject *module, PyObject *args)
 {
@@ -2029,18 +2028,11 @@ setup_message(PyObject *module, PyObject *args)
             Py_TYPE(PyTuple_GET_ITEM(pair, 1)) != enc->symbol)
             Py_RETURN_FALSE;
     }
-    PyObject *fields[N_FIELDS], *sig[2];
-    if (!members_of((PyTypeObject *)message, FIELD_ATTRS, N_FIELDS, fields))
+    if (!fields_layout(st->message_fields_type, (PyTypeObject *)message,
+                       sizeof(MessageFieldsObject)) ||
+            !fields_layout(st->signature_fields_type, (PyTypeObject *)signature,
+                           sizeof(SignatureFieldsObject)))
         Py_RETURN_FALSE;
-    if (!members_of((PyTypeObject *)signature, SIGNATURE_ATTRS, 2, sig)) {
-        for (int i = 0; i < N_FIELDS; i++)
-            Py_DECREF(fields[i]);
-        Py_RETURN_FALSE;
-    }
-    for (int i = 0; i < N_FIELDS; i++)
-        Py_XSETREF(enc->field_members[i], fields[i]);
-    Py_XSETREF(enc->signature_members[0], sig[0]);
-    Py_XSETREF(enc->signature_members[1], sig[1]);
     Py_INCREF(message);
     Py_INCREF(signature);
     Py_INCREF(names);
@@ -2111,8 +2103,8 @@ PyMethodDef cbcl_encoders_methods[] = {
      "None to decline (not cached yet, a Registry subclass ...)."},
     {"setup_message", setup_message, METH_VARARGS,
      "setup_message(Message, Signature, names, intents, /) -> bool: the message types, the "
-     "envelope's symbols and the intents' (member, symbol) pairs; False: not slotted as "
-     "expected (every message is declined)."},
+     "envelope's symbols and the intents' (member, symbol) pairs; False: not laid out over "
+     "MessageFields and SignatureFields (every message is declined)."},
     {"setup_frame", setup_frame, METH_VARARGS,
      "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
      "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
@@ -2159,10 +2151,6 @@ cbcl_encoders_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(enc->message);
     Py_VISIT(enc->signature);
     Py_VISIT(enc->registry);
-    for (int i = 0; i < N_FIELDS; i++)
-        Py_VISIT(enc->field_members[i]);
-    Py_VISIT(enc->signature_members[0]);
-    Py_VISIT(enc->signature_members[1]);
     Py_VISIT(enc->text_names);
     Py_VISIT(enc->text_intents);
     Py_VISIT(enc->frame_intents);
@@ -2186,10 +2174,6 @@ cbcl_encoders_clear(NativeState *st)
     Py_CLEAR(enc->message);
     Py_CLEAR(enc->signature);
     Py_CLEAR(enc->registry);
-    for (int i = 0; i < N_FIELDS; i++)
-        Py_CLEAR(enc->field_members[i]);
-    Py_CLEAR(enc->signature_members[0]);
-    Py_CLEAR(enc->signature_members[1]);
     Py_CLEAR(enc->text_names);
     Py_CLEAR(enc->text_intents);
     Py_CLEAR(enc->frame_intents);
