@@ -306,6 +306,18 @@ class MessageFields:
     body: Any
     signature: Any
 
+class EncoderFields:
+    """The storage of what ``cbcl.binary._codec.Encoder.encode``'s C entry reads, as
+    named members of its C struct: ``validate``, ``registry``, ``_tables`` and
+    ``_registry_protocols``. Writable, ``AttributeError`` for one unset; a class over it
+    may add slots. Where the class that binds :func:`encode_entry` is not over it, every
+    call falls back to the Python method."""
+
+    validate: Any
+    registry: Any
+    _tables: Any
+    _registry_protocols: Any
+
 class SignatureFields:
     """The storage of ``cbcl.protocol._message.Signature``, as :class:`MessageFields` is
     ``Message``'s: ``key_id`` and ``value`` as named members of its struct."""
@@ -427,10 +439,10 @@ def canonical_entry(fallback: Any, doc: str, /) -> MethodEntry:
 
 def encode_entry(fallback: Any, doc: str, /) -> MethodEntry:
     """``Encoder.encode`` as a C method, for ``Encoder``'s class body: for one positional
-    argument and an encoder whose ``validate`` slot is ``False``, :func:`encode_message`
-    with its ``registry`` and ``_tables`` slots; else, or when that declines,
-    ``fallback(encoder, *args, **kwargs)``, as it is where the class does not keep those
-    in slots."""
+    argument and an encoder whose ``validate`` is ``False``, :func:`encode_message` with
+    its ``registry`` and ``_tables`` (read from its :class:`EncoderFields` struct); else,
+    or when that declines, ``fallback(encoder, *args, **kwargs)``, as it is where the
+    class is not over :class:`EncoderFields`."""
 
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of

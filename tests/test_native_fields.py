@@ -132,3 +132,38 @@ def test_decoders_make_exact_messages_and_signatures(native: Any) -> None:
     for m in (parsed, decoded):
         assert type(m) is Message and type(m.signature) is Signature
         assert m == signed
+
+
+def test_the_encoder_entry_reads_the_encoder_fields_struct(native: Any) -> None:
+    """Encoder is over EncoderFields, whose struct Encoder.encode's C entry reads (also
+    for a subclass); a field unset hands the call to the Python method, which raises as
+    it does without the extension."""
+    from cbcl.binary import _codec
+
+    assert native.EncoderFields in Encoder.__mro__
+    registry = Registry(disk_cache=False, isolate=False)
+    for name in SHIPPED:
+        registry.load((DESCRIPTORS / f"{name}.cbcl").read_bytes(), allow_unsigned=True)
+    example = (DESCRIPTORS / "examples" / "request-v1-inform-result.cbcl").read_text()
+    m = parse(example, registry=registry)
+
+    class Mine(Encoder):
+        __slots__ = ("extra",)
+
+    encoder, python = Encoder(registry, validate=False), Encoder(registry, validate=False)
+    frame = _codec.encode_python(python, m)
+    assert encoder.encode(m) == Mine(registry, validate=False).encode(m) == frame
+    del encoder._tables
+    with pytest.raises(AttributeError):
+        encoder.encode(m)
+    del python._tables
+    with pytest.raises(AttributeError):
+        _codec.encode_python(python, m)
+    encoder = Encoder(registry, validate=False)
+    alive = weakref.ref(encoder)  # (the Encoder's own __weakref__ slot, over the struct)
+    # (not the pair: the protocols are read from the registry instead)
+    encoder._registry_protocols = None  # type: ignore[assignment]
+    assert encoder.encode(m) == frame
+    del encoder
+    gc.collect()
+    assert alive() is None

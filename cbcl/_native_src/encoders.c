@@ -909,21 +909,6 @@ canonical(PyObject *module, PyObject *value)
 
 /* ------------------------------------------------------------------------- messages */
 
-/* The member descriptors of the slots `names` of `type` (entry_member: its own), as new
- * references in out: 1, or 0 (none kept, no exception) if one is not (the Encoder's). */
-static int
-members_of(PyTypeObject *type, const char *const *names, int n, PyObject **out)
-{
-    for (int i = 0; i < n; i++) {
-        if ((out[i] = entry_member(type, names[i])) == NULL) {
-            while (i-- > 0)
-                Py_DECREF(out[i]);
-            return 0;
-        }
-    }
-    return 1;
-}
-
 /* cbcl.protocol._message.Message and Signature (dataclasses over the C types
  * MessageFields and SignatureFields: their fields are read from their structs, native.h),
  * set by setup_message(); NULL: every message is declined. */
@@ -1825,17 +1810,84 @@ static PyObject *encoder_encode(NativeState *st, PyObject *self, PyObject *const
 
 static int encoder_bind(NativeState *st, PyTypeObject *owner);
 
-/* (the templates of st->encoders.canonical_entry and encode_entry; beside them in the
- * state, encoder_members: the member descriptors of the slots of cbcl.binary._codec.Encoder
- * encoder_encode reads, strong references, NULL where not found: every call falls back) */
+/* (the templates of st->encoders.canonical_entry and encode_entry) */
 static const CEntry CANONICAL_ENTRY = {
     {"canonical", NULL, METH_NOARGS, NULL}, message_canonical, NULL, NULL, NULL};
 static const CEntry ENCODE_ENTRY = {
     {"encode", NULL, METH_FASTCALL | METH_KEYWORDS, NULL}, encoder_encode, encoder_bind,
     NULL, NULL};
-enum { E_VALIDATE, E_REGISTRY, E_TABLES, E_PROTOCOLS, E_COUNT };
-static_assert(E_COUNT == sizeof(((EncodersState *)0)->encoder_members) / sizeof(PyObject *),
-              "the state's encoder_members: one per slot read");
+
+/* cbcl._native.EncoderFields: the storage of what encoder_encode reads of an Encoder
+ * (cbcl.binary._codec.Encoder is a class over it), as named members of its struct:
+ * validate, registry, _tables, _registry_protocols. Writable (the Encoder's __init__ sets
+ * them, and a user may set validate or registry later), GC-tracked, no __dict__; a class
+ * over it may add slots (the Encoder's others, __weakref__). st->encoders.encoder_type is
+ * the class encode_entry was bound in, where that class is over it (encoder_bind); NULL:
+ * every call falls back. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *validate, *registry, *tables, *registry_protocols; /* strong; NULL: unset */
+} EncoderFieldsObject;
+
+static PyMemberDef encoder_fields_members[] = {
+    {"validate", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, validate), 0, NULL},
+    {"registry", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, registry), 0, NULL},
+    {"_tables", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, tables), 0, NULL},
+    {"_registry_protocols", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, registry_protocols),
+     0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int
+encoder_fields_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    EncoderFieldsObject *e = (EncoderFieldsObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(e->validate);
+    Py_VISIT(e->registry);
+    Py_VISIT(e->tables);
+    Py_VISIT(e->registry_protocols);
+    return 0;
+}
+
+static int
+encoder_fields_clear(PyObject *self)
+{
+    EncoderFieldsObject *e = (EncoderFieldsObject *)self;
+    Py_CLEAR(e->validate);
+    Py_CLEAR(e->registry);
+    Py_CLEAR(e->tables);
+    Py_CLEAR(e->registry_protocols);
+    return 0;
+}
+
+static void
+encoder_fields_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    encoder_fields_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyType_Slot encoder_fields_slots[] = {
+    {Py_tp_doc, "The storage of what cbcl.binary._codec.Encoder.encode's C entry reads: "
+                "validate, registry, _tables, _registry_protocols as named members."},
+    {Py_tp_traverse, encoder_fields_traverse},
+    {Py_tp_clear, encoder_fields_clear},
+    {Py_tp_dealloc, encoder_fields_dealloc},
+    {Py_tp_members, encoder_fields_members},
+    {0, NULL},
+};
+
+static PyType_Spec encoder_fields_spec = {
+    .name = "cbcl._native.EncoderFields",
+    .basicsize = sizeof(EncoderFieldsObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = encoder_fields_slots,
+};
 
 static PyObject *
 message_canonical(NativeState *st, PyObject *self, PyObject *const *Py_UNUSED(args),
@@ -1849,28 +1901,28 @@ message_canonical(NativeState *st, PyObject *self, PyObject *const *Py_UNUSED(ar
     return fallback == NULL ? NULL : PyObject_CallOneArg(fallback, self);
 }
 
-/* encoder.encode(message): one positional argument, validate=False and the slots set:
- * encode_message with the encoder's registry and tables. */
+/* encoder.encode(message): one positional argument, validate=False and the fields set:
+ * encode_message with the encoder's registry and tables (read from its EncoderFields
+ * struct: self is an instance of the class encode_entry was bound in, checked by the
+ * MethodEntry, which encoder_bind found to be over EncoderFields). */
 static PyObject *
 encoder_encode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                PyObject *kwnames)
 {
     EncodersState *enc = &st->encoders;
-    PyObject *const *members = enc->encoder_members;
-    if (nargs == 1 && kwnames == NULL && members[E_VALIDATE] != NULL &&
-            enc->registry != NULL) {
+    if (nargs == 1 && kwnames == NULL && enc->encoder_type != NULL && enc->registry != NULL &&
+            (Py_TYPE(self) == enc->encoder_type ||
+             PyObject_TypeCheck(self, enc->encoder_fields_type))) {
+        EncoderFieldsObject *fields = (EncoderFieldsObject *)self;
         PyObject *frame = Py_None; /* (borrowed while None: nothing written) */
-        PyObject *registry = NULL, *tables = NULL, *pair = NULL;
-        PyObject *validate = entry_get(members[E_VALIDATE], self);
-        Py_XDECREF(validate); /* (compared by identity only) */
-        if (validate != Py_False ||
-                (registry = entry_get(members[E_REGISTRY], self)) == NULL ||
-                (tables = entry_get(members[E_TABLES], self)) == NULL ||
+        /* (held: the Python code a lookup may run could set them) */
+        PyObject *registry = Py_XNewRef(fields->registry), *tables = Py_XNewRef(fields->tables);
+        PyObject *pair = Py_XNewRef(fields->registry_protocols);
+        if (fields->validate != Py_False || registry == NULL || tables == NULL ||
                 !PyDict_CheckExact(tables))
             goto release;
         /* the registry's protocols as the encoder was made with them (registry,
          * protocols), while its registry is that one; else read from the registry */
-        pair = entry_get(members[E_PROTOCOLS], self);
         PyObject *protocols;
         if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
                 PyTuple_GET_ITEM(pair, 0) == registry)
@@ -1911,19 +1963,15 @@ canonical_entry(PyObject *module, PyObject *args)
     return cbcl_method_entry(st, &st->encoders.canonical_entry);
 }
 
-/* encode_entry's bind: the member descriptors of the Encoder's slots validate, registry,
- * _tables and _registry_protocols (its own); where it has none, every call falls back. */
+/* encode_entry's bind: the class, where it is over EncoderFields (its fields read from
+ * the struct); else none, and every call falls back. */
 static int
 encoder_bind(NativeState *st, PyTypeObject *owner)
 {
-    static const char *const names[E_COUNT] = {"validate", "registry", "_tables",
-                                               "_registry_protocols"};
-    PyObject *members[E_COUNT] = {NULL, NULL, NULL, NULL};
-    if (!members_of(owner, names, E_COUNT, members)) /* (then all NULL: falls back) */
-        for (int i = 0; i < E_COUNT; i++)
-            members[i] = NULL;
-    for (int i = 0; i < E_COUNT; i++)
-        Py_XSETREF(st->encoders.encoder_members[i], members[i]);
+    EncodersState *enc = &st->encoders;
+    PyTypeObject *bound = enc->encoder_fields_type != NULL &&
+                          PyType_IsSubtype(owner, enc->encoder_fields_type) ? owner : NULL;
+    Py_XSETREF(enc->encoder_type, (PyTypeObject *)Py_XNewRef((PyObject *)bound));
     return 0;
 }
 
@@ -2128,9 +2176,15 @@ PyMethodDef cbcl_encoders_methods[] = {
 /* The section's part of the state as if no setup had run (every twin declines), the
  * entries' templates copied into it, "_protocols_by_id" interned (module.c's exec). */
 int
-cbcl_encoders_exec(PyObject *Py_UNUSED(module), NativeState *st)
+cbcl_encoders_exec(PyObject *module, NativeState *st)
 {
     EncodersState *enc = &st->encoders;
+    PyObject *type = PyType_FromModuleAndSpec(module, &encoder_fields_spec, NULL);
+    if (type == NULL)
+        return -1;
+    enc->encoder_fields_type = (PyTypeObject *)type; /* (strong: the state's) */
+    if (PyModule_AddObjectRef(module, "EncoderFields", type) < 0)
+        return -1;
     enc->max_decimal_chars = -1;
     for (int i = 0; i < CBCL_FRAME_BITS; i++)
         enc->frame_bits[i] = -1;
@@ -2157,8 +2211,8 @@ cbcl_encoders_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(enc->s_protocols);
     CBCL_VISIT_ENTRY(enc->canonical_entry);
     CBCL_VISIT_ENTRY(enc->encode_entry);
-    for (int i = 0; i < E_COUNT; i++)
-        Py_VISIT(enc->encoder_members[i]);
+    Py_VISIT(enc->encoder_fields_type);
+    Py_VISIT(enc->encoder_type);
     return 0;
 }
 
@@ -2180,6 +2234,6 @@ cbcl_encoders_clear(NativeState *st)
     Py_CLEAR(enc->s_protocols);
     CBCL_CLEAR_ENTRY(enc->canonical_entry);
     CBCL_CLEAR_ENTRY(enc->encode_entry);
-    for (int i = 0; i < E_COUNT; i++)
-        Py_CLEAR(enc->encoder_members[i]);
+    Py_CLEAR(enc->encoder_fields_type);
+    Py_CLEAR(enc->encoder_type);
 }

@@ -12,9 +12,9 @@
  *
  * Initialisation is multi-phase (PEP 489): PyInit__native returns the definition,
  * PyModuleDef_Init; the import system creates the module, with its state, and runs
- * native_exec, which makes the module's heap types (MethodEntry, below; speedups.c's
- * FrameState), adds each section's functions and runs each section's set-up (interned
- * strings, the value types of cbcl.core._values and decimal, the Decimal layout check,
+ * native_exec, which makes the module's heap types (MethodEntry, MessageFields and
+ * SignatureFields, below; speedups.c's FrameState, encoders.c's EncoderFields), adds each
+ * section's functions and runs each section's set-up (interned strings, the value types of cbcl.core._values and decimal, the Decimal layout check,
  * the entries' definitions).
  *
  * State. Everything the module keeps between calls is its module state, NativeState
@@ -28,8 +28,8 @@
  * constant: const tables, string literals, and the definitions the C API takes (method,
  * member and slot tables, the type specs, this module's definition). Module functions
  * find the state with PyModule_GetState(self) (native_state, native.h, which also raises
- * RuntimeError once it is cleared), the MethodEntry with PyType_GetModuleState of its
- * type; the functions they call are handed it (`st`, or a section's part of it). The
+ * RuntimeError once it is cleared), a MethodEntry keeps its type's (its module's state,
+ * which lives while the type keeps the module alive); the functions they call are handed it (`st`, or a section's part of it). The
  * module's m_traverse visits every reference the state holds and m_clear (m_free too)
  * releases them, each section's part by its own functions: the state is in reference
  * cycles (module -> state -> FrameState type -> module; module -> state -> an entry's
@@ -41,9 +41,9 @@
  * The interface with the Python side is made of named things only: C types with named
  * fields (FrameState, made by keyword; MessageFields and SignatureFields, below, the
  * storage the Message and Signature dataclasses are made over, whose structs the writers
- * read and the decoders fill), public callables, and the member descriptors of the slots
- * the entries read (the Encoder's and Decoder's), found on their classes by name and used
- * through tp_descr_get (entry.h). No private CPython API is used (no _Py* name),
+ * read and the decoders fill; encoders.c's EncoderFields, what the Encoder's entry
+ * reads), public callables, and the member descriptors of the slots the Decoder's entry
+ * reads, found on its class by name and used through tp_descr_get (entry.h). No private CPython API is used (no _Py* name),
  * no offset is read from a descriptor, and nothing is set on a Python class or module:
  * the entries are bound by the Python definitions themselves (entry.h).
  *
@@ -80,6 +80,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     CEntry *entry;      /* in the state of its type's module: its definition and fallback */
     PyObject *owner;    /* the class, strong; NULL until __set_name__ */
+    NativeState *state; /* its type's module's (PyType_GetModuleState, kept: it lives as
+                         * long as the module, which the type keeps alive) */
 } MethodEntry;
 
 /* The state of a MethodEntry's module (its type's: a MethodEntry keeps its type, which
@@ -87,7 +89,7 @@ typedef struct {
 static inline NativeState *
 method_entry_state(PyObject *self)
 {
-    NativeState *st = (NativeState *)PyType_GetModuleState(Py_TYPE(self));
+    NativeState *st = ((MethodEntry *)self)->state;
     if (st != NULL && st->ready)
         return st;
     if (!PyErr_Occurred())
@@ -279,6 +281,7 @@ cbcl_method_entry(NativeState *st, CEntry *e)
         return NULL;
     m->vectorcall = method_entry_vectorcall;
     m->entry = e;
+    m->state = st; /* (the state of type's module: type is st->method_entry_type) */
     return (PyObject *)m;
 }
 

@@ -174,8 +174,9 @@ typedef struct {
     Py_ssize_t field_prefix_length[CBCL_MESSAGE_FIELDS];
     PyObject *s_protocols; /* "_protocols_by_id" */
     CEntry canonical_entry, encode_entry;
-    /* the member descriptors of Encoder's validate, registry, _tables, _registry_protocols */
-    PyObject *encoder_members[4];
+    /* cbcl._native.EncoderFields (this module's), and the class encode_entry was bound in
+     * where it is over EncoderFields (encoder_bind; NULL: every call falls back) */
+    PyTypeObject *encoder_fields_type, *encoder_type;
 } EncodersState;
 
 /* The module's state (PyModuleDef.m_size): one per module object, so one per interpreter
