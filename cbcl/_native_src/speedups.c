@@ -52,12 +52,15 @@
  * (cbcl.binary._codec._Memos), passed with each call: the module's state (native.h's
  * SpeedupsState, one per module object) keeps no more than its interned strings, the
  * types it makes (cbcl.core._values' atoms, Decimal: cstack.h's ValueTypes), the atom
- * memo, the member descriptors of the slots it reads and writes (entry.h) and what the
- * entries were given; each function is handed that state (`st`), never a global.
+ * memo, the member descriptors of the slots it reads (entry.h) and what the entries were
+ * given; each function is handed that state (`st`), never a global.
  *
  * The Python side hands its state over as C types with named fields or as the public
  * callables it would call itself: a decoder's FrameState, the registry's protocols
- * through Registry._protocols_by_id(), a slot through its class's member descriptor.
+ * through Registry._protocols_by_id(), a slot through its class's member descriptor. The
+ * Messages and Signatures it makes are the registered classes over MessageFields and
+ * SignatureFields (native.h), their structs filled directly (no __init__ runs: the
+ * envelope's checks are the ones it would make).
  */
 #include "cstack.h"
 #include "entry.h"
@@ -69,8 +72,8 @@ static_assert(FIRST_ENTRY == CBCL_TOKEN_CODES, "the state's s_kinds: one per tok
 
 /* The section's state (native.h's SpeedupsState, st->speedups) holds the interned token
  * classes (s_lpar ... s_kinds[code]) the automaton's transitions are keyed by, the
- * attribute names read, the FrameState type, the atom memo, the slots new_with_attributes
- * and packed_of found, and the entries with what their *_entry functions gave them. Every
+ * attribute names read, the FrameState type, the atom memo, the attribute tuples
+ * new_with_attributes found in grammar order, the _Pairs slot packed_of found, and the entries with what their *_entry functions gave them. Every
  * function that reads it is given the module's state `st`. */
 
 /* ------------------------------------------------------------------------- unpack */
@@ -1209,80 +1212,69 @@ recognise(PyObject *module, PyObject *args)
 enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 11,
        F_REQUIRED = 5 };
 
-/* An instance of `type` made without __init__ (as object.__new__ makes it), given each
- * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None) as
- * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
- * or NULL with an exception. */
-/* The member descriptors new_with_attributes last found for a type and attribute tuple
- * (st->speedups.slots_type, slots_names, slot_members: strong references, the type and
- * tuple too): the slots it writes each attribute with. */
-static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "the state's slot_members: one per field");
+static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "a Message's fields: one per field");
 
-/* Whether every attribute of `attributes` is a slot of `type` (its own member descriptor,
- * entry.h, as a slots dataclass has, frozen or not: its __setattr__ is not the
- * descriptor's), remembering their descriptors: 1 or 0 (no exception). */
+/* The attribute names of a Message's fields in grammar order (MessageFieldsObject's). */
+static const char *const MESSAGE_ATTRIBUTES[F_COUNT] = {
+    "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
+    "in_reply_to", "reply_by", "timestamp", "body", "signature"};
+
+/* Whether `attributes` (a tuple) names a Message's fields in grammar order, the order
+ * cbcl_message_new takes their values in: 1 or 0 (no exception). The last two tuples met
+ * that do are remembered (st->speedups.grammar_names, grammar_names_also: the
+ * envelope's, the frame decoder's, Message._trusted's), so that a run of calls from one
+ * caller compares no names after its first. */
 static int
-slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
+in_grammar_order(SpeedupsState *sp, PyObject *attributes)
 {
-    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
-    if (type == sp->slots_type &&
-            (attributes == sp->slots_names || attributes == sp->slots_names_also))
+    if (attributes == sp->grammar_names || attributes == sp->grammar_names_also)
         return 1;
-    if (type == sp->slots_type && count == PyTuple_GET_SIZE(sp->slots_names)) {
-        /* (another tuple of the same names: the envelope's, the frame decoder's and
-         * Message._trusted's; the last one met is remembered too, so that a run of calls
-         * from one caller compares no names after its first) */
-        Py_ssize_t k = 0;
-        for (; k < count; k++) {
-            PyObject *a = PyTuple_GET_ITEM(attributes, k);
-            PyObject *b = PyTuple_GET_ITEM(sp->slots_names, k);
-            if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
-                break;
-        }
-        if (k == count) { /* (PyUnicode_Compare raises nothing for two strs) */
-            Py_XSETREF(sp->slots_names_also, Py_NewRef(attributes));
-            return 1;
-        }
-    }
-    if (count > F_COUNT)
+    if (PyTuple_GET_SIZE(attributes) != F_COUNT)
         return 0;
-    PyObject *members[F_COUNT] = {NULL};
-    for (Py_ssize_t k = 0; k < count; k++) {
+    for (Py_ssize_t k = 0; k < F_COUNT; k++) {
         PyObject *name = PyTuple_GET_ITEM(attributes, k);
-        const char *text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
-        if (text == NULL || (members[k] = entry_member(type, text)) == NULL) {
-            PyErr_Clear();
-            for (Py_ssize_t j = 0; j < k; j++)
-                Py_DECREF(members[j]);
+        if (!PyUnicode_Check(name) ||
+                PyUnicode_CompareWithASCIIString(name, MESSAGE_ATTRIBUTES[k]) != 0)
             return 0;
-        }
     }
-    Py_XSETREF(sp->slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
-    Py_XSETREF(sp->slots_names, Py_NewRef(attributes));
-    Py_CLEAR(sp->slots_names_also);
-    for (Py_ssize_t k = 0; k < F_COUNT; k++)
-        Py_XSETREF(sp->slot_members[k], members[k]);
+    Py_XSETREF(sp->grammar_names_also, sp->grammar_names);
+    sp->grammar_names = Py_NewRef(attributes);
     return 1;
 }
 
+/* An instance of `type` made without __init__ (as object.__new__ makes it), given each
+ * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None): a new
+ * reference, or NULL with an exception. The registered Message (setup_message: a class
+ * over MessageFields) with its fields in grammar order is filled in its struct
+ * (cbcl_message_new); any other type is given each attribute as object.__setattr__ gives
+ * it, past a frozen dataclass's __setattr__. */
 static PyObject *
 new_with_attributes(NativeState *st, PyTypeObject *type, PyObject *attributes,
                     PyObject *const *values)
 {
-    SpeedupsState *sp = &st->speedups;
+    if (type == st->encoders.message && in_grammar_order(&st->speedups, attributes))
+        return cbcl_message_new(type, values);
     PyObject *made = type->tp_alloc(type, 0);
     if (made == NULL)
         return NULL;
-    int slots = slots_found(sp, type, attributes); /* (the descriptors: no lookup by name) */
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
         PyObject *value = values[k] != NULL ? values[k] : Py_None;
-        if ((slots ? entry_put(sp->slot_members[k], made, value) :
-                     PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value)) < 0) {
+        if (PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value) < 0) {
             Py_DECREF(made);
             return NULL;
         }
     }
     return made;
+}
+
+/* A Signature(key_id, value) of type `signature`: filled in its struct where it is the
+ * registered one (setup_message), else by calling it. */
+static PyObject *
+new_signature(NativeState *st, PyObject *signature, PyObject *key_id, PyObject *value)
+{
+    if ((PyTypeObject *)signature == st->encoders.signature)
+        return cbcl_signature_new((PyTypeObject *)signature, key_id, value);
+    return PyObject_CallFunctionObjArgs(signature, key_id, value, NULL);
 }
 
 /* make_object(type, attributes, values) -> object: new_with_attributes, for
@@ -1357,8 +1349,7 @@ envelope_of(NativeState *st, PyObject *value, PyObject *version, PyObject *field
             if (PyTuple_GET_SIZE(field) != 3 || !PyUnicode_CheckExact(item) ||
                     !PyUnicode_CheckExact(PyTuple_GET_ITEM(field, 2)))
                 goto refused;
-            found[order] = PyObject_CallFunctionObjArgs(signature, item,
-                                                        PyTuple_GET_ITEM(field, 2), NULL);
+            found[order] = new_signature(st, signature, item, PyTuple_GET_ITEM(field, 2));
             if (found[order] == NULL)
                 goto error;
             continue;
@@ -2408,7 +2399,7 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     if (ok != 1)
         goto decline;
     if (slots[9] != NULL) {
-        signature = PyObject_CallFunctionObjArgs(d->signature, slots[9], slots[10], NULL);
+        signature = new_signature(st, d->signature, slots[9], slots[10]);
         if (signature == NULL)
             goto decline;
     }
@@ -2947,11 +2938,8 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
         Py_VISIT(sp->atom_memo[k].key);
         Py_VISIT(sp->atom_memo[k].value);
     }
-    Py_VISIT(sp->slots_type);
-    Py_VISIT(sp->slots_names);
-    Py_VISIT(sp->slots_names_also);
-    for (int k = 0; k < F_COUNT; k++)
-        Py_VISIT(sp->slot_members[k]);
+    Py_VISIT(sp->grammar_names);
+    Py_VISIT(sp->grammar_names_also);
     Py_VISIT(sp->pairs_type);
     Py_VISIT(sp->pairs_packed);
     CBCL_VISIT_ENTRY(sp->decode_entry);
@@ -3000,11 +2988,8 @@ cbcl_speedups_clear(NativeState *st)
         Py_CLEAR(sp->atom_memo[k].key);
         Py_CLEAR(sp->atom_memo[k].value);
     }
-    Py_CLEAR(sp->slots_type);
-    Py_CLEAR(sp->slots_names);
-    Py_CLEAR(sp->slots_names_also);
-    for (int k = 0; k < F_COUNT; k++)
-        Py_CLEAR(sp->slot_members[k]);
+    Py_CLEAR(sp->grammar_names);
+    Py_CLEAR(sp->grammar_names_also);
     Py_CLEAR(sp->pairs_type);
     Py_CLEAR(sp->pairs_packed);
     CBCL_CLEAR_ENTRY(sp->decode_entry);

@@ -240,7 +240,22 @@ def _check_short_ids(short_ids: Mapping[int, str] | None) -> dict[int, str]:
 # --------------------------------------------------------------------------- encoding
 
 
-class Encoder:
+class _EncoderSlots:
+    """The pure-Python storage of what :meth:`Encoder.encode`'s C entry reads: a slot
+    each (where the extension is built, cbcl._native.EncoderFields holds them as named
+    members of its C struct, which the entry reads directly)."""
+
+    __slots__ = ("_registry_protocols", "_tables", "registry", "validate")
+
+
+# (an if, not a ternary: mypy takes the TYPE_CHECKING branch as the base class)
+if TYPE_CHECKING or _native is None:  # noqa: SIM108
+    _EncoderStorage = _EncoderSlots
+else:
+    _EncoderStorage = _native.EncoderFields
+
+
+class Encoder(_EncoderStorage):
     """Encodes messages of the protocols in ``registry`` as binary frames.
 
     ``short_ids`` maps negotiated short ids to protocol digests; a protocol with one is
@@ -255,18 +270,9 @@ class Encoder:
     optional accelerator ``cbcl._native`` (the frames and errors are the same).
     """
 
-    # (slots: Encoder.encode's C entry reads validate, registry, _tables and
-    # _registry_protocols through their member descriptors)
-    __slots__ = (
-        "__weakref__",
-        "_native",
-        "_registry_protocols",
-        "_short",
-        "_tables",
-        "limits",
-        "registry",
-        "validate",
-    )
+    # (validate, registry, _tables and _registry_protocols are the storage's, which
+    # Encoder.encode's C entry reads)
+    __slots__ = ("__weakref__", "_native", "_short", "limits")
 
     def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
                  validate: bool = True, limits: Limits | None = None,
