@@ -14,7 +14,7 @@ library's initiator (``cbcl.session._session.Session`` on a
 sends REQUESTs, each its own conversation-id and message-id, bodies drawn in turn from a
 pool of ``--pool`` distinct request bodies that request/v1's grammar and schema accept;
 the server answers each with INFORM ``(inform-done :action-id …)`` (``respond`` in
-cbcl/cli/_negotiate.py), after both passes, the schema, the replay and skew windows and
+cbcl/demo.py, run on the event loop), after both passes, the schema, the replay and skew windows and
 the conversation machine. Baseline: the same requests as natural JSON; the client builds
 each with the pydantic model of request/v1 (``cbcl_bench.pydantic_model``: envelope, body
 and schema constraints, strict) and serialises it; the server validates each line with

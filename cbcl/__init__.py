@@ -83,6 +83,12 @@ from .protocol._message import (
     Intent,
     Message,
 )
+from .protocol._records import (
+    Length,
+    Range,
+    Record,
+    descriptor_from,
+)
 from .protocol._registry import (
     Registry,
 )
@@ -110,6 +116,7 @@ __all__ = [
     "ConstraintError",
     "ConversationClosed",
     "ConversationError",
+    # typed records (spec/declarations.md §8)
     # the binary form, protocols and descriptors
     "Decoder",
     "DescriptorError",
@@ -121,6 +128,7 @@ __all__ = [
     "GrammarError",
     "Intent",
     "Keyword",
+    "Length",
     "LimitError",
     "Limits",
     "LocalProtocolError",
@@ -129,6 +137,8 @@ __all__ = [
     "NegotiationFailed",
     "Position",
     "ProtocolError",
+    "Range",
+    "Record",
     "Registry",
     "RemoteProtocolError",
     "SchemaError",
@@ -145,6 +155,7 @@ __all__ = [
     "build_descriptor",
     "canonical",
     "decode",
+    "descriptor_from",
     "descriptor_from_declaration",
     "encode",
     "extract",

@@ -34,8 +34,18 @@ def read_value(
     anything but a well-formed value within the limits (``depth_left`` lists deep,
     ``max_items`` items a list, ``budget`` nodes, strings of ``max_string`` UTF-8 bytes,
     names of ``max_name`` characters). ``cache`` is ``cbcl.core._reader._CACHE`` (token text ->
-    atom, read only) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every
-    atom but integers and decimals of more than 4 characters, which are made in C."""
+    atom) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every atom but
+    integers, decimals of more than 4 characters and (once :func:`setup_intern` has run)
+    ASCII keywords, symbols and URIs, which are made in C, interned and remembered in
+    ``cache`` as ``make_atom`` would."""
+
+def setup_intern(symbols: dict[str, Any], keywords: dict[str, Any],
+                 pinned_symbols: dict[str, Any], pinned_keywords: dict[str, Any],
+                 max_names: int, cache_chars: int, cache_max: int, /) -> None:
+    """The reader's intern tables (``cbcl.core._reader._SYMBOLS`` …), the bound of each
+    (emptied down to its pinned names when full) and the token cache's bounds: the C
+    readers intern new names there, without a call into Python. Raises ``ValueError``
+    for a bound that is not positive."""
 
 def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
     """Whether the layout check of ``cbcl/_native_src/cstack.h`` holds for ``type`` (its
@@ -47,7 +57,10 @@ def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
 
 # A node of a protocol's StackAutomaton (cbcl/grammar/_automaton.py): an exact dict holding the
 # node's reserved keys (its stack) and its transitions by token class, whose values are
-# nodes, ``(node, whole)`` pairs and the automaton's outcomes alike.
+# nodes, ``(node, whole)`` pairs and the automaton's outcomes alike; for an automaton made
+# with ``walker_masks``, ``(next, ops)`` and ``(node, whole, ops)`` where a token passes a
+# keyword set's state: the walks keep the sets' masks and apply ``ops`` to them
+# (``cbcl.grammar._automaton.apply_set_ops``).
 _Node = TypeVar("_Node", bound=dict[Any, Any])
 
 def unpack(data: ReadableBuffer, start: int, /) -> list[int | str] | None:
@@ -125,7 +138,8 @@ def recognise(
     ``node``: the twin of ``cbcl.protocol._pass2.walk_body``. ``classes`` maps the atoms that spell
     grammar literals to their terminals (``Protocol.atoms``), ``terminals`` the types of
     values to their data terminals (``ATOM_TERMINALS``); a value of another type is
-    refused. Raises only what ``step`` raises."""
+    refused. Raises what ``step`` raises, and ``ValueError`` for a keyword set's operation
+    with no set under way (``node`` inside a set of a ``walker_masks`` automaton)."""
 
 def envelope(
     value: Value,
@@ -283,7 +297,47 @@ def schema_valid(pairs: Any, body: tuple[Value, ...],
 def make_object(type: type, attributes: tuple[str, ...], values: tuple[Any, ...], /) -> Any:
     """An instance of ``type`` (one ``object.__new__`` makes; ``TypeError`` otherwise)
     made without ``__init__`` and given each attribute its value as ``object.__setattr__``
-    gives it: ``Message._trusted``'s construction, its fields checked by the caller."""
+    gives it (the ``Message`` :func:`setup_message` registered, given its fields in grammar
+    order, is filled in its :class:`MessageFields` struct): ``Message._trusted``'s
+    construction, its fields checked by the caller."""
+
+class MessageFields:
+    """The storage of ``cbcl.protocol._message.Message``: a base class whose C struct
+    holds the eleven fields as named members (``cbcl/_native_src/native.h``), which the
+    C writers read and the decoders fill directly. Writable (the frozen dataclass over it
+    writes them with ``object.__setattr__``); ``AttributeError`` for one unset. No
+    ``__dict__``, no weak references."""
+
+    message_id: Any
+    sender: Any
+    receiver: Any
+    intent: Any
+    protocol: Any
+    conversation_id: Any
+    in_reply_to: Any
+    reply_by: Any
+    timestamp: Any
+    body: Any
+    signature: Any
+
+class EncoderFields:
+    """The storage of what ``cbcl.binary._codec.Encoder.encode``'s C entry reads, as
+    named members of its C struct: ``validate``, ``registry``, ``_tables`` and
+    ``_registry_protocols``. Writable, ``AttributeError`` for one unset; a class over it
+    may add slots. Where the class that binds :func:`encode_entry` is not over it, every
+    call falls back to the Python method."""
+
+    validate: Any
+    registry: Any
+    _tables: Any
+    _registry_protocols: Any
+
+class SignatureFields:
+    """The storage of ``cbcl.protocol._message.Signature``, as :class:`MessageFields` is
+    ``Message``'s: ``key_id`` and ``value`` as named members of its struct."""
+
+    key_id: Any
+    value: Any
 
 @final
 class MethodEntry:
@@ -335,22 +389,24 @@ def canonical(value: object, /) -> str | None:
 
 def canonical_message(message: object, /) -> str | None:
     """``Message.canonical()``'s text (that of ``canonical_value(message.to_value())``),
-    written from the slots of an exact :class:`cbcl.Message`, or ``None`` for anything the
+    written from the fields of an exact :class:`cbcl.Message`, or ``None`` for anything the
     Python path must handle (a subclass, an intent that is not an ``Intent`` member, a
     signature that is not an exact ``Signature``, or a field :func:`canonical` declines)."""
 
 def pack_message(header: bytes, message: object, table: object, /) -> bytes | None:
     """``Encoder.encode``'s frame of ``message``: ``header``, the envelope tokens, then the
-    body's under ``table`` (what :func:`prepare` returned), from the slots of an exact
+    body's under ``table`` (what :func:`prepare` returned), from the fields of an exact
     :class:`cbcl.Message`, or ``None`` for anything the Python path must handle (as
     :func:`canonical_message`, and a token :func:`pack_frame` declines)."""
 
 def setup_message(message: type, signature: type, names: tuple[Any, ...],
                   intents: tuple[tuple[Any, Any], ...], /) -> bool:
-    """``Message`` and ``Signature`` (slotted: their fields are read through their member
-    descriptors), the envelope's symbols (the version, then each field's, in the
+    """``Message`` and ``Signature`` (classes over :class:`MessageFields` and
+    :class:`SignatureFields` that add nothing to their instances: their fields are read
+    from the structs), the envelope's symbols (the version, then each field's, in the
     fields' order) and the intents as ``(member, symbol)`` pairs; ``False`` (every message
-    declined) if the types are not slotted as expected."""
+    declined) if the types are not laid out so: not over those bases, or adding a
+    ``__dict__``, ``__weakref__`` or a slot."""
 
 def encode_message(message: object, registry: object, tables: dict[Any, Any], /) -> bytes | None:
     """:func:`pack_message` with the header and table an ``Encoder`` cached for the
@@ -397,10 +453,10 @@ def canonical_entry(fallback: Any, doc: str, /) -> MethodEntry:
 
 def encode_entry(fallback: Any, doc: str, /) -> MethodEntry:
     """``Encoder.encode`` as a C method, for ``Encoder``'s class body: for one positional
-    argument and an encoder whose ``validate`` slot is ``False``, :func:`encode_message`
-    with its ``registry`` and ``_tables`` slots; else, or when that declines,
-    ``fallback(encoder, *args, **kwargs)``, as it is where the class does not keep those
-    in slots."""
+    argument and an encoder whose ``validate`` is ``False``, :func:`encode_message` with
+    its ``registry`` and ``_tables`` (read from its :class:`EncoderFields` struct); else,
+    or when that declines, ``fallback(encoder, *args, **kwargs)``, as it is where the
+    class is not over :class:`EncoderFields`."""
 
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of

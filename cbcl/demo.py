@@ -41,7 +41,8 @@ def respond(message: Message, context: Context) -> Message | None:
     text built from the peer's fields: the peer's task id (or message id) is copied in as
     one string value, so whatever it holds it cannot add fields or change our bid. A task id
     that is not a string gets no answer (the grammar of contract-net/v1 already refuses
-    one)."""
+    one). The replies are made as values of exact types (``Context._our_reply``: no
+    constructor checks to repeat); the session checks each before it leaves."""
     body = message.body
     if str(message.protocol) == "contract-net/v1":
         fields = _keyword_fields(body)
@@ -49,17 +50,17 @@ def respond(message: Message, context: Context) -> Message | None:
             task_id = _text_field(_keyword_fields(fields.get("task")), "id")
             if task_id is None:
                 return None
-            return context.reply(Intent.PROPOSE, (
+            return context._our_reply(Intent.PROPOSE, (
                 Symbol("proposal"), Keyword("task-id"), task_id, Keyword("bid"), OUR_BID))
         if message.intent is Intent.ACCEPT:
             task_id = _text_field(fields, "task-id")
             if task_id is None:
                 return None
-            return context.reply(Intent.INFORM, (
+            return context._our_reply(Intent.INFORM, (
                 Symbol("inform-done"), Keyword("task-id"), task_id, Keyword("result"),
                 OUR_RESULT))
     if str(message.protocol) == "request/v1" and message.intent is Intent.REQUEST:
-        return context.reply(Intent.INFORM, (
+        return context._our_reply(Intent.INFORM, (
             Symbol("inform-done"), Keyword("action-id"), message.message_id))
     return None
 

@@ -13,6 +13,17 @@ from .protocol._declaration import (
 )
 from .protocol._descriptor import ProtocolDescriptor, read_descriptor
 from .protocol._protocol import Protocol
+from .protocol._records import (
+    Declared,
+    Key,
+    Length,
+    Range,
+    Record,
+    Scheme,
+    declaration_of,
+    descriptor_from,
+    record_of,
+)
 from .protocol._registry import (
     DEFAULT_GRAMMAR_CACHE,
     CompileGate,
@@ -27,18 +38,27 @@ __all__ = [
     "CompatReport",
     "CompileGate",
     "Declaration",
+    "Declared",
     "GrammarCache",
     "GrammarLimits",
+    "Key",
+    "Length",
     "PreparedDescriptor",
     "Protocol",
     "ProtocolDescriptor",
+    "Range",
+    "Record",
     "Registry",
+    "Scheme",
     "Witness",
     "build_descriptor",
     "check_schema_against_grammar",
+    "declaration_of",
+    "descriptor_from",
     "descriptor_from_declaration",
     "diff_descriptors",
     "read_declaration",
     "read_descriptor",
+    "record_of",
     "render_descriptor",
 ]

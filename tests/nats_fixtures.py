@@ -43,6 +43,7 @@ class NatsNode:
     process: subprocess.Popen[bytes] | None = None
     url: str = ""
     log: Path = field(default_factory=Path)
+    jetstream: bool = True
 
     def start(self, timeout: float = 10.0) -> None:
         ports = self.directory / "ports"
@@ -51,8 +52,9 @@ class NatsNode:
         self.log = self.directory / "server.log"
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [nats_server_binary(), "-a", "127.0.0.1", "-p", "-1", "-js",
-                 "-sd", str(self.directory / "store"), "--ports_file_dir", str(ports),
+                [nats_server_binary(), "-a", "127.0.0.1", "-p", "-1",
+                 *(["-js", "-sd", str(self.directory / "store")] if self.jetstream else []),
+                 "--ports_file_dir", str(ports),
                  "-n", self.name, *self.args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -95,12 +97,13 @@ def _free_ports(count: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def nats_server(directory: Path | None = None) -> Iterator[NatsNode]:
-    """One nats-server with JetStream, stopped on the way out."""
+def nats_server(directory: Path | None = None, *, jetstream: bool = True
+                ) -> Iterator[NatsNode]:
+    """One nats-server (with JetStream unless told not to), stopped on the way out."""
     with contextlib.ExitStack() as stack:
         root = directory or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="cbcl-nats-")))
-        node = NatsNode("n0", root / "n0", [])
+        node = NatsNode("n0", root / "n0", [], jetstream=jetstream)
         try:
             node.start()
             yield node

@@ -203,9 +203,9 @@ def test_a_flushed_automaton_starts_from_its_new_root() -> None:
     assert protocol is not None
     good = _query((Symbol("task"), Keyword("cpu"), 1))
     assert c_accept(good, registry) is not None
-    old = protocol.automaton.start
-    protocol.automaton.start = protocol.automaton._root()  # as a flush leaves it
-    assert protocol.automaton.start is not old
+    old = protocol.recogniser.start  # (the acceptance walks' automaton)
+    protocol.recogniser.start = protocol.recogniser._root()  # as a flush leaves it
+    assert protocol.recogniser.start is not old
     assert c_accept(good, registry) is not None
     assert c_accept(_query((Symbol("task"), Keyword("cpu"), 65)), registry) is None
 

@@ -593,4 +593,4 @@ def test_a_str_is_sent_as_the_symbol_the_schema_says(keys: Keys) -> None:
                 Symbol("proposal"), Keyword("task-id"), "t-1", Keyword("bid"), BID)
 
     run(body)
-    assert any('received' in line and "CFP" in line for line in log), log
+    assert any('PROPOSE in reply to' in line and "CFP" in line for line in log), log

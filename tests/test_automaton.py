@@ -18,7 +18,14 @@ from cbcl.descriptor import Protocol
 from cbcl.grammar import _kernel as kernel
 from cbcl.grammar._automaton import ACCEPT, REFUSED, StackAutomaton
 from cbcl.grammar._lalr import value_states
-from cbcl.protocol._pass2 import _recognise_c, recognise_body, start_node, start_stack, walk_body
+from cbcl.protocol._pass2 import (
+    _recognise_c,
+    recognise_body,
+    recogniser_start,
+    start_node,
+    start_stack,
+    walk_body,
+)
 
 
 def plain_recognise(protocol: Protocol, body: Any, intent: cbcl.Intent | None = None) -> bool:
@@ -66,10 +73,13 @@ def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
     strategy, protocol_id = generator(name)
     protocol = registry(tmp_path_factory).get(protocol_id)
     assert protocol is not None
-    # A fresh automaton, small enough to flush within one body at max_nodes 2 and 5.
+    # Fresh automata, small enough to flush within one body at max_nodes 2 and 5: the
+    # recogniser (the walk keeps the sets' masks) and the one whose nodes carry them.
     literals = literals_of(protocol)
     object.__setattr__(protocol, "automaton",
                        StackAutomaton(protocol.tables, literals, max_nodes=max_nodes))
+    object.__setattr__(protocol, "recogniser", StackAutomaton(
+        protocol.tables, literals, max_nodes=max_nodes, walker_masks=True))
     try:
         text = " ".join(mutate_tokens(data.draw(strategy).split(" "), data, rounds=3, ops=(
             "drop", "swap", "dup", "keyword-as-symbol"))) \
@@ -82,12 +92,18 @@ def test_the_automaton_decides_as_the_plain_driver(name: str, max_nodes: int,
         expected = plain_recognise(protocol, body, intent)
         assert recognise_body(protocol, body, intent) is expected
         assert recognise_body(protocol, body, intent) is expected  # again, remembered
-        assert protocol.automaton.size <= max_nodes
+        assert protocol.recogniser.size <= max_nodes
         # Both twins of the walk (recognise_body runs the C one where it is built).
-        assert walk_body(protocol, body, start_node(protocol, intent)) is expected
+        assert walk_body(protocol, body, recogniser_start(protocol, intent)) is expected
+        assert protocol.recogniser.size <= max_nodes
+        # The masks on the nodes decide alike.
+        assert walk_body(protocol, body, start_node(protocol, intent),
+                         protocol.automaton) is expected
         assert protocol.automaton.size <= max_nodes
     finally:
         object.__setattr__(protocol, "automaton", StackAutomaton(protocol.tables, literals))
+        object.__setattr__(protocol, "recogniser", StackAutomaton(
+            protocol.tables, literals, walker_masks=True))
 
 
 def literals_of(protocol: Protocol) -> dict[str, str]:
@@ -97,9 +113,9 @@ def literals_of(protocol: Protocol) -> dict[str, str]:
 def test_a_known_shape_builds_no_new_stacks(tmp_path_factory: Any) -> None:
     protocol = registry(tmp_path_factory).get("contract-net/v1")
     assert protocol is not None
-    automaton = StackAutomaton(protocol.tables, literals_of(protocol))
-    original = protocol.automaton
-    object.__setattr__(protocol, "automaton", automaton)
+    automaton = StackAutomaton(protocol.tables, literals_of(protocol), walker_masks=True)
+    original = protocol.recogniser
+    object.__setattr__(protocol, "recogniser", automaton)
     try:
         assert recognise_body(protocol, cbcl.read(
             '(cfp :task (task :id "t-1" :action render) :deadline 5)'), cbcl.Intent.CFP)
@@ -115,7 +131,7 @@ def test_a_known_shape_builds_no_new_stacks(tmp_path_factory: Any) -> None:
             cbcl.Intent.CFP)
         assert automaton.size > grown
     finally:
-        object.__setattr__(protocol, "automaton", original)
+        object.__setattr__(protocol, "recogniser", original)
 
 
 def test_transitions_are_remembered_per_stack_and_class(tmp_path_factory: Any) -> None:
@@ -156,9 +172,10 @@ def test_end_is_accepted_only_after_a_whole_body(tmp_path_factory: Any) -> None:
 def test_memory_stays_bounded_under_unseen_shapes(tmp_path_factory: Any) -> None:
     protocol = registry(tmp_path_factory).get("canon-a/v1")
     assert protocol is not None
-    automaton = StackAutomaton(protocol.tables, literals_of(protocol), max_nodes=64)
-    original = protocol.automaton
-    object.__setattr__(protocol, "automaton", automaton)
+    automaton = StackAutomaton(protocol.tables, literals_of(protocol), max_nodes=64,
+                               walker_masks=True)
+    original = protocol.recogniser
+    object.__setattr__(protocol, "recogniser", automaton)
     try:
         for depth in range(1, 60):
             body: Value = (Symbol("x"),)
@@ -167,7 +184,7 @@ def test_memory_stays_bounded_under_unseen_shapes(tmp_path_factory: Any) -> None
             assert recognise_body(protocol, body) is plain_recognise(protocol, body)
             assert automaton.size <= 64
     finally:
-        object.__setattr__(protocol, "automaton", original)
+        object.__setattr__(protocol, "recogniser", original)
 
 
 def test_max_nodes_must_hold_a_stack_and_its_successor(tmp_path_factory: Any) -> None:
@@ -183,9 +200,9 @@ def test_both_walks_refuse_what_is_no_cbcl_value(tmp_path_factory: Any) -> None:
     _, protocol_id = generator(SHIPPED[0])
     protocol = registry(tmp_path_factory).get(protocol_id)
     assert protocol is not None
-    node = start_node(protocol, protocol.descriptor.intents[0])
+    node = recogniser_start(protocol, protocol.descriptor.intents[0])
     for body in ([Symbol("x")], None, 1.5, (Symbol("x"), [1]), (Symbol("x"), (None,))):
         assert walk_body(protocol, body, node) is False  # type: ignore[arg-type]  # on purpose
         if _recognise_c is not None:
             assert _recognise_c(body, node, protocol.atoms, ATOM_TERMINALS,
-                                protocol.automaton.step, REFUSED, ACCEPT) is False
+                                protocol.recogniser.step, REFUSED, ACCEPT) is False

@@ -779,16 +779,16 @@ def test_the_accelerated_walk_survives_automaton_flushes(registry: Registry) -> 
     for frame in _fast_frames(registry):
         table, start = decoder._header(frame)
         protocol = table.protocol
-        original = protocol.automaton
+        original = protocol.recogniser
         literals = original.literals
         try:
             for budget in (2, 3, 5, 8):
-                object.__setattr__(protocol, "automaton",
-                                   StackAutomaton(protocol.tables, literals, max_nodes=budget))
+                object.__setattr__(protocol, "recogniser", StackAutomaton(
+                    protocol.tables, literals, max_nodes=budget, walker_masks=True))
                 gc.collect()
                 _fast_agrees(table, decoder._tokens(frame, start), Limits())
         finally:
-            object.__setattr__(protocol, "automaton", original)
+            object.__setattr__(protocol, "recogniser", original)
 
 
 @pytest.mark.slow  # (a soak of its own: ~16 s)

@@ -20,6 +20,7 @@ import cbcl
 from cbcl import CBCLError, Decoder, Limits, Registry
 from cbcl.binary import _codec
 from cbcl.binary._codec import SymbolTable, _fast_body, _fast_body_loop
+from cbcl.core import _reader
 from cbcl.core._vocabulary import (
     CODE_DECIMAL,
     CODE_KEYWORD,
@@ -197,9 +198,10 @@ def test_decimals_at_the_text_limit(registry: Registry) -> None:
 
 def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
     """A long decimal is constructed in C (a Decimal, never remembered), a URI made in C
-    and remembered in the decoder's URI memo; a short decimal, a symbol and a keyword that
-    miss are validated in C and made by the decoder's ``keep`` (its make_atom without the
-    checks), which remembers them; an invalid one never reaches it."""
+    and remembered in the decoder's URI memo, a symbol and a keyword that miss validated,
+    made and interned in C, in the reader's intern tables (issue 35); a short decimal that
+    misses is validated in C and made by the decoder's ``keep`` (its make_atom without the
+    checks), which remembers it; an invalid one never reaches it."""
     made: list[tuple[int, Any]] = []
     decoder = Decoder(registry)
     decoder.decode(_frame(registry, ["x"]))  # the envelope checked: the fast path runs
@@ -223,7 +225,9 @@ def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
                                ("URI", "x-y://issue/19"), ("Symbol", symbol),
                                ("Keyword", keyword))
     assert type(decoded[0]) is Decimal and long not in memos.decimals  # type: ignore[index]
-    assert [code for code, _ in made] == [CODE_DECIMAL, CODE_SYMBOL, CODE_KEYWORD]
+    assert [code for code, _ in made] == [CODE_DECIMAL]
+    assert decoded[3] is _reader._SYMBOLS[symbol]  # type: ignore[index]
+    assert decoded[4] is _reader._KEYWORDS[keyword]  # type: ignore[index]
     assert short in memos.decimals and type(memos.uris["x-y://issue/19"]) is cbcl.URI
     made.clear()
     for code, text in ((CODE_SYMBOL, "-1a"), (CODE_KEYWORD, "a b"), (CODE_URI, "a://"),

@@ -33,10 +33,11 @@ from cbcl.json_mapping import message_to_json
 from cbcl.llm import KEYWORD_SET_CAP, export_grammar, export_json_schema, generate_messages
 from cbcl.llm._export import (
     _lark_char,
-    _python_char,
+    _pattern_char,
     _render_regex,
     _string_regex,
     _symbol_regex,
+    _unambiguous_hex,
     integer_regex,
 )
 
@@ -197,7 +198,7 @@ def test_json_schema_accepts_generated_and_refuses_broken(path: Path) -> None:
 
 
 def _py(regex: Any) -> re.Pattern[str]:
-    return re.compile(_render_regex(regex, _python_char) + r"\Z")
+    return re.compile(_unambiguous_hex(_render_regex(regex, _pattern_char)) + r"\Z")
 
 
 def test_integer_regex_is_int64_exactly() -> None:

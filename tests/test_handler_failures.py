@@ -12,14 +12,15 @@ In process (an :class:`Agent` serving on loopback, and a client agent) and acros
 processes (a real ``cbcl serve --handler`` and ``cbcl send`` / a client agent). Every
 asyncio run is guarded (tests/loop_guard.py): nothing asyncio would only log may happen.
 
-Uses internals: ``cbcl.net._handlers`` (HandlerThreads, run_handler) and the link's
-``received`` log lines, to know what the server took."""
+Uses internals: ``cbcl.net._handlers`` (HandlerThreads, run_handler); what the server took
+is its agent's ``messages_received``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
+import inspect
 import json
 import logging
 import os
@@ -165,7 +166,11 @@ async def until(check: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError("the condition never held")
+            try:  # (which condition: the line that gave it)
+                source = inspect.getsource(check).strip()
+            except (OSError, TypeError):
+                source = repr(check)
+            raise AssertionError(f"the condition never held: {source}")
         await asyncio.sleep(0.005)
 
 
@@ -516,8 +521,7 @@ def test_handler_concurrency_n_at_once_and_one_more_waits(keys: Keys, extra: int
         async with linked(keys, server) as link:
             calls = [asyncio.ensure_future(link.conversation().send(
                 Intent.CFP, cfp(f"t-{n}"), timeout=60)) for n in range(bound + extra)]
-            await until(lambda: sum(": received " in line for line in lines)
-                        == bound + extra)
+            await until(lambda: server.messages_received == bound + extra)
             await until(lambda: len(gates) == bound)
             await asyncio.sleep(0.2)
             assert len(gates) == bound  # never more than N
@@ -545,10 +549,10 @@ def test_handler_backlog_n_taken_and_one_more_waits_in_the_stream(
         gates.append(gate)
         await gate.wait()
 
-    def received() -> int:
-        return sum(": received " in line for line in lines)
-
     async def body() -> None:
+        def received() -> int:
+            return server.messages_received
+
         server = serving(keys, lines, handler=held, handler_limits=HandlerLimits(
             handler_backlog=backlog, handler_concurrency=1))
         async with linked(keys, server) as link:
@@ -588,12 +592,12 @@ def test_an_agent_closes_a_link_whose_backlog_is_full(keys: Keys) -> None:
                                         descriptor=keys.signed)
             for n in range(4):
                 await link.conversation().send(Intent.CFP, cfp(f"t-{n}"), expect_reply=False)
-            await until(lambda: sum(": received " in line for line in lines) == 2)
+            await until(lambda: server.messages_received == 2)
             async with asyncio.timeout(30):
                 await server.close(grace=0.1)
             # The two held ones, then any the freed backlog let in before the link closed.
             answered = sum("NOT-UNDERSTOOD shutdown" in line for line in lines)
-            assert 2 <= answered <= sum(": received " in line for line in lines), lines
+            assert 2 <= answered <= server.messages_received, lines
         finally:
             await client.close()
 
@@ -707,7 +711,9 @@ class HandlerLanes(RuleBasedStateMachine):
         may; then what it started must be what the model says may start."""
         busy = {cid for cid, numbers in self.waiting.items() if numbers} | set(self.running)
         expected, sent = min(self.bound, len(busy)), self.number
-        self.run(until(lambda: sum(": received " in line for line in self.lines) == sent
+        server = self.server
+        assert server is not None
+        self.run(until(lambda: server.messages_received == sent
                        and len(self.gates) == expected))
         for cid in self.gates:
             if cid not in self.running:  # started since: its oldest waiting message
@@ -1079,3 +1085,89 @@ def test_a_client_that_goes_away_cancels_its_handler_in_a_real_serve(keys: Keys)
         stop_process(sender)
         errors = serve.stop()
     assert errors == ""
+
+
+def test_an_on_loop_handler_runs_in_the_links_own_task(keys: Keys) -> None:
+    """An ``on_loop`` handler is called in the link's own task (no lane task, no thread),
+    in order; what it raises is still contained and answered ``handler-failed``, and one
+    that returns an awaitable is still awaited within the deadline."""
+    seen: list[tuple[str, bool, bool]] = []
+
+    def bidder(message: Message, context: Context) -> Any:
+        link = context.link
+        assert link is not None
+        task = task_of(message)
+        seen.append((task, asyncio.current_task() is link.task, not link._lane_tasks))
+        if task == "fail":
+            raise RuntimeError("inline")
+        if task == "later":
+            async def later() -> Message:
+                await asyncio.sleep(0)
+                return proposal(message, context)
+            return later()
+        return proposal(message, context)
+
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(bidder))
+        async with linked(keys, server) as link:
+            for name in ("a", "b"):
+                reply = await link.conversation().send(Intent.CFP, cfp(name), timeout=30)
+                assert reply is not None and reply.intent is Intent.PROPOSE
+            with pytest.raises(PeerFailed) as failed:
+                await link.conversation().send(Intent.CFP, cfp("fail"), timeout=30)
+            assert failed.value.reason == "handler-failed"
+            reply = await link.conversation().send(Intent.CFP, cfp("later"), timeout=30)
+            assert reply is not None and reply.intent is Intent.PROPOSE
+            assert server.messages_received == 4
+
+    run_guarded(body)
+    assert seen == [("a", True, True), ("b", True, True), ("fail", True, True),
+                    ("later", True, True)]
+
+
+def test_reads_share_one_timer_per_connection(keys: Keys) -> None:
+    """Each read only moves its connection's deadline: the timer set by the first read
+    of an established link is the one still set after many more (none is made per read),
+    and the idle deadline still follows the last read."""
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(proposal))
+        async with linked(keys, server) as link:
+            connection = link.connection
+            await link.conversation().send(Intent.CFP, cfp("t-0"), timeout=30)
+            timer = connection._read_timer
+            assert timer is not None
+            for n in range(1, 20):
+                await link.conversation().send(Intent.CFP, cfp(f"t-{n}"), timeout=30)
+            assert connection._read_timer is timer
+            loop = asyncio.get_running_loop()
+            idle = connection.limits.idle_timeout
+            assert loop.time() < connection._read_deadline <= loop.time() + idle
+
+    run_guarded(body)
+
+
+def test_answers_to_frames_that_arrive_together_share_one_write(keys: Keys) -> None:
+    """Frames read together are answered together: the server holds each answer while
+    more frames wait and writes them all at once (one write for four replies)."""
+    from cbcl.net._transport import clock_ms
+    from cbcl.session._session import ProtocolMessage
+
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(proposal))
+        async with linked(keys, server) as link:
+            await link.conversation().send(Intent.CFP, cfp("t-first"), timeout=30)
+            (served,) = server._links
+            before = served.connection.writes
+            protocol = link.protocol
+            assert protocol is not None
+            conversations = [link.conversation() for _ in range(4)]
+            frames = b"".join(link.session.send(ProtocolMessage(Message(
+                message_id=link.next_id(), sender=link.me, receiver=link.peer,
+                intent=Intent.CFP, protocol=protocol.id, conversation_id=c.id,
+                body=cfp(f"t-{n}"))), now=clock_ms()) for n, c in enumerate(conversations))
+            link.connection.writer.write(frames)  # one write: read at once by the server
+            replies = [await c.next(timeout=30) for c in conversations]
+            assert [r.body[2] for r in replies] == ["t-0", "t-1", "t-2", "t-3"]  # type: ignore[index]
+            assert served.connection.writes == before + 1
+
+    run_guarded(body)

@@ -22,7 +22,7 @@ from cbcl.grammar._automaton import StackAutomaton
 from cbcl.grammar._compile import compile_grammar
 from cbcl.grammar._lr import LALR1
 from cbcl.grammar._subset import KeywordSet, read_grammar
-from cbcl.protocol._pass2 import recognise_body
+from cbcl.protocol._pass2 import recognise_body, start_node, walk_body
 
 AUCTION = """\
 body: "(" "withdraw" STRING ")"
@@ -281,15 +281,21 @@ def test_the_automaton_keeps_sets_as_the_kernel_does(registry: Registry, max_nod
         body = cbcl.read(" ".join(tokens))
     except cbcl.CBCLError:
         return
-    original = protocol.automaton
+    original, recogniser = protocol.automaton, protocol.recogniser
     object.__setattr__(protocol, "automaton", StackAutomaton(
         protocol.tables, original.literals, max_nodes=max_nodes))
+    object.__setattr__(protocol, "recogniser", StackAutomaton(
+        protocol.tables, original.literals, max_nodes=max_nodes, walker_masks=True))
     try:
         expected = plain_recognise(protocol, body, chosen)
         assert recognise_body(protocol, body, chosen) is expected
         assert recognise_body(protocol, body, chosen) is expected
+        # The masks on the nodes (the refusal search's automaton) decide alike.
+        assert walk_body(protocol, body, start_node(protocol, chosen),
+                         protocol.automaton) is expected
     finally:
         object.__setattr__(protocol, "automaton", original)
+        object.__setattr__(protocol, "recogniser", recogniser)
 
 
 @pytest.mark.parametrize("intent", ["PROPOSE", "ACCEPT"])

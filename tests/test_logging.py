@@ -151,7 +151,8 @@ def test_a_program_sees_handler_failures_once_it_configures_logging(
                      "database is down")
     assert lines[at + 1] == "Traceback (most recent call last):"
     assert "RuntimeError: the database is down" in lines[at + 2:]
-    assert any(line.startswith("INFO cbcl.net serve[1]: received") for line in lines)
+    assert any(line.startswith("INFO cbcl.net serve[1]: answered") for line in lines)
+    assert not any(": received " in line for line in lines)  # (DEBUG)
 
 
 def test_records_carry_the_fields_and_log_gets_the_same_lines(
@@ -184,15 +185,15 @@ def test_records_carry_the_fields_and_log_gets_the_same_lines(
     served = [r for r in caplog.records if r.getMessage().startswith("serve[")]
     assert [r.getMessage() for r in served] == [line for line in lines
                                                  if line.startswith("serve[")]
-    (received,) = [r for r in served if r.cbcl["event"] == "received"]  # type: ignore[attr-defined]
-    fields = received.cbcl  # type: ignore[attr-defined]
+    assert not any(r.cbcl["event"] == "received" for r in served)  # type: ignore[attr-defined]
+    (sent,) = [r for r in served if r.cbcl["event"] == "sent"]  # type: ignore[attr-defined]
+    fields = sent.cbcl  # type: ignore[attr-defined]
     assert fields["conversation"] == "job\\u202e\\u000a{\\\"event\\\": \\\"forged\\\"}\\u2028"
     assert (fields["protocol"], fields["intent"], fields["link"]) == (
-        "contract-net/v1", "CFP", "serve[1]")
+        "contract-net/v1", "PROPOSE", "serve[1]")
     assert fields["peer"] == "127.0.0.1" and fields["agent"] == CLIENT
-    (sent,) = [r for r in served if r.cbcl["event"] == "sent"]  # type: ignore[attr-defined]
-    assert sent.cbcl["intent"] == "PROPOSE"  # type: ignore[attr-defined]
-    assert sent.cbcl["timings"]["handler_ms"] >= 0  # type: ignore[attr-defined]
+    assert fields["in_reply_to"].startswith("m-")  # the CFP's id
+    assert fields["timings"]["handler_ms"] >= 0
     for record in caplog.records:
         assert "\n" not in record.getMessage()
         assert not any(unicodedata.category(c) in ("Cc", "Cf", "Zl") for c in
@@ -296,15 +297,37 @@ def test_serve_logs_in_either_format(tmp_path: Path, store: Any, log_format: str
     records = [json.loads(line) for line in lines]
     events = [record["event"] for record in records]
     assert events[0] == "listening" and events[-1] == "stopped"
-    for event in ("asked", "offer", "accepted", "established", "received", "sent"):
+    for event in ("asked", "offer", "accepted", "established", "sent"):
         assert event in events, events
-    (received,) = [r for r in records if r["event"] == "received"]
-    assert received["conversation"] == \
-        "job\\u202e\\u000a{\\\"event\\\": \\\"forged\\\"}\\u2028"
-    assert (received["protocol"], received["intent"], received["message_id"]) == (
-        "contract-net/v1", "CFP", "m-1")
+    assert "received" not in events  # (DEBUG: one line per message handled at INFO)
     (sent,) = [r for r in records if r["event"] == "sent"]
-    assert sent["intent"] == "PROPOSE" and "handler_ms" in sent["timings"]
+    assert sent["conversation"] == \
+        "job\\u202e\\u000a{\\\"event\\\": \\\"forged\\\"}\\u2028"
+    assert (sent["protocol"], sent["intent"], sent["in_reply_to"]) == (
+        "contract-net/v1", "PROPOSE", "m-1")
+    assert "handler_ms" in sent["timings"]
     accepted = next(r for r in records if r["event"] == "accepted")
     assert "work_ms" in accepted["timings"]
     assert not any(r["event"] == "forged" for r in records)
+
+
+def test_log_level_leaves_serves_own_lines_at_info() -> None:
+    """``--log-level warning`` drops the per-message INFO lines but never serve's own
+    (``serve: listening on …``: where it listens must be said); ``debug`` lets the
+    received lines through; closing puts every level back."""
+    net, cli = logging.getLogger("cbcl.net"), logging.getLogger("cbcl.cli")
+    before = (logging.getLogger("cbcl").level, cli.level)
+    for level, expected in ((logging.WARNING, ["serve: listening", "net warning"]),
+                            (logging.DEBUG, ["serve: listening", "net info", "net debug",
+                                             "net warning"])):
+        out = io.StringIO()
+        target = LogTarget(out, "text", level)
+        try:
+            cli.info("serve: listening")
+            net.info("net info")
+            net.debug("net debug")
+            net.warning("net warning")
+        finally:
+            target.close()
+        assert out.getvalue().splitlines() == expected
+    assert (logging.getLogger("cbcl").level, cli.level) == before

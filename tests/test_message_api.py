@@ -771,3 +771,66 @@ def test_require_names_a_list_of_views_in_its_error() -> None:
     with pytest.raises(cbcl.FieldsError, match=r"expected str, found a list "
                                                 r"\(\(item :n 1\) \(item :n 2\)\)"):
         view.require("items", str)
+
+
+# --------------------------------------------------------------------------- the object
+# Message and Signature are frozen dataclasses over a storage base (cbcl._native's
+# MessageFields / SignatureFields, else a class of slots): what users do with dataclasses
+# works on them, with or without the extension.
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=messages, signed=st.booleans())
+def test_copy_and_pickle_keep_a_message(m: Message, signed: bool) -> None:
+    import copy
+    import pickle
+
+    if signed:
+        m = dataclasses.replace(m, signature=cbcl.trust.Signature("key-1", "c2ln"))
+    copies = [copy.copy(m), copy.deepcopy(m)]
+    copies += [pickle.loads(pickle.dumps(m, protocol))
+               for protocol in range(pickle.HIGHEST_PROTOCOL + 1)]
+    for twin in copies:
+        assert type(twin) is Message and twin is not m
+        assert twin == m and hash(twin) == hash(m)
+        assert twin.canonical() == m.canonical()
+        for field in dataclasses.fields(Message):
+            assert type(getattr(twin, field.name)) is type(getattr(m, field.name))
+    signature = cbcl.trust.Signature("key-1", "c2ln")
+    assert pickle.loads(pickle.dumps(signature)) == signature
+    assert copy.deepcopy(signature) == signature
+
+
+def test_a_state_of_another_shape_is_refused() -> None:
+    m = message(1)
+    twin = object.__new__(Message)
+    with pytest.raises(TypeError, match="tuple of 11"):
+        twin.__setstate__(m.__getstate__()[:-1])
+    with pytest.raises(TypeError, match="tuple of 2"):
+        object.__new__(cbcl.trust.Signature).__setstate__(["k", "v"])
+
+
+def test_fields_are_read_from_the_storage_not_the_defaults() -> None:
+    m = Message(message_id="m-1", sender="agent://a", receiver="agent://b", intent="INFORM",
+                protocol="any/v1", conversation_id="c-1", in_reply_to="m-0", reply_by=5,
+                timestamp=4, body=1)
+    assert (m.conversation_id, m.in_reply_to, m.reply_by, m.timestamp, m.body) == (
+        "c-1", "m-0", 5, 4, 1)
+    # (no class attribute is left to hide a field: the defaults live in __init__ and fields)
+    names = [field.name for field in dataclasses.fields(Message)]
+    assert names == ["message_id", "sender", "receiver", "intent", "protocol",
+                     "conversation_id", "in_reply_to", "reply_by", "timestamp", "body",
+                     "signature"]
+    assert not set(names) & set(vars(Message))
+    assert [field.default for field in dataclasses.fields(Message)][5:] == [None] * 6
+    assert message(1).conversation_id is None
+    assert Message.__slots__ == () and not hasattr(m, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.body = 2  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        m.extra = 1  # type: ignore[attr-defined]
+    assert dataclasses.replace(m, body=2).body == 2
+    assert dataclasses.replace(m, body=2).conversation_id == "c-1"
+    if hasattr(m, "__replace__"):  # (3.13: copy.replace)
+        assert m.__replace__(timestamp=7).timestamp == 7
+    assert "conversation_id='c-1'" in repr(m)

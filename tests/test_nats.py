@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, strategies as st
@@ -28,6 +29,7 @@ from nats_fixtures import (
     NatsNode,
     nats_cluster,
     nats_server,
+    wait_for_jetstream,
 )
 from processes import stop_process
 
@@ -45,8 +47,15 @@ from cbcl import (
 )
 from cbcl.demo import respond
 from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits, PeerFailed
-from cbcl.net._nats import subject_token, token_text
+from cbcl.net._nats import NatsConnection, subject_token, token_text
 from cbcl.session._bootstrap import not_understood_frame
+
+
+def read_message(data: bytes) -> Message:
+    """A stored message's envelope and body, read without its protocol."""
+    from cbcl import parse
+
+    return parse(data, envelope_only=True)
 
 ROOT = Path(__file__).parent.parent
 PAYLOAD = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
@@ -150,7 +159,10 @@ def test_subject_tokens_of_uris_and_what_is_refused() -> None:
 def test_nats_limits_are_range_checked() -> None:
     NatsLimits(max_sessions=1, max_retransmits=0)
     for bad in ({"max_sessions": 0}, {"start_rate": float("nan")}, {"retransmit_after": 0},
-                {"max_token_bytes": 8}, {"durable_batch": True}):
+                {"max_token_bytes": 8}, {"durable_batch": True},
+                {"sender_start_rate": 0}, {"sender_start_burst": 0},
+                {"pre_handshake_timeout": float("inf")}, {"pre_handshake_share": 0},
+                {"pre_handshake_share": 1.5}):
         with pytest.raises(ValueError):
             NatsLimits(**bad)
 
@@ -340,6 +352,7 @@ class Raw:
         self.client = client
         self.token = subject_token(name)
         self.got: asyncio.Queue[bytes] = asyncio.Queue()
+        self.subjects: list[str] = []  # where each answer came
 
     @classmethod
     async def open(cls, url: str, name: str = "agent://test/evil") -> Raw:
@@ -347,6 +360,7 @@ class Raw:
 
         async def keep(msg: Any) -> None:
             if msg.data:  # (an empty message is the end of a session's stream)
+                raw.subjects.append(msg.subject)
                 await raw.got.put(msg.data)
         await raw.client.subscribe(f"cbcl.s.{raw.token}.>", cb=keep)
         await raw.client.flush()
@@ -384,14 +398,15 @@ def test_hostile_publishers_on_an_agent_subject(server: NatsNode, keys: Keys) ->
             await served.serve()
             raw = await Raw.open(server.url)
             try:
-                # Garbage: refused malformed, answered on the reply subject, like over TCP.
+                # Garbage, an oversize frame (more than a handshake frame may hold, 132
+                # KiB), a CBCL message of the wrong kind before the handshake: refused,
+                # and not answered — no sender names the reply subject's agent, so the
+                # reply subject is only the publisher's claim.
+                unanswered = served.stats["unanswered"]
                 await raw.start(b"\x00\xffnot a message")
-                assert not_understood_code(await raw.answer()) == "malformed"
-                # Oversize: more than a handshake frame may hold (132 KiB), refused unread.
                 await raw.start(b"(" * (140 * 1024))
-                assert not_understood_code(await raw.answer()) == "limit"
-                # A CBCL message of the wrong kind before the handshake.
                 await raw.start(not_understood_frame("busy", now=1)[4:])
+                await wait_for(lambda: served.stats["unanswered"] >= unanswered + 2)
                 assert await raw.nothing()
                 # No reply subject, or one that is not a session subject for this agent:
                 # dropped, nothing is written anywhere.
@@ -402,9 +417,12 @@ def test_hostile_publishers_on_an_agent_subject(server: NatsNode, keys: Keys) ->
                 await raw.start(b"x", reply=raw.reply_subject(sid="0" * 31))
                 await wait_for(lambda: served.stats["refused"] == before + 4)
                 assert await raw.nothing()
-                # A QUERY whose sender is not the peer its reply subject names.
+                # A QUERY whose sender is not the peer its reply subject names: dropped,
+                # unanswered (test_no_reply_reaches_a_spoofed_subject).
+                spoofed = served.stats["spoofed"]
                 await raw.start(query_frame(keys, me="agent://test/client"))
-                assert not_understood_code(await raw.answer()) == "malformed"
+                await wait_for(lambda: served.stats["spoofed"] == spoofed + 1)
+                assert await raw.nothing()
                 # A well-formed QUERY is answered; the same frame again (a repeat) gets the
                 # same answer, and nothing more; once the session is over, a replay of it
                 # is dropped.
@@ -483,6 +501,63 @@ def test_hostile_publisher_on_a_session_subject(server: NatsNode, keys: Keys) ->
     run(body)
 
 
+def test_no_reply_reaches_a_spoofed_subject(server: NatsNode, keys: Keys) -> None:
+    """An attacker publishes first frames whose reply subject names a victim — with the
+    session id of the victim's live session with the server, and with fresh ones — and
+    whose sender is the attacker, or which do not parse, or which come when the server is
+    full. A client subscribed as the victim sees nothing at all from the server, the
+    victim's live session goes on, and the attacker's own well-formed QUERY is answered on
+    its own subject."""
+    async def body() -> None:
+        # (4 session starts: the victim's and the 3 below, then busy)
+        limits = NatsLimits(start_burst=4, start_rate=0.001, pre_handshake_share=1.0)
+        victim_seen: list[tuple[str, bytes]] = []
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as victim:
+            await served.serve()
+            link = await victim.open_link(SERVER, descriptor=keys.signed)
+            (_, live_sid, _), = victim._sessions
+            watcher = await nats.connect(server.url)  # subscribed as the victim
+
+            async def keep(msg: Any) -> None:
+                victim_seen.append((msg.subject, msg.data))
+            await watcher.subscribe(f"cbcl.s.{subject_token(CLIENT)}.>", cb=keep)
+            await watcher.flush()
+            raw = await Raw.open(server.url)
+            try:
+                def victims_subject(sid: str | None = None) -> str:
+                    return (f"cbcl.s.{subject_token(CLIENT)}.{subject_token(SERVER)}."
+                            f"{sid or os.urandom(16).hex()}.i")
+
+                before = dict(served.stats)
+                frames = [query_frame(keys), b"\x00garbage", b"(" * (140 * 1024)]
+                for frame in frames:  # the attacker's QUERY, garbage, oversize
+                    await raw.start(frame, reply=victims_subject(live_sid))
+                    await raw.start(frame, reply=victims_subject())
+                live = {(subject_token(CLIENT), live_sid, "r")}
+                await wait_for(lambda: served.stats["spoofed"] == before["spoofed"] + 1
+                               and served.stats["replays"] == before["replays"] + 3
+                               and served.stats["unanswered"] >= before["unanswered"] + 2
+                               and served._sessions.keys() == live)
+                # Over the start rate: a spoofed first frame would be refused busy, and is
+                # not answered either; the attacker's own is, on its own subject.
+                await raw.start(query_frame(keys), reply=victims_subject())
+                await wait_for(lambda: served.stats["busy"] == before["busy"] + 1)
+                await raw.start(query_frame(keys))
+                assert not_understood_code(await raw.answer()) == "busy"
+                await asyncio.sleep(0.2)
+                assert victim_seen == []  # nothing was ever published as to the victim
+                assert victim.stats["unknown"] == 0
+                # The victim's session was not touched.
+                answer = await link.conversation().send(Intent.CFP, CFP_BODY)
+                assert answer is not None and answer.intent is Intent.PROPOSE
+            finally:
+                await raw.client.close()
+                await watcher.close()
+
+    run(body)
+
+
 def test_max_sessions_n_served_n_plus_one_busy(server: NatsNode, keys: Keys) -> None:
     async def body() -> None:
         agent = serving_agent(keys, [])
@@ -501,6 +576,77 @@ def test_max_sessions_n_served_n_plus_one_busy(server: NatsNode, keys: Keys) -> 
     run(body)
 
 
+FLOOD_FIGURES: dict[int, dict[str, Any]] = {}
+
+
+@pytest.mark.parametrize("senders", [1, 8])
+def test_a_flood_of_stalled_queries_leaves_room_for_a_good_peer(
+        server: NatsNode, keys: Keys, senders: int) -> None:
+    """5,000 QUERYs in about 0.4 s from one sender (then from 8), each answered and then
+    left stalled, under the default limits but for 64 session slots (which 8 senders'
+    shares, 8 each, fill; 256 by default): every one of a good peer's handshakes, made
+    while the flood runs and after it, completes. (Before per-sender accounting, the
+    flood drained the agent's start bucket and held every session slot for the 30 s
+    handshake timeout: every other peer was refused ``busy``.) Each sender is held to
+    its start rate and its share of the slots, and when the slots are full a newcomer
+    evicts the oldest session of the sender holding the most, never an established
+    one."""
+    async def body() -> None:
+        names = [f"agent://test/flood-{n}" for n in range(senders)]
+        limits = NatsLimits(max_sessions=64)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as good:
+            await served.serve()
+            await (await good.open_link(SERVER, descriptor=keys.signed)).close()  # learned
+            flooder = await nats.connect(server.url, pending_size=64 << 20)
+            frames = [(name, query_frame(keys, me=name)) for name in names]
+            subject = f"cbcl.agent.{subject_token(SERVER)}"
+            sent = 0
+
+            async def flood() -> None:
+                nonlocal sent
+                for chunk in range(10):  # 10 chunks of 500, 40 ms apart
+                    for number in range(500):
+                        name, frame = frames[(chunk * 500 + number) % senders]
+                        await flooder.publish(subject, frame, reply=(
+                            f"cbcl.s.{subject_token(name)}.{subject_token(SERVER)}."
+                            f"{os.urandom(16).hex()}.i"))
+                    sent += 500
+                    await asyncio.sleep(0.04)
+                await flooder.flush()
+
+            times: list[float] = []
+            try:
+                flooding = asyncio.ensure_future(flood())
+                await wait_for(lambda: sent >= 500)
+                for _ in range(6):  # three while the flood runs, three after it
+                    started = time.monotonic()
+                    link = await good.open_link(SERVER, descriptor=keys.signed)
+                    times.append(time.monotonic() - started)
+                    assert link.established.done()
+                    await link.close()
+                    if len(times) == 3:
+                        await flooding
+            finally:
+                flooding.cancel()
+                await flooder.close()
+            stats = dict(served.stats)
+            share = served.limits.pending_share()
+            assert sent == 5000 and stats["busy"] > 4000
+            # No sender holds more than its share of the slots: one over it evicts its
+            # own oldest; with 8 the slots were full, and the good peer's sessions took
+            # the place of flooders' oldest.
+            assert all(served._pending.count(subject_token(name)) <= share for name in names)
+            assert stats["evicted"] > 0
+            FLOOD_FIGURES[senders] = {"handshake_s": [round(t, 3) for t in times],
+                                      "busy": stats["busy"], "evicted": stats["evicted"]}
+            # A handshake waits for no stalled session: far within pre_handshake_timeout
+            # (5 s), let alone handshake_timeout (30 s); 1 s on a quiet machine.
+            assert max(times) < 5.0, FLOOD_FIGURES
+
+    run(body)
+
+
 def test_start_rate_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys) -> None:
     async def body() -> None:
         limits = NatsLimits(start_burst=3, start_rate=0.001)
@@ -515,6 +661,136 @@ def test_start_rate_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys) -> 
                 assert not_understood_code(await raw.answer()) == "busy"
             finally:
                 await raw.client.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("extra, answered", [(0, True), (1, False)])
+def test_a_sender_token_of_max_token_bytes_served_one_more_dropped(
+        server: NatsNode, keys: Keys, extra: int, answered: bool) -> None:
+    """The sender's token in a first frame's reply subject is checked before any table
+    keeps it: at ``max_token_bytes`` (40 here) the QUERY is answered, one byte more and
+    it is dropped unanswered (counted ``refused``)."""
+    name = "agent://test/" + "e" * (19 + extra)
+    assert len(subject_token(name)) == 40 + extra
+
+    async def body() -> None:
+        limits = NatsLimits(max_token_bytes=40)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url, name)
+            try:
+                refused = served.stats["refused"]
+                await raw.start(query_frame(keys, me=name))
+                if answered:
+                    assert b"unsupported" in await raw.answer()
+                else:
+                    await wait_for(lambda: served.stats["refused"] == refused + 1)
+                    assert await raw.nothing() and not served._sender_buckets
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("starts", [3, 4])
+def test_sender_start_burst_n_accepted_n_plus_one_busy(server: NatsNode, keys: Keys,
+                                                       starts: int) -> None:
+    """One sender's first frames beyond its own bucket are refused ``busy``; another
+    sender is served meanwhile (the agent's bucket is not drained by one sender)."""
+    async def body() -> None:
+        limits = NatsLimits(sender_start_burst=3, sender_start_rate=0.001)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            other = await Raw.open(server.url, "agent://test/other")
+            try:
+                codes = []
+                for _ in range(starts):
+                    await raw.start(query_frame(keys))
+                    answer = await raw.answer()
+                    codes.append(not_understood_code(answer)
+                                 if b"NOT-UNDERSTOOD" in answer else "answered")
+                assert codes == ["answered"] * 3 + ["busy"] * (starts - 3)
+                await other.start(query_frame(keys, me="agent://test/other"))
+                assert b"unsupported" in await other.answer()
+            finally:
+                await raw.client.close()
+                await other.client.close()
+
+    run(body)
+
+
+@pytest.mark.parametrize("stalled", [3, 4])
+def test_pre_handshake_share_n_held_n_plus_one_evicts_the_oldest(
+        server: NatsNode, keys: Keys, stalled: int) -> None:
+    """A sender holds at most its share of the sessions before their handshakes are
+    ESTABLISHED (3 of 8 here): one more evicts its own oldest (told ``busy``)."""
+    async def body() -> None:
+        limits = NatsLimits(max_sessions=8, pre_handshake_share=0.375)
+        assert limits.pending_share() == 3
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            try:
+                replies, got = [], []
+                for number in range(stalled):  # each answered before the next
+                    replies.append(await raw.start(query_frame(keys)))
+                    got.append(await raw.answer())
+                    if number == 3:  # and the oldest is told busy
+                        got.append(await raw.answer())
+                assert await raw.nothing()
+                answers: dict[str, str] = {}
+                for subject, answer in zip(raw.subjects, got, strict=True):
+                    code = not_understood_code(answer) if b"NOT-UNDERSTOOD" in answer else ""
+                    answers[subject] = answers.get(subject, "") + code
+                # The oldest (whose "unsupported" came first) was told busy.
+                assert answers == {reply: "busy" if stalled > 3 and reply == replies[0]
+                                   else "" for reply in replies}
+                await wait_for(lambda: len(served._sessions) == 3)
+                assert served.stats["evicted"] == stalled - 3
+            finally:
+                await raw.client.close()
+
+    run(body)
+
+
+def test_full_sessions_evict_the_oldest_of_the_sender_holding_most(
+        server: NatsNode, keys: Keys) -> None:
+    """When every session is taken, a newcomer takes the place of the oldest session not
+    yet established of the sender holding the most; when every one is established, it
+    is refused ``busy``."""
+    async def body() -> None:
+        limits = NatsLimits(max_sessions=3, pre_handshake_share=1.0)
+        async with bus_of(serving_agent(keys, []), server.url, limits=limits) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as good:
+            await served.serve()
+            raw = await Raw.open(server.url)
+            other = await Raw.open(server.url, "agent://test/other")
+            try:
+                replies = []
+                for _ in range(2):
+                    replies.append(await raw.start(query_frame(keys)))
+                    assert b"unsupported" in await raw.answer()
+                await other.start(query_frame(keys, me="agent://test/other"))
+                assert b"unsupported" in await other.answer()
+                # Full: the good peer's session evicts raw's oldest (raw holds the most).
+                link = await good.open_link(SERVER, descriptor=keys.signed)
+                assert not_understood_code(await raw.answer()) == "busy"
+                assert raw.subjects[-1] == replies[0] and await other.nothing(0.1)
+                # Full again, with one established: the next newcomers evict the two
+                # others' sessions, then are refused: all three sessions established.
+                links = [link, await good.open_link(SERVER, descriptor=keys.signed),
+                         await good.open_link(SERVER, descriptor=keys.signed)]
+                assert served.stats["evicted"] == 3
+                with pytest.raises(NegotiationFailed) as caught:
+                    await good.open_link(SERVER, descriptor=keys.signed)
+                assert caught.value.reason == "busy"
+                for each in links:
+                    assert (await each.conversation().send(Intent.CFP, CFP_BODY)) is not None
+            finally:
+                await raw.client.close()
+                await other.client.close()
 
     run(body)
 
@@ -585,11 +861,18 @@ def test_remembered_sessions_n_kept_n_plus_one_forgotten(
     run(body)
 
 
-def test_a_silent_peer_is_timed_out_in_the_handshake(server: NatsNode, keys: Keys) -> None:
+@pytest.mark.parametrize("connection_limits, limits", [
+    (ConnectionLimits(handshake_timeout=0.5), NatsLimits()),
+    (ConnectionLimits(), NatsLimits(pre_handshake_timeout=0.5)),
+])
+def test_a_silent_peer_is_timed_out_in_the_handshake(
+        server: NatsNode, keys: Keys, connection_limits: ConnectionLimits,
+        limits: NatsLimits) -> None:
+    """A peer that stalls after its QUERY holds its session until the shorter of the
+    handshake deadline and the pre-handshake deadline (seconds, not the 30 s)."""
     async def body() -> None:
-        agent = serving_agent(keys, [],
-                              connection_limits=ConnectionLimits(handshake_timeout=0.5))
-        async with bus_of(agent, server.url) as served:
+        agent = serving_agent(keys, [], connection_limits=connection_limits)
+        async with bus_of(agent, server.url, limits=limits) as served:
             await served.serve()
             raw = await Raw.open(server.url)
             try:
@@ -694,29 +977,142 @@ def test_durable_delivery_across_a_restart(server: NatsNode, keys: Keys,
     run(body)
 
 
-def test_durable_send_to_an_agent_without_an_inbox(server: NatsNode, keys: Keys) -> None:
+def test_durable_send_before_the_receiver_first_starts(server: NatsNode, keys: Keys,
+                                                      tmp_path: Path) -> None:
+    """A sender that comes first makes the receiver's stream as the receiver would (the
+    same configuration), so its messages wait there; the receiver, started later, takes
+    them. A message the protocol refuses never leaves."""
+    handled: list[str] = []
+    later = "agent://test/later"
+    log: list[str] = []
+
+    def handler(message: Message, context: Context) -> Message | None:
+        handled.append(message.message_id)
+        return respond(message, context)  # a durable reply, to a sender with no stream
+
     async def body() -> None:
         async with bus_of(Agent(CLIENT, key=keys.pair), server.url) as sender:
-            message = Message(message_id=sender.durable_id(), sender=CLIENT,
-                              receiver="agent://test/nowhere", intent=Intent.REQUEST,
-                              protocol="request/v1", body=REQUEST_BODY)
-            with pytest.raises(ConnectionLost, match="no durable inbox"):
-                await sender.send_durable(message, descriptor=keys.signed_request)
+            sent = [Message(message_id=sender.durable_id(), sender=CLIENT, receiver=later,
+                            intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY)
+                    for _ in range(2)]
+            for message in sent:
+                assert await sender.send_durable(message, descriptor=keys.signed_request) \
+                    is False
+            info = await sender.client.jetstream().stream_info(sender.stream_name(later))
+            made = sender.stream_config(later)
+            assert info.config.subjects == made.subjects
+            assert (info.config.max_age, info.config.max_msgs, info.config.duplicate_window) \
+                == (made.max_age, made.max_msgs, made.duplicate_window)
             # A message the protocol refuses never leaves.
             from cbcl import CBCLError
-            bad = Message(message_id=sender.durable_id(), sender=CLIENT,
-                          receiver="agent://test/nowhere", intent=Intent.REQUEST,
-                          protocol="request/v1", body=read(b"(request)"))
+            bad = Message(message_id=sender.durable_id(), sender=CLIENT, receiver=later,
+                          intent=Intent.REQUEST, protocol="request/v1", body=read(b"(request)"))
             with pytest.raises(CBCLError) as caught:
                 await sender.send_durable(bad, descriptor=keys.signed_request)
             assert not isinstance(caught.value, ConnectionLost)
             with pytest.raises(ValueError):
                 await sender.send_durable(Message(
-                    message_id=" spaced", sender=CLIENT, receiver=DURABLE,
+                    message_id=" spaced", sender=CLIENT, receiver=later,
                     intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY),
                     descriptor=keys.signed_request)
+            with pytest.raises(ValueError):
+                await sender.send_durable(sent[0], descriptor=keys.signed_request,
+                                          replicas=6)
+        agent = Agent(later, trust=keys.store, state=tmp_path / "state",
+                      descriptors=[keys.signed_request], handler=handler, log=log.append)
+        async with bus_of(agent, server.url) as receiver:
+            await receiver.enable_durable()
+            await wait_for(lambda: len(handled) == 2)
+            await wait_for(lambda: sum("durable reply was not sent" in line
+                                       for line in log) == 2)
+            # A receiver's replies make no stream for a name a message claims.
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await receiver.client.jetstream().stream_info(receiver.stream_name(CLIENT))
+        assert handled == [m.message_id for m in sent]
 
     run(body)
+
+
+@pytest.mark.parametrize("max_deliver", [3])
+def test_a_durable_message_not_handled_yet_is_kept_then_dead_lettered(
+        server: NatsNode, keys: Keys, tmp_path: Path, max_deliver: int) -> None:
+    """A durable message of a protocol the receiver does not hold is not terminated: it
+    is delivered again after ``durable_retry_delay`` times its deliveries so far, and
+    handled once the receiver has learned the protocol (here from a trusted peer's
+    offer); one whose protocol never comes is moved, on its ``max_deliver``-th delivery
+    (not before), to the dead-letter subject with why and how often — never lost."""
+    handled: list[str] = []
+
+    def handler(message: Message, context: Context) -> Message | None:
+        if str(message.protocol) == "request/v1":
+            handled.append(message.message_id)
+            return None
+        return respond(message, context)
+
+    async def body() -> None:
+        limits = NatsLimits(durable_retry_delay=0.3, max_deliver=max_deliver)
+        receiver_agent = Agent(DURABLE + "-new", key=keys.pair, trust=keys.store,
+                               state=tmp_path / "state", handler=handler)
+        async with bus_of(receiver_agent, server.url, limits=limits) as receiver, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url) as sender:
+            await receiver.serve()
+            await receiver.enable_durable()
+            name = DURABLE + "-new"
+            waiting = Message(message_id=sender.durable_id(), sender=CLIENT, receiver=name,
+                              intent=Intent.REQUEST, protocol="request/v1", body=REQUEST_BODY)
+            await sender.send_durable(waiting, descriptor=keys.signed_request)
+            doomed = Message(message_id=sender.durable_id(), sender=CLIENT, receiver=name,
+                             intent=Intent.CFP, protocol="contract-net/v1",
+                             conversation_id="job-1", body=CFP_BODY)
+            await sender.send_durable(doomed, descriptor=keys.signed)
+            await wait_for(lambda: receiver.stats["durable_retried"] >= 2)
+            assert handled == [] and receiver.stats["durable_refused"] == 0
+            # The receiver learns request/v1 (a trusted peer's offer): the next delivery
+            # of the waiting message is handled.
+            await sender.open_link(name, descriptor=keys.signed_request)
+            await wait_for(lambda: handled == [waiting.message_id], timeout=10)
+            await wait_for(lambda: receiver.stats["durable_dead"] == 1, timeout=10)
+            js = sender.client.jetstream()
+            dead = await js.get_last_msg(receiver.stream_name(name),
+                                         receiver.dead_letter_subject(name))
+            assert dead.data is not None
+            kept = read_message(dead.data)  # the message itself, as stored
+            assert (kept.message_id, kept.intent, kept.body) == (doomed.message_id,
+                                                                 Intent.CFP, doomed.body)
+            headers = dead.headers or {}
+            assert headers["CBCL-Msg-Id"] == doomed.message_id
+            assert headers["CBCL-Deliveries"] == str(max_deliver)  # not one before
+            assert "unknown protocol" in headers["CBCL-Dead-Reason"]
+            # Both settled: nothing pending, nothing delivered again.
+            await asyncio.sleep(0.5)
+            info = await js.consumer_info(receiver.stream_name(name), "cbcl")
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+            assert receiver.stats["durable_dead"] == 1 and handled == [waiting.message_id]
+
+    run(body)
+
+
+def test_durable_setup_and_publish_are_retried_then_given_up(keys: Keys) -> None:
+    """With no JetStream to answer (a server without it: what a client sees while no
+    stream leader can be elected), setting up durable delivery and a durable publish are
+    retried with backoff, each failure logged, and given up after ``durable_retry_for``
+    with :class:`ConnectionLost` — a CBCL error, not nats-py's."""
+    log: list[str] = []
+
+    async def body() -> None:
+        limits = NatsLimits(durable_retry_for=1.0, request_timeout=0.3)
+        async with bus_of(Agent(DURABLE, trust=keys.store, log=log.append),
+                          node.url, limits=limits) as bus:
+            with pytest.raises(ConnectionLost, match="cannot set up durable delivery"):
+                await bus.enable_durable()
+            retried = [line for line in log if "trying again" in line]
+            assert len(retried) >= 2  # 0.25 s, then 0.5 s, within the 1 s
+            with pytest.raises(ConnectionLost, match="cannot store a durable message"):
+                await bus.send_durable(durable_request(bus, 1),
+                                       descriptor=keys.signed_request)
+
+    with nats_server(jetstream=False) as node:
+        run(body)
 
 
 # --------------------------------------------------------------------------- a cluster
@@ -733,21 +1129,23 @@ def accept_for(task: str) -> Any:
 
 def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
     """Three nodes; the contractors and one manager are connected to the node that is
-    killed (SIGKILL) in the middle of the run. The clients move to the other nodes, the
-    lost frames are repeated, and every conversation completes, each message handled
-    once."""
+    killed (SIGKILL) in the middle of the run, while each link has 8 conversations in
+    flight at once. The clients move to the other nodes, every conversation's lost frame
+    is repeated (not only the link's last), and every conversation completes, each
+    message handled once."""
     seen: dict[tuple[str, str, str], int] = {}
+    in_flight, rounds = 8, 2
+    links_made = 2 * 3
 
     def contractor(name: str) -> Agent:
         def handle(message: Message, context: Context) -> Message | None:
             key = (name, str(message.conversation_id), message.intent.value)
             seen[key] = seen.get(key, 0) + 1
-            if len(seen) == 24 and kill is not None:
+            if len(seen) == links_made * in_flight * 2 and kill is not None:
                 kill()  # the node dies while this contractor holds a message unanswered
             return respond(message, context)
         return Agent(name, key=keys.pair, trust=keys.store, handler=handle)
 
-    conversations = 12
     done: list[str] = []
     kill: Callable[[], None] | None = None
 
@@ -772,31 +1170,94 @@ def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
                 moved = [*buses, managers[1]]
                 links = [(m, name, await m.open_link(name, descriptor=keys.signed))
                          for m in managers for name in names]
-                async def converse(manager: NatsBus, name: str, link: Any) -> None:
-                    for number in range(conversations):
-                        task = f"t-{manager.me[-1]}-{name[-1]}-{number}"
-                        conversation = link.conversation(f"job-{task}")
-                        proposal = await conversation.send(Intent.CFP, cfp_for(task))
-                        assert proposal is not None and proposal.intent is Intent.PROPOSE
-                        result = await conversation.send(Intent.ACCEPT, accept_for(task))
-                        assert result is not None and result.intent is Intent.INFORM
-                        done.append(task)
+                assert len(links) == links_made
 
-                await asyncio.gather(*(converse(m, n, link) for m, n, link in links))
+                async def converse(manager: NatsBus, name: str, link: Any, task: str) -> None:
+                    conversation = link.conversation(f"job-{task}")
+                    proposal = await conversation.send(Intent.CFP, cfp_for(task))
+                    assert proposal is not None and proposal.intent is Intent.PROPOSE
+                    result = await conversation.send(Intent.ACCEPT, accept_for(task))
+                    assert result is not None and result.intent is Intent.INFORM
+                    done.append(task)
+
+                async def run_link(manager: NatsBus, name: str, link: Any) -> None:
+                    for wave in range(rounds):  # `in_flight` conversations at once
+                        await asyncio.gather(*(
+                            converse(manager, name, link,
+                                     f"t-{manager.me[-1]}-{name[-1]}-{wave}-{number}")
+                            for number in range(in_flight)))
+
+                await asyncio.gather(*(run_link(m, n, link) for m, n, link in links))
                 # The clients of the dead node moved to a live one.
                 dead = cluster.nodes[1].url.rsplit(":", 1)[1]
                 for bus in [*buses, *managers]:
                     url = bus.client.connected_url
                     assert url is not None and str(url.port) != dead
                     assert bus.client.stats["reconnects"] >= (bus in moved)
+                retransmits.append(sum(m.stats["retransmits"] for m in managers))
 
             assert cluster.nodes[1].process is not None
             assert cluster.nodes[1].process.poll() is not None  # it really died
 
-        run(body, timeout=90)
+        retransmits: list[int] = []
+        run(body, timeout=120)
 
-    assert len(done) == len(set(done)) == 2 * 3 * conversations  # none lost
-    assert len(seen) == 2 * 2 * 3 * conversations and set(seen.values()) == {1}  # none twice
+    conversations = links_made * in_flight * rounds  # 96
+    assert len(done) == len(set(done)) == conversations  # none lost
+    assert len(seen) == 2 * conversations and set(seen.values()) == {1}  # none twice
+    assert retransmits[0] >= 1  # frames were lost and repeated
+
+
+def test_a_replicated_durable_stream_survives_its_leaders_death(keys: Keys,
+                                                                 tmp_path: Path) -> None:
+    """``replicas=3`` in a three-node cluster: the stream's leader is killed (SIGKILL).
+    Messages sent meanwhile are stored once a new leader is elected (the publish is
+    retried), a receiver that (re)starts meanwhile sets up its delivery once it can
+    (retried, not given up; naming no replicas, it keeps the stream's three), and every
+    message is handled once."""
+    handled: list[str] = []
+
+    def handler(message: Message, context: Context) -> None:
+        handled.append(message.message_id)
+
+    def receiver() -> Agent:
+        return Agent(DURABLE, trust=keys.store, state=tmp_path / "state",
+                     descriptors=[keys.signed_request], handler=handler)
+
+    with nats_cluster(3) as cluster:
+        wait_for_jetstream(cluster.urls)
+        by_name = {node.name: node for node in cluster.nodes}
+
+        async def body() -> None:
+            urls = cluster.urls
+            limits = NatsLimits(request_timeout=2.0)
+            async with bus_of(Agent(CLIENT, key=keys.pair), urls, limits=limits) as sender:
+                sent = []
+                async with bus_of(receiver(), urls, limits=limits) as first:
+                    await first.enable_durable(replicas=3)
+                    info = await first.client.jetstream().stream_info(
+                        first.stream_name(DURABLE))
+                    assert info.config.num_replicas == 3
+                    assert info.cluster is not None and info.cluster.leader in by_name
+                    leader = by_name[info.cluster.leader]
+                    for number in range(3):
+                        sent.append(durable_request(sender, number))
+                        await sender.send_durable(sent[-1], descriptor=keys.signed_request)
+                    await wait_for(lambda: len(handled) == 3, timeout=10)
+                leader.kill()
+                for number in range(3, 8):  # while a leader is elected
+                    sent.append(durable_request(sender, number))
+                    await sender.send_durable(sent[-1], descriptor=keys.signed_request)
+                async with bus_of(receiver(), urls, limits=limits) as again:
+                    await again.enable_durable()  # (no replicas named: the stream's kept)
+                    await wait_for(lambda: len(handled) == 8, timeout=30)
+                    info = await again.client.jetstream().stream_info(
+                        again.stream_name(DURABLE))
+                    assert info.config.num_replicas == 3
+                    assert leader.process is not None and leader.process.poll() is not None
+            assert handled == [m.message_id for m in sent]  # each once, in order
+
+        run(body, timeout=120)
 
 
 async def until(condition: Callable[[], bool], deadline: float = 20.0) -> None:
@@ -857,6 +1318,28 @@ def test_a_lost_frame_is_repeated_and_a_lost_answer_resent(server: NatsNode,
     assert handled == ["CFP", "ACCEPT"]
 
 
+@pytest.mark.parametrize("threads", [3, 4])
+def test_frames_kept_to_repeat_n_threads_kept_n_plus_one_drops_the_oldest(
+        server: NatsNode, keys: Keys, threads: int) -> None:
+    """The opener keeps the latest frame of each thread of a link (the handshake, each
+    conversation) to repeat, for at most ``reply_cache`` threads: one more drops the
+    oldest (the peer could not answer its repeat from its cache anyway)."""
+    async def body() -> None:
+        limits = NatsLimits(reply_cache=3)
+        async with bus_of(serving_agent(keys, []), server.url) as served, \
+                bus_of(Agent(CLIENT, key=keys.pair), server.url, limits=limits) as bus:
+            await served.serve()
+            link = await bus.open_link(SERVER, descriptor=keys.signed)
+            connection = link.connection
+            assert isinstance(connection, NatsConnection) and not connection._resend
+            for number in range(threads):
+                connection._arm(f"c{number}", "cbcl.nowhere", b"frame %d" % number)
+            kept = list(connection._resend)
+            assert kept == [f"c{number}" for number in range(threads)][-3:]
+
+    run(body)
+
+
 # --------------------------------------------------------------------------- the command line
 
 
@@ -895,8 +1378,14 @@ def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
                        f'(receiver {name}) (intent REQUEST) (protocol request/v1) '
                        f'(conversation-id "night-1") (body (request :action (action :name '
                        f'snapshot-volume :args (:volume "vol-9")) :by 1764540000000)))')
+    # Before the receiver ever started: its stream is made by the sender.
+    first = cbcl_command("send", "--nats", server.url, "--durable", "--replicas", "1",
+                         "--descriptor", str(signed_request), "--key", str(keys.key_file),
+                         str(request))
+    assert first.returncode == 0, first.stderr
+    assert "stored for" in first.stdout and "duplicate" not in first.stdout
     with serving("--nats", server.url, "--name", name, "--trust", str(keys.trust),
-                 "--durable", "--state", str(tmp_path / "state"),
+                 "--durable", "--replicas", "1", "--state", str(tmp_path / "state"),
                  "--descriptors", str(tmp_path / "descriptors")) as process:
         negotiated = cbcl_command("negotiate", "--nats", server.url, "--to", name,
                                   "--descriptor", str(signed), "--key", str(keys.key_file))
@@ -911,8 +1400,7 @@ def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
                                 str(signed_request), "--key", str(keys.key_file),
                                 str(request)) for _ in range(2)]
         assert [d.returncode for d in durable] == [0, 0], durable[0].stderr
-        assert "stored for" in durable[0].stdout and "duplicate" not in durable[0].stdout
-        assert "dropped as a duplicate" in durable[1].stdout
+        assert all("dropped as a duplicate" in d.stdout for d in durable)
         # No such agent: exit 1, one line.
         nobody = cbcl_command("negotiate", "--nats", server.url, "--to", "agent://test/none",
                               "--descriptor", str(signed), "--key", str(keys.key_file))
@@ -944,6 +1432,14 @@ def test_cli_serve_negotiate_and_send_over_nats(server: NatsNode, keys: Keys,
     (["send", "--descriptor", "D", "--key", "K", "M"], "give --connect ADDRESS or --nats"),
     (["send", "--connect", "h:1", "--durable", "--descriptor", "D", "--key", "K", "M"],
      "--to and --durable go with --nats"),
+    (["send", "--nats", "nats://h:1", "--replicas", "3", "--descriptor", "D", "--key", "K",
+      "M"], "--replicas goes with --durable"),
+    (["serve", "--trust", "T", "--nats", "nats://h:1", "--replicas", "3"],
+     "--replicas goes with --durable"),
+    (["serve", "--trust", "T", "--nats", "nats://h:1", "--durable", "--replicas", "6"],
+     "--replicas"),
+    (["serve", "--trust", "T", "--nats", "nats://h:1", "--durable", "--replicas", "0"],
+     "--replicas"),
 ])
 def test_cli_nats_usage_errors(args: list[str], message: str) -> None:
     result = cbcl_command(*args)

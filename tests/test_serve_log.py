@@ -192,14 +192,16 @@ def test_hostile_ids_are_escaped_and_the_bid_is_ours(tmp_path: Path) -> None:
     assert proposal.in_reply_to == HOSTILE_IDS[0]
 
     _assert_safe(lines)
-    received = [line for line in lines if ": received " in line]
-    assert [line.split('"')[0] for line in received] == ["serve[1]: received "] * 2
-    assert peer_text(HOSTILE_IDS[0], 64) in received[0]
-    assert "\\u000a" in received[0] and "\\u202e" in received[0]
+    # One line per message handled: the answer, naming (escaped) what it answers.
+    sent = [line for line in lines if ": sent " in line]
+    assert [line.split('"')[0] for line in sent] == ["serve[1]: sent "] * 2
+    assert peer_text(HOSTILE_IDS[0], 64) in sent[0]
+    assert "\\u000a" in sent[0] and "\\u202e" in sent[0]
     assert "\\u000d\\u000a\\u2028\\u2066\\u001b[2K\\u0085\\u200b\\ufeff\\udb40\\udc41" \
-        in received[1]
+        in sent[1]
     assert sum(line.startswith("serve[1]: verified (signed by demo)") for line in lines) == 1
-    assert any(line.endswith('sent "reply-1" PROPOSE') for line in lines)
+    assert sent[0].startswith('serve[1]: sent "reply-1" PROPOSE in reply to "')
+    assert not any(": received " in line for line in lines)  # (DEBUG)
     assert lines[-1] == "serve[1]: closed"
 
 

@@ -1387,11 +1387,12 @@ def _mixed_row(rng: random.Random, vocabulary: Vocabulary,
         shuffle=any_order)
 
 
-def mixed_messages(size: str, count: int, seed: str) -> list[Message]:
+def mixed_messages(size: str, count: int, seed: str, *, fresh: float = 0.8) -> list[Message]:
     """``count`` different table/v1 messages of size class ``size`` (:data:`MIXED_ROWS`),
-    their names from a vocabulary of their own (``seed``)."""
+    their names from a vocabulary of their own (``seed``), a share ``fresh`` of them never
+    seen before (the rest from a few hundred recurring ones)."""
     rng = random.Random(f"mixed/{size}/{seed}")
-    vocabulary = Vocabulary(rng)
+    vocabulary = Vocabulary(rng, fresh=fresh)
     rows = MIXED_ROWS[size]
     out = []
     for index in range(count):

@@ -53,9 +53,10 @@
  * then written in positional notation with at least one fractional digit.
  *
  * canonical_message(message) and pack_message / encode_message(message ...) write a whole
- * message: Message.canonical()'s text and Encoder.encode()'s frame, from the slots of an
- * exact Message (read through its member descriptors, found by setup_message()), the
- * envelope written as Message.to_value() and the Python encoder list it, each field's value
+ * message: Message.canonical()'s text and Encoder.encode()'s frame, from the fields of an
+ * exact Message (read from its MessageFields struct, native.h: setup_message() checks the
+ * class adds nothing to it), the envelope written as Message.to_value() and the Python
+ * encoder list it, each field's value
  * by the same writers as the body's; anything else (a subclass, an intent that is not an
  * Intent member, a signature that is not an exact Signature, an unset slot) declines.
  *
@@ -106,7 +107,7 @@ copy_bytes(char *dst, const char *src, size_t n)
 /* What setup(), setup_message() and setup_frame() give the section is kept in the module's
  * state (native.h's EncodersState, st->encoders): the value types, the token codes, the
  * longest decimal text (max_decimal_chars, -1 until setup() has run: every twin then
- * declines), the message types and their member descriptors, the envelope's names. The
+ * declines), the message types, the envelope's names. The
  * walks are handed it (`enc`, a const pointer) by the function the module's state is
  * found in. */
 
@@ -908,35 +909,15 @@ canonical(PyObject *module, PyObject *value)
 
 /* ------------------------------------------------------------------------- messages */
 
-/* The member descriptors of the slots `names` of `type` (entry_member: its own), as new
- * references in out: 1, or 0 (none kept, no exception) if one is not. */
-static int
-members_of(PyTypeObject *type, const char *const *names, int n, PyObject **out)
-{
-    for (int i = 0; i < n; i++) {
-        if ((out[i] = entry_member(type, names[i])) == NULL) {
-            while (i-- > 0)
-                Py_DECREF(out[i]);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* cbcl.protocol._message.Message and Signature (slotted dataclasses: their fields are read
- * through their member descriptors, entry.h), set by setup_message(); NULL: every message
- * is declined. */
+/* cbcl.protocol._message.Message and Signature (dataclasses over the C types
+ * MessageFields and SignatureFields: their fields are read from their structs, native.h),
+ * set by setup_message(); NULL: every message is declined. */
 enum {
     F_MESSAGE_ID, F_SENDER, F_RECEIVER, F_INTENT, F_PROTOCOL, F_CONVERSATION_ID,
     F_IN_REPLY_TO, F_REPLY_BY, F_TIMESTAMP, F_BODY, F_SIGNATURE, N_FIELDS
 };
-static const char *const FIELD_ATTRS[N_FIELDS] = {
-    "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
-    "in_reply_to", "reply_by", "timestamp", "body", "signature"};
-static const char *const SIGNATURE_ATTRS[2] = {"key_id", "value"};
-static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "the state's field_members: one per field");
-/* In the state (enc): message, signature and their member descriptors (field_members,
- * signature_members: strong references). The text's: text_names, the version symbol,
+static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "message_fields_get: one per field");
+/* In the state (enc): message, signature (strong references). The text's: text_names, the version symbol,
  * then the field symbols, in FIELD_ATTRS' order (a tuple of 1 + N_FIELDS exact Symbols);
  * text_intents, the intents as (member, symbol) pairs (Message.to_value's _INTENT_SYMBOL).
  * The frame's: frame_intents, the intents by code (cbcl.binary._codec.INTENTS),
@@ -958,34 +939,26 @@ fields_release(Fields *m)
 }
 
 /* The fields of an exact Message (and of its signature, an exact Signature or None), as
- * strong references; DECLINE for anything else, or an unset field. */
+ * strong references (held: a lookup in the walk may run Python code); DECLINE for
+ * anything else, or an unset field. */
 static int
 fields_read(const EncodersState *enc, PyObject *message, Fields *m)
 {
-    if (enc->message == NULL || Py_TYPE(message) != enc->message)
+    if (enc->message == NULL || Py_TYPE(message) != enc->message ||
+            !message_fields_get(message, m->f))
         return DECLINE;
-    memset(m, 0, sizeof(*m));
-    for (int i = 0; i < N_FIELDS; i++) {
-        PyObject *v = entry_get(enc->field_members[i], message);
-        if (v == NULL)
-            goto decline;
-        m->f[i] = v;
-    }
+    m->sig[0] = m->sig[1] = NULL;
     PyObject *signature = m->f[F_SIGNATURE];
     if (signature != Py_None) {
-        if (Py_TYPE(signature) != enc->signature)
-            goto decline;
-        for (int i = 0; i < 2; i++) {
-            PyObject *v = entry_get(enc->signature_members[i], signature);
-            if (v == NULL)
-                goto decline;
-            m->sig[i] = v;
+        SignatureFieldsObject *s = (SignatureFieldsObject *)signature;
+        if (Py_TYPE(signature) != enc->signature || s->key_id == NULL || s->value == NULL) {
+            fields_release(m);
+            return DECLINE;
         }
+        m->sig[0] = Py_NewRef(s->key_id);
+        m->sig[1] = Py_NewRef(s->value);
     }
     return OK;
-decline:
-    fields_release(m);
-    return DECLINE;
 }
 
 /* Each field's " (name " as ASCII (enc->field_prefix, field_prefix_length), made by
@@ -1837,17 +1810,84 @@ static PyObject *encoder_encode(NativeState *st, PyObject *self, PyObject *const
 
 static int encoder_bind(NativeState *st, PyTypeObject *owner);
 
-/* (the templates of st->encoders.canonical_entry and encode_entry; beside them in the
- * state, encoder_members: the member descriptors of the slots of cbcl.binary._codec.Encoder
- * encoder_encode reads, strong references, NULL where not found: every call falls back) */
+/* (the templates of st->encoders.canonical_entry and encode_entry) */
 static const CEntry CANONICAL_ENTRY = {
     {"canonical", NULL, METH_NOARGS, NULL}, message_canonical, NULL, NULL, NULL};
 static const CEntry ENCODE_ENTRY = {
     {"encode", NULL, METH_FASTCALL | METH_KEYWORDS, NULL}, encoder_encode, encoder_bind,
     NULL, NULL};
-enum { E_VALIDATE, E_REGISTRY, E_TABLES, E_PROTOCOLS, E_COUNT };
-static_assert(E_COUNT == sizeof(((EncodersState *)0)->encoder_members) / sizeof(PyObject *),
-              "the state's encoder_members: one per slot read");
+
+/* cbcl._native.EncoderFields: the storage of what encoder_encode reads of an Encoder
+ * (cbcl.binary._codec.Encoder is a class over it), as named members of its struct:
+ * validate, registry, _tables, _registry_protocols. Writable (the Encoder's __init__ sets
+ * them, and a user may set validate or registry later), GC-tracked, no __dict__; a class
+ * over it may add slots (the Encoder's others, __weakref__). st->encoders.encoder_type is
+ * the class encode_entry was bound in, where that class is over it (encoder_bind); NULL:
+ * every call falls back. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *validate, *registry, *tables, *registry_protocols; /* strong; NULL: unset */
+} EncoderFieldsObject;
+
+static PyMemberDef encoder_fields_members[] = {
+    {"validate", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, validate), 0, NULL},
+    {"registry", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, registry), 0, NULL},
+    {"_tables", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, tables), 0, NULL},
+    {"_registry_protocols", Py_T_OBJECT_EX, offsetof(EncoderFieldsObject, registry_protocols),
+     0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int
+encoder_fields_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    EncoderFieldsObject *e = (EncoderFieldsObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(e->validate);
+    Py_VISIT(e->registry);
+    Py_VISIT(e->tables);
+    Py_VISIT(e->registry_protocols);
+    return 0;
+}
+
+static int
+encoder_fields_clear(PyObject *self)
+{
+    EncoderFieldsObject *e = (EncoderFieldsObject *)self;
+    Py_CLEAR(e->validate);
+    Py_CLEAR(e->registry);
+    Py_CLEAR(e->tables);
+    Py_CLEAR(e->registry_protocols);
+    return 0;
+}
+
+static void
+encoder_fields_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    encoder_fields_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyType_Slot encoder_fields_slots[] = {
+    {Py_tp_doc, "The storage of what cbcl.binary._codec.Encoder.encode's C entry reads: "
+                "validate, registry, _tables, _registry_protocols as named members."},
+    {Py_tp_traverse, encoder_fields_traverse},
+    {Py_tp_clear, encoder_fields_clear},
+    {Py_tp_dealloc, encoder_fields_dealloc},
+    {Py_tp_members, encoder_fields_members},
+    {0, NULL},
+};
+
+static PyType_Spec encoder_fields_spec = {
+    .name = "cbcl._native.EncoderFields",
+    .basicsize = sizeof(EncoderFieldsObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = encoder_fields_slots,
+};
 
 static PyObject *
 message_canonical(NativeState *st, PyObject *self, PyObject *const *Py_UNUSED(args),
@@ -1861,28 +1901,28 @@ message_canonical(NativeState *st, PyObject *self, PyObject *const *Py_UNUSED(ar
     return fallback == NULL ? NULL : PyObject_CallOneArg(fallback, self);
 }
 
-/* encoder.encode(message): one positional argument, validate=False and the slots set:
- * encode_message with the encoder's registry and tables. */
+/* encoder.encode(message): one positional argument, validate=False and the fields set:
+ * encode_message with the encoder's registry and tables (read from its EncoderFields
+ * struct: self is an instance of the class encode_entry was bound in, checked by the
+ * MethodEntry, which encoder_bind found to be over EncoderFields). */
 static PyObject *
 encoder_encode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                PyObject *kwnames)
 {
     EncodersState *enc = &st->encoders;
-    PyObject *const *members = enc->encoder_members;
-    if (nargs == 1 && kwnames == NULL && members[E_VALIDATE] != NULL &&
-            enc->registry != NULL) {
+    if (nargs == 1 && kwnames == NULL && enc->encoder_type != NULL && enc->registry != NULL &&
+            (Py_TYPE(self) == enc->encoder_type ||
+             PyObject_TypeCheck(self, enc->encoder_fields_type))) {
+        EncoderFieldsObject *fields = (EncoderFieldsObject *)self;
         PyObject *frame = Py_None; /* (borrowed while None: nothing written) */
-        PyObject *registry = NULL, *tables = NULL, *pair = NULL;
-        PyObject *validate = entry_get(members[E_VALIDATE], self);
-        Py_XDECREF(validate); /* (compared by identity only) */
-        if (validate != Py_False ||
-                (registry = entry_get(members[E_REGISTRY], self)) == NULL ||
-                (tables = entry_get(members[E_TABLES], self)) == NULL ||
+        /* (held: the Python code a lookup may run could set them) */
+        PyObject *registry = Py_XNewRef(fields->registry), *tables = Py_XNewRef(fields->tables);
+        PyObject *pair = Py_XNewRef(fields->registry_protocols);
+        if (fields->validate != Py_False || registry == NULL || tables == NULL ||
                 !PyDict_CheckExact(tables))
             goto release;
         /* the registry's protocols as the encoder was made with them (registry,
          * protocols), while its registry is that one; else read from the registry */
-        pair = entry_get(members[E_PROTOCOLS], self);
         PyObject *protocols;
         if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
                 PyTuple_GET_ITEM(pair, 0) == registry)
@@ -1923,19 +1963,15 @@ canonical_entry(PyObject *module, PyObject *args)
     return cbcl_method_entry(st, &st->encoders.canonical_entry);
 }
 
-/* encode_entry's bind: the member descriptors of the Encoder's slots validate, registry,
- * _tables and _registry_protocols (its own); where it has none, every call falls back. */
+/* encode_entry's bind: the class, where it is over EncoderFields (its fields read from
+ * the struct); else none, and every call falls back. */
 static int
 encoder_bind(NativeState *st, PyTypeObject *owner)
 {
-    static const char *const names[E_COUNT] = {"validate", "registry", "_tables",
-                                               "_registry_protocols"};
-    PyObject *members[E_COUNT] = {NULL, NULL, NULL, NULL};
-    if (!members_of(owner, names, E_COUNT, members)) /* (then all NULL: falls back) */
-        for (int i = 0; i < E_COUNT; i++)
-            members[i] = NULL;
-    for (int i = 0; i < E_COUNT; i++)
-        Py_XSETREF(st->encoders.encoder_members[i], members[i]);
+    EncodersState *enc = &st->encoders;
+    PyTypeObject *bound = enc->encoder_fields_type != NULL &&
+                          PyType_IsSubtype(owner, enc->encoder_fields_type) ? owner : NULL;
+    Py_XSETREF(enc->encoder_type, (PyTypeObject *)Py_XNewRef((PyObject *)bound));
     return 0;
 }
 
@@ -2003,6 +2039,17 @@ setup(PyObject *module, PyObject *args)
     return PyBool_FromLong(enc->decimal_layout);
 }
 
+/* Whether `type` is `base` (this module's MessageFields or SignatureFields) or a class
+ * over it that adds nothing to its instances (`size`, its struct's: no __dict__, no
+ * __weakref__, no slot), so that the struct is the whole of an instance's fields. */
+static int
+fields_layout(PyTypeObject *base, PyTypeObject *type, size_t size)
+{
+    return base != NULL && PyType_IsSubtype(type, base) &&
+           type->tp_basicsize == (Py_ssize_t)size && type->tp_itemsize == 0 &&
+           type->tp_dictoffset == 0 && type->tp_weaklistoffset == 0;
+}
+
 static PyObject *
 setup_message(PyObject *module, PyObject *args)
 {
@@ -2029,18 +2076,11 @@ setup_message(PyObject *module, PyObject *args)
             Py_TYPE(PyTuple_GET_ITEM(pair, 1)) != enc->symbol)
             Py_RETURN_FALSE;
     }
-    PyObject *fields[N_FIELDS], *sig[2];
-    if (!members_of((PyTypeObject *)message, FIELD_ATTRS, N_FIELDS, fields))
+    if (!fields_layout(st->message_fields_type, (PyTypeObject *)message,
+                       sizeof(MessageFieldsObject)) ||
+            !fields_layout(st->signature_fields_type, (PyTypeObject *)signature,
+                           sizeof(SignatureFieldsObject)))
         Py_RETURN_FALSE;
-    if (!members_of((PyTypeObject *)signature, SIGNATURE_ATTRS, 2, sig)) {
-        for (int i = 0; i < N_FIELDS; i++)
-            Py_DECREF(fields[i]);
-        Py_RETURN_FALSE;
-    }
-    for (int i = 0; i < N_FIELDS; i++)
-        Py_XSETREF(enc->field_members[i], fields[i]);
-    Py_XSETREF(enc->signature_members[0], sig[0]);
-    Py_XSETREF(enc->signature_members[1], sig[1]);
     Py_INCREF(message);
     Py_INCREF(signature);
     Py_INCREF(names);
@@ -2111,8 +2151,8 @@ PyMethodDef cbcl_encoders_methods[] = {
      "None to decline (not cached yet, a Registry subclass ...)."},
     {"setup_message", setup_message, METH_VARARGS,
      "setup_message(Message, Signature, names, intents, /) -> bool: the message types, the "
-     "envelope's symbols and the intents' (member, symbol) pairs; False: not slotted as "
-     "expected (every message is declined)."},
+     "envelope's symbols and the intents' (member, symbol) pairs; False: not laid out over "
+     "MessageFields and SignatureFields (every message is declined)."},
     {"setup_frame", setup_frame, METH_VARARGS,
      "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
      "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
@@ -2136,9 +2176,15 @@ PyMethodDef cbcl_encoders_methods[] = {
 /* The section's part of the state as if no setup had run (every twin declines), the
  * entries' templates copied into it, "_protocols_by_id" interned (module.c's exec). */
 int
-cbcl_encoders_exec(PyObject *Py_UNUSED(module), NativeState *st)
+cbcl_encoders_exec(PyObject *module, NativeState *st)
 {
     EncodersState *enc = &st->encoders;
+    PyObject *type = PyType_FromModuleAndSpec(module, &encoder_fields_spec, NULL);
+    if (type == NULL)
+        return -1;
+    enc->encoder_fields_type = (PyTypeObject *)type; /* (strong: the state's) */
+    if (PyModule_AddObjectRef(module, "EncoderFields", type) < 0)
+        return -1;
     enc->max_decimal_chars = -1;
     for (int i = 0; i < CBCL_FRAME_BITS; i++)
         enc->frame_bits[i] = -1;
@@ -2159,18 +2205,14 @@ cbcl_encoders_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(enc->message);
     Py_VISIT(enc->signature);
     Py_VISIT(enc->registry);
-    for (int i = 0; i < N_FIELDS; i++)
-        Py_VISIT(enc->field_members[i]);
-    Py_VISIT(enc->signature_members[0]);
-    Py_VISIT(enc->signature_members[1]);
     Py_VISIT(enc->text_names);
     Py_VISIT(enc->text_intents);
     Py_VISIT(enc->frame_intents);
     Py_VISIT(enc->s_protocols);
     CBCL_VISIT_ENTRY(enc->canonical_entry);
     CBCL_VISIT_ENTRY(enc->encode_entry);
-    for (int i = 0; i < E_COUNT; i++)
-        Py_VISIT(enc->encoder_members[i]);
+    Py_VISIT(enc->encoder_fields_type);
+    Py_VISIT(enc->encoder_type);
     return 0;
 }
 
@@ -2186,16 +2228,12 @@ cbcl_encoders_clear(NativeState *st)
     Py_CLEAR(enc->message);
     Py_CLEAR(enc->signature);
     Py_CLEAR(enc->registry);
-    for (int i = 0; i < N_FIELDS; i++)
-        Py_CLEAR(enc->field_members[i]);
-    Py_CLEAR(enc->signature_members[0]);
-    Py_CLEAR(enc->signature_members[1]);
     Py_CLEAR(enc->text_names);
     Py_CLEAR(enc->text_intents);
     Py_CLEAR(enc->frame_intents);
     Py_CLEAR(enc->s_protocols);
     CBCL_CLEAR_ENTRY(enc->canonical_entry);
     CBCL_CLEAR_ENTRY(enc->encode_entry);
-    for (int i = 0; i < E_COUNT; i++)
-        Py_CLEAR(enc->encoder_members[i]);
+    Py_CLEAR(enc->encoder_fields_type);
+    Py_CLEAR(enc->encoder_type);
 }

@@ -94,14 +94,15 @@ entry_function(CEntry *e, PyObject *module)
 }
 
 /* Slots: an attribute that __slots__ (or a slots dataclass) gives a class is a member
- * descriptor of the class, which reads and writes it: entry_member looks one up once (on
- * the class, a member descriptor returns itself), and the entries keep it and read and
- * write through its tp_descr_get / tp_descr_set, as getattr and object.__setattr__ do (a
- * frozen dataclass's own __init__ writes its fields so, past its __setattr__). */
+ * descriptor of the class, which reads it: entry_member looks one up once (on the class,
+ * a member descriptor returns itself), and the entries keep it and read through its
+ * tp_descr_get, as getattr does (the Decoder's slots; a Message's fields are read from
+ * its own struct, native.h's MessageFieldsObject, an Encoder's from encoders.c's
+ * EncoderFieldsObject). */
 
 /* The member descriptor of `type` for attribute `name`, the type's own (its
  * __objclass__): a new reference, or NULL (no exception) if that attribute is not one. */
-static PyObject *
+static inline PyObject * /* (inline: a unit that has no slots to find does not warn) */
 entry_member(PyTypeObject *type, const char *name)
 {
     PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
@@ -137,14 +138,6 @@ entry_get(PyObject *d, PyObject *object)
     if (value == NULL)
         PyErr_Clear();
     return value;
-}
-
-/* Give `object` (an instance of d's type) `value` at member descriptor `d`, as
- * object.__setattr__ does: 0, or -1 with an exception. */
-static inline int
-entry_put(PyObject *d, PyObject *object, PyObject *value)
-{
-    return Py_TYPE(d)->tp_descr_set(d, object, value);
 }
 
 #endif

@@ -12,9 +12,9 @@
  *
  * Initialisation is multi-phase (PEP 489): PyInit__native returns the definition,
  * PyModuleDef_Init; the import system creates the module, with its state, and runs
- * native_exec, which makes the module's heap types (MethodEntry, below; speedups.c's
- * FrameState), adds each section's functions and runs each section's set-up (interned
- * strings, the value types of cbcl.core._values and decimal, the Decimal layout check,
+ * native_exec, which makes the module's heap types (MethodEntry, MessageFields and
+ * SignatureFields, below; speedups.c's FrameState, encoders.c's EncoderFields), adds each
+ * section's functions and runs each section's set-up (interned strings, the value types of cbcl.core._values and decimal, the Decimal layout check,
  * the entries' definitions).
  *
  * State. Everything the module keeps between calls is its module state, NativeState
@@ -28,8 +28,8 @@
  * constant: const tables, string literals, and the definitions the C API takes (method,
  * member and slot tables, the type specs, this module's definition). Module functions
  * find the state with PyModule_GetState(self) (native_state, native.h, which also raises
- * RuntimeError once it is cleared), the MethodEntry with PyType_GetModuleState of its
- * type; the functions they call are handed it (`st`, or a section's part of it). The
+ * RuntimeError once it is cleared), a MethodEntry keeps its type's (its module's state,
+ * which lives while the type keeps the module alive); the functions they call are handed it (`st`, or a section's part of it). The
  * module's m_traverse visits every reference the state holds and m_clear (m_free too)
  * releases them, each section's part by its own functions: the state is in reference
  * cycles (module -> state -> FrameState type -> module; module -> state -> an entry's
@@ -39,9 +39,11 @@
  * Python side.
  *
  * The interface with the Python side is made of named things only: C types with named
- * fields (FrameState, made by keyword), public callables, and the member descriptors of
- * the slots the entries read and write, found on their classes by name and used through
- * tp_descr_get / tp_descr_set (entry.h). No private CPython API is used (no _Py* name),
+ * fields (FrameState, made by keyword; MessageFields and SignatureFields, below, the
+ * storage the Message and Signature dataclasses are made over, whose structs the writers
+ * read and the decoders fill; encoders.c's EncoderFields, what the Encoder's entry
+ * reads), public callables, and the member descriptors of the slots the Decoder's entry
+ * reads, found on its class by name and used through tp_descr_get (entry.h). No private CPython API is used (no _Py* name),
  * no offset is read from a descriptor, and nothing is set on a Python class or module:
  * the entries are bound by the Python definitions themselves (entry.h).
  *
@@ -78,6 +80,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     CEntry *entry;      /* in the state of its type's module: its definition and fallback */
     PyObject *owner;    /* the class, strong; NULL until __set_name__ */
+    NativeState *state; /* its type's module's (PyType_GetModuleState, kept: it lives as
+                         * long as the module, which the type keeps alive) */
 } MethodEntry;
 
 /* The state of a MethodEntry's module (its type's: a MethodEntry keeps its type, which
@@ -85,7 +89,7 @@ typedef struct {
 static inline NativeState *
 method_entry_state(PyObject *self)
 {
-    NativeState *st = (NativeState *)PyType_GetModuleState(Py_TYPE(self));
+    NativeState *st = ((MethodEntry *)self)->state;
     if (st != NULL && st->ready)
         return st;
     if (!PyErr_Occurred())
@@ -277,7 +281,183 @@ cbcl_method_entry(NativeState *st, CEntry *e)
         return NULL;
     m->vectorcall = method_entry_vectorcall;
     m->entry = e;
+    m->state = st; /* (the state of type's module: type is st->method_entry_type) */
     return (PyObject *)m;
+}
+
+/* ------------------------------------------------------------------------- MessageFields */
+
+/* cbcl._native.MessageFields and SignatureFields (native.h's structs): base classes that
+ * hold a message's and a signature's fields as named members, writable (the dataclasses
+ * over them write their fields with object.__setattr__, past their frozen __setattr__, as
+ * they would write slots), GC-tracked, with no __dict__ and no weak references (as a
+ * dataclass(slots=True) has neither). Subclassable, and made without arguments: the
+ * subclass's __init__ (the dataclass's) takes them. Their tp_new is object's, so that
+ * object.__new__(Message) stays valid (Message._trusted's Python path, copy, pickle). */
+
+#define MESSAGE_MEMBER(name, doc) \
+    {#name, Py_T_OBJECT_EX, offsetof(MessageFieldsObject, name), 0, doc},
+
+static PyMemberDef message_fields_members[] = {
+    MESSAGE_MEMBER(message_id, NULL)
+    MESSAGE_MEMBER(sender, NULL)
+    MESSAGE_MEMBER(receiver, NULL)
+    MESSAGE_MEMBER(intent, NULL)
+    MESSAGE_MEMBER(protocol, NULL)
+    MESSAGE_MEMBER(conversation_id, NULL)
+    MESSAGE_MEMBER(in_reply_to, NULL)
+    MESSAGE_MEMBER(reply_by, NULL)
+    MESSAGE_MEMBER(timestamp, NULL)
+    MESSAGE_MEMBER(body, NULL)
+    MESSAGE_MEMBER(signature, NULL)
+    {NULL, 0, 0, 0, NULL},
+};
+static_assert(sizeof(message_fields_members) / sizeof(PyMemberDef) ==
+              CBCL_MESSAGE_FIELDS + 1, "one member per field");
+
+static int
+message_fields_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    MessageFieldsObject *m = (MessageFieldsObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(m->message_id);
+    Py_VISIT(m->sender);
+    Py_VISIT(m->receiver);
+    Py_VISIT(m->intent);
+    Py_VISIT(m->protocol);
+    Py_VISIT(m->conversation_id);
+    Py_VISIT(m->in_reply_to);
+    Py_VISIT(m->reply_by);
+    Py_VISIT(m->timestamp);
+    Py_VISIT(m->body);
+    Py_VISIT(m->signature);
+    return 0;
+}
+
+static int
+message_fields_clear(PyObject *self)
+{
+    MessageFieldsObject *m = (MessageFieldsObject *)self;
+    Py_CLEAR(m->message_id);
+    Py_CLEAR(m->sender);
+    Py_CLEAR(m->receiver);
+    Py_CLEAR(m->intent);
+    Py_CLEAR(m->protocol);
+    Py_CLEAR(m->conversation_id);
+    Py_CLEAR(m->in_reply_to);
+    Py_CLEAR(m->reply_by);
+    Py_CLEAR(m->timestamp);
+    Py_CLEAR(m->body);
+    Py_CLEAR(m->signature);
+    return 0;
+}
+
+/* (a subclass's instance comes here through subtype_dealloc, which leaves the type's
+ * reference to the first heap type's dealloc: this one) */
+static void
+message_fields_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    message_fields_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyType_Slot message_fields_slots[] = {
+    {Py_tp_doc, "The storage of cbcl.protocol._message.Message: its fields as named members "
+                "(cbcl/_native_src/native.h)."},
+    {Py_tp_traverse, message_fields_traverse},
+    {Py_tp_clear, message_fields_clear},
+    {Py_tp_dealloc, message_fields_dealloc},
+    {Py_tp_members, message_fields_members},
+    {0, NULL},
+};
+
+static PyType_Spec message_fields_spec = {
+    .name = "cbcl._native.MessageFields",
+    .basicsize = sizeof(MessageFieldsObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = message_fields_slots,
+};
+
+static PyMemberDef signature_fields_members[] = {
+    {"key_id", Py_T_OBJECT_EX, offsetof(SignatureFieldsObject, key_id), 0, NULL},
+    {"value", Py_T_OBJECT_EX, offsetof(SignatureFieldsObject, value), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int
+signature_fields_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((SignatureFieldsObject *)self)->key_id);
+    Py_VISIT(((SignatureFieldsObject *)self)->value);
+    return 0;
+}
+
+static int
+signature_fields_clear(PyObject *self)
+{
+    Py_CLEAR(((SignatureFieldsObject *)self)->key_id);
+    Py_CLEAR(((SignatureFieldsObject *)self)->value);
+    return 0;
+}
+
+static void
+signature_fields_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    signature_fields_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyType_Slot signature_fields_slots[] = {
+    {Py_tp_doc, "The storage of cbcl.protocol._message.Signature: its two fields as named "
+                "members (cbcl/_native_src/native.h)."},
+    {Py_tp_traverse, signature_fields_traverse},
+    {Py_tp_clear, signature_fields_clear},
+    {Py_tp_dealloc, signature_fields_dealloc},
+    {Py_tp_members, signature_fields_members},
+    {0, NULL},
+};
+
+static PyType_Spec signature_fields_spec = {
+    .name = "cbcl._native.SignatureFields",
+    .basicsize = sizeof(SignatureFieldsObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = signature_fields_slots,
+};
+
+PyObject *
+cbcl_message_new(PyTypeObject *type, PyObject *const *values)
+{
+    /* (zeroed, tracked, and holding its heap type) */
+    MessageFieldsObject *m = (MessageFieldsObject *)type->tp_alloc(type, 0);
+    if (m == NULL)
+        return NULL;
+    PyObject **const f[CBCL_MESSAGE_FIELDS] = {
+        &m->message_id, &m->sender, &m->receiver, &m->intent, &m->protocol,
+        &m->conversation_id, &m->in_reply_to, &m->reply_by, &m->timestamp, &m->body,
+        &m->signature};
+    for (int i = 0; i < CBCL_MESSAGE_FIELDS; i++)
+        *f[i] = Py_NewRef(values[i] != NULL ? values[i] : Py_None);
+    return (PyObject *)m;
+}
+
+PyObject *
+cbcl_signature_new(PyTypeObject *type, PyObject *key_id, PyObject *value)
+{
+    SignatureFieldsObject *s = (SignatureFieldsObject *)type->tp_alloc(type, 0);
+    if (s == NULL)
+        return NULL;
+    s->key_id = Py_NewRef(key_id);
+    s->value = Py_NewRef(value);
+    return (PyObject *)s;
 }
 
 /* ------------------------------------------------------------------------- the module */
@@ -310,6 +490,18 @@ native_exec(PyObject *module)
     st->method_entry_type = (PyTypeObject *)type; /* (strong: the state's) */
     if (PyModule_AddObjectRef(module, "MethodEntry", type) < 0)
         return -1;
+    type = PyType_FromModuleAndSpec(module, &message_fields_spec, NULL);
+    if (type == NULL)
+        return -1;
+    st->message_fields_type = (PyTypeObject *)type;
+    if (PyModule_AddObjectRef(module, "MessageFields", type) < 0)
+        return -1;
+    type = PyType_FromModuleAndSpec(module, &signature_fields_spec, NULL);
+    if (type == NULL)
+        return -1;
+    st->signature_fields_type = (PyTypeObject *)type;
+    if (PyModule_AddObjectRef(module, "SignatureFields", type) < 0)
+        return -1;
     if (PyModule_AddFunctions(module, native_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_scanner_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_speedups_methods) < 0 ||
@@ -329,6 +521,8 @@ native_traverse(PyObject *module, visitproc visit, void *arg)
     if (st == NULL)
         return 0;
     Py_VISIT(st->method_entry_type);
+    Py_VISIT(st->message_fields_type);
+    Py_VISIT(st->signature_fields_type);
     int r;
     if ((r = cbcl_scanner_traverse(st, visit, arg)) != 0 ||
             (r = cbcl_speedups_traverse(st, visit, arg)) != 0 ||
@@ -348,6 +542,8 @@ native_clear(PyObject *module)
     cbcl_speedups_clear(st);
     cbcl_scanner_clear(st);
     Py_CLEAR(st->method_entry_type);
+    Py_CLEAR(st->message_fields_type);
+    Py_CLEAR(st->signature_fields_type);
     return 0;
 }
 

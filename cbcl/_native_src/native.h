@@ -72,6 +72,51 @@ entry_fallback(const CEntry *e)
     return e->fallback;
 }
 
+/* cbcl._native.MessageFields and SignatureFields (module.c): the storage of
+ * cbcl.protocol._message.Message and Signature, dataclasses over these C types. Each field
+ * is a named member of the struct (a PyMemberDef of the type, read and written by name
+ * from Python, NULL while unset), so the C writers and readers take a Message's fields
+ * from, and give them to, its own struct, no descriptor in between. setup_message()
+ * registers the Message and Signature classes once it has checked they add nothing to this
+ * layout (the same tp_basicsize, no __dict__): the walks then serve their exact instances. */
+typedef struct {
+    PyObject_HEAD
+    /* the envelope's fields in grammar order (strong references; NULL: unset) */
+    PyObject *message_id, *sender, *receiver, *intent, *protocol, *conversation_id,
+        *in_reply_to, *reply_by, *timestamp, *body, *signature;
+} MessageFieldsObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key_id, *value; /* strong references; NULL: unset */
+} SignatureFieldsObject;
+
+/* The fields of `o` (a MessageFields instance) in grammar order, as new references in
+ * out[0..CBCL_MESSAGE_FIELDS): 1, or 0 (nothing kept) if one is unset. */
+static inline int
+message_fields_get(PyObject *o, PyObject **out)
+{
+    MessageFieldsObject *m = (MessageFieldsObject *)o;
+    PyObject *const f[CBCL_MESSAGE_FIELDS] = {
+        m->message_id, m->sender, m->receiver, m->intent, m->protocol, m->conversation_id,
+        m->in_reply_to, m->reply_by, m->timestamp, m->body, m->signature};
+    for (int i = 0; i < CBCL_MESSAGE_FIELDS; i++)
+        if (f[i] == NULL)
+            return 0;
+    for (int i = 0; i < CBCL_MESSAGE_FIELDS; i++)
+        out[i] = Py_NewRef(f[i]);
+    return 1;
+}
+
+/* A new instance of `type` (a registered Message class: setup_message() checked its
+ * layout) given the fields `values`, in grammar order (NULL: None): a new reference, or
+ * NULL with an exception. No __init__ runs: the caller has checked the fields. */
+CBCL_INTERNAL PyObject *cbcl_message_new(PyTypeObject *type, PyObject *const *values);
+
+/* A new instance of `type` (a registered Signature class) given key_id and value. */
+CBCL_INTERNAL PyObject *cbcl_signature_new(PyTypeObject *type, PyObject *key_id,
+                                           PyObject *value);
+
 /* cstack.h's: the types of the values the readers make, and its Decimal layout check. */
 typedef struct {
     PyTypeObject *inert[3]; /* cbcl.core._values' Symbol, Keyword, URI (strong) */
@@ -80,9 +125,21 @@ typedef struct {
     int untrackable;        /* 1: a Decimal visits only its type (may be untracked) */
 } ValueTypes;
 
-/* scanner.c's: the token memo in front of the reader's token cache. */
+/* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._reader's
+ * _SYMBOLS and _KEYWORDS, the names pinned in them, their bound, and the bounds of the
+ * reader's token cache), so that a name never seen before is interned here, without a call
+ * into Python (cbcl_intern_name). `symbols` NULL: not set up (make_atom is called). */
+typedef struct {
+    PyObject *symbols, *keywords, *pinned_symbols, *pinned_keywords; /* dicts (strong) */
+    Py_ssize_t max_names;   /* _INTERN_MAX: a table this full is emptied to its pinned */
+    Py_ssize_t cache_chars; /* _CACHED_CHARS: the longest token the token cache keeps */
+    Py_ssize_t cache_max;   /* _CACHE_MAX: a token cache this full is emptied */
+} InternTables;
+
+/* scanner.c's: the token memo in front of the reader's token cache, the intern tables. */
 typedef struct {
     MemoSlot memo[CBCL_MEMO_SLOTS];
+    InternTables intern;
 } ScannerState;
 
 /* speedups.c's. */
@@ -94,10 +151,9 @@ typedef struct {
     PyTypeObject *frame_state_type; /* cbcl._native.FrameState, this module's */
     /* the decoder's atom memo in front of its own caches */
     MemoSlot atom_memo[CBCL_MEMO_SLOTS];
-    /* new_with_attributes' last type and attribute tuple and their member descriptors;
-     * slots_names_also: another tuple of the same names, met since (both callers hit) */
-    PyTypeObject *slots_type;
-    PyObject *slots_names, *slots_names_also, *slot_members[CBCL_MESSAGE_FIELDS];
+    /* the last two tuples of attribute names new_with_attributes found to be a Message's
+     * fields in grammar order (strong references, or NULL) */
+    PyObject *grammar_names, *grammar_names_also;
     /* cbcl.protocol._schema._Pairs and its `packed` member descriptor, once met */
     PyTypeObject *pairs_type;
     PyObject *pairs_packed;
@@ -124,15 +180,15 @@ typedef struct {
     long c_lpar, c_rpar, c_integer, c_decimal, c_symbol, c_keyword, c_uri, c_first;
     int decimal_layout; /* 1: a Decimal's mpd_t is read directly */
     PyTypeObject *message, *signature, *registry;
-    PyObject *field_members[CBCL_MESSAGE_FIELDS], *signature_members[2];
     PyObject *text_names, *text_intents, *frame_intents;
     long frame_bits[CBCL_FRAME_BITS];
     char field_prefix[CBCL_MESSAGE_FIELDS][CBCL_FIELD_PREFIX_MAX];
     Py_ssize_t field_prefix_length[CBCL_MESSAGE_FIELDS];
     PyObject *s_protocols; /* "_protocols_by_id" */
     CEntry canonical_entry, encode_entry;
-    /* the member descriptors of Encoder's validate, registry, _tables, _registry_protocols */
-    PyObject *encoder_members[4];
+    /* cbcl._native.EncoderFields (this module's), and the class encode_entry was bound in
+     * where it is over EncoderFields (encoder_bind; NULL: every call falls back) */
+    PyTypeObject *encoder_fields_type, *encoder_type;
 } EncodersState;
 
 /* The module's state (PyModuleDef.m_size): one per module object, so one per interpreter
@@ -142,6 +198,8 @@ typedef struct {
 struct NativeState {
     int ready;                      /* 1 from the end of native_exec to m_clear */
     PyTypeObject *method_entry_type; /* cbcl._native.MethodEntry, this module's */
+    /* cbcl._native.MessageFields and SignatureFields, this module's (module.c) */
+    PyTypeObject *message_fields_type, *signature_fields_type;
     ValueTypes values;
     ScannerState scanner;
     SpeedupsState speedups;
@@ -189,6 +247,13 @@ CBCL_INTERNAL void cbcl_encoders_clear(NativeState *st);
     do { Py_VISIT((e).fallback); Py_VISIT((e).doc); } while (0)
 #define CBCL_CLEAR_ENTRY(e) \
     do { (e).def.ml_doc = NULL; Py_CLEAR((e).fallback); Py_CLEAR((e).doc); } while (0)
+
+/* The interned Symbol (keyword 0) or Keyword (keyword 1) named `name` (an exact str, a
+ * valid name: not checked), made and entered in the reader's intern table on a miss, as
+ * cbcl.core._reader.intern_symbol/intern_keyword do: a new reference; Py_None (new
+ * reference) where setup_intern has not run, to call the Python twin instead; NULL with
+ * an exception. */
+CBCL_INTERNAL PyObject *cbcl_intern_name(NativeState *st, int keyword, PyObject *name);
 
 /* The scanner's reader of one value (scanner.c's read_value, its arguments checked: text
  * a str, cache a dict, utf8 the text's UTF-8 as bytes or Py_None): the value at character

@@ -27,12 +27,16 @@
  * Strings are checked and unescaped here, byte by byte, their UTF-8 size measured exactly
  * (so a long string or an escape is read in place, never a reason to decline). Integers
  * are read here, range-checked against int64. Every other atom's run is looked up in
- * `cache`, the reader's token cache (token text -> atom, every entry valid); a miss calls
- * `make_atom(token, max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions,
- * which makes the atom, remembers it, or returns None). So which runs are atoms, and what
- * atom each is, has one definition, in Python; only integers, strings, whitespace and
- * comments are judged here, by C mirrors of TOKEN's rules that tests/test_scanner.py and
- * tests/fuzz/fuzz_scanner.py hold to the Python reference.
+ * `cache`, the reader's token cache (token text -> atom, every entry valid). A miss on an
+ * ASCII keyword, symbol or URI (new names: agents invent them all the time, and a peer can
+ * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
+ * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
+ * (cbcl_intern_name, their bound kept) and the token remembered in `cache` as
+ * cbcl.core._reader._atom remembers it; every other miss calls `make_atom(token,
+ * max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions, which makes
+ * the atom, remembers it, or returns None). Python's rules stay the definition: the C
+ * mirrors are held to them by tests/test_scanner.py, tests/test_intern_native.py and
+ * tests/fuzz/fuzz_scanner.py.
  */
 #include "cstack.h"
 #include "native.h"
@@ -309,6 +313,188 @@ chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
     return count;
 }
 
+/* ---------------------------------------------------------------- new names, in C
+ *
+ * The reader's rules for names (cbcl.core._vocabulary): NAME_START [A-Za-z+-*\/<>=!?_.],
+ * NAME_REST adds [0-9@%&]; a SYMBOL is a NAME that does not start like a number
+ * (NUMBERLIKE: [+-]?\.?[0-9]); a keyword is ':' NAME; a URI is [a-z][a-z0-9+.-]* "://"
+ * and at least one character URI_REST_EXCLUDES does not hold (here: ASCII only, so every
+ * byte above space but DEL, '(', ')', '"' and ';'; a run holding other bytes is left to
+ * make_atom). */
+static int
+name_start(unsigned char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '+' || c == '-' ||
+           c == '*' || c == '/' || c == '<' || c == '>' || c == '=' || c == '!' ||
+           c == '?' || c == '_' || c == '.';
+}
+
+static int
+name_rest(unsigned char c)
+{
+    return name_start(c) || (c >= '0' && c <= '9') || c == '@' || c == '%' || c == '&';
+}
+
+/* Whether p[i:k] (k > i) is a NAME. */
+static int
+is_name(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
+{
+    if (!name_start(p[i]))
+        return 0;
+    for (Py_ssize_t j = i + 1; j < k; j++)
+        if (!name_rest(p[j]))
+            return 0;
+    return 1;
+}
+
+/* Whether p[i:k] starts like a number (NUMBERLIKE). */
+static int
+numberlike(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
+{
+    if (i < k && (p[i] == '+' || p[i] == '-'))
+        i++;
+    if (i < k && p[i] == '.')
+        i++;
+    return i < k && p[i] >= '0' && p[i] <= '9';
+}
+
+/* Whether the ASCII p[i:k] is a URI. */
+static int
+is_ascii_uri(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
+{
+    if (i >= k || p[i] < 'a' || p[i] > 'z')
+        return 0;
+    Py_ssize_t j = i + 1;
+    while (j < k && ((p[j] >= 'a' && p[j] <= 'z') || (p[j] >= '0' && p[j] <= '9') ||
+                     p[j] == '+' || p[j] == '.' || p[j] == '-'))
+        j++;
+    if (k - j < 4 || p[j] != ':' || p[j + 1] != '/' || p[j + 2] != '/')
+        return 0;
+    for (j += 3; j < k; j++)
+        if (p[j] <= 0x20 || p[j] >= 0x7f || p[j] == '(' || p[j] == ')' || p[j] == '"' ||
+            p[j] == ';')
+            return 0;
+    return 1;
+}
+
+PyObject *
+cbcl_intern_name(NativeState *st, int keyword, PyObject *name)
+{
+    InternTables *t = &st->scanner.intern;
+    if (t->symbols == NULL)
+        Py_RETURN_NONE;
+    PyObject *table = keyword ? t->keywords : t->symbols;
+    PyObject *value = PyDict_GetItemWithError(table, name);
+    if (value != NULL)
+        return Py_NewRef(value);
+    if (PyErr_Occurred())
+        return NULL;
+    /* str.__new__(Symbol, name), as cbcl.core._reader._intern makes it */
+    PyObject *args = PyTuple_Pack(1, name);
+    if (args == NULL)
+        return NULL;
+    value = PyUnicode_Type.tp_new(st->values.inert[keyword ? 1 : 0], args, NULL);
+    Py_DECREF(args);
+    if (value == NULL)
+        return NULL;
+    /* An atom refers to its type only: in no cycle, so never worth a collector's walk (as
+     * CPython untracks a tuple of atoms). Reading a body of new names then sets off no
+     * collection that walks them. */
+    if (PyObject_GC_IsTracked(value))
+        PyObject_GC_UnTrack(value);
+    if (PyDict_GET_SIZE(table) >= t->max_names) { /* full: emptied down to its pinned */
+        PyDict_Clear(table);
+        if (PyDict_Update(table, keyword ? t->pinned_keywords : t->pinned_symbols) < 0) {
+            Py_DECREF(value);
+            return NULL;
+        }
+    }
+    if (PyDict_SetItem(table, name, value) < 0) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    return value;
+}
+
+/* The atom of the ASCII run p[i:k] (the str `token`) if it is a keyword, a symbol or a
+ * URI, made here and remembered in `cache` as cbcl.core._reader._atom does: 1 with *out
+ * (a new reference); 0 to leave it to make_atom (another atom, an error, or the intern
+ * tables not set up); -1 with an exception. The caller has checked the name limit. */
+static int
+new_name_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k,
+              PyObject *token, PyObject *cache, PyObject **out)
+{
+    InternTables *t = &st->scanner.intern;
+    PyObject *value;
+    if (t->symbols == NULL)
+        return 0;
+    if (p[i] == ':') {
+        if (k - i < 2 || !is_name(p, i + 1, k))
+            return 0;
+        PyObject *name = PyUnicode_Substring(token, 1, k - i);
+        if (name == NULL)
+            return -1;
+        value = cbcl_intern_name(st, 1, name);
+        Py_DECREF(name);
+    } else if (is_name(p, i, k)) {
+        if (numberlike(p, i, k))
+            return 0;
+        value = cbcl_intern_name(st, 0, token);
+    } else if (is_ascii_uri(p, i, k)) {
+        PyObject *args = PyTuple_Pack(1, token);
+        if (args == NULL)
+            return -1;
+        value = PyUnicode_Type.tp_new(st->values.inert[2], args, NULL); /* _new(URI, …) */
+        Py_DECREF(args);
+        if (value != NULL && PyObject_GC_IsTracked(value))
+            PyObject_GC_UnTrack(value); /* (as a name: it refers to its type only) */
+    } else {
+        return 0;
+    }
+    if (value == NULL)
+        return -1;
+    if (k - i <= t->cache_chars) {
+        if (PyDict_GET_SIZE(cache) >= t->cache_max)
+            PyDict_Clear(cache);
+        if (PyDict_SetItem(cache, token, value) < 0) {
+            Py_DECREF(value);
+            return -1;
+        }
+    }
+    *out = value;
+    return 1;
+}
+
+/* setup_intern(symbols, keywords, pinned_symbols, pinned_keywords, max_names, cache_chars,
+ * cache_max) -> None: the reader's intern tables and bounds (cbcl.core._reader), kept in
+ * the module's state for cbcl_intern_name and the reader's new names. */
+static PyObject *
+setup_intern(PyObject *module, PyObject *args)
+{
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    PyObject *tables[4];
+    Py_ssize_t max_names, cache_chars, cache_max;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!nnn", &PyDict_Type, &tables[0], &PyDict_Type,
+                          &tables[1], &PyDict_Type, &tables[2], &PyDict_Type, &tables[3],
+                          &max_names, &cache_chars, &cache_max))
+        return NULL;
+    if (max_names < 1 || cache_chars < 0 || cache_max < 1) {
+        PyErr_SetString(PyExc_ValueError, "setup_intern: the bounds must be positive");
+        return NULL;
+    }
+    InternTables *t = &st->scanner.intern;
+    Py_XSETREF(t->symbols, Py_NewRef(tables[0]));
+    Py_XSETREF(t->keywords, Py_NewRef(tables[1]));
+    Py_XSETREF(t->pinned_symbols, Py_NewRef(tables[2]));
+    Py_XSETREF(t->pinned_keywords, Py_NewRef(tables[3]));
+    t->max_names = max_names;
+    t->cache_chars = cache_chars;
+    t->cache_max = cache_max;
+    Py_RETURN_NONE;
+}
+
 /* The scanner's own memo of atoms by their token's bytes, in front of `cache`
  * (MemoSlot, native.h; st->scanner.memo, in the module's state): direct-mapped,
  * MEMO_SLOTS slots of ASCII tokens of at most MEMO_CHARS characters, each holding the
@@ -357,7 +543,11 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
     if (value != NULL) {
         Py_INCREF(value);
     } else if (!PyErr_Occurred()) {
-        value = PyObject_CallFunction(make_atom, "On", token, max_name);
+        int made = ascii ? new_name_atom(st, p, i, k, token, cache, &value) : 0;
+        if (made < 0)
+            value = NULL;
+        else if (made == 0)
+            value = PyObject_CallFunction(make_atom, "On", token, max_name);
     }
     if (slot != NULL && value != NULL && value != Py_None)
         memo_keep(slot, 0, token, value);
@@ -527,6 +717,10 @@ PyMethodDef cbcl_scanner_methods[] = {
      "decimal_layout_holds(type, /) -> (bool, bool): whether the Decimal layout check of "
      "cbcl/_native_src/cstack.h holds for type, and whether its objects may be untracked "
      "(for the tests)."},
+    {"setup_intern", setup_intern, METH_VARARGS,
+     "setup_intern(symbols, keywords, pinned_symbols, pinned_keywords, max_names, "
+     "cache_chars, cache_max) -> None: the reader's intern tables and bounds, so new names "
+     "are interned without a call into Python."},
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
      "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "
@@ -552,6 +746,10 @@ cbcl_scanner_traverse(NativeState *st, visitproc visit, void *arg)
         Py_VISIT(st->scanner.memo[k].key);
         Py_VISIT(st->scanner.memo[k].value);
     }
+    Py_VISIT(st->scanner.intern.symbols);
+    Py_VISIT(st->scanner.intern.keywords);
+    Py_VISIT(st->scanner.intern.pinned_symbols);
+    Py_VISIT(st->scanner.intern.pinned_keywords);
     return 0;
 }
 
@@ -562,6 +760,10 @@ cbcl_scanner_clear(NativeState *st)
         Py_CLEAR(st->scanner.memo[k].key);
         Py_CLEAR(st->scanner.memo[k].value);
     }
+    Py_CLEAR(st->scanner.intern.symbols);
+    Py_CLEAR(st->scanner.intern.keywords);
+    Py_CLEAR(st->scanner.intern.pinned_symbols);
+    Py_CLEAR(st->scanner.intern.pinned_keywords);
     for (int k = 0; k < 3; k++)
         Py_CLEAR(st->values.inert[k]);
     Py_CLEAR(st->values.decimal);

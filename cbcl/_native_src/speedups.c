@@ -37,7 +37,9 @@
  * recursion) and stepping the protocol's StackAutomaton (cbcl/grammar/_automaton.py): a node is
  * a dict, a transition a lookup, a missing one a call of automaton.step. The current node
  * is always held by a strong reference: step may flush the automaton, after which only
- * the walk keeps its nodes alive. An atom written in full is looked up in its kind's
+ * the walk keeps its nodes alive. The recogniser's nodes carry no keyword set's mask: a
+ * walk (build_body's, recognise's) keeps the masks of the sets under way (SetFrames) and
+ * applies the set operations a transition carries (advance, apply_set_ops). An atom written in full is looked up in its kind's
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
  * decimals). A miss is validated here, by C mirrors of cbcl/core/_vocabulary.py's rules
  * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
@@ -50,12 +52,15 @@
  * (cbcl.binary._codec._Memos), passed with each call: the module's state (native.h's
  * SpeedupsState, one per module object) keeps no more than its interned strings, the
  * types it makes (cbcl.core._values' atoms, Decimal: cstack.h's ValueTypes), the atom
- * memo, the member descriptors of the slots it reads and writes (entry.h) and what the
- * entries were given; each function is handed that state (`st`), never a global.
+ * memo, the member descriptors of the slots it reads (entry.h) and what the entries were
+ * given; each function is handed that state (`st`), never a global.
  *
  * The Python side hands its state over as C types with named fields or as the public
  * callables it would call itself: a decoder's FrameState, the registry's protocols
- * through Registry._protocols_by_id(), a slot through its class's member descriptor.
+ * through Registry._protocols_by_id(), a slot through its class's member descriptor. The
+ * Messages and Signatures it makes are the registered classes over MessageFields and
+ * SignatureFields (native.h), their structs filled directly (no __init__ runs: the
+ * envelope's checks are the ones it would make).
  */
 #include "cstack.h"
 #include "entry.h"
@@ -67,8 +72,8 @@ static_assert(FIRST_ENTRY == CBCL_TOKEN_CODES, "the state's s_kinds: one per tok
 
 /* The section's state (native.h's SpeedupsState, st->speedups) holds the interned token
  * classes (s_lpar ... s_kinds[code]) the automaton's transitions are keyed by, the
- * attribute names read, the FrameState type, the atom memo, the slots new_with_attributes
- * and packed_of found, and the entries with what their *_entry functions gave them. Every
+ * attribute names read, the FrameState type, the atom memo, the attribute tuples
+ * new_with_attributes found in grammar order, the _Pairs slot packed_of found, and the entries with what their *_entry functions gave them. Every
  * function that reads it is given the module's state `st`. */
 
 /* ------------------------------------------------------------------------- unpack */
@@ -229,29 +234,148 @@ transition(PyObject *node, PyObject *cls, PyObject *step)
     return PyObject_CallFunctionObjArgs(step, node, cls, NULL);
 }
 
+/* The masks of the keyword sets under way in one walk, innermost last: the walker's side of
+ * a StackAutomaton made with walker_masks (cbcl/grammar/_automaton.py), whose nodes carry
+ * no masks and whose transitions that pass a set's state carry its set operations. */
+typedef struct {
+    unsigned long long *masks;
+    Py_ssize_t depth, capacity;
+    unsigned long long inline_masks[16];
+} SetFrames;
+
+static inline void
+set_frames_init(SetFrames *f)
+{
+    f->masks = f->inline_masks;
+    f->depth = 0;
+    f->capacity = 16;
+}
+
+static inline void
+set_frames_free(SetFrames *f)
+{
+    if (f->masks != f->inline_masks)
+        PyMem_Free(f->masks);
+    f->masks = f->inline_masks;
+    f->depth = 0;
+}
+
+enum { SET_OPEN = 0, SET_MEMBER = 1, SET_CLOSE = 2 };
+
+/* Apply a transition's set operations (a tuple of ints, cbcl.grammar._automaton.set_op) to
+ * `f`, as cbcl.grammar._automaton.apply_set_ops does: 1, 0 where the kernel refuses (a member
+ * given twice, a set ended without a required member), -1 with an exception. */
+static int
+apply_set_ops(SetFrames *f, PyObject *ops)
+{
+    if (!PyTuple_CheckExact(ops)) {
+        PyErr_SetString(PyExc_TypeError, "a transition's set operations must be a tuple");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(ops); k++) {
+        unsigned long long op = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ops, k));
+        if (op == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        unsigned long long mask = op >> 2;
+        int kind = (int)(op & 3);
+        if (kind == SET_OPEN) {
+            if (f->depth == f->capacity) {
+                Py_ssize_t more = 2 * f->capacity;
+                unsigned long long *grown = f->masks == f->inline_masks ?
+                    PyMem_Malloc((size_t)more * sizeof *grown) :
+                    PyMem_Realloc(f->masks, (size_t)more * sizeof *grown);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                if (f->masks == f->inline_masks)
+                    memcpy(grown, f->inline_masks, sizeof f->inline_masks);
+                f->masks = grown;
+                f->capacity = more;
+            }
+            f->masks[f->depth++] = 0;
+            continue;
+        }
+        if (f->depth == 0) {
+            PyErr_SetString(PyExc_ValueError, "a keyword set's operation with no set under way");
+            return -1;
+        }
+        if (kind == SET_MEMBER) {
+            if (f->masks[f->depth - 1] & mask)
+                return 0; /* given twice */
+            f->masks[f->depth - 1] |= mask;
+        } else if (mask & ~f->masks[--f->depth]) {
+            return 0; /* the set ends without a required member */
+        }
+    }
+    return 1;
+}
+
 /* Replace the strong reference *node by the node `cls` leads to: 1 on success, 0 if the
- * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. */
+ * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. A transition
+ * with set operations ((next, ops); (next, whole, ops) for LPAR) applies them to `frames`. */
 static inline int
-advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole)
+advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole,
+        SetFrames *frames)
 {
     PyObject *next = transition(*node, cls, step);
     if (next == NULL)
         return -1;
+    PyObject *ops = NULL;
     if (whole != NULL) {
-        if (!PyTuple_CheckExact(next) || PyTuple_GET_SIZE(next) != 2) {
+        if (!PyTuple_CheckExact(next) ||
+                (PyTuple_GET_SIZE(next) != 2 && PyTuple_GET_SIZE(next) != 3)) {
             Py_DECREF(next);
-            PyErr_SetString(PyExc_TypeError, "an LPAR transition must be (node, whole)");
+            PyErr_SetString(PyExc_TypeError, "an LPAR transition must be (node, whole[, ops])");
             return -1;
         }
-        PyObject *target = PyTuple_GET_ITEM(next, 0);
         *whole = PyTuple_GET_ITEM(next, 1) == Py_True;
-        Py_INCREF(target);
+        if (PyTuple_GET_SIZE(next) == 3)
+            ops = PyTuple_GET_ITEM(next, 2);
+    } else if (PyTuple_CheckExact(next)) {
+        if (PyTuple_GET_SIZE(next) != 2) {
+            Py_DECREF(next);
+            PyErr_SetString(PyExc_TypeError, "a transition with set operations must be "
+                                             "(node, ops)");
+            return -1;
+        }
+        ops = PyTuple_GET_ITEM(next, 1);
+    }
+    if (whole != NULL || ops != NULL) {
+        PyObject *target = Py_NewRef(PyTuple_GET_ITEM(next, 0));
+        if (ops != NULL && target != refused) {
+            int ok = apply_set_ops(frames, ops);
+            if (ok <= 0) {
+                Py_DECREF(target);
+                Py_DECREF(next);
+                return ok;
+            }
+        }
         Py_DECREF(next);
         next = target;
     }
     Py_DECREF(*node);
     *node = next;
     return next == refused ? 0 : 1;
+}
+
+/* Whether `$END` completes the walk at `node`: 1, 0, -1 with an exception (a transition
+ * with set operations applies them to `frames` first). */
+static int
+ends(PyObject *node, PyObject *end_class, PyObject *step, PyObject *accept, SetFrames *frames)
+{
+    PyObject *end = transition(node, end_class, step);
+    if (end == NULL)
+        return -1;
+    int ok;
+    if (PyTuple_CheckExact(end)) {
+        ok = PyTuple_GET_SIZE(end) == 2 && PyTuple_GET_ITEM(end, 0) == accept ?
+            apply_set_ops(frames, PyTuple_GET_ITEM(end, 1)) : 0;
+    } else {
+        ok = end == accept; /* compared by identity only */
+    }
+    Py_DECREF(end);
+    return ok;
 }
 
 /* The lexical rules of cbcl/core/_vocabulary.py, mirrored exactly (tests/test_decoder_atoms.py
@@ -394,6 +518,8 @@ remember_uri(const ValueTypes *vt, PyObject *uris, PyObject *text, Py_ssize_t en
         return NULL;
     PyObject *uri = PyUnicode_Type.tp_new(vt->inert[2], args, NULL);
     Py_DECREF(args);
+    if (uri != NULL && PyObject_GC_IsTracked(uri))
+        PyObject_GC_UnTrack(uri); /* (it refers to its type only: see cbcl_intern_name) */
     if (uri == NULL || PyUnicode_GET_LENGTH(text) > MEMO_CHARS)
         return uri;
     if (PyDict_GET_SIZE(uris) >= entries)
@@ -457,6 +583,12 @@ atom_of(NativeState *st, long code, PyObject *text, PyObject *caches, PyObject *
                           text);
     if (code == URI)
         return remember_uri(&st->values, PyTuple_GET_ITEM(caches, URI), text, entries);
+    if (code == SYMBOL || code == KEYWORD) { /* interned here, without a call into Python */
+        PyObject *name = cbcl_intern_name(st, code == KEYWORD, text);
+        if (name != Py_None)
+            return name;
+        Py_DECREF(name); /* (the tables are not set up: make_atom interns) */
+    }
     return PyObject_CallFunction(make_atom, "lO", code, text);
 }
 
@@ -595,6 +727,8 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
     PyObject *value = NULL;   /* owned */
     Stack stack = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
+    SetFrames sets;           /* the keyword sets' masks (advance) */
+    set_frames_init(&sets);
     Py_ssize_t nodes = 0;
     Py_ssize_t i = offset;
     Py_ssize_t static_count = PyTuple_GET_SIZE(entries);
@@ -660,7 +794,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     goto error;
                 if (node != NULL && !whole_at) {
                     int whole = 0;
-                    ok = advance(&node, st->speedups.s_lpar, step, refused, &whole);
+                    ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
@@ -679,7 +813,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     if (whole_at == level)
                         whole_at = 0;
                 } else if (node != NULL) {
-                    ok = advance(&node, st->speedups.s_rpar, step, refused, NULL);
+                    ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
@@ -748,7 +882,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
         if (++nodes > budget)
             goto bail;
         if (node != NULL && !whole_at) {
-            ok = advance(&node, cls, step, refused, NULL);
+            ok = advance(&node, cls, step, refused, NULL, &sets);
             if (ok < 0)
                 goto error;
             if (ok == 0)
@@ -767,11 +901,10 @@ done:
     if (i != n)
         goto bail;
     if (node != NULL) {
-        PyObject *end = transition(node, st->speedups.s_end, step);
-        if (end == NULL)
+        ok = ends(node, st->speedups.s_end, step, accept, &sets);
+        if (ok < 0)
             goto error;
-        Py_DECREF(end); /* compared by identity only */
-        if (end != accept)
+        if (ok == 0)
             goto bail;
     }
     result = value;
@@ -788,6 +921,7 @@ cleanup:
     Py_XDECREF(value);
     learned_free(&learned);
     stack_free(&stack);
+    set_frames_free(&sets);
     return result;
 }
 
@@ -979,6 +1113,8 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
 {
     PyObject *node = start; /* a strong reference (step may flush the automaton) */
     Py_INCREF(node);
+    SetFrames sets; /* the keyword sets' masks (advance) */
+    set_frames_init(&sets);
     Frame *frames = NULL;
     Py_ssize_t depth = 0, capacity = 0;
     PyObject *item = body; /* borrowed */
@@ -987,7 +1123,7 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
         if (item != NULL) {
             if (PyTuple_CheckExact(item)) {
                 int whole = 0;
-                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole);
+                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
                 if (ok <= 0)
                     goto finish;
                 if (!whole) {
@@ -1022,7 +1158,7 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
                     }
                 }
                 Py_INCREF(cls); /* the lookups' dicts may change under step */
-                ok = advance(&node, cls, step, refused, NULL);
+                ok = advance(&node, cls, step, refused, NULL, &sets);
                 Py_DECREF(cls);
                 if (ok <= 0)
                     goto finish;
@@ -1038,22 +1174,15 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
             continue;
         }
         depth--; /* the list is complete */
-        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL);
+        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
         if (ok <= 0)
             goto finish;
     }
-    {
-        PyObject *end = transition(node, st->speedups.s_end, step);
-        if (end == NULL) {
-            ok = -1;
-            goto finish;
-        }
-        Py_DECREF(end); /* compared by identity only */
-        ok = end == accept;
-    }
+    ok = ends(node, st->speedups.s_end, step, accept, &sets);
 finish:
     Py_DECREF(node);
     PyMem_Free(frames);
+    set_frames_free(&sets);
     return ok;
 }
 
@@ -1083,80 +1212,69 @@ recognise(PyObject *module, PyObject *args)
 enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 11,
        F_REQUIRED = 5 };
 
-/* An instance of `type` made without __init__ (as object.__new__ makes it), given each
- * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None) as
- * object.__setattr__ gives it, past a frozen dataclass's __setattr__: a new reference,
- * or NULL with an exception. */
-/* The member descriptors new_with_attributes last found for a type and attribute tuple
- * (st->speedups.slots_type, slots_names, slot_members: strong references, the type and
- * tuple too): the slots it writes each attribute with. */
-static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "the state's slot_members: one per field");
+static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "a Message's fields: one per field");
 
-/* Whether every attribute of `attributes` is a slot of `type` (its own member descriptor,
- * entry.h, as a slots dataclass has, frozen or not: its __setattr__ is not the
- * descriptor's), remembering their descriptors: 1 or 0 (no exception). */
+/* The attribute names of a Message's fields in grammar order (MessageFieldsObject's). */
+static const char *const MESSAGE_ATTRIBUTES[F_COUNT] = {
+    "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
+    "in_reply_to", "reply_by", "timestamp", "body", "signature"};
+
+/* Whether `attributes` (a tuple) names a Message's fields in grammar order, the order
+ * cbcl_message_new takes their values in: 1 or 0 (no exception). The last two tuples met
+ * that do are remembered (st->speedups.grammar_names, grammar_names_also: the
+ * envelope's, the frame decoder's, Message._trusted's), so that a run of calls from one
+ * caller compares no names after its first. */
 static int
-slots_found(SpeedupsState *sp, PyTypeObject *type, PyObject *attributes)
+in_grammar_order(SpeedupsState *sp, PyObject *attributes)
 {
-    Py_ssize_t count = PyTuple_GET_SIZE(attributes);
-    if (type == sp->slots_type &&
-            (attributes == sp->slots_names || attributes == sp->slots_names_also))
+    if (attributes == sp->grammar_names || attributes == sp->grammar_names_also)
         return 1;
-    if (type == sp->slots_type && count == PyTuple_GET_SIZE(sp->slots_names)) {
-        /* (another tuple of the same names: the envelope's, the frame decoder's and
-         * Message._trusted's; the last one met is remembered too, so that a run of calls
-         * from one caller compares no names after its first) */
-        Py_ssize_t k = 0;
-        for (; k < count; k++) {
-            PyObject *a = PyTuple_GET_ITEM(attributes, k);
-            PyObject *b = PyTuple_GET_ITEM(sp->slots_names, k);
-            if (a != b && (!PyUnicode_Check(a) || PyUnicode_Compare(a, b) != 0))
-                break;
-        }
-        if (k == count) { /* (PyUnicode_Compare raises nothing for two strs) */
-            Py_XSETREF(sp->slots_names_also, Py_NewRef(attributes));
-            return 1;
-        }
-    }
-    if (count > F_COUNT)
+    if (PyTuple_GET_SIZE(attributes) != F_COUNT)
         return 0;
-    PyObject *members[F_COUNT] = {NULL};
-    for (Py_ssize_t k = 0; k < count; k++) {
+    for (Py_ssize_t k = 0; k < F_COUNT; k++) {
         PyObject *name = PyTuple_GET_ITEM(attributes, k);
-        const char *text = PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
-        if (text == NULL || (members[k] = entry_member(type, text)) == NULL) {
-            PyErr_Clear();
-            for (Py_ssize_t j = 0; j < k; j++)
-                Py_DECREF(members[j]);
+        if (!PyUnicode_Check(name) ||
+                PyUnicode_CompareWithASCIIString(name, MESSAGE_ATTRIBUTES[k]) != 0)
             return 0;
-        }
     }
-    Py_XSETREF(sp->slots_type, (PyTypeObject *)Py_NewRef((PyObject *)type));
-    Py_XSETREF(sp->slots_names, Py_NewRef(attributes));
-    Py_CLEAR(sp->slots_names_also);
-    for (Py_ssize_t k = 0; k < F_COUNT; k++)
-        Py_XSETREF(sp->slot_members[k], members[k]);
+    Py_XSETREF(sp->grammar_names_also, sp->grammar_names);
+    sp->grammar_names = Py_NewRef(attributes);
     return 1;
 }
 
+/* An instance of `type` made without __init__ (as object.__new__ makes it), given each
+ * attribute of `attributes` (a tuple of names) its value in `values` (NULL: None): a new
+ * reference, or NULL with an exception. The registered Message (setup_message: a class
+ * over MessageFields) with its fields in grammar order is filled in its struct
+ * (cbcl_message_new); any other type is given each attribute as object.__setattr__ gives
+ * it, past a frozen dataclass's __setattr__. */
 static PyObject *
 new_with_attributes(NativeState *st, PyTypeObject *type, PyObject *attributes,
                     PyObject *const *values)
 {
-    SpeedupsState *sp = &st->speedups;
+    if (type == st->encoders.message && in_grammar_order(&st->speedups, attributes))
+        return cbcl_message_new(type, values);
     PyObject *made = type->tp_alloc(type, 0);
     if (made == NULL)
         return NULL;
-    int slots = slots_found(sp, type, attributes); /* (the descriptors: no lookup by name) */
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(attributes); k++) {
         PyObject *value = values[k] != NULL ? values[k] : Py_None;
-        if ((slots ? entry_put(sp->slot_members[k], made, value) :
-                     PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value)) < 0) {
+        if (PyObject_GenericSetAttr(made, PyTuple_GET_ITEM(attributes, k), value) < 0) {
             Py_DECREF(made);
             return NULL;
         }
     }
     return made;
+}
+
+/* A Signature(key_id, value) of type `signature`: filled in its struct where it is the
+ * registered one (setup_message), else by calling it. */
+static PyObject *
+new_signature(NativeState *st, PyObject *signature, PyObject *key_id, PyObject *value)
+{
+    if ((PyTypeObject *)signature == st->encoders.signature)
+        return cbcl_signature_new((PyTypeObject *)signature, key_id, value);
+    return PyObject_CallFunctionObjArgs(signature, key_id, value, NULL);
 }
 
 /* make_object(type, attributes, values) -> object: new_with_attributes, for
@@ -1231,8 +1349,7 @@ envelope_of(NativeState *st, PyObject *value, PyObject *version, PyObject *field
             if (PyTuple_GET_SIZE(field) != 3 || !PyUnicode_CheckExact(item) ||
                     !PyUnicode_CheckExact(PyTuple_GET_ITEM(field, 2)))
                 goto refused;
-            found[order] = PyObject_CallFunctionObjArgs(signature, item,
-                                                        PyTuple_GET_ITEM(field, 2), NULL);
+            found[order] = new_signature(st, signature, item, PyTuple_GET_ITEM(field, 2));
             if (found[order] == NULL)
                 goto error;
             continue;
@@ -2282,7 +2399,7 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     if (ok != 1)
         goto decline;
     if (slots[9] != NULL) {
-        signature = PyObject_CallFunctionObjArgs(d->signature, slots[9], slots[10], NULL);
+        signature = new_signature(st, d->signature, slots[9], slots[10]);
         if (signature == NULL)
             goto decline;
     }
@@ -2821,11 +2938,8 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
         Py_VISIT(sp->atom_memo[k].key);
         Py_VISIT(sp->atom_memo[k].value);
     }
-    Py_VISIT(sp->slots_type);
-    Py_VISIT(sp->slots_names);
-    Py_VISIT(sp->slots_names_also);
-    for (int k = 0; k < F_COUNT; k++)
-        Py_VISIT(sp->slot_members[k]);
+    Py_VISIT(sp->grammar_names);
+    Py_VISIT(sp->grammar_names_also);
     Py_VISIT(sp->pairs_type);
     Py_VISIT(sp->pairs_packed);
     CBCL_VISIT_ENTRY(sp->decode_entry);
@@ -2874,11 +2988,8 @@ cbcl_speedups_clear(NativeState *st)
         Py_CLEAR(sp->atom_memo[k].key);
         Py_CLEAR(sp->atom_memo[k].value);
     }
-    Py_CLEAR(sp->slots_type);
-    Py_CLEAR(sp->slots_names);
-    Py_CLEAR(sp->slots_names_also);
-    for (int k = 0; k < F_COUNT; k++)
-        Py_CLEAR(sp->slot_members[k]);
+    Py_CLEAR(sp->grammar_names);
+    Py_CLEAR(sp->grammar_names_also);
     Py_CLEAR(sp->pairs_type);
     Py_CLEAR(sp->pairs_packed);
     CBCL_CLEAR_ENTRY(sp->decode_entry);

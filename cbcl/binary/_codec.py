@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 import msgpack
 import msgpack.fallback
@@ -80,7 +80,7 @@ from ..core._vocabulary import (
     SYMBOL_RE,
     URI_RE,
 )
-from ..grammar._automaton import ACCEPT, REFUSED
+from ..grammar._automaton import ACCEPT, REFUSED, apply_set_ops
 from ..grammar._kernel import (
     ACCEPTED,
     REFUSED as REFUSED_BY_GRAMMAR,
@@ -106,11 +106,12 @@ from ..protocol._pass2 import (
     ITEM,
     Refusal,
     find_refusal,
+    recogniser_start,
     refusal_error,
-    start_node,
     start_stack,
 )
 from ..protocol._protocol import Protocol
+from ..protocol._records import record_of
 from ..protocol._registry import Registry
 from ..protocol._schema import _has_heads, check_schema
 
@@ -239,7 +240,22 @@ def _check_short_ids(short_ids: Mapping[int, str] | None) -> dict[int, str]:
 # --------------------------------------------------------------------------- encoding
 
 
-class Encoder:
+class _EncoderSlots:
+    """The pure-Python storage of what :meth:`Encoder.encode`'s C entry reads: a slot
+    each (where the extension is built, cbcl._native.EncoderFields holds them as named
+    members of its C struct, which the entry reads directly)."""
+
+    __slots__ = ("_registry_protocols", "_tables", "registry", "validate")
+
+
+# (an if, not a ternary: mypy takes the TYPE_CHECKING branch as the base class)
+if TYPE_CHECKING or _native is None:  # noqa: SIM108
+    _EncoderStorage = _EncoderSlots
+else:
+    _EncoderStorage = _native.EncoderFields
+
+
+class Encoder(_EncoderStorage):
     """Encodes messages of the protocols in ``registry`` as binary frames.
 
     ``short_ids`` maps negotiated short ids to protocol digests; a protocol with one is
@@ -254,18 +270,9 @@ class Encoder:
     optional accelerator ``cbcl._native`` (the frames and errors are the same).
     """
 
-    # (slots: Encoder.encode's C entry reads validate, registry, _tables and
-    # _registry_protocols through their member descriptors)
-    __slots__ = (
-        "__weakref__",
-        "_native",
-        "_registry_protocols",
-        "_short",
-        "_tables",
-        "limits",
-        "registry",
-        "validate",
-    )
+    # (validate, registry, _tables and _registry_protocols are the storage's, which
+    # Encoder.encode's C entry reads)
+    __slots__ = ("__weakref__", "_native", "_short", "limits")
 
     def __init__(self, registry: Registry, *, short_ids: Mapping[int, str] | None = None,
                  validate: bool = True, limits: Limits | None = None,
@@ -461,6 +468,9 @@ def _atom_tokens(item: Any, codes: dict[Value, int], append: Any) -> Iterator[An
 # --------------------------------------------------------------------------- decoding
 
 
+_R = TypeVar("_R")
+
+
 class Decoder:
     """Decodes and fully recognises binary frames of the protocols in ``registry``.
 
@@ -547,8 +557,15 @@ class Decoder:
     # Where the extension is built, decode is a C method (cbcl._native.decode_entry,
     # cbcl/_native_src/entry.h): a frame of exact bytes with a frame state is
     # decode_frame's, any other call, or a frame it declines, this method's.
+    @overload
+    def decode(self, data: bytes | bytearray | memoryview, *, type: None = None) -> Message: ...
+    @overload
+    def decode(self, data: bytes | bytearray | memoryview, *, type: type[_R]) -> _R: ...
+    @overload
+    def decode(self, data: bytes | bytearray | memoryview, *, type: Any) -> Any: ...
+
     @entry(None if _native is None else _native.decode_entry, _verify_signed, method=True)
-    def decode(self, data: bytes | bytearray | memoryview) -> Message:
+    def decode(self, data: bytes | bytearray | memoryview, *, type: Any = None) -> Any:
         """Decode one frame (without its stream length prefix) and recognise it.
 
         Raises :class:`MalformedError` for a broken frame (:class:`EnvelopeError` for
@@ -559,7 +576,14 @@ class Decoder:
         constraints, spec/conversations.md §5),
         :class:`TrustError` for a bad or missing required message signature, and
         ``TypeError`` for input that is not bytes.
+
+        With ``type=`` a :class:`cbcl.Record` class (or ``A | B``), the message's body is
+        returned as an instance of it (:func:`cbcl.descriptor.record_of`: :class:`SchemaError` for a
+        body that is not the class's).
         """
+        if type is not None:  # the message as without type= (the C entry's call), converted
+            message = self.decode(data)
+            return record_of(message, type, self.registry.get(message.protocol))
         # (the C entry standing in for this method has tried cbcl._native.decode_frame on
         # a frame of exact bytes where there is a frame state: this is reached when it
         # declined, and _decode_tiers decides the frame without trying it again)
@@ -1462,8 +1486,8 @@ def _fast_body(table: SymbolTable, tokens: list[Any], index: int, limits: Limits
     and the grammar is the protocol's :class:`StackAutomaton`, one lookup a token."""
     if nodes + len(tokens) - index > limits.max_nodes:  # a token is at most one node
         return None
-    automaton = table.protocol.automaton
-    start = start_node(table.protocol, governed) if governed is not None else None
+    automaton = table.protocol.recogniser
+    start = recogniser_start(table.protocol, governed) if governed is not None else None
     if start is REFUSED:
         return None
     if memos is None:
@@ -1480,12 +1504,12 @@ def _fast_body_at(table: SymbolTable, data: bytes, offset: int, limits: Limits,
                   build_body: Any) -> Value | None:
     """:func:`_fast_body` for the body whose tokens are ``data[offset:]``, read from the
     bytes by ``build_body`` (``cbcl._native``'s, which counts the nodes itself)."""
-    start = start_node(table.protocol, governed) if governed is not None else None
+    start = recogniser_start(table.protocol, governed) if governed is not None else None
     if start is REFUSED:
         return None
     value: Value | None = build_body(
         data, offset, table.entry_list, table.codes, memos.caches, memos.keep, start,
-        table.protocol.automaton.step, limits.max_depth - 2,  # envelope, (body …) open
+        table.protocol.recogniser.step, limits.max_depth - 2,  # envelope, (body …) open
         limits.max_list_items, limits.max_string_bytes, limits.max_name_chars,
         limits.max_nodes - nodes, REFUSED, ACCEPT, memos.entries)
     return value
@@ -1522,6 +1546,7 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
     parents: list[list[Value]] = []
     items: list[Value] | None = None
     whole_at = 0  # the depth of a list taken as a whole value (the grammar waits), or 0
+    frames: list[int] = []  # the keyword sets' masks (cbcl.grammar._automaton.apply_set_ops)
     value: Value
     cls: str
     tokens_left = iter(tokens)
@@ -1540,8 +1565,10 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                     return None
                 items = []
                 if node is not None and not whole_at:
-                    node, whole = node.get("LPAR") or step(node, "LPAR")
-                    if node is refused:
+                    found = node.get("LPAR") or step(node, "LPAR")
+                    node, whole = found[0], found[1]
+                    if node is refused or (len(found) == 3
+                                           and not apply_set_ops(frames, found[2])):
                         return None
                     if whole:
                         whole_at = len(parents) + 1
@@ -1555,7 +1582,11 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
                         whole_at = 0
                 elif node is not None:
                     node = node.get("RPAR") or step(node, "RPAR")
-                    if node is refused:
+                    if type(node) is tuple:
+                        node, ops = node
+                        if not apply_set_ops(frames, ops):
+                            return None
+                    elif node is refused:
                         return None
                 if parents:
                     items = parents.pop()
@@ -1602,7 +1633,11 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
             return None
         if node is not None and not whole_at:
             node = node.get(cls) or step(node, cls)
-            if node is refused:
+            if type(node) is tuple:
+                node, ops = node
+                if not apply_set_ops(frames, ops):
+                    return None
+            elif node is refused:
                 return None
         if items is None:  # the body is one atom
             break
@@ -1611,8 +1646,14 @@ def _fast_body_loop(tokens: list[Any], index: int, entries: dict[int, tuple[Valu
         return None  # the frame ends inside the body
     if next(tokens_left, _MISSING) is not _MISSING:
         return None
-    if node is not None and (node.get("$END") or step(node, "$END")) is not accept:
-        return None
+    if node is not None:
+        end = node.get("$END") or step(node, "$END")
+        if type(end) is tuple:
+            end, ops = end
+            if not apply_set_ops(frames, ops):
+                return None
+        if end is not accept:
+            return None
     return value
 
 

@@ -232,6 +232,9 @@ def signing_keys(args: argparse.Namespace) -> list[tuple[str, Ed25519PrivateKey]
 cli_log = logging.getLogger("cbcl.cli")
 #: The formats of ``--log-format``.
 LOG_FORMATS = ("text", "json")
+#: The levels of ``--log-level``.
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+              "error": logging.ERROR}
 #: What starts each line of a traceback in the text format.
 TRACEBACK_INDENT = "    "
 
@@ -281,8 +284,10 @@ class JsonLogFormatter(logging.Formatter):
 
 
 class LogTarget:
-    """A handler on the ``cbcl`` logger (INFO and above) writing to a stream in one of
-    :data:`LOG_FORMATS`; :meth:`close` removes it and puts the level back."""
+    """A handler on the ``cbcl`` logger (``level`` and above; the command line's own
+    lines, ``cbcl.cli``, at INFO whatever ``level``: where serve listens is always said)
+    writing to a stream in one of :data:`LOG_FORMATS`; :meth:`close` removes it and puts
+    the levels back."""
 
     def __init__(self, stream: TextIO, log_format: str = "text",
                  level: int = logging.INFO) -> None:
@@ -293,12 +298,15 @@ class LogTarget:
         self.handler.setFormatter(JsonLogFormatter() if log_format == "json"
                                   else TextLogFormatter())
         self._level = self.logger.level
+        self._cli_level = cli_log.level
         self.logger.addHandler(self.handler)
         self.logger.setLevel(level)
+        cli_log.setLevel(min(level, logging.INFO))
 
     def close(self) -> None:
         self.logger.removeHandler(self.handler)
         self.logger.setLevel(self._level)
+        cli_log.setLevel(self._cli_level)
         self.handler.close()
 
 
@@ -313,7 +321,8 @@ def lean_log_records() -> None:
     logging.logMultiprocessing = False
 
 
-def log_to(stream: TextIO, log_format: str = "text") -> LogTarget:
-    """Write the ``cbcl`` loggers' records (INFO and above) to ``stream`` in
+def log_to(stream: TextIO, log_format: str = "text", level: int = logging.INFO
+           ) -> LogTarget:
+    """Write the ``cbcl`` loggers' records (``level`` and above) to ``stream`` in
     ``log_format`` until the returned target is closed."""
-    return LogTarget(stream, log_format)
+    return LogTarget(stream, log_format, level)

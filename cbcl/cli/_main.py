@@ -40,6 +40,7 @@ from ..protocol._trust import (
 from ._a2a import register as register_a2a
 from ._bench import register as register_bench
 from ._codec import register as register_codec
+from ._codegen import register as register_codegen
 from ._common import (
     EXIT_INTERNAL,
     EXIT_OK,
@@ -288,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"document size limit, 1 to {MAX_DOCUMENT_BYTES} "
                               f"(default {DEFAULT_LIMITS.max_message_bytes})")
     register_codec(commands)
+    register_codegen(commands)
     register_conversation(commands)
     register_convert(commands)
     register_negotiate(commands)

@@ -80,6 +80,7 @@ from ..session._session import (
 )
 from ._common import (
     LOG_FORMATS,
+    LOG_LEVELS,
     MAX_SECONDS,
     Commands,
     cli_log,
@@ -178,6 +179,8 @@ def _one_edge(args: argparse.Namespace, option: str) -> None:
 
 def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
     _one_edge(args, "--listen")
+    if args.replicas is not None and not args.durable:
+        _usage(args, "--replicas goes with --durable")
     if args.nats:
         nats_servers(args)
     else:
@@ -207,9 +210,10 @@ def _cmd_serve(args: argparse.Namespace, data: bytes) -> int:
             signing=signing, limits=limits, connection=connection_limits(args),
             server=server_limits(args), preload=tuple(preload), handler=handler,
             nats=nats_servers(args) if args.nats else None, durable=args.durable,
+            replicas=args.replicas,
             handler_timeout=args.handler_timeout, handlers=handler_limits(args),
             expose_errors=args.expose_errors)
-        logged = log_to(sys.stdout, args.log_format)
+        logged = log_to(sys.stdout, args.log_format, LOG_LEVELS[args.log_level])
         lean_log_records()  # this process is serve's own: records without what it never shows
         try:
             return asyncio.run(_serve_main(args, config))
@@ -234,6 +238,9 @@ class ServeConfig:
     #: ``--nats``: serve on this NATS server or cluster instead of ``listen``.
     nats: str | None = None
     durable: bool = False
+    #: ``--replicas``: copies of the durable stream in a cluster (``None``: 1 for a new
+    #: stream, an existing one's own).
+    replicas: int | None = None
     #: ``--handler-timeout``, the handler limits, ``--expose-errors``.
     handler_timeout: float = 30.0
     handlers: HandlerLimits = field(default_factory=HandlerLimits)
@@ -333,8 +340,8 @@ async def _serve_nats(config: ServeConfig) -> int:
         raise
     try:
         await bus.serve()
-        if config.durable:
-            await bus.enable_durable()
+        if config.durable:  # (retried while the stream is unavailable, then exit 1)
+            await bus.enable_durable(replicas=config.replicas)
         durable = f", durable on {bus.durable_subject(agent.name)}" if config.durable else ""
         _note(f"serve: listening on NATS {config.nats} as {config.name} (subject "
               f"{bus.agent_subject(agent.name)}{durable})", "listening", name=config.name)
@@ -847,7 +854,12 @@ def register(commands: Commands) -> None:
                         "made from --name")
     s.add_argument("--durable", action="store_true",
                    help="with --nats: also take durable messages from this agent's "
-                        "JetStream stream (made if missing)")
+                        "JetStream stream (made if missing; setting it up is retried for "
+                        "60 s)")
+    s.add_argument("--replicas", type=int_in(1, 5), metavar="N",
+                   help="with --durable: copies of the stream in a cluster, 1 to 5 "
+                        "(default: 1 for a new stream, an existing one keeps its own; 3 "
+                        "survive the death of the stream's leader)")
     s.add_argument("--trust", required=True, metavar="DIR",
                    help="trust store that decides which offered descriptors load")
     s.add_argument("--descriptors", metavar="DIR",
@@ -872,6 +884,9 @@ def register(commands: Commands) -> None:
     s.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                    help="one escaped line per event (text, the default), or one JSON "
                         "object per line (json)")
+    s.add_argument("--log-level", choices=tuple(LOG_LEVELS), default="info",
+                   help="the least severe events logged (default info: one line per "
+                        "message handled; debug adds one per message received)")
     add_limit_options(s, HANDLER_OPTIONS, HandlerLimits())
     add_limit_options(s, SERVER_OPTIONS, ServerLimits())
     s.set_defaults(handler=_cmd_serve, file=None)

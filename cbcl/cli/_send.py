@@ -35,6 +35,7 @@ from ._a2a import send_a2a
 from ._common import (
     MAX_SECONDS,
     Commands,
+    int_in,
     print_message,
     seconds,
     usage_error,
@@ -81,7 +82,7 @@ async def send_messages(address: str, document: bytes, key: tuple[str, Ed25519Pr
                         encodings: tuple[str, ...], expect_replies: bool,
                         reply_timeout: float, as_json: bool,
                         limits: ConnectionLimits | None = None, nats: str | None = None,
-                        durable: bool = False) -> int:
+                        durable: bool = False, replicas: int = 1) -> int:
     """Send ``messages`` to the agent at ``address`` (or, with ``nats``, to the agent
     named by their receiver on that NATS server or cluster; with ``durable`` too, into its
     JetStream stream, without a handshake) and print the replies; returns the exit
@@ -97,7 +98,7 @@ async def send_messages(address: str, document: bytes, key: tuple[str, Ed25519Pr
 
             bus = await NatsBus.connect(agent, nats)
             if durable:
-                return await _send_durable(bus, messages, document)
+                return await _send_durable(bus, messages, document, replicas)
             link = await bus.open_link(first.receiver, descriptor=document)
         else:
             link = await agent.connect(address, peer=first.receiver, descriptor=document)
@@ -112,10 +113,12 @@ async def send_messages(address: str, document: bytes, key: tuple[str, Ed25519Pr
         await agent.close()
 
 
-async def _send_durable(bus: Any, messages: list[Message], document: bytes) -> int:
+async def _send_durable(bus: Any, messages: list[Message], document: bytes,
+                        replicas: int) -> int:
     for message in messages:
         try:
-            duplicate = await bus.send_durable(message, descriptor=document)
+            duplicate = await bus.send_durable(message, descriptor=document,
+                                               replicas=replicas)
         except ValueError as exc:
             _usage(str(exc))
         again = " (the server had it already: dropped as a duplicate)" if duplicate else ""
@@ -150,6 +153,8 @@ async def _send_one(link: Link, message: Message, expect_replies: bool, as_json:
 
 def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
 
+    if args.replicas is not None and not args.durable:
+        _usage("--replicas goes with --durable")
     if args.a2a:  # (spec/interop.md §4.7: cbcl/cli/_a2a.py)
         return send_a2a(args, _read_messages(args.messages))
     if bool(args.connect) == bool(args.nats):
@@ -176,7 +181,8 @@ def _cmd_send(args: argparse.Namespace, data: bytes) -> int:
             args.connect, document, key, messages, trust=args.trust,
             encodings=encodings_of(encoding), expect_replies=not args.no_reply,
             reply_timeout=args.reply_timeout, as_json=args.json,
-            limits=connection_limits(args), nats=servers, durable=args.durable))
+            limits=connection_limits(args), nats=servers, durable=args.durable,
+            replicas=args.replicas or 1))
     except ConnectionLost as exc:
         print(escape_invisible(f"send: {exc.one_line()}"), file=sys.stderr)
         return 1
@@ -200,8 +206,12 @@ def register(commands: Commands) -> None:
                    help="with --nats: the peer agent's name (must be the messages' receiver)")
     p.add_argument("--durable", action="store_true",
                    help="with --nats: store each message in the receiver's JetStream stream "
-                        "(no handshake: the receiver must hold the protocol; no replies are "
+                        "(made as the receiver makes it if the receiver never started; no "
+                        "handshake: the receiver must hold the protocol; no replies are "
                         "awaited; a message id already stored is dropped)")
+    p.add_argument("--replicas", type=int_in(1, 5), metavar="N",
+                   help="with --durable: copies of the receiver's stream if this makes it, "
+                        "1 to 5 (default 1; an existing stream is left as it is)")
     p.add_argument("--descriptor", required=True, metavar="SIGNED",
                    help="the signed descriptor of the messages' protocol (offered if the "
                         "peer does not hold it)")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from enum import Enum
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 # The lexical rules are the vocabulary's, defined once there (re-exported: other modules
 # import these names from here).
@@ -168,7 +168,13 @@ class URI(_Atom):
 Value: TypeAlias = "str | int | Decimal | Symbol | Keyword | URI | tuple[Value, ...]"
 #: What converts to a :data:`Value` (as :func:`cbcl.as_value` does): a value, or a list or
 #: tuple of such (a ``list`` becomes a ``tuple``; a ``bool`` is refused at run time).
-ValueInput: TypeAlias = "Value | Sequence[ValueInput]"
+ValueInput: TypeAlias = "Value | Sequence[ValueInput] | BodyRecord"
+
+
+class BodyRecord(Protocol):
+    """A typed record (``cbcl.Record``): converted to a value as the body it holds."""
+
+    def to_body(self) -> Value: ...
 
 
 #: The terminal of the descriptor grammars (and the envelope) that each atom type reads as.

@@ -35,7 +35,12 @@ is its own canonical form. It is built in four steps, all sans-io and determinis
    ``_RAlt``/``_RRep``) over code-point ranges, rendered per dialect: Rust ``regex`` syntax
    for llguidance, Python ``re`` for lark (each terminal followed by a look-ahead for the
    delimiter, since lark's dynamic lexer takes the first alternative that matches, not the
-   longest), character-level rules for GBNF. Classes are always written as positive ranges
+   longest), character-level rules for GBNF, and the common subset of ECMA-262 (``u``
+   mode), Python ``re`` and XGrammar for JSON Schema patterns. GBNF and the patterns write
+   each character in a form every engine reads as the same code point (spec/llm.md §2.1;
+   :func:`_gbnf_char`, :func:`_pattern_char`, :func:`_unambiguous_hex`: XGrammar reads
+   ``\\x`` greedily, llguidance's GBNF reader strips the zeros of ``\\u``/``\\U``).
+   Classes are always written as positive ranges
    that skip the surrogates (no negated class can let an encoded surrogate through). The
    lexical rules of §1 are translated exactly, with the limits that are regular: INTEGER
    within int64 (a range expression), DECIMAL up to 40 characters, SYMBOL and KEYWORD
@@ -251,14 +256,51 @@ def _rust_char(cp: int) -> str:
     return c if c.isascii() and c.isalnum() else f"\\x{{{cp:X}}}"
 
 
-def _python_char(cp: int) -> str:
-    """A character in a Python ``re`` pattern (JSON Schema patterns use these too)."""
+def _pattern_char(cp: int) -> str:
+    """A character in a JSON Schema pattern, read alike by ECMA-262 in ``u`` mode (Ajv), by
+    Python ``re`` (``jsonschema``) and by XGrammar: ``\\xhh`` below U+0100 (see
+    :func:`_unambiguous_hex`), ``\\uhhhh`` in the rest of the BMP, the character itself
+    above it (ECMA-262 writes ``\\u{…}``, Python ``\\U…``: neither reads the other's)."""
     c = chr(cp)
     if c.isascii() and c.isalnum():
         return c
     if cp < 0x100:
         return f"\\x{cp:02x}"
-    return f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+    return f"\\u{cp:04x}" if cp < 0x10000 else c
+
+
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
+def _unambiguous_hex(text: str, upper: bool = False) -> str:
+    """``text`` (a pattern or a GBNF literal or class in which every backslash starts an
+    escape: ``\\xHH``, ``\\uHHHH``, ``\\UHHHHHHHH`` or a backslash and one character) with
+    every hex digit that follows a ``\\xHH`` escape escaped too: llama.cpp, Python ``re``
+    and ECMA-262 read exactly two digits after ``\\x``, XGrammar reads as many as follow
+    (``\\x3FA`` is U+03FA to it, ``?A`` to the others)."""
+    out: list[str] = []
+    i, after_x = 0, False
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            kind = text[i + 1:i + 2]
+            size = {"x": 4, "u": 6, "U": 10}.get(kind, 2)
+            out.append(text[i:i + size])
+            after_x = kind == "x"
+            i += size
+            continue
+        if after_x and c in _HEX_DIGITS:
+            out.append(f"\\x{ord(c):02X}" if upper else f"\\x{ord(c):02x}")
+        else:
+            out.append(c)
+            after_x = False
+        i += 1
+    return "".join(out)
+
+
+def _pattern(regex: _Re) -> str:
+    """A JSON Schema ``pattern``: the whole string matches ``regex``."""
+    return _unambiguous_hex("^" + _render_regex(regex, _pattern_char) + "$")
 
 
 def _lark_char(cp: int) -> str:
@@ -312,9 +354,9 @@ def _render_gbnf_regex(re_: _Re) -> str:
     if isinstance(re_, _RLit):
         return _gbnf_literal(re_.text)
     if isinstance(re_, _RClass):
-        return "[" + "".join(_gbnf_class_char(lo) if lo == hi
-                             else f"{_gbnf_class_char(lo)}-{_gbnf_class_char(hi)}"
-                             for lo, hi in re_.ranges) + "]"
+        return _unambiguous_hex(
+            "[" + "".join(_gbnf_char(lo) if lo == hi else f"{_gbnf_char(lo)}-{_gbnf_char(hi)}"
+                          for lo, hi in re_.ranges) + "]", upper=True)
     if isinstance(re_, _RSeq):
         return "(" + " ".join(_render_gbnf_regex(i) for i in re_.items) + ")"
     if isinstance(re_, _RAlt):
@@ -326,22 +368,27 @@ def _render_gbnf_regex(re_: _Re) -> str:
     return inner + _quantifier(re_.low, re_.high)
 
 
-def _gbnf_class_char(cp: int) -> str:
+def _gbnf_char(cp: int) -> str:
+    """A code point in a GBNF class or literal, read alike by llama.cpp, XGrammar and
+    llguidance's GBNF reader (spec/llm.md §2): ASCII letters and digits as themselves,
+    ``\\xHH`` below U+0100 (see :func:`_unambiguous_hex`), ``\\uHHHH`` from U+1000 to
+    U+FFFF, and the character itself, UTF-8 encoded, from U+0100 to U+0FFF and above
+    U+FFFF: llguidance's reader drops the leading zeros of ``\\u0100`` and ``\\U0010FFFF``,
+    which its regular expressions then refuse or misread (``\\u0100b`` as U+100B)."""
     c = chr(cp)
     if c.isascii() and c.isalnum():
         return c
-    if cp < 0x80:
+    if cp < 0x100:
         return f"\\x{cp:02X}"
     if 0x1000 <= cp < 0x10000:
         return f"\\u{cp:04X}"
-    # The character itself, UTF-8 encoded (valid GBNF): llguidance's GBNF reader drops the
-    # leading zeros of \u00A0 and \U0010FFFF, which its regular expressions then refuse.
     return c
 
 
 def _gbnf_literal(text: str) -> str:
-    return '"' + "".join(c if " " <= c <= "~" and c not in '"\\' else _gbnf_class_char(ord(c))
-                         for c in text) + '"'
+    return _unambiguous_hex(
+        '"' + "".join(c if " " <= c <= "~" and c not in '"\\' else _gbnf_char(ord(c))
+                      for c in text) + '"', upper=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -1903,8 +1950,7 @@ def _single_node(regex: _ERe, kids: list[Any]) -> Any:
 
 
 def _tagged(tag: str, regex: _Re) -> Any:
-    pattern = "^" + _render_regex(regex, _python_char) + "$"
-    return {"type": "object", "properties": {tag: {"type": "string", "pattern": pattern}},
+    return {"type": "object", "properties": {tag: {"type": "string", "pattern": _pattern(regex)}},
             "required": [tag], "additionalProperties": False}
 
 
@@ -2004,8 +2050,7 @@ def _json_schema(descriptor: ProtocolDescriptor | bytes, intent: Intent | str | 
     builder.value_defs()
     identifier = {"type": "string", "minLength": 1}
     integer = builder.terminal(lowerer.terminal("INTEGER").text)  # type: ignore[union-attr]
-    uri = {"type": "string",
-           "pattern": "^" + _render_regex(_uri_regex(None), _python_char) + "$"}
+    uri = {"type": "string", "pattern": _pattern(_uri_regex(None))}
     forms: list[Any] = []
     for rule, rule_intents in by_rule.items():
         body_rule = "body_" + rule
@@ -2052,8 +2097,11 @@ def _json_schema(descriptor: ProtocolDescriptor | bytes, intent: Intent | str | 
 _JSON_NOTES = (
     "json-schema: JSON numbers with a zero fraction (1.0) pass \"type\": \"integer\"; the "
     "mapping refuses them",
-    "json-schema: a pattern's $ also matches before a final line feed",
+    "json-schema: a pattern's $ also matches before a final line feed in Python re "
+    "(jsonschema); ECMA-262 (Ajv) and XGrammar read it as the end",
     "json-schema: strings holding lone surrogates",
+    "json-schema: duplicate member names in one JSON object (a validator sees the object its "
+    "JSON reader made, which kept one of them)",
 )
 
 

@@ -32,7 +32,13 @@ raises :class:`ConversationClosed`) and :attr:`Link.closed` is set.
 Logging: every event is a record of the ``cbcl.net`` logger (INFO; handler failures ERROR
 with their traceback), its text one escaped line and its fields in the record's ``cbcl``
 attribute (``event``, ``link``, ``peer``, ``conversation``, ``protocol``, ``intent``,
-``reason``, ``timings``); ``Agent(log=)`` is also given each line of INFO and above.
+``reason``, ``timings``); ``Agent(log=)`` is also given each line of INFO and above. A
+message handled is one INFO line (``sent`` with its answer, ``handled`` without one,
+``unhandled`` with no handler, or the failure's); each message received is a DEBUG line
+(``received``), built only when DEBUG is enabled.
+
+A handler marked :func:`~cbcl.net.on_loop` (``cbcl serve``'s own responder) is called in
+the pump itself when its conversation has no lane busy: no task, no lane, no thread.
 """
 
 from __future__ import annotations
@@ -79,7 +85,14 @@ from ..session._session import (
     Session,
     Unsupported,
 )
-from ._handlers import CANCEL_WAIT, HandlerLimits, HandlerThreads, Outcome, run_handler
+from ._handlers import (
+    CANCEL_WAIT,
+    HandlerLimits,
+    HandlerThreads,
+    OnLoop,
+    Outcome,
+    run_handler,
+)
 from ._transport import (
     Connection,
     ConnectionLimits,
@@ -300,6 +313,18 @@ class Context:
                        in_reply_to=message.message_id, reply_by=reply_by, body=body)
 
 
+    def _our_reply(self, intent: Intent, body: Value) -> Message:
+        """:meth:`reply` for the library's own responder, whose ``body`` it built from
+        values of exact CBCL types (never the peer's text): made without the constructor's
+        checks and the schema's coercion, which such a body does not need. Every field but
+        the body is the received message's (checked when it arrived) or our own id; the
+        session checks the whole reply against the protocol before it leaves."""
+        message = self.message
+        return Message._trusted(self._next_id(), message.receiver, message.sender, intent,
+                                message.protocol, message.conversation_id,
+                                message.message_id, None, None, body, None)
+
+
 def load_handler(spec: str) -> Handler:
     """``MODULE:CALLABLE`` (``pkg.mod:name``, attributes dotted) → the callable, imported
     with the current directory on the import path (as uvicorn does). Raises ``ValueError``
@@ -497,8 +522,8 @@ class Link:
         if logger.isEnabledFor(level):
             data = EventFields(event, fields, message, self.tag, self.connection.peer,
                                self.session.peer)
-            logger.log(level, "%s", line, exc_info=exc_info, extra={"cbcl": data},
-                       stacklevel=2)
+            # (the line as the record's message, without arguments: nothing to format)
+            logger.log(level, line, exc_info=exc_info, extra={"cbcl": data}, stacklevel=2)
 
     def conversation(self, conversation_id: str | None = None) -> AgentConversation:
         """A new conversation (a fresh id unless ``conversation_id``). Raises
@@ -718,14 +743,15 @@ class Link:
 
     async def _on_message(self, event: ProtocolMessage) -> None:
         message, step = event.message, event.step
-        if self.logs():
+        self.agent.messages_received += 1
+        if self.logs(logging.DEBUG):  # one line per request at INFO: the answer's
             where = (f" ({peer_text(step.before, 32)} -> {peer_text(step.after, 32)})"
                      if step else "")
             failure = event.failure
             why = "" if failure is None else f" {peer_text(failure[0], 64)}"
             self.log(f'received "{peer_text(message.message_id, 64)}" '
-                     f"{message.intent.value}{why}{where}", event="received",
-                     message=message)
+                     f"{message.intent.value}{why}{where}", level=logging.DEBUG,
+                     event="received", message=message)
         cid = message.conversation_id
         waiting = self._conversations.get(cid) if cid is not None else None
         if waiting is not None:
@@ -742,6 +768,19 @@ class Link:
             return  # a failure nothing here waits for: never a handler's (no ping-pong)
         handler = self.agent.handler_for(str(message.protocol), message.intent)
         if handler is None:
+            if self.logs():
+                self.log(f'received "{peer_text(message.message_id, 64)}" '
+                         f"{message.intent.value}: no handler", event="unhandled",
+                         message=message)
+            return
+        if type(handler) is OnLoop and (("c", cid) if cid is not None
+                                        else ("m", message.message_id)) not in self._lanes:
+            # Never blocks (on_loop): handled here, in order, with no task, lane or thread
+            # hop; while it runs (or its reply waits for the stream) nothing more is read.
+            try:
+                await self._handle(event, handler)
+            except Exception as exc:  # ours, not the handler's: logged, the link goes on
+                self._internal(exc)
             return
         self._dispatch(event, handler)
 
@@ -774,15 +813,17 @@ class Link:
                     async with self._slots:
                         await self._handle(event, handler)
                 except Exception as exc:  # ours, not the handler's: logged, the lane goes on
-                    self.log(f"internal: {type(exc).__name__}: {peer_text(str(exc), 160)} "
-                             "(please report this)", level=logging.ERROR, event="internal",
-                             exc_info=exc)
+                    self._internal(exc)
                 lane.popleft()
                 self._backlog -= 1
                 self._room.set()
         finally:
             if self._lanes.get(key) is lane:
                 del self._lanes[key]
+
+    def _internal(self, exc: Exception) -> None:
+        self.log(f"internal: {type(exc).__name__}: {peer_text(str(exc), 160)} "
+                 "(please report this)", level=logging.ERROR, event="internal", exc_info=exc)
 
     async def _handle(self, event: ProtocolMessage, handler: Handler) -> None:
         """Run ``handler`` for ``event`` and send what it came to: its reply, or a
@@ -799,6 +840,10 @@ class Link:
         timings = {"handler_ms": round(outcome.seconds * 1000, 3)}
         if kind == "answer":
             if value is None:
+                if self.logs():
+                    self.log(f'handled "{peer_text(message.message_id, 64)}" '
+                             f"{message.intent.value}: no reply", event="handled",
+                             message=message, timings=timings)
                 return
             if isinstance(value, Message):
                 await self._reply(event, value, timings)
@@ -870,8 +915,10 @@ class Link:
             await self._fail(event, "invalid-reply", public=exc.kind, private=exc.one_line())
             return
         if self.logs():
-            self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value}',
-                     event="sent", message=answer, timings=timings)
+            self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value} in '
+                     f'reply to "{peer_text(message.message_id, 64)}" '
+                     f"{message.intent.value} ({timings['handler_ms']:g} ms)", event="sent",
+                     message=answer, timings=timings)
 
     async def _fail(self, event: ProtocolMessage, code: str, *, public: str = "",
                     private: str = "") -> None:
@@ -955,12 +1002,15 @@ class EventFields(Mapping[str, Any]):
 
 
 def message_fields(message: Message) -> dict[str, str]:
-    """A message's fields for a log record: its conversation, protocol, intent and id,
-    each escaped (they came from a peer, or will go to one)."""
+    """A message's fields for a log record: its conversation, protocol, intent, id and the
+    id it answers (``in_reply_to``), each escaped (they came from a peer, or will go to
+    one)."""
     fields = {"protocol": peer_text(message.protocol, 64), "intent": message.intent.value,
               "message_id": peer_text(message.message_id, 64)}
     if message.conversation_id is not None:
         fields["conversation"] = peer_text(message.conversation_id, 64)
+    if message.in_reply_to is not None:
+        fields["in_reply_to"] = peer_text(message.in_reply_to, 64)
     return fields
 
 
@@ -1074,6 +1124,8 @@ class Agent:
             max_protocols=max_learned, max_bytes=max_learned_bytes,
             directory=None if self.state is None else self.state / LEARNED_DIR)
         self._links: set[Link] = set()
+        #: Messages of agreed protocols its links have taken (each one is a DEBUG line).
+        self.messages_received = 0
         self._servers: list[Server] = []
         self._tasks: set[asyncio.Task[Any]] = set()  # the served connections' tasks
         self._numbers = itertools.count(1)

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..protocol._message import Message
 from ._transport import _check_count, _check_seconds
 
 #: How long a cancelled coroutine handler is given to end before it is left to itself.
@@ -311,6 +312,15 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
     cancelled, or its thread's result dropped)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
+    if type(handler) is OnLoop and (stop is None or not stop.done()):
+        # The common case first, with nothing made that it does not need: a reply or None.
+        try:
+            value = handler.handler(*args)
+        except BaseException as exc:  # user code: whatever it raises is its outcome
+            return Outcome("raised", exc, loop.time() - started)
+        if value is None or isinstance(value, Message) or not inspect.isawaitable(value):
+            return Outcome("answer", value, loop.time() - started)
+        return await _settle_awaitable(value, loop, started, started + timeout, stop)
     deadline = started + timeout
 
     def outcome(kind: str, value: Any = None) -> Outcome:
@@ -353,10 +363,20 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
         if not inspect.isawaitable(value):
             return outcome("answer", value)
         awaitable = value
+    return await _settle_awaitable(awaitable, loop, started, deadline, stop)
+
+
+async def _settle_awaitable(awaitable: Awaitable[Any], loop: asyncio.AbstractEventLoop,
+                            started: float, deadline: float,
+                            stop: asyncio.Future[Any] | None) -> Outcome:
+    """Await what a handler returned, contained, until ``deadline`` or ``stop``."""
+    def outcome(kind: str, value: Any = None) -> Outcome:
+        return Outcome(kind, value, loop.time() - started)
+
     task = loop.create_task(_contained(awaitable))
     try:
         if not await _first(task, stop, deadline):
-            return ended()
+            return outcome("stopped" if stop is not None and stop.done() else "timeout")
     finally:
         if not task.done():
             task.cancel()

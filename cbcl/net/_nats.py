@@ -19,15 +19,17 @@ replay window, the transcript hash and the conversation machine.
   on another conversation's subject is refused. An empty message is the end of the
   stream.
 - NATS delivers at most once; a node that fails loses what was in flight. The opener of a
-  link repeats its last frame when nothing came back within ``retransmit_after``; the
+  link repeats its latest frame of each thread (the handshake, each conversation, each
+  message without one) when that thread got no answer within ``retransmit_after``; the
   other side drops a frame it has seen (by SHA-256, ``dedupe_window``) and answers a
   repeat with what it answered the first time (``reply_cache``). So a lost frame costs a
   repeat and no message reaches a session twice.
 - A publisher on an agent's subject is an unauthenticated peer: every first frame starts
   a session under the limits of TCP (frame size, pending frames, handshake and idle
   deadlines) and of :class:`NatsLimits` (sessions at once, starts per second, session ids
-  remembered so a replayed first frame is dropped). Refusals are NOT-UNDERSTOOD values,
-  sent only to a subject that names the refused peer.
+  remembered so a replayed first frame is dropped). A reply subject is the publisher's
+  claim: nothing (answer, refusal, end of stream) is published on it until the first
+  message's sender is the agent it names (:meth:`NatsConnection._answers_peer`).
 - :meth:`NatsBus.fan_out` publishes one call on a group subject many agents listen on
   (:meth:`NatsBus.join`); every member answers with its name, and each gets its own
   session and conversation.
@@ -35,7 +37,17 @@ replay window, the transcript hash and the conversation machine.
   an agent's messages in a JetStream stream while it is down. The CBCL message id is the
   ``Nats-Msg-Id``, so the server drops a repeat within its duplicate window and the
   receiver's replay window drops it again; a message is acknowledged only after both
-  passes accepted it and its handler ran, and a refused one is terminated.
+  passes accepted it and its handler ran, and a refused one is terminated. One of a
+  protocol the receiver does not hold yet is kept (NAK with a growing delay) and, after
+  ``max_deliver`` deliveries, moved to the dead-letter subject in the same stream. The
+  stream is made alike by whichever side comes first (:meth:`NatsBus.stream_config`);
+  setting up and publishing are retried with backoff for ``durable_retry_for``.
+- Unauthenticated senders share the agent fairly, as over TCP: a served session not
+  ESTABLISHED is pending (``pre_handshake_timeout``), one sender holds at most
+  ``pre_handshake_share`` of the sessions, a newcomer evicts the oldest pending session
+  of the sender holding the most, and each sender has its own start bucket. The sender
+  is the agent a first frame's reply subject names — which its first message's sender
+  must be before anything is published there.
 
 nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
 """
@@ -67,7 +79,13 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 
 from ..binary._framing import PREFIX_BYTES
 from ..core._display import peer_text
-from ..core._errors import CBCLError, ConnectionLost, LimitError, MalformedError
+from ..core._errors import (
+    CBCLError,
+    ConnectionLost,
+    LimitError,
+    MalformedError,
+    UnknownProtocolError,
+)
 from ..core._files import write_atomically
 from ..core._values import URI, Value
 from ..protocol._api import check_outgoing, parse
@@ -92,7 +110,10 @@ from ._transport import (
     Connection,
     ConnectionLimits,
     _check_count,
+    _check_fraction,
     _check_seconds,
+    _Pending,
+    _Served,
     clock_ms,
 )
 
@@ -157,20 +178,34 @@ class NatsLimits:
     """What one :class:`NatsBus` allows (spec/nats.md §5); per session the agent's
     :class:`~cbcl.net.ConnectionLimits` apply as over TCP.
 
-    ``max_sessions``: sessions this agent answers at once (one more first frame: ``busy``);
-    ``start_rate``/``start_burst``: first frames accepted per second on the agent's subject
-    (a token bucket; beyond it ``busy``); ``remembered_sessions``: ended session ids kept,
+    ``max_sessions``: sessions this agent answers at once (one more first frame evicts the
+    oldest session not yet ESTABLISHED of the sender holding the most, or is refused
+    ``busy`` when every session is established); ``start_rate``/``start_burst``: first
+    frames accepted per second on the agent's subject (a token bucket; beyond it
+    ``busy``); ``sender_start_rate``/``sender_start_burst``: the same per sender (the agent
+    its reply subject names), checked first, so that no sender drains the agent's bucket;
+    ``pre_handshake_timeout``: seconds of the peer's time a session may take to be
+    ESTABLISHED (``handshake_timeout`` still bounds the whole handshake);
+    ``pre_handshake_share``: the fraction of ``max_sessions`` one sender may hold not yet
+    ESTABLISHED (one more evicts its own oldest); ``remembered_sessions``: ended session ids kept,
     so a replayed first frame is dropped; ``dedupe_window``: frame digests remembered per
     session (a repeat is dropped); ``reply_cache``: received frames per session whose
-    answers are kept to answer a repeat; ``retransmit_after``/``max_retransmits``: when and
-    how often the opener of a link repeats its last frame; ``max_token_bytes``: the longest
-    subject token (URI, conversation id); ``pending_msgs``: messages nats-py buffers per
-    subscription (beyond: dropped, a slow consumer); ``max_call_replies``: answers taken
-    for one :meth:`NatsBus.fan_out`; ``request_timeout``: every NATS request (JetStream
-    API and publish acknowledgements) and the connect.
+    answers are kept to answer a repeat, and the threads (handshake, conversations) whose
+    latest frame an opener keeps to repeat; ``retransmit_after``/``max_retransmits``: when
+    and how often the opener of a link repeats a thread's latest frame; ``max_token_bytes``:
+    the longest subject token (URI, conversation id); ``pending_msgs``: messages nats-py
+    buffers per subscription (beyond: dropped, a slow consumer); ``max_call_replies``:
+    answers taken for one :meth:`NatsBus.fan_out`; ``request_timeout``: every NATS request
+    (JetStream API and publish acknowledgements) and the connect.
 
     Durable delivery: ``durable_batch`` messages fetched at once; ``ack_wait`` before an
-    unacknowledged message is delivered again, at most ``max_deliver`` times;
+    unacknowledged message is delivered again; a message the receiver cannot handle yet
+    (a protocol it does not hold) is delivered again after ``durable_retry_delay`` times
+    the number of its deliveries, and on its ``max_deliver``-th delivery (or any later:
+    a message delivered more often was never settled) is moved to the dead-letter
+    subject; ``durable_retry_for``: seconds setting up durable delivery, and a durable
+    publish, are retried (a stream's leader being elected again, a node down) before
+    :class:`ConnectionLost`;
     ``duplicate_window`` (seconds) of the server's ``Nats-Msg-Id`` deduplication;
     ``durable_max_age``, ``durable_max_msgs``, ``durable_max_bytes`` bound the stream
     (oldest dropped); ``durable_replay_window`` message ids the receiver remembers.
@@ -179,6 +214,10 @@ class NatsLimits:
     max_sessions: int = 256
     start_rate: float = 500.0
     start_burst: int = 256
+    sender_start_rate: float = 10.0
+    sender_start_burst: int = 8
+    pre_handshake_timeout: float = 5.0
+    pre_handshake_share: float = 0.125
     remembered_sessions: int = 16_384
     dedupe_window: int = 256
     reply_cache: int = 32
@@ -191,6 +230,8 @@ class NatsLimits:
     durable_batch: int = 64
     ack_wait: float = 30.0
     max_deliver: int = 5
+    durable_retry_delay: float = 60.0
+    durable_retry_for: float = 60.0
     duplicate_window: float = 120.0
     durable_max_age: float = 86_400.0
     durable_max_msgs: int = 1_000_000
@@ -198,7 +239,8 @@ class NatsLimits:
     durable_replay_window: int = 4096
 
     def __post_init__(self) -> None:
-        for name in ("max_sessions", "start_burst", "remembered_sessions", "dedupe_window",
+        for name in ("max_sessions", "start_burst", "sender_start_burst",
+                     "remembered_sessions", "dedupe_window",
                      "reply_cache", "pending_msgs", "max_call_replies", "durable_batch",
                      "max_deliver", "durable_max_msgs", "durable_replay_window"):
             _check_count(name, getattr(self, name))
@@ -206,9 +248,17 @@ class NatsLimits:
         _check_count("max_token_bytes", self.max_token_bytes, lower=16, upper=1024)
         _check_count("durable_max_bytes", self.durable_max_bytes, upper=1 << 40)
         for name in ("retransmit_after", "request_timeout", "ack_wait", "duplicate_window",
-                     "durable_max_age"):
+                     "durable_max_age", "pre_handshake_timeout", "durable_retry_delay",
+                     "durable_retry_for"):
             _check_seconds(name, getattr(self, name), upper=86_400.0 * 365)
         _check_seconds("start_rate", self.start_rate, upper=1e6)
+        _check_seconds("sender_start_rate", self.sender_start_rate, upper=1e6)
+        _check_fraction("pre_handshake_share", self.pre_handshake_share)
+
+    def pending_share(self) -> int:
+        """How many of the ``max_sessions`` one sender may hold before its handshake is
+        ESTABLISHED: ``pre_handshake_share`` of them, rounded down, at least 1."""
+        return max(1, int(self.max_sessions * self.pre_handshake_share))
 
 
 class _Bucket:
@@ -250,6 +300,23 @@ def _unframe(data: bytes) -> list[bytes]:
 # --------------------------------------------------------------------------- a session
 
 
+#: A thread of a link whose frames the opener repeats: the handshake (``None``), a
+#: conversation (its subject token), a message without one (``("_", message id)``).
+_Thread = str | tuple[str, str] | None
+
+
+@dataclass(slots=True)
+class _Resend:
+    """The opener's latest frame of one thread: where it went, when to repeat it next,
+    how often it was repeated."""
+
+    subject: str
+    data: bytes
+    reply: str
+    at: float
+    count: int = 0
+
+
 class NatsConnection(Connection):
     """A :class:`Session` whose frames travel as NATS messages: the
     :class:`~cbcl.net._transport.Connection` of the NATS edge, so a :class:`~cbcl.net.Link` runs on
@@ -262,7 +329,12 @@ class NatsConnection(Connection):
         # No stream: Connection's state without its reader and writer; its reading is
         # replaced (_receive, _accepted).
         self._start(session, limits=bus.agent.connection_limits, clock=clock_ms,
-                    pool=bus.agent.pool, peer=peer, slot=None)
+                    pool=bus.agent.pool, peer=peer, slot=None,
+                    pre_handshake_timeout=None if opener
+                    else bus.limits.pre_handshake_timeout)
+        #: The bus's bookkeeping of a served session (its sender, whether it holds one of
+        #: the ``max_sessions``); ``None`` for an opener's.
+        self.served: _Served | None = None
         self.bus = bus
         self.key = key
         self.out_subject = out_subject
@@ -280,10 +352,15 @@ class NatsConnection(Connection):
         self._frame_of: OrderedDict[str, bytes] = OrderedDict()
         self._suffix: str | None = None  # its conversation token (None: a handshake subject)
         self._last_activity = self._loop.time()
-        self._resend: tuple[str, bytes, str] | None = None
-        self._resent = 0
-        self._resend_at = 0.0
+        # The opener's frames awaiting an answer, one per thread of the link: the
+        # handshake (None), each conversation (its subject token), and each message without
+        # a conversation (("_", its id)). An answer on that thread clears its entry.
+        self._resend: dict[_Thread, _Resend] = {}
         self._peer_checked = False
+        # Whether this side may publish on the session's subjects: an opener chose its
+        # peer; a responder only once the session's peer (the first message's sender) is
+        # the one the subjects name — never onto another agent's subjects.
+        self._peer_ok: bool | None = True if opener else None
         self._closed = False
         self._no_responders = False
         #: Frames dropped as repeats, and frames this side repeated.
@@ -325,6 +402,11 @@ class NatsConnection(Connection):
 
     async def _accepted(self, event: Event) -> None:
         await self._check_subjects(event)  # (Connection.next_event's hook)
+        if isinstance(event, ProtocolMessage) and event.message.conversation_id is None \
+                and event.message.in_reply_to is not None:
+            self._resend.pop((NO_CONVERSATION, event.message.in_reply_to), None)
+        elif not isinstance(event, ProtocolMessage):
+            self._resend.pop(None, None)  # the handshake was answered
         if isinstance(event, ProtocolMessage) and self._current is not None:
             self._frame_of[event.message.message_id] = self._current
             while len(self._frame_of) > self.bus.limits.reply_cache:
@@ -349,14 +431,11 @@ class NatsConnection(Connection):
         session = self.session
         if not self._peer_checked and session.peer is not None:
             self._peer_checked = True
-            try:
-                named = subject_token(str(session.peer), limit=self.bus.limits.max_token_bytes)
-            except (ValueError, CBCLError):
-                named = ""
-            if named != self.key[0]:
-                await self._refuse("malformed", f"the session subject names "
-                                   f"{peer_text(self.key[0], 40)}, not the sender "
-                                   f"{peer_text(session.peer, 40)}")
+            if not self._answers_peer():
+                self.bus.stats["spoofed"] += 1
+                raise RemoteProtocolError(  # (nothing is sent: see _answers_peer)
+                    f"the session subject names {peer_text(self.key[0], 40)}, not the "
+                    f"sender {peer_text(session.peer, 40)}", code="malformed")
         if isinstance(event, NotUnderstood):
             return
         if isinstance(event, ProtocolMessage):
@@ -369,6 +448,22 @@ class NatsConnection(Connection):
             await self._refuse("malformed", "a handshake message came on a conversation's "
                                "subject")
 
+    def _answers_peer(self) -> bool:
+        """Whether what this side sends may be published: always for the opener; for a
+        responder, only once its session's peer (bound by the first message's sender) is
+        the agent whose token the session subjects carry. Until then — a first frame that
+        does not parse, or whose sender is not the one its reply subject names — nothing
+        is published: the reply subject is the publisher's claim, and answering it would
+        write onto whatever agent's subjects it names."""
+        if self._peer_ok is None and self.session.peer is not None:
+            try:
+                named = subject_token(str(self.session.peer),
+                                      limit=self.bus.limits.max_token_bytes)
+            except (ValueError, CBCLError):
+                named = ""
+            self._peer_ok = named == self.key[0]
+        return bool(self._peer_ok)
+
     async def _refuse(self, code: str, why: str) -> None:
         with contextlib.suppress(ConnectionLost):
             await self._write(self.session.refuse(code))
@@ -379,6 +474,8 @@ class NatsConnection(Connection):
         frame when nothing comes back."""
         limits = self.limits
         while True:
+            if self.evicted is not None:
+                raise self._busy()
             if self._overflow:
                 await self._refuse("limit", f"more than {limits.max_pending_frames} frames "
                                    "are waiting (max_pending_frames)")
@@ -386,47 +483,91 @@ class NatsConnection(Connection):
                 raise ConnectionLost(f"no agent {peer_text(self.peer, 60)} listens on the bus")
             if self._inbox:
                 self._last_activity = self._loop.time()
-                if self._resend is not None:
-                    self._resend = None  # an answer came: nothing to repeat
-                return self._inbox.popleft()
+                suffix, payload = self._inbox.popleft()
+                # An answer on a thread: nothing of it to repeat (a message without a
+                # conversation is answered by its in-reply-to: see _accepted).
+                if suffix != NO_CONVERSATION:
+                    self._resend.pop(suffix, None)
+                return suffix, payload
             now = self._loop.time()
             deadline = self._last_activity + limits.idle_timeout
             why = f"no message for {limits.idle_timeout:g} s"
             if self.session.state not in _HANDSHAKE_OVER and self._handshake_deadline < deadline:
                 deadline = self._handshake_deadline
                 why = f"the handshake did not finish within {limits.handshake_timeout:g} s"
-            wake = deadline
-            if self._resend is not None and self._resent < self.bus.limits.max_retransmits:
-                wake = min(wake, self._resend_at)
+            pre = self._pre_handshake_deadline
+            if self._pending and pre is not None and pre < deadline:
+                deadline = pre
+                why = (f"the handshake did not finish within {self._pre_handshake_timeout:g}"
+                       " s of the peer's time (pre_handshake_timeout)")
             if now >= deadline:
                 await self._time_out(why)
-            if self._resend is not None and now >= self._resend_at \
-                    and self._resent < self.bus.limits.max_retransmits:
-                subject, data, reply = self._resend
-                self._resent += 1
-                self.retransmits += 1
-                self.bus.stats["retransmits"] += 1
-                self._resend_at = now + self.bus.limits.retransmit_after * (1 + self._resent)
-                await self.bus._publish(subject, data, reply)
+            wake = deadline
+            repeated = False
+            for thread, entry in list(self._resend.items()):
+                if entry.count >= self.bus.limits.max_retransmits:
+                    del self._resend[thread]  # given up: the deadlines decide
+                elif now >= entry.at:
+                    entry.count += 1
+                    entry.at = now + self.bus.limits.retransmit_after * (1 + entry.count)
+                    self.retransmits += 1
+                    self.bus.stats["retransmits"] += 1
+                    repeated = True
+                    await self.bus._publish(entry.subject, entry.data, entry.reply)
+                else:
+                    wake = min(wake, entry.at)
+            if repeated:
                 continue
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout_at(wake):
                     await self._arrived.wait()
 
+    def evict(self, why: str) -> None:
+        """End this served session for the bus's limits, from outside its task: tell the
+        peer NOT-UNDERSTOOD ``busy`` (best effort, only a verified peer), and wake the task
+        where it waits, which then raises :class:`ConnectionLost` (code ``busy``) with
+        ``why``. A second call does nothing."""
+        if self.evicted is not None:
+            return
+        self.evicted = why
+        if self._answers_peer():
+            with contextlib.suppress(CBCLError):
+                refusal = self.session.refuse("busy")
+                self.bus._spawn(self._emit_quietly(refusal))
+        self._arrived.set()
+        waiting = self._waiting
+        if waiting is not None:
+            with contextlib.suppress(RuntimeError):  # its deadline is passing anyway
+                waiting.reschedule(self._loop.time())
+
+    async def _emit_quietly(self, data: bytes) -> None:
+        with contextlib.suppress(ConnectionLost):
+            for payload in _unframe(data):
+                await self._emit(self.out_subject, payload)
+
     # ----------------------------------------------------------------- output
 
-    def _arm(self, subject: str, data: bytes, reply: str = "") -> None:
+    def _arm(self, thread: _Thread, subject: str, data: bytes, reply: str = "") -> None:
+        """Keep ``data`` (the opener's latest frame of ``thread``) to repeat until that
+        thread is answered; a later frame of the thread replaces it."""
         if self.opener:
-            self._resend = (subject, data, reply)
-            self._resent = 0
-            self._resend_at = self._loop.time() + self.bus.limits.retransmit_after
+            self._resend.pop(thread, None)  # (re-inserted last: the oldest stay first)
+            limits = self.bus.limits
+            self._resend[thread] = _Resend(subject, data, reply,
+                                           self._loop.time() + limits.retransmit_after)
+            while len(self._resend) > limits.reply_cache:  # (what the peer can answer)
+                self._resend.pop(next(iter(self._resend)))
             self._arrived.set()  # the pump's wait recomputes its wake-up time
 
     async def _emit(self, subject: str, data: bytes, reply: str = "", *,
                     answering: bytes | None = None) -> None:
         """Publish ``data``, remembered as an answer to the frame ``answering`` (default:
-        the frame being handled) so that a repeat of that frame is answered again."""
+        the frame being handled) so that a repeat of that frame is answered again.
+        Nothing is published while the peer is not verified (:meth:`_answers_peer`)."""
+        if not self._answers_peer():
+            self.bus.stats["unanswered"] += 1
+            return
         await self.bus._publish(subject, data, reply)
         self.bytes_sent += len(data)
         frame = self._current if answering is None else answering
@@ -441,7 +582,7 @@ class NatsConnection(Connection):
         for payload in _unframe(data):
             await self._emit(self.out_subject, payload)
             if self.session.state not in _HANDSHAKE_OVER:
-                self._arm(self.out_subject, payload)  # the initiator's Finished awaits one
+                self._arm(None, self.out_subject, payload)  # the Finished awaits one
 
     async def send(self, event: Event) -> int:
         """Send ``event``: the first frame (the QUERY) on the peer's agent subject, the rest
@@ -451,11 +592,15 @@ class NatsConnection(Connection):
             return 0
         payload = data[PREFIX_BYTES:]
         answering = None
+        thread: _Thread = None
         if isinstance(event, Query) and self._first_subject is not None:
             subject, reply = self._first_subject, self.inbox
             self._first_subject = None
         elif isinstance(event, ProtocolMessage):
-            subject = f"{self.out_subject}.{self.bus._cid_token(event.message.conversation_id)}"
+            token = self.bus._cid_token(event.message.conversation_id)
+            thread = token if token != NO_CONVERSATION \
+                else (NO_CONVERSATION, event.message.message_id)
+            subject = f"{self.out_subject}.{token}"
             reply = ""
             # A reply answers the frame its message came in (handlers run beside the pump,
             # so the frame being handled now may be a later one); anything else, none
@@ -468,9 +613,9 @@ class NatsConnection(Connection):
         await self._emit(subject, payload, reply, answering=answering)
         step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
         if step is not None and step.finished:
-            self._resend = None
+            self._resend.pop(thread, None)
         else:
-            self._arm(subject, payload, reply)
+            self._arm(thread, subject, payload, reply)
         return len(data)
 
     async def close(self) -> None:
@@ -481,7 +626,8 @@ class NatsConnection(Connection):
         self._closed = True
         with contextlib.suppress(CBCLError):
             self.session.send(ConnectionClosed(), now=self.clock())
-        if self._first_subject is None:  # something was sent: the peer may hold a session
+        if self._first_subject is None and self._answers_peer():
+            # (something was sent: the peer may hold a session)
             with contextlib.suppress(ConnectionLost):
                 await self.bus._publish(self.out_subject, b"")
         self.bus._forget(self)
@@ -529,7 +675,11 @@ class NatsBus:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._bucket = _Bucket(self.limits.start_rate, self.limits.start_burst)
-        self._responders = 0
+        self._sender_buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._responders = 0  # served sessions holding one of max_sessions
+        self._pending = _Pending()  # served sessions not ESTABLISHED yet, by sender
+        self._quiet: dict[str, tuple[float, int]] = {}  # rate-limited log lines
+        self._busy_made: tuple[int, bytes] = (-(1 << 62), b"")
         self._subs: list[Any] = []
         self._durable_task: asyncio.Task[None] | None = None
         self._durable_stop = False
@@ -540,8 +690,9 @@ class NatsBus:
         self._closing = False
         self.stats: dict[str, int] = {
             "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
+            "spoofed": 0, "unanswered": 0, "evicted": 0,
             "retransmits": 0, "durable_accepted": 0, "durable_refused": 0,
-            "durable_duplicates": 0, "errors": 0}
+            "durable_duplicates": 0, "durable_retried": 0, "durable_dead": 0, "errors": 0}
 
     # ----------------------------------------------------------------- connecting
 
@@ -638,6 +789,24 @@ class NatsBus:
         """Where durable messages to ``uri`` go (``P.d.TOKEN``)."""
         return f"{self.prefix}.d.{self._token(str(uri))}"
 
+    def dead_letter_subject(self, uri: URI | str) -> str:
+        """Where durable messages to ``uri`` that could not be handled are kept
+        (``P.dead.TOKEN``, in ``uri``'s stream)."""
+        return f"{self.prefix}.dead.{self._token(str(uri))}"
+
+    def stream_config(self, uri: URI | str, *, replicas: int = 1) -> js_api.StreamConfig:
+        """The JetStream stream that keeps ``uri``'s durable messages and dead letters:
+        made the same by the receiver and by a sender that comes first."""
+        limits = self.limits
+        return js_api.StreamConfig(
+            name=self.stream_name(uri),
+            subjects=[self.durable_subject(uri), self.dead_letter_subject(uri)],
+            max_age=limits.durable_max_age, max_msgs=limits.durable_max_msgs,
+            max_bytes=limits.durable_max_bytes,
+            max_msg_size=self.agent.connection_limits.max_frame_bytes,
+            duplicate_window=limits.duplicate_window, num_replicas=replicas,
+            discard=js_api.DiscardPolicy.OLD, storage=js_api.StorageType.FILE)
+
     def stream_name(self, uri: URI | str) -> str:
         """The JetStream stream that keeps ``uri``'s durable messages."""
         digest = hashlib.sha256(f"{self.prefix} {uri}".encode()).hexdigest()[:40]
@@ -689,12 +858,13 @@ class NatsBus:
                             f"{peer_text(reply, 80)} is not a session subject for this agent")
             return
         peer_token, sid = parts[0], parts[2]
-        try:
-            peer = token_text(peer_token)
-        except ValueError:
+        if len(peer_token) > self.limits.max_token_bytes \
+                or _TOKEN_RE.fullmatch(peer_token) is None:
+            # (before any table holds it: senders' buckets and ended sessions are keyed
+            # by it; decoded in full only for a session)
             self.stats["refused"] += 1
-            self.agent._say(f"nats: dropped a first frame from an undecodable name "
-                            f"{peer_text(peer_token, 60)}")
+            self._say_quietly("token", f"nats: dropped a first frame from a name that is "
+                              f"not a subject token {peer_text(peer_token, 60)}")
             return
         key = (peer_token, sid, "r")
         live = self._sessions.get(key)
@@ -703,26 +873,51 @@ class NatsBus:
             return
         if live is not None or (peer_token, sid) in self._ended:
             self.stats["replays"] += 1
-            self.agent._say(f"nats: dropped a first frame for session {sid[:12]}… of "
-                            f"{peer_text(peer, 60)}, which was used before (a replay)")
+            self._say_quietly("replay", f"nats: dropped a first frame for session "
+                              f"{sid[:12]}… of {peer_text(peer_token, 60)}, which was used "
+                              "before (a replay)")
             return
-        if self._responders >= self.limits.max_sessions or not self._bucket.take():
-            self.stats["busy"] += 1
-            why = (f"{self.limits.max_sessions} sessions are open (max_sessions)"
-                   if self._responders >= self.limits.max_sessions
-                   else f"more than {self.limits.start_rate:g} session starts per second "
-                        "(start_rate)")
-            self.agent._say(f"nats: refused a session from {peer_text(peer, 60)}: {why}")
-            self._remember_ended(peer_token, sid)
-            refusal = not_understood_frame("busy", now=clock_ms())
-            with contextlib.suppress(ConnectionLost):
-                await self._publish(reply, refusal[PREFIX_BYTES:])
+        limits = self.limits
+        victim: _Served | None = None
+        why = ""
+        if not self._sender_bucket(peer_token).take():
+            why = (f"more than {limits.sender_start_rate:g} session starts per second from "
+                   "this sender (sender_start_rate)")
+        elif not self._bucket.take():
+            why = (f"more than {limits.start_rate:g} session starts per second "
+                   "(start_rate)")
+        elif self._pending.count(peer_token) >= limits.pending_share():
+            victim = self._pending.oldest(peer_token)
+            evicting = (f"its sender holds {limits.pending_share()} sessions not established"
+                        " (pre_handshake_share)")
+        elif self._responders >= limits.max_sessions:
+            victim = self._pending.victim(peer_token)
+            evicting = f"{limits.max_sessions} sessions are open (max_sessions)"
+            if victim is None:
+                why = evicting + ", all established"
+        if why:
+            await self._refuse_busy(peer_token, sid, reply, msg.data, why)
             return
+        try:  # (decoded only now: a flood's refusals need not)
+            peer = token_text(peer_token)
+        except ValueError:
+            self.stats["refused"] += 1
+            self.agent._say(f"nats: dropped a first frame from an undecodable name "
+                            f"{peer_text(peer_token, 60)}")
+            return
+        if victim is not None:
+            self._evict(victim, evicting)
         agent = self.agent
         session = agent._responder()
         connection = NatsConnection(
             self, session, key=key, out_subject=reply,
             inbox=f"{self._session_prefix}{peer_token}.{sid}.r", peer=peer, opener=False)
+        served = _Served(peer_token, self._loop_time())
+        served.connection = connection
+        served.holding = True
+        connection.served = served
+        connection.on_established = lambda: self._pending.discard(served)
+        self._pending.add(served)
         agent._watch_offers(connection, peer)
         link = Link(agent, connection, next(agent._numbers), "serve")
         self._register(connection, link)
@@ -731,6 +926,82 @@ class NatsBus:
         self._spawn(self._run_responder(connection, link))
         await connection.deliver(None, msg.data)
 
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
+
+    def _sender_bucket(self, peer_token: str) -> _Bucket:
+        """The start bucket of one sender (at most ``remembered_sessions`` senders are
+        remembered, the least recently seen forgotten: a full bucket again)."""
+        bucket = self._sender_buckets.pop(peer_token, None)
+        if bucket is None:
+            bucket = _Bucket(self.limits.sender_start_rate, self.limits.sender_start_burst)
+        self._sender_buckets[peer_token] = bucket
+        while len(self._sender_buckets) > self.limits.remembered_sessions:
+            self._sender_buckets.popitem(last=False)
+        return bucket
+
+    def _evict(self, victim: _Served, why: str) -> None:
+        """Make room for a newcomer: end the served session ``victim`` (not ESTABLISHED),
+        whose place passes to the newcomer at once."""
+        self._pending.discard(victim)
+        if victim.holding:
+            victim.holding = False
+            self._responders -= 1
+        self.stats["evicted"] += 1
+        connection = victim.connection
+        if connection is not None:
+            connection.evict(f"evicted after {self._loop_time() - victim.started:.1f} s "
+                             f"without a finished handshake to make room: {why}")
+
+    async def _refuse_busy(self, peer_token: str, sid: str, reply: str, data: bytes,
+                           why: str) -> None:
+        """Refuse a first frame ``busy``: on its reply subject, only if the frame's sender
+        is the agent that subject names (so the sender is the token's text);
+        remembered, so a repeat is dropped."""
+        self.stats["busy"] += 1
+        self._remember_ended(peer_token, sid)
+        sender = self._sent_by(peer_token, data)
+        if sender is None:
+            self.stats["unanswered"] += 1  # not told: its sender is not the subject's
+            return
+        self._say_quietly("busy", f"nats: refused a session from {peer_text(sender, 60)}: "
+                          f"{why}")
+        with contextlib.suppress(ConnectionLost):
+            await self._publish(reply, self._busy_frame())
+
+    def _busy_frame(self) -> bytes:
+        """The NOT-UNDERSTOOD ``busy`` payload, made again when a second old (its
+        timestamp must be fresh; a flood's refusals share it)."""
+        now = clock_ms()
+        if now - self._busy_made[0] >= 1000:
+            self._busy_made = (now, not_understood_frame("busy", now=now)[PREFIX_BYTES:])
+        return self._busy_made[1]
+
+    def _say_quietly(self, kind: str, text: str) -> None:
+        """Log ``text``, but lines of one ``kind`` at most once a second: a flood of
+        refusals writes one line a second, with the number of lines left out."""
+        now = time.monotonic()
+        last, left_out = self._quiet.get(kind, (0.0, 0))
+        if now - last < 1.0:
+            self._quiet[kind] = (last, left_out + 1)
+            return
+        self._quiet[kind] = (now, 0)
+        more = f" ({left_out} more like it in the last second)" if left_out else ""
+        self.agent._say(text + more)
+
+    def _sent_by(self, peer_token: str, data: bytes) -> str | None:
+        """The sender of the first frame ``data`` if it is a CBCL message whose sender's
+        token is ``peer_token`` (the one its reply subject names), else ``None``: only
+        then may a refusal be published there (an envelope-only parse, microseconds)."""
+        if len(data) > self.agent.connection_limits.max_frame_bytes:
+            return None
+        try:
+            sender = str(parse(data, limits=self.agent.limits, envelope_only=True).sender)
+            return sender if self._token(sender) == peer_token else None
+        except (CBCLError, ValueError):
+            return None
+
     async def _run_responder(self, connection: NatsConnection, link: Link) -> None:
         try:
             with contextlib.suppress(ConnectionLost):
@@ -738,7 +1009,12 @@ class NatsBus:
         finally:
             if link.established.done() and not link.established.cancelled():
                 link.established.exception()  # nobody awaits a served link's agreement
-            self._responders -= 1
+            served = connection.served
+            if served is not None:
+                self._pending.discard(served)
+                if served.holding:
+                    served.holding = False
+                    self._responders -= 1
             await connection.close()
             connection.session.registry.abandon()
 
@@ -913,39 +1189,38 @@ class NatsBus:
     def _jetstream(self) -> JetStreamContext:
         return self.client.jetstream(timeout=self.limits.request_timeout)
 
-    async def enable_durable(self, *, replicas: int = 1) -> None:
+    async def enable_durable(self, *, replicas: int | None = None) -> None:
         """Keep this agent's durable messages in a JetStream stream (made if missing,
-        ``replicas`` copies in a cluster) and take them with a durable pull consumer:
-        messages sent while the agent was down arrive now. Each is judged like a session's
-        message (both passes, the schema, receiver, timestamp within
-        ``durable_max_age`` and 30 s of the future, the replay window) against the
-        protocols the agent holds, then handed to its handler and acknowledged; a refused
-        one is terminated. Raises :class:`ConnectionLost`."""
-        _check_count("replicas", replicas, upper=5)
+        ``replicas`` copies in a cluster: 3 survive the death of the stream's leader;
+        ``None``: 1 for a new stream, as many as it has for an existing one) and
+        take them with a durable pull consumer: messages sent while the agent was down
+        arrive now. Each is judged like a session's message (both passes, the schema,
+        receiver, timestamp within ``durable_max_age`` and 30 s of the future, the replay
+        window) against the protocols the agent holds, then handed to its handler and
+        acknowledged; a refused one is terminated; one of a protocol the agent does not
+        hold (yet) is delivered again later, and moved to :meth:`dead_letter_subject`
+        after ``max_deliver`` deliveries. Setting up is retried for ``durable_retry_for``
+        seconds (backoff 0.25 s doubling to 5 s; each failure logged). Raises
+        ``ValueError`` for ``replicas`` outside 1..5, :class:`ConnectionLost`."""
+        if replicas is not None:
+            _check_count("replicas", replicas, upper=5)
         limits = self.limits
         subject = self.durable_subject(self.agent.name)
         name = self.stream_name(self.agent.name)
-        config = js_api.StreamConfig(
-            name=name, subjects=[subject], max_age=limits.durable_max_age,
-            max_msgs=limits.durable_max_msgs, max_bytes=limits.durable_max_bytes,
-            max_msg_size=self.agent.connection_limits.max_frame_bytes,
-            duplicate_window=limits.duplicate_window, num_replicas=replicas,
-            discard=js_api.DiscardPolicy.OLD, storage=js_api.StorageType.FILE)
+        config = self.stream_config(self.agent.name, replicas=replicas or 1)
+        consumer = js_api.ConsumerConfig(
+            durable_name="cbcl", ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=limits.ack_wait, max_deliver=-1, filter_subject=subject,
+            max_ack_pending=limits.durable_batch * 4,
+            deliver_policy=js_api.DeliverPolicy.ALL)
         js = self._jetstream()
-        try:
-            try:
-                await js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await js.update_stream(config)  # the stream exists: keep it, take the limits
-            consumer = js_api.ConsumerConfig(
-                durable_name="cbcl", ack_policy=js_api.AckPolicy.EXPLICIT,
-                ack_wait=limits.ack_wait, max_deliver=limits.max_deliver,
-                max_ack_pending=limits.durable_batch * 4,
-                deliver_policy=js_api.DeliverPolicy.ALL)
-            subscription = await js.pull_subscribe(subject, durable="cbcl", stream=name,
-                                                   config=consumer)
-        except nats.errors.Error as exc:
-            raise _nats_lost("cannot set up durable delivery", exc) from None
+
+        async def set_up() -> Any:
+            await self._ensure_stream(js, config, keep_replicas=replicas is None)
+            return await js.pull_subscribe(subject, durable="cbcl", stream=name,
+                                           config=consumer)
+
+        subscription = await self._retrying("set up durable delivery", set_up)
         registry = self.agent._registry()
         for protocol in (*self.agent.preloaded, *self.agent.learned.protocols()):
             registry.adopt(protocol)
@@ -953,6 +1228,44 @@ class NatsBus:
         self._load_durable_seen()
         self._durable_stop = False
         self._durable_task = asyncio.ensure_future(self._durable_loop(subscription))
+
+    async def _ensure_stream(self, js: JetStreamContext, config: js_api.StreamConfig,
+                             *, update: bool = True, keep_replicas: bool = False) -> None:
+        """Make the stream of ``config``; if it exists, take ``config``'s limits (when
+        ``update``; its own number of replicas kept when ``keep_replicas``) or leave it
+        as it is. Raises nats-py's errors."""
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError:  # it exists, made otherwise
+            if not update:
+                return
+            if keep_replicas:
+                info = await js.stream_info(str(config.name))
+                config = config.evolve(num_replicas=info.config.num_replicas)
+            await js.update_stream(config)
+
+    async def _retrying(self, what: str, attempt: Callable[[], Awaitable[Any]]) -> Any:
+        """``attempt()`` again after each of nats-py's errors but a bad request (a
+        timeout, no responders or unavailable while a stream's leader is elected, a
+        server going away), backing off from 0.25
+        s to 5 s, for ``durable_retry_for`` seconds; each failure logged. Raises
+        :class:`ConnectionLost` with the last error."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.durable_retry_for
+        pause = 0.25
+        while True:
+            try:
+                return await attempt()
+            except nats.js.errors.BadRequestError as exc:  # not a passing failure
+                raise _nats_lost(f"cannot {what}", exc) from None
+            except (nats.errors.Error, TimeoutError) as exc:
+                if self._closing or loop.time() + pause > deadline:
+                    raise _nats_lost(f"cannot {what}", exc) from None
+                self.stats["errors"] += 1
+                self.agent._say(f"nats: cannot {what} yet ({peer_text(exc, 120) or 'timeout'})"
+                                f"; trying again in {pause:g} s")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     def _seen_path(self) -> Path | None:
         state = self.agent.state
@@ -984,6 +1297,7 @@ class NatsBus:
             self._durable_seen_set.discard(self._durable_seen.popleft())
 
     async def _durable_loop(self, subscription: Any) -> None:
+        pause = 0.25  # after a failed fetch (a node down, a leader being elected)
         while not self._durable_stop:
             try:
                 batch = await subscription.fetch(self.limits.durable_batch, timeout=0.5)
@@ -993,9 +1307,12 @@ class NatsBus:
                 if self._durable_stop:
                     return
                 self.stats["errors"] += 1
-                self.agent._say(f"nats: durable fetch failed: {peer_text(exc, 120)}")
-                await asyncio.sleep(0.25)
+                self._say_quietly("fetch", f"nats: durable fetch failed: "
+                                  f"{peer_text(exc, 120)}; trying again")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
                 continue
+            pause = 0.25
             for msg in batch:
                 await self._take_durable(msg)
 
@@ -1034,8 +1351,16 @@ class NatsBus:
 
     async def _take_durable(self, msg: Msg) -> None:
         try:
-            message = self._judge_durable(msg)
+            try:
+                message = self._judge_durable(msg)
+            except UnknownProtocolError:
+                if not self._learn_durable_protocols():
+                    raise
+                message = self._judge_durable(msg)  # learned since: judged again
             identity = self._durable_identity(message)
+        except UnknownProtocolError as exc:
+            await self._not_yet(msg, exc)
+            return
         except CBCLError as exc:
             self.stats["durable_refused"] += 1
             self.agent._say(f"nats: durable message refused and terminated: "
@@ -1085,12 +1410,70 @@ class NatsBus:
                        timings=timings)
             return
         if isinstance(answer, Message):
-            try:
-                await self.send_durable(answer)
+            try:  # (never a stream for a name a durable message merely claims)
+                await self.send_durable(answer, make_stream=False)
             except CBCLError as exc:
                 agent._say(f"nats: the durable reply was not sent: "
                            f"{peer_text(exc.one_line(), 160)}", level=logging.ERROR,
                            event="invalid-reply", message=answer)
+
+    def _learn_durable_protocols(self) -> bool:
+        """Adopt into the durable registry the protocols the agent learned since (over
+        its sessions); whether there was any."""
+        registry = self._durable_registry
+        if registry is None:  # pragma: no cover - set before the loop runs
+            return False
+        fresh = [protocol for protocol in self.agent.learned.protocols()
+                 if registry.get(protocol.id) is None]
+        for protocol in fresh:
+            registry.adopt(protocol)
+        return bool(fresh)
+
+    async def _not_yet(self, msg: Msg, error: CBCLError) -> None:
+        """A durable message this agent cannot handle yet (a protocol it does not hold):
+        kept — delivered again after ``durable_retry_delay`` times its deliveries so
+        far — and on its ``max_deliver``-th delivery moved to the dead-letter subject,
+        never dropped. Raises nothing (failures are logged; the server delivers it again
+        after ``ack_wait``)."""
+        limits = self.limits
+        try:
+            deliveries = int(msg.metadata.num_delivered or 1)
+        except (AttributeError, ValueError, TypeError):  # not a JetStream message
+            deliveries = 1
+        reason = peer_text(error.one_line(), 200)
+        try:
+            if deliveries < limits.max_deliver:
+                self.stats["durable_retried"] += 1
+                delay = limits.durable_retry_delay * deliveries
+                self.agent._say(f"nats: durable message not handled yet ({reason}); "
+                                f"delivery {deliveries} of {limits.max_deliver}, again in "
+                                f"{delay:g} s")
+                await msg.nak(delay=delay)
+                return
+            await self._dead_letter(msg, reason, deliveries)
+        except (nats.errors.Error, TimeoutError) as exc:
+            self.stats["errors"] += 1
+            self.agent._say(f"nats: could not keep a durable message for later: "
+                            f"{peer_text(exc, 120)}")
+
+    async def _dead_letter(self, msg: Msg, reason: str, deliveries: int) -> None:
+        """Store ``msg`` on the dead-letter subject (its headers kept, with why and how
+        often it was delivered), then terminate the original — only once the copy is
+        acknowledged. Raises nats-py's errors."""
+        headers = dict(msg.headers or {})
+        original = headers.pop(MSG_ID, "")
+        headers.update({"CBCL-Dead-Reason": reason, "CBCL-Deliveries": str(deliveries),
+                        "CBCL-Msg-Id": original, "CBCL-Subject": msg.subject})
+        if original:  # the copy deduplicated too, apart from the original's id
+            headers[MSG_ID] = f"dead:{original}"
+        await self._jetstream().publish(self.dead_letter_subject(self.agent.name),
+                                        msg.data, timeout=self.limits.request_timeout,
+                                        headers=headers)
+        await msg.term()
+        self.stats["durable_dead"] += 1
+        self.agent._say(f"nats: durable message {peer_text(original, 64)} moved to "
+                        f"{self.dead_letter_subject(self.agent.name)} after {deliveries} "
+                        f"deliveries: {reason}", level=logging.WARNING)
 
     async def _settle(self, msg: Msg, *, accepted: bool) -> None:
         try:
@@ -1127,15 +1510,21 @@ class NatsBus:
                              "(or one this agent holds)")
         return found
 
-    async def send_durable(self, message: Message, *, descriptor: bytes | None = None
-                           ) -> bool:
+    async def send_durable(self, message: Message, *, descriptor: bytes | None = None,
+                           replicas: int = 1, make_stream: bool = True) -> bool:
         """Store ``message`` in its receiver's durable stream (``Nats-Msg-Id`` = its id),
         checked first as the receiver will check it, in canonical text; the protocol is
-        ``descriptor``'s (signed), or one the agent holds. A publish whose acknowledgement
-        does not come is repeated (at most three times, with the same id). Returns whether
-        the server had the id already (a duplicate, dropped). Raises the message's
-        :class:`CBCLError` (nothing is sent), ``ValueError`` for an id that cannot be a
-        header value, :class:`ConnectionLost` (no durable inbox, no server)."""
+        ``descriptor``'s (signed), or one the agent holds. If the receiver has no stream
+        yet (it never started), the stream is made as the receiver would make it
+        (:meth:`stream_config`, ``replicas`` copies) — unless not ``make_stream``, when
+        that is :class:`ConnectionLost`; an existing one is left as it is.
+        A publish that fails for a passing reason (no acknowledgement, a node down, a
+        leader being elected) is repeated with the same id for ``durable_retry_for``
+        seconds. Returns whether the server had the id already (a duplicate, dropped).
+        Raises the message's :class:`CBCLError` (nothing is sent), ``ValueError`` for an
+        id that cannot be a header value or ``replicas`` outside 1..5,
+        :class:`ConnectionLost` (no server, no acknowledgement in time)."""
+        _check_count("replicas", replicas, upper=5)
         ident = message.message_id
         if not ident.isprintable() or ident != ident.strip() or len(ident) > 256:
             raise ValueError("a durable message id is at most 256 printable characters, "
@@ -1147,23 +1536,26 @@ class NatsBus:
         data = message.canonical().encode("utf-8")
         subject = self.durable_subject(message.receiver)
         js = self._jetstream()
-        last: BaseException | None = None
-        for _ in range(3):
+        timeout = self.limits.request_timeout
+
+        async def publish() -> Any:
             try:
-                ack = await js.publish(subject, data, timeout=self.limits.request_timeout,
-                                       headers={MSG_ID: ident})
+                return await js.publish(subject, data, timeout=timeout,
+                                        headers={MSG_ID: ident})
             except nats.js.errors.NoStreamResponseError:
-                raise ConnectionLost(f"{peer_text(message.receiver, 60)} has no durable "
-                                     "inbox on this bus") from None
-            except (nats.errors.TimeoutError, nats.errors.ConnectionReconnectingError,
-                    nats.errors.NoRespondersError) as exc:
-                last = exc
-                await asyncio.sleep(self.limits.retransmit_after)
-                continue
-            except nats.errors.Error as exc:
-                raise _nats_lost("durable publish failed", exc) from None
-            return bool(ack.duplicate)
-        raise _nats_lost("durable publish not acknowledged", last or TimeoutError())
+                # No stream takes the subject: the receiver never started. Made here as
+                # the receiver makes it (left as it is if it exists meanwhile).
+                if not make_stream:
+                    raise ConnectionLost(f"{peer_text(message.receiver, 60)} has no "
+                                         "durable inbox on this bus") from None
+                await self._ensure_stream(
+                    js, self.stream_config(message.receiver, replicas=replicas),
+                    update=False)
+                return await js.publish(subject, data, timeout=timeout,
+                                        headers={MSG_ID: ident})
+
+        ack = await self._retrying("store a durable message", publish)
+        return bool(ack.duplicate)
 
     # ----------------------------------------------------------------- closing
 

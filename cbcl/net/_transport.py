@@ -307,6 +307,10 @@ class Connection:
         #: cache``, ``disk cache``; empty when it was refused).
         self.last_work_source = ""
         self.bytes_sent = 0
+        #: Writes to the stream (answers to frames that arrived together share one).
+        self.writes = 0
+        self._held: list[bytes] = []  # answers held back for one write (see _write)
+        self._flush_soon = False
         #: Bytes the session produced by itself on the last event (its automatic replies).
         self.last_flush_bytes = 0
         self.bytes_received = 0
@@ -314,6 +318,11 @@ class Connection:
         self._loop = loop
         self._handshake_deadline = loop.time() + self.limits.handshake_timeout
         self._frame_deadline: float | None = None
+        # The read in progress (its task), its deadline and the one timer that keeps it.
+        self._reading: asyncio.Task[Any] | None = None
+        self._read_deadline = 0.0
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._read_cut = False  # the read was cancelled for its deadline (or an eviction)
         self._pre_handshake_timeout = pre_handshake_timeout
         self._pre_handshake_deadline = None if pre_handshake_timeout is None \
             else loop.time() + pre_handshake_timeout
@@ -342,22 +351,60 @@ class Connection:
         if waiting is not None:
             with contextlib.suppress(RuntimeError):  # its deadline is passing anyway
                 waiting.reschedule(self._loop.time())
+        self._cut_read()
 
     async def _write(self, data: bytes) -> None:
         if not data:
             return
         if self.evicted is not None:
             raise self._busy()
+        session = self.session
+        if session.frames_waiting and session.state is HandshakeState.ESTABLISHED:
+            # More frames are waiting to be answered now: their answers go out in one
+            # write, when the last is answered (or at the end of this turn of the loop).
+            # (Never a refusal: the session is then in ERROR, and it is written at once.)
+            self._held.append(data)
+            self.bytes_sent += len(data)
+            if not self._flush_soon:
+                self._flush_soon = True
+                self._loop.call_soon(self._write_held)
+            return
+        size = len(data)
+        if self._held:
+            self._held.append(data)
+            data = b"".join(self._held)
+            self._held.clear()
+        writer = self.writer
         try:
-            self.writer.write(data)
-            await self.writer.drain()
+            writer.write(data)
+            transport = writer.transport
+            # Most writes leave nothing buffered (the socket took it all): then there is
+            # nothing to wait for, and drain() would only check that. A closing stream, or
+            # bytes left in the buffer, take the full drain (which raises for a lost peer
+            # and waits while the buffer is over its high-water mark).
+            if transport.is_closing() or transport.get_write_buffer_size():
+                await writer.drain()
         except (ConnectionError, OSError) as exc:
             if self.evicted is not None:  # we closed it, while it waited to write
                 raise self._busy() from None
             raise ConnectionLost(f"the peer is gone ({exc.strerror or exc}) in state "
                                  f"{self.session.state.value}{self.session._where()}"
                                  ) from None
-        self.bytes_sent += len(data)
+        self.bytes_sent += size
+        self.writes += 1
+
+    def _write_held(self) -> None:
+        """Write the answers held back (see :meth:`_write`); a peer gone by now is found
+        by the next read."""
+        self._flush_soon = False
+        if not self._held or self.evicted is not None:
+            return
+        data = b"".join(self._held)
+        self._held.clear()
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            if not self.writer.transport.is_closing():
+                self.writer.write(data)
+                self.writes += 1
 
     async def flush(self) -> None:
         """Write what the session produced by itself."""
@@ -475,20 +522,53 @@ class Connection:
                 f"the handshake did not finish within {self._pre_handshake_timeout:g} s of "
                 "the peer's time (pre_handshake_timeout)")
         data = b""
+        # One timer per connection, not one per read (see _cut_read): a read only moves
+        # the deadline, and the timer is set again when it fires early or must fire sooner.
+        self._read_deadline = deadline
+        timer = self._read_timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._read_timer = self._loop.call_at(deadline, self._read_due)
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - a coroutine always runs in a task here
+            raise RuntimeError("Connection._read outside a task")
+        cancelling = task.cancelling()
+        self._reading = task
         try:
-            async with asyncio.timeout_at(deadline) as waiting:
-                self._waiting = waiting
-                data = await self.reader.read(limits.read_bytes)
-        except TimeoutError:
+            data = await self.reader.read(limits.read_bytes)
+        except asyncio.CancelledError:
+            if not self._read_cut or task.uncancel() > cancelling:
+                raise  # the caller's own cancellation
+            self._read_cut = False
             if self.evicted is None:
                 await self._time_out(why)
         except (ConnectionError, OSError):
             pass  # a reset is an end of stream the session judges
         finally:
-            self._waiting = None
+            self._reading = None
         if self.evicted is not None:
             raise self._busy()
         return data
+
+    def _read_due(self) -> None:
+        """The read timer fired: cut the read short if its deadline has passed, or set the
+        timer again for the deadline it has now (a later read moved it)."""
+        self._read_timer = None
+        if self._reading is None:
+            return  # not reading: the next read sets the timer again
+        if self._loop.time() < self._read_deadline:
+            self._read_timer = self._loop.call_at(self._read_deadline, self._read_due)
+            return
+        self._cut_read()
+
+    def _cut_read(self) -> None:
+        """Cancel the read in progress as its deadline (:meth:`_read` tells the two
+        cancellations apart, as ``asyncio.timeout`` does)."""
+        task = self._reading
+        if task is not None and not self._read_cut:
+            self._read_cut = True
+            task.cancel()
 
     async def _time_out(self, why: str) -> NoReturn:
         with contextlib.suppress(ConnectionLost):
@@ -505,6 +585,10 @@ class Connection:
         """Close cleanly: tell the session, close the stream, wait for it (at most 1 s)."""
         with contextlib.suppress(CBCLError):
             self.session.send(ConnectionClosed(), now=self.clock())
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+        self._write_held()
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError, TimeoutError):
             await asyncio.wait_for(self.writer.wait_closed(), 1.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, overload
 
 from ..core._canonical import canonical_value
 from ..core._entries import entry, fallback
@@ -35,6 +35,7 @@ from ._envelope import ENVELOPE_TABLES, message_of, message_of_python, parse_env
 from ._message import Message
 from ._pass2 import check_intent_and_body, explain_body, find_body_refusal, path_index
 from ._protocol import Protocol
+from ._records import record_of
 from ._registry import Registry
 from ._schema import _has_heads
 
@@ -54,6 +55,9 @@ else:
 _DOCUMENT_TABLES = (*ENVELOPE_TABLES, ATOM_TERMINALS, REFUSED, ACCEPT, _has_heads)
 
 
+_type = type  # (parse's own ``type`` is its type= parameter)
+
+
 def _verified(message: Message, registry: Registry) -> Message:
     """``message``, one that must be verified (signed, or signatures required), once the
     trust store of ``registry`` (if it has one) has verified it, as :func:`parse` and
@@ -62,6 +66,23 @@ def _verified(message: Message, registry: Registry) -> Message:
     if trust is not None:
         trust.verify_message(message)
     return message
+
+
+R = TypeVar("R")
+
+
+@overload
+def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+          envelope_only: bool = False, registry: Registry | None = None,
+          require_signatures: bool = False, type: None = None) -> Message: ...
+@overload
+def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+          envelope_only: bool = False, registry: Registry | None = None,
+          require_signatures: bool = False, type: type[R]) -> R: ...
+@overload
+def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
+          envelope_only: bool = False, registry: Registry | None = None,
+          require_signatures: bool = False, type: Any) -> Any: ...
 
 
 # Where the extension is built, parse is a C function (cbcl/_native_src/entry.h,
@@ -75,7 +96,7 @@ def _verified(message: Message, registry: Registry) -> Message:
         DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars), method=False)
 def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
           envelope_only: bool = False, registry: Registry | None = None,
-          require_signatures: bool = False) -> Message:
+          require_signatures: bool = False, type: Any = None) -> Any:
     """Parse one CBCL/1.0 message: pass 1 (envelope) and, unless ``envelope_only``, pass 2
     (the body, by the grammar of the message's protocol in ``registry``). A message is
     returned only when both passes accept it.
@@ -95,7 +116,18 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     :class:`TrustError` (``"message verification failed"``) for a bad, unknown-key or
     disallowed signature or a missing required one, ``TypeError`` for input that is not
     bytes or str, and ``ValueError`` for ``require_signatures`` without a trust store.
+
+    With ``type=`` a :class:`cbcl.Record` class (or ``A | B``), the accepted message's
+    body is returned as an instance of it (:func:`cbcl.descriptor.record_of`), which raises
+    :class:`SchemaError` for a body that is not the class's.
     """
+    if type is not None:  # the message as without type= (the C entry's call), converted
+        accepted: Message = parse(data, registry=registry) if registry is not None and \
+            limits is None and not envelope_only and not require_signatures else \
+            parse(data, limits=limits, envelope_only=envelope_only, registry=registry,
+                  require_signatures=require_signatures)
+        return record_of(accepted, type, None if registry is None
+                         else registry.get(accepted.protocol))
     # parse(data, registry=R) of exact bytes is the C entry's own call: it ran _accepted's
     # tiers already and declined the document, so they are not run again on it here.
     tried = limits is None and not require_signatures and parse is not parse_python \
@@ -109,7 +141,7 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     text = None  # (stays None where both passes accepted the document in C)
     message = envelope = None
     if _accept_document_c is not None and registry is not None and not envelope_only and \
-            type(data) is bytes and len(data) <= limits.max_message_bytes:
+            _type(data) is bytes and len(data) <= limits.max_message_bytes:
         message, envelope, text = _accepted(data, limits, registry, tried)
     if message is None:
         if text is None:

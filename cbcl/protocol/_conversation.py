@@ -225,6 +225,18 @@ def _describe(message: Message) -> str:
     return f'message "{message.message_id}" ({message.intent.value} from {message.sender})'
 
 
+class _Where:
+    """``message "ID" (INTENT from SENDER) refused``, written out only when formatted."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+    def __format__(self, spec: str) -> str:
+        return f"{_describe(self.message)} refused"
+
+
 class Conversation:
     """One conversation thread between an initiator and a peer, following a
     :class:`Machine`. Create it with the first message (:meth:`start`) or empty and feed
@@ -287,26 +299,30 @@ class Conversation:
         if not isinstance(message, Message):
             raise TypeError("message must be a cbcl.Message")
         machine = self.machine
-        if message.protocol != self.protocol:
+        # (``a is not b and a != b``: the same object, as it mostly is, needs no compare)
+        if message.protocol is not self.protocol and message.protocol != self.protocol:
             raise self._refuse(message, f"it speaks {message.protocol}, the conversation "
                                         f"speaks {self.protocol}")
         if message.conversation_id != self.conversation_id:
             raise self._refuse(message, "its conversation-id is "
                                         f"{message.conversation_id!r}")
-        if message.sender == message.receiver:
+        sender, receiver = message.sender, message.receiver
+        if sender is receiver or sender == receiver:
             raise self._refuse(message, "its sender is its receiver")
         initiator, peer = machine.roles
-        if not self._agents:
+        agents = self._agents
+        if not agents:
             if message.intent in _SPECIAL:
                 raise self._refuse(message, "a conversation cannot start with "
                                             f"{message.intent.value}")
             role = initiator
         else:
-            if message.sender == self._agents[initiator] \
-                    and message.receiver == self._agents[peer]:
+            first, second = agents[initiator], agents[peer]
+            if (sender is first or sender == first) \
+                    and (receiver is second or receiver == second):
                 role = initiator
-            elif message.sender == self._agents[peer] \
-                    and message.receiver == self._agents[initiator]:
+            elif (sender is second or sender == second) \
+                    and (receiver is first or receiver == first):
                 role = peer
             else:
                 raise self._refuse(message, "it is not between "
@@ -396,6 +412,7 @@ class ConversationTracker:
         self._initiators: dict[str, URI] = {}
         self._protocols: dict[str, Symbol] = {}
         self._threads: dict[tuple[str, URI], Conversation] = {}
+        self._peers: dict[str, list[URI]] = {}  # conversation id -> the peers of its threads
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._finished_memory = max_open or 1024
 
@@ -432,7 +449,7 @@ class ConversationTracker:
 
     def _route(self, message: Message) -> tuple[Conversation, bool]:
         cid = message.conversation_id
-        where = f"{_describe(message)} refused"
+        where = _Where(message)  # (written out only for a refusal)
         if cid is None:
             raise ConversationError(f"{where}: it has no conversation-id", path="$")
         machine = self._machines.get(message.protocol)
@@ -469,7 +486,7 @@ class ConversationTracker:
         return Conversation(machine, protocol=message.protocol, conversation_id=cid,
                             constraints=self._constraints.get(message.protocol)), True
 
-    def _check_room(self, where: str) -> None:
+    def _check_room(self, where: _Where) -> None:
         if self.max_open is not None and len(self._threads) >= self.max_open:
             raise LimitError(f"{where}: {self.max_open} conversations are open already",
                              limit="max_conversations", maximum=self.max_open)
@@ -492,16 +509,20 @@ class ConversationTracker:
             self._initiators.setdefault(cid, message.sender)
             self._protocols.setdefault(cid, message.protocol)
             self._threads[(cid, message.receiver)] = thread
+            self._peers.setdefault(cid, []).append(message.receiver)
         if step.finished and self.forget_finished:
             self._forget(cid)
         return step
 
     def _forget(self, cid: str) -> None:
         """Drop a finished conversation's threads, keep its id among the finished ones."""
-        for key in [key for key, thread in self._threads.items()
-                    if key[0] == cid and thread.finished]:
-            del self._threads[key]
-        if not any(key[0] == cid for key in self._threads):
+        peers = self._peers.get(cid, [])
+        for peer in list(peers):  # (only this conversation's threads, not every one)
+            if self._threads[(cid, peer)].finished:
+                del self._threads[(cid, peer)]
+                peers.remove(peer)
+        if not peers:
+            self._peers.pop(cid, None)
             self._initiators.pop(cid, None)
             self._protocols.pop(cid, None)
             self._finished[cid] = None

@@ -185,7 +185,11 @@ def _refusal(value: object) -> str:
 def _data(item: object, label: str, root: str, frames: list[tuple[int, list[Value]]],
           ) -> object:
     """``item`` read as data (:func:`data_of`: an exact atom, or an iterator over a list's
-    items), or ``TypeError``/``ValueError`` naming its path."""
+    items), or ``TypeError``/``ValueError`` naming its path. A typed record
+    (``cbcl.Record``) is read as its body's value, built and checked when it was made."""
+    record_body = getattr(type(item), "__cbcl_body__", None)
+    if record_body is not None:
+        item = record_body.__get__(item, type(item))
     try:
         plain = data_of(item)
     except TypeError as exc:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..core._canonical import canonical_value_python, native as _native
 from ..core._entries import entry, fallback
@@ -24,9 +25,69 @@ from ._fields import _SURROGATE, Fields, FieldsError, check_value
 if TYPE_CHECKING:
     from ._registry import Registry
 
+_T = TypeVar("_T")
+
 VERSION = "CBCL/1.0"
 _new = object.__new__
 _set = object.__setattr__
+
+#: A Message's fields, in grammar order (the attributes Message._trusted sets).
+_ATTRIBUTES = ("message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
+               "in_reply_to", "reply_by", "timestamp", "body", "signature")
+
+# Storage. Message and Signature are frozen dataclasses over a base class that holds their
+# fields: where the extension is built, the C types cbcl._native.MessageFields and
+# SignatureFields, whose structs have a member per field (cbcl/_native_src/native.h), so
+# that its writers read a message's fields from its struct and its decoders fill one
+# directly; else a plain class with a slot per field. Either way an instance has no
+# __dict__ (the dataclasses declare ``__slots__ = ()``) and its fields are the base's
+# member descriptors, which object.__setattr__ writes past the frozen __setattr__.
+
+
+class _MessageSlots:
+    """The pure-Python storage of :class:`Message`'s fields: a slot each."""
+
+    __slots__ = _ATTRIBUTES
+
+
+class _SignatureSlots:
+    """The pure-Python storage of :class:`Signature`'s fields: a slot each."""
+
+    __slots__ = ("key_id", "value")
+
+
+if TYPE_CHECKING or _native is None:
+    _MessageStorage = _MessageSlots
+    _SignatureStorage = _SignatureSlots
+else:
+    _MessageStorage = _native.MessageFields
+    _SignatureStorage = _native.SignatureFields
+
+
+def _without_class_defaults(cls: type[_T]) -> type[_T]:
+    """``cls`` (a dataclass over a storage base, above) without the class attributes that
+    ``dataclass`` leaves for the fields' defaults: they would hide the base's member
+    descriptors, so that reading the field gave the default. (``dataclass(slots=True)``
+    removes them by making the class again; the defaults stay in ``__init__`` and in
+    :func:`dataclasses.fields`.)"""
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]  # (a dataclass)
+        if field.name in cls.__dict__:
+            delattr(cls, field.name)
+    return cls
+
+
+def _state_of(instance: object, names: tuple[str, ...]) -> tuple[object, ...]:
+    """The fields ``names`` of a dataclass instance, for ``__getstate__``."""
+    return tuple(getattr(instance, name) for name in names)
+
+
+def _set_state(instance: object, names: tuple[str, ...], state: object) -> None:
+    """Set ``__getstate__``'s fields back on a new instance (``copy``, ``pickle``), past
+    the frozen ``__setattr__``. Raises ``TypeError`` for a state of another shape."""
+    if type(state) is not tuple or len(state) != len(names):
+        raise TypeError(f"a {type(instance).__name__} state is a tuple of {len(names)}")
+    for name, value in zip(names, state, strict=True):
+        _set(instance, name, value)
 
 
 class Intent(StrEnum):
@@ -53,12 +114,23 @@ class Intent(StrEnum):
     __hash__ = str.__hash__
 
 
-@dataclass(frozen=True, slots=True)
-class Signature:
+@_without_class_defaults
+@dataclass(frozen=True)
+class Signature(_SignatureStorage):
     """A message signature: the signer's key id (a hint) and the base64 Ed25519 value."""
+
+    __slots__ = ()
 
     key_id: str
     value: str
+
+    # (copy and pickle: the storage's fields are not a __dict__, and C members are not
+    # slots copyreg sees)
+    def __getstate__(self) -> tuple[object, ...]:
+        return _state_of(self, ("key_id", "value"))
+
+    def __setstate__(self, state: object) -> None:
+        _set_state(self, ("key_id", "value"), state)
 
 
 # Each envelope field is read as the body's values are (spec §1.2): a subclass of its type
@@ -111,8 +183,9 @@ def _intent(value: object) -> Intent:
     return Intent(text)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Message:
+@_without_class_defaults
+@dataclass(frozen=True, kw_only=True)
+class Message(_MessageStorage):
     """A CBCL/1.0 message. Fields follow the envelope's order; optional ones may be ``None``
     (``body is None`` means the message has no ``(body …)``).
 
@@ -128,6 +201,8 @@ class Message:
     more than ``MAX_VALUE_DEPTH`` lists deep or one that contains itself).
     Whether the body is one its protocol accepts is :func:`cbcl.validate`'s question.
     """
+
+    __slots__ = ()
 
     message_id: str
     sender: URI
@@ -155,6 +230,16 @@ class Message:
                      reply_by: int | None = None, timestamp: int | None = None,
                      body: ValueInput | None = None,
                      signature: Signature | None = None) -> None: ...
+
+    def __getstate__(self) -> tuple[object, ...]:
+        """The fields, for ``copy`` and ``pickle`` (the storage's are not a ``__dict__``,
+        and its C members are not slots ``copyreg`` sees)."""
+        return _state_of(self, _ATTRIBUTES)
+
+    def __setstate__(self, state: object) -> None:
+        """Set ``__getstate__``'s fields on a new message. Raises ``TypeError`` for a
+        state of another shape."""
+        _set_state(self, _ATTRIBUTES, state)
 
     def __post_init__(self) -> None:
         # (each field is replaced by its exact-typed value where it is not one: read as
@@ -301,11 +386,11 @@ _FIELD = {name: Symbol(name) for name in (
 _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
 
 # The C twin of ``canonical()`` (cbcl._native.canonical_message), which writes the text of
-# ``canonical_value(message.to_value())`` from the message's slots, or declines (None) for
-# anything but an exact Message with an Intent member and an exact Signature or none: then
-# the Python path above writes it, or raises. None where the module is not built, or the
-# types are not slotted as it reads them (setup_message: then canonical's C entry hands
-# every call to the Python method too).
+# ``canonical_value(message.to_value())`` from the message's fields (its MessageFields
+# struct), or declines (None) for anything but an exact Message with an Intent member and
+# an exact Signature or none: then the Python path above writes it, or raises. None where
+# the module is not built, or the types are not laid out as it reads them (setup_message:
+# then canonical's C entry hands every call to the Python method too).
 _canonical_message = _native.canonical_message if _native is not None and \
     _native.setup_message(Message, Signature, (_VERSION_SYMBOL, *_FIELD.values()),
                           tuple(_INTENT_SYMBOL.items())) else None
@@ -313,10 +398,6 @@ _canonical_message = _native.canonical_message if _native is not None and \
 #: is not built): the reference.
 canonical_python = fallback(Message.canonical)
 
-
-#: The attributes Message._trusted sets, in order.
-_ATTRIBUTES = ("message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
-               "in_reply_to", "reply_by", "timestamp", "body", "signature")
 
 try:
     from .._native import make_object as _make_object_c

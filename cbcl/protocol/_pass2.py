@@ -45,7 +45,7 @@ from ..core._reader import (
     token_start,
 )
 from ..core._values import ATOM_TERMINALS, Keyword, Symbol, Value
-from ..grammar._automaton import ACCEPT, REFUSED
+from ..grammar._automaton import ACCEPT, REFUSED, StackAutomaton, apply_set_ops
 from ..grammar._kernel import REFUSED as REFUSED_BY_GRAMMAR, body_refusal, feed
 from ._hints import UNREAD, body_hint
 from ._message import Intent, Message
@@ -82,6 +82,24 @@ def start_node(protocol: Protocol, intent: Intent | None) -> Any:
     return node
 
 
+def recogniser_start(protocol: Protocol, intent: Intent | None) -> Any:
+    """:func:`start_node` in the protocol's :attr:`~Protocol.recogniser` (the automaton
+    whose walks keep the keyword sets' masks themselves): where its walks start. Raises
+    ``ValueError`` if the start terminal passes a keyword set's state (no start rule
+    does: its terminal is shifted first)."""
+    automaton = protocol.recogniser
+    node = automaton.start
+    if protocol.entries:
+        terminal = _start_terminal(protocol, intent)
+        if terminal is None:
+            return REFUSED
+        found = node.get(terminal)
+        node = found if found is not None else automaton.step(node, terminal)
+        if type(node) is tuple:  # pragma: no cover - a start terminal is shifted first
+            raise ValueError("a start terminal passed a keyword set's state")
+    return node
+
+
 def start_stack(protocol: Protocol, intent: Intent | None) -> list[int]:
     """:func:`start_node` as a kernel stack (``[]`` where there is no rule to start at)."""
     tables = protocol.tables
@@ -100,21 +118,27 @@ def recognise_body(protocol: Protocol, body: Value, intent: Intent | None = None
     grammar takes any ``value``, a whole list is taken at once
     (:func:`cbcl.grammar._lalr.value_states`): it has been read, and any value is one. The walk is
     ``cbcl._native.recognise`` where that is built, else :func:`walk_body`."""
-    node = start_node(protocol, intent)
+    node = recogniser_start(protocol, intent)
     if node is REFUSED:
         return False
     if _recognise_c is not None:
         accepted: bool = _recognise_c(body, node, protocol.atoms, ATOM_TERMINALS,
-                                      protocol.automaton.step, REFUSED, ACCEPT)
+                                      protocol.recogniser.step, REFUSED, ACCEPT)
         return accepted
     return walk_body(protocol, body, node)
 
 
-def walk_body(protocol: Protocol, body: Value, node: Any) -> bool:
-    """The walk of :func:`recognise_body` from ``node``, in Python (the reference of its C
-    twin, ``cbcl._native.recognise``)."""
-    step = protocol.automaton.step
+def walk_body(protocol: Protocol, body: Value, node: Any,
+              automaton: StackAutomaton | None = None) -> bool:
+    """The walk of :func:`recognise_body` from ``node`` of ``automaton`` (the protocol's
+    :attr:`~Protocol.recogniser` by default), in Python (the reference of its C twin,
+    ``cbcl._native.recognise``). The keyword sets' masks are kept here, in ``frames``,
+    where the automaton's transitions say (:func:`apply_set_ops`; an automaton whose
+    nodes carry them says nothing). Raises ``ValueError`` where ``node`` is inside a
+    keyword set of such an automaton (its masks are not known here)."""
+    step = (protocol.recogniser if automaton is None else automaton).step
     classes = protocol.atoms
+    frames: list[int] = []  # the masks of the keyword sets under way, innermost last
     pending: list[Any] = []
     items: Any = iter((body,))
     while True:
@@ -124,7 +148,12 @@ def walk_body(protocol: Protocol, body: Value, node: Any) -> bool:
                 found = node.get("LPAR")
                 if found is None:
                     found = step(node, "LPAR")
-                node, whole = found
+                if len(found) == 2:
+                    node, whole = found
+                else:
+                    node, whole, ops = found
+                    if node is not REFUSED and not apply_set_ops(frames, ops):
+                        return False
                 if node is REFUSED:
                     return False
                 if not whole:
@@ -140,7 +169,11 @@ def walk_body(protocol: Protocol, body: Value, node: Any) -> bool:
             found = node.get(cls)
             if found is None:
                 found = step(node, cls)
-            if found is REFUSED:
+            if type(found) is tuple:
+                found, ops = found
+                if not apply_set_ops(frames, ops):
+                    return False
+            elif found is REFUSED:
                 return False
             node = found
         else:  # the list (or the body) is complete
@@ -150,12 +183,20 @@ def walk_body(protocol: Protocol, body: Value, node: Any) -> bool:
             found = node.get("RPAR")
             if found is None:
                 found = step(node, "RPAR")
-            if found is REFUSED:
+            if type(found) is tuple:
+                found, ops = found
+                if not apply_set_ops(frames, ops):
+                    return False
+            elif found is REFUSED:
                 return False
             node = found
     found = node.get("$END")
     if found is None:
         found = step(node, "$END")
+    if type(found) is tuple:
+        found, ops = found
+        if not apply_set_ops(frames, ops):
+            return False
     return found is ACCEPT
 
 

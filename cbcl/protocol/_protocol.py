@@ -41,8 +41,13 @@ class Protocol:
     report: str
     #: The descriptor's schema, compiled once at load (``None`` without one).
     schema: Schema | None = None
-    #: Pass 2's automaton over the tables' stacks, built as bodies need it.
+    #: Pass 2's automaton over the tables' stacks, built as bodies need it, whose nodes
+    #: carry the keyword sets' masks: the refusal search's (a walk's node is its state).
     automaton: StackAutomaton = field(init=False)
+    #: The same over nodes without masks (``walker_masks``: the walk keeps them, so a
+    #: set's members in any order share their nodes): the acceptance walks' (pass 2's
+    #: ``recognise_body`` and ``accept_document``, the binary decoder's fast path).
+    recogniser: StackAutomaton = field(init=False)
     #: The descriptor's rules, compiled (``None`` without a ``(constraints …)`` section):
     #: parse, validate and the codec apply the stateless ones, a conversation the rest.
     constraints: Constraints | None = field(init=False)
@@ -73,12 +78,13 @@ class Protocol:
                            if terminals else {})
         literals = {terminal: "KEYWORD" if type(atom) is Keyword else "SYMBOL"
                     for atom, terminal in self.atoms.items()}
-        automaton = StackAutomaton(self.tables, literals)
-        object.__setattr__(self, "automaton", automaton)
+        object.__setattr__(self, "automaton", StackAutomaton(self.tables, literals))
+        recogniser = StackAutomaton(self.tables, literals, walker_masks=True)
+        object.__setattr__(self, "recogniser", recogniser)
         sole, candidates = (None, None) if self.schema is None else self.schema.record_index()
         object.__setattr__(self, "acceptance", (
             tuple(self.governed), tuple(self.entries.items()), terminals.get("body"),
-            automaton, automaton.step, self.atoms, sole, candidates))
+            recogniser, recogniser.step, self.atoms, sole, candidates))
 
     @property
     def id(self) -> Symbol:

@@ -467,8 +467,7 @@ class Session:
                 if budget is not None and address is not None:
                     budget.charge(address, now=now)
                 self._fail(exc)
-            self._events.appendleft(event)
-            return self._events.popleft()
+            return event  # (before any event _handle queued after it, e.g. Established)
         if self._eof:
             if self._inbox:
                 self._fail(MalformedError(f"the stream ends inside a frame "
@@ -547,7 +546,9 @@ class Session:
             self.peer = message.sender
         if self.me is None:
             self.me = message.receiver
-        if message.sender != self.peer or message.receiver != self.me:
+        sender, receiver, peer, me = message.sender, message.receiver, self.peer, self.me
+        # (identity first: the parties of a session are mostly the very same objects)
+        if (sender is not peer and sender != peer) or (receiver is not me and receiver != me):
             raise RemoteProtocolError(
                 f'message "{message.message_id}" is from {message.sender} to '
                 f"{message.receiver}; this session is between {self.peer} and {self.me}",
@@ -934,7 +935,7 @@ class Session:
     def _send_message(self, message: Message, now: int) -> bytes:
         if self.state is not HandshakeState.ESTABLISHED or self.protocol is None:
             raise LocalProtocolError(f"no protocol is established (state {self.state.value})")
-        if message.protocol != self.protocol.id:
+        if message.protocol is not self.protocol.id and message.protocol != self.protocol.id:
             raise LocalProtocolError(f"this session speaks {self.protocol.id}, not "
                                      f"{message.protocol}")
         if (message.sender, message.receiver) != (self.me, self.peer):

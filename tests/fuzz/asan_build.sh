@@ -5,7 +5,8 @@
 # temporary copy of the package, then runs against it the differential tests
 # (tests/test_encoders.py, test_scanner.py, test_reader_tiers.py, test_decoder_atoms.py,
 # test_envelope_walk.py, test_automaton.py, test_schema.py, test_accept_document.py,
-# test_decode_frame.py, test_entries.py, test_decimals_in_place.py, test_native_state.py and the
+# test_decode_frame.py, test_entries.py, test_decimals_in_place.py, test_native_state.py,
+# test_native_fields.py, test_message_api.py and the
 # canonical, reader and
 # codec suites that go through them) and the fuzz harnesses
 # tests/fuzz/fuzz_encoders.py and tests/fuzz/fuzz_scanner.py: under libFuzzer (atheris)
@@ -62,7 +63,8 @@ echo "+ pytest (differential tests) against the sanitized builds"
     "$root/tests/test_envelope_walk.py" "$root/tests/test_automaton.py" \
     "$root/tests/test_schema.py" "$root/tests/test_accept_document.py" \
     "$root/tests/test_decode_frame.py" "$root/tests/test_entries.py" \
-    "$root/tests/test_decimals_in_place.py" "$root/tests/test_native_state.py"
+    "$root/tests/test_decimals_in_place.py" "$root/tests/test_native_state.py" \
+    "$root/tests/test_native_fields.py" "$root/tests/test_message_api.py"
 for harness in encoders scanner; do
     echo "+ fuzz_$harness.py on random inputs"
     "$PY" "$root/tests/fuzz/fuzz_$harness.py" --random 20000

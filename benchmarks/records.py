@@ -1,0 +1,162 @@
+"""Decoding into typed records (issue 32 item 2): cbcl's ``type=`` against msgspec
+``Struct`` and pydantic models on the same content.
+
+    python benchmarks/records.py [--messages N] [--rounds R] [--json FILE]
+
+``N`` different lab-sample requests (1,000 by default: a sample id, a one-of assay, a
+ranged priority, three nested line records, a note, a flag). cbcl decodes whole messages —
+envelope, grammar and schema checked — into :class:`SampleRequest`
+(``Decoder.decode(frame, type=…)``, ``cbcl.parse(text, type=…)``), and, for the cost of
+the conversion alone, without ``type=``. The peers decode only the body, as the same
+fields in JSON (or that JSON packed as msgpack), into models with the same constraints:
+msgspec ``Struct`` (``msgspec.msgpack.decode``/``msgspec.json.decode`` with ``type=``)
+and pydantic (``model_validate_json``). Rounds are interleaved and the best is kept (µs
+per message); ratios are from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal
+
+import msgspec
+import pydantic
+
+import cbcl
+
+
+class Line(cbcl.Record):
+    code: Annotated[str, cbcl.Length(1, 16)]
+    qty: Annotated[int, cbcl.Range(1, 99)] = 1
+
+
+class SampleRequest(cbcl.Record, intent="REQUEST"):
+    sample_id: Annotated[str, cbcl.Length(1, 32)]
+    assay: Literal["cbc", "hba1c", "lipids", "tsh"]
+    priority: Annotated[int, cbcl.Range(1, 5)]
+    lines: tuple[Line, ...] = ()
+    note: Annotated[str, cbcl.Length(0, 256)] | None = None
+    urgent: bool = False
+
+
+class MLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    code: Annotated[str, msgspec.Meta(min_length=1, max_length=16)]
+    qty: Annotated[int, msgspec.Meta(ge=1, le=99)] = 1
+
+
+class MSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    sample_id: Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
+    assay: Literal["cbc", "hba1c", "lipids", "tsh"]
+    priority: Annotated[int, msgspec.Meta(ge=1, le=5)]
+    lines: tuple[MLine, ...] = ()
+    note: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    urgent: bool = False
+
+
+class PLine(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", strict=True)
+    code: Annotated[str, pydantic.Field(min_length=1, max_length=16)]
+    qty: Annotated[int, pydantic.Field(ge=1, le=99)] = 1
+
+
+class PSample(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", strict=True)
+    sample_id: Annotated[str, pydantic.Field(min_length=1, max_length=32)]
+    assay: Literal["cbc", "hba1c", "lipids", "tsh"]
+    priority: Annotated[int, pydantic.Field(ge=1, le=5)]
+    lines: tuple[PLine, ...] = ()
+    note: Annotated[str, pydantic.Field(max_length=256)] | None = None
+    urgent: bool = False
+
+
+def samples(n: int) -> list[SampleRequest]:
+    assays = ("cbc", "hba1c", "lipids", "tsh")
+    return [SampleRequest(sample_id=f"S-{i:06d}", assay=assays[i % 4],  # type: ignore[arg-type]
+                          priority=1 + i % 5,
+                          lines=tuple(Line(code=f"L{i % 7}{j}", qty=1 + (i + j) % 9)
+                                      for j in range(3)),
+                          note=None if i % 3 else f"note {i}", urgent=i % 2 == 0)
+            for i in range(n)]
+
+
+def natural(record: SampleRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {"sample_id": record.sample_id, "assay": record.assay,
+                           "priority": record.priority,
+                           "lines": [{"code": x.code, "qty": x.qty} for x in record.lines],
+                           "urgent": record.urgent}
+    if record.note is not None:
+        out["note"] = record.note
+    return out
+
+
+def best(function: Callable[[Any], Any], items: Sequence[Any], best_so_far: float) -> float:
+    start = time.perf_counter()
+    for item in items:
+        function(item)
+    return min(best_so_far, (time.perf_counter() - start) / len(items) * 1e6)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    descriptor = cbcl.descriptor_from(SampleRequest, id="lab/v1", version=1)
+    registry = cbcl.Registry()
+    registry.load(descriptor, allow_unsigned=True)
+    records = samples(args.messages)
+    messages = [cbcl.Message(message_id=f"m{i}", sender="agent://lims", receiver="agent://lab",
+                             intent="REQUEST", protocol="lab/v1", body=r)
+                for i, r in enumerate(records)]
+    texts = [m.canonical().encode() for m in messages]
+    encoder, decoder = cbcl.Encoder(registry), cbcl.Decoder(registry)
+    frames = [encoder.encode(m) for m in messages]
+    jsons = [json.dumps(natural(r)).encode() for r in records]
+    packs = [msgspec.msgpack.encode(natural(r)) for r in records]
+    for text, frame, record in zip(texts, frames, records, strict=True):  # (the same content)
+        assert cbcl.parse(text, registry=registry, type=SampleRequest) == record
+        assert decoder.decode(frame, type=SampleRequest) == record
+    assert msgspec.msgpack.decode(packs[0], type=MSample).sample_id == records[0].sample_id
+    assert PSample.model_validate_json(jsons[0]).sample_id == records[0].sample_id
+    cases: dict[str, tuple[Callable[[Any], Any], Sequence[Any]]] = {
+        "cbcl binary, type=SampleRequest": (
+            lambda f: decoder.decode(f, type=SampleRequest), frames),
+        "cbcl binary, Message only": (decoder.decode, frames),
+        "msgspec msgpack, type=Struct": (
+            lambda p: msgspec.msgpack.decode(p, type=MSample), packs),
+        "cbcl text, type=SampleRequest": (
+            lambda t: cbcl.parse(t, registry=registry, type=SampleRequest), texts),
+        "cbcl text, Message only": (lambda t: cbcl.parse(t, registry=registry), texts),
+        "pydantic model_validate_json": (PSample.model_validate_json, jsons),
+        "msgspec json, type=Struct": (lambda j: msgspec.json.decode(j, type=MSample), jsons),
+    }
+    figures = {name: float("inf") for name in cases}
+    for _ in range(args.rounds):
+        for name, (function, items) in cases.items():
+            figures[name] = best(function, items, figures[name])
+    print(f"{args.messages} messages, best of {args.rounds} rounds (µs per message; "
+          f"cbcl ~{sum(map(len, texts)) // len(texts)} B text / "
+          f"~{sum(map(len, frames)) // len(frames)} B frames with the envelope, "
+          f"peers ~{sum(map(len, jsons)) // len(jsons)} B JSON body):")
+    for name, figure in figures.items():
+        print(f"  {name:34} {figure:8.2f}")
+    binary_ratio = figures["msgspec msgpack, type=Struct"] / \
+        figures["cbcl binary, type=SampleRequest"]
+    text_ratio = figures["pydantic model_validate_json"] / \
+        figures["cbcl text, type=SampleRequest"]
+    print(f"cbcl binary is {binary_ratio:.2f}x msgspec's speed; cbcl text is "
+          f"{text_ratio:.2f}x pydantic's")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"figures": figures, "binary_vs_msgspec": binary_ratio,
+                       "text_vs_pydantic": text_ratio}, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

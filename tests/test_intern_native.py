@@ -1,0 +1,186 @@
+"""New names in the C readers (issue 35): a symbol, keyword or URI never seen before is
+judged, made and interned in C, without a call into Python, by the reader's own rules and
+into the reader's own tables, whose bounds hold.
+
+Tests internals: the intern tables, the token cache and the C twins are private; what is
+tested is that the C path gives what the Python reference gives, and calls no Python."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+import cbcl
+from cbcl import URI, Decoder, Encoder, Keyword, Registry, Symbol
+from cbcl.binary import _codec
+from cbcl.core import _reader
+from cbcl.core._limits import DEFAULT_LIMITS
+from cbcl.core._vocabulary import NUMBERLIKE_RE
+
+native: Any
+try:
+    from cbcl import _native as native
+except ImportError:  # pragma: no cover - the extension is optional
+    native = None
+
+pytestmark = pytest.mark.skipif(native is None, reason="cbcl._native is not built here")
+
+_START = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+-*/<>=!?_."
+_REST = _START + "0123456789@%&"
+
+
+def _refuse(*args: object) -> object:
+    raise AssertionError(f"the C reader called into Python for {args!r}")
+
+
+def _c_read(text: str, make_atom: Any = _refuse) -> Any:
+    """The C reader on ``text`` with the reader's cache, ``make_atom`` given."""
+    limits = DEFAULT_LIMITS
+    return native.read_value(text, 0, _reader._CACHE, make_atom, limits.max_depth,
+                             limits.max_list_items, limits.max_nodes,
+                             limits.max_string_bytes, limits.max_name_chars)
+
+
+def _fresh(rng: random.Random, count: int) -> Iterator[str]:
+    """``count`` names no test has read: a random prefix none other has."""
+    stem = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12))
+    for index in range(count):
+        yield f"{stem}-{index}"
+
+
+_EXAMPLES = itertools.count()
+names = st.builds(lambda first, rest: first + rest, st.sampled_from(_START),
+                  st.text(alphabet=_REST, max_size=20))
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(("symbol", "keyword", "uri")), names),
+                min_size=1, max_size=30))
+def test_new_names_read_in_c_are_the_references_atoms(items: list[tuple[str, str]]) -> None:
+    """Every ASCII name the C reader reads is the value, of the type, the reference gives."""
+    # (a run that starts like a number is a number or an error, never a symbol)
+    assume(not any(kind == "symbol" and NUMBERLIKE_RE.match(name) for kind, name in items))
+    # (each name new: an atom read before may be one made before its table was last
+    # emptied, equal to the one the table holds now but not the same object)
+    unique = next(_EXAMPLES)
+    items = [(kind, f"{name}-u{unique}") for kind, name in items]
+    tokens = [f":{name}" if kind == "keyword" else f"x.y-z://{name}" if kind == "uri" else name
+              for kind, name in items]
+    text = "(" + " ".join(tokens) + ")"
+    reference = _reader.read_value_python(text, 0, DEFAULT_LIMITS, 0, 0)
+    found = _c_read(text, _reader._atom)
+    assert found is not None
+    value, end, nodes = found
+    assert (value, end, nodes) == reference
+    expected = reference[0]
+    assert isinstance(expected, tuple)
+    assert [type(item) for item in value] == [type(item) for item in expected]
+    for item in value:  # interned (unless the table has been emptied since, mid-read)
+        if type(item) is Symbol:
+            assert _reader._SYMBOLS.get(str.__str__(item), item) is item
+        elif type(item) is Keyword:
+            assert _reader._KEYWORDS.get(str.__str__(item), item) is item
+
+
+def test_no_call_into_python_for_new_names() -> None:
+    rng = random.Random("no-call")
+    symbols = list(_fresh(rng, 200))
+    text = "(" + " ".join([*symbols, *(f":{n}" for n in _fresh(rng, 200)),
+                          *(f"agent://{n}/x" for n in _fresh(rng, 200))]) + ")"
+    value, _, _ = _c_read(text)
+    assert [type(item) for item in value] == [Symbol] * 200 + [Keyword] * 200 + [URI] * 200
+    assert value[0] is _reader._SYMBOLS[symbols[0]]
+    # (the test can fail: what stays Python's, a URI that is not ASCII, calls make_atom)
+    with pytest.raises(AssertionError, match="called into Python"):
+        _c_read(f"(agent://{symbols[0]}/é)")
+
+
+def test_a_name_made_in_c_equals_and_hashes_as_one_made_in_python() -> None:
+    rng = random.Random("same")
+    (name,) = _fresh(rng, 1)
+    (made,) = _c_read(f"({name})")[0]
+    python = str.__new__(Symbol, name)
+    assert made == python and hash(made) == hash(python) and made is not python
+    assert cbcl.Symbol(name) is made  # the constructor finds the interned one
+
+
+def test_the_intern_table_keeps_its_bound_and_its_pinned_names() -> None:
+    rng = random.Random("bound")
+    (pinned_name,) = _fresh(rng, 1)
+    pinned = _reader.intern_symbol(pinned_name, pin=True)
+    flood = list(_fresh(rng, 3 * _reader._INTERN_MAX))
+    for start in range(0, len(flood), 2000):
+        _c_read("(" + " ".join(flood[start:start + 2000]) + ")")
+        assert len(_reader._SYMBOLS) <= _reader._INTERN_MAX
+        assert len(_reader._CACHE) <= _reader._CACHE_MAX
+    assert _reader._SYMBOLS[pinned_name] is pinned
+    (again,) = _c_read(f"({pinned_name})")[0]
+    assert again is pinned
+
+
+def test_tokens_longer_than_the_cache_keeps_are_not_kept() -> None:
+    rng = random.Random("long")
+    (stem,) = _fresh(rng, 1)
+    long_uri = ("agent://" + stem * 20)[:_reader._CACHED_CHARS + 1]  # (URIs: no name limit)
+    short_uri = ("agent://" + stem * 20)[:_reader._CACHED_CHARS]
+    _c_read(f"({long_uri} {short_uri})")
+    assert long_uri not in _reader._CACHE and short_uri in _reader._CACHE
+
+
+def test_new_atoms_are_not_tracked_by_the_collector() -> None:
+    rng = random.Random("gc")
+    symbol, keyword = _fresh(rng, 2)
+    value, _, _ = _c_read(f"({symbol} :{keyword} agent://{symbol}/x)")
+    assert [gc.is_tracked(item) for item in value] == [False, False, False]
+
+
+def test_the_binary_decoder_interns_new_names_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Registry(disk_cache=False, isolate=False)
+    registry.load(_request_descriptor(), allow_unsigned=True)
+    rng = random.Random("binary")
+    encoder, decoder = Encoder(registry), Decoder(registry)
+
+    def message_of(symbols: list[str], keywords: list[str]) -> cbcl.Message:
+        result = tuple(Symbol(n) for n in symbols) + tuple(
+            item for n in keywords for item in (Keyword(n), 1))
+        return cbcl.Message(message_id="m-1", sender="agent://a", receiver="agent://b",
+                            intent="INFORM", protocol="request/v1",
+                            body=(Symbol("inform-result"), Keyword("action-id"), "a-1",
+                                  Keyword("result"), result))
+
+    # (a decoder's first frame of a protocol makes its plan, on the Python path)
+    decoder.decode(encoder.encode(message_of(list(_fresh(rng, 2)), list(_fresh(rng, 2)))))
+    symbols = list(_fresh(rng, 50))
+    keywords = list(_fresh(rng, 50))
+    message = message_of(symbols, keywords)
+    frame = encoder.encode(message)
+    # Forget the names (as a process that never read them), then decode with the Python
+    # interning made to fail: only the C path may make them.
+    for name in symbols:
+        _reader._SYMBOLS.pop(name, None)
+    for name in keywords:
+        _reader._KEYWORDS.pop(name, None)
+
+    def refuse(name: str, *, pin: bool = False) -> Any:
+        raise AssertionError(f"interned in Python: {name}")
+
+    monkeypatch.setattr(_codec, "intern_symbol", refuse)
+    monkeypatch.setattr(_codec, "intern_keyword", refuse)
+    decoded = decoder.decode(frame)
+    assert decoded == message
+    body = decoded.body
+    assert isinstance(body, tuple) and isinstance(body[4], tuple)
+    assert body[4][0] is _reader._SYMBOLS[symbols[0]]
+
+
+def _request_descriptor() -> bytes:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parent.parent / "descriptors" /
+            "request-v1.cbcl").read_bytes()
