@@ -300,7 +300,8 @@ def test_cli_rebuilds_each_shipped_descriptor(capsys: pytest.CaptureFixture[str]
     assert (code, err) == (0, "")
     wanted = (DESCRIPTORS / f"{name}.cbcl").read_bytes()
     assert out.read_bytes() == wanted
-    assert stdout == (f"wrote {out}: {SHIPPED[name][0]} version 1 {digest_of(wanted)} "
+    assert stdout == (f"wrote {out}: {SHIPPED[name][0]} version {SHIPPED[name][1]} "
+                      f"{digest_of(wanted)} "
                       f"(unsigned)\n")
     # With --key, OUT is the signed descriptor: the shipped one without its header comment.
     signed = tmp_path / f"{name}.signed.cbcl"
