@@ -67,6 +67,7 @@ from .protocol._api import (
 from .protocol._authoring import (
     build_descriptor,
 )
+from .protocol._constraints import ConstraintError
 from .protocol._declaration import (
     descriptor_from_declaration,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "BodyError",
     "CBCLError",
     "ConnectionLost",
+    "ConstraintError",
     "ConversationClosed",
     "ConversationError",
     # typed records (spec/declarations.md §8)

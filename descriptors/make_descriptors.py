@@ -35,7 +35,7 @@ SHIPPED = {
                         "ACCEPT=acceptance REJECT=rejection INFORM=done FAILURE=failure"),
     "request-v1": ("request/v1", 1, "REQUEST=request AGREE=agree REFUSE=refuse "
                    "FAILURE=failure INFORM"),
-    "canon-a-v1": ("canon-a/v1", 1, "QUERY REQUEST INFORM REFUSE FAILURE"),
+    "canon-a-v1": ("canon-a/v1", 2, "QUERY REQUEST INFORM REFUSE FAILURE"),
     "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
                             "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),
 }
@@ -55,7 +55,7 @@ def render(name: str) -> bytes:
     return build_descriptor(
         ident, version, intents, (HERE / "grammars" / f"{name}.lark").read_text("utf-8"),
         schema=section("schema"), conversation=section("conversation"),
-        functions=section("functions"),
+        functions=section("functions"), constraints=section("constraints"),
         comment=f"{ident}: generated from descriptors/grammars/{name}.lark and\n"
                 f"descriptors/sections/{name}.*.cbcl by descriptors/make_descriptors.py.\n"
                 f"Edit those files and re-run it.")

@@ -215,12 +215,15 @@ def descriptors(draw: st.DrawFn) -> cbcl.descriptor.ProtocolDescriptor:
     others = [intent for intent in cbcl.Intent if intent not in base.intents]
     intents = draw(st.permutations(base.intents)) + draw(st.lists(
         st.sampled_from(others), unique=True, max_size=3))
+    functions = draw(st.sampled_from([base.functions, None]))
     return dataclasses.replace(
         base, id=draw(symbols), version=draw(st.integers(0, 2**63 - 1)),
         expires=draw(st.none() | st.integers(0, 2**63 - 1)), intents=tuple(intents),
         grammar=draw(strings), digest="sha256:unknown",
         schema=draw(st.sampled_from([base.schema, None])),
-        functions=draw(st.sampled_from([base.functions, None])),
+        functions=functions,
+        # (the rules call functions: without the list, none of them may stand)
+        constraints=draw(st.sampled_from([base.constraints, None])) if functions else None,
         intent_rules=tuple((intent, rule) for intent in intents
                            for listed, rule in base.intent_rules if listed == intent))
 
@@ -278,7 +281,7 @@ def build_args(name: str) -> list[str]:
     args = ["descriptor", "build", "--id", ident, "--version", str(version),
             "--grammar", str(DESCRIPTORS / "grammars" / f"{name}.lark"),
             "--intents", *intents.split()]
-    for section in ("schema", "conversation", "functions"):
+    for section in ("schema", "conversation", "functions", "constraints"):
         path = DESCRIPTORS / "sections" / f"{name}.{section}.cbcl"
         if path.exists():
             args += [f"--{section}", str(path)]
@@ -297,7 +300,8 @@ def test_cli_rebuilds_each_shipped_descriptor(capsys: pytest.CaptureFixture[str]
     assert (code, err) == (0, "")
     wanted = (DESCRIPTORS / f"{name}.cbcl").read_bytes()
     assert out.read_bytes() == wanted
-    assert stdout == (f"wrote {out}: {SHIPPED[name][0]} version 1 {digest_of(wanted)} "
+    assert stdout == (f"wrote {out}: {SHIPPED[name][0]} version {SHIPPED[name][1]} "
+                      f"{digest_of(wanted)} "
                       f"(unsigned)\n")
     # With --key, OUT is the signed descriptor: the shipped one without its header comment.
     signed = tmp_path / f"{name}.signed.cbcl"

@@ -165,7 +165,7 @@ def test_good_machine_compiles() -> None:
 
 def test_read_descriptor_validates_sections() -> None:
     raw = (DESCRIPTORS / "canon-a-v1.cbcl").read_bytes()  # it has no conversation section
-    end = raw.rindex(b")")
+    end = raw.index(b"\n  (functions ")  # (the conversation section comes before it)
     bad = raw[:end] + b"\n(conversation (roles a b))" + raw[end:]
     with pytest.raises(DescriptorError):
         cbcl.descriptor.read_descriptor(bad)

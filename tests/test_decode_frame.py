@@ -62,6 +62,11 @@ def test_every_corpus_frame_is_decoded_whole_in_c() -> None:
     decoder = warm()
     for frame, message in zip(FRAMES, MESSAGES, strict=True):
         found = in_c(decoder, frame)
+        protocol = REGISTRY.get(message.protocol)
+        if protocol is not None and protocol.constraints is not None:
+            # (the C tier serves no protocol with constraints: the Python path applies them)
+            assert found is None and decoder.decode(frame) == message
+            continue
         assert found == message
         for field in dataclasses.fields(cbcl.Message):
             assert type(getattr(found, field.name)) is type(getattr(message, field.name))
@@ -120,10 +125,11 @@ def test_a_replaced_protocol_is_left_to_the_python_path() -> None:
     message = MESSAGES[0]
     frame = Encoder(registry).encode(message)
     assert in_c(decoder, frame) == message
-    protocol = registry._protocols[message.protocol]
-    registry._protocols[message.protocol] = dataclasses.replace(protocol)  # another object
+    served = registry._protocols_by_id()  # (the dict the C tiers read)
+    protocol = served[message.protocol]
+    served[message.protocol] = dataclasses.replace(protocol)  # another object
     assert in_c(decoder, frame) is None
-    registry._protocols[message.protocol] = protocol
+    served[message.protocol] = protocol
     assert in_c(decoder, frame) == message
 
 

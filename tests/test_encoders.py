@@ -448,7 +448,11 @@ def test_message_text_and_frames_of_sound_messages(native: Any, registry: Regist
     c_twin = Encoder(registry, validate=False)
     _, header, prepared = c_twin._table(message)
     assert native.pack_message(header, message, prepared) == frame  # never declined
-    assert native.encode_message(message, registry, c_twin._tables) == frame
+    protocol = registry.get(message.protocol)
+    constrained = protocol is not None and protocol.constraints is not None
+    # (declined for a protocol with constraints: the registry's fast paths do not serve it)
+    assert native.encode_message(message, registry, c_twin._tables) == \
+        (None if constrained else frame)
 
 
 @settings(max_examples=600, deadline=None)

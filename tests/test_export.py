@@ -59,12 +59,14 @@ def _tokenizer() -> tuple[constrained.SyntheticTokenizer, Any]:
 
 @cache
 def _registries(name: str) -> tuple[cbcl.Registry, cbcl.Registry]:
-    """A registry with the descriptor, and one with the descriptor without its schema."""
-    data = (ROOT / "descriptors" / name).read_bytes()
+    """A registry with the descriptor, and one with the descriptor without its schema;
+    neither has its constraints, which no export carries (each lists them as not carried)."""
+    read = dataclasses.replace(read_descriptor((ROOT / "descriptors" / name).read_bytes()),
+                               constraints=None)
     full = cbcl.Registry(disk_cache=False, isolate=False)
-    full.load(data, allow_unsigned=True)
+    full.load(render_descriptor(read), allow_unsigned=True)
     bare = cbcl.Registry(disk_cache=False, isolate=False)
-    stripped = dataclasses.replace(read_descriptor(data), schema=None)
+    stripped = dataclasses.replace(read, schema=None)
     bare.load(render_descriptor(stripped), allow_unsigned=True)
     return full, bare
 

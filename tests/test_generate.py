@@ -28,7 +28,13 @@ def test_every_message_parses(path: Path) -> None:
     assert {m.intent for m in messages} == set(descriptor.intents)
     for message in messages:
         text = message.canonical()
-        assert cbcl.parse(text, registry=registry).canonical() == text
+        try:
+            assert cbcl.parse(text, registry=registry).canonical() == text
+        except cbcl.ConstraintError:  # (the generator follows the grammar and the schema,
+            assert descriptor.constraints is not None  # not a descriptor's constraints)
+            with pytest.raises(cbcl.ConstraintError):
+                cbcl.validate(message, registry=registry)
+            continue
         cbcl.validate(message, registry=registry)
 
 

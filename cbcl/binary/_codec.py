@@ -91,7 +91,7 @@ from ..grammar._kernel import (
     terminal_of,
 )
 from ..grammar._lalr import value_states
-from ..protocol._api import _verified as _verify_signed, check_outgoing
+from ..protocol._api import _verified as _verify_signed, check_constraints, check_outgoing
 from ..protocol._hints import body_hint, heads_of_lists
 from ..protocol._message import (
     _ATTRIBUTES as _MESSAGE_ATTRIBUTES,
@@ -572,6 +572,8 @@ class Decoder:
         envelope fields pass 1 refuses, :class:`BodyError` for a body the grammar refuses),
         :class:`LimitError`, :class:`UnknownProtocolError` for an unknown digest or short
         id, :class:`ProtocolError` for an intent the protocol does not govern,
+        :class:`SchemaError` (:class:`ConstraintError` for a rule of the protocol's
+        constraints, spec/conversations.md §5),
         :class:`TrustError` for a bad or missing required message signature, and
         ``TypeError`` for input that is not bytes.
 
@@ -588,6 +590,7 @@ class Decoder:
         message = self._decode_tiers(data)
         if message.signature is not None or self.require_signatures:
             _verify_signed(message, self.registry)
+        check_constraints(self.registry, message)
         return message
 
     def _decode_tiers(self, data: bytes | bytearray | memoryview) -> Message:
@@ -604,6 +607,7 @@ class Decoder:
         if size > limits.max_message_bytes:
             _limit(limits, "max_message_bytes", 0, "frame")
         table, start = self._header(data)
+        declined = declined and table.protocol.constraints is None  # (never served in C)
         if self._fast_c is not None:  # cbcl._native reads the frame's bytes
             message = None if declined else \
                 _fast_frame(table, data, start, limits, self._memos, *self._fast_c)

@@ -86,6 +86,7 @@ from ..grammar._subset import (
     list_end,
     read_grammar,
 )
+from ..protocol._constraints import constraints_not_carried
 from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
 from ..protocol._json import to_json
 from ..protocol._message import Intent
@@ -1664,6 +1665,7 @@ def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguid
         work = _Work(budget)
         document, notes, intents = _json_schema(descriptor, intent, schema, keyword_set_cap,
                                                 work)
+        notes = (*notes, *constraints_not_carried(_descriptor_of(descriptor).constraints))
         text = json.dumps(document, indent=1, ensure_ascii=True) + "\n"
         if len(text) > budget.max_output_bytes:  # (ASCII: characters are bytes)
             raise budget.exceeded("max_output_bytes", "the export")
@@ -1681,7 +1683,7 @@ def export_grammar(descriptor: ProtocolDescriptor | bytes, format: str = "llguid
     spacer = _Spacer(lowerer.rules, work)
     start = spacer.start("message", _L, _O)
     rules = _simplify(dict(spacer.out_rules), start.name, work)
-    notes = (*LIMITS_NOT_CARRIED, *lowerer.notes)
+    notes = (*LIMITS_NOT_CARRIED, *lowerer.notes, *constraints_not_carried(desc.constraints))
     if format == "gbnf":
         notes = (*notes, "gbnf: a string's characters are code points; a decoder must "
                  "produce well-formed UTF-8")

@@ -499,6 +499,12 @@ def render_prompt(protocol: Protocol, *, registry: Registry, intent: Intent | No
             lines += ["", "### Field values", "",
                       "Only these values are accepted (a message with another is refused):",
                       "", *(f"- {line}" for line in values)]
+    rules = [] if protocol.constraints is None else [
+        rule for rule in protocol.constraints.rules if set(rule.intents) & set(intents)]
+    if rules:
+        lines += ["", "### Rules", "",
+                  "A message that breaks one of these is refused with the rule's message:",
+                  "", *(f"- {rule.describe()}" for rule in rules)]
     taken = _Drafts(budget)
     texts = [text for members in groups.values()
              for text in examples(registry, protocol, members, count, seed, taken)]

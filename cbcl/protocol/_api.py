@@ -110,6 +110,9 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     :class:`BodyError` for a body its grammar refuses), :class:`LimitError`,
     :class:`UnknownProtocolError` for a protocol the registry does not hold,
     :class:`ProtocolError` for an intent the protocol does not govern,
+    :class:`SchemaError` for a body its schema refuses and its subclass
+    :class:`~cbcl.protocol._constraints.ConstraintError` for one that breaks a rule of its
+    ``(constraints …)`` that reads no earlier message (spec/conversations.md §5),
     :class:`TrustError` (``"message verification failed"``) for a bad, unknown-key or
     disallowed signature or a missing required one, ``TypeError`` for input that is not
     bytes or str, and ``ValueError`` for ``require_signatures`` without a trust store.
@@ -127,7 +130,8 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
                          else registry.get(accepted.protocol))
     # parse(data, registry=R) of exact bytes is the C entry's own call: it ran _accepted's
     # tiers already and declined the document, so they are not run again on it here.
-    tried = limits is None and not require_signatures and parse is not parse_python
+    tried = limits is None and not require_signatures and parse is not parse_python \
+        and (registry is None or not registry._constrained)  # (see Registry._fast)
     limits = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(limits, Limits):
         raise TypeError("limits must be a cbcl.Limits")
@@ -147,6 +151,8 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
     if trust is not None and (message.signature is not None or require_signatures):
         trust.verify_message(message)
     if envelope_only or text is None:
+        if text is None and registry is not None and registry._constrained:
+            check_constraints(registry, message)  # (accepted by the C tiers)
         return message
     protocol = registry.get(message.protocol) if registry is not None else None
     if protocol is None:
@@ -157,6 +163,8 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
             explain_body(protocol, text, message, limits, refusal=refusal)
     elif check_intent_and_body(protocol, message) is False:
         explain_body(protocol, text, message, limits)
+    if protocol.constraints is not None:  # (never served in C: see Registry._fast)
+        protocol.constraints.check(message)
     return message
 
 
@@ -202,9 +210,10 @@ def _accepted(data: bytes, limits: Limits, registry: Registry, tried: bool = Fal
     value, end, _ = found
     if not only_space_after(text, end):
         return None, None, text
-    # (the registry's own dict of loaded protocols: one lookup in C, no copy)
+    # (the registry's own dict of every loaded protocol, those with constraints too, whose
+    # rules parse checks after this: one lookup in C, no copy)
     message: Message | None = None if tried else \
-        _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols_by_id())
+        _accept_document_c(value, _DOCUMENT_TABLES, registry._protocols)
     if message is not None:
         return message, None, None
     return None, message_of(value), text
@@ -260,7 +269,9 @@ def validate(message: Message, *, registry: Registry, limits: Limits | None = No
     Raises what :func:`parse` raises on the canonical text, with positions in that text:
     :class:`LimitError`, :class:`UnknownProtocolError`, :class:`ProtocolError` (an intent
     the protocol does not govern), :class:`BodyError` (a body the grammar refuses, or a
-    missing one) and :class:`SchemaError`; ``TypeError`` for arguments of the wrong type.
+    missing one), :class:`SchemaError` and :class:`ConstraintError` (a rule of the
+    protocol's constraints that reads no earlier message; the step budget is a
+    :class:`LimitError`); ``TypeError`` for arguments of the wrong type.
     """
     if not isinstance(message, Message):
         raise TypeError(f"expected a cbcl.Message, not {type(message).__name__}")
@@ -274,6 +285,8 @@ def validate(message: Message, *, registry: Registry, limits: Limits | None = No
     if protocol is None:
         _unknown_protocol(message.canonical(), message, limits)
     _check_body(protocol, message, limits)
+    if protocol.constraints is not None:
+        protocol.constraints.check(message)
 
 
 def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAULT_LIMITS,
@@ -284,6 +297,17 @@ def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAUL
     a :class:`Limits` (neither is checked). Raises as :func:`validate`."""
     _check_limits(message, limits)
     _check_body(protocol, message, limits)
+    if protocol.constraints is not None:
+        protocol.constraints.check(message)
+
+
+def check_constraints(registry: Registry, message: Message) -> None:
+    """Apply the stateless constraints of the protocol ``registry`` holds for ``message``
+    (one pass 2 has accepted), if it has any: what the binary decoder runs after its tiers.
+    Raises :class:`ConstraintError` or :class:`LimitError`."""
+    protocol = registry.get(message.protocol)
+    if protocol is not None and protocol.constraints is not None:
+        protocol.constraints.check(message)
 
 
 def _check_body(protocol: Protocol, message: Message, limits: Limits) -> None:

@@ -40,7 +40,7 @@ from ._registry import Registry
 from ._schema import compile_schema
 
 #: The optional sections, in the descriptor's field order.
-SECTIONS = ("schema", "conversation", "functions")
+SECTIONS = ("schema", "conversation", "functions", "constraints")
 
 #: A section as given to :func:`build_descriptor`: the text of a section file (``str`` or
 #: UTF-8 ``bytes``, comments allowed), or its value (a tuple or list headed by the name).
@@ -158,8 +158,10 @@ def section_value(name: str, source: Section, *, intents: Iterable[Intent] = (),
         compile_schema(value)
     elif name == "conversation":
         compile_machine(value, intents=tuple(intents))
-    else:
+    elif name == "functions":
         read_functions(value)
+    # (constraints: checked with the descriptor they are in, against its intents and its
+    # functions, when build_descriptor reads it back)
     return value
 
 
@@ -211,8 +213,9 @@ def _integer(name: str, value: object) -> int:
 
 def build_descriptor(id: str, version: int, intents: str | Iterable[str], grammar: str, *,
                      schema: Section | None = None, conversation: Section | None = None,
-                     functions: Section | None = None, expires: int | None = None,
-                     comment: str | None = None, limits: Limits | None = None,
+                     functions: Section | None = None, constraints: Section | None = None,
+                     expires: int | None = None, comment: str | None = None,
+                     limits: Limits | None = None,
                      grammar_limits: GrammarLimits | None = None) -> bytes:
     """The bytes of a ``(protocol-descriptor …)`` with these fields, in the layout of
     :func:`render_descriptor` (``comment``: lines written first as ``;`` comments).
@@ -238,7 +241,8 @@ def build_descriptor(id: str, version: int, intents: str | Iterable[str], gramma
     governed = tuple(intent for intent, _ in entries)
     check_grammar(grammar, grammar_limits, starts=tuple(dict.fromkeys(r for _, r in entries)))
     sections = [section_value(name, source, intents=governed, limits=limits)
-                for name, source in zip(SECTIONS, (schema, conversation, functions),
+                for name, source in zip(SECTIONS, (schema, conversation, functions,
+                                                   constraints),
                                         strict=True) if source is not None]
     if schema is not None:
         check_schema_against_grammar(grammar, sections[0], grammar_limits=grammar_limits,
@@ -249,7 +253,8 @@ def build_descriptor(id: str, version: int, intents: str | Iterable[str], gramma
               [canonical_value(section) for section in sections])
     got = (built.id, built.version, built.expires, tuple(built.starts.items()), built.grammar,
            [canonical_value(section) for section in
-            (built.schema, built.conversation, built.functions) if section is not None])
+            (built.schema, built.conversation, built.functions, built.constraints)
+            if section is not None])
     if got != wanted:  # pragma: no cover - the layout cannot mean anything else
         raise _bad("the built text does not read back as built")
     return payload
@@ -268,6 +273,7 @@ def render_descriptor(descriptor: ProtocolDescriptor, *, comment: str | None = N
         raise TypeError(f"render_descriptor takes a ProtocolDescriptor, not "
                         f"{type(descriptor).__name__}")
     sections = [section for section in (descriptor.schema, descriptor.conversation,
-                                         descriptor.functions) if section is not None]
+                                         descriptor.functions, descriptor.constraints)
+                if section is not None]
     return _layout(descriptor.id, descriptor.version, descriptor.expires,
                    tuple(descriptor.starts.items()), descriptor.grammar, sections, comment)

@@ -119,6 +119,7 @@ from ..grammar._subset import (
     to_cfg,
     walk,
 )
+from ._constraints import read_constraints
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._message import Intent, Message
 from ._pass2 import check_intent_and_body
@@ -1918,6 +1919,14 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
         raise TypeError(f"grammar_limits must be GrammarLimits, got "
                         f"{type(grammar_limits).__name__}")
     old_d, new_d = _as_descriptor(old), _as_descriptor(new)
+    report = _diff_bodies(old_d, new_d, mode, limits, compile, grammar_limits)
+    return _with_constraints(report, old_d, new_d, mode)
+
+
+def _diff_bodies(old_d: ProtocolDescriptor, new_d: ProtocolDescriptor, mode: str,
+                 limits: CompatLimits, compile: Compile | None,
+                 grammar_limits: GrammarLimits | None) -> CompatReport:
+    """:func:`diff_descriptors` of the grammars and schemas (the constraints aside)."""
     checkers = [_Checker(old_d, compile, grammar_limits),
                 _Checker(new_d, compile, grammar_limits)]
     if compile is not None:
@@ -1953,6 +1962,89 @@ def diff_descriptors(old: ProtocolDescriptor | bytes, new: ProtocolDescriptor | 
     verdict = BREAKING if witnesses else COMPATIBLE
     return CompatReport(verdict, mode, changes, tuple(witnesses), (), None, explored,
                         meter[0])
+
+
+_RANK = {COMPATIBLE: 0, UNKNOWN: 1, BREAKING: 2}
+
+
+def _with_constraints(report: CompatReport, old: ProtocolDescriptor, new: ProtocolDescriptor,
+                      mode: str) -> CompatReport:
+    """``report`` with the constraints compared (spec/conversations.md §5.5): a rule of the
+    covering side that the covered side's rules for the same intent do not imply makes the
+    verdict ``breaking`` (a stateless rule: it is there to refuse bodies) or ``unknown``
+    (one that reads earlier messages: that depends on the conversation). Implied means
+    the same check as a rule of the other side (canonically), ``true``, an ``and`` of
+    implied checks or an ``or`` with one."""
+    rules = [_rules_of(old), _rules_of(new)]
+    changes: list[str] = []
+    olds = {r[0]: r for r in rules[0]}
+    news = {r[0]: r for r in rules[1]}
+    for name, rule in olds.items():
+        if name not in news:
+            changes.append(f"constraint removed: {name} ({' '.join(rule[1])}): "
+                           f"{_clip(rule[2])}")
+    for name, rule in news.items():
+        if name not in olds:
+            changes.append(f"constraint added: {name} ({' '.join(rule[1])}): "
+                           f"{_clip(rule[2])}")
+        elif olds[name][1:3] != rule[1:3]:
+            changes.append(f"constraint changed: {name}: {_clip(olds[name][2])}  =>  "
+                           f"{_clip(rule[2])}")
+    directions = [(0, 1)] if mode == BACKWARD else [(1, 0)] if mode == FORWARD \
+        else [(0, 1), (1, 0)]
+    verdict, reasons = COMPATIBLE, []
+    for covered, covering in directions:
+        governed = (old, new)[covered].intents
+        by_intent: dict[str, set[str]] = {}
+        for _, intents, check, _, _ in rules[covered]:
+            for intent in intents:
+                by_intent.setdefault(intent, set()).add(check)
+        side = ("OLD", "NEW")[covering]
+        for name, intents, _, value, stateful in rules[covering]:
+            for intent in intents:
+                if Intent(intent) not in governed or \
+                        _implied(value, by_intent.get(intent, set())):
+                    continue
+                if stateful:
+                    verdict = verdict if verdict == BREAKING else UNKNOWN
+                    reasons.append(f"{side}'s constraint {name} reads earlier messages "
+                                   f"({intent}): whether the other side's rules imply it "
+                                   "depends on the conversation")
+                else:
+                    verdict = BREAKING
+                    changes.append(f"breaking: {side}'s constraint {name} refuses {intent} "
+                                   "bodies the other side's rules do not refuse")
+                break
+    if not changes and verdict == COMPATIBLE:
+        return report
+    final = verdict if _RANK[verdict] > _RANK[report.verdict] else report.verdict
+    kept = report.reasons if report.verdict == final else ()
+    return dataclasses.replace(report, verdict=final, changes=(*report.changes, *changes),
+                               reasons=(*kept, *reasons) if final == UNKNOWN else kept)
+
+
+def _rules_of(descriptor: ProtocolDescriptor,
+              ) -> list[tuple[str, tuple[str, ...], str, Value, bool]]:
+    """Each rule as (name, intents, canonical check, check, whether it reads earlier
+    messages)."""
+    if descriptor.constraints is None:
+        return []
+    compiled = read_constraints(descriptor.constraints, intents=descriptor.intents,
+                                functions=descriptor.functions,
+                                conversation=descriptor.conversation is not None)
+    return [(r.name, tuple(i.value for i in r.intents), canonical_value(r.check), r.check,
+             bool(r.earlier)) for r in compiled.rules]
+
+
+def _implied(check: Value, by: set[str]) -> bool:
+    """Whether ``check`` holds wherever all the checks ``by`` (canonical) hold, as far as
+    their text shows (depth: at most the 32 calls a check may nest)."""
+    if check == Symbol("true") or canonical_value(check) in by:
+        return True
+    if type(check) is tuple and check and check[0] in (Symbol("and"), Symbol("or")):
+        parts = [_implied(part, by) for part in check[1:]]
+        return all(parts) if check[0] == Symbol("and") else any(parts)
+    return False
 
 
 def _decide(sides: list[_Side], directions: list[tuple[int, int]], checkers: list[_Checker],
@@ -2509,7 +2601,8 @@ def descriptor_document(descriptor: ProtocolDescriptor) -> bytes:
         fields.append((Symbol("expires"), descriptor.expires))
     fields.append((Symbol("intents"), *intents))
     fields.append((Symbol("grammar"), descriptor.grammar))
-    for section in (descriptor.schema, descriptor.conversation, descriptor.functions):
+    for section in (descriptor.schema, descriptor.conversation, descriptor.functions,
+                    descriptor.constraints):
         if section is not None:
             fields.append(section)
     return canonical_value(tuple(fields)).encode()

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, cast
 from ..core._canonical import canonical_value
 from ..core._errors import ConversationError, DescriptorError, LimitError
 from ..core._values import INT64_MAX, INT64_MIN, URI, Symbol, Value
+from ._constraints import Constraints, Snapshot, read_constraints
 from ._message import Intent, Message
 
 if TYPE_CHECKING:
@@ -242,10 +243,14 @@ class Conversation:
     every message, in order, to :meth:`receive`."""
 
     def __init__(self, machine: Machine, *, protocol: Symbol | str,
-                 conversation_id: str) -> None:
+                 conversation_id: str, constraints: Constraints | None = None) -> None:
         if not isinstance(machine, Machine):
             raise TypeError("machine must be a Machine (see compile_machine)")
         self.machine = machine
+        #: The protocol's rules: those with (earlier …)/(seen …) are applied here.
+        self.constraints = constraints
+        #: Per intent an (earlier …) names, what the rules read of its latest message.
+        self._earlier: dict[Intent, Snapshot] = {}
         self.protocol = Symbol(str(protocol))
         self.conversation_id = conversation_id
         self._state = machine.initial
@@ -348,6 +353,8 @@ class Conversation:
             if role == awaited and now > deadline:
                 raise self._refuse(message, f"timeout: the reply was due by {deadline} "
                                             f"(reply-by) and it is {now}")
+        if self.constraints is not None:  # (ConstraintError, LimitError)
+            self.constraints.check_in_conversation(message, self._earlier)
         return Step(message.message_id, message.intent, role, message.sender, self._state,
                     target, machine.is_final(target))
 
@@ -370,6 +377,8 @@ class Conversation:
                 self._deadline = None  # the awaited party has replied
         self._state = step.after
         self._history.append(step)
+        if self.constraints is not None:
+            self.constraints.remember(message, self._earlier)
         return step
 
 
@@ -391,6 +400,8 @@ class ConversationTracker:
     def __init__(self, machines: Mapping[Symbol | str, Machine], *,
                  max_open: int | None = None, forget_finished: bool = False) -> None:
         self._machines = {Symbol(str(k)): v for k, v in machines.items()}
+        #: Protocol id -> its constraints with (earlier …)/(seen …), for its threads.
+        self._constraints: dict[Symbol, Constraints] = {}
         for machine in self._machines.values():
             if not isinstance(machine, Machine):
                 raise TypeError("machines must map protocol ids to Machine objects")
@@ -412,13 +423,22 @@ class ConversationTracker:
         conversation (the options as for the constructor). Raises
         :class:`DescriptorError` for a malformed section."""
         machines: dict[Symbol | str, Machine] = {}
+        constraints: dict[Symbol, Constraints] = {}
         for item in descriptors:
             descriptor = getattr(item, "descriptor", item)
             section = getattr(descriptor, "conversation", None)
             if section is not None:  # (only a descriptor has a conversation section)
                 found = cast("ProtocolDescriptor", descriptor)
                 machines[found.id] = compile_machine(section, intents=found.intents)
-        return cls(machines, max_open=max_open, forget_finished=forget_finished)
+                rules = getattr(item, "constraints", None)  # (a loaded Protocol's)
+                if found.constraints is not None and rules is None:
+                    rules = read_constraints(found.constraints, intents=found.intents,
+                                             functions=found.functions, conversation=True)
+                if rules is not None and rules.stateful:
+                    constraints[found.id] = rules
+        tracker = cls(machines, max_open=max_open, forget_finished=forget_finished)
+        tracker._constraints = constraints
+        return tracker
 
     def get(self, conversation_id: str, peer: URI | str) -> Conversation | None:
         """The thread of ``conversation_id`` with ``peer``, or ``None``."""
@@ -442,8 +462,8 @@ class ConversationTracker:
                 raise ConversationError(f'{where}: conversation "{cid}" has finished',
                                         path="$")
             self._check_room(where)
-            return Conversation(machine, protocol=message.protocol,
-                                conversation_id=cid), True
+            return Conversation(machine, protocol=message.protocol, conversation_id=cid,
+                                constraints=self._constraints.get(message.protocol)), True
         if message.protocol != self._protocols[cid]:
             raise ConversationError(f'{where}: conversation "{cid}" speaks '
                                     f"{self._protocols[cid]}", path="$")
@@ -463,7 +483,8 @@ class ConversationTracker:
                                     f"only its initiator {initiator} can bring in a peer",
                                     path="$")
         self._check_room(where)
-        return Conversation(machine, protocol=message.protocol, conversation_id=cid), True
+        return Conversation(machine, protocol=message.protocol, conversation_id=cid,
+                            constraints=self._constraints.get(message.protocol)), True
 
     def _check_room(self, where: _Where) -> None:
         if self.max_open is not None and len(self._threads) >= self.max_open:

@@ -19,6 +19,7 @@ from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._reader import read
 from ..core._values import INT64_MAX, Symbol, Value
 from ..grammar._subset import rule_name_problem
+from ._constraints import read_constraints
 from ._conversation import compile_machine
 from ._evaluator import read_functions
 from ._message import Intent
@@ -28,6 +29,7 @@ from ._schema import compile_schema
 _FIELDS: tuple[tuple[str, bool], ...] = (
     ("id", True), ("version", True), ("expires", False), ("intents", True),
     ("grammar", True), ("schema", False), ("conversation", False), ("functions", False),
+    ("constraints", False),
 )
 _T = TypeVar("_T")
 _FIELD_ORDER = {name: index for index, (name, _) in enumerate(_FIELDS)}
@@ -45,8 +47,8 @@ def digest_of(payload: bytes) -> str:
 class ProtocolDescriptor:
     """A protocol descriptor as read (nothing about it is trusted yet).
 
-    ``schema``, ``conversation`` and ``functions`` hold their sections as read (the
-    ``(schema …)`` list itself), or ``None``. ``intent_rules`` holds the intents listed
+    ``schema``, ``conversation``, ``functions`` and ``constraints`` hold their sections
+    as read (the ``(schema …)`` list itself), or ``None``. ``intent_rules`` holds the intents listed
     with a start rule (``(ACCEPT award)``), in order; every other intent's body starts at
     ``body``.
     """
@@ -61,6 +63,7 @@ class ProtocolDescriptor:
     functions: Value | None
     digest: str
     intent_rules: tuple[tuple[Intent, str], ...] = ()
+    constraints: Value | None = None
 
     def governs(self, intent: Intent) -> bool:
         """Whether messages with ``intent`` have their body judged by this grammar."""
@@ -151,13 +154,14 @@ def read_descriptor(payload: bytes, *, limits: Limits | None = None) -> Protocol
         id=ident, version=version, expires=expires, intents=tuple(intents), grammar=grammar,
         schema=_section(sections, "schema"), conversation=_section(sections, "conversation"),
         functions=_section(sections, "functions"), digest=digest_of(payload),
-        intent_rules=tuple(rules),
+        intent_rules=tuple(rules), constraints=_section(sections, "constraints"),
     )
 
 
 def _check_sections(sections: dict[str, tuple[Value, ...]], intents: tuple[Intent, ...]) -> None:
-    """Validate the schema, conversation and functions sections (spec/conversations.md);
-    each raises :class:`DescriptorError` for a malformed section."""
+    """Validate the schema, conversation, functions and constraints sections
+    (spec/conversations.md); each raises :class:`DescriptorError` for a malformed
+    section, and a rule that calls a function the functions section does not list."""
 
     if "schema" in sections:
         compile_schema(_section_of(sections, "schema"))
@@ -165,6 +169,10 @@ def _check_sections(sections: dict[str, tuple[Value, ...]], intents: tuple[Inten
         compile_machine(_section_of(sections, "conversation"), intents=intents)
     if "functions" in sections:
         read_functions(_section_of(sections, "functions"))
+    if "constraints" in sections:
+        read_constraints(_section_of(sections, "constraints"), intents=intents,
+                         functions=_section(sections, "functions"),
+                         conversation="conversation" in sections)
 
 
 def _single(sections: dict[str, tuple[Value, ...]], name: str, kind: type[_T],

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import pairwise
-from typing import cast
+from typing import Protocol, cast
 
 from ..core._canonical import canonical_value
 from ..core._errors import DescriptorError, EvaluationError, LimitError
@@ -328,17 +328,47 @@ def _allowed(functions: object) -> frozenset[str]:
 
 # --------------------------------------------------------------------------- interpreter
 
+class Absent(Exception):
+    """Raised by a :class:`Context` for data that is not there (a body member, an envelope
+    field, an earlier message); the evaluator reports it as :class:`AbsentError`."""
+
+
+class AbsentError(EvaluationError):
+    """An expression read data the message does not have (spec/conversations.md §5.3)."""
+
+
+class Context(Protocol):
+    """The data an expression's context forms read (spec/conversations.md §5.2):
+    ``lookup(form, args)`` is the value of ``(field …)``, ``(has …)``, ``(head)``,
+    ``(envelope …)``, ``(has-envelope …)``, ``(seen …)`` or ``(quote …)`` with its
+    unevaluated ``args``; ``earlier(intent)``
+    the context of the conversation's most recent earlier message of ``intent``. Both raise
+    :class:`Absent` for data that is not there and ``ValueError`` for a malformed form."""
+
+    def lookup(self, form: str, args: tuple[Value, ...]) -> Value: ...
+
+    def earlier(self, intent: Value) -> Context: ...
+
+
+#: The context forms: not library functions, data bound by name (spec/conversations.md §5).
+CONTEXT_FORMS = frozenset(("field", "has", "head", "envelope", "has-envelope", "seen",
+                           "earlier", "quote"))
+_EARLIER = Function("earlier", 2, 2, lazy=True)
+
+
 class _Frame:
     """One call being evaluated: its list, its function, the arguments evaluated so far and
-    the index (into the list) of the child being evaluated now."""
+    the index (into the list) of the child being evaluated now; for ``(earlier …)``, the
+    context to restore when it returns."""
 
-    __slots__ = ("args", "expr", "fn", "index")
+    __slots__ = ("args", "expr", "fn", "index", "saved")
 
     def __init__(self, expr: tuple[Value, ...], fn: Function) -> None:
         self.expr = expr
         self.fn = fn
         self.args: list[Value] = []
         self.index = 0
+        self.saved: Context | None = None
 
 
 def _path(base: str, stack: list[_Frame], extra: int | None = None) -> str:
@@ -371,21 +401,29 @@ def _atom(value: Value) -> Value:
 
 def evaluate(value: Value, *, functions: object = None, now: int | None = None,
              budget: int = DEFAULT_BUDGET, max_depth: int = DEFAULT_MAX_DEPTH,
-             path: str = "$") -> Value:
+             path: str = "$", context: Context | None = None) -> Value:
     """Evaluate an expression and return its value (an atom that prints canonically).
 
     ``functions``: the descriptor's ``(functions …)`` section, an iterable of names, or
     ``None`` for the whole built-in library. ``now``: the current time in Unix
     milliseconds, the value of ``(now)``; ``None`` makes ``(now)`` an error. ``budget``:
     steps (evaluated nodes); ``max_depth``: calls nested at once. ``path``: the prefix of
-    error paths (``$.body.task[:deadline]``).
+    error paths (``$.body.task[:deadline]``). ``context``: the data the context forms
+    (``field``, ``earlier`` …, spec/conversations.md §5) read; without one they are unknown
+    functions.
 
     Raises :class:`LimitError` when the budget or depth is exceeded, and
     :class:`EvaluationError` (with ``path``) for everything else that fails: an unknown or
     not-allowed function, a wrong argument count or type, an unbound symbol, overflow,
     division by zero. Raises ``TypeError``/``ValueError`` for bad arguments to this function.
     """
-    allowed = _allowed(functions)
+    return run(value, _allowed(functions), now, budget, max_depth, path, context)[0]
+
+
+def run(value: Value, allowed: frozenset[str], now: int | None, budget: int,
+        max_depth: int, path: str, context: Context | None) -> tuple[Value, int]:
+    """:func:`evaluate` with the allowed names checked already: the value and the steps it
+    took. Raises as :func:`evaluate`; :class:`AbsentError` for data a context lacks."""
     if type(budget) is not int or budget < 1:
         raise ValueError("budget must be a positive int")
     if type(max_depth) is not int or max_depth < 1:
@@ -421,7 +459,26 @@ def evaluate(value: Value, *, functions: object = None, now: int | None = None,
                     raise fail(f"a call starts with a function name, not {_kind(head)}")
                 fn = LIBRARY.get(str(head))
                 if fn is None:
-                    raise fail(f"unknown function {head}")
+                    if context is None or str(head) not in CONTEXT_FORMS:
+                        raise fail(f"unknown function {head}")
+                    try:
+                        if str(head) == "earlier":
+                            if len(node) != 3:
+                                raise ValueError("earlier takes an intent and an expression")
+                            inner = context.earlier(node[1])
+                        else:
+                            result, evaluating = context.lookup(str(head), node[1:]), False
+                            continue
+                    except Absent as exc:
+                        where = _path(path, stack)
+                        raise AbsentError(f"{where}: {exc}", path=where) from None
+                    except ValueError as exc:
+                        raise fail(str(exc)) from None
+                    frame = _Frame(node, _EARLIER)
+                    frame.index, frame.saved, context = 2, context, inner
+                    stack.append(frame)
+                    node = node[2]
+                    continue
                 if fn.name not in allowed:
                     raise fail(f"function {head} is not allowed here (allowed: "
                                + (" ".join(n for n in LIBRARY if n in allowed) or "none") + ")")
@@ -448,9 +505,13 @@ def evaluate(value: Value, *, functions: object = None, now: int | None = None,
 
         # Hand `result` to the innermost call.
         if not stack:
-            return result
+            return result, steps
         frame = stack[-1]
         name = frame.fn.name
+        if frame.fn is _EARLIER:  # its expression's value, in the context it left
+            context = frame.saved
+            stack.pop()
+            continue
         if frame.fn.lazy:
             if result not in _BOOLS and (name != "if" or frame.index == 1):
                 raise fail(f"{name} expects a boolean (true or false), got {_kind(result)}")

@@ -20,6 +20,7 @@ from ..grammar._compile import (
 )
 from ..grammar._kernel import GENERAL_SHOWN
 from ..grammar._lalr import Tables
+from ._constraints import Constraints, read_constraints
 from ._descriptor import ProtocolDescriptor
 from ._message import Intent
 from ._schema import Schema, compile_schema
@@ -47,6 +48,9 @@ class Protocol:
     #: set's members in any order share their nodes): the acceptance walks' (pass 2's
     #: ``recognise_body`` and ``accept_document``, the binary decoder's fast path).
     recogniser: StackAutomaton = field(init=False)
+    #: The descriptor's rules, compiled (``None`` without a ``(constraints …)`` section):
+    #: parse, validate and the codec apply the stateless ones, a conversation the rest.
+    constraints: Constraints | None = field(init=False)
     #: The intents whose bodies the grammar judges, as a set.
     governed: frozenset[Intent] = field(init=False)
     #: Intent -> the start terminal fed before its body (empty: one start rule for all).
@@ -57,6 +61,13 @@ class Protocol:
     acceptance: tuple[Any, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        descriptor = self.descriptor
+        object.__setattr__(self, "constraints", None if descriptor.constraints is None
+                           else read_constraints(descriptor.constraints,
+                                                 intents=descriptor.intents,
+                                                 functions=descriptor.functions,
+                                                 conversation=descriptor.conversation
+                                                 is not None))
         object.__setattr__(self, "governed", frozenset(self.descriptor.intents))
         terminals = self.tables.start_terminals
         starts = self.descriptor.starts

@@ -330,6 +330,11 @@ class Registry:
             raise TypeError("clock must be a function returning Unix time in milliseconds")
         self._clock = clock or _system_clock_ms
         self._protocols: dict[Symbol, Protocol] = {}
+        # The loaded protocols the C fast paths may serve: those without constraints
+        # (whose rules only the Python paths apply), so a protocol with them is never
+        # accepted in C and one without costs nothing more.
+        self._fast: dict[Symbol, Protocol] = {}
+        self._constrained = False
         self._bindings: dict[str, tuple[str, ...]] = {}  # id -> keys, without a state dir
         self._abandoned = False
         #: The one-shot cbcl.decode's memos for this registry (cbcl.binary._codec._one_shot_memos:
@@ -347,11 +352,23 @@ class Registry:
         return tuple(self._protocols.values())
 
     def _protocols_by_id(self) -> dict[Symbol, Protocol]:
-        """The registry's own dict of loaded protocols by id, not a copy: the same object
-        for the registry's lifetime, changed in place as protocols are loaded, for cbcl's
-        fast paths (the binary codec's frame state and encoder, parse's C tier), which
-        look protocols up in it and never change it."""
-        return self._protocols
+        """The registry's own dict of the loaded protocols its fast paths serve, by id, not
+        a copy: the same object for the registry's lifetime, changed in place as protocols
+        are loaded, for cbcl's fast paths (the binary codec's frame state and encoder,
+        parse's C tier), which look protocols up in it and never change it. A protocol
+        with constraints is not in it (those paths decline its messages, and the Python
+        paths, which apply the rules, decide them)."""
+        return self._fast
+
+    def _register(self, protocol: Protocol) -> None:
+        self._protocols[protocol.id] = protocol
+        if protocol.constraints is None:
+            self._fast[protocol.id] = protocol
+        else:
+            self._fast.pop(protocol.id, None)
+        #: Whether some loaded protocol has constraints (then parse's Python path runs
+        #: the C tiers with every protocol, and checks the rules after them).
+        self._constrained = len(self._fast) < len(self._protocols)
 
     def get(self, protocol_id: str | Symbol) -> Protocol | None:
         """The loaded protocol with this id, or ``None``."""
@@ -475,7 +492,7 @@ class Registry:
         if current is not None and self._compat_mode(str(descriptor.id)) is not None:
             self._check_compatible(descriptor, [current.descriptor], prepared.checked)
         protocol = Protocol.from_compiled(descriptor, prepared.compiled)
-        self._protocols[descriptor.id] = protocol
+        self._register(protocol)
         if prepared.keys and str(descriptor.id) not in self._bindings:
             self._bindings[str(descriptor.id)] = prepared.keys
         return protocol
@@ -499,7 +516,7 @@ class Registry:
         self._check_record(protocol.descriptor, (), self._memory_record(protocol.id))
         if current is not None and self._compat_mode(str(protocol.id)) is not None:
             self._check_compatible(protocol.descriptor, [current.descriptor])
-        self._protocols[protocol.id] = protocol
+        self._register(protocol)
 
     def _memory_record(self, ident: Symbol) -> StateRecord | None:
         current = self._protocols.get(ident)
