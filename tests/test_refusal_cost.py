@@ -158,6 +158,8 @@ def old_parse(registry: Registry, text: str) -> object:
         if check_intent_and_body(protocol, message) is False:
             rescan(protocol, text, scan_envelope(text, DEFAULT_LIMITS).body_at,
                    DEFAULT_LIMITS, message.intent)
+        if protocol.constraints is not None:  # (then the protocol's stateless rules)
+            protocol.constraints.check(message)
     except CBCLError as error:
         return seen(error)
     return message
