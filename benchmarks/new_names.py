@@ -16,11 +16,9 @@ for the same content (a JSON array of strings, typed ``list[str]``).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ import installed
 from cbcl_bench import (
     MIXED_PROTOCOL,
     Vocabulary,
+    _first_pass,
     find_descriptors,
     load_registry,
     mixed_messages,
@@ -42,17 +41,8 @@ SIZES = {"mixed-4k": 200, "mixed-64k": 12}  # messages per set
 
 
 def _pass(function: Callable[[bytes], object], items: list[bytes]) -> float:
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        for item in items:
-            function(item)
-        return time.perf_counter() - start
-    finally:
-        if enabled:
-            gc.enable()
+    """Seconds of one pass of ``function`` over ``items`` (cbcl bench's first pass)."""
+    return _first_pass(function, items) * len(items)
 
 
 def fresh_vs_recurring(registry: Registry, rounds: int) -> dict[str, dict[str, float]]:
