@@ -9,6 +9,7 @@ Tests internals: the commands' option parsers and caps (``cbcl.cli._*``) are pri
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import fields
 from pathlib import Path
@@ -77,8 +78,13 @@ def _dest(option: str) -> str:
     return option[2:].replace("-", "_")
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    return build_parser()  # (built once: parsing does not change a parser)
+
+
 def _parse(command: str, *extra: str) -> argparse.Namespace:
-    return build_parser().parse_args([*COMMANDS[command], *extra])
+    return _parser().parse_args([*COMMANDS[command], *extra])
 
 
 def _refused(capsys: pytest.CaptureFixture[str], command: str, *extra: str) -> str:
