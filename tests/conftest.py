@@ -26,6 +26,10 @@ SLOW_FILES = frozenset({
     "test_export.py", "test_mcp.py", "test_nats.py", "test_negotiate.py", "test_packaging.py",
     "test_readme.py", "test_serve_attacks.py", "test_serve_log.py", "test_session_runtime.py",
     "test_spade.py", "test_fuzz.py", "test_cli.py", "test_state_lock.py",
+    # servers in processes, guarded workers, MCP/A2A stacks:
+    "test_handler_failures.py", "test_compat_worker.py", "test_compile_bounds.py",
+    "test_mcp_stdio_bounds.py", "test_mcp_intents.py", "test_logging.py",
+    "test_a2a_server.py", "test_analysis_budgets.py",
 })
 
 

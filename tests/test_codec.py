@@ -346,6 +346,7 @@ def test_truncation_at_every_offset(registry: Registry) -> None:
             assert both(registry, frame[:end]) in (MalformedError, EnvelopeError)
 
 
+@pytest.mark.slow
 def test_every_single_bit_flip(registry: Registry) -> None:
     for frame in _frames(registry)[:3]:
         for index in range(len(frame)):

@@ -352,6 +352,7 @@ def test_unreadable_inputs_raise_typed_errors() -> None:
         diff_descriptors(descriptor("body: /x/\n"), descriptor(ASK))
 
 
+@pytest.mark.slow
 def test_hostile_descriptors_answer_quickly() -> None:
     # 2^k inlined copies: r0 -> r1 r1 -> ...; stopped by max_nfa_states
     rules = ["body: \"(\" \"x\" r0 \")\""] + [f"r{i}: r{i + 1} r{i + 1}" for i in range(40)]
@@ -377,6 +378,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_diff(tmp_path: Path) -> None:
     old, new = tmp_path / "old.cbcl", tmp_path / "new.cbcl"
     old.write_bytes(descriptor(ASK))

@@ -334,6 +334,7 @@ def test_diff_compile_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
         diff_descriptors(descriptor(1), descriptor(2), compile="no")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_guarded_worker_end_to_end(tmp_path: Path) -> None:
     w = World(tmp_path)
     registry = Registry(trust=w.trust, state_dir=w.state, disk_cache=False,
@@ -547,6 +548,7 @@ def test_a_bound_of_1e27_is_compared_not_crashed(tmp_path: Path) -> None:
               "(ask :n 1000000000000000000000000000.1)")
 
 
+@pytest.mark.slow
 def test_an_offer_past_the_budgets_is_refused_unknown(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.registry.load(signed(subsets_descriptor(4, 20, ident="p/v1")))
@@ -561,6 +563,7 @@ def test_an_offer_past_the_budgets_is_refused_unknown(tmp_path: Path) -> None:
     assert w.registry.load(signed(descriptor(1, ASK, ident="q/v1"))).descriptor.version == 1
 
 
+@pytest.mark.slow
 def test_bounds_times_one_of_offer_is_cheap(tmp_path: Path) -> None:
     # Issue 36: a signed payload under 64 KiB cost about 27 s of the server's CPU.
     w = World(tmp_path)

@@ -82,6 +82,7 @@ def test_the_layout_check_covers_this_cpythons_decimal(text: str) -> None:
     indistinguishable(ours, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["2.5", "-934.32", "0.1234567890123456789",
                                   "12345678901234567890.5"])
 def test_bodies_of_decimals_stay_out_of_the_collector(text: str) -> None:

@@ -515,6 +515,7 @@ def test_random_declarations_build_and_their_grammar_takes_what_their_schema_doe
             assert accepted(registry, sent) == (record.heads[0] in heads[intent]), sent
 
 
+@pytest.mark.slow
 def test_a_declaration_at_the_grammar_limits_builds_in_bounded_work() -> None:
     """Fifteen intents, each a record of ten nested keyword lists of distinct one-ofs: 166
     derived rules, compiled and checked; one more field each and the derived grammar passes

@@ -156,6 +156,7 @@ def test_canonical_text_edges(native: Any, value: Any) -> None:
     _same_text(native, value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [1, 100, 9_999, 10_000, 10_001, 30_000])
 def test_canonical_text_of_deep_values(native: Any, depth: int) -> None:
     # The C twin is iterative up to its stack bound (10,000 = MAX_VALUE_DEPTH) and

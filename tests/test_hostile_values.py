@@ -427,6 +427,7 @@ def _chain(depth: int, mode: str | None, kind: type = tuple) -> Any:
 DEPTH_WRITERS = [name for name in WRITERS if name not in ("body", "keys")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [None, *MODES])
 def test_values_as_deep_as_the_limit_are_written_and_deeper_are_refused(
         mode: str | None) -> None:
@@ -464,6 +465,7 @@ def test_the_c_and_python_writers_agree_at_the_depth_limit() -> None:
             assert outcome(message.canonical)[0] is LimitError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [None, *MODES])
 def test_a_list_that_contains_itself_is_refused_by_every_writer(mode: str | None) -> None:
     loop: list[Any] = [Symbol("a")] if mode is None else make(

@@ -448,6 +448,7 @@ def test_hundred_level_precedence_chain() -> None:
     assert time.process_time() - started < 30
 
 
+@pytest.mark.slow
 def test_256_rule_grammar() -> None:
     grammar = build(_wide(256))
     assert len(grammar.nonterminals - grammar.synthetic - {"value"}) == 256

@@ -58,6 +58,7 @@ def message(protocol: str, intent: str, body: str) -> bytes:
 # --------------------------------------------------------------------------- descriptors
 
 
+@pytest.mark.slow
 def test_shipped_descriptors_match_their_grammar_files() -> None:
     done = subprocess.run([sys.executable, str(DESCRIPTORS / "make_descriptors.py"), "--check"],
                           capture_output=True, check=False)
@@ -288,6 +289,7 @@ def test_unsigned_descriptors_need_the_opt_in(tmp_path: Path) -> None:
     assert info.value.reason.startswith("unsigned descriptor")
 
 
+@pytest.mark.slow
 def test_versions_only_move_forward(tmp_path: Path) -> None:
     # Rollback and equivocation are trust refusals (spec/trust.md); tests/test_trust.py
     # covers them with signed descriptors and a state directory.
@@ -305,6 +307,7 @@ def test_versions_only_move_forward(tmp_path: Path) -> None:
     assert len(reg) == 1 and "p/v1" in reg and "q" not in reg and "not a symbol!" not in reg
 
 
+@pytest.mark.slow
 def test_refused_grammars_raise_their_verdict(tmp_path: Path) -> None:
     reg = Registry(cache_dir=tmp_path)
     ambiguous = GOOD.replace('"body: SYMBOL"', '"body: e\\ne: e \\"+\\" e | INTEGER"')
@@ -314,6 +317,7 @@ def test_refused_grammars_raise_their_verdict(tmp_path: Path) -> None:
     assert info.value.exit_code == 5
 
 
+@pytest.mark.slow
 def test_negative_cache_refuses_without_recompiling(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     reg = Registry(cache_dir=tmp_path)
@@ -326,6 +330,7 @@ def test_negative_cache_refuses_without_recompiling(tmp_path: Path,
     assert info.value.verdict == "rejected"
 
 
+@pytest.mark.slow
 def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from cbcl.protocol import _registry
@@ -345,6 +350,7 @@ def test_disk_cache_serves_a_fresh_process_state(tmp_path: Path,
     assert (tmp_path / "secret").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.slow
 def test_tampered_cache_entries_are_recompiled(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from cbcl.protocol import _registry
@@ -412,6 +418,7 @@ def test_compile_guard_times_out() -> None:
     assert time.perf_counter() - started < 5
 
 
+@pytest.mark.slow
 def test_compile_guard_limits_memory() -> None:
     grammar = (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
     # The worker dies of the memory limit ("the grammar compiler …"); on a loaded machine
@@ -422,6 +429,7 @@ def test_compile_guard_limits_memory() -> None:
     assert info.value.verdict == "rejected"
 
 
+@pytest.mark.slow
 def test_guarded_and_in_process_compiles_agree() -> None:
     grammar = (DESCRIPTORS / "grammars" / "canon-a-v1.lark").read_text()
     guarded = compile_guarded(grammar)

@@ -321,6 +321,7 @@ def node_text(draw: Any, depth: int, wide: int) -> str:
 MISTAKES = ["1.5", ":a", "opts", "(v)", "()", "(opts :b \"x\")", "(n", ")", ":z"]
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(data=st.data())
 def test_large_bodies_are_refused_as_the_rescan_does(data: st.DataObject, registry: Registry,
@@ -452,6 +453,7 @@ def test_what_a_refusal_points_at(body: str, kind: str, path: tuple[int, ...],
     assert python is not None and (python.kind, python.path) == (kind, path)
 
 
+@pytest.mark.slow
 def test_the_end_of_a_body_may_be_refused(registry: Registry) -> None:
     protocol = registry.load(b'(protocol-descriptor (id two/v1) (version 1) (intents INFORM) '
                              b'(grammar "body: \\"(\\" \\"a\\" \\")\\" SYMBOL"))',
@@ -462,6 +464,7 @@ def test_the_end_of_a_body_may_be_refused(registry: Registry) -> None:
     assert outcome(lambda: cbcl.parse(text, registry=registry)) == old_parse(registry, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["canonical", "spaced"])
 def test_text_beyond_ascii_is_read_again_from_slices(layout: str, registry: Registry,
                                                      nested: Protocol) -> None:

@@ -190,6 +190,7 @@ def test_compiled_schemas_are_keyed_by_text_not_equality() -> None:
         check_schema(one_point_o, cbcl.read("(t :v 1)"))
 
 
+@pytest.mark.slow
 def test_deep_values_are_checked_without_recursion() -> None:
     schema = schema_of("(list-of any)")
     value: object = 1
@@ -560,6 +561,7 @@ def test_atoms_built_without_the_reader_are_checked_alike() -> None:
         check_schema(schema, (*body[:3], (Symbol("q"), Keyword("b"), Symbol("x"))))
 
 
+@pytest.mark.slow
 def test_hostile_bodies_deep_keys_heads_and_long_lists() -> None:
     deep: Any = 1
     for _ in range(100_000):  # hashing this would overflow the C stack

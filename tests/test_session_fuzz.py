@@ -476,6 +476,7 @@ def test_raw_frames(scenario: str, stream: bytes, data: st.DataObject) -> None:
     _run(data, scenario, stream)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @share(5)
 @given(data=st.data())

@@ -805,6 +805,7 @@ def derive(grammar: Grammar, rng: random.Random) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(valid_grammars(), st.randoms(use_true_random=False))
 def test_generated_grammars_round_trip(text: str, rng: random.Random) -> None:
