@@ -205,12 +205,14 @@ def test_an_expensive_offer_is_refused_and_a_good_peer_is_served(
     async def scenario() -> None:
         async with running(tmp_path) as srv:
             assert await negotiate_from(srv.address, "127.0.0.3", first) == "established"
-            offer = asyncio.create_task(negotiate_from(srv.address, "127.0.0.2", update))
+            # (the offer's answer waits for the comparison, which runs to its step budget:
+            # seconds on a quiet machine, more than WAIT on a loaded one — a deadline, not
+            # a measure)
+            offer = asyncio.create_task(negotiate_from(srv.address, "127.0.0.2", update,
+                                                       wait=6 * WAIT))
             assert await asyncio.to_thread(started.wait, WAIT)
             timings = await good_peer(srv.address, tag="during")
             assert timings["handshake"] < HANDSHAKE_BOUND_MS, timings
-            # (a deadline, not a measure: the comparison runs to its step budget, which
-            # takes seconds on a quiet machine and more than WAIT on a loaded one)
-            assert await asyncio.wait_for(offer, 6 * WAIT) == "rejected rollback"
+            assert await asyncio.wait_for(offer, 12 * WAIT) == "rejected rollback"
             assert recorded_version(srv, "big/v1") == 1
     asyncio.run(scenario())

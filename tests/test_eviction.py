@@ -384,11 +384,12 @@ def test_new_limits_are_checked() -> None:
 
 
 async def negotiate_from(address: str, ip: str, document: bytes, *,
-                         offer: bool = True, ready: asyncio.Barrier | None = None) -> str:
+                         offer: bool = True, ready: asyncio.Barrier | None = None,
+                         wait: float = WAIT) -> str:
     """Ask from ``ip`` about ``document``'s protocol and, told ``unsupported``, offer it
-    (after ``ready``, so that two offers race). Returns ``established``, ``supported``
-    (with ``offer=False``), ``unsupported K`` (the versions B knows), ``rejected
-    REASON`` or ``not-understood CODE``."""
+    (after ``ready``, so that two offers race), waiting at most ``wait`` s for each
+    answer. Returns ``established``, ``supported`` (with ``offer=False``), ``unsupported
+    K`` (the versions B knows), ``rejected REASON`` or ``not-understood CODE``."""
     registry = initiator_registry(document)
     (protocol,) = registry.protocols()
     host, port = address.rsplit(":", 1)
@@ -400,7 +401,7 @@ async def negotiate_from(address: str, ip: str, document: bytes, *,
         await connection.send(Query(str(protocol.id), protocol.digest,
                                     (protocol.descriptor.version,)))
         while True:
-            event = await asyncio.wait_for(connection.next_event(), WAIT)
+            event = await asyncio.wait_for(connection.next_event(), wait)
             if isinstance(event, Unsupported):
                 if not offer:
                     return f"unsupported {' '.join(map(str, event.known))}"
