@@ -244,7 +244,7 @@ class FrameState:
         """The ``Signature`` type."""
     @property
     def attributes(self) -> tuple[str, ...]:
-        """``Message``'s 11 attribute names, in grammar order."""
+        """``Message``'s 12 attribute names, in grammar order."""
     @property
     def memo_entries(self) -> int:
         """The most entries an atom memo holds."""
@@ -413,10 +413,11 @@ def encode_message(message: object, registry: object, tables: dict[Any, Any], /)
     message's protocol (``Encoder._tables``), found as ``registry.get`` finds the protocol
     (``registry`` an exact ``Registry``), or ``None``: not cached yet, or declined."""
 
-def setup_frame(intents: tuple[Any, ...], present_bits: tuple[int, int, int, int, int, int],
-                registry: type, /) -> None:
+def setup_frame(intents: tuple[Any, ...],
+                present_bits: tuple[int, int, int, int, int, int, int], registry: type,
+                /) -> None:
     """The intents by code (``cbcl.binary._codec.INTENTS``), the present bits of
-    conversation-id, in-reply-to, reply-by, timestamp, signature and body, and the
+    conversation-id, in-reply-to, reply-by, timestamp, signature, body and trace, and the
     ``Registry`` type; until it is called :func:`pack_message` and :func:`encode_message`
     return ``None``."""
 

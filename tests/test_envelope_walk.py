@@ -111,8 +111,9 @@ def test_trusted_messages_made_in_c_are_the_pythons() -> None:
     object.__setattr__ give; make_object refuses what it cannot make that way."""
     from cbcl.protocol import _message
 
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     args = ("m", URI("a://b"), URI("a://c"), cbcl.Intent.INFORM, Symbol("p/v1"), "c", None,
-            5, None, (Symbol("x"),), cbcl.trust.Signature("k", "s"))
+            5, None, (Symbol("x"),), cbcl.trust.Signature("k", "s"), trace)
     made = Message._trusted(*args)
     saved = _message._make_object
     _message._make_object = None
@@ -121,7 +122,9 @@ def test_trusted_messages_made_in_c_are_the_pythons() -> None:
     finally:
         _message._make_object = saved
     assert made == reference and hash(made) == hash(reference)
-    assert [getattr(made, name) for name in _message._ATTRIBUTES] == list(args)
+    # (_trusted takes trace last; the attributes hold it before the body)
+    assert [getattr(made, name) for name in _message._ATTRIBUTES] == \
+        [*args[:9], trace, *args[9:11]]
     from cbcl._native import make_object
 
     with pytest.raises(TypeError):
