@@ -118,7 +118,7 @@ def frame_envelope(
 ) -> tuple[Any, ...] | None:
     """The envelope of the frame whose tokens start at ``data[start]``, checked as
     ``cbcl.binary._codec._fast_message`` checks it: ``(intent, bits, message_id, sender, receiver,
-    conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset)``, ``None``
+    conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset, trace)``, ``None``
     for an absent field, ``offset`` where the body's tokens start; or ``None`` for anything
     the careful decoder must judge. ``intents`` is ``cbcl.binary._codec.INTENTS``, ``uris`` the
     decoder's URI memo: a URI it misses is validated, made and remembered there in C (texts

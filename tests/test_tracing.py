@@ -5,7 +5,15 @@ signature, the C walks held to their Python twins, and spans across two processe
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,12 +21,24 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings, strategies as st
 from strategies import messages, traces
 from test_codec import both, registry  # noqa: F401  (the fixture)
+from test_handler_failures import Keys, ServeProcess
 
 import cbcl
-from cbcl import CBCLError, EnvelopeError, Message, Registry, decode, encode
+from cbcl import (
+    CBCLError,
+    Decoder,
+    EnvelopeError,
+    LimitError,
+    Limits,
+    Message,
+    Registry,
+    decode,
+    encode,
+)
 from cbcl.binary._codec import HAS_TRACE, HEADER_BYTES
 from cbcl.core._limits import DEFAULT_LIMITS
 from cbcl.core._reader import read_value_at
+from cbcl.net import _tracing
 from cbcl.protocol._envelope import message_of, message_of_python, parse_envelope
 from cbcl.protocol._json import message_from_json, message_to_json
 from cbcl.protocol._message import TRACE_CHARS, is_traceparent
@@ -168,8 +188,6 @@ def test_the_signature_covers_the_trace() -> None:
 
 
 def test_copy_and_pickle_keep_the_field() -> None:
-    import copy
-    import pickle
 
     m = message(trace=TRACE)
     assert copy.copy(m).trace == pickle.loads(pickle.dumps(m)).trace == TRACE
@@ -193,7 +211,6 @@ def local_tracer() -> tuple[Any, Any]:
 
 
 def test_a_message_sent_in_a_span_carries_its_context() -> None:
-    from cbcl.net import _tracing
 
     tracer, _ = local_tracer()
     plain = message()
@@ -210,9 +227,7 @@ def test_a_message_sent_in_a_span_carries_its_context() -> None:
 
 
 def test_spans_name_the_message_and_escape_what_the_peer_wrote() -> None:
-    import asyncio
 
-    from cbcl.net import _tracing
 
     tracer, exporter = local_tracer()
     hostile = "m\n\x1b[31m" + "x" * 500
@@ -313,22 +328,17 @@ print(json.dumps({"reply_trace": reply_trace, "spans": [{
 
 
 @pytest.mark.slow
-def test_the_context_crosses_the_wire_between_two_processes(tmp_path: Any) -> None:
+def test_the_context_crosses_the_wire_between_two_processes(tmp_path: Path) -> None:
     """A client process sends a CFP inside its span ``ask`` to a real ``cbcl serve
     --handler`` process: the server's ``receive`` and ``handle`` spans are children of
     ``ask`` in its trace; the reply carries the ``handle`` span, and the client's
     ``receive`` span is its child."""
-    import json
-    import subprocess
-    import sys
 
-    from test_handler_failures import Keys, ServeProcess
 
     keys = Keys(tmp_path)
     (tmp_path / "traced.py").write_text(SERVER_TRACING)
     (tmp_path / "client.py").write_text(CLIENT_TRACING)
     spans_file = tmp_path / "spans.jsonl"
-    import os
 
     os.environ["SPANS"] = str(spans_file)  # (ServeProcess passes its environment on)
     try:
@@ -357,3 +367,21 @@ def test_the_context_crosses_the_wire_between_two_processes(tmp_path: Any) -> No
     assert client["reply_trace"][:52] == f"00-{ask['trace']}-{handled[0]['span']}"
     (answer,) = [s for s in client["spans"] if s["name"] == "receive PROPOSE"]
     assert answer["trace"] == ask["trace"] and answer["parent"] == handled[0]["span"]
+
+
+def test_the_field_counts_against_max_string_bytes(registry: Registry) -> None:  # noqa: F811
+    """A trace is a string like any other: under ``max_string_bytes`` 55 it is read, under
+    54 refused as a limit, by text and by every binary decoder alike."""
+
+    frame = encode(message(trace=TRACE), registry=registry)
+    for maximum, accepted in ((55, True), (54, False)):
+        limits = Limits(max_string_bytes=maximum)
+        if accepted:
+            assert parse_envelope(text_with(TRACE), limits).trace == TRACE
+            assert both(registry, frame, limits).trace == TRACE
+        else:
+            with pytest.raises(LimitError):
+                parse_envelope(text_with(TRACE), limits)
+            assert both(registry, frame, limits) is LimitError
+            with pytest.raises(LimitError):
+                Decoder(registry, limits=limits).decode(frame)

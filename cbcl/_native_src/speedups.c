@@ -952,16 +952,19 @@ build_body(PyObject *module, PyObject *args)
  * index, the field bits, the id, sender and receiver, the optional fields the bits name
  * and a signature's two strings), checked as cbcl.binary._codec._fast_message checks them:
  * (intent, bits, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
- * timestamp, key_id, signed, offset), None for an absent field, `offset` where the body's
+ * timestamp, key_id, signed, offset, trace), None for an absent field, `offset` where the body's
  * tokens start. `intents` is cbcl.binary._codec.INTENTS; a URI is looked up in `uris` (the
  * decoder's memo), or validated and made here and remembered there (remember_uri, at most
  * `entries`). None for anything
  * the careful decoder must judge. */
 enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMESTAMP = 8,
-       HAS_SIGNATURE = 16, ENVELOPE_SLOTS = 12 };
+       HAS_SIGNATURE = 16, HAS_TRACE = 64, PRESENCES = 128, TRACE_SLOT = 12,
+       ENVELOPE_SLOTS = 13 };
+
+static int is_traceparent(PyObject *text); /* (with the envelope walk, below) */
 
 /* frame_envelope's work over p[0:n]: 1 with the fields in `slots` (new references, NULL
- * where absent; slots[11] unused) and where the body starts in *offset, the intent's
+ * where absent; slots[11] unused, slots[12] the trace) and where the body starts in *offset, the intent's
  * index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
  * exception. */
 static int
@@ -977,6 +980,18 @@ read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ss
     if (start < 0 || start > n)
         goto bail;
     for (int slot = 0; slot < 11; slot++) {
+        if (slot == 9 && (present & HAS_TRACE)) { /* the trace, before the signature */
+            if (!read_token(p, n, &i, &t) || !t.str || t.len != 55 || t.len > max_string)
+                goto bail;
+            PyObject *text = token_str(&t);
+            if (text == NULL)
+                goto error;
+            if (text == Py_None || !is_traceparent(text)) {
+                Py_DECREF(text);
+                goto bail;
+            }
+            slots[TRACE_SLOT] = text;
+        }
         int bit = slot < 5 ? 0 : slot < 9 ? 1 << (slot - 5) : HAS_SIGNATURE;
         if (bit && !(present & bit))
             continue;
@@ -989,7 +1004,7 @@ read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ss
             Py_INCREF(slots[0]);
             *intent_index = (Py_ssize_t)t.integer;
         } else if (slot == 1) { /* the field bits */
-            if (t.str || t.big || t.integer < 0 || t.integer >= 64) /* (64: a trace) */
+            if (t.str || t.big || t.integer < 0 || t.integer >= PRESENCES)
                 goto bail;
             present = t.integer;
             if ((slots[1] = PyLong_FromLongLong(present)) == NULL)
@@ -2196,7 +2211,7 @@ typedef struct {
     PyObject *protocols;      /* dict: the registry's loaded protocols by id */
     PyObject *intents;        /* tuple: the Intent members by wire index */
     PyObject *intent_lengths; /* tuple of int: each intent's name's length */
-    PyObject *shapes;         /* bytes[64]: by presence bits, 1 where the limits hold */
+    PyObject *shapes;         /* bytes[128]: by presence bits, 1 where the limits hold */
     PyObject *uris;           /* dict: the memos' URI memo */
     PyObject *caches;         /* tuple: the memos' atom caches by token code */
     PyObject *keep;           /* callable: the memos' keep(code, text) */
@@ -2253,7 +2268,7 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             !PyTuple_CheckExact(o[6]) || !PyTuple_CheckExact(o[8]) ||
             !PyTuple_CheckExact(o[15]) || !PyBytes_CheckExact(o[4]) ||
             PyTuple_GET_SIZE(o[3]) != PyTuple_GET_SIZE(o[2]) ||
-            PyBytes_GET_SIZE(o[4]) < 64 || PyTuple_GET_SIZE(o[8]) < 64 ||
+            PyBytes_GET_SIZE(o[4]) < PRESENCES || PyTuple_GET_SIZE(o[8]) < PRESENCES ||
             PyTuple_GET_SIZE(o[15]) != F_COUNT || !PyCallable_Check(o[7]) ||
             !PyCallable_Check(o[11]) || !PyCallable_Check(o[14])) {
         PyErr_SetString(PyExc_TypeError, "FrameState(): a field of the wrong type or size");
@@ -2439,7 +2454,8 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     {
         PyObject *values[F_COUNT] = {slots[2], slots[3], slots[4], slots[0],
                                      PyTuple_GET_ITEM(plan, FP_ID), slots[5], slots[6],
-                                     slots[7], slots[8], NULL, body, signature};
+                                     slots[7], slots[8], slots[TRACE_SLOT], body,
+                                     signature};
         result = new_with_attributes(st, (PyTypeObject *)d->message, d->attributes, values);
         *is_signed = signature != NULL;
     }

@@ -95,6 +95,7 @@ from ..protocol._api import _verified as _verify_signed, check_constraints, chec
 from ..protocol._hints import body_hint, heads_of_lists
 from ..protocol._message import (
     _ATTRIBUTES as _MESSAGE_ATTRIBUTES,
+    TRACE_CHARS,
     TRACE_REFUSAL,
     VERSION,
     Intent,
@@ -878,7 +879,7 @@ def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
     if head is None:
         return None
     (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
-     timestamp, key_id, signed, offset) = head
+     timestamp, key_id, signed, offset, trace) = head
     protocol = table.protocol
     if (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
         return None  # not yet checked: the careful decoding checks and remembers it
@@ -893,7 +894,7 @@ def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
         return None
     return _fast_finish(protocol, intent, governed, body, message_id, sender, receiver,
                         conversation_id, in_reply_to, reply_by, timestamp,
-                        None if key_id is None else Signature(key_id, signed))
+                        None if key_id is None else Signature(key_id, signed), trace)
 
 
 def _fast_finish(protocol: Protocol, intent: Intent, governed: bool, body: Any,
@@ -969,7 +970,7 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
         if index >= count:
             return None
         trace = tokens[index]
-        if not is_traceparent(trace):
+        if not is_traceparent(trace) or max_string < TRACE_CHARS:
             return None
         index += 1
     signature = None
@@ -1146,7 +1147,7 @@ def _frame_by_value(table: SymbolTable, data: bytes, start: int, limits: Limits,
     if head is None:
         return None
     (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
-     timestamp, key_id, signed, offset) = head
+     timestamp, key_id, signed, offset, trace) = head
     protocol = table.protocol
     if not present & HAS_BODY or \
             (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
@@ -1168,7 +1169,7 @@ def _frame_by_value(table: SymbolTable, data: bytes, start: int, limits: Limits,
                                 _at(_refusal_offset(table, body, refusal, data, offset)))
     return _fast_finish(protocol, intent, governed, body, message_id, sender, receiver,
                         conversation_id, in_reply_to, reply_by, timestamp,
-                        None if key_id is None else Signature(key_id, signed))
+                        None if key_id is None else Signature(key_id, signed), trace)
 
 
 def _refusal_offset(table: SymbolTable, body: Value, refusal: Refusal, data: bytes,
