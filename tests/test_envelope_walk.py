@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from strategies import messages, values
+from strategies import messages, traces, values
 from test_reader import same_value
 
 import cbcl
@@ -49,7 +49,7 @@ def test_valid_envelopes(message: Message) -> None:
 def _mutations(value: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     items = list(value)
     op = data.draw(st.sampled_from(["swap", "drop", "dup", "retype", "rename", "head",
-                                    "extra", "signature", "shape"]))
+                                    "extra", "signature", "shape", "trace"]))
     index = data.draw(st.integers(0, len(items) - 1))
     if op == "swap" and len(items) > 2:
         other = data.draw(st.integers(1, len(items) - 1))
@@ -73,6 +73,13 @@ def _mutations(value: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
         items.append((Symbol("signature"), *data.draw(st.lists(values, max_size=3))))
     elif op == "shape":
         items[index] = data.draw(values)
+    elif op == "trace" and index:  # a (trace …) field here, its string valid or one off
+        trace = data.draw(traces)
+        cut = data.draw(st.integers(0, len(trace)))
+        near = data.draw(st.sampled_from([
+            trace, trace[:cut] + trace[cut + 1:], trace[:cut] + "0" + trace[cut:],
+            trace[:cut] + "G" + trace[cut + 1:], trace.upper(), "01" + trace[2:]]))
+        items.insert(index, (Symbol("trace"), near))
     return tuple(items)
 
 
