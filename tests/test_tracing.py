@@ -385,3 +385,22 @@ def test_the_field_counts_against_max_string_bytes(registry: Registry) -> None: 
             assert both(registry, frame, limits) is LimitError
             with pytest.raises(LimitError):
                 Decoder(registry, limits=limits).decode(frame)
+
+
+WITHOUT_OTEL = '''
+import sys
+sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+import cbcl
+from cbcl.net import _tracing
+assert _tracing.otel is None and _tracing.active_tracer() is None
+m = cbcl.Message(message_id="m", sender="a://b", receiver="a://c", intent="INFORM",
+                 protocol="any/v1")
+assert _tracing.outgoing(m) is m
+print("untraced")
+'''
+
+
+def test_without_the_api_nothing_is_imported_or_added() -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_OTEL], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout == "untraced\n", done.stderr
