@@ -1630,7 +1630,8 @@ pack_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* The tokens of Encoder.encode: intent, present, message-id, sender, receiver, the optional
- * fields that are not None, the signature's two strings, then the body's tokens. */
+ * fields that are not None, the trace, the signature's two strings, then the body's
+ * tokens. */
 static int
 mp_message(const EncodersState *enc, Bytes *b, Fields *m, Names *codes)
 {
