@@ -214,16 +214,17 @@ def test_a_message_sent_in_a_span_carries_its_context() -> None:
 
     tracer, _ = local_tracer()
     plain = message()
-    assert _tracing.outgoing(plain) is plain  # no current span: no field
+    assert _tracing.with_current_trace(plain) is plain  # no current span: no field
     with tracer.start_as_current_span("client") as span:
-        sent = _tracing.outgoing(plain)
+        assert _tracing.outgoing(plain) is plain  # no provider set here: tracing is off
+        sent = _tracing.with_current_trace(plain)
         context = span.get_span_context()
         assert sent.trace == (f"00-{context.trace_id:032x}-{context.span_id:016x}-"
                               f"{int(context.trace_flags):02x}")
         assert dataclasses.replace(sent, trace=None) == plain
-        assert _tracing.outgoing(sent) is sent  # a trace already: kept
+        assert _tracing.with_current_trace(sent) is sent  # a trace already: kept
         signed = sign_message(plain, Ed25519PrivateKey.generate(), "k")
-        assert _tracing.outgoing(signed) is signed  # the signature covers the field
+        assert _tracing.with_current_trace(signed) is signed  # the signature covers it
 
 
 def test_spans_name_the_message_and_escape_what_the_peer_wrote() -> None:

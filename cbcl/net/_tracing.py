@@ -59,6 +59,7 @@ SCOPE = "cbcl"
 MAX_ATTRIBUTE_CHARS = 128
 
 _cached: tuple[object, Any] | None = None  # (provider, its tracer)
+_UNKNOWN = object()
 
 
 def active_tracer() -> Tracer | None:
@@ -67,7 +68,13 @@ def active_tracer() -> Tracer | None:
     global _cached
     if otel is None:
         return None
-    provider = otel.get_tracer_provider()
+    # The global set_tracer_provider sets, read as is: get_tracer_provider() costs ~1 µs a
+    # call (it consults the environment while none is set), twice per message.
+    provider: Any = getattr(otel, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None:  # none set: the API's proxy, tracing off
+        return None
+    if provider is _UNKNOWN:  # (an API that keeps it elsewhere)
+        provider = otel.get_tracer_provider()
     cached = _cached
     if cached is not None and cached[0] is provider:
         tracer: Tracer | None = cached[1]
@@ -103,11 +110,19 @@ def remote_context(trace: str | None) -> Any:
 
 
 def outgoing(message: Message) -> Message:
+    """``message`` with the current span's context in its ``trace`` field
+    (:func:`with_current_trace`) where tracing is on (:func:`active_tracer`), else
+    ``message`` itself."""
+    if otel is None or active_tracer() is None:
+        return message
+    return with_current_trace(message)
+
+
+def with_current_trace(message: Message) -> Message:
     """``message`` with the current span's context in its ``trace`` field, or
-    ``message`` itself (the API not installed, no valid current span, a trace already, a
-    signed message, or a subclass: nothing is added behind its back). A current span is
-    propagated whether or not a provider is set here, as a propagator would."""
-    if otel is None or message.trace is not None or message.signature is not None or \
+    ``message`` itself (no valid current span, a trace already, a signed message, or a
+    subclass: nothing is added behind its back)."""
+    if message.trace is not None or message.signature is not None or \
             type(message) is not Message:
         return message
     trace = traceparent_of()
@@ -162,4 +177,4 @@ async def handling(tracer: Tracer, work: Awaitable[_T], message: Message, peer: 
 
 
 __all__ = ["MAX_ATTRIBUTE_CHARS", "SCOPE", "active_tracer", "handling", "otel", "outgoing",
-           "receiving", "remote_context", "traceparent_of"]
+           "receiving", "remote_context", "traceparent_of", "with_current_trace"]
