@@ -952,8 +952,8 @@ build_body(PyObject *module, PyObject *args)
  * index, the field bits, the id, sender and receiver, the optional fields the bits name
  * and a signature's two strings), checked as cbcl.binary._codec._fast_message checks them:
  * (intent, bits, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
- * timestamp, key_id, signed, offset, trace), None for an absent field, `offset` where the body's
- * tokens start. `intents` is cbcl.binary._codec.INTENTS; a URI is looked up in `uris` (the
+ * timestamp, key_id, signed, offset, trace), None for an absent field, `offset` where
+ * the body's tokens start. `intents` is cbcl.binary._codec.INTENTS; a URI is looked up in `uris` (the
  * decoder's memo), or validated and made here and remembered there (remember_uri, at most
  * `entries`). None for anything
  * the careful decoder must judge. */
@@ -964,8 +964,8 @@ enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMES
 static int is_traceparent(PyObject *text); /* (with the envelope walk, below) */
 
 /* frame_envelope's work over p[0:n]: 1 with the fields in `slots` (new references, NULL
- * where absent; slots[11] unused, slots[12] the trace) and where the body starts in *offset, the intent's
- * index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
+ * where absent; slots[11] unused, slots[12] the trace) and where the body starts in
+ * *offset, the intent's index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
  * exception. */
 static int
 read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t start,
