@@ -118,7 +118,7 @@ def frame_envelope(
 ) -> tuple[Any, ...] | None:
     """The envelope of the frame whose tokens start at ``data[start]``, checked as
     ``cbcl.binary._codec._fast_message`` checks it: ``(intent, bits, message_id, sender, receiver,
-    conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset)``, ``None``
+    conversation_id, in_reply_to, reply_by, timestamp, key_id, signed, offset, trace)``, ``None``
     for an absent field, ``offset`` where the body's tokens start; or ``None`` for anything
     the careful decoder must judge. ``intents`` is ``cbcl.binary._codec.INTENTS``, ``uris`` the
     decoder's URI memo: a URI it misses is validated, made and remembered there in C (texts
@@ -244,7 +244,7 @@ class FrameState:
         """The ``Signature`` type."""
     @property
     def attributes(self) -> tuple[str, ...]:
-        """``Message``'s 11 attribute names, in grammar order."""
+        """``Message``'s 12 attribute names, in grammar order."""
     @property
     def memo_entries(self) -> int:
         """The most entries an atom memo holds."""
@@ -413,10 +413,11 @@ def encode_message(message: object, registry: object, tables: dict[Any, Any], /)
     message's protocol (``Encoder._tables``), found as ``registry.get`` finds the protocol
     (``registry`` an exact ``Registry``), or ``None``: not cached yet, or declined."""
 
-def setup_frame(intents: tuple[Any, ...], present_bits: tuple[int, int, int, int, int, int],
-                registry: type, /) -> None:
+def setup_frame(intents: tuple[Any, ...],
+                present_bits: tuple[int, int, int, int, int, int, int], registry: type,
+                /) -> None:
     """The intents by code (``cbcl.binary._codec.INTENTS``), the present bits of
-    conversation-id, in-reply-to, reply-by, timestamp, signature and body, and the
+    conversation-id, in-reply-to, reply-by, timestamp, signature, body and trace, and the
     ``Registry`` type; until it is called :func:`pack_message` and :func:`encode_message`
     return ``None``."""
 

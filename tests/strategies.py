@@ -57,6 +57,10 @@ values = st.recursive(atoms, lambda children: st.lists(children, max_size=6).map
 
 ids = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12)
 timestamps = st.integers(min_value=0, max_value=2**63 - 1)
+# W3C traceparents of version 00 (what a (trace …) field holds): ids not all zeros.
+traces = st.builds(lambda trace_id, parent_id, flags:
+                   f"00-{trace_id:032x}-{parent_id:016x}-{flags:02x}",
+                   st.integers(1, 2**128 - 1), st.integers(1, 2**64 - 1), st.integers(0, 255))
 messages = st.builds(
     Message,
     message_id=ids,
@@ -68,6 +72,7 @@ messages = st.builds(
     in_reply_to=st.none() | ids,
     reply_by=st.none() | timestamps,
     timestamp=st.none() | timestamps,
+    trace=st.none() | traces,
     body=st.none() | values,
 )
 

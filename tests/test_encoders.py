@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from strategies import atoms, ids, uris, values
+from strategies import atoms, ids, traces, uris, values
 from test_protocol import DESCRIPTORS, SHIPPED, generator
 
 import cbcl
@@ -391,7 +391,7 @@ def wild_messages(draw: st.DrawFn, sound: bool = False) -> Message:
             "conversation_id": draw(st.none() | ids), "in_reply_to": draw(st.none() | ids),
             "reply_by": draw(st.none() | st.integers(-_I64, _I64 - 1)),
             "timestamp": draw(st.none() | st.integers(-_I64, _I64 - 1)),
-            "body": draw(st.none() | values),
+            "body": draw(st.none() | values), "trace": draw(st.none() | traces),
             "signature": draw(st.none() | st.builds(Signature, ids, ids))}
     else:
         fields = {
@@ -465,16 +465,17 @@ def test_message_text_and_frames_of_wild_messages_and_their_errors(
 
 
 @pytest.mark.parametrize(("intent", "optional"), [
-    *((Intent.REQUEST, optional) for optional in range(64)),  # every set of optional fields
-    *((intent, optional) for intent in Intent for optional in (0, 63))])  # every intent
+    *((Intent.REQUEST, optional) for optional in range(128)),  # every set of optional fields
+    *((intent, optional) for intent in Intent for optional in (0, 127))])  # every intent
 def test_every_intent_and_set_of_optional_fields(native: Any, registry: Registry,
                                                  intent: Intent, optional: int) -> None:
-    present = [bool(optional & bit) for bit in (1, 2, 4, 8, 16, 32)]
+    present = [bool(optional & bit) for bit in (1, 2, 4, 8, 16, 32, 64)]
     message = Message(
         message_id="m-1", sender="agent://a", receiver="agent://b", intent=intent,
         protocol="request/v1", conversation_id="c-1" if present[0] else None,
         in_reply_to="r-1" if present[1] else None, reply_by=-5 if present[2] else None,
         timestamp=1764502900000 if present[3] else None,
+        trace="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" if present[6] else None,
         signature=Signature("key-1", "A" * 86) if present[4] else None,
         body=(Symbol("request"), Keyword("action"), (Symbol("go"), "é", 1, Decimal("2.50")))
         if present[5] else None)

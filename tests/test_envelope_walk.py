@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from strategies import messages, values
+from strategies import messages, traces, values
 from test_reader import same_value
 
 import cbcl
@@ -49,7 +49,7 @@ def test_valid_envelopes(message: Message) -> None:
 def _mutations(value: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     items = list(value)
     op = data.draw(st.sampled_from(["swap", "drop", "dup", "retype", "rename", "head",
-                                    "extra", "signature", "shape"]))
+                                    "extra", "signature", "shape", "trace"]))
     index = data.draw(st.integers(0, len(items) - 1))
     if op == "swap" and len(items) > 2:
         other = data.draw(st.integers(1, len(items) - 1))
@@ -73,6 +73,13 @@ def _mutations(value: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
         items.append((Symbol("signature"), *data.draw(st.lists(values, max_size=3))))
     elif op == "shape":
         items[index] = data.draw(values)
+    elif op == "trace" and index:  # a (trace …) field here, its string valid or one off
+        trace = data.draw(traces)
+        cut = data.draw(st.integers(0, len(trace)))
+        near = data.draw(st.sampled_from([
+            trace, trace[:cut] + trace[cut + 1:], trace[:cut] + "0" + trace[cut:],
+            trace[:cut] + "G" + trace[cut + 1:], trace.upper(), "01" + trace[2:]]))
+        items.insert(index, (Symbol("trace"), near))
     return tuple(items)
 
 
@@ -111,8 +118,9 @@ def test_trusted_messages_made_in_c_are_the_pythons() -> None:
     object.__setattr__ give; make_object refuses what it cannot make that way."""
     from cbcl.protocol import _message
 
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     args = ("m", URI("a://b"), URI("a://c"), cbcl.Intent.INFORM, Symbol("p/v1"), "c", None,
-            5, None, (Symbol("x"),), cbcl.trust.Signature("k", "s"))
+            5, None, (Symbol("x"),), cbcl.trust.Signature("k", "s"), trace)
     made = Message._trusted(*args)
     saved = _message._make_object
     _message._make_object = None
@@ -121,7 +129,9 @@ def test_trusted_messages_made_in_c_are_the_pythons() -> None:
     finally:
         _message._make_object = saved
     assert made == reference and hash(made) == hash(reference)
-    assert [getattr(made, name) for name in _message._ATTRIBUTES] == list(args)
+    # (_trusted takes trace last; the attributes hold it before the body)
+    assert [getattr(made, name) for name in _message._ATTRIBUTES] == \
+        [*args[:9], trace, *args[9:11]]
     from cbcl._native import make_object
 
     with pytest.raises(TypeError):

@@ -804,7 +804,7 @@ def test_copy_and_pickle_keep_a_message(m: Message, signed: bool) -> None:
 def test_a_state_of_another_shape_is_refused() -> None:
     m = message(1)
     twin = object.__new__(Message)
-    with pytest.raises(TypeError, match="tuple of 11"):
+    with pytest.raises(TypeError, match="tuple of 12"):
         twin.__setstate__(m.__getstate__()[:-1])
     with pytest.raises(TypeError, match="tuple of 2"):
         object.__new__(cbcl.trust.Signature).__setstate__(["k", "v"])
@@ -819,8 +819,8 @@ def test_fields_are_read_from_the_storage_not_the_defaults() -> None:
     # (no class attribute is left to hide a field: the defaults live in __init__ and fields)
     names = [field.name for field in dataclasses.fields(Message)]
     assert names == ["message_id", "sender", "receiver", "intent", "protocol",
-                     "conversation_id", "in_reply_to", "reply_by", "timestamp", "body",
-                     "signature"]
+                     "conversation_id", "in_reply_to", "reply_by", "timestamp", "trace",
+                     "body", "signature"]
     assert not set(names) & set(vars(Message))
     assert [field.default for field in dataclasses.fields(Message)][5:] == [None] * 6
     assert message(1).conversation_id is None

@@ -914,7 +914,7 @@ canonical(PyObject *module, PyObject *value)
  * set by setup_message(); NULL: every message is declined. */
 enum {
     F_MESSAGE_ID, F_SENDER, F_RECEIVER, F_INTENT, F_PROTOCOL, F_CONVERSATION_ID,
-    F_IN_REPLY_TO, F_REPLY_BY, F_TIMESTAMP, F_BODY, F_SIGNATURE, N_FIELDS
+    F_IN_REPLY_TO, F_REPLY_BY, F_TIMESTAMP, F_TRACE, F_BODY, F_SIGNATURE, N_FIELDS
 };
 static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "message_fields_get: one per field");
 /* In the state (enc): message, signature (strong references). The text's: text_names, the version symbol,
@@ -922,7 +922,7 @@ static_assert(N_FIELDS == CBCL_MESSAGE_FIELDS, "message_fields_get: one per fiel
  * text_intents, the intents as (member, symbol) pairs (Message.to_value's _INTENT_SYMBOL).
  * The frame's: frame_intents, the intents by code (cbcl.binary._codec.INTENTS),
  * frame_bits, the present bits of conversation-id, in-reply-to, reply-by, timestamp,
- * signature, body; registry, cbcl.protocol._registry.Registry (encode_message). */
+ * signature, body, trace; registry, cbcl.protocol._registry.Registry (encode_message). */
 
 typedef struct {
     PyObject *f[N_FIELDS];  /* strong references */
@@ -1630,7 +1630,8 @@ pack_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* The tokens of Encoder.encode: intent, present, message-id, sender, receiver, the optional
- * fields that are not None, the signature's two strings, then the body's tokens. */
+ * fields that are not None, the trace, the signature's two strings, then the body's
+ * tokens. */
 static int
 mp_message(const EncodersState *enc, Bytes *b, Fields *m, Names *codes)
 {
@@ -1644,7 +1645,7 @@ mp_message(const EncodersState *enc, Bytes *b, Fields *m, Names *codes)
     if (intent < 0)
         return DECLINE; /* not a member: _INTENT_INDEX[intent] decides (or raises) */
     static const int optional[CBCL_FRAME_BITS] = {F_CONVERSATION_ID, F_IN_REPLY_TO, F_REPLY_BY,
-                                    F_TIMESTAMP, F_SIGNATURE, F_BODY};
+                                    F_TIMESTAMP, F_SIGNATURE, F_BODY, F_TRACE};
     long present = 0;
     for (int i = 0; i < CBCL_FRAME_BITS; i++)
         if (m->f[optional[i]] != Py_None)
@@ -1660,6 +1661,8 @@ mp_message(const EncodersState *enc, Bytes *b, Fields *m, Names *codes)
         if (value != Py_None && (r = mp_token(b, value)) != OK)
             return r;
     }
+    if (m->f[F_TRACE] != Py_None && (r = mp_token(b, m->f[F_TRACE])) != OK)
+        return r;
     if (m->f[F_SIGNATURE] != Py_None &&
         ((r = mp_token(b, m->sig[0])) != OK || (r = mp_token(b, m->sig[1])) != OK))
         return r;
@@ -2116,8 +2119,9 @@ setup_frame(PyObject *module, PyObject *args)
     EncodersState *enc = &st->encoders;
     PyObject *intents, *registry;
     long bits[CBCL_FRAME_BITS];
-    if (!PyArg_ParseTuple(args, "O!(llllll)O!", &PyTuple_Type, &intents, &bits[0], &bits[1],
-                          &bits[2], &bits[3], &bits[4], &bits[5], &PyType_Type, &registry))
+    if (!PyArg_ParseTuple(args, "O!(lllllll)O!", &PyTuple_Type, &intents, &bits[0], &bits[1],
+                          &bits[2], &bits[3], &bits[4], &bits[5], &bits[6], &PyType_Type,
+                          &registry))
         return NULL;
     for (int i = 0; i < CBCL_FRAME_BITS; i++) {
         if (bits[i] < 1 || bits[i] > 0x7f) {
@@ -2155,7 +2159,8 @@ PyMethodDef cbcl_encoders_methods[] = {
      "MessageFields and SignatureFields (every message is declined)."},
     {"setup_frame", setup_frame, METH_VARARGS,
      "setup_frame(intents, present_bits, Registry, /): the intents by code, the present "
-     "bits of conversation-id, in-reply-to, reply-by, timestamp, signature and body, and "
+     "bits of conversation-id, in-reply-to, reply-by, timestamp, signature, body and "
+     "trace, and "
      "the registry type whose _protocols_by_id() encode_message reads."},
     {"canonical_entry", canonical_entry, METH_VARARGS,
      "canonical_entry(fallback, doc, /) -> MethodEntry: Message.canonical in C, falling "

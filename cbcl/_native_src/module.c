@@ -308,6 +308,7 @@ static PyMemberDef message_fields_members[] = {
     MESSAGE_MEMBER(in_reply_to, NULL)
     MESSAGE_MEMBER(reply_by, NULL)
     MESSAGE_MEMBER(timestamp, NULL)
+    MESSAGE_MEMBER(trace, NULL)
     MESSAGE_MEMBER(body, NULL)
     MESSAGE_MEMBER(signature, NULL)
     {NULL, 0, 0, 0, NULL},
@@ -329,6 +330,7 @@ message_fields_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(m->in_reply_to);
     Py_VISIT(m->reply_by);
     Py_VISIT(m->timestamp);
+    Py_VISIT(m->trace);
     Py_VISIT(m->body);
     Py_VISIT(m->signature);
     return 0;
@@ -347,6 +349,7 @@ message_fields_clear(PyObject *self)
     Py_CLEAR(m->in_reply_to);
     Py_CLEAR(m->reply_by);
     Py_CLEAR(m->timestamp);
+    Py_CLEAR(m->trace);
     Py_CLEAR(m->body);
     Py_CLEAR(m->signature);
     return 0;
@@ -442,8 +445,8 @@ cbcl_message_new(PyTypeObject *type, PyObject *const *values)
         return NULL;
     PyObject **const f[CBCL_MESSAGE_FIELDS] = {
         &m->message_id, &m->sender, &m->receiver, &m->intent, &m->protocol,
-        &m->conversation_id, &m->in_reply_to, &m->reply_by, &m->timestamp, &m->body,
-        &m->signature};
+        &m->conversation_id, &m->in_reply_to, &m->reply_by, &m->timestamp, &m->trace,
+        &m->body, &m->signature};
     for (int i = 0; i < CBCL_MESSAGE_FIELDS; i++)
         *f[i] = Py_NewRef(values[i] != NULL ? values[i] : Py_None);
     return (PyObject *)m;

@@ -28,9 +28,9 @@
 /* The sizes the sections' parts of the state are made of (each section checks its own
  * names for them against these, below its enums). */
 #define CBCL_TOKEN_CODES 7     /* LPAR .. URI: the token codes below FIRST_ENTRY */
-#define CBCL_MESSAGE_FIELDS 11 /* a Message's fields, in grammar order */
+#define CBCL_MESSAGE_FIELDS 12 /* a Message's fields, in grammar order */
 #define CBCL_PARSE_LIMITS 6    /* the default limits the parse entry reads */
-#define CBCL_FRAME_BITS 6      /* the present bits of a frame's optional fields */
+#define CBCL_FRAME_BITS 7      /* the present bits of a frame's optional fields */
 #define CBCL_MEMO_SLOTS 4096   /* the slots of each direct-mapped memo of atoms */
 #define CBCL_FIELD_PREFIX_MAX 40
 
@@ -83,7 +83,7 @@ typedef struct {
     PyObject_HEAD
     /* the envelope's fields in grammar order (strong references; NULL: unset) */
     PyObject *message_id, *sender, *receiver, *intent, *protocol, *conversation_id,
-        *in_reply_to, *reply_by, *timestamp, *body, *signature;
+        *in_reply_to, *reply_by, *timestamp, *trace, *body, *signature;
 } MessageFieldsObject;
 
 typedef struct {
@@ -99,7 +99,7 @@ message_fields_get(PyObject *o, PyObject **out)
     MessageFieldsObject *m = (MessageFieldsObject *)o;
     PyObject *const f[CBCL_MESSAGE_FIELDS] = {
         m->message_id, m->sender, m->receiver, m->intent, m->protocol, m->conversation_id,
-        m->in_reply_to, m->reply_by, m->timestamp, m->body, m->signature};
+        m->in_reply_to, m->reply_by, m->timestamp, m->trace, m->body, m->signature};
     for (int i = 0; i < CBCL_MESSAGE_FIELDS; i++)
         if (f[i] == NULL)
             return 0;

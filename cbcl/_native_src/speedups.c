@@ -952,17 +952,20 @@ build_body(PyObject *module, PyObject *args)
  * index, the field bits, the id, sender and receiver, the optional fields the bits name
  * and a signature's two strings), checked as cbcl.binary._codec._fast_message checks them:
  * (intent, bits, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
- * timestamp, key_id, signed, offset), None for an absent field, `offset` where the body's
- * tokens start. `intents` is cbcl.binary._codec.INTENTS; a URI is looked up in `uris` (the
+ * timestamp, key_id, signed, offset, trace), None for an absent field, `offset` where
+ * the body's tokens start. `intents` is cbcl.binary._codec.INTENTS; a URI is looked up in `uris` (the
  * decoder's memo), or validated and made here and remembered there (remember_uri, at most
  * `entries`). None for anything
  * the careful decoder must judge. */
 enum { HAS_CONVERSATION_ID = 1, HAS_IN_REPLY_TO = 2, HAS_REPLY_BY = 4, HAS_TIMESTAMP = 8,
-       HAS_SIGNATURE = 16, ENVELOPE_SLOTS = 12 };
+       HAS_SIGNATURE = 16, HAS_TRACE = 64, PRESENCES = 128, TRACE_SLOT = 12,
+       ENVELOPE_SLOTS = 13 };
+
+static int is_traceparent(PyObject *text); /* (with the envelope walk, below) */
 
 /* frame_envelope's work over p[0:n]: 1 with the fields in `slots` (new references, NULL
- * where absent; slots[11] unused) and where the body starts in *offset, the intent's
- * index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
+ * where absent; slots[11] unused, slots[12] the trace) and where the body starts in
+ * *offset, the intent's index in *intent_index and the bits in *bits; 0 to decline (slots emptied); -1 with an
  * exception. */
 static int
 read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t start,
@@ -977,6 +980,18 @@ read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ss
     if (start < 0 || start > n)
         goto bail;
     for (int slot = 0; slot < 11; slot++) {
+        if (slot == 9 && (present & HAS_TRACE)) { /* the trace, before the signature */
+            if (!read_token(p, n, &i, &t) || !t.str || t.len != 55 || t.len > max_string)
+                goto bail;
+            PyObject *text = token_str(&t);
+            if (text == NULL)
+                goto error;
+            if (text == Py_None || !is_traceparent(text)) {
+                Py_DECREF(text);
+                goto bail;
+            }
+            slots[TRACE_SLOT] = text;
+        }
         int bit = slot < 5 ? 0 : slot < 9 ? 1 << (slot - 5) : HAS_SIGNATURE;
         if (bit && !(present & bit))
             continue;
@@ -989,7 +1004,7 @@ read_frame_envelope(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ss
             Py_INCREF(slots[0]);
             *intent_index = (Py_ssize_t)t.integer;
         } else if (slot == 1) { /* the field bits */
-            if (t.str || t.big || t.integer < 0 || t.integer >= 64)
+            if (t.str || t.big || t.integer < 0 || t.integer >= PRESENCES)
                 goto bail;
             present = t.integer;
             if ((slots[1] = PyLong_FromLongLong(present)) == NULL)
@@ -1209,7 +1224,7 @@ recognise(PyObject *module, PyObject *args)
  * `signature` is the Signature type and `message` the Message type, whose instance is made
  * without __init__ and given every attribute (None where a field is absent). None where
  * the envelope grammar refuses the value (the caller re-scans to say why). */
-enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_COUNT = 11,
+enum { F_ID, F_URI, F_INTENT, F_SYMBOL, F_INT, F_VALUE, F_SIGNATURE, F_TRACE, F_COUNT = 12,
        F_REQUIRED = 5 };
 
 static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "a Message's fields: one per field");
@@ -1217,7 +1232,36 @@ static_assert(F_COUNT == CBCL_MESSAGE_FIELDS, "a Message's fields: one per field
 /* The attribute names of a Message's fields in grammar order (MessageFieldsObject's). */
 static const char *const MESSAGE_ATTRIBUTES[F_COUNT] = {
     "message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
-    "in_reply_to", "reply_by", "timestamp", "body", "signature"};
+    "in_reply_to", "reply_by", "timestamp", "trace", "body", "signature"};
+
+/* Whether `text` is what a (trace …) field may hold (cbcl.protocol._message.is_traceparent):
+ * an exact str of 55 ASCII characters "00-<32 hex>-<16 hex>-<2 hex>", lower-case hex,
+ * neither id all zeros. */
+static int
+is_traceparent(PyObject *text)
+{
+    if (!PyUnicode_CheckExact(text) || PyUnicode_GET_LENGTH(text) != 55 ||
+            !PyUnicode_IS_ASCII(text))
+        return 0;
+    const char *s = (const char *)PyUnicode_1BYTE_DATA(text);
+    if (s[0] != '0' || s[1] != '0' || s[2] != '-' || s[35] != '-' || s[52] != '-')
+        return 0;
+    int trace_zero = 1, parent_zero = 1;
+    for (int i = 3; i < 55; i++) {
+        if (i == 35 || i == 52)
+            continue;
+        char c = s[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+        if (c != '0') {
+            if (i < 35)
+                trace_zero = 0;
+            else if (i < 52)
+                parent_zero = 0;
+        }
+    }
+    return !trace_zero && !parent_zero;
+}
 
 /* Whether `attributes` (a tuple) names a Message's fields in grammar order, the order
  * cbcl_message_new takes their values in: 1 or 0 (no exception). The last two tuples met
@@ -1383,6 +1427,10 @@ envelope_of(NativeState *st, PyObject *value, PyObject *version, PyObject *field
             if (!PyLong_CheckExact(item))
                 goto refused;
             break;
+        case F_TRACE:
+            if (!is_traceparent(item))
+                goto refused;
+            break;
         default:
             break;
         }
@@ -1410,12 +1458,12 @@ cleanup:
     return result;
 }
 
-/* Whether `attributes` are a Message's 11 (else ValueError): 1, or 0 with the exception. */
+/* Whether `attributes` are a Message's 12 (else ValueError): 1, or 0 with the exception. */
 static int
-eleven_attributes(PyObject *attributes)
+message_attributes_ok(PyObject *attributes)
 {
     if (PyTuple_GET_SIZE(attributes) != F_COUNT) {
-        PyErr_SetString(PyExc_ValueError, "a Message has 11 attributes");
+        PyErr_SetString(PyExc_ValueError, "a Message has 12 attributes");
         return 0;
     }
     return 1;
@@ -1432,7 +1480,7 @@ envelope(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOO!O!OO!O!O!O!", &value, &version, &PyDict_Type, &fields,
                           &PyDict_Type, &intents, &signature, &PyType_Type, &message,
                           &PyTuple_Type, &attributes, &PyType_Type, &uri_type,
-                          &PyType_Type, &symbol_type) || !eleven_attributes(attributes))
+                          &PyType_Type, &symbol_type) || !message_attributes_ok(attributes))
         return NULL;
     return envelope_of(st, value, version, fields, intents, signature, message, attributes,
                        uri_type, symbol_type, NULL);
@@ -2052,7 +2100,7 @@ body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
  * ACCEPT, and cbcl.protocol._schema._has_heads. None for anything the Python path must judge. */
 enum { T_VERSION, T_FIELDS, T_INTENTS, T_SIGNATURE, T_MESSAGE, T_ATTRIBUTES, T_URI, T_SYMBOL,
        T_TERMINALS, T_REFUSED, T_ACCEPT, T_HAS_HEADS, T_SIZE };
-enum { O_INTENT = 3, O_PROTOCOL = 4, O_BODY = 9, O_SIGNATURE = 10 };
+enum { O_INTENT = 3, O_PROTOCOL = 4, O_BODY = 10, O_SIGNATURE = 11 };
 
 /* Whether `tables` is as accept_document takes it: 1, or 0 with TypeError. */
 static int
@@ -2163,7 +2211,7 @@ typedef struct {
     PyObject *protocols;      /* dict: the registry's loaded protocols by id */
     PyObject *intents;        /* tuple: the Intent members by wire index */
     PyObject *intent_lengths; /* tuple of int: each intent's name's length */
-    PyObject *shapes;         /* bytes[64]: by presence bits, 1 where the limits hold */
+    PyObject *shapes;         /* bytes[128]: by presence bits, 1 where the limits hold */
     PyObject *uris;           /* dict: the memos' URI memo */
     PyObject *caches;         /* tuple: the memos' atom caches by token code */
     PyObject *keep;           /* callable: the memos' keep(code, text) */
@@ -2220,7 +2268,7 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             !PyTuple_CheckExact(o[6]) || !PyTuple_CheckExact(o[8]) ||
             !PyTuple_CheckExact(o[15]) || !PyBytes_CheckExact(o[4]) ||
             PyTuple_GET_SIZE(o[3]) != PyTuple_GET_SIZE(o[2]) ||
-            PyBytes_GET_SIZE(o[4]) != 64 || PyTuple_GET_SIZE(o[8]) != 64 ||
+            PyBytes_GET_SIZE(o[4]) < PRESENCES || PyTuple_GET_SIZE(o[8]) < PRESENCES ||
             PyTuple_GET_SIZE(o[15]) != F_COUNT || !PyCallable_Check(o[7]) ||
             !PyCallable_Check(o[11]) || !PyCallable_Check(o[14])) {
         PyErr_SetString(PyExc_TypeError, "FrameState(): a field of the wrong type or size");
@@ -2406,7 +2454,8 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     {
         PyObject *values[F_COUNT] = {slots[2], slots[3], slots[4], slots[0],
                                      PyTuple_GET_ITEM(plan, FP_ID), slots[5], slots[6],
-                                     slots[7], slots[8], body, signature};
+                                     slots[7], slots[8], slots[TRACE_SLOT], body,
+                                     signature};
         result = new_with_attributes(st, (PyTypeObject *)d->message, d->attributes, values);
         *is_signed = signature != NULL;
     }

@@ -95,10 +95,13 @@ from ..protocol._api import _verified as _verify_signed, check_constraints, chec
 from ..protocol._hints import body_hint, heads_of_lists
 from ..protocol._message import (
     _ATTRIBUTES as _MESSAGE_ATTRIBUTES,
+    TRACE_CHARS,
+    TRACE_REFUSAL,
     VERSION,
     Intent,
     Message,
     Signature,
+    is_traceparent,
 )
 from ..protocol._pass2 import (
     _ALWAYS_ADMITTED,
@@ -136,6 +139,9 @@ HAS_REPLY_BY = 4
 HAS_TIMESTAMP = 8
 HAS_SIGNATURE = 16
 HAS_BODY = 32
+HAS_TRACE = 64
+#: One more than the largest presence bits (every optional field present).
+_PRESENCES = 128
 
 #: Intents by their wire index (the order of draft §2).
 INTENTS: tuple[Intent, ...] = tuple(Intent)
@@ -151,7 +157,8 @@ def _decline(*args: object) -> None:
 # message's slots, or decline (None) for anything but the ordinary case.
 if _native is not None:
     _native.setup_frame(INTENTS, (HAS_CONVERSATION_ID, HAS_IN_REPLY_TO, HAS_REPLY_BY,
-                                  HAS_TIMESTAMP, HAS_SIGNATURE, HAS_BODY), Registry)
+                                  HAS_TIMESTAMP, HAS_SIGNATURE, HAS_BODY, HAS_TRACE),
+                        Registry)
 _pack_message: Callable[[bytes, Message, object], bytes | None] = \
     _decline if _native is None else _native.pack_message
 _encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None] = \
@@ -159,7 +166,7 @@ _encode_message: Callable[[Message, Registry, dict[Protocol, Any]], bytes | None
 
 _OPTIONAL_NAMES = ((HAS_CONVERSATION_ID, "conversation-id"), (HAS_IN_REPLY_TO, "in-reply-to"),
                    (HAS_REPLY_BY, "reply-by"), (HAS_TIMESTAMP, "timestamp"),
-                   (HAS_SIGNATURE, "signature"), (HAS_BODY, "body"))
+                   (HAS_SIGNATURE, "signature"), (HAS_BODY, "body"), (HAS_TRACE, "trace"))
 _KIND_CODES = {Symbol: SYMBOL, Keyword: KEYWORD, URI: URI_CODE}
 _DATA_TERMINALS = {Symbol: "SYMBOL", Keyword: "KEYWORD", URI: "URI"}
 _KIND_TERMINALS = {code: kind for code, kind in CODE_KINDS.items() if code != INTEGER}
@@ -364,6 +371,9 @@ class Encoder(_EncoderStorage):
         if message.timestamp is not None:
             present |= HAS_TIMESTAMP
             tokens.append(message.timestamp)
+        if message.trace is not None:
+            present |= HAS_TRACE
+            tokens.append(message.trace)
         if message.signature is not None:
             present |= HAS_SIGNATURE
             tokens.append(message.signature.key_id)
@@ -869,7 +879,7 @@ def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
     if head is None:
         return None
     (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
-     timestamp, key_id, signed, offset) = head
+     timestamp, key_id, signed, offset, trace) = head
     protocol = table.protocol
     if (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
         return None  # not yet checked: the careful decoding checks and remembers it
@@ -884,13 +894,13 @@ def _fast_frame(table: SymbolTable, data: bytes, start: int, limits: Limits,
         return None
     return _fast_finish(protocol, intent, governed, body, message_id, sender, receiver,
                         conversation_id, in_reply_to, reply_by, timestamp,
-                        None if key_id is None else Signature(key_id, signed))
+                        None if key_id is None else Signature(key_id, signed), trace)
 
 
 def _fast_finish(protocol: Protocol, intent: Intent, governed: bool, body: Any,
                  message_id: str, sender: URI, receiver: URI, conversation_id: str | None,
                  in_reply_to: str | None, reply_by: int | None, timestamp: int | None,
-                 signature: Signature | None) -> Message | None:
+                 signature: Signature | None, trace: str | None = None) -> Message | None:
     """The message of a fast path's fields and body, after pass 2's last checks: a governed
     intent's body is present and meets the schema (:class:`SchemaError` else), another
     is a NOT-UNDERSTOOD or CANCEL with a reason string or none; ``None`` otherwise."""
@@ -903,7 +913,7 @@ def _fast_finish(protocol: Protocol, intent: Intent, governed: bool, body: Any,
         return None
     return Message._trusted(message_id, sender, receiver, intent, protocol.id,
                             conversation_id, in_reply_to, reply_by, timestamp, body,
-                            signature)
+                            signature, trace)
 
 
 def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
@@ -922,7 +932,7 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
     if type(intent_index) is not int or type(present) is not int or \
             type(message_id) is not str or type(sender) is not str or \
             type(receiver) is not str or not 0 <= intent_index < len(INTENTS) or \
-            not 0 <= present < 64 or not message_id:
+            not 0 <= present < _PRESENCES or not message_id:
         return None
     max_string = limits.max_string_bytes
     if len(message_id) * 4 > max_string:
@@ -955,6 +965,14 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
                 elif not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
                     return None
                 fields[slot] = value
+    trace = None
+    if present & HAS_TRACE:
+        if index >= count:
+            return None
+        trace = tokens[index]
+        if not is_traceparent(trace) or max_string < TRACE_CHARS:
+            return None
+        index += 1
     signature = None
     if present & HAS_SIGNATURE:
         if index + 1 >= count:
@@ -975,7 +993,8 @@ def _fast_message(table: SymbolTable, tokens: list[Any], limits: Limits,
     elif index != count:
         return None
     return _fast_finish(protocol, intent, governed, body, message_id, sender_uri,
-                        receiver_uri, fields[0], fields[1], fields[2], fields[3], signature)
+                        receiver_uri, fields[0], fields[1], fields[2], fields[3], signature,
+                        trace)
 
 
 def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: bytes,
@@ -1006,7 +1025,7 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
     if not 0 <= intent_index < len(INTENTS):
         _malformed(f"unknown intent index {intent_index}", where(0))
     present = take(1, int, "field presence bits")
-    if not 0 <= present < 64:
+    if not 0 <= present < _PRESENCES:
         _malformed(f"unknown field presence bits 0x{present:x}", where(1))
     message_id = take(2, str, "message-id")
     sender = take(3, str, "sender", False)
@@ -1022,6 +1041,11 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
                 _malformed("integer out of the signed 64-bit range", where(index))
             optional[name] = value
             index += 1
+    trace_at = -1
+    if present & HAS_TRACE:
+        optional["trace"] = take(index, str, "trace")
+        trace_at = index
+        index += 1
     if present & HAS_SIGNATURE:
         optional["signature"] = Signature(take(index, str, "signature key id"),
                                           take(index + 1, str, "signature value"))
@@ -1049,6 +1073,8 @@ def _decode_tokens(table: SymbolTable, tokens: list[Any], limits: Limits, data: 
         if text == "":
             _malformed(f"{name} must not be empty", where(at) if at >= 0 else start,
                        EnvelopeError)
+    if trace_at >= 0 and not is_traceparent(optional["trace"]):
+        _malformed(TRACE_REFUSAL, where(trace_at), EnvelopeError)
     try:
         sender_uri = URI(sender)
     except ValueError:
@@ -1121,7 +1147,7 @@ def _frame_by_value(table: SymbolTable, data: bytes, start: int, limits: Limits,
     if head is None:
         return None
     (intent, present, message_id, sender, receiver, conversation_id, in_reply_to, reply_by,
-     timestamp, key_id, signed, offset) = head
+     timestamp, key_id, signed, offset, trace) = head
     protocol = table.protocol
     if not present & HAS_BODY or \
             (limits, protocol.id, intent, present) not in _ENVELOPE_WITHIN_LIMITS:
@@ -1143,7 +1169,7 @@ def _frame_by_value(table: SymbolTable, data: bytes, start: int, limits: Limits,
                                 _at(_refusal_offset(table, body, refusal, data, offset)))
     return _fast_finish(protocol, intent, governed, body, message_id, sender, receiver,
                         conversation_id, in_reply_to, reply_by, timestamp,
-                        None if key_id is None else Signature(key_id, signed))
+                        None if key_id is None else Signature(key_id, signed), trace)
 
 
 def _refusal_offset(table: SymbolTable, body: Value, refusal: Refusal, data: bytes,
@@ -1244,7 +1270,7 @@ def _envelope_nodes(present: int) -> int:
         (1 if present & HAS_BODY else 0)
 
 
-_ENVELOPE_NODES = tuple(_envelope_nodes(present) for present in range(64))
+_ENVELOPE_NODES = tuple(_envelope_nodes(present) for present in range(_PRESENCES))
 
 
 def _shape_refusal(limits: Limits, present: int) -> str | None:
@@ -1263,7 +1289,8 @@ def _shape_refusal(limits: Limits, present: int) -> str | None:
 #: By fields present, the longest symbol of the envelope but the intent and the protocol id.
 _SHAPE_NAMES = tuple(max(len(name) for name in (
     VERSION, "message-id", "sender", "receiver", "intent", "protocol",
-    *(name for bit, name in _OPTIONAL_NAMES if present & bit))) for present in range(64))
+    *(name for bit, name in _OPTIONAL_NAMES if present & bit)))
+    for present in range(_PRESENCES))
 #: The length of each intent's name, by wire index.
 _INTENT_LENGTHS = tuple(len(intent.value) for intent in INTENTS)
 _SHAPES: dict[Limits, bytes] = {}
@@ -1272,7 +1299,8 @@ _SHAPES_MAX = 64
 
 def _shapes_of(limits: Limits) -> bytes:
     return bytes(_shape_refusal(limits, present) is None and
-                 _SHAPE_NAMES[present] <= limits.max_name_chars for present in range(64))
+                 _SHAPE_NAMES[present] <= limits.max_name_chars
+                 for present in range(_PRESENCES))
 
 
 _DEFAULT_SHAPES = _shapes_of(DEFAULT_LIMITS)

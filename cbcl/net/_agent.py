@@ -85,6 +85,7 @@ from ..session._session import (
     Session,
     Unsupported,
 )
+from . import _tracing
 from ._handlers import (
     CANCEL_WAIT,
     HandlerLimits,
@@ -573,6 +574,8 @@ class Link:
         if self.closed.done():
             raise ConversationClosed(f"the link is closed ({self.closed.result()})",
                                      reason=self.closed.result())
+        if _tracing.otel is not None:  # the current span's context, in (trace …)
+            message = _tracing.outgoing(message)
         await self.connection.send(ProtocolMessage(message))
         return self.session.last_sent_step
 
@@ -697,7 +700,11 @@ class Link:
             elif isinstance(event, Established):
                 self._on_established(event)
             elif isinstance(event, ProtocolMessage):
-                await self._on_message(event)
+                if _tracing.otel is None or (tracer := _tracing.active_tracer()) is None:
+                    await self._on_message(event)
+                else:
+                    await _tracing.receiving(tracer, self._on_message(event), event.message,
+                                             self.connection.peer)
             elif isinstance(event, NotUnderstood):
                 self.log(f"the peer did not understand: {peer_text(event.reason, 64)}",
                          level=logging.WARNING, event="not-understood",
@@ -825,7 +832,15 @@ class Link:
         self.log(f"internal: {type(exc).__name__}: {peer_text(str(exc), 160)} "
                  "(please report this)", level=logging.ERROR, event="internal", exc_info=exc)
 
-    async def _handle(self, event: ProtocolMessage, handler: Handler) -> None:
+    def _handle(self, event: ProtocolMessage, handler: Handler) -> Awaitable[None]:
+        """:meth:`_handle_one`, inside a ``handle`` span where tracing is on
+        (:mod:`._tracing`); else that coroutine itself, no frame added."""
+        work = self._handle_one(event, handler)
+        if _tracing.otel is None or (tracer := _tracing.active_tracer()) is None:
+            return work
+        return _tracing.handling(tracer, work, event.message, self.connection.peer)
+
+    async def _handle_one(self, event: ProtocolMessage, handler: Handler) -> None:
         """Run ``handler`` for ``event`` and send what it came to: its reply, or a
         failure NOT-UNDERSTOOD (:meth:`_fail`)."""
         agent, message = self.agent, event.message

@@ -49,14 +49,14 @@ from ..grammar._kernel import ACCEPTED, REFUSED, feed, terminal_of
 from ..grammar._lalr import Rule, Tables, build_lark
 from . import _envelope_tables
 from ._hints import EnvelopeHint
-from ._message import VERSION, Intent, Message, Signature
+from ._message import TRACE_REFUSAL, VERSION, Intent, Message, Signature, is_traceparent
 
 # Literal terminals of the envelope grammar, by the symbol that spells them.
 FIELD_TERMINALS = {
     "message-id": "MESSAGE_ID", "sender": "SENDER", "receiver": "RECEIVER",
     "intent": "INTENT", "protocol": "PROTOCOL", "conversation-id": "CONVERSATION_ID",
     "in-reply-to": "IN_REPLY_TO", "reply-by": "REPLY_BY", "timestamp": "TIMESTAMP",
-    "body": "BODY", "signature": "SIGNATURE",
+    "trace": "TRACE", "body": "BODY", "signature": "SIGNATURE",
 }
 INTENT_TERMINALS = {intent.value: intent.name for intent in Intent}
 # Keyed by Symbol: a Symbol equals only Symbols, so plain str keys would never match.
@@ -215,12 +215,13 @@ def _reducer(values: list[Any]) -> Callable[[Rule], None]:
 
 
 # The fields of the envelope in grammar order: (position, Message attribute, what it holds).
-_ID, _URI, _INTENT, _SYMBOL, _INT, _VALUE, _SIGNATURE = range(7)
+_ID, _URI, _INTENT, _SYMBOL, _INT, _VALUE, _SIGNATURE, _TRACE = range(8)
 _FIELDS: dict[str, tuple[int, str, int]] = {
     name: (index, name.replace("-", "_"), kind) for index, (name, kind) in enumerate((
         ("message-id", _ID), ("sender", _URI), ("receiver", _URI), ("intent", _INTENT),
         ("protocol", _SYMBOL), ("conversation-id", _ID), ("in-reply-to", _ID),
-        ("reply-by", _INT), ("timestamp", _INT), ("body", _VALUE), ("signature", _SIGNATURE)))
+        ("reply-by", _INT), ("timestamp", _INT), ("trace", _TRACE), ("body", _VALUE),
+        ("signature", _SIGNATURE)))
 }
 _REQUIRED = 5  # message-id … protocol
 _INTENTS = {intent.value: intent for intent in Intent}
@@ -275,7 +276,10 @@ def _walk(value: Any) -> dict[str, Any] | None:
         elif kind == _SYMBOL:
             if type(item) is not Symbol:
                 return None
-        elif kind == _INT and type(item) is not int:
+        elif kind == _INT:
+            if type(item) is not int:
+                return None
+        elif kind == _TRACE and not is_traceparent(item):
             return None
         fields[key] = item
     if expected < _REQUIRED:
@@ -343,6 +347,8 @@ def scan_envelope(text: str, limits: Limits) -> Envelope:
             elif terminal == "STRING" and value == "" and previous in _ID_FIELDS:
                 fail(text, start, f"{_ID_FIELDS[previous]} must not be empty",
                      error=EnvelopeError)
+            elif terminal == "STRING" and previous == "TRACE" and not is_traceparent(value):
+                fail(text, start, TRACE_REFUSAL, error=EnvelopeError)
         previous = terminal
         if terminal == "RPAR":
             items.pop()
@@ -379,6 +385,7 @@ _REDUCERS: dict[str, Any] = {
     "in_reply_to": _field("in_reply_to"),
     "reply_by": _field("reply_by"),
     "timestamp": _field("timestamp"),
+    "trace": _field("trace"),
     "body": _field("body"),
     "signature": lambda children: ("signature", Signature(children[2], children[3])),
     "intent_name": lambda children: Intent(str.__str__(children[0])),

@@ -58,7 +58,7 @@ from ..core._values import (
 )
 from ._envelope import parse_envelope
 from ._fields import _SURROGATE
-from ._message import VERSION, Intent, Message, Signature
+from ._message import TRACE_REFUSAL, VERSION, Intent, Message, Signature, is_traceparent
 
 JSON_SAFE_INT = 2**53 - 1
 _TAGS = {"int", "decimal", "symbol", "keyword", "uri"}
@@ -228,6 +228,8 @@ def message_to_json(message: Message) -> dict[str, Any]:
     for name, value in optional:
         if value is not None:
             out[name] = to_json(value)
+    if message.trace is not None:
+        out["trace"] = message.trace  # (ASCII: a JSON string as itself)
     if message.body is not None:
         out["body"] = to_json(message.body)
     if message.signature is not None:
@@ -252,7 +254,8 @@ def message_to_json_text(message: Message) -> str:
 JSON_SIZE_FACTOR = 10
 
 _REQUIRED = ("version", "message-id", "sender", "receiver", "intent", "protocol")
-_OPTIONAL = ("conversation-id", "in-reply-to", "reply-by", "timestamp", "body", "signature")
+_OPTIONAL = ("conversation-id", "in-reply-to", "reply-by", "timestamp", "trace", "body",
+             "signature")
 _MEMBERS = frozenset(_REQUIRED + _OPTIONAL)
 _SIGNATURE_MEMBERS = ("key-id", "value")
 # JSON text with its strings taken out, and then everything but brackets.
@@ -431,7 +434,7 @@ def message_from_json(document: str | bytes | bytearray | memoryview | dict[str,
     fields: dict[str, Any] = {"intent": Intent(intent)}
     for name, kind in (("message-id", _id_text), ("sender", URI), ("receiver", URI),
                        ("protocol", Symbol), ("conversation-id", _id_text),
-                       ("in-reply-to", _id_text)):
+                       ("in-reply-to", _id_text), ("trace", _trace_text)):
         if name in members:
             text = _string_member(members, name)
             try:
@@ -462,6 +465,12 @@ def message_from_json(document: str | bytes | bytearray | memoryview | dict[str,
 
 
 _INTENTS = frozenset(intent.value for intent in Intent)
+
+
+def _trace_text(text: str) -> str:
+    if not is_traceparent(text):
+        raise ValueError(TRACE_REFUSAL)
+    return text
 
 
 def _id_text(text: str) -> str:

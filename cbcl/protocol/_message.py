@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -33,7 +34,24 @@ _set = object.__setattr__
 
 #: A Message's fields, in grammar order (the attributes Message._trusted sets).
 _ATTRIBUTES = ("message_id", "sender", "receiver", "intent", "protocol", "conversation_id",
-               "in_reply_to", "reply_by", "timestamp", "body", "signature")
+               "in_reply_to", "reply_by", "timestamp", "trace", "body", "signature")
+
+#: The length of a ``(trace …)`` field's string: a W3C Trace Context ``traceparent`` of
+#: version 00, the only form CBCL/1.0 carries (spec/cbcl-1.0.md §2, "trace").
+TRACE_CHARS = 55
+# version 00, a trace id and a parent id that are not all zeros, the flags; lower-case hex.
+#: How a field that is not :func:`is_traceparent` is refused.
+TRACE_REFUSAL = (f"trace must be a W3C traceparent of version 00, {TRACE_CHARS} characters: "
+                 "00-<32 hex>-<16 hex>-<2 hex>, lower case, neither id all zeros")
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}\Z")
+
+
+def is_traceparent(text: object) -> bool:
+    """Whether ``text`` is an exact str that a ``(trace …)`` field may hold: a W3C
+    ``traceparent`` of version 00 (``00-<32 hex>-<16 hex>-<2 hex>``, lower-case, neither
+    id all zeros), :data:`TRACE_CHARS` characters."""
+    return type(text) is str and len(text) == TRACE_CHARS and \
+        _TRACEPARENT.match(text) is not None
 
 # Storage. Message and Signature are frozen dataclasses over a base class that holds their
 # fields: where the extension is built, the C types cbcl._native.MessageFields and
@@ -213,6 +231,7 @@ class Message(_MessageStorage):
     in_reply_to: str | None = None
     reply_by: int | None = None
     timestamp: int | None = None
+    trace: str | None = None
     body: Value | None = None
     signature: Signature | None = None
 
@@ -228,7 +247,7 @@ class Message(_MessageStorage):
                      intent: Intent | str, protocol: Symbol | str,
                      conversation_id: str | None = None, in_reply_to: str | None = None,
                      reply_by: int | None = None, timestamp: int | None = None,
-                     body: ValueInput | None = None,
+                     trace: str | None = None, body: ValueInput | None = None,
                      signature: Signature | None = None) -> None: ...
 
     def __getstate__(self) -> tuple[object, ...]:
@@ -262,6 +281,12 @@ class Message(_MessageStorage):
             value = getattr(self, name)
             if value is not None and _int64(name, value) is not value:
                 _set(self, name, _int64(name, value))
+        trace = self.trace
+        if trace is not None and not is_traceparent(trace):
+            text = _text("trace", trace)
+            if not is_traceparent(text):
+                raise ValueError(TRACE_REFUSAL)
+            _set(self, "trace", text)
         signature = self.signature
         if signature is not None:
             if type(signature) is not Signature:
@@ -280,13 +305,14 @@ class Message(_MessageStorage):
                  protocol: Symbol, conversation_id: str | None = None,
                  in_reply_to: str | None = None, reply_by: int | None = None,
                  timestamp: int | None = None, body: Value | None = None,
-                 signature: Signature | None = None) -> Message:
+                 signature: Signature | None = None, trace: str | None = None) -> Message:
         """A message from fields a parser has already checked, each of its exact type
-        (the checks of ``__post_init__`` are skipped: the parse paths are hot)."""
+        (the checks of ``__post_init__`` are skipped: the parse paths are hot). ``trace``
+        comes last, after the positional order of the fields before it was added."""
         if _make_object is not None and cls is Message:
             made: Message = _make_object(Message, _ATTRIBUTES, (
                 message_id, sender, receiver, intent, protocol, conversation_id,
-                in_reply_to, reply_by, timestamp, body, signature))
+                in_reply_to, reply_by, timestamp, trace, body, signature))
             return made
         message = _new(cls)
         _set(message, "message_id", message_id)
@@ -298,6 +324,7 @@ class Message(_MessageStorage):
         _set(message, "in_reply_to", in_reply_to)
         _set(message, "reply_by", reply_by)
         _set(message, "timestamp", timestamp)
+        _set(message, "trace", trace)
         _set(message, "body", body)
         _set(message, "signature", signature)
         return message
@@ -320,6 +347,8 @@ class Message(_MessageStorage):
             fields.append((_FIELD["reply-by"], self.reply_by))
         if self.timestamp is not None:
             fields.append((_FIELD["timestamp"], self.timestamp))
+        if self.trace is not None:
+            fields.append((_FIELD["trace"], self.trace))
         if self.body is not None:
             fields.append((_FIELD["body"], self.body))
         if self.signature is not None:
@@ -353,7 +382,7 @@ class Message(_MessageStorage):
         return Message._trusted(self.message_id, self.sender, self.receiver, self.intent,
                                 self.protocol, self.conversation_id, self.in_reply_to,
                                 self.reply_by, self.timestamp, self.body,
-                                None).canonical().encode("utf-8")
+                                None, self.trace).canonical().encode("utf-8")
 
     def fields(self, registry: Registry | None = None) -> Fields:
         """The body read by field name (see :class:`cbcl.Fields`): ``reply.fields()["price"]``.
@@ -382,7 +411,7 @@ class Message(_MessageStorage):
 _VERSION_SYMBOL = Symbol(VERSION)
 _FIELD = {name: Symbol(name) for name in (
     "message-id", "sender", "receiver", "intent", "protocol", "conversation-id",
-    "in-reply-to", "reply-by", "timestamp", "body", "signature")}
+    "in-reply-to", "reply-by", "timestamp", "trace", "body", "signature")}
 _INTENT_SYMBOL = {intent: Symbol(intent.value) for intent in Intent}
 
 # The C twin of ``canonical()`` (cbcl._native.canonical_message), which writes the text of

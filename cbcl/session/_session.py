@@ -947,7 +947,7 @@ class Session:
             m = message
             message = Message._trusted(m.message_id, m.sender, m.receiver, m.intent,
                                        m.protocol, m.conversation_id, m.in_reply_to,
-                                       m.reply_by, now, m.body, None)
+                                       m.reply_by, now, m.body, None, m.trace)
         try:  # both change nothing when they refuse: the session goes on
             if self.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD:
                 check_outgoing(self.protocol, message, self.limits)
