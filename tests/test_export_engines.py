@@ -105,12 +105,14 @@ def node() -> str:
 
 @cache
 def _registries(name: str) -> tuple[cbcl.Registry, cbcl.Registry]:
-    """A registry with the descriptor, and one with the descriptor without its schema."""
+    """A registry with the descriptor, and one with the descriptor without its schema and
+    its constraints (which are written over the schema's fields, and which no export
+    carries: each is listed in the export's header)."""
     data = (ROOT / "descriptors" / name).read_bytes()
     full = cbcl.Registry(disk_cache=False, isolate=False)
     full.load(data, allow_unsigned=True)
     bare = cbcl.Registry(disk_cache=False, isolate=False)
-    stripped = dataclasses.replace(read_descriptor(data), schema=None)
+    stripped = dataclasses.replace(read_descriptor(data), schema=None, constraints=None)
     bare.load(render_descriptor(stripped), allow_unsigned=True)
     return full, bare
 
@@ -496,7 +498,7 @@ def test_xgrammar_gbnf_samples_parse(xgr: Any, xgr_compiler: Any, name: str, int
     sampler = _XgrSampler(xgr, zlib.crc32(f"gbnf {name} {intent}".encode()), budget=600)
     full, bare = _registries(name)
     schema_carried = not any(n.startswith("schema:") for n in export.not_carried)
-    accepted = 0
+    accepted = constrained = 0
     for _ in range(SAMPLES):
         text = sampler.sample(compiled)
         assert text is not None, "a sample did not end"
@@ -506,10 +508,13 @@ def test_xgrammar_gbnf_samples_parse(xgr: Any, xgr_compiler: Any, name: str, int
         try:
             cbcl.parse(text, registry=full)
             accepted += 1
+        except cbcl.ConstraintError as refusal:  # (a SchemaError: caught first)
+            assert _not_carried(export, refusal), text
+            constrained += 1
         except cbcl.SchemaError:
             assert not schema_carried, text
     if schema_carried:
-        assert accepted == SAMPLES
+        assert accepted + constrained == SAMPLES
     assert "warning" not in capfd.readouterr().err.lower()
 
 
@@ -524,6 +529,11 @@ def _message_text(obj: dict[str, Any]) -> bytes:
             parts.append(f"({name} {cbcl.canonical(from_json(obj[name]))})")
     parts.append(f"(body {cbcl.canonical(from_json(obj['body']))})")
     return ("(CBCL/1.0 " + " ".join(parts) + ")").encode("utf-8")
+
+
+def _not_carried(export: Any, refusal: cbcl.ConstraintError) -> bool:
+    """Whether the constraint that refused a sample is one its export lists as not carried."""
+    return any(line.startswith(f"constraint {refusal.rule}:") for line in export.not_carried)
 
 
 def _has_lone_surrogate(obj: Any) -> bool:
@@ -552,7 +562,7 @@ def test_xgrammar_json_schema_samples_parse(xgr: Any, xgr_compiler: Any, name: s
     full, bare = _registries(name)
     approximated = any(n.startswith("json-schema: the order") for n in export.not_carried)
     schema_carried = not any(n.startswith("schema:") for n in export.not_carried)
-    body_refused = schema_refused = misread = 0
+    body_refused = schema_refused = constrained = misread = 0
     for _ in range(SAMPLES):
         sample = sampler.sample(compiled)
         assert sample is not None, "a sample did not end"
@@ -579,10 +589,14 @@ def test_xgrammar_json_schema_samples_parse(xgr: Any, xgr_compiler: Any, name: s
         assert _message_text(message_to_json(message)) == text  # (the mapping, both ways)
         try:
             cbcl.parse(text, registry=full)
+        except cbcl.ConstraintError as refusal:  # (a SchemaError: caught first)
+            assert _not_carried(export, refusal), text
+            constrained += 1
         except cbcl.SchemaError:
             assert not schema_carried, text
             schema_refused += 1
     assert "warning" not in capfd.readouterr().err.lower()
     print(f"{name} {intent}: {SAMPLES} samples, misread by XGrammar {misread}, pass 2 "
-          f"refused {body_refused}, schema refused {schema_refused}")
+          f"refused {body_refused}, schema refused {schema_refused}, constraints refused "
+          f"{constrained}")
     assert misread <= SAMPLES // 10
