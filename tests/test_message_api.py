@@ -822,7 +822,7 @@ def test_fields_are_read_from_the_storage_not_the_defaults() -> None:
                      "conversation_id", "in_reply_to", "reply_by", "timestamp", "trace",
                      "body", "signature"]
     assert not set(names) & set(vars(Message))
-    assert [field.default for field in dataclasses.fields(Message)][5:] == [None] * 6
+    assert [field.default for field in dataclasses.fields(Message)][5:] == [None] * 7
     assert message(1).conversation_id is None
     assert Message.__slots__ == () and not hasattr(m, "__dict__")
     with pytest.raises(dataclasses.FrozenInstanceError):
