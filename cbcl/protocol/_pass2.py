@@ -213,12 +213,16 @@ class Refusal:
     :data:`ITEM`, :data:`CLOSE` or :data:`END`), its place in the body's value (``path``:
     the index of each list's element on the way down from the body, ``()`` for the body
     itself), the automaton node the token was fed to and its class (``LPAR``, ``RPAR``,
-    ``$END``, or the atom's class as ``recognise`` gives it)."""
+    ``$END``, or the atom's class as ``recognise`` gives it). ``marks``: the keyword
+    sets' masks by stack depth where ``node`` is one of the :attr:`Protocol.recogniser`'s
+    (whose nodes carry none: :func:`walker_marks`); ``None`` for a node of
+    :attr:`Protocol.automaton`, which carries its own."""
 
     kind: str
     path: tuple[int, ...]
     node: Any
     cls: str
+    marks: dict[int, int] | None = None
 
 
 @dataclass
@@ -237,6 +241,29 @@ class RefusalWork:
     callbacks: int = 0
     reads: int = 0
     copied: int = 0
+
+
+def walker_marks(protocol: Protocol, node: Any, frames: tuple[int, ...]) -> dict[int, int] | None:
+    """The keyword sets' masks by stack depth (as :func:`cbcl.grammar._kernel.feed` keeps
+    them) of a walk of the protocol's :attr:`~Protocol.recogniser` at ``node``, whose
+    walker kept ``frames``, the masks of the sets under way, innermost last (the C walks'
+    report of a refusal). A set under way is a set's state on the stack with one of its
+    members' keywords shifted on it, or on top; a set's state with anything else on it
+    was ended (its frame is gone). ``None`` if the two do not pair up (the caller then
+    finds the refusal by a walk of its own)."""
+    tables = protocol.tables
+    sets = tables.keyword_sets
+    if not sets:
+        return {} if not frames else None
+    stack = protocol.recogniser.stack(node)
+    actions = tables.actions
+    top = len(stack) - 1
+    under_way = [depth for depth, state in enumerate(stack) if state in sets and (
+        depth == top or any(actions[state].get(member) == stack[depth + 1]
+                            for member in sets[state].bits))]
+    if len(under_way) != len(frames):
+        return None
+    return {depth: mask for depth, mask in zip(under_way, frames, strict=True) if mask}
 
 
 def _class_of(protocol: Protocol, item: Any) -> str | None:
@@ -694,7 +721,7 @@ def refusal_error(protocol: Protocol, body: Value, refusal: Refusal, intent: Int
     automaton = protocol.automaton
     node = refusal.node
     stack = automaton.stack(node)
-    marks = automaton.marks(node)
+    marks = automaton.marks(node) if refusal.marks is None else dict(refusal.marks)
     value: Any = None
     terminal = refusal.cls
     if refusal.kind == ITEM and terminal != "LPAR":
