@@ -271,6 +271,16 @@ class FrameState:
     def max_nodes(self) -> int:
         """The limits' ``max_nodes``."""
 
+def refusal_of(body: Value, node: dict[Any, Any], classes: dict[Any, str],
+               terminals: dict[type, str], step: Callable[[Any, str], Any], refused: object,
+               accept: object, /) -> tuple[int, tuple[int, ...], Any, str,
+                                          tuple[int, ...]] | None:
+    """The walk of :func:`recognise`, reporting where the grammar refused ``body``:
+    ``None`` if it accepts it, else ``(kind, path, node, cls, frames)`` (kind 1 item, 2 a
+    list's close, 3 the end; the element indexes on the way down; the recogniser's node
+    the refused token was fed to, its class, the keyword sets' masks then, innermost
+    last). ``TypeError`` for a value in ``body`` that is not a CBCL one."""
+
 def decode_frame(data: bytes, state: FrameState, /) -> Message | None:
     """A whole frame decoded and recognised in one call (the twin of
     ``cbcl.binary._codec._fast_frame`` and its header and table lookup): the ``Message``, or

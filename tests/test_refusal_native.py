@@ -153,8 +153,8 @@ def test_a_limit_after_the_refusal_still_wins(registry: Registry) -> None:
 def test_walker_marks_are_the_automatons(registry: Registry,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal decode_frame reports — its path, class, the stack of its recogniser's
-    node and the masks paired with it — is the one the reference search finds on the
-    automaton whose nodes carry the masks."""
+    node and the masks paired with it — is the one the Python walk finds on the automaton
+    whose nodes carry the masks (the reference)."""
     protocol = registry.get("contract-net/v1")
     assert protocol is not None
     seen: list[_pass2.Refusal] = []
@@ -172,7 +172,8 @@ def test_walker_marks_are_the_automatons(registry: Registry,
         assert len(seen) == 1, body
         value = parse(text, envelope_only=True).body
         assert value is not None
-        reference = _pass2.find_refusal(protocol, value, Intent.CFP)
+        reference = _pass2.find_refusal_python(protocol, value,
+                                               _pass2.start_node(protocol, Intent.CFP))
         assert reference is not None
         found = seen[0]
         assert (found.kind, found.path, found.cls) == \

@@ -1246,14 +1246,21 @@ typedef struct {
 
 /* The walk of recognise from `start` (a dict): 1 accepted, 0 refused, -1 with an
  * exception. */
+static int walk_refused(BodyRefusal *why, int kind, PyObject *node, PyObject *cls,
+                        const Frame *frames, Py_ssize_t depth, const SetFrames *sets,
+                        const SetFrames *before);
+
 static int
 walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals,
-     PyObject *step, PyObject *refused, PyObject *accept)
+     PyObject *step, PyObject *refused, PyObject *accept, BodyRefusal *why)
 {
     PyObject *node = start; /* a strong reference (step may flush the automaton) */
     Py_INCREF(node);
     SetFrames sets; /* the keyword sets' masks (advance) */
     set_frames_init(&sets);
+    SetFrames before; /* with `why`: the masks before a transition's set operations */
+    set_frames_init(&before);
+    SetFrames *keep = why == NULL ? NULL : &before;
     Frame *frames = NULL;
     Py_ssize_t depth = 0, capacity = 0;
     PyObject *item = body; /* borrowed */
@@ -1262,7 +1269,12 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
         if (item != NULL) {
             if (PyTuple_CheckExact(item)) {
                 int whole = 0;
-                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
+                before.depth = -1;
+                ok = advance_noting(&node, st->speedups.s_lpar, step, refused, &whole, &sets,
+                                    keep);
+                if (ok == 0 && why != NULL)
+                    ok = walk_refused(why, BR_ITEM, node, st->speedups.s_lpar, frames, depth,
+                                      &sets, &before);
                 if (ok <= 0)
                     goto finish;
                 if (!whole) {
@@ -1297,7 +1309,10 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
                     }
                 }
                 Py_INCREF(cls); /* the lookups' dicts may change under step */
-                ok = advance(&node, cls, step, refused, NULL, &sets);
+                before.depth = -1;
+                ok = advance_noting(&node, cls, step, refused, NULL, &sets, keep);
+                if (ok == 0 && why != NULL)
+                    ok = walk_refused(why, BR_ITEM, node, cls, frames, depth, &sets, &before);
                 Py_DECREF(cls);
                 if (ok <= 0)
                     goto finish;
@@ -1313,16 +1328,84 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
             continue;
         }
         depth--; /* the list is complete */
-        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
+        before.depth = -1;
+        ok = advance_noting(&node, st->speedups.s_rpar, step, refused, NULL, &sets, keep);
+        if (ok == 0 && why != NULL)
+            ok = walk_refused(why, BR_CLOSE, node, st->speedups.s_rpar, frames, depth, &sets,
+                              &before);
         if (ok <= 0)
             goto finish;
     }
-    ok = ends(node, st->speedups.s_end, step, accept, &sets);
+    ok = why == NULL ? 0 : set_frames_copy(&before, &sets);
+    if (ok == 0)
+        ok = ends(node, st->speedups.s_end, step, accept, &sets);
+    if (ok == 0 && why != NULL)
+        ok = walk_refused(why, BR_END, node, st->speedups.s_end, frames, 0, &sets, &before);
 finish:
     Py_DECREF(node);
     PyMem_Free(frames);
     set_frames_free(&sets);
+    set_frames_free(&before);
     return ok;
+}
+
+/* Note walk's refusal in `why` (path: the index of the element under way in each of the
+ * first `depth` lists; the masks before the transition: `before` where it made a copy,
+ * else `sets`): 0 (the walk's refused), or -1 with an exception. */
+static int
+walk_refused(BodyRefusal *why, int kind, PyObject *node, PyObject *cls, const Frame *frames,
+             Py_ssize_t depth, const SetFrames *sets, const SetFrames *before)
+{
+    PyObject *path = PyTuple_New(depth);
+    if (path == NULL)
+        return -1;
+    for (Py_ssize_t k = 0; k < depth; k++) {
+        PyObject *index = PyLong_FromSsize_t(frames[k].next - 1);
+        if (index == NULL) {
+            Py_DECREF(path);
+            return -1;
+        }
+        PyTuple_SET_ITEM(path, k, index);
+    }
+    Stack none = STACK_INIT; /* (note_refusal's path from a stack of no lists) */
+    int ok = note_refusal(why, kind, node, cls, &none, 0, before->depth >= 0 ? before : sets,
+                          0);
+    if (ok < 0) {
+        Py_DECREF(path);
+        return -1;
+    }
+    Py_SETREF(why->path, path);
+    return 0;
+}
+
+/* refusal_of(body, node, classes, terminals, step, refused, accept) -> tuple | None: the
+ * walk of recognise, reporting where the grammar refused the body: None if it accepts it,
+ * else (kind, path, node, cls, frames) as decode_frame reports a refusal to
+ * cbcl.binary._codec._frame_refusal (kind 1 ITEM, 2 CLOSE, 3 END; the node the refused token was
+ * fed to, its class, the keyword sets' masks then). cbcl.protocol._pass2.find_refusal's
+ * native tier: one walk up to the refusal. TypeError for a value that is not a CBCL one. */
+static PyObject *
+refusal_of(PyObject *module, PyObject *args)
+{
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    PyObject *body, *start, *classes, *terminals, *step, *refused, *accept;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
+                          &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
+        return NULL;
+    BodyRefusal why = BODY_REFUSAL_INIT;
+    int ok = walk(st, body, start, classes, terminals, step, refused, accept, &why);
+    PyObject *result = NULL;
+    if (ok > 0) {
+        result = Py_NewRef(Py_None);
+    } else if (ok == 0 && why.kind == BR_NONE) {
+        PyErr_SetString(PyExc_TypeError, "not a CBCL value in the body");
+    } else if (ok == 0) {
+        result = Py_BuildValue("(iOOOO)", why.kind, why.path, why.node, why.cls, why.frames);
+    }
+    body_refusal_free(&why);
+    return result;
 }
 
 static PyObject *
@@ -1335,7 +1418,7 @@ recognise(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
                           &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
         return NULL;
-    int ok = walk(st, body, start, classes, terminals, step, refused, accept);
+    int ok = walk(st, body, start, classes, terminals, step, refused, accept, NULL);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
@@ -2176,7 +2259,7 @@ body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
         return 0;
     }
     int ok = walk(st, body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
-                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept);
+                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept, NULL);
     Py_DECREF(node);
     if (ok != 1)
         return ok;
@@ -2998,6 +3081,10 @@ PyMethodDef cbcl_speedups_methods[] = {
     {"one_shot_entry", one_shot_entry, METH_VARARGS,
      "one_shot_entry(fallback, doc, verified, Registry, _Memos, /) -> function | None: "
      "cbcl.decode in C, falling back to the Python function (cbcl/_native_src/entry.h)."},
+    {"refusal_of", refusal_of, METH_VARARGS,
+     "refusal_of(body, node, classes, terminals, step, refused, accept) -> tuple | None: "
+     "recognise's walk, reporting where the grammar refused the body (kind, path, node, "
+     "cls, frames), None if it accepts it."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl.binary._codec._fast_frame)."},

@@ -53,11 +53,13 @@ from ._protocol import Protocol
 from ._schema import check_schema
 
 try:
-    from .._native import recognise as _speedups_recognise
+    from .._native import recognise as _speedups_recognise, refusal_of as _speedups_refusal_of
 except ImportError:  # not built: the Python walk runs
     _recognise_c: Any = None
+    _refusal_of_c: Any = None
 else:
     _recognise_c = _speedups_recognise
+    _refusal_of_c = _speedups_refusal_of
 
 
 def _start_terminal(protocol: Protocol, intent: Intent | None) -> str | None:
@@ -297,7 +299,32 @@ def find_refusal(protocol: Protocol, body: Value, intent: Intent | None = None,
     work = RefusalWork() if work is None else work
     if _recognise_c is None:
         return find_refusal_python(protocol, body, node, work)
-    return _search_native(protocol, body, node, work)
+    return _walk_native(protocol, body, intent, node, work)
+
+
+#: The kinds of ``cbcl._native.refusal_of``'s report, by its number for them.
+_REPORTED = ("", ITEM, CLOSE, END)
+
+
+def _walk_native(protocol: Protocol, body: Value, intent: Intent | None, node: Any,
+                 work: RefusalWork) -> Refusal | None:
+    """:func:`find_refusal`'s native tier: one walk of ``cbcl._native.refusal_of`` (the
+    recogniser's walk, which reports where it stopped: the path, the node, the class and
+    the keyword sets' masks), so the body is walked once, to the refusal; where the masks
+    cannot be paired with the node's sets (:func:`walker_marks`), or the module has no
+    such walk, by probes of ``recognise`` from ``node`` (:func:`_search_native`)."""
+    start = recogniser_start(protocol, intent)
+    if _refusal_of_c is not None and start is not REFUSED:
+        work.walks += 1
+        report = _refusal_of_c(body, start, protocol.atoms, ATOM_TERMINALS,
+                               protocol.recogniser.step, REFUSED, ACCEPT)
+        if report is None:
+            return None
+        kind, path, at, cls, frames = report
+        marks = walker_marks(protocol, at, frames)
+        if marks is not None:
+            return Refusal(_REPORTED[kind], path, at, cls, marks)
+    return _search_native(protocol, body, node, work)  # pragma: no cover - (see above)
 
 
 def find_refusal_python(protocol: Protocol, body: Value, node: Any,
@@ -699,10 +726,10 @@ def explain_body(protocol: Protocol, text: str, message: Message, limits: Limits
             fail(text, path_index(text, message.to_value(), body_path(message), limits, work),
                  f"the {protocol.id} grammar has no rule for {shown_intent} bodies",
                  error=BodyError)
-        # (in a short text, a walk in Python gets there before the probes would start)
-        search = find_refusal_python if _recognise_c is None or len(text) <= _SMALL_TEXT \
-            else _search_native
-        refusal = search(protocol, body, node, work)
+        # (in a short text, a walk in Python gets there before the native one would start)
+        refusal = find_refusal_python(protocol, body, node, work) \
+            if _recognise_c is None or len(text) <= _SMALL_TEXT \
+            else _walk_native(protocol, body, intent, node, work)
     if refusal is None:  # pragma: no cover - pass 2 refused this body
         raise AssertionError("explain_body found no error")
     start = refusal_index(text, message, refusal, limits, work)
