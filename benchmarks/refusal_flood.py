@@ -108,8 +108,10 @@ def ask(host: str, port: int, data: bytes) -> float:
     return time.perf_counter() - began
 
 
-def phase(host: str, port: int, data: bytes, seconds: float) -> list[float]:
-    """Good QUERYs back to back for ``seconds``: their latencies in ms."""
+def phase(host: str, port: int, seconds: float) -> list[float]:
+    """Good QUERYs back to back for ``seconds``: their latencies in ms. (One QUERY made
+    for the phase: its timestamp stays within the server's freshness window.)"""
+    data = query("good")
     out: list[float] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -124,15 +126,14 @@ def run(budget: str, rounds: int, seconds: float) -> dict[str, Any]:
         server = harness.ServeProcess(root, keys, BUDGETS[budget])
         address = server.start()
         host, port = address.rsplit(":", 1)
-        good = query("good")
         try:
-            phase(host, int(port), good, 1.0)  # warm: the server's grammar, caches
+            phase(host, int(port), 1.0)  # warm: the server's grammar, caches
             quiet: list[float] = []
             flooded: list[float] = []
             sent = multiprocessing.Array("l", len(FLOODERS))
             cpu_before = harness.cpu_seconds(server.pid)
             for _ in range(rounds):
-                quiet += phase(host, int(port), good, seconds)
+                quiet += phase(host, int(port), seconds)
                 stop = multiprocessing.Event()
                 children = [multiprocessing.Process(target=flood,
                                                     args=(address, ip, stop, sent, k))
@@ -140,7 +141,7 @@ def run(budget: str, rounds: int, seconds: float) -> dict[str, Any]:
                 for child in children:
                     child.start()
                 time.sleep(0.3)  # (the flood under way)
-                flooded += phase(host, int(port), good, seconds)
+                flooded += phase(host, int(port), seconds)
                 stop.set()
                 for child in children:
                     child.join(WAIT)

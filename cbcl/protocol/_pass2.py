@@ -11,12 +11,14 @@ could take both readings, so the decision is never a guess.
 
 The walk keeps no positions. When it refuses, :func:`explain_body` finds the first token
 refused in the body's *value*, not its text (:func:`find_refusal`): where the extension is
-built, by walks of ``cbcl._native.recognise`` over runs of a list's elements, each ended by
-a probe whose class no node holds, so the walk calls back where it got to; runs grow
-until one is refused, which is narrowed by probes between its parts, and a list holding
-the refusal is entered. The work is about one native walk of the body up to the refusal,
-plus a few Python steps per list on the way down; without the extension the walk is
-:func:`find_refusal_python`, one Python step a token up to the refusal. The automaton's
+built, by one walk of ``cbcl._native.refusal_of``, the recogniser's walk, which reports
+where it stopped (the path, the node, the class and the keyword sets' masks, which
+:func:`walker_marks` pairs with the node's stack); where those cannot be paired, by
+walks of ``cbcl._native.recognise`` over runs of a list's elements, each ended by a probe
+whose class no node holds, so the walk calls back where it got to (:func:`_search_native`).
+The binary decoder's C walk reports its refusal the same way (``cbcl._native.decode_frame``).
+Without the extension the walk is :func:`find_refusal_python`, one Python step a token up
+to the refusal. The automaton's
 node there is the LR stack the kernel's :func:`body_refusal` words the error from, in
 the grammar's own terms, and the token's position in the text is found by stepping over
 the elements before it on the way down (:func:`refusal_index`): at once where the text
