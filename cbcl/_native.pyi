@@ -189,6 +189,7 @@ class FrameState:
         message: type,
         signature: type,
         attributes: tuple[str, ...],
+        refusal: Callable[..., object],
         memo_entries: int,
         max_message_bytes: int,
         max_string_bytes: int,
@@ -246,6 +247,9 @@ class FrameState:
     def attributes(self) -> tuple[str, ...]:
         """``Message``'s 12 attribute names, in grammar order."""
     @property
+    def refusal(self) -> Callable[..., object]:
+        """Raises the error of a body the grammar refuses (``_codec._frame_refusal``)."""
+    @property
     def memo_entries(self) -> int:
         """The most entries an atom memo holds."""
     @property
@@ -267,13 +271,27 @@ class FrameState:
     def max_nodes(self) -> int:
         """The limits' ``max_nodes``."""
 
+def refusal_of(body: Value, node: dict[Any, Any], classes: dict[Any, str],
+               terminals: dict[type, str], step: Callable[[Any, str], Any], refused: object,
+               accept: object, /) -> tuple[int, tuple[int, ...], Any, str,
+                                          tuple[int, ...]] | None:
+    """The walk of :func:`recognise`, reporting where the grammar refused ``body``:
+    ``None`` if it accepts it, else ``(kind, path, node, cls, frames)`` (kind 1 item, 2 a
+    list's close, 3 the end; the element indexes on the way down; the recogniser's node
+    the refused token was fed to, its class, the keyword sets' masks then, innermost
+    last). ``TypeError`` for a value in ``body`` that is not a CBCL one."""
+
 def decode_frame(data: bytes, state: FrameState, /) -> Message | None:
     """A whole frame decoded and recognised in one call (the twin of
     ``cbcl.binary._codec._fast_frame`` and its header and table lookup): the ``Message``, or
     ``None`` for anything the Python decoder must judge (a short id, a digest without a
     frame plan in ``state``, an ungoverned intent, any doubt). ``state`` is a decoder's
-    (``cbcl.binary._codec._frame_state``). ``TypeError`` for data that is not bytes, a state
-    that is not a :class:`FrameState`, or a misshapen plan."""
+    (``cbcl.binary._codec._frame_state``). A frame sound in every other way whose body the
+    grammar refuses is not declined: its walk stops at the refused token, the rest of the
+    body is built without the grammar (its limits and rules still decide), and
+    ``state.refusal`` is called with where the walk stopped, which raises the
+    ``BodyError``. ``TypeError`` for data that is not bytes, a state that is not a
+    :class:`FrameState`, or a misshapen plan."""
 
 def accept_document(value: Value, tables: tuple[Any, ...], protocols: dict[Any, Any], /,
                     ) -> Message | None:

@@ -46,9 +46,14 @@ PURE = Decoder(REGISTRY, pure_python=True)
 
 
 def in_c(decoder: Decoder, frame: bytes) -> Any:
+    """decode_frame's message or None, or, for a body the grammar refuses (which it
+    raises), the error as :func:`outcome` gives it."""
     state = decoder._frame_state
     assert state is not None, "a decoder without the C whole-frame call"
-    return decode_frame(frame, state)
+    try:
+        return decode_frame(frame, state)
+    except CBCLError as error:
+        return type(error), error.message, error.offset
 
 
 def outcome(decoder: Decoder, frame: bytes) -> Any:

@@ -312,11 +312,14 @@ apply_set_ops(SetFrames *f, PyObject *ops)
 }
 
 /* Replace the strong reference *node by the node `cls` leads to: 1 on success, 0 if the
- * grammar refuses, -1 with an exception. For LPAR, *whole receives the flag. A transition
+ * grammar refuses (*node is left as it was), -1 with an exception. `before` (or NULL):
+ * where a transition with set operations copies the frames before it applies them. For LPAR, *whole receives the flag. A transition
  * with set operations ((next, ops); (next, whole, ops) for LPAR) applies them to `frames`. */
+static int set_frames_copy(SetFrames *to, const SetFrames *from);
+
 static inline int
-advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole,
-        SetFrames *frames)
+advance_noting(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole,
+               SetFrames *frames, SetFrames *before)
 {
     PyObject *next = transition(*node, cls, step);
     if (next == NULL)
@@ -344,6 +347,11 @@ advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *
     if (whole != NULL || ops != NULL) {
         PyObject *target = Py_NewRef(PyTuple_GET_ITEM(next, 0));
         if (ops != NULL && target != refused) {
+            if (before != NULL && set_frames_copy(before, frames) < 0) {
+                Py_DECREF(target);
+                Py_DECREF(next);
+                return -1;
+            }
             int ok = apply_set_ops(frames, ops);
             if (ok <= 0) {
                 Py_DECREF(target);
@@ -354,9 +362,41 @@ advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *
         Py_DECREF(next);
         next = target;
     }
+    if (next == refused) { /* (*node stays the node the token was fed to) */
+        Py_DECREF(next);
+        return 0;
+    }
     Py_DECREF(*node);
     *node = next;
-    return next == refused ? 0 : 1;
+    return 1;
+}
+
+/* advance, the frames before the transition not kept. */
+static inline int
+advance(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole,
+        SetFrames *frames)
+{
+    return advance_noting(node, cls, step, refused, whole, frames, NULL);
+}
+
+/* Make `to` (initialised) a copy of `from`: 0, or -1 with MemoryError. */
+static int
+set_frames_copy(SetFrames *to, const SetFrames *from)
+{
+    if (from->depth > to->capacity) {
+        unsigned long long *grown = PyMem_Malloc((size_t)from->capacity * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (to->masks != to->inline_masks)
+            PyMem_Free(to->masks);
+        to->masks = grown;
+        to->capacity = from->capacity;
+    }
+    memcpy(to->masks, from->masks, (size_t)from->depth * sizeof *from->masks);
+    to->depth = from->depth;
+    return 0;
 }
 
 /* Whether `$END` completes the walk at `node`: 1, 0, -1 with an exception (a transition
@@ -714,12 +754,98 @@ learned_free(Learned *l)
     l->count = l->capacity = 0;
 }
 
+/* Where build_body_of's walk met the first token the grammar refuses (decode_frame's
+ * report, for cbcl.binary._codec._frame_refusal to word the error from, the walk's state
+ * there being the explanation's start): what it is (cbcl.protocol._pass2's ITEM, CLOSE or
+ * END), its path in the body (the index of each list's element on the way down), the
+ * recogniser node it was fed to and its class, the keyword sets' masks then (innermost
+ * last) and the byte offset of its first token (the frame's length for END). */
+enum { BR_NONE = 0, BR_ITEM = 1, BR_CLOSE = 2, BR_END = 3 };
+
+typedef struct {
+    int kind;
+    PyObject *node, *cls, *path, *frames; /* strong references once kind is set */
+    Py_ssize_t at;
+} BodyRefusal;
+
+#define BODY_REFUSAL_INIT {BR_NONE, NULL, NULL, NULL, NULL, 0}
+
+static void
+body_refusal_free(BodyRefusal *why)
+{
+    Py_CLEAR(why->node);
+    Py_CLEAR(why->cls);
+    Py_CLEAR(why->path);
+    Py_CLEAR(why->frames);
+    why->kind = BR_NONE;
+}
+
+/* Record a refusal in `why`: the path is the item counts of the first `levels` lists of
+ * `stack` (each list's count is the index of the element under way in it). 0, or -1 with
+ * an exception. */
+static int
+note_refusal(BodyRefusal *why, int kind, PyObject *node, PyObject *cls, const Stack *stack,
+             Py_ssize_t levels, const SetFrames *frames, Py_ssize_t at)
+{
+    PyObject *path = PyTuple_New(levels);
+    PyObject *masks = PyTuple_New(frames->depth);
+    if (path == NULL || masks == NULL)
+        goto fail;
+    for (Py_ssize_t k = 0; k < levels; k++) {
+        Py_ssize_t end = k + 1 < stack->depth ? stack->opens[k + 1] : stack->size;
+        PyObject *index = PyLong_FromSsize_t(end - stack->opens[k]);
+        if (index == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(path, k, index);
+    }
+    for (Py_ssize_t k = 0; k < frames->depth; k++) {
+        PyObject *mask = PyLong_FromUnsignedLongLong(frames->masks[k]);
+        if (mask == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(masks, k, mask);
+    }
+    why->kind = kind;
+    why->node = Py_NewRef(node);
+    why->cls = Py_NewRef(cls);
+    why->path = path;
+    why->frames = masks;
+    why->at = at;
+    return 0;
+fail:
+    Py_XDECREF(path);
+    Py_XDECREF(masks);
+    return -1;
+}
+
+/* build_body_of's walk of one token from `node` (a strong reference, replaced), as
+ * advance: where `why` is given, a refusal is noted there and the walk stops (*node is
+ * cleared: the rest of the body is built without the grammar) and 1 is returned; else 0
+ * for a refusal. `before` is the walk's scratch copy of the frames. -1 with an
+ * exception. */
+static inline int
+walk_noting(PyObject **node, PyObject *cls, PyObject *step, PyObject *refused, int *whole,
+            SetFrames *sets, SetFrames *before, BodyRefusal *why, int kind,
+            const Stack *stack, Py_ssize_t levels, Py_ssize_t at)
+{
+    if (why == NULL)
+        return advance(node, cls, step, refused, whole, sets);
+    before->depth = -1; /* (a copy is made only where the transition has set operations) */
+    int ok = advance_noting(node, cls, step, refused, whole, sets, before);
+    if (ok == 0) {
+        ok = note_refusal(why, kind, *node, cls, stack, levels,
+                          before->depth >= 0 ? before : sets, at) < 0 ? -1 : 1;
+        Py_CLEAR(*node);
+    }
+    return ok;
+}
+
 static PyObject *
 build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t offset,
               PyObject *entries, PyObject *codes, PyObject *caches, PyObject *make_atom,
               PyObject *start, PyObject *step, Py_ssize_t max_depth, Py_ssize_t max_items,
               Py_ssize_t max_string, Py_ssize_t max_name, Py_ssize_t budget,
-              PyObject *refused, PyObject *accept, Py_ssize_t memo_entries)
+              PyObject *refused, PyObject *accept, Py_ssize_t memo_entries,
+              BodyRefusal *why)
 {
     PyObject *result = NULL;
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
@@ -729,6 +855,8 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
     SetFrames sets;           /* the keyword sets' masks (advance) */
     set_frames_init(&sets);
+    SetFrames before;         /* with `why`: the masks before a transition (walk_noting) */
+    set_frames_init(&before);
     Py_ssize_t nodes = 0;
     Py_ssize_t i = offset;
     Py_ssize_t static_count = PyTuple_GET_SIZE(entries);
@@ -757,6 +885,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
     while (i < n) {
         Token t;
         PyObject *cls;
+        Py_ssize_t token_at = i; /* (where a refusal points) */
         if (!read_token(p, n, &i, &t))
             goto bail;
         if (t.str) {
@@ -794,12 +923,14 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     goto error;
                 if (node != NULL && !whole_at) {
                     int whole = 0;
-                    ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
+                    ok = walk_noting(&node, st->speedups.s_lpar, step, refused, &whole,
+                                     &sets, &before, why, BR_ITEM, &stack, stack.depth - 1,
+                                     token_at);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
                         goto bail;
-                    if (whole)
+                    if (whole && node != NULL)
                         whole_at = stack.depth;
                 }
                 continue;
@@ -813,7 +944,8 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     if (whole_at == level)
                         whole_at = 0;
                 } else if (node != NULL) {
-                    ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
+                    ok = walk_noting(&node, st->speedups.s_rpar, step, refused, NULL, &sets,
+                                     &before, why, BR_CLOSE, &stack, stack.depth, token_at);
                     if (ok < 0)
                         goto error;
                     if (ok == 0)
@@ -882,7 +1014,8 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
         if (++nodes > budget)
             goto bail;
         if (node != NULL && !whole_at) {
-            ok = advance(&node, cls, step, refused, NULL, &sets);
+            ok = walk_noting(&node, cls, step, refused, NULL, &sets, &before, why, BR_ITEM,
+                             &stack, stack.depth, token_at);
             if (ok < 0)
                 goto error;
             if (ok == 0)
@@ -901,7 +1034,12 @@ done:
     if (i != n)
         goto bail;
     if (node != NULL) {
-        ok = ends(node, st->speedups.s_end, step, accept, &sets);
+        ok = why == NULL ? 0 : set_frames_copy(&before, &sets);
+        if (ok == 0)
+            ok = ends(node, st->speedups.s_end, step, accept, &sets);
+        if (ok == 0 && why != NULL)
+            ok = note_refusal(why, BR_END, node, st->speedups.s_end, &stack, 0, &before,
+                              n) < 0 ? -1 : 1;
         if (ok < 0)
             goto error;
         if (ok == 0)
@@ -922,6 +1060,7 @@ cleanup:
     learned_free(&learned);
     stack_free(&stack);
     set_frames_free(&sets);
+    set_frames_free(&before);
     return result;
 }
 
@@ -942,7 +1081,7 @@ build_body(PyObject *module, PyObject *args)
     PyObject *result = build_body_of(st, (const unsigned char *)view.buf, view.len, offset,
                                      entries, codes, caches, make_atom, start, step,
                                      max_depth, max_items, max_string, max_name, budget,
-                                     refused, accept, memo_entries);
+                                     refused, accept, memo_entries, NULL);
     PyBuffer_Release(&view);
     return result;
 }
@@ -1122,14 +1261,21 @@ typedef struct {
 
 /* The walk of recognise from `start` (a dict): 1 accepted, 0 refused, -1 with an
  * exception. */
+static int walk_refused(BodyRefusal *why, int kind, PyObject *node, PyObject *cls,
+                        const Frame *frames, Py_ssize_t depth, const SetFrames *sets,
+                        const SetFrames *before);
+
 static int
 walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObject *terminals,
-     PyObject *step, PyObject *refused, PyObject *accept)
+     PyObject *step, PyObject *refused, PyObject *accept, BodyRefusal *why)
 {
     PyObject *node = start; /* a strong reference (step may flush the automaton) */
     Py_INCREF(node);
     SetFrames sets; /* the keyword sets' masks (advance) */
     set_frames_init(&sets);
+    SetFrames before; /* with `why`: the masks before a transition's set operations */
+    set_frames_init(&before);
+    SetFrames *keep = why == NULL ? NULL : &before;
     Frame *frames = NULL;
     Py_ssize_t depth = 0, capacity = 0;
     PyObject *item = body; /* borrowed */
@@ -1138,7 +1284,12 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
         if (item != NULL) {
             if (PyTuple_CheckExact(item)) {
                 int whole = 0;
-                ok = advance(&node, st->speedups.s_lpar, step, refused, &whole, &sets);
+                before.depth = -1;
+                ok = advance_noting(&node, st->speedups.s_lpar, step, refused, &whole, &sets,
+                                    keep);
+                if (ok == 0 && why != NULL)
+                    ok = walk_refused(why, BR_ITEM, node, st->speedups.s_lpar, frames, depth,
+                                      &sets, &before);
                 if (ok <= 0)
                     goto finish;
                 if (!whole) {
@@ -1173,7 +1324,10 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
                     }
                 }
                 Py_INCREF(cls); /* the lookups' dicts may change under step */
-                ok = advance(&node, cls, step, refused, NULL, &sets);
+                before.depth = -1;
+                ok = advance_noting(&node, cls, step, refused, NULL, &sets, keep);
+                if (ok == 0 && why != NULL)
+                    ok = walk_refused(why, BR_ITEM, node, cls, frames, depth, &sets, &before);
                 Py_DECREF(cls);
                 if (ok <= 0)
                     goto finish;
@@ -1189,16 +1343,84 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
             continue;
         }
         depth--; /* the list is complete */
-        ok = advance(&node, st->speedups.s_rpar, step, refused, NULL, &sets);
+        before.depth = -1;
+        ok = advance_noting(&node, st->speedups.s_rpar, step, refused, NULL, &sets, keep);
+        if (ok == 0 && why != NULL)
+            ok = walk_refused(why, BR_CLOSE, node, st->speedups.s_rpar, frames, depth, &sets,
+                              &before);
         if (ok <= 0)
             goto finish;
     }
-    ok = ends(node, st->speedups.s_end, step, accept, &sets);
+    ok = why == NULL ? 0 : set_frames_copy(&before, &sets);
+    if (ok == 0)
+        ok = ends(node, st->speedups.s_end, step, accept, &sets);
+    if (ok == 0 && why != NULL)
+        ok = walk_refused(why, BR_END, node, st->speedups.s_end, frames, 0, &sets, &before);
 finish:
     Py_DECREF(node);
     PyMem_Free(frames);
     set_frames_free(&sets);
+    set_frames_free(&before);
     return ok;
+}
+
+/* Note walk's refusal in `why` (path: the index of the element under way in each of the
+ * first `depth` lists; the masks before the transition: `before` where it made a copy,
+ * else `sets`): 0 (the walk's refused), or -1 with an exception. */
+static int
+walk_refused(BodyRefusal *why, int kind, PyObject *node, PyObject *cls, const Frame *frames,
+             Py_ssize_t depth, const SetFrames *sets, const SetFrames *before)
+{
+    PyObject *path = PyTuple_New(depth);
+    if (path == NULL)
+        return -1;
+    for (Py_ssize_t k = 0; k < depth; k++) {
+        PyObject *index = PyLong_FromSsize_t(frames[k].next - 1);
+        if (index == NULL) {
+            Py_DECREF(path);
+            return -1;
+        }
+        PyTuple_SET_ITEM(path, k, index);
+    }
+    Stack none = STACK_INIT; /* (note_refusal's path from a stack of no lists) */
+    int ok = note_refusal(why, kind, node, cls, &none, 0, before->depth >= 0 ? before : sets,
+                          0);
+    if (ok < 0) {
+        Py_DECREF(path);
+        return -1;
+    }
+    Py_SETREF(why->path, path);
+    return 0;
+}
+
+/* refusal_of(body, node, classes, terminals, step, refused, accept) -> tuple | None: the
+ * walk of recognise, reporting where the grammar refused the body: None if it accepts it,
+ * else (kind, path, node, cls, frames) as decode_frame reports a refusal to
+ * cbcl.binary._codec._frame_refusal (kind 1 ITEM, 2 CLOSE, 3 END; the node the refused token was
+ * fed to, its class, the keyword sets' masks then). cbcl.protocol._pass2.find_refusal's
+ * native tier: one walk up to the refusal. TypeError for a value that is not a CBCL one. */
+static PyObject *
+refusal_of(PyObject *module, PyObject *args)
+{
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    PyObject *body, *start, *classes, *terminals, *step, *refused, *accept;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
+                          &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
+        return NULL;
+    BodyRefusal why = BODY_REFUSAL_INIT;
+    int ok = walk(st, body, start, classes, terminals, step, refused, accept, &why);
+    PyObject *result = NULL;
+    if (ok > 0) {
+        result = Py_NewRef(Py_None);
+    } else if (ok == 0 && why.kind == BR_NONE) {
+        PyErr_SetString(PyExc_TypeError, "not a CBCL value in the body");
+    } else if (ok == 0) {
+        result = Py_BuildValue("(iOOOO)", why.kind, why.path, why.node, why.cls, why.frames);
+    }
+    body_refusal_free(&why);
+    return result;
 }
 
 static PyObject *
@@ -1211,7 +1433,7 @@ recognise(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO!O!O!OOO", &body, &PyDict_Type, &start, &PyDict_Type,
                           &classes, &PyDict_Type, &terminals, &step, &refused, &accept))
         return NULL;
-    int ok = walk(st, body, start, classes, terminals, step, refused, accept);
+    int ok = walk(st, body, start, classes, terminals, step, refused, accept, NULL);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
@@ -2085,7 +2307,7 @@ body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
         return 0;
     }
     int ok = walk(st, body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
-                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept);
+                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept, NULL);
     Py_DECREF(node);
     if (ok != 1)
         return ok;
@@ -2219,6 +2441,7 @@ typedef struct {
     PyObject *refused, *accept, *has_heads; /* the automaton's outcomes, the head test */
     PyObject *symbol, *message, *signature; /* types */
     PyObject *attributes;     /* tuple: Message's 11 attribute names, in grammar order */
+    PyObject *refusal;        /* callable: raises the error of a refused body (below) */
     Py_ssize_t memo_entries, max_message_bytes, max_string_bytes, max_body_depth,
                max_list_items, max_name_chars, max_nodes;
 } FrameState;
@@ -2226,7 +2449,7 @@ typedef struct {
 
 #define FS_OBJECTS(X) X(frame_plans) X(protocols) X(intents) X(intent_lengths) X(shapes) \
     X(uris) X(caches) X(keep) X(envelope_nodes) X(refused) X(accept) X(has_heads) \
-    X(symbol) X(message) X(signature) X(attributes)
+    X(symbol) X(message) X(signature) X(attributes) X(refusal)
 
 static PyObject *
 frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -2234,9 +2457,10 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     static const char *const names[] = {
         "frame_plans", "protocols", "intents", "intent_lengths", "shapes", "uris", "caches",
         "keep", "envelope_nodes", "refused", "accept", "has_heads", "symbol", "message",
-        "signature", "attributes", "memo_entries", "max_message_bytes", "max_string_bytes",
-        "max_body_depth", "max_list_items", "max_name_chars", "max_nodes", NULL};
-    PyObject *o[16] = {NULL};
+        "signature", "attributes", "refusal", "memo_entries", "max_message_bytes",
+        "max_string_bytes", "max_body_depth", "max_list_items", "max_name_chars", "max_nodes",
+        NULL};
+    PyObject *o[17] = {NULL};
     Py_ssize_t n[7];
     for (int k = 0; k < 7; k++)
         n[k] = PY_SSIZE_T_MIN; /* (not given) */
@@ -2245,21 +2469,21 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "|$O!O!O!O!O!O!O!OO!OOOO!O!OO!nnnnnnn:FrameState", (char **)names,
+            args, kwargs, "|$O!O!O!O!O!O!O!OO!OOOO!O!OO!Onnnnnnn:FrameState", (char **)names,
             &PyDict_Type, &o[0], &PyDict_Type, &o[1], &PyTuple_Type, &o[2], &PyTuple_Type,
             &o[3], &PyBytes_Type, &o[4], &PyDict_Type, &o[5], &PyTuple_Type, &o[6], &o[7],
             &PyTuple_Type, &o[8], &o[9], &o[10], &o[11], &PyType_Type, &o[12], &PyType_Type,
-            &o[13], &o[14], &PyTuple_Type, &o[15], &n[0], &n[1], &n[2], &n[3], &n[4], &n[5],
-            &n[6]))
+            &o[13], &o[14], &PyTuple_Type, &o[15], &o[16], &n[0], &n[1], &n[2], &n[3], &n[4],
+            &n[5], &n[6]))
         return NULL;
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < 17; k++)
         if (o[k] == NULL) {
             PyErr_Format(PyExc_TypeError, "FrameState() needs %s", names[k]);
             return NULL;
         }
     for (int k = 0; k < 7; k++)
         if (n[k] == PY_SSIZE_T_MIN) {
-            PyErr_Format(PyExc_TypeError, "FrameState() needs %s", names[16 + k]);
+            PyErr_Format(PyExc_TypeError, "FrameState() needs %s", names[17 + k]);
             return NULL;
         }
     /* (exact: decode_frame reads them with the macros of their exact types) */
@@ -2270,7 +2494,8 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             PyTuple_GET_SIZE(o[3]) != PyTuple_GET_SIZE(o[2]) ||
             PyBytes_GET_SIZE(o[4]) < PRESENCES || PyTuple_GET_SIZE(o[8]) < PRESENCES ||
             PyTuple_GET_SIZE(o[15]) != F_COUNT || !PyCallable_Check(o[7]) ||
-            !PyCallable_Check(o[11]) || !PyCallable_Check(o[14])) {
+            !PyCallable_Check(o[11]) || !PyCallable_Check(o[14]) ||
+            !PyCallable_Check(o[16])) {
         PyErr_SetString(PyExc_TypeError, "FrameState(): a field of the wrong type or size");
         return NULL;
     }
@@ -2340,6 +2565,7 @@ static PyMemberDef frame_state_members[] = {
     FS_MEMBER(message, Py_T_OBJECT_EX, "the Message type")
     FS_MEMBER(signature, Py_T_OBJECT_EX, "the Signature type")
     FS_MEMBER(attributes, Py_T_OBJECT_EX, "Message's attribute names, in grammar order")
+    FS_MEMBER(refusal, Py_T_OBJECT_EX, "raises the error of a body the grammar refuses")
     FS_MEMBER(memo_entries, Py_T_PYSSIZET, "the most entries an atom memo holds")
     FS_MEMBER(max_message_bytes, Py_T_PYSSIZET, "the limits' max_message_bytes")
     FS_MEMBER(max_string_bytes, Py_T_PYSSIZET, "the limits' max_string_bytes")
@@ -2354,7 +2580,7 @@ static PyMemberDef frame_state_members[] = {
 static PyType_Slot frame_state_slots[] = {
     {Py_tp_doc, "FrameState(*, frame_plans, protocols, intents, intent_lengths, shapes, "
                 "uris, caches, keep, envelope_nodes, refused, accept, has_heads, symbol, "
-                "message, signature, attributes, memo_entries, max_message_bytes, "
+                "message, signature, attributes, refusal, memo_entries, max_message_bytes, "
                 "max_string_bytes, max_body_depth, max_list_items, max_name_chars, "
                 "max_nodes): what decode_frame reads with each frame of a decoder "
                 "(cbcl.binary._codec._frame_state makes it)."},
@@ -2405,6 +2631,7 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     PyObject *slots[ENVELOPE_SLOTS] = {NULL};
     PyObject *acceptance = NULL, *start = NULL, *body = NULL, *signature = NULL;
     PyObject *result = NULL;
+    BodyRefusal why = BODY_REFUSAL_INIT;
     Py_ssize_t offset = 0, intent_index = 0;
     long long bits = 0;
     PyObject *current = PyDict_GetItemWithError(d->protocols, PyTuple_GET_ITEM(plan, FP_ID));
@@ -2440,9 +2667,20 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
                          PyTuple_GET_ITEM(acceptance, P_STEP), d->max_body_depth,
                          d->max_list_items, d->max_string_bytes, d->max_name_chars,
                          d->max_nodes - envelope_nodes, d->refused, d->accept,
-                         d->memo_entries);
+                         d->memo_entries, &why);
     if (body == NULL || body == Py_None)
         goto decline;
+    if (why.kind != BR_NONE) {
+        /* The grammar refused a body within every limit of a frame otherwise sound: the
+         * error is raised here, worded from where the walk stopped (never walked again). */
+        PyObject *raised = PyObject_CallFunction(
+            d->refusal, "OOOiOOOOn", PyTuple_GET_ITEM(plan, FP_PROTOCOL), slots[0], body,
+            why.kind, why.path, why.node, why.cls, why.frames, why.at);
+        if (raised == NULL)
+            goto cleanup; /* (result NULL: the error it raised) */
+        Py_DECREF(raised);
+        goto decline; /* (it declined to word it: the Python decoder will) */
+    }
     ok = schema_accepts(st, acceptance, body, d->has_heads, (PyTypeObject *)d->symbol);
     if (ok != 1)
         goto decline;
@@ -2470,6 +2708,7 @@ cleanup:
     Py_XDECREF(start);
     Py_XDECREF(body);
     Py_XDECREF(signature);
+    body_refusal_free(&why);
     Py_DECREF(plan);
     return result;
 }
@@ -2891,6 +3130,10 @@ PyMethodDef cbcl_speedups_methods[] = {
     {"one_shot_entry", one_shot_entry, METH_VARARGS,
      "one_shot_entry(fallback, doc, verified, Registry, _Memos, /) -> function | None: "
      "cbcl.decode in C, falling back to the Python function (cbcl/_native_src/entry.h)."},
+    {"refusal_of", refusal_of, METH_VARARGS,
+     "refusal_of(body, node, classes, terminals, step, refused, accept) -> tuple | None: "
+     "recognise's walk, reporting where the grammar refused the body (kind, path, node, "
+     "cls, frames), None if it accepts it."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl.binary._codec._fast_frame)."},

@@ -105,6 +105,7 @@ from ..protocol._message import (
 )
 from ..protocol._pass2 import (
     _ALWAYS_ADMITTED,
+    CLOSE,
     END,
     ITEM,
     Refusal,
@@ -112,6 +113,7 @@ from ..protocol._pass2 import (
     recogniser_start,
     refusal_error,
     start_stack,
+    walker_marks,
 )
 from ..protocol._protocol import Protocol
 from ..protocol._records import record_of
@@ -862,7 +864,7 @@ def _frame_state(registry: Registry, limits: Limits, memos: _Memos) -> FrameStat
         uris=memos.uris, caches=memos.caches, keep=memos.keep,
         envelope_nodes=_ENVELOPE_NODES, refused=REFUSED, accept=ACCEPT,
         has_heads=_has_heads, symbol=Symbol, message=Message, signature=Signature,
-        attributes=_MESSAGE_ATTRIBUTES, memo_entries=memos.entries,
+        attributes=_MESSAGE_ATTRIBUTES, refusal=_frame_refusal, memo_entries=memos.entries,
         max_message_bytes=limits.max_message_bytes,
         max_string_bytes=limits.max_string_bytes,
         max_body_depth=limits.max_depth - 2,  # (the body sits in the envelope's two lists)
@@ -1132,6 +1134,36 @@ def _ungoverned_refusal(protocol: Protocol, intent: Intent, body: Any,
 # §3.4) is stepped through by msgpack's unpacker up to that token instead. Anything else
 # the body builder declines (a limit, a malformed token) goes to the careful tier, which
 # raises the precise error.
+#
+# Where decode_frame itself reads the frame (a decoder's fast path), its walk notes where
+# the grammar refused (the token's path, byte offset, the recogniser's node and the keyword
+# sets' masks there), builds the rest of the body without the grammar (the same limits and
+# rules), and calls _frame_refusal with that: the error is worded from the walk's own
+# state, so a refused frame costs about one accepted frame, and nothing is walked again.
+
+#: The kinds of cbcl._native.decode_frame's refusal report, by its number for them.
+_REFUSAL_KINDS = ("", ITEM, CLOSE, END)
+
+
+def _frame_refusal(protocol: Protocol, intent: Intent, body: Value, kind: int,
+                   path: tuple[int, ...], node: Any, cls: str, frames: tuple[int, ...],
+                   at: int) -> None:
+    """Raise the :class:`BodyError` of a frame whose body (``body``, of an ``intent``
+    message of ``protocol``) ``cbcl._native.decode_frame`` found refused: ``kind``
+    (1 :data:`ITEM`, 2 :data:`CLOSE`, 3 :data:`END`), ``path``, ``node`` (the
+    recogniser's) and ``cls`` as :class:`Refusal` has them, ``frames`` the keyword sets'
+    masks of the walk there, ``at`` the refused token's byte offset in the frame. The
+    error is that of :func:`_frame_by_value` (the same :func:`refusal_error`), with no
+    walk of the body; where the masks cannot be paired with the node's sets
+    (:func:`walker_marks`), the refusal is found again by :func:`find_refusal`."""
+    marks = walker_marks(protocol, node, frames)
+    if marks is None:  # pragma: no cover - the walk's masks always pair with its stack
+        refusal = find_refusal(protocol, body, intent)
+        if refusal is None:
+            raise AssertionError("decode_frame's refusal was not found again")
+    else:
+        refusal = Refusal(_REFUSAL_KINDS[kind], path, node, cls, marks)
+    raise refusal_error(protocol, body, refusal, intent, _at(at))
 
 
 def _frame_by_value(table: SymbolTable, data: bytes, start: int, limits: Limits,

@@ -11,12 +11,14 @@ could take both readings, so the decision is never a guess.
 
 The walk keeps no positions. When it refuses, :func:`explain_body` finds the first token
 refused in the body's *value*, not its text (:func:`find_refusal`): where the extension is
-built, by walks of ``cbcl._native.recognise`` over runs of a list's elements, each ended by
-a probe whose class no node holds, so the walk calls back where it got to; runs grow
-until one is refused, which is narrowed by probes between its parts, and a list holding
-the refusal is entered. The work is about one native walk of the body up to the refusal,
-plus a few Python steps per list on the way down; without the extension the walk is
-:func:`find_refusal_python`, one Python step a token up to the refusal. The automaton's
+built, by one walk of ``cbcl._native.refusal_of``, the recogniser's walk, which reports
+where it stopped (the path, the node, the class and the keyword sets' masks, which
+:func:`walker_marks` pairs with the node's stack); where those cannot be paired, by
+walks of ``cbcl._native.recognise`` over runs of a list's elements, each ended by a probe
+whose class no node holds, so the walk calls back where it got to (:func:`_search_native`).
+The binary decoder's C walk reports its refusal the same way (``cbcl._native.decode_frame``).
+Without the extension the walk is :func:`find_refusal_python`, one Python step a token up
+to the refusal. The automaton's
 node there is the LR stack the kernel's :func:`body_refusal` words the error from, in
 the grammar's own terms, and the token's position in the text is found by stepping over
 the elements before it on the way down (:func:`refusal_index`): at once where the text
@@ -53,11 +55,13 @@ from ._protocol import Protocol
 from ._schema import check_schema
 
 try:
-    from .._native import recognise as _speedups_recognise
+    from .._native import recognise as _speedups_recognise, refusal_of as _speedups_refusal_of
 except ImportError:  # not built: the Python walk runs
     _recognise_c: Any = None
+    _refusal_of_c: Any = None
 else:
     _recognise_c = _speedups_recognise
+    _refusal_of_c = _speedups_refusal_of
 
 
 def _start_terminal(protocol: Protocol, intent: Intent | None) -> str | None:
@@ -213,12 +217,16 @@ class Refusal:
     :data:`ITEM`, :data:`CLOSE` or :data:`END`), its place in the body's value (``path``:
     the index of each list's element on the way down from the body, ``()`` for the body
     itself), the automaton node the token was fed to and its class (``LPAR``, ``RPAR``,
-    ``$END``, or the atom's class as ``recognise`` gives it)."""
+    ``$END``, or the atom's class as ``recognise`` gives it). ``marks``: the keyword
+    sets' masks by stack depth where ``node`` is one of the :attr:`Protocol.recogniser`'s
+    (whose nodes carry none: :func:`walker_marks`); ``None`` for a node of
+    :attr:`Protocol.automaton`, which carries its own."""
 
     kind: str
     path: tuple[int, ...]
     node: Any
     cls: str
+    marks: dict[int, int] | None = None
 
 
 @dataclass
@@ -237,6 +245,29 @@ class RefusalWork:
     callbacks: int = 0
     reads: int = 0
     copied: int = 0
+
+
+def walker_marks(protocol: Protocol, node: Any, frames: tuple[int, ...]) -> dict[int, int] | None:
+    """The keyword sets' masks by stack depth (as :func:`cbcl.grammar._kernel.feed` keeps
+    them) of a walk of the protocol's :attr:`~Protocol.recogniser` at ``node``, whose
+    walker kept ``frames``, the masks of the sets under way, innermost last (the C walks'
+    report of a refusal). A set under way is a set's state on the stack with one of its
+    members' keywords shifted on it, or on top; a set's state with anything else on it
+    was ended (its frame is gone). ``None`` if the two do not pair up (the caller then
+    finds the refusal by a walk of its own)."""
+    tables = protocol.tables
+    sets = tables.keyword_sets
+    if not sets:
+        return {} if not frames else None
+    stack = protocol.recogniser.stack(node)
+    actions = tables.actions
+    top = len(stack) - 1
+    under_way = [depth for depth, state in enumerate(stack) if state in sets and (
+        depth == top or any(actions[state].get(member) == stack[depth + 1]
+                            for member in sets[state].bits))]
+    if len(under_way) != len(frames):
+        return None
+    return {depth: mask for depth, mask in zip(under_way, frames, strict=True) if mask}
 
 
 def _class_of(protocol: Protocol, item: Any) -> str | None:
@@ -270,7 +301,32 @@ def find_refusal(protocol: Protocol, body: Value, intent: Intent | None = None,
     work = RefusalWork() if work is None else work
     if _recognise_c is None:
         return find_refusal_python(protocol, body, node, work)
-    return _search_native(protocol, body, node, work)
+    return _walk_native(protocol, body, intent, node, work)
+
+
+#: The kinds of ``cbcl._native.refusal_of``'s report, by its number for them.
+_REPORTED = ("", ITEM, CLOSE, END)
+
+
+def _walk_native(protocol: Protocol, body: Value, intent: Intent | None, node: Any,
+                 work: RefusalWork) -> Refusal | None:
+    """:func:`find_refusal`'s native tier: one walk of ``cbcl._native.refusal_of`` (the
+    recogniser's walk, which reports where it stopped: the path, the node, the class and
+    the keyword sets' masks), so the body is walked once, to the refusal; where the masks
+    cannot be paired with the node's sets (:func:`walker_marks`), or the module has no
+    such walk, by probes of ``recognise`` from ``node`` (:func:`_search_native`)."""
+    start = recogniser_start(protocol, intent)
+    if _refusal_of_c is not None and start is not REFUSED:
+        work.walks += 1
+        report = _refusal_of_c(body, start, protocol.atoms, ATOM_TERMINALS,
+                               protocol.recogniser.step, REFUSED, ACCEPT)
+        if report is None:
+            return None
+        kind, path, at, cls, frames = report
+        marks = walker_marks(protocol, at, frames)
+        if marks is not None:
+            return Refusal(_REPORTED[kind], path, at, cls, marks)
+    return _search_native(protocol, body, node, work)  # pragma: no cover - (see above)
 
 
 def find_refusal_python(protocol: Protocol, body: Value, node: Any,
@@ -672,10 +728,10 @@ def explain_body(protocol: Protocol, text: str, message: Message, limits: Limits
             fail(text, path_index(text, message.to_value(), body_path(message), limits, work),
                  f"the {protocol.id} grammar has no rule for {shown_intent} bodies",
                  error=BodyError)
-        # (in a short text, a walk in Python gets there before the probes would start)
-        search = find_refusal_python if _recognise_c is None or len(text) <= _SMALL_TEXT \
-            else _search_native
-        refusal = search(protocol, body, node, work)
+        # (in a short text, a walk in Python gets there before the native one would start)
+        refusal = find_refusal_python(protocol, body, node, work) \
+            if _recognise_c is None or len(text) <= _SMALL_TEXT \
+            else _walk_native(protocol, body, intent, node, work)
     if refusal is None:  # pragma: no cover - pass 2 refused this body
         raise AssertionError("explain_body found no error")
     start = refusal_index(text, message, refusal, limits, work)
@@ -694,7 +750,7 @@ def refusal_error(protocol: Protocol, body: Value, refusal: Refusal, intent: Int
     automaton = protocol.automaton
     node = refusal.node
     stack = automaton.stack(node)
-    marks = automaton.marks(node)
+    marks = automaton.marks(node) if refusal.marks is None else dict(refusal.marks)
     value: Any = None
     terminal = refusal.cls
     if refusal.kind == ITEM and terminal != "LPAR":
