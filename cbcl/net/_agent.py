@@ -862,14 +862,16 @@ class Link:
                     self.running -= 1
                 await self._answer(event, outcome)
             return settle
-        outcome = Outcome("answer", value, loop.time() - started)
-        if value is None or not isinstance(value, Message):
-            return lambda: self._answer(event, outcome)
-        timings = {"handler_ms": round(outcome.seconds * 1000, 3)}
+        seconds = loop.time() - started
         protocol, session = self.session.protocol, self.session
-        if protocol is None or value.protocol != protocol.id \
-                or (value.sender, value.receiver) != (session.me, session.peer):
+        # (the parties are most often the very objects the session holds: `is` first)
+        if type(value) is not Message or protocol is None \
+                or value.protocol != protocol.id \
+                or not (value.sender is session.me or value.sender == session.me) \
+                or not (value.receiver is session.peer or value.receiver == session.peer):
+            outcome = Outcome("answer", value, seconds)
             return lambda: self._answer(event, outcome)  # (refused there, as it says)
+        timings = {"handler_ms": round(seconds * 1000, 3)}
         if self.closed.done():
             return None  # (as send() would: nobody to answer)
         try:

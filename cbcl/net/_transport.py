@@ -379,7 +379,8 @@ class _Socket(asyncio.Protocol):
     @property
     def waiting(self) -> bool:
         """Whether a read is parked waiting for bytes."""
-        return self._waiter is not None and not self._nudged
+        waiter = self._waiter
+        return waiter is not None and not waiter.done() and not self._nudged
 
 
 class _Writer:
