@@ -720,21 +720,19 @@ class Connection:
     def _arm_read(self) -> None:
         """Set the read's deadline (and what to say when it passes), keeping the one timer
         per connection (see :meth:`_read_due`)."""
-        limits = self.limits
-        now = self._loop.time()
+        # (what to say is kept as a kind, put in words only when the deadline passes)
         if self._frame_deadline is not None:
-            deadline, why = self._frame_deadline, (
-                f"a frame did not arrive whole within {limits.frame_timeout:g} s")
+            deadline, why = self._frame_deadline, "frame"
         else:
-            deadline, why = now + limits.idle_timeout, f"no data for {limits.idle_timeout:g} s"
-        if self._handshaking() and self._handshake_deadline < deadline:
-            deadline, why = self._handshake_deadline, (
-                f"the handshake did not finish within {limits.handshake_timeout:g} s")
-        pre = self._pre_handshake_deadline
-        if self._pending and pre is not None and pre < deadline:
-            deadline, why = pre, (
-                f"the handshake did not finish within {self._pre_handshake_timeout:g} s of "
-                "the peer's time (pre_handshake_timeout)")
+            deadline, why = self._loop.time() + self.limits.idle_timeout, "idle"
+        if self._pending:
+            if self._handshaking() and self._handshake_deadline < deadline:
+                deadline, why = self._handshake_deadline, "handshake"
+            pre = self._pre_handshake_deadline
+            if pre is not None and pre < deadline:
+                deadline, why = pre, "pre-handshake"
+        elif self._handshaking() and self._handshake_deadline < deadline:
+            deadline, why = self._handshake_deadline, "handshake"
         # One timer per connection, not one per read (see _cut_read): a read only moves
         # the deadline, and the timer is set again when it fires early or must fire sooner.
         self._read_deadline = deadline
@@ -748,7 +746,6 @@ class Connection:
     async def _read(self) -> bytes | None:
         """What the peer sent next (``b""``: the end of the stream), ``None`` when the
         socket's fast path woke the read with something for :meth:`next_event`."""
-        limits = self.limits
         self._arm_read()
         data: bytes | None = b""
         task = asyncio.current_task()
@@ -757,13 +754,13 @@ class Connection:
         cancelling = task.cancelling()
         self._reading = task
         try:
-            data = await self.reader.read(limits.read_bytes)
+            data = await self.reader.read(self.limits.read_bytes)
         except asyncio.CancelledError:
             if not self._read_cut or task.uncancel() > cancelling:
                 raise  # the caller's own cancellation
             self._read_cut = False
             if self.evicted is None:
-                await self._time_out(self._read_why)
+                await self._time_out(self._deadline_text(self._read_why))
         except (ConnectionError, OSError):
             pass  # a reset is an end of stream the session judges
         finally:
@@ -771,6 +768,17 @@ class Connection:
         if self.evicted is not None:
             raise self._busy()
         return data
+
+    def _deadline_text(self, kind: str) -> str:
+        limits = self.limits
+        if kind == "frame":
+            return f"a frame did not arrive whole within {limits.frame_timeout:g} s"
+        if kind == "idle":
+            return f"no data for {limits.idle_timeout:g} s"
+        if kind == "handshake":
+            return f"the handshake did not finish within {limits.handshake_timeout:g} s"
+        return (f"the handshake did not finish within {self._pre_handshake_timeout:g} s of "
+                "the peer's time (pre_handshake_timeout)")
 
     def _read_due(self) -> None:
         """The read timer fired: cut the read short if its deadline has passed, or set the
@@ -831,6 +839,7 @@ class Connection:
         if take is None:  # pragma: no cover - checked by _fast_ready
             return
         read_bytes = self.limits.read_bytes
+        now = self.clock()  # (one clock for the frames of one read)
         batch: list[bytes] = []
         self._batch = batch
         wake = False
@@ -840,7 +849,7 @@ class Connection:
                     self._taken = ("then", self._drain)
                     break
                 try:
-                    event = session.next_event(now=self.clock())
+                    event = session.next_event(now=now)
                 except Exception as exc:  # RemoteProtocolError, or a bug: the task's
                     self._taken = ("error", exc)
                     break
