@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from loop_guard import no_stray_asyncio, run_guarded
-from test_handler_failures import Keys, cfp, linked, proposal, serving
+from test_handler_failures import Keys, cfp, dispatch, linked, proposal, serving
 
 from cbcl import Intent, Message
-from cbcl.net import ConnectionLimits, on_loop
+from cbcl.net import ConnectionLimits, PeerFailed, on_loop
 from cbcl.net._transport import _Socket, clock_ms
 from cbcl.session._session import ProtocolMessage
 
@@ -55,6 +55,35 @@ def test_an_established_link_is_served_in_the_sockets_callback(keys: Keys) -> No
                 assert reply is not None and reply.intent is Intent.PROPOSE
             assert reads == 0  # the read parked before the first request is still parked
             assert server.messages_received == 21
+
+    run_guarded(body)
+
+
+#: What an on-loop handler does that the callback cannot finish itself (a continuation).
+ON_LOOP_FAILURES = [("raise", "handler-failed"), ("async-raise", "handler-failed"),
+                    ("wrong", "invalid-reply"), ("elsewhere", "invalid-reply")]
+
+
+@pytest.mark.parametrize(("task", "code"), ON_LOOP_FAILURES,
+                         ids=[task for task, _ in ON_LOOP_FAILURES])
+def test_an_on_loop_handlers_failure_in_the_callback_is_answered_and_the_link_goes_on(
+        keys: Keys, task: str, code: str) -> None:
+    """An on-loop handler called in the socket's callback that raises, returns an
+    awaitable that raises, a reply the session refuses or one of other parties is
+    answered with its failure in its conversation, and the next request is served."""
+
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(dispatch))
+        async with linked(keys, server) as link:
+            await link.conversation().send(Intent.CFP, cfp("ok"), timeout=30)
+            with pytest.raises(PeerFailed) as caught:
+                await link.conversation().send(Intent.CFP, cfp(task), timeout=30)
+            assert caught.value.reason == code
+            for n in range(3):
+                reply = await link.conversation().send(Intent.CFP, cfp(f"ok:{n}"), timeout=30)
+                assert reply is not None and reply.intent is Intent.PROPOSE
+            (served,) = server._links
+            assert not served.closed.done()
 
     run_guarded(body)
 
