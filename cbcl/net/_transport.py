@@ -1,4 +1,4 @@
-"""Sessions over asyncio streams: TCP and Unix sockets (spec/negotiation.md §6).
+"""Sessions over TCP and Unix sockets (spec/negotiation.md §6).
 
 Theory of operation
 -------------------
@@ -9,6 +9,15 @@ the only slow work there is — verifying and compiling an offered descriptor, r
 it — to a :class:`WorkPool` of dedicated threads (the compile itself runs in the guarded
 worker process). Parsing, decoding and session steps take microseconds and never leave
 the loop, so a slow compile delays no other peer's frames.
+
+The socket is an :class:`asyncio.Protocol` (:class:`_Socket`), not a stream: bytes wait
+in a buffer bounded as a stream reader's (reading pauses over ``2 * read_bytes``), and the
+connection's task reads from it while it negotiates. Once the session is ESTABLISHED and
+the task is parked in a read, the socket's ``data_received`` does the task's work itself
+(:meth:`Connection._run_now`): it feeds the session ``read_bytes`` at a time, hands each
+event to the link's ``take_now`` (on-loop handlers run there) and writes all the replies of
+that read at once; the first thing it cannot finish there it leaves to the task, which it
+wakes. No stream reader, read coroutine or future per message.
 
 Every wait has a deadline (:class:`ConnectionLimits`): the next frame must start within
 ``idle_timeout``, a frame that has started must end within ``frame_timeout`` whatever
@@ -438,7 +447,8 @@ _HANDSHAKE_OVER = FINAL | {HandshakeState.ESTABLISHED}
 
 
 class Connection:
-    """A :class:`Session` on an asyncio stream, run on the event loop.
+    """A :class:`Session` on a socket (a :class:`_Socket`, or an asyncio stream's reader
+    and writer), run on the event loop.
 
     ``pool`` runs the session's slow work (default :func:`default_pool`); ``vet_offer``,
     if set, is called on the loop with each offer that passed every check, and may raise a
