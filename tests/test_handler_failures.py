@@ -1088,16 +1088,18 @@ def test_a_client_that_goes_away_cancels_its_handler_in_a_real_serve(keys: Keys)
 
 
 def test_an_on_loop_handler_runs_in_the_links_own_task(keys: Keys) -> None:
-    """An ``on_loop`` handler is called in the link's own task (no lane task, no thread),
-    in order; what it raises is still contained and answered ``handler-failed``, and one
-    that returns an awaitable is still awaited within the deadline."""
+    """An ``on_loop`` handler is called in the link's own task or in its socket's
+    callback (no lane task, no thread), in order; what it raises is still contained and
+    answered ``handler-failed``, and one that returns an awaitable is still awaited within
+    the deadline."""
     seen: list[tuple[str, bool, bool]] = []
 
     def bidder(message: Message, context: Context) -> Any:
         link = context.link
         assert link is not None
         task = task_of(message)
-        seen.append((task, asyncio.current_task() is link.task, not link._lane_tasks))
+        seen.append((task, asyncio.current_task() in (link.task, None),
+                     not link._lane_tasks))
         if task == "fail":
             raise RuntimeError("inline")
         if task == "later":

@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import inspect
 import itertools
 import logging
 import os
@@ -75,6 +76,7 @@ from ..session._session import (
     Accepted,
     ConnectionClosed,
     Established,
+    Event,
     NotUnderstood,
     Offer,
     ProtocolMessage,
@@ -93,6 +95,7 @@ from ._handlers import (
     OnLoop,
     Outcome,
     run_handler,
+    settle_awaitable,
 )
 from ._transport import (
     Connection,
@@ -469,6 +472,7 @@ class Link:
         self._stopping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: Handlers running on this link now.
         self.running = 0
+        connection.take_now = self._take_now  # (see Connection._run_now)
 
     @property
     def protocol(self) -> Protocol | None:
@@ -655,12 +659,8 @@ class Link:
 
     async def _pump(self) -> str:
         connection, session = self.connection, self.session
-        backlog = self.agent.handler_limits.handler_backlog
         while True:
-            # Read no further until a handler is done (or the link was closed meanwhile).
-            while self._backlog >= backlog and not self.closed.done():
-                self._room.clear()
-                await self._room.wait()
+            await self._wait_room()
             event = await connection.next_event()
             if isinstance(event, Query):
                 answer = "supported" if session.protocol is not None else "unsupported"
@@ -749,6 +749,39 @@ class Link:
             self.established.set_result(event)
 
     async def _on_message(self, event: ProtocolMessage) -> None:
+        then = self._take(event)
+        if then is not None:
+            await then()
+
+    def _take_now(self, event: Event) -> bool | Callable[[], Awaitable[None]]:
+        """:attr:`Connection.take_now`: a message of the agreed protocol, taken in the
+        socket's callback as :meth:`_pump` would take it; every other event is left to
+        the pump (``False``). Returns what is left to finish in the pump, if anything
+        (an on-loop handler's failure, or a wait for room in the backlog)."""
+        if type(event) is not ProtocolMessage:
+            return False
+        then = self._take(event)
+        if self._backlog < self.agent.handler_limits.handler_backlog or self.closed.done():
+            return True if then is None else then
+        if then is None:
+            return self._wait_room
+
+        async def both() -> None:
+            await then()
+            await self._wait_room()
+        return both
+
+    async def _wait_room(self) -> None:
+        """Read no further until a handler is done (or the link was closed meanwhile)."""
+        backlog = self.agent.handler_limits.handler_backlog
+        while self._backlog >= backlog and not self.closed.done():
+            self._room.clear()
+            await self._room.wait()
+
+    def _take(self, event: ProtocolMessage) -> Callable[[], Awaitable[None]] | None:
+        """Take a message of the agreed protocol: to the conversation waiting for it, to
+        an on-loop handler (called here) or to its lane. Returns what is left to await
+        (an on-loop handler's outcome other than a plain reply), or ``None``."""
         message, step = event.message, event.step
         self.agent.messages_received += 1
         if self.logs(logging.DEBUG):  # one line per request at INFO: the answer's
@@ -765,31 +798,98 @@ class Link:
             waiting._deliver(message, event.finished)
             if event.finished:
                 self._forget(waiting)
-            return
+            return None
         if message.in_reply_to is not None:
             answered = self._replies.pop(message.in_reply_to, None)
             if answered is not None:
                 answered._deliver(message, True)
-                return
+                return None
         if message.intent is Intent.NOT_UNDERSTOOD:
-            return  # a failure nothing here waits for: never a handler's (no ping-pong)
+            return None  # a failure nothing here waits for: never a handler's (no ping-pong)
         handler = self.agent.handler_for(str(message.protocol), message.intent)
         if handler is None:
             if self.logs():
                 self.log(f'received "{peer_text(message.message_id, 64)}" '
                          f"{message.intent.value}: no handler", event="unhandled",
                          message=message)
-            return
+            return None
         if type(handler) is OnLoop and (("c", cid) if cid is not None
                                         else ("m", message.message_id)) not in self._lanes:
             # Never blocks (on_loop): handled here, in order, with no task, lane or thread
             # hop; while it runs (or its reply waits for the stream) nothing more is read.
             try:
-                await self._handle(event, handler)
+                then = self._handle_now(event, handler)
             except Exception as exc:  # ours, not the handler's: logged, the link goes on
                 self._internal(exc)
-            return
+                return None
+            return None if then is None else self._contained(then)
         self._dispatch(event, handler)
+        return None
+
+    def _contained(self, then: Callable[[], Awaitable[None]]
+                   ) -> Callable[[], Awaitable[None]]:
+        async def contained() -> None:
+            try:
+                await then()
+            except Exception as exc:  # ours, not the handler's: logged, the link goes on
+                self._internal(exc)
+        return contained
+
+    def _handle_now(self, event: ProtocolMessage, handler: OnLoop
+                    ) -> Callable[[], Awaitable[None]] | None:
+        """:meth:`_handle` for an on-loop handler, without awaiting: the handler is
+        called here and a reply (or none) is sent with :meth:`Connection.send_now`;
+        anything else (it raised, returned an awaitable or something that is not a
+        message, a reply the session refuses) is left to the returned coroutine
+        function, which finishes it as :meth:`_handle` does."""
+        if self._stopping.done():
+            return lambda: self._handle(event, handler)
+        agent, message = self.agent, event.message
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self.running += 1
+        try:
+            value = handler.handler(message, Context(message, link=self))
+        except BaseException as exc:  # user code: whatever it raises is its outcome
+            outcome = Outcome("raised", exc, loop.time() - started)
+            return lambda: self._answer(event, outcome)
+        finally:
+            self.running -= 1
+        if value is not None and not isinstance(value, Message) \
+                and inspect.isawaitable(value):
+            awaitable = value
+
+            async def settle() -> None:
+                self.running += 1
+                try:
+                    outcome = await settle_awaitable(awaitable, loop, started,
+                                                     started + agent.handler_timeout,
+                                                     self._stopping)
+                finally:
+                    self.running -= 1
+                await self._answer(event, outcome)
+            return settle
+        seconds = loop.time() - started
+        protocol, session = self.session.protocol, self.session
+        # (the parties are most often the very objects the session holds: `is` first)
+        if type(value) is not Message or protocol is None \
+                or value.protocol != protocol.id \
+                or not (value.sender is session.me or value.sender == session.me) \
+                or not (value.receiver is session.peer or value.receiver == session.peer):
+            outcome = Outcome("answer", value, seconds)
+            return lambda: self._answer(event, outcome)  # (refused there, as it says)
+        timings = {"handler_ms": round(seconds * 1000, 3)}
+        if self.closed.done():
+            return None  # (as send() would: nobody to answer)
+        try:
+            self.connection.send_now(ProtocolMessage(value))
+        except ConnectionLost:
+            return None
+        except CBCLError as exc:
+            refused = exc
+            return lambda: self._reply_refused(event, refused, timings)
+        self._log_sent(message, value, timings)
+        return None
 
     # ----------------------------------------------------------------- handlers
 
@@ -851,6 +951,11 @@ class Link:
                                         stop=self._stopping)
         finally:
             self.running -= 1
+        await self._answer(event, outcome)
+
+    async def _answer(self, event: ProtocolMessage, outcome: Outcome) -> None:
+        """Send what a handler came to (:meth:`_handle`'s second half)."""
+        agent, message = self.agent, event.message
         kind, value = outcome.kind, outcome.value
         timings = {"handler_ms": round(outcome.seconds * 1000, 3)}
         if kind == "answer":
@@ -924,11 +1029,21 @@ class Link:
         except (ConversationClosed, ConnectionLost):
             return
         except CBCLError as exc:
-            self.log(f"our reply was not sent: {peer_text(exc.one_line(), 200)}",
-                     level=logging.ERROR, event="invalid-reply", message=message,
-                     reason="invalid-reply", timings=timings)
-            await self._fail(event, "invalid-reply", public=exc.kind, private=exc.one_line())
+            await self._reply_refused(event, exc, timings)
             return
+        self._log_sent(message, answer, timings)
+
+    async def _reply_refused(self, event: ProtocolMessage, exc: CBCLError,
+                             timings: dict[str, float]) -> None:
+        """Our reply to ``event`` was refused by the session (``exc``): logged, and the
+        peer is answered ``invalid-reply``."""
+        self.log(f"our reply was not sent: {peer_text(exc.one_line(), 200)}",
+                 level=logging.ERROR, event="invalid-reply", message=event.message,
+                 reason="invalid-reply", timings=timings)
+        await self._fail(event, "invalid-reply", public=exc.kind, private=exc.one_line())
+
+    def _log_sent(self, message: Message, answer: Message,
+                  timings: dict[str, float]) -> None:
         if self.logs():
             self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value} in '
                      f'reply to "{peer_text(message.message_id, 64)}" '

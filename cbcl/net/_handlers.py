@@ -320,7 +320,7 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
             return Outcome("raised", exc, loop.time() - started)
         if value is None or isinstance(value, Message) or not inspect.isawaitable(value):
             return Outcome("answer", value, loop.time() - started)
-        return await _settle_awaitable(value, loop, started, started + timeout, stop)
+        return await settle_awaitable(value, loop, started, started + timeout, stop)
     deadline = started + timeout
 
     def outcome(kind: str, value: Any = None) -> Outcome:
@@ -363,10 +363,10 @@ async def run_handler(handler: Callable[..., Any], *args: Any, threads: HandlerT
         if not inspect.isawaitable(value):
             return outcome("answer", value)
         awaitable = value
-    return await _settle_awaitable(awaitable, loop, started, deadline, stop)
+    return await settle_awaitable(awaitable, loop, started, deadline, stop)
 
 
-async def _settle_awaitable(awaitable: Awaitable[Any], loop: asyncio.AbstractEventLoop,
+async def settle_awaitable(awaitable: Awaitable[Any], loop: asyncio.AbstractEventLoop,
                             started: float, deadline: float,
                             stop: asyncio.Future[Any] | None) -> Outcome:
     """Await what a handler returned, contained, until ``deadline`` or ``stop``."""
@@ -389,4 +389,4 @@ async def _settle_awaitable(awaitable: Awaitable[Any], loop: asyncio.AbstractEve
 
 
 __all__ = ["CANCEL_WAIT", "KEEP_ALIVE", "HandlerLimits", "HandlerThreads", "OnLoop", "Outcome",
-           "is_coroutine_handler", "on_loop", "run_handler"]
+           "is_coroutine_handler", "on_loop", "run_handler", "settle_awaitable"]

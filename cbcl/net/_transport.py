@@ -1,4 +1,4 @@
-"""Sessions over asyncio streams: TCP and Unix sockets (spec/negotiation.md §6).
+"""Sessions over TCP and Unix sockets (spec/negotiation.md §6).
 
 Theory of operation
 -------------------
@@ -9,6 +9,15 @@ the only slow work there is — verifying and compiling an offered descriptor, r
 it — to a :class:`WorkPool` of dedicated threads (the compile itself runs in the guarded
 worker process). Parsing, decoding and session steps take microseconds and never leave
 the loop, so a slow compile delays no other peer's frames.
+
+The socket is an :class:`asyncio.Protocol` (:class:`_Socket`), not a stream: bytes wait
+in a buffer bounded as a stream reader's (reading pauses over ``2 * read_bytes``), and the
+connection's task reads from it while it negotiates. Once the session is ESTABLISHED and
+the task is parked in a read, the socket's ``data_received`` does the task's work itself
+(:meth:`Connection._run_now`): it feeds the session ``read_bytes`` at a time, hands each
+event to the link's ``take_now`` (on-loop handlers run there) and writes all the replies of
+that read at once; the first thing it cannot finish there it leaves to the task, which it
+wakes. No stream reader, read coroutine or future per message.
 
 Every wait has a deadline (:class:`ConnectionLimits`): the next frame must start within
 ``idle_timeout``, a frame that has started must end within ``frame_timeout`` whatever
@@ -43,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import socket
 import stat
@@ -52,7 +62,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from ..core._errors import CBCLError, ConnectionLost, LimitError
 from ..protocol._registry import CompileGate, PreparedDescriptor
@@ -67,6 +77,8 @@ from ..session._session import (
     Work,
     not_understood_frame,
 )
+
+logger = logging.getLogger("cbcl.net")
 
 
 def _check_seconds(name: str, value: object, *, upper: float = 86_400.0) -> None:
@@ -246,6 +258,187 @@ def default_pool() -> WorkPool:
         return _DEFAULT_POOL
 
 
+# --------------------------------------------------------------------------- the socket
+
+
+class _Socket(asyncio.Protocol):
+    """A connection's socket as an :class:`asyncio.Protocol` (no stream reader, no read
+    coroutine per chunk): what arrives waits in a buffer of at most ``2 * limit`` bytes
+    (then reading pauses until it is down to ``limit``, as a stream reader's does), and
+    :meth:`read` takes up to ``n`` bytes of it. Once its :attr:`connection` is ESTABLISHED
+    and parked in a read, :meth:`data_received` hands the bytes straight to it
+    (:meth:`Connection._run_now`): its events are taken in the callback itself. Writing:
+    :attr:`writer` (:class:`_Writer`), whose :meth:`_Writer.drain` waits while the
+    transport's buffer is over its high-water mark (``pause_writing``)."""
+
+    def __init__(self, limit: int,
+                 on_connect: Callable[[_Socket], None] | None = None) -> None:
+        self.limit = limit
+        self.transport: asyncio.Transport | None = None
+        self.writer = _Writer(self)
+        self.connection: Connection | None = None
+        self._on_connect = on_connect
+        self._buffer = bytearray()
+        self._eof = False
+        self._lost = False
+        self._error: BaseException | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self._waiter: asyncio.Future[None] | None = None  # a read waiting for bytes
+        self._nudged = False  # wake the read with nothing (see Connection._run_now)
+        self._drainers: list[asyncio.Future[None]] = []
+        self.task: asyncio.Task[Any] | None = None  # a served connection's task
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        if self._on_connect is not None:
+            self._on_connect(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        connection = self.connection
+        if connection is not None and connection._fast_ready():
+            connection._run_now()
+        else:
+            self._wake()
+        if not self._reading_paused and len(self._buffer) > 2 * self.limit \
+                and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # the transport closes itself (as a stream's does)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = self._lost = True
+        self._error = exc
+        self._wake()
+        for drainer in self._drainers:
+            if not drainer.done():
+                drainer.set_result(None)
+        self._drainers.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        for drainer in self._drainers:
+            if not drainer.done():
+                drainer.set_result(None)
+        self._drainers.clear()
+
+    # -- reading
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def nudge(self) -> None:
+        """Wake the read in progress with nothing read (it returns ``None``)."""
+        self._nudged = True
+        self._wake()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def take(self, n: int) -> bytes:
+        """Up to ``n`` bytes of what arrived (``b""`` when nothing is buffered)."""
+        buffer = self._buffer
+        if len(buffer) <= n:
+            data = bytes(buffer)
+            buffer.clear()
+        else:
+            data = bytes(memoryview(buffer)[:n])
+            del buffer[:n]
+        if self._reading_paused and len(buffer) <= self.limit and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def read(self, n: int) -> bytes | None:
+        """Up to ``n`` bytes; ``b""`` at the end of the stream (or a reset: what it
+        left unread is dropped, as a stream reader does), ``None`` when :meth:`nudge`
+        woke it first."""
+        while True:
+            if self._nudged:
+                self._nudged = False
+                return None
+            if self._error is not None:
+                return b""
+            if self._buffer:
+                return self.take(n)
+            if self._eof:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a read is parked waiting for bytes."""
+        waiter = self._waiter
+        return waiter is not None and not waiter.done() and not self._nudged
+
+
+class _Writer:
+    """The write half of a :class:`_Socket`, with what :class:`Connection` (and a test)
+    uses of an :class:`asyncio.StreamWriter`."""
+
+    def __init__(self, socket_: _Socket) -> None:
+        self._socket = socket_
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        transport = self._socket.transport
+        if transport is None:  # pragma: no cover - made with the transport
+            raise ConnectionLost("not connected")
+        return transport
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the transport's buffer is over its high-water mark. Raises
+        ``ConnectionResetError`` once the connection is lost."""
+        sock = self._socket
+        if sock._lost:
+            raise ConnectionResetError("Connection lost")
+        if self.transport.is_closing():
+            await asyncio.sleep(0)  # (as a stream writer: let connection_lost run)
+            if sock._lost:
+                raise ConnectionResetError("Connection lost")
+        while sock._writing_paused and not sock._lost:
+            drainer = asyncio.get_running_loop().create_future()
+            sock._drainers.append(drainer)
+            await drainer
+        if sock._lost:
+            raise ConnectionResetError("Connection lost")
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._socket.closed)
+
+
 # --------------------------------------------------------------------------- a connection
 
 
@@ -254,7 +447,8 @@ _HANDSHAKE_OVER = FINAL | {HandshakeState.ESTABLISHED}
 
 
 class Connection:
-    """A :class:`Session` on an asyncio stream, run on the event loop.
+    """A :class:`Session` on a socket (a :class:`_Socket`, or an asyncio stream's reader
+    and writer), run on the event loop.
 
     ``pool`` runs the session's slow work (default :func:`default_pool`); ``vet_offer``,
     if set, is called on the loop with each offer that passed every check, and may raise a
@@ -268,13 +462,16 @@ class Connection:
     ``None``: no such deadline); ``on_established`` is called once when the handshake is
     ESTABLISHED. :meth:`evict` ends the connection from outside its task."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 session: Session, *, limits: ConnectionLimits | None = None,
+    def __init__(self, reader: asyncio.StreamReader | _Socket,
+                 writer: asyncio.StreamWriter | _Writer, session: Session, *,
+                 limits: ConnectionLimits | None = None,
                  clock: Callable[[], int] = clock_ms, pool: WorkPool | None = None,
                  peer: str = "", slot: Callable[[], Awaitable[None]] | None = None,
                  pre_handshake_timeout: float | None = None) -> None:
         self.reader = reader
         self.writer = writer
+        if isinstance(reader, _Socket):
+            reader.connection = self  # (its fast path: see _run_now)
         self._start(session, limits=limits or ConnectionLimits(), clock=clock, pool=pool,
                     peer=peer, slot=slot, pre_handshake_timeout=pre_handshake_timeout)
         session.peer_address = peer or None  # (what its refusal budget charges)
@@ -323,6 +520,15 @@ class Connection:
         self._read_deadline = 0.0
         self._read_timer: asyncio.TimerHandle | None = None
         self._read_cut = False  # the read was cancelled for its deadline (or an eviction)
+        self._read_why = ""  # what the read's deadline is, to say when it passes
+        #: Takes an event in the socket's callback once ESTABLISHED (set by the events'
+        #: owner, a Link; see _run_now): returns True when it took it whole, False when it
+        #: did not take it (next_event returns it), or a coroutine function that finishes
+        #: it (next_event awaits it before taking anything more).
+        self.take_now: Callable[[Event], bool | Callable[[], Awaitable[None]]] | None = None
+        # What the fast path left to next_event: ("event", e), ("error", exc), ("then", f).
+        self._taken: tuple[str, Any] | None = None
+        self._batch: list[bytes] | None = None  # the replies of the read handled now
         self._pre_handshake_timeout = pre_handshake_timeout
         self._pre_handshake_deadline = None if pre_handshake_timeout is None \
             else loop.time() + pre_handshake_timeout
@@ -423,6 +629,18 @@ class Connection:
         while True:
             if self.evicted is not None:
                 raise self._busy()
+            if self._taken is not None:
+                kind, taken = self._taken
+                self._taken = None
+                if kind == "event":
+                    return taken  # type: ignore[no-any-return]
+                if kind == "then":
+                    await taken()
+                    continue
+                if isinstance(taken, RemoteProtocolError):
+                    with contextlib.suppress(ConnectionLost):
+                        await self.flush()
+                raise taken
             if self._slot is not None and session.frames_waiting:
                 take, self._slot = self._slot, None
                 started = self._loop.time()
@@ -455,8 +673,12 @@ class Connection:
 
     async def _receive(self) -> None:
         """Read what the peer sent next into the session, keeping the frame deadline."""
-        session = self.session
         data = await self._read()
+        if data is not None:
+            self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        session = self.session
         self.bytes_received += len(data)
         session.receive_data(data)
         if not data:
@@ -505,44 +727,50 @@ class Connection:
             self._offered = outcome if isinstance(outcome, PreparedDescriptor) else None
         self.session.complete_work(outcome)
 
-    async def _read(self) -> bytes:
-        limits = self.limits
-        now = self._loop.time()
+    def _arm_read(self) -> None:
+        """Set the read's deadline (and what to say when it passes), keeping the one timer
+        per connection (see :meth:`_read_due`)."""
+        # (what to say is kept as a kind, put in words only when the deadline passes)
         if self._frame_deadline is not None:
-            deadline, why = self._frame_deadline, (
-                f"a frame did not arrive whole within {limits.frame_timeout:g} s")
+            deadline, why = self._frame_deadline, "frame"
         else:
-            deadline, why = now + limits.idle_timeout, f"no data for {limits.idle_timeout:g} s"
-        if self._handshaking() and self._handshake_deadline < deadline:
-            deadline, why = self._handshake_deadline, (
-                f"the handshake did not finish within {limits.handshake_timeout:g} s")
-        pre = self._pre_handshake_deadline
-        if self._pending and pre is not None and pre < deadline:
-            deadline, why = pre, (
-                f"the handshake did not finish within {self._pre_handshake_timeout:g} s of "
-                "the peer's time (pre_handshake_timeout)")
-        data = b""
+            deadline, why = self._loop.time() + self.limits.idle_timeout, "idle"
+        if self._pending:
+            if self._handshaking() and self._handshake_deadline < deadline:
+                deadline, why = self._handshake_deadline, "handshake"
+            pre = self._pre_handshake_deadline
+            if pre is not None and pre < deadline:
+                deadline, why = pre, "pre-handshake"
+        elif self._handshaking() and self._handshake_deadline < deadline:
+            deadline, why = self._handshake_deadline, "handshake"
         # One timer per connection, not one per read (see _cut_read): a read only moves
         # the deadline, and the timer is set again when it fires early or must fire sooner.
         self._read_deadline = deadline
+        self._read_why = why
         timer = self._read_timer
         if timer is None or timer.when() > deadline:
             if timer is not None:
                 timer.cancel()
             self._read_timer = self._loop.call_at(deadline, self._read_due)
+
+    async def _read(self) -> bytes | None:
+        """What the peer sent next (``b""``: the end of the stream), ``None`` when the
+        socket's fast path woke the read with something for :meth:`next_event`."""
+        self._arm_read()
+        data: bytes | None = b""
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - a coroutine always runs in a task here
             raise RuntimeError("Connection._read outside a task")
         cancelling = task.cancelling()
         self._reading = task
         try:
-            data = await self.reader.read(limits.read_bytes)
+            data = await self.reader.read(self.limits.read_bytes)
         except asyncio.CancelledError:
             if not self._read_cut or task.uncancel() > cancelling:
                 raise  # the caller's own cancellation
             self._read_cut = False
             if self.evicted is None:
-                await self._time_out(why)
+                await self._time_out(self._deadline_text(self._read_why))
         except (ConnectionError, OSError):
             pass  # a reset is an end of stream the session judges
         finally:
@@ -550,6 +778,17 @@ class Connection:
         if self.evicted is not None:
             raise self._busy()
         return data
+
+    def _deadline_text(self, kind: str) -> str:
+        limits = self.limits
+        if kind == "frame":
+            return f"a frame did not arrive whole within {limits.frame_timeout:g} s"
+        if kind == "idle":
+            return f"no data for {limits.idle_timeout:g} s"
+        if kind == "handshake":
+            return f"the handshake did not finish within {limits.handshake_timeout:g} s"
+        return (f"the handshake did not finish within {self._pre_handshake_timeout:g} s of "
+                "the peer's time (pre_handshake_timeout)")
 
     def _read_due(self) -> None:
         """The read timer fired: cut the read short if its deadline has passed, or set the
@@ -581,6 +820,119 @@ class Connection:
         await self._write(data)
         return len(data)
 
+    # ----------------------------------------------------------------- the fast path
+
+    def _fast_ready(self) -> bool:
+        """Whether bytes that arrive now may be handled in the socket's callback: the
+        session ESTABLISHED, its owner taking events there, and this connection's task
+        parked in a read with nothing left for it to do first."""
+        reader = self.reader
+        return (self.take_now is not None and self._reading is not None
+                and not self._read_cut and self._taken is None and self._batch is None
+                and self.evicted is None and not self._pending and self._slot is None
+                and not self._held
+                and self.session.state is HandshakeState.ESTABLISHED
+                and isinstance(reader, _Socket) and reader.waiting
+                and not reader._writing_paused)
+
+    def _run_now(self) -> None:
+        """The socket's callback with bytes, the task parked in :meth:`_read`: do here
+        what the task would — feed the session at most ``read_bytes`` at a time, take its
+        events (:attr:`take_now`: on-loop handlers run there, their replies go through
+        :meth:`send_now`) — and write every reply of this read in one write. The first
+        event :attr:`take_now` does not finish, an error, work or the end of the stream,
+        or a full write buffer, is left for the task: the read is woken with nothing
+        (``None``) and :meth:`next_event` goes on from :attr:`_taken`. Frames, limits,
+        refusals and deadlines are the task's, unchanged."""
+        reader = cast(_Socket, self.reader)
+        session, take = self.session, self.take_now
+        if take is None:  # pragma: no cover - checked by _fast_ready
+            return
+        read_bytes = self.limits.read_bytes
+        now = self.clock()  # (one clock for the frames of one read)
+        batch: list[bytes] = []
+        self._batch = batch
+        wake = False
+        try:
+            while True:
+                if reader._writing_paused:
+                    self._taken = ("then", self._drain)
+                    break
+                try:
+                    event = session.next_event(now=now)
+                except Exception as exc:  # RemoteProtocolError, or a bug: the task's
+                    self._taken = ("error", exc)
+                    break
+                if event is NEED_DATA:
+                    if not reader.buffered:
+                        break
+                    self._feed(reader.take(read_bytes))
+                    continue
+                if event is NEED_WORK:
+                    wake = True
+                    break
+                data = session.data_to_send()
+                if data:
+                    batch.append(data)
+                    self.bytes_sent += len(data)
+                try:
+                    taken = take(event)  # type: ignore[arg-type]
+                except Exception as exc:  # a bug: raised in the task, as it would have been
+                    self._taken = ("error", exc)
+                    break
+                if taken is True:
+                    continue
+                self._taken = ("event", event) if taken is False else ("then", taken)
+                break
+        finally:
+            self._batch = None
+            if batch:
+                self._write_now(b"".join(batch) if len(batch) > 1 else batch[0])
+        if self._taken is not None or wake or self.evicted is not None:
+            reader.nudge()
+        else:
+            self._arm_read()  # the deadline of the next frame (or of the one begun)
+
+    def _write_now(self, data: bytes) -> None:
+        """Write without waiting (a peer gone by now is found by the next read)."""
+        transport = cast(_Socket, self.reader).transport
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            if transport is not None and not transport.is_closing():
+                transport.write(data)
+                self.writes += 1
+
+    async def _drain(self) -> None:
+        """Wait until the transport's buffer is below its high-water mark. Raises
+        :class:`ConnectionLost` for a peer gone meanwhile."""
+        try:
+            await self.writer.drain()
+        except (ConnectionError, OSError) as exc:
+            if self.evicted is not None:
+                raise self._busy() from None
+            raise ConnectionLost(f"the peer is gone ({exc.strerror or exc}) in state "
+                                 f"{self.session.state.value}{self.session._where()}"
+                                 ) from None
+
+    def send_now(self, event: Event) -> int:
+        """:meth:`send` without waiting, for :attr:`take_now`: in the socket's callback
+        the bytes join that read's one write; elsewhere they are written at once (a full
+        buffer is waited for by the next :meth:`send`). Returns the bytes sent. Raises
+        what :meth:`Session.send` raises (nothing is sent) and :class:`ConnectionLost`
+        (code ``busy``) once evicted."""
+        if self.evicted is not None:
+            raise self._busy()
+        data = self.session.send(event, now=self.clock())
+        self.bytes_sent += len(data)
+        batch = self._batch
+        if batch is not None:
+            batch.append(data)
+        elif isinstance(self.reader, _Socket):
+            self._write_now(data)
+        else:  # pragma: no cover - take_now runs only on a _Socket's connection
+            self.writer.write(data)
+            self.writes += 1
+        return len(data)
+
     async def close(self) -> None:
         """Close cleanly: tell the session, close the stream, wait for it (at most 1 s)."""
         with contextlib.suppress(CBCLError):
@@ -602,16 +954,18 @@ async def connect(address: str, session: Session, *,
     Raises :class:`ConnectionLost` when it cannot be opened within ``timeout`` seconds."""
     kind, where = parse_address(address)
     limits = limits or ConnectionLimits()
+    loop = asyncio.get_running_loop()
+    read_bytes = limits.read_bytes
     try:
         if kind == "unix":
-            opening = asyncio.open_unix_connection(where, limit=limits.read_bytes)
+            opening = loop.create_unix_connection(lambda: _Socket(read_bytes), where)
         else:
-            opening = asyncio.open_connection(*where, limit=limits.read_bytes)
-        reader, writer = await asyncio.wait_for(opening, timeout)
+            opening = loop.create_connection(lambda: _Socket(read_bytes), *where)
+        _, sock = await asyncio.wait_for(opening, timeout)
     except (OSError, TimeoutError) as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         raise ConnectionLost(f"cannot connect to {address}: {reason}") from None
-    return Connection(reader, writer, session, limits=limits, clock=clock, pool=pool,
+    return Connection(sock, sock.writer, session, limits=limits, clock=clock, pool=pool,
                       peer=address)
 
 
@@ -823,7 +1177,7 @@ async def serve(address: str, make_session: Callable[[], Session],
                                     f"without a finished handshake to make room: {why}")
         release(victim)
 
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def on_connect(reader: _Socket, writer: _Writer) -> None:
         peer = _peer_of(writer)
         reason = victim = None
         if counts.by_peer.get(peer, 0) >= caps.max_connections_per_peer:
@@ -915,19 +1269,35 @@ async def serve(address: str, make_session: Callable[[], Session],
         finally:
             release(served)
 
+    def connected(sock: _Socket) -> None:
+        # (the task is held by its socket, as asyncio.start_server's are by theirs)
+        sock.task = loop.create_task(on_connect(sock, sock.writer))
+        sock.task.add_done_callback(_task_done)
+
+    def made() -> _Socket:
+        return _Socket(limits.read_bytes, on_connect=connected)
+
     if kind == "unix":
         _claim_unix_path(where)
-        server = await asyncio.start_unix_server(on_connect, where, limit=limits.read_bytes)
+        server = await loop.create_unix_server(made, where)
         info = os.lstat(where)
         return Server(server, (where, info.st_dev, info.st_ino), work, own_pool)
     try:
-        server = await asyncio.start_server(on_connect, *where, limit=limits.read_bytes)
+        server = await loop.create_server(made, *where)
     except OSError as exc:
         raise ConnectionLost(f"cannot listen on {address}: {exc.strerror or exc}") from None
     return Server(server, None, work, own_pool)
 
 
-def _peer_of(writer: asyncio.StreamWriter) -> str:
+def _task_done(task: asyncio.Task[Any]) -> None:
+    """A served connection's task ended: an exception there is a bug, logged (its
+    connection was closed by the task's own ``finally``)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("a served connection's task failed: %s: %s", type(error).__name__,
+                     error, exc_info=error)
+
+
+def _peer_of(writer: asyncio.StreamWriter | _Writer) -> str:
     """The peer's address for the per-peer caps: its IP; every unix client is ``unix``."""
     name = writer.get_extra_info("peername")
     if isinstance(name, tuple) and name:
