@@ -758,8 +758,9 @@ class Link:
         socket's callback as :meth:`_pump` would take it; every other event is left to
         the pump (``False``). Returns what is left to finish in the pump, if anything
         (an on-loop handler's failure, or a wait for room in the backlog)."""
-        if type(event) is not ProtocolMessage:
-            return False
+        if type(event) is not ProtocolMessage or (
+                _tracing.otel is not None and _tracing.active_tracer() is not None):
+            return False  # (traced: the pump opens the message's span)
         then = self._take(event)
         if self._backlog < self.agent.handler_limits.handler_backlog or self.closed.done():
             return True if then is None else then
@@ -817,6 +818,8 @@ class Link:
                                         else ("m", message.message_id)) not in self._lanes:
             # Never blocks (on_loop): handled here, in order, with no task, lane or thread
             # hop; while it runs (or its reply waits for the stream) nothing more is read.
+            if _tracing.otel is not None and _tracing.active_tracer() is not None:
+                return self._contained(lambda: self._handle(event, handler))  # its span
             try:
                 then = self._handle_now(event, handler)
             except Exception as exc:  # ours, not the handler's: logged, the link goes on
