@@ -155,6 +155,8 @@ typedef struct {
     unsigned char *final;  /* [state]: final (cancelled among them) */
     PyObject *intents;     /* tuple: the Intent members in the table's order */
     PyObject *states, *roles, *step_type, *open, *ints;
+    PyObject *step_names;  /* tuple: Step's fields, in its constructor's order */
+    PyObject *empty;       /* () */
     Py_ssize_t max_open;
     Ring finished;
 } SessionState;
@@ -195,7 +197,7 @@ ss_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (has_machine) {
         if (!PyTuple_CheckExact(table) || !PyTuple_CheckExact(states) ||
                 !PyTuple_CheckExact(roles) || PyTuple_GET_SIZE(roles) != 2 ||
-                !PyTuple_CheckExact(final) || !PyCallable_Check(step_type)) {
+                !PyTuple_CheckExact(final) || !PyType_Check(step_type)) {
             PyErr_SetString(PyExc_TypeError, "SessionState(): a misshapen machine");
             return NULL;
         }
@@ -273,6 +275,18 @@ ss_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         self->states = Py_NewRef(states);
         self->roles = Py_NewRef(roles);
         self->step_type = Py_NewRef(step_type);
+        static const char *const fields[] = {"message_id", "intent", "role", "sender",
+                                             "before", "after", "finished"};
+        self->step_names = PyTuple_New(7);
+        self->empty = PyTuple_New(0);
+        if (self->step_names == NULL || self->empty == NULL)
+            goto fail;
+        for (Py_ssize_t i = 0; i < 7; i++) {
+            PyObject *name = PyUnicode_InternFromString(fields[i]);
+            if (name == NULL)
+                goto fail;
+            PyTuple_SET_ITEM(self->step_names, i, name);
+        }
     }
     return (PyObject *)self;
 fail:
@@ -294,6 +308,7 @@ ss_traverse(SessionState *self, visitproc visit, void *arg)
     Py_VISIT(self->states);
     Py_VISIT(self->roles);
     Py_VISIT(self->step_type);
+    Py_VISIT(self->step_names);
     Py_VISIT(self->open);
     Py_VISIT(self->ints);
     int r;
@@ -316,6 +331,8 @@ ss_clear(SessionState *self)
     Py_CLEAR(self->states);
     Py_CLEAR(self->roles);
     Py_CLEAR(self->step_type);
+    Py_CLEAR(self->step_names);
+    Py_CLEAR(self->empty);
     Py_CLEAR(self->open);
     Py_CLEAR(self->ints);
     ring_clear(&self->window);
@@ -466,9 +483,16 @@ take_step(SessionState *s, MessageFieldsObject *m, Plan *p, int from_peer)
     PyObject *stack[7] = {m->message_id, m->intent, PyTuple_GET_ITEM(s->roles, p->role),
                           m->sender, PyTuple_GET_ITEM(s->states, p->before),
                           PyTuple_GET_ITEM(s->states, p->after), final ? Py_True : Py_False};
-    PyObject *step = PyObject_Vectorcall(s->step_type, stack, 7, NULL);
+    /* The Step made as Message._trusted makes a Message: object.__new__ and each field set
+     * past the frozen dataclass's __setattr__ (its __init__ would only check nothing and
+     * set the same seven, in a Python frame). */
+    PyObject *step = PyBaseObject_Type.tp_new((PyTypeObject *)s->step_type, s->empty,
+                                              NULL);
     if (step == NULL)
         return NULL;
+    for (Py_ssize_t k = 0; k < 7; k++)
+        if (PyObject_GenericSetAttr(step, PyTuple_GET_ITEM(s->step_names, k), stack[k]) < 0)
+            goto fail;
     if (PyList_Append(PyList_GET_ITEM(thread, T_HISTORY), step) < 0)
         goto fail;
     if (final) { /* forgotten, its id kept among the finished */
