@@ -480,3 +480,53 @@ def encode_entry(fallback: Any, doc: str, /) -> MethodEntry:
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of
     ``cbcl/_native_src/cstack.h`` held on this interpreter), else by ``Decimal(text)``."""
+
+@final
+class SessionState:
+    """An established binary session's per-message state (``cbcl/_native_src/session.c``;
+    ``cbcl.session._session.Session._start_native`` makes it): the decoder's and encoder's
+    methods, the parties, the skew bound, the replay window, the conversation machine as
+    an integer table (``cbcl.protocol._conversation.machine_table``; ``table`` ``None``:
+    the protocol declares none) with the open conversations and the finished ids.
+    Keyword-only; ``TypeError``/``ValueError`` for a field of the wrong type or shape."""
+
+    def __init__(
+        self,
+        *,
+        decode: Callable[[bytes], Any],
+        encode: Callable[[Any], bytes],
+        message_type: type,
+        me: Any,
+        peer: Any,
+        protocol: Any,
+        max_skew_ms: int,
+        replay_window: int,
+        table: tuple[int, ...] | None,
+        intents: tuple[Any, ...],
+        states: tuple[Any, ...],
+        roles: tuple[Any, ...],
+        final: tuple[bool, ...],
+        initial: int,
+        step_type: type,
+        max_open: int,
+    ) -> None: ...
+    def receive(self, data: bytes, now: int, /) -> tuple[Any, Any] | int:
+        """``(Message, Step | None)`` for a frame (length prefix cut) decoded, from the
+        peer, fresh, not a replay and allowed by its conversation (the state then holds
+        it); else a refusal code, and nothing changed (the reference judges it)."""
+    def send(self, message: Any, now: int, /) -> tuple[bytes, Any] | int:
+        """``(framed bytes, Step | None)`` for a message to the peer its conversation
+        allows (the state then holds it); else a refusal code, and nothing changed.
+        Raises what the encoder raises."""
+    def threads(self) -> list[tuple[str, bool, int, dict[str, int], int | None, int,
+                                    list[Any]]]:
+        """The open conversations, oldest first: (id, started by the peer, state index,
+        {message id: role index}, reply-by or ``None``, awaited role index, history)."""
+    def window(self) -> list[str]:
+        """The replay window's message ids, oldest first."""
+    def finished(self) -> list[str]:
+        """The finished conversations' ids kept, oldest first."""
+    def load(self, window: list[str], threads: list[tuple[str, bool, int, dict[str, int],
+                                                           int | None, int, list[Any]]],
+             finished: list[str], /) -> None:
+        """Replace the state by these (the forms of the three methods above)."""

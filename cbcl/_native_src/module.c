@@ -511,7 +511,7 @@ native_exec(PyObject *module)
         PyModule_AddFunctions(module, cbcl_encoders_methods) < 0)
         return -1;
     if (cbcl_scanner_exec(module, st) < 0 || cbcl_speedups_exec(module, st) < 0 ||
-            cbcl_encoders_exec(module, st) < 0)
+            cbcl_encoders_exec(module, st) < 0 || cbcl_session_exec(module, st) < 0)
         return -1;
     st->ready = 1;
     return 0;

@@ -232,6 +232,8 @@ CBCL_INTERNAL extern PyMethodDef cbcl_encoders_methods[];
 CBCL_INTERNAL int cbcl_scanner_exec(PyObject *module, NativeState *st);
 CBCL_INTERNAL int cbcl_speedups_exec(PyObject *module, NativeState *st);
 CBCL_INTERNAL int cbcl_encoders_exec(PyObject *module, NativeState *st);
+/* session.c's: adds cbcl._native.SessionState (it keeps no part of the state). */
+CBCL_INTERNAL int cbcl_session_exec(PyObject *module, NativeState *st);
 
 /* Each section's part of m_traverse (every object reference it holds; 0, or what visit
  * returned) and of m_clear (every reference released, the part as if never set up). */

@@ -30,7 +30,7 @@ or a socket: time is the ``now`` argument, in Unix milliseconds.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, cast
@@ -85,6 +85,20 @@ class Machine:
         if intent is Intent.CANCEL:
             return CANCELLED if role == self.initiator and not self.is_final(state) else None
         return self.transitions.get((state, intent, role))
+
+
+def machine_table(machine: Machine, intents: Sequence[Intent]) -> tuple[int, ...]:
+    """``machine``'s transitions as integers, for a native twin: at ``(state * len(intents)
+    + intent) * 2 + role`` the index in ``machine.states`` of the next state, or -1 (none),
+    with states, intents and roles by their index in ``machine.states``, ``intents`` and
+    ``machine.roles``. Rules 1 and 2 are not in it (they are the same in every machine)."""
+    index = {state: n for n, state in enumerate(machine.states)}
+    table = [-1] * (len(machine.states) * len(intents) * 2)
+    where = {intent: n for n, intent in enumerate(intents)}
+    for (state, intent, role), target in machine.transitions.items():
+        table[(index[state] * len(intents) + where[intent]) * 2
+              + machine.roles.index(role)] = index[target]
+    return tuple(table)
 
 
 def _show(value: Value) -> str:
@@ -213,6 +227,10 @@ class Step:
     before: Symbol
     after: Symbol
     finished: bool = False
+
+
+#: One open thread of a session's tracker (ConversationTracker._pair_threads).
+PairThread = tuple[str, bool, int, dict[str, int], int | None, int, list[Step]]
 
 
 def _check_now(now: object) -> int:
@@ -513,6 +531,47 @@ class ConversationTracker:
         if step.finished and self.forget_finished:
             self._forget(cid)
         return step
+
+    def _pair_threads(self, me: URI, peer: URI) -> list[PairThread]:
+        """The open threads of a tracker of one protocol between ``me`` and ``peer`` only
+        (a session's), in the form of cbcl._native.SessionState.threads(): (conversation
+        id, started by ``peer``, state index, {message id: role index}, reply-by or
+        ``None``, the awaited role index, history)."""
+        threads: list[PairThread] = []
+        for (cid, _), thread in self._threads.items():
+            machine = thread.machine
+            roles = machine.roles
+            deadline = thread._deadline
+            threads.append((cid, self._initiators[cid] == peer,
+                            machine.states.index(thread._state),
+                            {mid: roles.index(role) for mid, role in thread._seen.items()},
+                            None if deadline is None else deadline[0],
+                            0 if deadline is None else roles.index(deadline[1]),
+                            list(thread._history)))
+        return threads
+
+    def _load_pair(self, me: URI, peer: URI, protocol: Symbol, threads: list[PairThread],
+                   finished: list[str]) -> None:
+        """Replace this tracker's conversations (one protocol's, between ``me`` and
+        ``peer``) by ``threads`` (the form of :meth:`_pair_threads`) and its finished ids
+        by ``finished``, oldest first."""
+        machine = self._machines[protocol]
+        roles = machine.roles
+        self._initiators, self._protocols, self._threads, self._peers = {}, {}, {}, {}
+        for cid, by_peer, state, seen, deadline, awaited, history in threads:
+            first, second = (peer, me) if by_peer else (me, peer)
+            thread = Conversation(machine, protocol=protocol, conversation_id=cid,
+                                  constraints=self._constraints.get(protocol))
+            thread._agents = {roles[0]: first, roles[1]: second}
+            thread._seen = {mid: roles[role] for mid, role in seen.items()}
+            thread._deadline = None if deadline is None else (deadline, roles[awaited])
+            thread._state = machine.states[state]
+            thread._history = list(history)
+            self._initiators[cid] = first
+            self._protocols[cid] = protocol
+            self._threads[(cid, second)] = thread
+            self._peers[cid] = [second]
+        self._finished = OrderedDict.fromkeys(finished)
 
     def _forget(self, cid: str) -> None:
         """Drop a finished conversation's threads, keep its id among the finished ones."""

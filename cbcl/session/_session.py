@@ -41,11 +41,12 @@ from typing import Any
 
 from ..binary._codec import MAGIC, Decoder, Encoder
 from ..binary._framing import PREFIX_BYTES, frame, prefix_error
+from ..core._canonical import native as _native_module
 from ..core._errors import CBCLError, LimitError, MalformedError, Position, TrustError
 from ..core._limits import DEFAULT_LIMITS, Limits
 from ..core._values import INT64_MAX, INT64_MIN, URI, Keyword, Symbol, Value
 from ..protocol._api import check_outgoing, parse
-from ..protocol._conversation import ConversationTracker, Step
+from ..protocol._conversation import ConversationTracker, Step, machine_table
 from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import PreparedDescriptor, Registry
@@ -305,7 +306,12 @@ class Session:
         self._last_id: str | None = None
         self.protocol: Protocol | None = None
         self.encoding: str | None = None
-        self.tracker: ConversationTracker | None = None
+        self._tracker: ConversationTracker | None = None
+        #: cbcl._native.SessionState once a binary session is ESTABLISHED (where the
+        #: extension is built): the state of the per-message checks, the replay window and
+        #: the conversations live there, and _seen, _seen_set and _tracker are stale
+        #: until _pull_native copies them out (see _start_native).
+        self._native: Any = None
         self._now = 0
         self._encoder: Encoder | None = None
         self._decoder: Decoder | None = None
@@ -327,6 +333,15 @@ class Session:
     @property
     def state(self) -> HandshakeState:
         return self._machine.state
+
+    @property
+    def tracker(self) -> ConversationTracker | None:
+        """The agreed protocol's conversations (``None`` before the agreement, or for a
+        protocol without a conversation section). Where the session keeps them natively
+        this is brought up to date when read: read it again after more messages."""
+        if self._native is not None:
+            self._pull_native()
+        return self._tracker
 
     @property
     def buffered(self) -> int:
@@ -475,8 +490,9 @@ class Session:
                                           position=Position(0, 0, self._inbox_at)),
                            reply=False)
             before = self.state
-            open_threads = [] if self.tracker is None else [
-                c for c in self.tracker.conversations() if not c.finished]
+            tracker = self.tracker
+            open_threads = [] if tracker is None else [
+                c for c in tracker.conversations() if not c.finished]
             if open_threads:  # the stream ended in the middle of a conversation
                 self._machine.fail()
             if open_threads or self._machine.close() is HandshakeState.ERROR:
@@ -494,9 +510,10 @@ class Session:
         return out
 
     def _where(self) -> str:
-        if self.tracker is None:
+        tracker = self.tracker
+        if tracker is None:
             return ""
-        threads = self.tracker.conversations()
+        threads = tracker.conversations()
         if not threads:
             return f" of {self.protocol.id if self.protocol else '?'}, no conversation open"
         thread = threads[-1]
@@ -555,6 +572,22 @@ class Session:
                 code="malformed")
 
     def _handle(self, data: bytes, now: int) -> Event:
+        native = self._native
+        if native is None:
+            return self._handle_reference(data, now)
+        if data[:2] == MAGIC:
+            got = native.receive(data, now)
+            if type(got) is tuple:  # (ESTABLISHED: the machine stays there)
+                message, step = got
+                self._last_id = message.message_id
+                return ProtocolMessage(message, step)
+        self._pull_native()
+        event = self._handle_reference(data, now)
+        if self._native is not None and self.state is HandshakeState.ESTABLISHED:
+            self._push_native()
+        return event
+
+    def _handle_reference(self, data: bytes, now: int) -> Event:
         if data[:2] == MAGIC:
             if self.state is not HandshakeState.ESTABLISHED or self.encoding != "binary":
                 raise RemoteProtocolError("a binary frame before binary was agreed",
@@ -608,7 +641,8 @@ class Session:
         if refusal is not None:
             return refusal
         self._machine.advance(self.peer_role, "message")
-        step = self.tracker.receive(message, now=now) if self.tracker is not None else None
+        tracker = self._tracker
+        step = tracker.receive(message, now=now) if tracker is not None else None
         return ProtocolMessage(message, step)
 
     def _receive_handshake(self, message: Message, data: bytes, now: int) -> Event:
@@ -828,6 +862,64 @@ class Session:
             self._outbox += self._emit("finished", self._now, (
                 "transcript", finished_value(self.transcript_digest, RESPONDER)))
         self._events.append(self._established())
+        self._start_native()
+
+    # ----------------------------------------------------------------- native state
+
+    #: Whether an established binary session keeps its per-message state natively where
+    #: the extension is built (the differential tests turn it off on one of two twins).
+    _use_native = True
+
+    def _start_native(self) -> None:
+        """Hand the per-message state to cbcl._native.SessionState, where it can hold it:
+        a binary session of two distinct parties whose protocol's rules keep no state
+        across messages. From then on :meth:`_handle` and :meth:`_send_message` make one
+        native call per message; whatever it declines (any refusal, a NOT-UNDERSTOOD, a
+        frame the decoder refuses) goes through the Python reference with the state
+        copied out (:meth:`_pull_native`), and back in when the reference accepts it."""
+        kind = getattr(_native_module, "SessionState", None)
+        tracker, protocol = self._tracker, self.protocol
+        if kind is None or not self._use_native or self.encoding != "binary" \
+                or protocol is None or self.me is None or self.peer is None \
+                or self.me == self.peer or self._encoder is None or self._decoder is None \
+                or self.state is not HandshakeState.ESTABLISHED \
+                or (tracker is not None and tracker._constraints):
+            return
+        intents = tuple(Intent)
+        machine = None if tracker is None else tracker._machines.get(protocol.id)
+        if tracker is not None and machine is None:  # pragma: no cover - made for it
+            return
+        self._native = kind(
+            decode=self._decoder.decode, encode=self._encoder.encode, message_type=Message,
+            me=self.me, peer=self.peer, protocol=protocol.id, max_skew_ms=self.max_skew_ms,
+            replay_window=self.replay_window,
+            table=None if machine is None else machine_table(machine, intents),
+            intents=intents, states=() if machine is None else machine.states,
+            roles=() if machine is None else machine.roles,
+            final=() if machine is None else tuple(machine.is_final(s)
+                                                   for s in machine.states),
+            initial=0, step_type=Step, max_open=self.max_conversations)
+        self._push_native()
+
+    def _pull_native(self) -> None:
+        """Copy the native state out into the reference's replay window and tracker."""
+        native = self._native
+        self._seen = deque(native.window())
+        self._seen_set = set(self._seen)
+        tracker = self._tracker
+        if tracker is not None and self.me is not None and self.peer is not None \
+                and self.protocol is not None:
+            tracker._load_pair(self.me, self.peer, self.protocol.id, native.threads(),
+                               native.finished())
+
+    def _push_native(self) -> None:
+        """Copy the reference's replay window and tracker into the native state."""
+        tracker = self._tracker
+        threads, finished = [], []
+        if tracker is not None and self.me is not None and self.peer is not None:
+            threads = tracker._pair_threads(self.me, self.peer)
+            finished = list(tracker._finished)
+        self._native.load(list(self._seen), threads, finished)
 
     def _established(self) -> Established:
         if self.protocol is None or self.encoding is None:  # pragma: no cover - AGREED set it
@@ -839,7 +931,7 @@ class Session:
         self.protocol = protocol
         self.encoding = encoding
         if protocol.descriptor.conversation is not None:
-            self.tracker = ConversationTracker.from_descriptors(
+            self._tracker = ConversationTracker.from_descriptors(
                 [protocol], max_open=self.max_conversations, forget_finished=True)
         self._encoder = Encoder(self.registry, validate=False)  # _send_message validated
         self._decoder = Decoder(self.registry, limits=self.limits)
@@ -948,15 +1040,34 @@ class Session:
             message = Message._trusted(m.message_id, m.sender, m.receiver, m.intent,
                                        m.protocol, m.conversation_id, m.in_reply_to,
                                        m.reply_by, now, m.body, None, m.trace)
-        try:  # both change nothing when they refuse: the session goes on
+        try:  # (changes nothing when it refuses: the session goes on)
             if self.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD:
                 check_outgoing(self.protocol, message, self.limits)
+        except CBCLError as exc:
+            raise _Refused(exc) from None
+        native = self._native
+        if native is None:
+            return self._step_and_encode(message, now)
+        got = native.send(message, now)
+        if type(got) is tuple:  # (ESTABLISHED: the machine stays there)
+            data: bytes = got[0]
+            self.last_sent_step = got[1]
+            return data
+        self._pull_native()  # declined: the reference judges it, as it would have
+        data = self._step_and_encode(message, now)
+        self._push_native()
+        return data
+
+    def _step_and_encode(self, message: Message, now: int) -> bytes:
+        """The reference's step of the conversation, then the frame (the message checked)."""
+        try:  # (changes nothing when it refuses: the session goes on)
             step = None
             # A NOT-UNDERSTOOD that answers a message is in its conversation, as the
             # receiver will judge it; any other ends the session and is in none.
-            if self.tracker is not None and (message.intent is not Intent.NOT_UNDERSTOOD
-                                             or message.in_reply_to is not None):
-                step = self.tracker.receive(message, now=now)
+            tracker = self._tracker
+            if tracker is not None and (message.intent is not Intent.NOT_UNDERSTOOD
+                                        or message.in_reply_to is not None):
+                step = tracker.receive(message, now=now)
         except CBCLError as exc:
             raise _Refused(exc) from None
         self.last_sent_step = step
