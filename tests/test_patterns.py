@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import re
 
+import llguidance
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_export import _llguidance, _tokenizer, constrained  # type: ignore[attr-defined]
 
 import cbcl
 from cbcl import DescriptorError, SchemaError
 from cbcl.conversation import check_schema, compile_schema
+from cbcl.core._canonical import quote
+from cbcl.descriptor import read_declaration
+from cbcl.llm import _export, export_grammar, export_json_schema
 from cbcl.protocol import _patterns, _schema
 from cbcl.protocol._patterns import (
     PatternBudgetError,
@@ -225,3 +230,65 @@ def test_schema_refuses_bad_patterns_at_load() -> None:
         sample_schema(":pattern S")
     with pytest.raises(DescriptorError, match="unknown option :pattern"):
         compile_schema(cbcl.read('(schema (record s (:id (symbol :pattern "a"))))'))
+
+
+# ------------------------------------------------------------------------------ exports
+
+_EXPORT_ALPHABET = 'ab-.é"\\\n\u2028'
+
+
+@settings(deadline=None)
+@given(_pattern_strategy(), st.lists(st.text(_EXPORT_ALPHABET, max_size=5), min_size=1,
+                                     max_size=4))
+def test_exported_regexes_are_the_pattern(pattern: str, texts: list[str]) -> None:
+    """The JSON Schema pattern (read by Python ``re``, as ``jsonschema`` does) matches the
+    string, the grammars' STRING token (lark's ``re`` dialect) its canonical quoting,
+    exactly when the matcher accepts."""
+    try:
+        compiled = compile_pattern(pattern)
+    except PatternError:
+        return
+    chars = _export._pattern_regex(compiled.tree, wire=False)
+    wire = _export._pattern_regex(compiled.tree, wire=True)
+    json_re = None if chars is None else re.compile(_export._pattern(chars)[1:-1])
+    wire_re = None if wire is None else re.compile(
+        _export._render_regex(wire, _export._lark_char))
+    for text in texts:
+        expected = compiled.fullmatch(text)
+        assert (json_re is not None and json_re.fullmatch(text) is not None) is expected
+        assert (wire_re is not None and wire_re.fullmatch(quote(text)[1:-1]) is not None) \
+            is expected
+
+
+_PATTERNED = r'''(protocol-declaration (id lab/v1) (version 1)
+  (intent REQUEST (record sample (:id (string :pattern "S-[0-9]{1,4}") required)
+                                 (:tag (string :pattern "[a-z]+(-[a-z]+)*|\"[^\"]*\"")))))'''
+
+
+def test_exports_carry_the_pattern() -> None:
+    data = read_declaration(_PATTERNED).build()
+    json_schema = export_json_schema(data)
+    patterns = [v["pattern"] for v in json_schema["$defs"].values() if "pattern" in v
+                and "S" in v["pattern"]]
+    assert patterns == ["^S\\x2d[0-9]{1,4}$"]
+    gbnf = export_grammar(data, "gbnf").text
+    assert '::= ("\\x22S-" [0-9]{1,4} "\\x22")' in gbnf
+    llguidance.grammar_from("gbnf", gbnf)  # (read by llguidance's GBNF reader)
+    assert not any("pattern" in note for note in export_grammar(data, "lark").not_carried)
+
+
+def test_llguidance_samples_of_a_patterned_protocol_pass_the_schema() -> None:
+    data = read_declaration(_PATTERNED).build()
+    registry = cbcl.Registry(disk_cache=False, isolate=False)
+    registry.load(data, allow_unsigned=True)
+    tok, lltok = _tokenizer()
+    sampler = constrained.Sampler(tok, lltok, seed=11)
+    matcher = sampler.matcher(_llguidance(export_grammar(data, "llguidance").text))
+    tags: set[str] = set()
+    for _ in range(40):
+        text = sampler.sample(matcher)
+        assert text is not None
+        body = cbcl.parse(text, registry=registry).body  # the schema's pattern too
+        assert isinstance(body, tuple)
+        tags.update(str(v) for v in body[2:] if '"' in str(v))
+    assert tags  # the quoted alternative was drawn, its quotes escaped on the wire
