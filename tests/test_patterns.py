@@ -19,7 +19,8 @@ from cbcl import DescriptorError, SchemaError
 from cbcl.conversation import check_schema, compile_schema
 from cbcl.core._canonical import quote
 from cbcl.descriptor import read_declaration
-from cbcl.llm import _export, export_grammar, export_json_schema
+from cbcl.llm import _export, export_grammar, export_json_schema, render_prompt
+from cbcl.llm._prompt import fit_to_schema
 from cbcl.protocol import _patterns, _schema
 from cbcl.protocol._patterns import (
     PatternBudgetError,
@@ -292,3 +293,13 @@ def test_llguidance_samples_of_a_patterned_protocol_pass_the_schema() -> None:
         assert isinstance(body, tuple)
         tags.update(str(v) for v in body[2:] if '"' in str(v))
     assert tags  # the quoted alternative was drawn, its quotes escaped on the wire
+
+
+def test_prompt_states_the_pattern_and_its_examples_match() -> None:
+    registry = cbcl.Registry(disk_cache=False, isolate=False)
+    protocol = registry.load(read_declaration(_PATTERNED).build(), allow_unsigned=True)
+    text = render_prompt(protocol, registry=registry)
+    assert 'a STRING matching the pattern "S-[0-9]{1,4}" (the whole string)' in text
+    schema = compile_schema(cbcl.read('(schema (record s (:id (string :pattern "S-[0-9]{2}" '
+                                      ":min-length 4))))"))
+    assert fit_to_schema(schema, cbcl.read('(s :id "example")')) == cbcl.read('(s :id "S-00")')
