@@ -22,6 +22,7 @@ from cbcl.descriptor import read_declaration
 from cbcl.llm import _export, export_grammar, export_json_schema, render_prompt
 from cbcl.llm._prompt import fit_to_schema
 from cbcl.protocol import _patterns, _schema
+from cbcl.protocol._compat import diff_descriptors
 from cbcl.protocol._patterns import (
     PatternBudgetError,
     PatternError,
@@ -303,3 +304,14 @@ def test_prompt_states_the_pattern_and_its_examples_match() -> None:
     schema = compile_schema(cbcl.read('(schema (record s (:id (string :pattern "S-[0-9]{2}" '
                                       ":min-length 4))))"))
     assert fit_to_schema(schema, cbcl.read('(s :id "example")')) == cbcl.read('(s :id "S-00")')
+
+
+def test_diff_of_patterned_descriptors_is_unknown_and_lists_the_change() -> None:
+    old = read_declaration(_PATTERNED).build()
+    new = read_declaration(_PATTERNED.replace("{1,4}", "{1,3}")).build()
+    report = diff_descriptors(old, new)
+    assert report.verdict == "unknown"
+    assert any("pattern" in reason for reason in report.reasons)
+    # what the change does, decided on the two patterns' automata:
+    witness = pattern_witness(compile_pattern("S-[0-9]{1,4}"), compile_pattern("S-[0-9]{1,3}"))
+    assert witness == "S-0000"

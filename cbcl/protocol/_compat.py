@@ -753,6 +753,10 @@ class _Atoms:
                         points[Symbol].update((Symbol("true"), Symbol("false")))
                     if t.scheme is not None:
                         schemes.add(t.scheme)
+                    if t.pattern is not None:  # (not constant on these classes)
+                        raise _Unknown(f"a schema has the string pattern "
+                                       f"{canonical_value(t.pattern)}, which the atom classes "
+                                       "do not carry")
                 elif isinstance(t, OneOf):
                     for v in t.values:
                         if type(v) in points:
