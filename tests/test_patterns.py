@@ -12,6 +12,7 @@ import re
 import llguidance
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_codegen import module_of, records_by_heads
 from test_export import _llguidance, _tokenizer, constrained  # type: ignore[attr-defined]
 
 import cbcl
@@ -21,7 +22,8 @@ from cbcl.core._canonical import quote
 from cbcl.descriptor import read_declaration
 from cbcl.llm import _export, export_grammar, export_json_schema, render_prompt
 from cbcl.llm._prompt import fit_to_schema
-from cbcl.protocol import _patterns, _schema
+from cbcl.protocol import _compat, _patterns, _schema
+from cbcl.protocol._codegen import generate_records
 from cbcl.protocol._compat import diff_descriptors
 from cbcl.protocol._patterns import (
     PatternBudgetError,
@@ -306,12 +308,46 @@ def test_prompt_states_the_pattern_and_its_examples_match() -> None:
     assert fit_to_schema(schema, cbcl.read('(s :id "example")')) == cbcl.read('(s :id "S-00")')
 
 
-def test_diff_of_patterned_descriptors_is_unknown_and_lists_the_change() -> None:
-    old = read_declaration(_PATTERNED).build()
-    new = read_declaration(_PATTERNED.replace("{1,4}", "{1,3}")).build()
-    report = diff_descriptors(old, new)
+@pytest.mark.parametrize(("old", "new", "verdict", "witness"), [
+    ("{1,4}", "{1,3}", "breaking", '(sample :id "S-0000")'),  # narrowed
+    ("{1,4}", "{1,5}", "compatible", None),  # widened
+    ("S-[0-9]{1,4}", "S-\\\\d{1,4}", "compatible", None),  # the same language
+    ('(string :pattern "S-[0-9]{1,4}")', "(string :max-length 6)", "compatible", None),
+    ("(string :max-length 6)", '(string :pattern "S-[0-9]{1,4}")', "breaking",
+     '(sample :id "")'),  # a pattern added
+])
+def test_diff_compares_patterns_as_languages(old: str, new: str, verdict: str,
+                                             witness: str | None) -> None:
+    base = _PATTERNED.replace('(string :pattern "S-[0-9]{1,4}")', "(string :max-length 6)") \
+        if old.startswith("(string :max") else _PATTERNED
+    assert old in base
+    report = diff_descriptors(read_declaration(base).build(),
+                              read_declaration(base.replace(old, new)).build())
+    assert report.verdict == verdict, report.reasons
+    assert [w.text for w in report.witnesses][:1] == ([witness] if witness else [])
+
+
+def test_diff_of_patterns_past_the_budget_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_compat, "MAX_WITNESS_STEPS", 5)
+    report = diff_descriptors(read_declaration(_PATTERNED).build(),
+                              read_declaration(_PATTERNED.replace("{1,4}", "{1,3}")).build())
     assert report.verdict == "unknown"
-    assert any("pattern" in reason for reason in report.reasons)
-    # what the change does, decided on the two patterns' automata:
-    witness = pattern_witness(compile_pattern("S-[0-9]{1,4}"), compile_pattern("S-[0-9]{1,3}"))
-    assert witness == "S-0000"
+    assert any("more than 5 steps" in reason for reason in report.reasons)
+
+
+def test_codegen_keeps_the_pattern() -> None:
+    built = read_declaration(_PATTERNED).build()
+    module = module_of(generate_records(built), "gen_patterned")
+    rebuilt = module["descriptor"]()
+    assert records_by_heads(rebuilt) == records_by_heads(built)
+    record = next(iter(records_by_heads(rebuilt).values()))
+    assert isinstance(record, _schema.Record)
+    assert record.keys.fields[cbcl.Keyword("id")] == _schema.AtomType(
+        "string", pattern="S-[0-9]{1,4}")
+
+
+def test_a_declaration_with_a_refused_pattern_names_the_field() -> None:
+    with pytest.raises(DescriptorError, match=r"\$\.intent\[1\]\[2\]\[2\]\[1\]: pattern "
+                                              r'"\(\?=x\)": \(\? groups'):
+        read_declaration('(protocol-declaration (id lab/v1) (version 1) (intent REQUEST '
+                         '(record sample (:id (string :pattern "(?=x)") required))))')

@@ -540,7 +540,7 @@ def _determinise(text: str, tree: Node, nfa: _NFA, entry: int, final: int,
 
 # ------------------------------------------------------------------------- comparisons
 
-def _representative(lo: int, hi: int) -> int:
+def representative(lo: int, hi: int) -> int:
     """A code point of ``[lo, hi]`` for a witness: a printable ASCII letter or digit if
     there is one, else ``lo``."""
     for preferred in (0x61, 0x41, 0x30, 0x2D, 0x20):
@@ -559,7 +559,7 @@ def pattern_witness(a: Pattern, b: Pattern | None, *,
     b_bounds = b.bounds if b is not None else ()
     cuts = sorted(set(a.bounds) | set(b_bounds))
     edges = [0, *cuts, MAX_CODE_POINT + 1]
-    letters = [(_representative(edges[i], edges[i + 1] - 1),) for i in range(len(edges) - 1)]
+    letters = [(representative(edges[i], edges[i + 1] - 1),) for i in range(len(edges) - 1)]
     symbols = [(cp[0], a.class_of(cp[0]), b.class_of(cp[0]) if b is not None else 0)
                for cp in letters]
     start = (0, 0 if b is not None else -1)
