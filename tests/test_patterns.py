@@ -7,6 +7,7 @@ Tests internals: ``cbcl.protocol._patterns`` and the schema's compiled types."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import llguidance
@@ -143,9 +144,14 @@ def test_pathological_patterns_take_one_step_a_character(pattern: str) -> None:
     compiled = compile_pattern(pattern)
     assert compiled.states <= 4 and compiled.compile_steps < 100
     text = "a" * 10_000  # re.fullmatch would backtrack exponentially on these
-    assert compiled.run(text) == (False, 10_000)
-    assert compiled.run(text + "b") == (pattern.endswith("b"), 10_001)
-    assert compiled.run("x" + text) == (False, 1)  # stops at the dead state
+    # one table step a character (the plain walk), and the run-skipping walk reads the same
+    plain = dataclasses.replace(compiled, _skips=None)
+    for walk in (compiled, plain):
+        assert walk.run(text) == (False, 10_000)
+        assert walk.run(text + "b") == (pattern.endswith("b"), 10_001)
+        assert walk.run("x" + text) == (False, 1)  # stops at the dead state
+        assert walk.run("é" + text) == (False, 1)  # (the non-ASCII walk too)
+    assert compiled.run("a" * 9_999 + "é") == (False, 10_000)
 
 
 # ------------------------------------------------------------- against re on the subset
