@@ -172,7 +172,10 @@ def _pattern_strategy() -> st.SearchStrategy[str]:
             .map(lambda t: f"({t[0]}){t[1]}"),
         )
 
-    return st.recursive(atoms, extend, max_leaves=6)
+    patterns = atoms
+    for _ in range(2):  # (two levels of nesting, drawn at any depth up to them)
+        patterns = st.one_of(atoms, extend(patterns))
+    return patterns
 
 
 @settings(deadline=None)
