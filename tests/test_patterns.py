@@ -121,7 +121,7 @@ def test_repeat_limit() -> None:
 @pytest.mark.parametrize("pattern", ["(ab|cd){3,9}e", "[a-z]{5}-[0-9]{2,4}", "(a|b)*a(a|b){4}"])
 @pytest.mark.parametrize(("limit", "measure"), [
     ("max_nfa_states", "nfa_states"), ("max_dfa_states", "states"),
-    ("max_steps", "compile_steps"),
+    ("max_steps", "compile_steps"), ("max_cells", "cells"),
 ])
 def test_automaton_limits_at_n_and_n_plus_one(pattern: str, limit: str, measure: str) -> None:
     n = getattr(compile_pattern(pattern), measure)
@@ -135,6 +135,9 @@ def test_default_automaton_limits_refuse_blowups() -> None:
         compile_pattern("((a{64}){64}){64}")  # refused while building, not after
     with pytest.raises(PatternError, match="more than 256 deterministic automaton states"):
         compile_pattern("(a|b)*a(a|b){12}")  # a DFA of 2^13 states
+    many_classes = "[" + "".join(chr(0x100 + 3 * i) for i in range(127)) + "]{64}"
+    with pytest.raises(PatternError, match="more than 16384 cells"):
+        compile_pattern(many_classes)  # 65 states of 255 classes
 
 
 # ---------------------------------------------------------------- linear, not backtracking
@@ -360,3 +363,23 @@ def test_a_declaration_with_a_refused_pattern_names_the_field() -> None:
                                               r'"\(\?=x\)": \(\? groups'):
         read_declaration('(protocol-declaration (id lab/v1) (version 1) (intent REQUEST '
                          '(record sample (:id (string :pattern "(?=x)") required))))')
+
+
+@pytest.mark.parametrize(("limit", "measure"), [
+    ("MAX_SCHEMA_PATTERN_STEPS", "compile_steps"), ("MAX_SCHEMA_PATTERN_CELLS", "cells"),
+])
+def test_a_schema_bounds_what_its_patterns_cost_together(
+        limit: str, measure: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    patterns = ["S-[0-9]{1,4}", "[a-z]{2,9}", "(ab|cd)+"]
+    total = sum(getattr(compile_pattern(p), measure) for p in patterns)
+
+    def section(n: int) -> cbcl.Value:  # (another text each time: no compiled schema kept)
+        fields = " ".join(f'(:f{i} (string :pattern "{p}"))' for i, p in enumerate(patterns))
+        return cbcl.read(f"(schema (record r{n} {fields}))")
+
+    monkeypatch.setattr(_schema, limit, total)
+    compile_schema(section(1))
+    monkeypatch.setattr(_schema, limit, total - 1)
+    with pytest.raises(DescriptorError, match=r"\$\.schema\[1\]\[4\]\[1\]: the schema's "
+                                              "patterns"):
+        compile_schema(section(2))

@@ -59,6 +59,8 @@ MAX_PATTERN_REPEAT = 64
 MAX_NFA_STATES = 1024
 #: The most DFA states a pattern may compile to.
 MAX_DFA_STATES = 256
+#: The most cells (DFA states times alphabet classes) a pattern's table may have.
+MAX_TABLE_CELLS = 16_384
 #: The most work (NFA states visited in closures and moves) building the DFA may take.
 MAX_PATTERN_STEPS = 100_000
 #: The most work :func:`pattern_witness` may take (product transitions).
@@ -405,6 +407,11 @@ class Pattern:
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return compile_pattern, (self.text,)
 
+    @property
+    def cells(self) -> int:
+        """The size of the DFA's table: states times alphabet classes."""
+        return len(self.table)
+
     def fullmatch(self, text: str) -> bool:
         """True if the whole of ``text`` is in the pattern's language; raises nothing."""
         return self.run(text)[0]
@@ -448,12 +455,13 @@ def compile_pattern(text: str, *, max_chars: int = MAX_PATTERN_CHARS,
                     max_depth: int = MAX_PATTERN_DEPTH, max_repeat: int = MAX_PATTERN_REPEAT,
                     max_nfa_states: int = MAX_NFA_STATES,
                     max_dfa_states: int = MAX_DFA_STATES,
-                    max_steps: int = MAX_PATTERN_STEPS) -> Pattern:
+                    max_steps: int = MAX_PATTERN_STEPS,
+                    max_cells: int = MAX_TABLE_CELLS) -> Pattern:
     """Compile ``text`` (the pattern subset, whole-string match) to a DFA. With the default
     limits the result is memoised. Raises :class:`PatternError` (a
     :class:`DescriptorError`) naming the problem: outside the subset, or over a limit."""
     defaults = (max_chars, max_depth, max_repeat, max_nfa_states, max_dfa_states,
-                max_steps) == _DEFAULTS
+                max_steps, max_cells) == _DEFAULTS
     if defaults and type(text) is str:
         cached = _CACHE.get(text)
         if cached is not None:
@@ -466,27 +474,34 @@ def compile_pattern(text: str, *, max_chars: int = MAX_PATTERN_CHARS,
     tree = _Parser(text, max_depth, max_repeat).parse()
     nfa = _NFA(max_nfa_states, text)
     entry, final = nfa.build(tree)
-    compiled = _determinise(text, tree, nfa, entry, final, max_dfa_states, max_steps)
+    compiled = _determinise(text, tree, nfa, entry, final, max_dfa_states, max_steps,
+                            max_cells)
     if defaults:
+        global _cached_cells
         with _CACHE_LOCK:
-            while len(_CACHE) >= _CACHE_MAX:
-                del _CACHE[next(iter(_CACHE))]
+            while _CACHE and (len(_CACHE) >= _CACHE_MAX
+                              or _cached_cells + len(compiled.table) > _CACHE_CELLS):
+                _cached_cells -= len(_CACHE.pop(next(iter(_CACHE))).table)
             _CACHE[text] = compiled
+            _cached_cells += len(compiled.table)
     return compiled
 
 
 _DEFAULTS = (MAX_PATTERN_CHARS, MAX_PATTERN_DEPTH, MAX_PATTERN_REPEAT, MAX_NFA_STATES,
-             MAX_DFA_STATES, MAX_PATTERN_STEPS)
+             MAX_DFA_STATES, MAX_PATTERN_STEPS, MAX_TABLE_CELLS)
 # Compiled patterns by text (a process-wide memo, spec/cbcl-1.0.md: the text determines the
 # pattern, a Pattern is immutable): at most _CACHE_MAX, each of at most MAX_PATTERN_CHARS
-# characters and MAX_DFA_STATES states, the oldest dropped first.
+# characters and MAX_TABLE_CELLS cells, and at most _CACHE_CELLS cells in all (each cell
+# is two pointers: a few MiB), the oldest dropped first.
 _CACHE_MAX = 256
+_CACHE_CELLS = 1 << 18
+_cached_cells = 0
 _CACHE: dict[str, Pattern] = {}
 _CACHE_LOCK = threading.Lock()
 
 
 def _determinise(text: str, tree: Node, nfa: _NFA, entry: int, final: int,
-                 max_states: int, max_steps: int) -> Pattern:
+                 max_states: int, max_steps: int, max_cells: int) -> Pattern:
     bound_set: set[int] = set()
     for edge in nfa.edge:
         if edge is not None:
@@ -525,6 +540,9 @@ def _determinise(text: str, tree: Node, nfa: _NFA, entry: int, final: int,
             raise over()
         return frozenset(s for s in seen if nfa.edge[s] is not None or s == final)
 
+    if classes > max_cells:
+        raise PatternError(f"pattern {canonical_value(text)}: an automaton table of more "
+                           f"than {max_cells} cells (states times character classes)")
     start = closure({entry})
     index: dict[frozenset[int], int] = {start: 0}
     order = [start]
@@ -549,6 +567,10 @@ def _determinise(text: str, tree: Node, nfa: _NFA, entry: int, final: int,
                 if len(order) >= max_states:
                     raise PatternError(f"pattern {canonical_value(text)}: more than {max_states} "
                                        "deterministic automaton states")
+                if (len(order) + 1) * classes > max_cells:
+                    raise PatternError(f"pattern {canonical_value(text)}: an automaton table of "
+                                       f"more than {max_cells} cells (states times character "
+                                       "classes)")
                 number = index[nxt] = len(order)
                 order.append(nxt)
             row[cls] = number * classes

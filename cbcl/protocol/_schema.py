@@ -315,9 +315,10 @@ def _compile_type(value: Value, where: str, depth: int) -> SchemaType:
             if type(pattern) is not str:
                 raise _Bad(":pattern is a string such as \"S-[0-9]+\"", where)
             try:
-                compile_pattern(pattern)
+                compiled = compile_pattern(pattern)
             except PatternError as exc:
                 raise _Bad(str(exc), where) from None
+            _spend_on_patterns(compiled, where)
         return AtomType(name, low, high, lo_len, hi_len,
                         None if scheme is None else str(scheme), pattern)
     if name == "one-of":
@@ -414,7 +415,37 @@ _CACHE: dict[str, Schema] = {}
 _CACHE_LOCK = threading.Lock()
 
 
+#: What all the patterns of one schema section may cost together (spec/conversations.md
+#: §2.4): their construction steps and their table cells, summed over the fields (a
+#: pattern repeated counts each time).
+MAX_SCHEMA_PATTERN_STEPS = 1_000_000
+MAX_SCHEMA_PATTERN_CELLS = 262_144
+_SPENT = threading.local()  # .on_patterns: [steps, cells] while a section is compiled
+
+
+def _spend_on_patterns(compiled: Pattern, where: str) -> None:
+    spent: list[int] | None = getattr(_SPENT, "on_patterns", None)
+    if spent is None:  # (a type compiled alone, outside a section)
+        return
+    spent[0] += compiled.compile_steps
+    spent[1] += compiled.cells
+    if spent[0] > MAX_SCHEMA_PATTERN_STEPS:
+        raise _Bad(f"the schema's patterns take more than {MAX_SCHEMA_PATTERN_STEPS} steps "
+                   "to compile", where)
+    if spent[1] > MAX_SCHEMA_PATTERN_CELLS:
+        raise _Bad(f"the schema's patterns need more than {MAX_SCHEMA_PATTERN_CELLS} "
+                   "automaton table cells", where)
+
+
 def _compile(section: Value) -> Schema:
+    _SPENT.on_patterns = [0, 0]
+    try:
+        return _compile_section(section)
+    finally:
+        _SPENT.on_patterns = None
+
+
+def _compile_section(section: Value) -> Schema:
     try:
         if type(section) is not tuple or not section or section[0] != Symbol("schema"):
             raise _Bad("expected a (schema …) section", "$")
