@@ -383,3 +383,13 @@ def test_a_schema_bounds_what_its_patterns_cost_together(
     with pytest.raises(DescriptorError, match=r"\$\.schema\[1\]\[4\]\[1\]: the schema's "
                                               "patterns"):
         compile_schema(section(2))
+
+
+@settings(deadline=None)
+@given(st.text(st.sampled_from(list("ab.|()[]^-\\*+?{}0123,$dwsé")), max_size=40))
+def test_any_text_compiles_or_is_refused_typed(text: str) -> None:
+    try:
+        compiled = compile_pattern(text)
+    except PatternError:
+        return
+    assert compiled.run("ab" * 8)[1] <= 16
