@@ -417,7 +417,8 @@ class Pattern:
         return self.run(text)[0]
 
     def run(self, text: str) -> tuple[bool, int]:
-        """Whether ``text`` matches, and the DFA transitions taken (at most ``len(text)``)."""
+        """Whether ``text`` matches, and the characters read: ``len(text)``, or fewer when
+        a character leads to the dead state (the walk stops there)."""
         table = self.table
         state = 0
         if text.isascii() and self._ascii_bytes is not None:
