@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeAlias, Union
 
-from ..core._canonical import canonical_value
+from ..core._canonical import canonical_value, quote
 from ..core._errors import LimitError, ProtocolError
 from ..core._limits import DEFAULT_LLM_LIMITS, LLMLimits
 from ..core._reader import TOKEN, read
@@ -90,6 +90,13 @@ from ..protocol._constraints import constraints_not_carried
 from ..protocol._descriptor import ProtocolDescriptor, read_descriptor
 from ..protocol._json import to_json
 from ..protocol._message import Intent
+from ..protocol._patterns import (
+    Alt as _PAlt,
+    Chars as _PChars,
+    Node as _PNode,
+    Seq as _PSeq,
+    compile_pattern,
+)
 from ..protocol._schema import (
     AtomType,
     Keys,
@@ -208,6 +215,8 @@ _ALL: _Ranges = _minus(((0, _MAX_CP),), _SURROGATES)
 _FORBIDDEN: _Ranges = ((0x00, 0x1F), (0x7F, 0x9F), (0x202A, 0x202E), (0x2066, 0x2069))
 _INVISIBLE: _Ranges = (*_chars("\u00a0\u061c\u1680\u3000\ufeff"), (0x2000, 0x200F),
                        (0x2028, 0x202F), (0x205F, 0x2064))
+#: The characters a canonical STRING writes escaped (spec §1.2).
+_ESCAPED: _Ranges = _union(_FORBIDDEN, _chars('"\\'))
 _DIGIT = _normalise([(0x30, 0x39)])
 _LETTER = _normalise([(0x41, 0x5A), (0x61, 0x7A)])
 _NAME_START = _union(_LETTER, _chars("+-*/<>=!?_."))
@@ -455,9 +464,8 @@ def _decimal_regex(non_negative: bool) -> _Re:
     return _alt(*parts)
 
 
-def _string_regex(low: int, high: int | None) -> _Re:
-    """A canonical STRING (spec §1.2) of ``low``..``high`` characters after unescaping."""
-    plain = _cls(_minus(_ALL, _union(_FORBIDDEN, _chars('"\\'))))
+def _string_escape() -> _Re:
+    """Every escape of a canonical STRING (spec §1.2): one for each of :data:`_ESCAPED`."""
     hexes = _alt(_seq(_RLit("000"), _cls(_chars("012345678bcef"))),
                  _seq(_RLit("001"), _cls(_union(_DIGIT, _chars("abcdef")))),
                  _RLit("007f"),
@@ -465,7 +473,56 @@ def _string_regex(low: int, high: int | None) -> _Re:
                  _seq(_RLit("202"), _cls(_chars("abcde"))),
                  _seq(_RLit("206"), _cls(_chars("6789"))))
     escape = _seq(_RLit("\\"), _alt(_cls(_chars('"\\nrt')), _seq(_RLit("u"), hexes)))
-    return _seq(_RLit('"'), _rep(_alt(plain, escape), low, high), _RLit('"'))
+    return escape
+
+
+def _string_regex(low: int, high: int | None) -> _Re:
+    """A canonical STRING (spec §1.2) of ``low``..``high`` characters after unescaping."""
+    plain = _cls(_minus(_ALL, _ESCAPED))
+    return _seq(_RLit('"'), _rep(_alt(plain, _string_escape()), low, high), _RLit('"'))
+
+
+def _pattern_regex(node: _PNode, wire: bool) -> _Re | None:
+    """A schema pattern (spec/conversations.md §2.4) as a regular expression: over the
+    string's characters (``wire`` false: a JSON Schema ``pattern``), or over the text of a
+    canonical STRING's content (``wire``: each character as §1.2 writes it, ``"``, ``\\``
+    and control characters escaped). ``None`` for a pattern that matches nothing. Recursion
+    is bounded by the pattern's nesting limit."""
+    if isinstance(node, _PChars):
+        ranges = _minus(_normalise(node.ranges), _SURROGATES)
+        if not wire:
+            return _cls(ranges) if ranges else None
+        plain = _minus(ranges, _ESCAPED)
+        if len(plain) == 1 and plain[0][0] == plain[0][1] and plain == ranges:
+            return _RLit(chr(plain[0][0]))  # (a literal: neighbours merge into one)
+        parts: list[_Re] = [_cls(plain)] if plain else []
+        if not _minus(_ESCAPED, ranges):  # every escaped character: the escapes' regex
+            parts.append(_string_escape())
+        else:
+            for lo, hi in ranges:  # (the escaped characters are few: about 75)
+                for elo, ehi in _ESCAPED:
+                    parts.extend(_RLit(quote(chr(cp))[1:-1])
+                                 for cp in range(max(lo, elo), min(hi, ehi) + 1))
+        return _alt(*parts) if parts else None
+    if isinstance(node, _PSeq):
+        items: list[_Re] = []
+        for item in node.items:
+            regex = _pattern_regex(item, wire)
+            if regex is None:
+                return None
+            items.append(regex)
+        return _seq(*items) if items else _RLit("")
+    if isinstance(node, _PAlt):
+        options = [r for r in (_pattern_regex(i, wire) for i in node.items) if r is not None]
+        return _alt(*options) if options else None
+    inner = _pattern_regex(node.item, wire)
+    if inner is None:
+        return _RLit("") if node.low == 0 else None
+    if inner == _RLit(""):
+        return inner
+    if isinstance(inner, _RRep):  # (a group: the renderers write no quantifier twice)
+        inner = _RSeq((inner,))
+    return _rep(inner, node.low, node.high)
 
 
 def _name_regex(first: _Ranges, rest_max: int) -> _Re:
@@ -722,6 +779,13 @@ class _Lowerer:
             if high is not None and low > high:
                 return _NEVER
             key, regex = ("STRING", low, high), _string_regex(low, high)
+            if atom is not None and atom.pattern is not None:
+                content = _pattern_regex(compile_pattern(atom.pattern).tree, wire=True)
+                if (low, high) != (0, None):
+                    self.note(f"schema: {path}: :min-length/:max-length of a string with a "
+                              "pattern (the pattern is carried, not the length)")
+                key = ("STRING", "pattern", atom.pattern)
+                regex = None if content is None else _seq(_RLit('"'), content, _RLit('"'))
         elif kind == "INTEGER":
             low_i, high_i = INT64_MIN, INT64_MAX
             if atom is not None:
@@ -1802,6 +1866,9 @@ class _JsonBuilder:
                 out["minLength"] = atom.min_length
             if atom is not None and atom.max_length is not None:
                 out["maxLength"] = atom.max_length
+            if atom is not None and atom.pattern is not None:
+                chars = _pattern_regex(compile_pattern(atom.pattern).tree, wire=False)
+                out["pattern"] = _pattern(chars) if chars is not None else "[^\\s\\S]"
             return out
         if kind == "INTEGER":
             low, high = INT64_MIN, INT64_MAX

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from decimal import Decimal
 
 from ..core._canonical import canonical_value
-from ..core._errors import CBCLError
+from ..core._errors import CBCLError, DescriptorError
 from ..core._limits import DEFAULT_LLM_LIMITS, LLMLimits
 from ..core._values import URI, Keyword, Symbol, Value, is_name
 from ..protocol._api import parse
@@ -42,6 +42,7 @@ from ..protocol._hints import (
     where_lines,
 )
 from ..protocol._message import Intent
+from ..protocol._patterns import compile_pattern, describe_pattern, pattern_witness
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
 from ..protocol._schema import (
@@ -192,11 +193,23 @@ def _plausible(t: AtomType, drawn: Value) -> Value:
         return drawn
     if t.kind in ("string", "symbol"):
         make = Symbol if t.kind == "symbol" else str
-        for text in (*_PLAUSIBLE_STRINGS, "x" * (t.min_length or 0)):
+        for text in (*_PLAUSIBLE_STRINGS, "x" * (t.min_length or 0), *_matching(t)):
             candidate = make(text.replace(" ", "-")) if t.kind == "symbol" else text
             if _atom_problem(t, candidate) is None:
                 return candidate
     return drawn
+
+
+def _matching(t: AtomType) -> tuple[str, ...]:
+    """A shortest string ``t``'s pattern matches, if it has one (and one is found within
+    the comparison budget)."""
+    if t.pattern is None:
+        return ()
+    try:
+        witness = pattern_witness(compile_pattern(t.pattern), None)
+    except DescriptorError:  # (over the budget, or a hand-built type's bad pattern)
+        return ()
+    return () if witness is None else (witness,)
 
 
 def _number_text(t: AtomType) -> str:
@@ -235,6 +248,8 @@ def _describe(t: SchemaType) -> tuple[str, bool]:
         extra = _number_text(t) + _length_text(t, "characters")
         if t.scheme is not None:
             extra += f" with scheme {t.scheme}"
+        if t.pattern is not None:
+            extra += " " + describe_pattern(t.pattern)
         return text + extra, bool(extra) or t.kind == "boolean"
     if isinstance(t, OneOf):
         return "one of " + ", ".join(canonical_value(v) for v in t.values), True

@@ -80,6 +80,8 @@ class _Writer:
         return f"Annotated[cbcl.Value, Declared({_type_text(t)!r})]"
 
     def annotation(self, t: SchemaType, where: str) -> str:
+        if isinstance(t, AtomType) and t.pattern is not None:
+            return self.declared(t)  # (no record annotation says a pattern yet)
         if isinstance(t, AtomType):
             plain = {"string": "str", "integer": "int", "decimal": "Decimal",
                      "number": "int | Decimal", "symbol": "cbcl.Symbol",
@@ -150,7 +152,8 @@ def _type_text(t: SchemaType) -> str:
     if isinstance(t, AtomType):
         opts = [(k, v) for k, v in (("min", t.low), ("max", t.high),
                                     ("min-length", t.min_length), ("max-length", t.max_length),
-                                    ("scheme", None if t.scheme is None else Symbol(t.scheme)))
+                                    ("scheme", None if t.scheme is None else Symbol(t.scheme)),
+                                    ("pattern", t.pattern))
                 if v is not None]
         if not opts:
             return t.kind

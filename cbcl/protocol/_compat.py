@@ -17,7 +17,8 @@ module decides it, sans I/O, in five steps:
    predicate of both descriptors is constant: each literal or one-of value (symbols,
    keywords, strings, numbers, URIs) is a class of its own; the other atoms of a kind are
    cut at every bound either schema names (integer and decimal ranges, string and symbol
-   lengths, URI schemes). Integers are cut to the signed 64-bit range. Keywords that no
+   lengths, URI schemes), and strings also by which of the schemas' patterns they match
+   (:func:`_pattern_texts`). Integers are cut to the signed 64-bit range. Keywords that no
    descriptor names form one class of *fresh* keywords (each occurrence in a witness gets
    a new name) and, when a schema has ``(else …)`` keys, a class of *marked* keywords (all
    occurrences in one list are the same keyword: this is how a repeated unnamed key,
@@ -123,6 +124,7 @@ from ._constraints import read_constraints
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._message import Intent, Message
 from ._pass2 import check_intent_and_body
+from ._patterns import MAX_CODE_POINT, MAX_WITNESS_STEPS, compile_pattern, representative
 from ._protocol import Protocol
 from ._schema import (
     AtomType,
@@ -714,6 +716,95 @@ def _class_order(c: _Class) -> Any:
     return (c.fresh, len(text), text)
 
 
+def _holds(t: AtomType, c: _Class) -> bool:
+    """The schema's own test of ``t`` on the representative of ``c``."""
+    try:
+        return _atom_problem(t, c.rep) is None
+    except CBCLError:
+        return False
+
+
+def _pattern_texts(lo: int, hi: int, texts: list[str], avoid: set[Any],
+                   limits: CompatLimits) -> list[str]:
+    """One string of ``lo`` to ``hi`` characters, not in ``avoid``, for each set of the
+    patterns ``texts`` that some string of those lengths matches exactly (matching the
+    others of the set not): the string classes of a length region when schemas have
+    patterns (spec/conversations.md §2.4), on which every length bound and pattern is
+    constant. Found layer by layer (layer L: the product states of the patterns' DFAs
+    reached by strings of L characters, each with the shortest first path to it); the
+    layers from ``lo`` on are a function of the one before, so once one repeats nothing
+    new can come. Raises :class:`_Unknown` past :data:`MAX_WITNESS_STEPS` product steps or
+    ``limits.max_atom_chars`` characters, or if a set's only strings found are named
+    values."""
+    compiled = [compile_pattern(text) for text in texts]
+    cuts = sorted({b for p in compiled for b in p.bounds})
+    edges = [0, *cuts, MAX_CODE_POINT + 1]
+    letters = []
+    for i in range(len(edges) - 1):
+        cp = representative(edges[i], edges[i + 1] - 1)
+        letters.append((cp, tuple(p.class_of(cp) for p in compiled)))
+    State = tuple[int, ...]
+    layer: dict[State, tuple[State | None, int]] = {tuple(0 for _ in compiled): (None, 0)}
+    layers: list[dict[State, tuple[State | None, int]]] = []
+    seen: set[frozenset[State]] = set()
+    found: dict[tuple[bool, ...], str] = {}
+    avoided: set[tuple[bool, ...]] = set()
+    steps = 0
+    length = 0
+    while True:
+        layers.append(layer)
+        if length >= lo:
+            key = frozenset(layer)
+            if key in seen:
+                break
+            seen.add(key)
+            for state in layer:
+                signature = tuple(s >= 0 and s in p.accepting
+                                  for s, p in zip(state, compiled, strict=True))
+                if signature in found:
+                    continue
+                text = _path_text(layers, state)
+                if text in avoid:
+                    avoided.add(signature)
+                else:
+                    found[signature] = text
+        if length >= hi:
+            break
+        if length >= limits.max_atom_chars:
+            raise _Unknown(f"the string patterns need representatives of more than "
+                           f"max_atom_chars ({limits.max_atom_chars}) characters")
+        following: dict[State, tuple[State | None, int]] = {}
+        for state in layer:
+            for cp, ids in letters:
+                steps += 1
+                if steps > MAX_WITNESS_STEPS:
+                    raise _Unknown("partitioning strings by the schemas' patterns takes more "
+                                   f"than {MAX_WITNESS_STEPS} steps")
+                after = tuple(-1 if s < 0 else p.table[s + c]
+                              for s, p, c in zip(state, compiled, ids, strict=True))
+                if after not in following:
+                    following[after] = (state, cp)
+        layer = following
+        length += 1
+    if avoided - found.keys():
+        raise _Unknown("a set of the schemas' string patterns matches only named values "
+                       "among the strings tried")
+    return list(found.values())
+
+
+def _path_text(layers: list[dict[tuple[int, ...], tuple[tuple[int, ...] | None, int]]],
+               state: tuple[int, ...]) -> str:
+    """The string that first reached ``state`` in the last of ``layers``."""
+    out: list[str] = []
+    current: tuple[int, ...] | None = state
+    for layer in reversed(layers[1:]):
+        if current is None:  # pragma: no cover (every state past the first has a parent)
+            break
+        current, cp = layer[current]
+        out.append(chr(cp))
+    return "".join(reversed(out))
+
+
 class _Atoms:
     """The partition of step 2 for two descriptors.
 
@@ -733,6 +824,7 @@ class _Atoms:
         str_lengths: set[int] = set()
         sym_lengths: set[int] = set()
         schemes: set[str] = set()
+        patterns: set[str] = set()
         marked = False
         for pred in predicates:
             if pred[0] == "lit":
@@ -753,6 +845,8 @@ class _Atoms:
                         points[Symbol].update((Symbol("true"), Symbol("false")))
                     if t.scheme is not None:
                         schemes.add(t.scheme)
+                    if t.pattern is not None:
+                        patterns.add(t.pattern)
                 elif isinstance(t, OneOf):
                     for v in t.values:
                         if type(v) in points:
@@ -764,6 +858,9 @@ class _Atoms:
                     points[Symbol].update(h for h in t.heads if type(h) is Symbol)
         points[int] = {v for v in points[int] if INT64_MIN <= v <= INT64_MAX}
         self.points = points
+        #: Whether a schema has a string pattern: the string classes are then cut by the
+        #: patterns too, and a patterned type is evaluated on each (see _pattern_texts).
+        self.patterned = bool(patterns)
         classes: list[_Class] = [_Class(type(v), v, True) for values in points.values()
                                  for v in values]
         int_points = sorted(points[int])
@@ -802,6 +899,13 @@ class _Atoms:
                     raise _Unknown(f"a schema needs a {kind.__name__.lower()} of at least "
                                    f"{lo} characters (more than max_atom_chars, "
                                    f"{limits.max_atom_chars})")
+                if kind is str and patterns:
+                    texts = _pattern_texts(lo, hi, sorted(patterns), points[str], limits)
+                    classes += [_Class(str, text, False) for text in texts]
+                    if not texts and not lo == hi == 0:
+                        raise _Unknown(f"no representative string of {lo} to {hi} "
+                                       "characters outside the named values")
+                    continue
                 value = self._text_of(kind, lo, min(hi, lo + 1), points[kind])
                 if value is not None:
                     classes.append(_Class(kind, value, False))
@@ -992,6 +1096,9 @@ class _Atoms:
                 low, high = t.min_length, t.max_length
             elif kind is URI:
                 low = high = t.scheme
+            if kind is str and t.pattern is not None:  # (not an interval by length)
+                out += [(i, i + 1) for i in range(start, stop) if _holds(t, self.classes[i])]
+                continue
             if keys is not None:
                 if low is not None:
                     a = start + bisect_left(keys, low)

@@ -52,6 +52,7 @@ from ..core._canonical import canonical_prefix, canonical_value
 from ..core._errors import DescriptorError, SchemaError
 from ..core._reader import intern_keyword, intern_symbol
 from ..core._values import URI, Keyword, Symbol, Value
+from ._patterns import Pattern, PatternError, compile_pattern, describe_pattern
 
 MAX_TYPE_DEPTH = 32
 
@@ -64,7 +65,7 @@ _SHOWN = {"string": "a string", "integer": "an integer", "decimal": "a decimal",
           "number": "a number", "symbol": "a symbol", "keyword": "a keyword", "uri": "a URI",
           "boolean": "a boolean (true or false)", "any": "any value"}
 _OPTIONS: dict[str, tuple[str, ...]] = {
-    "string": ("min-length", "max-length"), "symbol": ("min-length", "max-length"),
+    "string": ("min-length", "max-length", "pattern"), "symbol": ("min-length", "max-length"),
     "integer": ("min", "max"), "decimal": ("min", "max"), "number": ("min", "max"),
     "uri": ("scheme",), "keyword": (), "boolean": (), "any": (),
 }
@@ -77,7 +78,8 @@ ELSE = Symbol("else")
 class AtomType:
     """An atom of one kind (``any`` matches every value), with optional bounds:
     ``low``/``high`` for numbers, ``min_length``/``max_length`` (characters) for strings and
-    symbols, ``scheme`` for URIs."""
+    symbols, ``scheme`` for URIs, ``pattern`` (the text of a pattern of the safe subset,
+    :mod:`cbcl.protocol._patterns`, matched against the whole string) for strings."""
 
     kind: str
     low: int | Decimal | None = None
@@ -85,6 +87,7 @@ class AtomType:
     min_length: int | None = None
     max_length: int | None = None
     scheme: str | None = None
+    pattern: str | None = None
 
     def describe(self) -> str:
         text = _SHOWN[self.kind]
@@ -95,6 +98,8 @@ class AtomType:
             text += f" of {self.min_length or 0} to {self.max_length or '…'} characters"
         if self.scheme is not None:
             text += f" with scheme {self.scheme}"
+        if self.pattern is not None:
+            text += " " + describe_pattern(self.pattern)
         return text
 
 
@@ -305,8 +310,17 @@ def _compile_type(value: Value, where: str, depth: int) -> SchemaType:
         scheme = opts.get("scheme")
         if scheme is not None and type(scheme) is not Symbol:
             raise _Bad(":scheme is a symbol such as agent", where)
+        pattern = opts.get("pattern")
+        if pattern is not None:
+            if type(pattern) is not str:
+                raise _Bad(":pattern is a string such as \"S-[0-9]+\"", where)
+            try:
+                compiled = compile_pattern(pattern)
+            except PatternError as exc:
+                raise _Bad(str(exc), where) from None
+            _spend_on_patterns(compiled, where)
         return AtomType(name, low, high, lo_len, hi_len,
-                        None if scheme is None else str(scheme))
+                        None if scheme is None else str(scheme), pattern)
     if name == "one-of":
         items = value[1:]
         if not items:
@@ -401,7 +415,37 @@ _CACHE: dict[str, Schema] = {}
 _CACHE_LOCK = threading.Lock()
 
 
+#: What all the patterns of one schema section may cost together (spec/conversations.md
+#: §2.4): their construction steps and their table cells, summed over the fields (a
+#: pattern repeated counts each time).
+MAX_SCHEMA_PATTERN_STEPS = 1_000_000
+MAX_SCHEMA_PATTERN_CELLS = 262_144
+_SPENT = threading.local()  # .on_patterns: [steps, cells] while a section is compiled
+
+
+def _spend_on_patterns(compiled: Pattern, where: str) -> None:
+    spent: list[int] | None = getattr(_SPENT, "on_patterns", None)
+    if spent is None:  # (a type compiled alone, outside a section)
+        return
+    spent[0] += compiled.compile_steps
+    spent[1] += compiled.cells
+    if spent[0] > MAX_SCHEMA_PATTERN_STEPS:
+        raise _Bad(f"the schema's patterns take more than {MAX_SCHEMA_PATTERN_STEPS} steps "
+                   "to compile", where)
+    if spent[1] > MAX_SCHEMA_PATTERN_CELLS:
+        raise _Bad(f"the schema's patterns need more than {MAX_SCHEMA_PATTERN_CELLS} "
+                   "automaton table cells", where)
+
+
 def _compile(section: Value) -> Schema:
+    _SPENT.on_patterns = [0, 0]
+    try:
+        return _compile_section(section)
+    finally:
+        _SPENT.on_patterns = None
+
+
+def _compile_section(section: Value) -> Schema:
     try:
         if type(section) is not tuple or not section or section[0] != Symbol("schema"):
             raise _Bad("expected a (schema …) section", "$")
@@ -460,7 +504,16 @@ def _atom_problem(t: AtomType, value: Value) -> str | None:
                     f"of {t.max_length}")
     if t.scheme is not None and URI(value).scheme != t.scheme:  # type: ignore[arg-type]
         return f"expected a URI with scheme {t.scheme}, found {_found(value)}"
+    if t.pattern is not None and not _pattern_of(t.pattern).fullmatch(
+            value):  # type: ignore[arg-type]
+        return f"{_found(value)} does not match the pattern {_show(t.pattern)}"
     return None
+
+
+def _pattern_of(text: str) -> Pattern:
+    """The compiled pattern (checked when its schema was compiled; a hand-built type with
+    a pattern outside the subset raises :class:`PatternError` here)."""
+    return compile_pattern(text)
 
 
 def _one_of(t: OneOf, value: Value) -> bool:
@@ -631,6 +684,14 @@ def _atom_spec(t: AtomType) -> _Spec:
     kinds = _ATOM_KINDS.get(kind)
     if kinds is None or kind == "boolean" or t.scheme is not None:
         pass  # rare: the general predicate below
+    elif t.pattern is not None:  # (the C twin calls the predicate: a pattern is Python's)
+        if kind == "string" and not ranged and not sized:
+            try:
+                matches = compile_pattern(t.pattern).fullmatch
+            except PatternError:
+                pass  # a hand-built type: the explaining pass raises
+            else:
+                return None, _TESTED, lambda value: type(value) is str and matches(value), None
     elif kind == "any":
         if not ranged and not sized:
             return _ANY
