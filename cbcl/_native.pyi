@@ -461,3 +461,23 @@ def encode_entry(fallback: Any, doc: str, /) -> MethodEntry:
 def decimals_in_place() -> bool:
     """Whether this module makes ``Decimal``\\ s in place (the layout check of
     ``cbcl/_native_src/cstack.h`` held on this interpreter), else by ``Decimal(text)``."""
+
+@final
+class RecordConverter:
+    """A ``cbcl.Record`` class's body converter (``cbcl/_native_src/records.c``), made once
+    per class by ``cbcl.protocol._records``: ``members`` holds, per member in declared
+    order, ``(keyword, member descriptor, required, default, kind, argument,
+    converter)``. Raises ``TypeError`` for a plan it cannot follow."""
+
+    def __new__(cls, record: type, body_slot: Any, start: int,
+                members: tuple[tuple[Any, ...], ...], heads: tuple[Any, ...],
+                intents: tuple[Any, ...], /) -> RecordConverter: ...
+    def __call__(self, body: Value, /) -> Any:
+        """The instance of the class made of ``body`` (a checked body), as the class's
+        Python ``_from_body``; raises what a member's Python converter raises
+        (``ValueError``), ``TypeError`` for a body that is not a tuple."""
+    def of(self, message: Any, protocol: Any, /) -> Any:
+        """The body of ``message`` as an instance, where its one head, its intent and the
+        trusted ``protocol`` make it ``record_of``'s ordinary case; else ``None``."""
+    def trust(self, protocol: Any, /) -> None:
+        """Trust ``protocol`` (``None``: none) as one whose schema holds the class's record."""
