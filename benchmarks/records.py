@@ -7,7 +7,9 @@
 ranged priority, three nested line records, a note, a flag). cbcl decodes whole messages —
 envelope, grammar and schema checked — into :class:`SampleRequest`
 (``Decoder.decode(frame, type=…)``, ``cbcl.parse(text, type=…)``), and, for the cost of
-the conversion alone, without ``type=``. The peers decode only the body, as the same
+the conversion alone, without ``type=``, and the conversion itself: a decoded body into
+the class by its C converter (cbcl/_native_src/records.c, the class's ``_from_body``) and
+by the Python reference (``_from_body_python``). The peers decode only the body, as the same
 fields in JSON (or that JSON packed as msgpack), into models with the same constraints:
 msgspec ``Struct`` (``msgspec.msgpack.decode``/``msgspec.json.decode`` with ``type=``)
 and pydantic (``model_validate_json``). Rounds are interleaved and the best is kept (µs
@@ -123,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         assert decoder.decode(frame, type=SampleRequest) == record
     assert msgspec.msgpack.decode(packs[0], type=MSample).sample_id == records[0].sample_id
     assert PSample.model_validate_json(jsons[0]).sample_id == records[0].sample_id
+    bodies = [decoder.decode(f).body for f in frames]
     cases: dict[str, tuple[Callable[[Any], Any], Sequence[Any]]] = {
+        "body -> class, C converter": (getattr(SampleRequest, "_from_body"), bodies),  # noqa: B009
+        "body -> class, Python reference": (
+            getattr(SampleRequest, "_from_body_python"), bodies),  # noqa: B009
         "cbcl binary, type=SampleRequest": (
             lambda f: decoder.decode(f, type=SampleRequest), frames),
         "cbcl binary, Message only": (decoder.decode, frames),

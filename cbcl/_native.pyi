@@ -530,3 +530,23 @@ class SessionState:
                                                            int | None, int, list[Any]]],
              finished: list[str], /) -> None:
         """Replace the state by these (the forms of the three methods above)."""
+
+@final
+class RecordConverter:
+    """A ``cbcl.Record`` class's body converter (``cbcl/_native_src/records.c``), made once
+    per class by ``cbcl.protocol._records``: ``members`` holds, per member in declared
+    order, ``(keyword, member descriptor, required, default, kind, argument,
+    converter)``. Raises ``TypeError`` for a plan it cannot follow."""
+
+    def __new__(cls, record: type, body_slot: Any, start: int,
+                members: tuple[tuple[Any, ...], ...], heads: tuple[Any, ...],
+                intents: tuple[Any, ...], /) -> RecordConverter: ...
+    def __call__(self, body: Value, /) -> Any:
+        """The instance of the class made of ``body`` (a checked body), as the class's
+        Python ``_from_body``; raises what a member's Python converter raises
+        (``ValueError``), ``TypeError`` for a body that is not a tuple."""
+    def of(self, message: Any, protocol: Any, /) -> Any:
+        """The body of ``message`` as an instance, where its one head, its intent and the
+        trusted ``protocol`` make it ``record_of``'s ordinary case; else ``None``."""
+    def trust(self, protocol: Any, /) -> None:
+        """Trust ``protocol`` (``None``: none) as one whose schema holds the class's record."""

@@ -481,6 +481,9 @@ static PyMethodDef native_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* records.c's set-up: its RecordConverter type, added to the module (no state). */
+CBCL_INTERNAL int cbcl_records_exec(PyObject *module);
+
 static int
 native_exec(PyObject *module)
 {
@@ -511,7 +514,8 @@ native_exec(PyObject *module)
         PyModule_AddFunctions(module, cbcl_encoders_methods) < 0)
         return -1;
     if (cbcl_scanner_exec(module, st) < 0 || cbcl_speedups_exec(module, st) < 0 ||
-            cbcl_encoders_exec(module, st) < 0 || cbcl_session_exec(module, st) < 0)
+            cbcl_encoders_exec(module, st) < 0 || cbcl_session_exec(module, st) < 0 ||
+            cbcl_records_exec(module) < 0)
         return -1;
     st->ready = 1;
     return 0;

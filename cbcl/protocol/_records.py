@@ -59,6 +59,13 @@ from ._message import Intent, Message
 from ._protocol import Protocol
 from ._schema import Record as RecordType, Schema, _Bad, _compile_type, check_schema
 
+try:
+    from .._native import RecordConverter as _RecordConverter_c
+except ImportError:  # not built: the classes' Python _from_body only
+    _RecordConverter: Any = None
+else:
+    _RecordConverter = _RecordConverter_c
+
 __all__ = [
     "Declared",
     "Key",
@@ -147,6 +154,8 @@ class _Plan:
     to_wire: Callable[[Any], tuple[Any, Value]]
     #: A checked wire value -> the stored value, or None where they are the same.
     from_wire: Callable[[Any], Any] | None
+    #: The member's annotation without ``| None`` (for the C converter's plan).
+    annotation: Any = None
 
 
 def _bad_type(name: str, expected: str, value: object) -> TypeError:
@@ -324,7 +333,8 @@ def _plan_type(name: str, tp: Any, owner: str
             if type(v) is not record_cls:
                 raise _bad_type(name, record_cls.__name__, v)
             return v, v.to_body()
-        return record_cls.__cbcl_type__, to_record, getattr(record_cls, "_from_body")  # noqa: B009
+        return (record_cls.__cbcl_type__, to_record,
+                getattr(record_cls, "_from_body_python"))  # noqa: B009
     found = _atom_kind(name, tp)
     if found is None:
         raise TypeError(f"{owner}.{name}: no schema type for the annotation {tp!r} (str, int, "
@@ -454,7 +464,7 @@ def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
                 raise TypeError(f"{name}.{field_name}: an Optional member has a default "
                                 "(= None)")
         plans.append(_Plan(field_name, key, text, default is _MISSING, default, to_wire,
-                           from_wire))
+                           from_wire, inner))
     members = " ".join(f"({canonical_value(p.key)} {p.type_text}"
                        f"{' required' if p.required else ''})" for p in plans)
     if cls.__cbcl_heads__:
@@ -562,7 +572,69 @@ def _make_methods(cls: Any, plans: list[_Plan]) -> None:
     for method in ("__init__", "__eq__", "__hash__", "__repr__"):
         ns[method].__qualname__ = f"{cls.__qualname__}.{method}"
         setattr(cls, method, ns[method])
-    cls._from_body = staticmethod(ns["_from_body"])
+    cls._from_body_python = staticmethod(ns["_from_body"])
+    converter = _native_converter(cls, plans)
+    cls.__cbcl_converter__ = converter
+    cls._from_body = cls._from_body_python if converter is None else converter
+
+
+# The C converter (cbcl/_native_src/records.c): its member kinds, and the plan it is made of.
+_RAW, _LOOKUP, _RECORD, _RECORDS_TUPLE, _RECORDS_LIST, _LIST, _BOOL, _CALL = range(8)
+
+
+def _bare(tp: Any) -> Any:
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _converter_of(tp: Any) -> Any:
+    return getattr(tp, "__cbcl_converter__", None) if isinstance(tp, type) and \
+        issubclass(tp, Record) and tp is not Record else None
+
+
+def _member_kind(p: _Plan) -> tuple[int, Any]:
+    """The C converter's (kind, argument) for member ``p`` (see records.c)."""
+    if p.from_wire is None:
+        return _RAW, None
+    tp = _bare(p.annotation)
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return _LOOKUP, {(Symbol(v) if type(v) is str else v): v for v in typing.get_args(tp)}
+    if tp is bool:
+        return _BOOL, _TRUE
+    nested = _converter_of(tp)
+    if nested is not None:
+        return _RECORD, nested
+    if origin in (list, tuple):
+        nested = _converter_of(_bare(typing.get_args(tp)[0]))
+        if nested is not None:
+            return (_RECORDS_LIST if origin is list else _RECORDS_TUPLE), nested
+        if p.from_wire is list:
+            return _LIST, None
+    return _CALL, None
+
+
+def _native_converter(cls: Any, plans: list[_Plan]) -> Any:
+    """The class's C converter (records.c), or None where cbcl._native is not built."""
+    if _RecordConverter is None:
+        return None
+    members = []
+    for p in plans:
+        kind, argument = _member_kind(p)
+        members.append((p.key, _slot_member(cls, p.name), p.required, p.default, kind,
+                        argument, p.from_wire))
+    return _RecordConverter(cls, _slot_member(cls, "__cbcl_body__"), len(cls.__cbcl_heads__),
+                            tuple(members), cls.__cbcl_heads__, cls.__cbcl_intents__)
+
+
+def _slot_member(cls: Any, name: str) -> Any:
+    """The member descriptor of slot ``name`` of ``cls`` (or of its base)."""
+    for klass in cls.__mro__:
+        member = klass.__dict__.get(name)
+        if member is not None:
+            return member
+    raise TypeError(f"{cls.__name__} has no slot {name}")  # pragma: no cover
 
 
 def _slot_setter(cls: Any, name: str) -> Callable[[Any, Any], None]:
@@ -621,6 +693,11 @@ class Record(metaclass=_RecordMeta):
     __cbcl_type__: ClassVar[str]
     __cbcl_schema__: ClassVar[Schema | None]
     __match_args__: ClassVar[tuple[str, ...]] = ()
+    #: The body -> an instance: the C converter where cbcl._native is built (records.c),
+    #: else :attr:`_from_body_python`, the Python the metaclass writes (its reference).
+    _from_body: ClassVar[Callable[[Value], Any]]
+    _from_body_python: ClassVar[Callable[[Value], Any]]
+    __cbcl_converter__: ClassVar[Any]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         kwargs.pop("intent", None)
@@ -687,6 +764,29 @@ def _classes(type_: Any) -> tuple[type[Record], ...]:
 
 
 def record_of(message: Message, type_: Any, protocol: Protocol | None = None) -> Any:
+    """The body of ``message`` as an instance of ``type_``: :func:`record_of_python`'s
+    result and errors, its ordinary case (one class, its head and intent, a protocol
+    whose schema holds the class's record) converted by the class's C converter
+    (cbcl/_native_src/records.c) in one call where cbcl._native is built."""
+    converter = getattr(type_, "__cbcl_converter__", None) if type(type_) is _RecordMeta \
+        else None
+    if converter is None or protocol is None:
+        return _record_of(message, type_, protocol, "_from_body")
+    made = converter.of(message, protocol)
+    if made is not None:
+        return made
+    made = _record_of(message, type_, protocol, "_from_body")
+    if _trusted(type_, protocol):  # (remembered: the next body of this protocol is C's)
+        converter.trust(protocol)
+    return made
+
+
+def record_of_python(message: Message, type_: Any, protocol: Protocol | None = None) -> Any:
+    """:func:`record_of` in Python only (the reference of its C converter)."""
+    return _record_of(message, type_, protocol, "_from_body_python")
+
+
+def _record_of(message: Message, type_: Any, protocol: Protocol | None, convert: str) -> Any:
     """The body of ``message`` (one a parser has accepted) as an instance of the record
     class ``type_`` (or of one of ``A | B``, chosen by the body's heads).
 
@@ -717,7 +817,7 @@ def record_of(message: Message, type_: Any, protocol: Protocol | None = None) ->
     if not _trusted(cls, protocol):
         check_schema(cls.__cbcl_schema__, body)
     try:
-        return cls._from_body(body)
+        return getattr(cls, convert)(body)
     except ValueError as exc:  # (a value the schema takes and Python cannot: a datetime)
         raise SchemaError(f"$.body: {exc}", path="$.body") from None
 
