@@ -47,12 +47,12 @@ is_space(unsigned char c)
     return c == ' ' || c == '\t' || c == '\r' || c == '\n';
 }
 
-/* Where an atom ends: whitespace, '(', ')' and ';' ('"' is an error, and the end). */
-static int
-ends_atom(unsigned char c)
-{
-    return is_space(c) || c == '(' || c == ')' || c == ';' || c == '"';
-}
+/* Where an atom ends: whitespace, '(', ')' and ';' ('"' is an error, and the end): 1 for
+ * those bytes (a table: the run of every atom is scanned with it). */
+static const unsigned char ends_atom[256] = {
+    ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [' '] = 1, ['('] = 1, [')'] = 1, [';'] = 1,
+    ['"'] = 1,
+};
 
 /* The code point of the multi-byte sequence at p[i] (p[i] >= 0x80) of valid UTF-8, and its
  * size in *size; *size is 0 for a sequence that is not well formed or runs past n. */
@@ -681,7 +681,8 @@ forget_atoms(PyObject *module, PyObject *Py_UNUSED(ignored))
  * decline, NULL with an exception. */
 static PyObject *
 read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii,
-          PyObject *cache, PyObject *make_atom, Py_ssize_t max_name, int gc_paused)
+          size_t hash, PyObject *cache, PyObject *make_atom, Py_ssize_t max_name,
+          int gc_paused)
 {
     if ((p[i] >= '0' && p[i] <= '9') || p[i] == '-') {
         int integer;
@@ -703,7 +704,7 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
-        slot = &st->scanner.memo[memo_hash(p + i, length, 0, NULL) & (MEMO_SLOTS - 1)];
+        slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
         PyObject *hit = memo_hit(slot, 0, p + i, length);
         if (hit != NULL)
             return hit;
@@ -865,12 +866,16 @@ cbcl_read_value_of(NativeState *st, PyObject *text, Py_ssize_t pos, PyObject *ca
         } else {
             Py_ssize_t k = i;
             unsigned char high = 0; /* the high bit: whether the run is not ASCII */
-            while (k < n && !ends_atom(p[k]))
-                high |= p[k++];
+            size_t hash = 2166136261u; /* its memo_hash (cstack.h, kind 0), as it is scanned */
+            while (k < n && !ends_atom[p[k]]) {
+                unsigned char b = p[k++];
+                high |= b;
+                hash = (hash ^ b) * 16777619u;
+            }
             if (k < n && p[k] == '"')
                 goto bail; /* an atom a string follows without a delimiter */
-            value = read_atom(st, p, i, k, !(high & 0x80), cache, make_atom, max_name,
-                              gc_paused);
+            value = read_atom(st, p, i, k, !(high & 0x80), hash ^ (hash >> 15), cache,
+                              make_atom, max_name, gc_paused);
             end = k;
         }
         if (value == NULL)
