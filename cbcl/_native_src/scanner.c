@@ -146,6 +146,19 @@ hex_value(unsigned char c)
     return -1;
 }
 
+/* 1 for the bytes a string holds as they are, with nothing to check: printable ASCII but
+ * '"' and '\\' (bytes from 0x80 on: 0). */
+static const unsigned char string_plain[256] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+};
+
 /* The string whose opening quote is p[i]: a new reference, Py_None if it is not a valid
  * string within max_string bytes followed by a delimiter, NULL with an exception. *end
  * receives the index after the closing quote. */
@@ -156,6 +169,12 @@ read_string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Py_ssize_t max_s
     Py_ssize_t j = i + 1, size = 0;
     int escapes = 0;
     for (;;) {
+        Py_ssize_t run = j; /* the plain ASCII from here: one table look-up a byte */
+        while (j < n && string_plain[p[j]])
+            j++;
+        size += j - run;
+        if (size > max_string)
+            Py_RETURN_NONE;
         if (j >= n)
             Py_RETURN_NONE; /* not closed */
         unsigned char c = p[j];
