@@ -31,12 +31,15 @@
  * ASCII keyword, symbol or URI (new names: agents invent them all the time, and a peer can
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
- * (cbcl_intern_name, their bound kept) and the token remembered in `cache` as
- * cbcl.core._reader._atom remembers it; every other miss calls `make_atom(token,
+ * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
+ * keyword's or URI's token remembered in `cache` as cbcl.core._reader._atom remembers it
+ * (a symbol's intern table is its cache: looked up first for a run that is a NAME, and a
+ * new symbol goes there only); every other miss calls `make_atom(token,
  * max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions, which makes
  * the atom, remembers it, or returns None). Python's rules stay the definition: the C
  * mirrors are held to them by tests/test_scanner.py, tests/test_intern_native.py and
- * tests/fuzz/fuzz_scanner.py.
+ * tests/fuzz/fuzz_scanner.py. The cyclic collector is paused while a value is read (see
+ * cbcl_read_value_of); when an intern table is emptied, so are the memos (forget_memos).
  */
 #include "cstack.h"
 #include "native.h"
