@@ -3,6 +3,7 @@ no cache holds and once with names read before, text and binary, ~4 KB and ~64 K
 worst case, one message of 60,000 new symbols, against msgspec reading the same content.
 
     python benchmarks/new_names.py [--rounds 5] [--json FILE]
+    python benchmarks/new_names.py --instructions [--json FILE]
 
 Each message is a table/v1 message of ``cbcl bench``'s mixed sets (rows of strings,
 integers, decimals, symbols, keyword members, URIs). A *fresh* set is drawn with names no
@@ -11,6 +12,12 @@ are interned and memoised. Both are timed per pass over a set, best of ``--round
 fresh set per round), and reported per byte. Targets (issue 35): fresh ≤ 1.5× recurring per
 byte, text and binary, at both sizes; the 60,000-symbol message within 2× msgspec's time
 for the same content (a JSON array of strings, typed ``list[str]``).
+
+``--instructions``: the same figures as instruction counts (callgrind, one run: each pass
+counted on its own, as :mod:`atom_instructions` counts), which a loaded machine does not
+disturb: instructions per byte of a pass over a fresh set and of a second pass over it
+(smaller sets: :data:`INSTRUCTION_SIZES`), and of the 60,000-symbol message against
+msgspec.
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +48,7 @@ from cbcl import Decoder, Encoder, Registry, canonical, parse
 TARGET_FRESH_VS_RECURRING = 1.5
 TARGET_WORST_VS_MSGSPEC = 2.0
 SIZES = {"mixed-4k": 200, "mixed-64k": 12}  # messages per set
+INSTRUCTION_SIZES = {"mixed-4k": 40, "mixed-64k": 3}  # (under callgrind)
 
 
 def _pass(function: Callable[[bytes], object], items: list[bytes]) -> float:
@@ -107,12 +118,107 @@ def worst_case(rounds: int) -> dict[str, float]:
             "cbcl_vs_msgspec_time": best_cbcl / best_msgspec}
 
 
+def _worst_inputs(seed: str) -> tuple[bytes, bytes]:
+    """The 60,000-symbol message as CBCL text and as a JSON array of strings."""
+    vocabulary = Vocabulary(random.Random(seed), recurring=1, fresh=1.0)
+    names = [vocabulary.new().replace("-", "x") for _ in range(60_000)]
+    return ("(" + " ".join(names) + ")").encode(), json.dumps(names).encode()
+
+
+def counted_passes(log: Path) -> None:
+    """The passes :func:`instructions` counts (run under callgrind): each made through
+    ``functools.reduce``, in the order written to ``log`` (one JSON line per pass)."""
+    import msgspec
+
+    import cbcl
+    from cbcl.core._limits import Limits
+
+    registry = load_registry(find_descriptors())
+    encoder, decoder = Encoder(registry, validate=False), Decoder(registry)
+    entries: list[dict[str, Any]] = []
+
+    def counted(name: str, function: Callable[[bytes], object], items: list[bytes],
+                size: int) -> None:
+        entries.append({"pass": name, "bytes": size})
+        reduce(lambda _, item: function(item), items, None)
+
+    def parse_text(text: bytes) -> object:
+        return parse(text, registry=registry)
+
+    for size, count in INSTRUCTION_SIZES.items():
+        warm = mixed_messages(size, 1, f"new-names/instructions/{size}/warm", fresh=0.0)
+        parse_text(canonical(warm[0]).encode())  # (what a first call builds once)
+        decoder.decode(encoder.encode(warm[0]))
+        for form, function in (("text", parse_text), ("binary", decoder.decode)):
+            # (a set per form: the names of each are new to it)
+            messages = mixed_messages(size, count, f"new-names/instructions/{size}/{form}",
+                                      fresh=1.0)
+            texts = [canonical(m).encode() for m in messages]
+            items = texts if form == "text" else [encoder.encode(m) for m in messages]
+            total = sum(map(len, texts))  # (per byte of text, both forms)
+            counted(f"{size}/{form}/fresh", function, items, total)
+            counted(f"{size}/{form}/recurring", function, items, total)
+    limits = Limits(max_message_bytes=4 << 20, max_list_items=1 << 17, max_nodes=1 << 18)
+    text, document = _worst_inputs("worst/instructions")
+    counted("worst/cbcl", lambda t: cbcl.read(t, limits=limits), [text], len(text))
+    counted("worst/msgspec", msgspec.json.Decoder(list[str]).decode, [document], len(text))
+    log.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+
+
+def instructions() -> dict[str, Any]:
+    """Run :func:`counted_passes` under callgrind: instructions per byte of each pass, and
+    the ratios the targets are about."""
+    from atom_instructions import COUNTED, _dump_counts
+
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "passes.jsonl"
+        command = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                   f"--toggle-collect={COUNTED}", f"--dump-after={COUNTED}",
+                   f"--callgrind-out-file={folder}/cg.out", sys.executable, __file__,
+                   "--counted-passes", str(log)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        passes = [json.loads(line) for line in log.read_text().splitlines()]
+        counts = _dump_counts(Path(folder))
+    if len(counts) != len(passes):
+        raise SystemExit(f"{len(counts)} callgrind dumps for {len(passes)} passes")
+    per_byte = {p["pass"]: count / p["bytes"] for p, count in zip(passes, counts, strict=True)}
+    out: dict[str, Any] = {"instructions_per_byte": per_byte, "fresh_vs_recurring": {}}
+    for size in INSTRUCTION_SIZES:
+        for form in ("text", "binary"):
+            out["fresh_vs_recurring"][f"{size}/{form}"] = (
+                per_byte[f"{size}/{form}/fresh"] / per_byte[f"{size}/{form}/recurring"])
+    out["worst_cbcl_vs_msgspec"] = per_byte["worst/cbcl"] / per_byte["worst/msgspec"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instruction counts under callgrind instead of times")
+    parser.add_argument("--counted-passes", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.counted_passes:
+        counted_passes(Path(args.counted_passes))
+        return 0
     installed.check()  # the installed cbcl, with its C extension
+    if args.instructions:
+        counts = instructions()
+        print("| pass | instructions/B (fresh) | instructions/B (recurring) | fresh/recurring |")
+        print("|---|---:|---:|---:|")
+        for key, ratio in counts["fresh_vs_recurring"].items():
+            fresh = counts["instructions_per_byte"][f"{key}/fresh"]
+            again = counts["instructions_per_byte"][f"{key}/recurring"]
+            print(f"| {key} | {fresh:.1f} | {again:.1f} | {ratio:.2f} |")
+        worst = counts["instructions_per_byte"]
+        print(f"\n60,000 new symbols: cbcl.read {worst['worst/cbcl']:.1f} instructions/B, "
+              f"msgspec list[str] {worst['worst/msgspec']:.1f}: "
+              f"{counts['worst_cbcl_vs_msgspec']:.2f}× (target ≤ {TARGET_WORST_VS_MSGSPEC}×)")
+        if args.json:
+            Path(args.json).write_text(json.dumps(counts, indent=2) + "\n")
+        return 0
     registry = load_registry(find_descriptors())
     assert registry.get(MIXED_PROTOCOL[:-3] + "/v1") is not None
     results: dict[str, Any] = {"fresh_vs_recurring": fresh_vs_recurring(registry, args.rounds),

@@ -36,16 +36,24 @@ def read_value(
     names of ``max_name`` characters). ``cache`` is ``cbcl.core._reader._CACHE`` (token text ->
     atom) and ``make_atom`` ``cbcl.core._reader._atom``, called on a miss for every atom but
     integers, decimals of more than 4 characters and (once :func:`setup_intern` has run)
-    ASCII keywords, symbols and URIs, which are made in C, interned and remembered in
-    ``cache`` as ``make_atom`` would."""
+    ASCII keywords, symbols and URIs, which are made in C and interned (a symbol in its
+    intern table only; keywords and URIs remembered in ``cache`` too, as ``make_atom``
+    would). The cyclic collector does not run during the read (nor make_atom's calls)."""
 
 def setup_intern(symbols: dict[str, Any], keywords: dict[str, Any],
                  pinned_symbols: dict[str, Any], pinned_keywords: dict[str, Any],
-                 max_names: int, cache_chars: int, cache_max: int, /) -> None:
+                 max_names: int, cache_chars: int, cache_max: int,
+                 cache: dict[str, object] | None = None, /) -> None:
     """The reader's intern tables (``cbcl.core._reader._SYMBOLS`` …), the bound of each
     (emptied down to its pinned names when full) and the token cache's bounds: the C
-    readers intern new names there, without a call into Python. Raises ``ValueError``
+    readers intern new names there, without a call into Python. ``cache`` (the token
+    cache) is emptied, with the native memos, when a table is. Raises ``ValueError``
     for a bound that is not positive."""
+
+def forget_atoms() -> None:
+    """Empty the native memos of atoms and the token cache :func:`setup_intern` was given,
+    as when an intern table is emptied (``cbcl.core._reader._intern`` calls it when it
+    empties one)."""
 
 def decimal_layout_holds(type: type, /) -> tuple[bool, bool]:
     """Whether the layout check of ``cbcl/_native_src/cstack.h`` holds for ``type`` (its

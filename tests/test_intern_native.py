@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import itertools
 import random
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -188,3 +189,110 @@ def _request_descriptor() -> bytes:
 
     return (Path(__file__).resolve().parent.parent / "descriptors" /
             "request-v1.cbcl").read_bytes()
+
+
+@pytest.fixture
+def tables_restored() -> Iterator[None]:
+    """The intern tables as they were before the test (which empties them): names other
+    tests expect interned (unpinned ones among them) are the same objects again."""
+    symbols, keywords = dict(_reader._SYMBOLS), dict(_reader._KEYWORDS)
+    yield
+    _reader._SYMBOLS.clear()
+    _reader._SYMBOLS.update(symbols)
+    _reader._KEYWORDS.clear()
+    _reader._KEYWORDS.update(keywords)
+    native.forget_atoms()
+
+
+def _memo_slot(token: str) -> int:
+    """The slot of the scanner's token memo that ``token`` goes to (cstack.h's memo_hash:
+    FNV-1a over its bytes, on a 64-bit size_t, over 4096 slots)."""
+    h = 2166136261
+    for byte in token.encode():
+        h = ((h ^ byte) * 16777619) & (2**64 - 1)
+    return (h ^ (h >> 15)) % 4096
+
+
+def _flood_symbols_in_c(rng: random.Random, spare: str) -> None:
+    """Read more new symbols than the table holds: it is emptied (in C) at least once; the
+    memo slot of ``spare`` is left alone, so only the emptying can make it forget."""
+    keep = _memo_slot(spare)
+    flood = [n for n in _fresh(rng, _reader._INTERN_MAX + 100) if _memo_slot(n) != keep]
+    for start in range(0, len(flood), 4000):
+        _c_read("(" + " ".join(flood[start:start + 4000]) + ")")
+
+
+@pytest.mark.usefixtures("tables_restored")
+def test_a_name_read_after_its_table_is_emptied_in_c_is_the_tables() -> None:
+    """The memos are emptied with the table: no memo gives the atom from before."""
+    rng = random.Random("flush-c")
+    (name,) = _fresh(rng, 1)
+    (before,) = _c_read(f"({name})")[0]
+    _flood_symbols_in_c(rng, name)
+    (after,) = _c_read(f"({name})")[0]
+    assert after == before and after is _reader._SYMBOLS[name]
+
+
+@pytest.mark.usefixtures("tables_restored")
+def test_a_name_read_after_its_table_is_emptied_in_python_is_the_tables() -> None:
+    rng = random.Random("flush-python")
+    (name, keyword) = _fresh(rng, 2)
+    _c_read(f"({name} :{keyword})")
+    for other in _fresh(rng, _reader._INTERN_MAX + 10):  # (emptied by _intern)
+        _reader.intern_symbol(other)
+        _reader.intern_keyword(other)
+    (symbol_after, keyword_after) = _c_read(f"({name} :{keyword})")[0]
+    assert symbol_after is _reader._SYMBOLS[name]
+    assert keyword_after is _reader._KEYWORDS[keyword]
+
+
+def test_an_atom_made_in_place_is_what_str_new_makes() -> None:
+    """Atoms the C readers write field by field behave as str.__new__'s, every kind."""
+    rng = random.Random("in-place")
+    (name,) = _fresh(rng, 1)
+    value, _, _ = _c_read(f"({name} :{name} agent://{name}/x)")
+    for made, kind, text in zip(value, (Symbol, Keyword, URI),
+                                (name, name, f"agent://{name}/x"), strict=True):
+        python = str.__new__(kind, text)
+        assert type(made) is kind and made == python and hash(made) == hash(python)
+        assert str.__str__(made) == text and made.encode() == text.encode()
+        assert len(made) == len(text) and made[1:] == text[1:] and made.isascii()
+        assert sys.getsizeof(made) == sys.getsizeof(python)
+        assert not hasattr(made, "__dict__")
+
+
+def test_no_collection_runs_while_a_body_of_new_names_is_read() -> None:
+    """The collector is paused for the read (and as its caller left it after, and while
+    make_atom runs): reading thousands of new atoms sets off at most the one collection
+    the first allocation after the read may start."""
+    rng = random.Random("collector")
+    text = "(" + " ".join(_fresh(rng, 5000)) + ")"
+    collections = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    assert gc.isenabled()
+    gc.callbacks.append(count)
+    try:
+        _c_read(text)
+    finally:
+        gc.callbacks.remove(count)
+    assert len(collections) <= 1 and gc.isenabled()
+
+    seen = []
+
+    def atom(token: str, max_name: int) -> object:
+        seen.append(gc.isenabled())
+        return _reader._atom(token, max_name)
+
+    (stem,) = _fresh(rng, 1)
+    _c_read(f"(agent://{stem}/é)", atom)  # (not ASCII: make_atom is called)
+    assert seen == [True] and gc.isenabled()
+    gc.disable()
+    try:
+        _c_read(f"(agent://{stem}/ü)", atom)
+        assert seen == [True, False] and not gc.isenabled()
+    finally:
+        gc.enable()

@@ -123,6 +123,8 @@ typedef struct {
     PyObject *decimal;      /* decimal.Decimal (strong) */
     int in_place;           /* 1: the layout check held (decimals made in place) */
     int untrackable;        /* 1: a Decimal visits only its type (may be untracked) */
+    int atoms_in_place;     /* 1: atoms are written by cbcl_new_atom's direct fill (scanner.c
+                             * checked the layout at exec); 0: made by str.__new__ */
 } ValueTypes;
 
 /* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._reader's
@@ -131,6 +133,7 @@ typedef struct {
  * into Python (cbcl_intern_name). `symbols` NULL: not set up (make_atom is called). */
 typedef struct {
     PyObject *symbols, *keywords, *pinned_symbols, *pinned_keywords; /* dicts (strong) */
+    PyObject *cache;        /* the reader's token cache (_CACHE), emptied with a table */
     Py_ssize_t max_names;   /* _INTERN_MAX: a table this full is emptied to its pinned */
     Py_ssize_t cache_chars; /* _CACHED_CHARS: the longest token the token cache keeps */
     Py_ssize_t cache_max;   /* _CACHE_MAX: a token cache this full is emptied */
@@ -256,6 +259,15 @@ CBCL_INTERNAL void cbcl_encoders_clear(NativeState *st);
  * reference) where setup_intern has not run, to call the Python twin instead; NULL with
  * an exception. */
 CBCL_INTERNAL PyObject *cbcl_intern_name(NativeState *st, int keyword, PyObject *name);
+
+/* cbcl_intern_name for a name the caller has just looked up in the table and not found
+ * (the lookup is not made again). */
+CBCL_INTERNAL PyObject *cbcl_intern_new_name(NativeState *st, int keyword, PyObject *name);
+
+/* A new atom of type vt->inert[which] (0 Symbol, 1 Keyword, 2 URI) spelled `text` (an
+ * exact str), as str.__new__(type, text) makes it, not tracked by the collector (it refers
+ * to its type only): a new reference, or NULL with an exception (scanner.c). */
+CBCL_INTERNAL PyObject *cbcl_new_atom(const ValueTypes *vt, int which, PyObject *text);
 
 /* The scanner's reader of one value (scanner.c's read_value, its arguments checked: text
  * a str, cache a dict, utf8 the text's UTF-8 as bytes or Py_None): the value at character

@@ -31,12 +31,15 @@
  * ASCII keyword, symbol or URI (new names: agents invent them all the time, and a peer can
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
- * (cbcl_intern_name, their bound kept) and the token remembered in `cache` as
- * cbcl.core._reader._atom remembers it; every other miss calls `make_atom(token,
+ * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
+ * keyword's or URI's token remembered in `cache` as cbcl.core._reader._atom remembers it
+ * (a symbol's intern table is its cache: looked up first for a run that is a NAME, and a
+ * new symbol goes there only); every other miss calls `make_atom(token,
  * max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions, which makes
  * the atom, remembers it, or returns None). Python's rules stay the definition: the C
  * mirrors are held to them by tests/test_scanner.py, tests/test_intern_native.py and
- * tests/fuzz/fuzz_scanner.py.
+ * tests/fuzz/fuzz_scanner.py. The cyclic collector is paused while a value is read (see
+ * cbcl_read_value_of); when an intern table is emptied, so are the memos (forget_memos).
  */
 #include "cstack.h"
 #include "native.h"
@@ -47,12 +50,12 @@ is_space(unsigned char c)
     return c == ' ' || c == '\t' || c == '\r' || c == '\n';
 }
 
-/* Where an atom ends: whitespace, '(', ')' and ';' ('"' is an error, and the end). */
-static int
-ends_atom(unsigned char c)
-{
-    return is_space(c) || c == '(' || c == ')' || c == ';' || c == '"';
-}
+/* Where an atom ends: whitespace, '(', ')' and ';' ('"' is an error, and the end): 1 for
+ * those bytes (a table: the run of every atom is scanned with it). */
+static const unsigned char ends_atom[256] = {
+    ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [' '] = 1, ['('] = 1, [')'] = 1, [';'] = 1,
+    ['"'] = 1,
+};
 
 /* The code point of the multi-byte sequence at p[i] (p[i] >= 0x80) of valid UTF-8, and its
  * size in *size; *size is 0 for a sequence that is not well formed or runs past n. */
@@ -146,6 +149,19 @@ hex_value(unsigned char c)
     return -1;
 }
 
+/* 1 for the bytes a string holds as they are, with nothing to check: printable ASCII but
+ * '"' and '\\' (bytes from 0x80 on: 0). */
+static const unsigned char string_plain[256] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+};
+
 /* The string whose opening quote is p[i]: a new reference, Py_None if it is not a valid
  * string within max_string bytes followed by a delimiter, NULL with an exception. *end
  * receives the index after the closing quote. */
@@ -156,6 +172,12 @@ read_string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Py_ssize_t max_s
     Py_ssize_t j = i + 1, size = 0;
     int escapes = 0;
     for (;;) {
+        Py_ssize_t run = j; /* the plain ASCII from here: one table look-up a byte */
+        while (j < n && string_plain[p[j]])
+            j++;
+        size += j - run;
+        if (size > max_string)
+            Py_RETURN_NONE;
         if (j >= n)
             Py_RETURN_NONE; /* not closed */
         unsigned char c = p[j];
@@ -321,18 +343,25 @@ chars_of(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
  * and at least one character URI_REST_EXCLUDES does not hold (here: ASCII only, so every
  * byte above space but DEL, '(', ')', '"' and ';'; a run holding other bytes is left to
  * make_atom). */
+#define NAME_START 1
+#define NAME_REST 2
+
+/* Each byte's NAME_START and NAME_REST bits (bytes from 0x80 on: none). */
+static const unsigned char name_classes[256] = {
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 3, 0, 0, 0, 2, 2, 0, 0, 0, 3, 3, 0, 3, 3, 3,
+    2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 3, 3, 3, 3,
+    2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3,
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0, 3,
+    0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3,
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0,
+};
+
 static int
 name_start(unsigned char c)
 {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '+' || c == '-' ||
-           c == '*' || c == '/' || c == '<' || c == '>' || c == '=' || c == '!' ||
-           c == '?' || c == '_' || c == '.';
-}
-
-static int
-name_rest(unsigned char c)
-{
-    return name_start(c) || (c >= '0' && c <= '9') || c == '@' || c == '%' || c == '&';
+    return name_classes[c] & NAME_START;
 }
 
 /* Whether p[i:k] (k > i) is a NAME. */
@@ -341,10 +370,10 @@ is_name(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
 {
     if (!name_start(p[i]))
         return 0;
+    unsigned char all = NAME_REST;
     for (Py_ssize_t j = i + 1; j < k; j++)
-        if (!name_rest(p[j]))
-            return 0;
-    return 1;
+        all &= name_classes[p[j]];
+    return all != 0;
 }
 
 /* Whether p[i:k] starts like a number (NUMBERLIKE). */
@@ -377,33 +406,190 @@ is_ascii_uri(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
     return 1;
 }
 
+/* ---------------------------------------------------------------- atoms written in place
+ *
+ * A Symbol, Keyword or URI is a str subclass with no __dict__ (__slots__ = ()).
+ * str.__new__(type, text) (CPython's unicode_subtype_new) costs some 400 instructions for
+ * a short name, most of them not the object's: a tuple of arguments, their parsing,
+ * PyObject_Str, zeroing the object and tracking it with the collector (the readers untrack
+ * it at once). The object it writes is a PyUnicodeObject that is not compact: the fields
+ * of cpython/unicodeobject.h, and a pointer to the characters in a buffer of their own
+ * (for ASCII, the UTF-8 pointer shares it). atom_in_place writes that same object for an
+ * exact ASCII str: allocated by PyObject_GC_New (untracked), its fields zeroed, then
+ * length, hash (the text's), kind, ascii (and, before 3.12, ready), the buffer and the
+ * UTF-8 pointer and length set as unicode_subtype_new sets them; it is freed by the
+ * type's own dealloc as str.__new__'s are. That layout is CPython's, not a public API, so
+ * check_atoms_in_place (at exec, in each module object) requires that each type adds
+ * nothing to str's layout and that atoms made here of sample texts match the ones
+ * str.__new__ makes, field by field; where it does not hold (or the build is not one this
+ * was written for), every atom is made by str.__new__. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define CBCL_ATOMS_IN_PLACE 1
+#else
+#define CBCL_ATOMS_IN_PLACE 0
+#endif
+
+#if CBCL_ATOMS_IN_PLACE
+static PyObject *
+atom_in_place(PyTypeObject *type, PyObject *text)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_hash_t hash = PyObject_Hash(text); /* (a str's: cached, and never fails) */
+    char *data = PyObject_Malloc((size_t)n + 1);
+    if (data == NULL)
+        return PyErr_NoMemory();
+    PyUnicodeObject *u = PyObject_GC_New(PyUnicodeObject, type);
+    if (u == NULL) {
+        PyObject_Free(data);
+        return NULL;
+    }
+    memset((char *)u + sizeof(PyObject), 0, sizeof(PyUnicodeObject) - sizeof(PyObject));
+    memcpy(data, PyUnicode_DATA(text), (size_t)n + 1); /* (with its terminating NUL) */
+    PyASCIIObject *a = (PyASCIIObject *)u;
+    a->length = n;
+    a->hash = hash;
+    a->state.kind = PyUnicode_1BYTE_KIND;
+    a->state.ascii = 1;
+#if PY_VERSION_HEX < 0x030C0000
+    a->state.ready = 1;
+#endif
+    ((PyCompactUnicodeObject *)u)->utf8 = data;
+    ((PyCompactUnicodeObject *)u)->utf8_length = n;
+    u->data.any = data;
+    return (PyObject *)u;
+}
+
+/* Whether `mine` (made by atom_in_place) and `theirs` (by str.__new__) are the same
+ * object but for their address and the collector's view. */
+static int
+same_fields(PyObject *mine, PyObject *theirs)
+{
+    PyASCIIObject *a = (PyASCIIObject *)mine, *b = (PyASCIIObject *)theirs;
+    PyCompactUnicodeObject *ca = (PyCompactUnicodeObject *)mine,
+                           *cb = (PyCompactUnicodeObject *)theirs;
+    if (Py_TYPE(mine) != Py_TYPE(theirs) || PyObject_Hash(mine) != PyObject_Hash(theirs) ||
+            a->length != b->length || a->hash != b->hash ||
+            a->state.interned != b->state.interned || a->state.kind != b->state.kind ||
+            a->state.compact != b->state.compact || a->state.ascii != b->state.ascii ||
+            ca->utf8_length != cb->utf8_length || ca->utf8 != ((PyUnicodeObject *)mine)->data.any ||
+            cb->utf8 != ((PyUnicodeObject *)theirs)->data.any)
+        return 0;
+#if PY_VERSION_HEX < 0x030C0000
+    if (a->state.ready != b->state.ready || a->wstr != b->wstr ||
+            ca->wstr_length != cb->wstr_length)
+        return 0;
+#endif
+    return memcmp(PyUnicode_DATA(mine), PyUnicode_DATA(theirs), (size_t)a->length + 1) == 0 &&
+           PyUnicode_Compare(mine, theirs) == 0 && !PyErr_Occurred();
+}
+#endif
+
+/* Whether atom_in_place may make the atoms of vt's types (see above): 1, 0, or -1 with an
+ * exception. */
+static int
+check_atoms_in_place(const ValueTypes *vt)
+{
+#if CBCL_ATOMS_IN_PLACE
+    static const char *const samples[] = {"a", "agent://x.example.net/role", "purchase-order-7",
+                                          ""};
+    for (int k = 0; k < 3; k++) {
+        PyTypeObject *type = vt->inert[k];
+        if (!PyType_IsSubtype(type, &PyUnicode_Type) ||
+                type->tp_basicsize != PyUnicode_Type.tp_basicsize || type->tp_itemsize != 0 ||
+                type->tp_dictoffset != 0 || type->tp_weaklistoffset != 0 ||
+                !PyType_HasFeature(type, Py_TPFLAGS_HAVE_GC) ||
+                type->tp_free != PyObject_GC_Del)
+            return 0;
+        for (size_t j = 0; j < sizeof samples / sizeof *samples; j++) {
+            PyObject *text = PyUnicode_FromString(samples[j]);
+            if (text == NULL)
+                return -1;
+            PyObject *args = PyTuple_Pack(1, text);
+            PyObject *theirs = args ? PyUnicode_Type.tp_new(type, args, NULL) : NULL;
+            Py_XDECREF(args);
+            PyObject *mine = theirs ? atom_in_place(type, text) : NULL;
+            int same = mine != NULL && same_fields(mine, theirs);
+            Py_DECREF(text);
+            Py_XDECREF(theirs);
+            Py_XDECREF(mine);
+            if (PyErr_Occurred())
+                return -1;
+            if (!same)
+                return 0;
+        }
+    }
+    return 1;
+#else
+    (void)vt;
+    return 0;
+#endif
+}
+
+PyObject *
+cbcl_new_atom(const ValueTypes *vt, int which, PyObject *text)
+{
+#if CBCL_ATOMS_IN_PLACE
+    if (vt->atoms_in_place && PyUnicode_IS_ASCII(text))
+        return atom_in_place(vt->inert[which], text);
+#endif
+    PyObject *args = PyTuple_Pack(1, text);
+    if (args == NULL)
+        return NULL;
+    PyObject *value = PyUnicode_Type.tp_new(vt->inert[which], args, NULL);
+    Py_DECREF(args);
+    /* An atom refers to its type only: in no cycle, so never worth a collector's walk (as
+     * CPython untracks a tuple of atoms). Reading a body of new names then sets off no
+     * collection that walks them. */
+    if (value != NULL && PyObject_GC_IsTracked(value))
+        PyObject_GC_UnTrack(value);
+    return value;
+}
+
+/* Forget every atom the native memos hold (the scanner's token memo, the decoder's atom
+ * memo, the reader's token cache): called when an intern table is emptied, so that no memo
+ * gives a name's atom from before, equal to the one the table holds from now on but not
+ * the same object. */
+static void
+forget_memos(NativeState *st)
+{
+    for (int k = 0; k < CBCL_MEMO_SLOTS; k++) {
+        Py_CLEAR(st->scanner.memo[k].key);
+        Py_CLEAR(st->scanner.memo[k].value);
+        Py_CLEAR(st->speedups.atom_memo[k].key);
+        Py_CLEAR(st->speedups.atom_memo[k].value);
+    }
+    if (st->scanner.intern.cache != NULL)
+        PyDict_Clear(st->scanner.intern.cache);
+}
+
 PyObject *
 cbcl_intern_name(NativeState *st, int keyword, PyObject *name)
 {
     InternTables *t = &st->scanner.intern;
     if (t->symbols == NULL)
         Py_RETURN_NONE;
-    PyObject *table = keyword ? t->keywords : t->symbols;
-    PyObject *value = PyDict_GetItemWithError(table, name);
+    PyObject *value = PyDict_GetItemWithError(keyword ? t->keywords : t->symbols, name);
     if (value != NULL)
         return Py_NewRef(value);
     if (PyErr_Occurred())
         return NULL;
+    return cbcl_intern_new_name(st, keyword, name);
+}
+
+PyObject *
+cbcl_intern_new_name(NativeState *st, int keyword, PyObject *name)
+{
+    InternTables *t = &st->scanner.intern;
+    if (t->symbols == NULL)
+        Py_RETURN_NONE;
+    PyObject *table = keyword ? t->keywords : t->symbols;
     /* str.__new__(Symbol, name), as cbcl.core._reader._intern makes it */
-    PyObject *args = PyTuple_Pack(1, name);
-    if (args == NULL)
-        return NULL;
-    value = PyUnicode_Type.tp_new(st->values.inert[keyword ? 1 : 0], args, NULL);
-    Py_DECREF(args);
+    PyObject *value = cbcl_new_atom(&st->values, keyword ? 1 : 0, name);
     if (value == NULL)
         return NULL;
-    /* An atom refers to its type only: in no cycle, so never worth a collector's walk (as
-     * CPython untracks a tuple of atoms). Reading a body of new names then sets off no
-     * collection that walks them. */
-    if (PyObject_GC_IsTracked(value))
-        PyObject_GC_UnTrack(value);
     if (PyDict_GET_SIZE(table) >= t->max_names) { /* full: emptied down to its pinned */
         PyDict_Clear(table);
+        forget_memos(st);
         if (PyDict_Update(table, keyword ? t->pinned_keywords : t->pinned_symbols) < 0) {
             Py_DECREF(value);
             return NULL;
@@ -441,13 +627,7 @@ new_name_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t 
             return 0;
         value = cbcl_intern_name(st, 0, token);
     } else if (is_ascii_uri(p, i, k)) {
-        PyObject *args = PyTuple_Pack(1, token);
-        if (args == NULL)
-            return -1;
-        value = PyUnicode_Type.tp_new(st->values.inert[2], args, NULL); /* _new(URI, …) */
-        Py_DECREF(args);
-        if (value != NULL && PyObject_GC_IsTracked(value))
-            PyObject_GC_UnTrack(value); /* (as a name: it refers to its type only) */
+        value = cbcl_new_atom(&st->values, 2, token); /* _new(URI, …) */
     } else {
         return 0;
     }
@@ -466,19 +646,20 @@ new_name_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t 
 }
 
 /* setup_intern(symbols, keywords, pinned_symbols, pinned_keywords, max_names, cache_chars,
- * cache_max) -> None: the reader's intern tables and bounds (cbcl.core._reader), kept in
- * the module's state for cbcl_intern_name and the reader's new names. */
+ * cache_max[, cache]) -> None: the reader's intern tables and bounds (cbcl.core._reader),
+ * kept in the module's state for cbcl_intern_name and the reader's new names; `cache`, the
+ * reader's token cache, is emptied with the memos when a table is. */
 static PyObject *
 setup_intern(PyObject *module, PyObject *args)
 {
     NativeState *st = native_state(module);
     if (st == NULL)
         return NULL;
-    PyObject *tables[4];
+    PyObject *tables[4], *cache = NULL;
     Py_ssize_t max_names, cache_chars, cache_max;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!nnn", &PyDict_Type, &tables[0], &PyDict_Type,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!nnn|O!", &PyDict_Type, &tables[0], &PyDict_Type,
                           &tables[1], &PyDict_Type, &tables[2], &PyDict_Type, &tables[3],
-                          &max_names, &cache_chars, &cache_max))
+                          &max_names, &cache_chars, &cache_max, &PyDict_Type, &cache))
         return NULL;
     if (max_names < 1 || cache_chars < 0 || cache_max < 1) {
         PyErr_SetString(PyExc_ValueError, "setup_intern: the bounds must be positive");
@@ -489,9 +670,22 @@ setup_intern(PyObject *module, PyObject *args)
     Py_XSETREF(t->keywords, Py_NewRef(tables[1]));
     Py_XSETREF(t->pinned_symbols, Py_NewRef(tables[2]));
     Py_XSETREF(t->pinned_keywords, Py_NewRef(tables[3]));
+    Py_XSETREF(t->cache, Py_XNewRef(cache));
     t->max_names = max_names;
     t->cache_chars = cache_chars;
     t->cache_max = cache_max;
+    Py_RETURN_NONE;
+}
+
+/* forget_atoms() -> None: what an intern table's emptying in Python calls
+ * (cbcl.core._reader._intern), as cbcl_intern_name's does: the native memos forgotten. */
+static PyObject *
+forget_atoms(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    NativeState *st = native_state(module);
+    if (st == NULL)
+        return NULL;
+    forget_memos(st);
     Py_RETURN_NONE;
 }
 
@@ -509,7 +703,8 @@ setup_intern(PyObject *module, PyObject *args)
  * decline, NULL with an exception. */
 static PyObject *
 read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, int ascii,
-          PyObject *cache, PyObject *make_atom, Py_ssize_t max_name)
+          size_t hash, PyObject *cache, PyObject *make_atom, Py_ssize_t max_name,
+          int gc_paused)
 {
     if ((p[i] >= '0' && p[i] <= '9') || p[i] == '-') {
         int integer;
@@ -531,23 +726,46 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
-        slot = &st->scanner.memo[memo_hash(p + i, length, 0, NULL) & (MEMO_SLOTS - 1)];
+        slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
         PyObject *hit = memo_hit(slot, 0, p + i, length);
         if (hit != NULL)
             return hit;
     }
-    PyObject *token = PyUnicode_DecodeUTF8((const char *)p + i, length, "strict");
-    if (token == NULL)
-        return NULL;
-    PyObject *value = PyDict_GetItemWithError(cache, token);
-    if (value != NULL) {
+    PyObject *token;
+    if (ascii) { /* (known ASCII: copied, not decoded) */
+        token = PyUnicode_New(length, 127);
+        if (token == NULL)
+            return NULL;
+        memcpy(PyUnicode_DATA(token), p + i, (size_t)length);
+    } else {
+        token = PyUnicode_DecodeUTF8((const char *)p + i, length, "strict");
+        if (token == NULL)
+            return NULL;
+    }
+    PyObject *value;
+    if (ascii && st->scanner.intern.symbols != NULL && is_name(p, i, k) &&
+            !numberlike(p, i, k)) {
+        /* A symbol: its intern table is its cache (a new one is not put in the token
+         * cache too: one insert, not two, and the cache keeps its room for the atoms only
+         * it holds). */
+        value = PyDict_GetItemWithError(st->scanner.intern.symbols, token);
+        if (value != NULL)
+            Py_INCREF(value);
+        else if (!PyErr_Occurred())
+            value = cbcl_intern_new_name(st, 0, token);
+    } else if ((value = PyDict_GetItemWithError(cache, token)) != NULL) {
         Py_INCREF(value);
     } else if (!PyErr_Occurred()) {
         int made = ascii ? new_name_atom(st, p, i, k, token, cache, &value) : 0;
-        if (made < 0)
+        if (made < 0) {
             value = NULL;
-        else if (made == 0)
+        } else if (made == 0) {
+            if (gc_paused) /* (Python code runs with the collector as its caller left it) */
+                PyGC_Enable();
             value = PyObject_CallFunction(make_atom, "On", token, max_name);
+            if (gc_paused)
+                PyGC_Disable();
+        }
     }
     if (slot != NULL && value != NULL && value != Py_None)
         memo_keep(slot, 0, token, value);
@@ -626,6 +844,13 @@ cbcl_read_value_of(NativeState *st, PyObject *text, Py_ssize_t pos, PyObject *ca
     PyObject *value = NULL;
     PyObject *result = NULL;
     Py_ssize_t nodes = 0, end = 0;
+    /* No collection while the value is read: the atoms and tuples made here are untracked
+     * as they are made (they refer to nothing a cycle could hold), yet each allocation
+     * counts toward the next collection, and on 3.11 a collection runs inside the
+     * allocation that passes the threshold: a body of new names set off one every 700
+     * atoms (a fifth of the instructions of reading it). Put off to the first allocation
+     * after the read (the collector as its caller left it: see read_atom). */
+    int gc_paused = PyGC_Disable();
     for (;;) {
         i = skip_blank(p, i, n);
         if (i >= n)
@@ -663,11 +888,16 @@ cbcl_read_value_of(NativeState *st, PyObject *text, Py_ssize_t pos, PyObject *ca
         } else {
             Py_ssize_t k = i;
             unsigned char high = 0; /* the high bit: whether the run is not ASCII */
-            while (k < n && !ends_atom(p[k]))
-                high |= p[k++];
+            size_t hash = 2166136261u; /* its memo_hash (cstack.h, kind 0), as it is scanned */
+            while (k < n && !ends_atom[p[k]]) {
+                unsigned char b = p[k++];
+                high |= b;
+                hash = (hash ^ b) * 16777619u;
+            }
             if (k < n && p[k] == '"')
                 goto bail; /* an atom a string follows without a delimiter */
-            value = read_atom(st, p, i, k, !(high & 0x80), cache, make_atom, max_name);
+            value = read_atom(st, p, i, k, !(high & 0x80), hash ^ (hash >> 15), cache,
+                              make_atom, max_name, gc_paused);
             end = k;
         }
         if (value == NULL)
@@ -694,6 +924,8 @@ bail:
 error:
     result = NULL;
 cleanup:
+    if (gc_paused)
+        PyGC_Enable();
     Py_XDECREF(value);
     stack_free(&stack);
     return result;
@@ -719,8 +951,12 @@ PyMethodDef cbcl_scanner_methods[] = {
      "(for the tests)."},
     {"setup_intern", setup_intern, METH_VARARGS,
      "setup_intern(symbols, keywords, pinned_symbols, pinned_keywords, max_names, "
-     "cache_chars, cache_max) -> None: the reader's intern tables and bounds, so new names "
-     "are interned without a call into Python."},
+     "cache_chars, cache_max[, cache]) -> None: the reader's intern tables and bounds, so "
+     "new names are interned without a call into Python; cache, the reader's token cache, "
+     "is emptied when a table is."},
+    {"forget_atoms", forget_atoms, METH_NOARGS,
+     "forget_atoms() -> None: the native memos of atoms (and the token cache setup_intern "
+     "was given) emptied, as when an intern table is emptied."},
     {"read_value", read_value, METH_VARARGS,
      "read_value(text, pos, cache, make_atom, depth_left, max_items, budget, max_string, "
      "max_name[, utf8]) -> (value, end, nodes) | None: the value at character pos, or "
@@ -733,7 +969,13 @@ PyMethodDef cbcl_scanner_methods[] = {
 int
 cbcl_scanner_exec(PyObject *Py_UNUSED(module), NativeState *st)
 {
-    return init_value_types(&st->values);
+    if (init_value_types(&st->values) < 0)
+        return -1;
+    int in_place = check_atoms_in_place(&st->values);
+    if (in_place < 0)
+        return -1;
+    st->values.atoms_in_place = in_place;
+    return 0;
 }
 
 int
@@ -750,6 +992,7 @@ cbcl_scanner_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(st->scanner.intern.keywords);
     Py_VISIT(st->scanner.intern.pinned_symbols);
     Py_VISIT(st->scanner.intern.pinned_keywords);
+    Py_VISIT(st->scanner.intern.cache);
     return 0;
 }
 
@@ -764,8 +1007,9 @@ cbcl_scanner_clear(NativeState *st)
     Py_CLEAR(st->scanner.intern.keywords);
     Py_CLEAR(st->scanner.intern.pinned_symbols);
     Py_CLEAR(st->scanner.intern.pinned_keywords);
+    Py_CLEAR(st->scanner.intern.cache);
     for (int k = 0; k < 3; k++)
         Py_CLEAR(st->values.inert[k]);
     Py_CLEAR(st->values.decimal);
-    st->values.in_place = st->values.untrackable = 0;
+    st->values.in_place = st->values.untrackable = st->values.atoms_in_place = 0;
 }

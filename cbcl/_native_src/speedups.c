@@ -552,14 +552,8 @@ static PyObject *
 remember_uri(const ValueTypes *vt, PyObject *uris, PyObject *text, Py_ssize_t entries)
 {
     /* str.__new__(URI, text), as _remember_uri makes it: URI() would match the regex
-     * the text has just passed in C */
-    PyObject *args = PyTuple_Pack(1, text);
-    if (args == NULL)
-        return NULL;
-    PyObject *uri = PyUnicode_Type.tp_new(vt->inert[2], args, NULL);
-    Py_DECREF(args);
-    if (uri != NULL && PyObject_GC_IsTracked(uri))
-        PyObject_GC_UnTrack(uri); /* (it refers to its type only: see cbcl_intern_name) */
+     * the text has just passed in C (untracked: it refers to its type only) */
+    PyObject *uri = cbcl_new_atom(vt, 2, text);
     if (uri == NULL || PyUnicode_GET_LENGTH(text) > MEMO_CHARS)
         return uri;
     if (PyDict_GET_SIZE(uris) >= entries)
@@ -624,7 +618,11 @@ atom_of(NativeState *st, long code, PyObject *text, PyObject *caches, PyObject *
     if (code == URI)
         return remember_uri(&st->values, PyTuple_GET_ITEM(caches, URI), text, entries);
     if (code == SYMBOL || code == KEYWORD) { /* interned here, without a call into Python */
-        PyObject *name = cbcl_intern_name(st, code == KEYWORD, text);
+        /* (where the cache just looked in is the intern table, not looked up again) */
+        InternTables *t = &st->scanner.intern;
+        PyObject *name = cache == (code == KEYWORD ? t->keywords : t->symbols) ?
+            cbcl_intern_new_name(st, code == KEYWORD, text) :
+            cbcl_intern_name(st, code == KEYWORD, text);
         if (name != Py_None)
             return name;
         Py_DECREF(name); /* (the tables are not set up: make_atom interns) */
@@ -861,7 +859,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
     Py_ssize_t i = offset;
     Py_ssize_t static_count = PyTuple_GET_SIZE(entries);
     long long next_code = FIRST_ENTRY + (long long)static_count;
-    int ok;
+    int ok, gc_paused = 0;
     if (PyTuple_GET_SIZE(caches) != FIRST_ENTRY) {
         PyErr_SetString(PyExc_ValueError, "caches must hold one entry per token code");
         goto error;
@@ -882,6 +880,10 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
     }
     if (offset < 0 || offset > n)
         goto bail;
+    /* No collection while the body is read, as in the text reader (scanner.c,
+     * cbcl_read_value_of): its atoms and tuples are untracked as they are made, yet each
+     * counts toward the next collection; put off to the first allocation after. */
+    gc_paused = PyGC_Disable();
     while (i < n) {
         Token t;
         PyObject *cls;
@@ -1055,6 +1057,8 @@ bail:
 error:
     result = NULL;
 cleanup:
+    if (gc_paused)
+        PyGC_Enable();
     Py_XDECREF(node);
     Py_XDECREF(value);
     learned_free(&learned);

@@ -276,6 +276,7 @@ def _intern(table: dict[str, Any], pinned: dict[str, Any], kind: type, name: str
         if len(table) >= _INTERN_MAX:
             table.clear()
             table.update(pinned)
+            _forget_atoms()
         table[name] = value
     if pin and name not in pinned and len(pinned) < _INTERN_MAX // 2:
         pinned[name] = value
@@ -659,14 +660,29 @@ def _diagnose_string(text: str, index: int) -> NoReturn:
     fail(text, index, "unterminated string", expected=("'\"'",))
 
 
+def _forget_atoms() -> None:
+    """Forget the memos' atoms when an intern table is emptied (the token cache here, and
+    the native memos where built): none then gives a name's atom from before, equal to the
+    one the table holds from now on but not the same object."""
+    _CACHE.clear()
+
+
 try:
-    from .._native import read_value as _scanner_read_value, setup_intern as _setup_intern
+    from .._native import (
+        forget_atoms as _forget_native_atoms,
+        read_value as _scanner_read_value,
+        setup_intern as _setup_intern,
+    )
 except ImportError:  # not built: the Python reference reads alone
     _read_value_c: Any = None
 else:
+    _forget_atoms = _forget_native_atoms  # (it empties _CACHE too)
     _read_value_c = _scanner_read_value
     # The C twins intern new names in these very tables, by the same rules and bounds as
     # _intern, and remember new tokens in _CACHE as _atom does (issue 35: a call into
     # Python per new name cost 1.5-2.5 µs against 0.03 µs for a recurring one).
+    # When a table is emptied (here or in C), the memos are too (_forget_atoms), so none
+    # gives an atom from before the emptying. A symbol new to the C reader goes to the
+    # table only, not to _CACHE as well: the table is its cache.
     _setup_intern(_SYMBOLS, _KEYWORDS, _PINNED_SYMBOLS, _PINNED_KEYWORDS, _INTERN_MAX,
-                  _CACHED_CHARS, _CACHE_MAX)
+                  _CACHED_CHARS, _CACHE_MAX, _CACHE)
