@@ -818,8 +818,10 @@ class Link:
                                         else ("m", message.message_id)) not in self._lanes:
             # Never blocks (on_loop): handled here, in order, with no task, lane or thread
             # hop; while it runs (or its reply waits for the stream) nothing more is read.
-            if _tracing.otel is not None and _tracing.active_tracer() is not None:
-                return self._contained(lambda: self._handle(event, handler))  # its span
+            if not self.connection.sends_now or (
+                    _tracing.otel is not None and _tracing.active_tracer() is not None):
+                # (NATS publishes by an await; a traced call needs _handle's span)
+                return self._contained(lambda: self._handle(event, handler))
             try:
                 then = self._handle_now(event, handler)
             except Exception as exc:  # ours, not the handler's: logged, the link goes on

@@ -369,6 +369,12 @@ class NatsConnection(Connection):
 
     # ----------------------------------------------------------------- input
 
+    @property
+    def sends_now(self) -> bool:
+        """Never: a NATS frame is published by :meth:`send` (on-loop handlers' replies
+        take that path)."""
+        return False
+
     async def deliver(self, suffix: str | None, payload: bytes, *,
                       no_responders: bool = False) -> None:
         """Take one NATS message of this session (called by the bus, in order)."""

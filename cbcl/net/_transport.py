@@ -913,6 +913,11 @@ class Connection:
                                  f"{self.session.state.value}{self.session._where()}"
                                  ) from None
 
+    @property
+    def sends_now(self) -> bool:
+        """Whether :meth:`send_now` can write here (a socket's connection)."""
+        return isinstance(self.reader, _Socket)
+
     def send_now(self, event: Event) -> int:
         """:meth:`send` without waiting, for :attr:`take_now`: in the socket's callback
         the bytes join that read's one write; elsewhere they are written at once (a full
