@@ -14,8 +14,17 @@ from cbcl import Symbol
 # quotes or backslashes, and symbols that it does not treat as numbers or quote forms.
 plain_strings = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E,
                                                blacklist_characters='"\\'), max_size=20)
+def _a_float_to_python(text: str) -> bool:
+    try:
+        float(text)  # (sexpdata reads what float() takes as a number: "nAN", "inf", …)
+    except ValueError:
+        return False
+    return True
+
+
 plain_symbols = symbols.filter(lambda s: not s.startswith((".", "+", "-")) and s != "nil"
-                               and s not in ("t", "true", "false"))
+                               and s not in ("t", "true", "false")
+                               and not _a_float_to_python(s))
 shared_values = st.recursive(
     st.one_of(plain_strings, integers, plain_symbols),
     lambda children: st.lists(children, max_size=5).map(tuple),
