@@ -52,7 +52,6 @@ from cbcl.llm._export import (
     _minus,
     _pattern,
     _RAlt,
-    _Ranges,
     _RClass,
     _Re,
     _render_gbnf_regex,
@@ -64,6 +63,7 @@ from cbcl.llm._export import (
     _uri_regex,
     integer_regex,
 )
+from cbcl.protocol._patterns import Ranges as _Ranges
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

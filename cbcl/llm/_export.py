@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeAlias, Union
@@ -94,8 +94,10 @@ from ..protocol._patterns import (
     Alt as _PAlt,
     Chars as _PChars,
     Node as _PNode,
+    Ranges as _Ranges,
     Seq as _PSeq,
     compile_pattern,
+    normalise_ranges as _normalise,
 )
 from ..protocol._schema import (
     AtomType,
@@ -144,7 +146,6 @@ LIMITS_NOT_CARRIED = (
 # Regular expressions over code points, rendered per dialect
 
 _MAX_CP = 0x10FFFF
-_Ranges: TypeAlias = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,16 +176,6 @@ class _RRep:
 
 
 _Re: TypeAlias = Union[_RLit, _RClass, _RSeq, _RAlt, _RRep]  # noqa: UP007
-
-
-def _normalise(ranges: Iterable[tuple[int, int]]) -> _Ranges:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return tuple(out)
 
 
 def _chars(text: str) -> _Ranges:

@@ -42,7 +42,7 @@ import re
 import threading
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeAlias, Union
 
@@ -108,7 +108,8 @@ class Repeat:
 Node: TypeAlias = Union[Chars, Seq, Alt, Repeat]  # noqa: UP007
 
 
-def _normalise(ranges: list[tuple[int, int]]) -> Ranges:
+def normalise_ranges(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    """``ranges`` of code points sorted, with overlapping and adjacent ones merged."""
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -133,7 +134,7 @@ def complement(ranges: Ranges) -> Ranges:
 
 ANY: Ranges = ((0, MAX_CODE_POINT),)
 DIGIT: Ranges = ((0x30, 0x39),)
-WORD: Ranges = _normalise([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+WORD: Ranges = normalise_ranges([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
 SPACE: Ranges = ((0x09, 0x0D), (0x20, 0x20))
 _CLASS_ESCAPES: dict[str, Ranges] = {
     "d": DIGIT, "w": WORD, "s": SPACE,
@@ -265,7 +266,7 @@ class _Parser:
                 ranges.append((low[0][0], high[0][0]))
             else:
                 ranges.extend(low)
-        merged = _normalise(ranges)
+        merged = normalise_ranges(ranges)
         return complement(merged) if negated else merged
 
     def number(self) -> int | None:
