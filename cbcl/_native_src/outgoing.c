@@ -198,7 +198,8 @@ within(NativeState *st, MessageFieldsObject *m, const LimitValues *lv)
 /* The check of `message` (an exact Message) of `protocol` under `limits`: ACCEPT,
  * DECLINE, or -1 with an exception. Constraints are not read here. */
 static int
-outgoing_accepts(NativeState *st, PyObject *protocol, PyObject *message, PyObject *limits)
+outgoing_accepts(NativeState *st, PyObject *protocol, PyObject *message, PyObject *limits,
+                 long long *max_message_bytes)
 {
     OutgoingState *out = &st->outgoing;
     if (out->terminals == NULL || st->encoders.message == NULL ||
@@ -214,7 +215,10 @@ outgoing_accepts(NativeState *st, PyObject *protocol, PyObject *message, PyObjec
     int r = limits_of(out, limits);
     if (r <= 0)
         return r;
-    if (!within(st, m, (const LimitValues *)out->limit_values))
+    /* (a copy: pass 2 may run Python code, which may check another Limits) */
+    LimitValues lv = *(const LimitValues *)out->limit_values;
+    *max_message_bytes = lv.max_message_bytes;
+    if (!within(st, m, &lv))
         return DECLINE;
     /* (held: pass 2 may run Python code, a Symbol's __eq__) */
     Py_INCREF(message);
@@ -254,11 +258,10 @@ cbcl_outgoing_encoder_accepts(NativeState *st, PyObject *encoder, PyObject *mess
         PyErr_Clear();
         goto done;
     }
-    r = outgoing_accepts(st, protocol, message, limits);
-    if (r == ACCEPT) {
-        long long most = ((const LimitValues *)out->limit_values)->max_message_bytes;
+    long long most = 0;
+    r = outgoing_accepts(st, protocol, message, limits, &most);
+    if (r == ACCEPT)
         *max_bytes = most > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)most;
-    }
 done:
     Py_XDECREF(constraints);
     Py_XDECREF(limits);
@@ -277,7 +280,8 @@ check_outgoing(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "check_outgoing(protocol, message, limits)");
         return NULL;
     }
-    int r = outgoing_accepts(st, args[0], args[1], args[2]);
+    long long most = 0;
+    int r = outgoing_accepts(st, args[0], args[1], args[2], &most);
     if (r < 0)
         return NULL;
     if (r == ACCEPT)
