@@ -558,3 +558,17 @@ class RecordConverter:
         trusted ``protocol`` make it ``record_of``'s ordinary case; else ``None``."""
     def trust(self, protocol: Any, /) -> None:
         """Trust ``protocol`` (``None``: none) as one whose schema holds the class's record."""
+
+
+def check_outgoing(protocol: object, message: object, limits: object, /) -> bool | None:
+    """The outgoing check in C (cbcl/_native_src/outgoing.c): ``True`` where ``message``
+    is within ``limits`` (a walk that accepts only what ``_api._within`` calls within)
+    and pass 2 and the schema of ``protocol`` accept it (its constraints are not read);
+    ``None`` for anything the Python reference (``_api.check_outgoing_python``) must judge.
+    Never raises a refusal."""
+
+
+def setup_outgoing(terminals: dict[Any, Any], refused: object, accept: object,
+                   has_heads: object, /) -> None:
+    """Give :func:`check_outgoing` pass 2's tables (``ATOM_TERMINALS``, the automaton's
+    ``REFUSED`` and ``ACCEPT``, ``_schema._has_heads``); until then it declines."""

@@ -1921,8 +1921,12 @@ encoder_encode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
         /* (held: the Python code a lookup may run could set them) */
         PyObject *registry = Py_XNewRef(fields->registry), *tables = Py_XNewRef(fields->tables);
         PyObject *pair = Py_XNewRef(fields->registry_protocols);
-        if (fields->validate != Py_False || registry == NULL || tables == NULL ||
-                !PyDict_CheckExact(tables))
+        /* validate=True: outgoing.c's check first, in this call (its refusals and doubts
+         * are the Python method's, which raises the reference's error) */
+        int validated = fields->validate == Py_True;
+        Py_ssize_t max_bytes = PY_SSIZE_T_MAX;
+        if ((fields->validate != Py_False && !validated) || registry == NULL ||
+                tables == NULL || !PyDict_CheckExact(tables))
             goto release;
         /* the registry's protocols as the encoder was made with them (registry,
          * protocols), while its registry is that one; else read from the registry */
@@ -1933,11 +1937,20 @@ encoder_encode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
         else
             protocols = protocols_of(enc, registry);
         if (protocols != NULL) {
-            /* (a new reference) */
-            frame = encode_message_of(enc, args[0], protocols, tables);
+            int ok = validated ? cbcl_outgoing_encoder_accepts(st, self, args[0], protocols,
+                                                               &max_bytes) : 1;
+            if (ok < 0)
+                frame = NULL;
+            else if (ok == 1) { /* (a new reference) */
+                frame = encode_message_of(enc, args[0], protocols, tables);
+                if (frame == Py_None)
+                    Py_DECREF(frame);
+            }
             Py_DECREF(protocols);
-            if (frame == Py_None)
-                Py_DECREF(frame);
+            if (frame != Py_None && frame != NULL && PyBytes_GET_SIZE(frame) > max_bytes) {
+                Py_DECREF(frame); /* over the limit: the Python method raises */
+                frame = Py_None;
+            }
         }
     release:
         Py_XDECREF(registry);

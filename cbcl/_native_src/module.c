@@ -511,11 +511,12 @@ native_exec(PyObject *module)
     if (PyModule_AddFunctions(module, native_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_scanner_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_speedups_methods) < 0 ||
-        PyModule_AddFunctions(module, cbcl_encoders_methods) < 0)
+        PyModule_AddFunctions(module, cbcl_encoders_methods) < 0 ||
+        PyModule_AddFunctions(module, cbcl_outgoing_methods) < 0)
         return -1;
     if (cbcl_scanner_exec(module, st) < 0 || cbcl_speedups_exec(module, st) < 0 ||
             cbcl_encoders_exec(module, st) < 0 || cbcl_session_exec(module, st) < 0 ||
-            cbcl_records_exec(module) < 0)
+            cbcl_records_exec(module) < 0 || cbcl_outgoing_exec(module, st) < 0)
         return -1;
     st->ready = 1;
     return 0;
@@ -533,7 +534,8 @@ native_traverse(PyObject *module, visitproc visit, void *arg)
     int r;
     if ((r = cbcl_scanner_traverse(st, visit, arg)) != 0 ||
             (r = cbcl_speedups_traverse(st, visit, arg)) != 0 ||
-            (r = cbcl_encoders_traverse(st, visit, arg)) != 0)
+            (r = cbcl_encoders_traverse(st, visit, arg)) != 0 ||
+            (r = cbcl_outgoing_traverse(st, visit, arg)) != 0)
         return r;
     return 0;
 }
@@ -545,6 +547,7 @@ native_clear(PyObject *module)
     if (st == NULL)
         return 0;
     st->ready = 0; /* (from now on every function raises RuntimeError) */
+    cbcl_outgoing_clear(st);
     cbcl_encoders_clear(st);
     cbcl_speedups_clear(st);
     cbcl_scanner_clear(st);

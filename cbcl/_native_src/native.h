@@ -194,6 +194,14 @@ typedef struct {
     PyTypeObject *encoder_fields_type, *encoder_type;
 } EncodersState;
 
+/* outgoing.c's: what setup_outgoing() gave (pass 2's tables), interned names, and the
+ * limits of the last Limits met (its LimitValues, allocated at exec). */
+typedef struct {
+    PyObject *terminals, *refused, *accept, *has_heads; /* strong; NULL: not set up */
+    PyObject *s_constraints, *s_limits;
+    void *limit_values;
+} OutgoingState;
+
 /* The module's state (PyModuleDef.m_size): one per module object, so one per interpreter
  * that imports the module. Zeroed when the module is made; filled by native_exec and by
  * the set-up and *_entry functions the Python side calls; visited and cleared by the
@@ -207,6 +215,7 @@ struct NativeState {
     ScannerState scanner;
     SpeedupsState speedups;
     EncodersState encoders;
+    OutgoingState outgoing;
 };
 
 /* The state of `module` (a module made from this definition: a function's self), or NULL
@@ -229,6 +238,7 @@ CBCL_INTERNAL PyObject *cbcl_method_entry(NativeState *st, CEntry *e);
 CBCL_INTERNAL extern PyMethodDef cbcl_scanner_methods[];
 CBCL_INTERNAL extern PyMethodDef cbcl_speedups_methods[];
 CBCL_INTERNAL extern PyMethodDef cbcl_encoders_methods[];
+CBCL_INTERNAL extern PyMethodDef cbcl_outgoing_methods[];
 
 /* Each section's set-up at the module's exec: 0, or -1 with an exception. The scanner's
  * makes st->values (cstack.h), which the others read. */
@@ -246,6 +256,26 @@ CBCL_INTERNAL int cbcl_encoders_traverse(NativeState *st, visitproc visit, void 
 CBCL_INTERNAL void cbcl_scanner_clear(NativeState *st);
 CBCL_INTERNAL void cbcl_speedups_clear(NativeState *st);
 CBCL_INTERNAL void cbcl_encoders_clear(NativeState *st);
+CBCL_INTERNAL int cbcl_outgoing_exec(PyObject *module, NativeState *st);
+CBCL_INTERNAL int cbcl_outgoing_traverse(NativeState *st, visitproc visit, void *arg);
+CBCL_INTERNAL void cbcl_outgoing_clear(NativeState *st);
+
+/* speedups.c's pass 2 of a body by `protocol`'s acceptance plan and its schema (the C
+ * decoder's body_accepted): 1 accepted, 0 to leave to the Python path, -1 with an
+ * exception. */
+CBCL_INTERNAL int cbcl_pass2_accepts(NativeState *st, PyObject *protocol, PyObject *intent,
+                                     PyObject *body, PyObject *terminals, PyObject *refused,
+                                     PyObject *accept, PyObject *has_heads,
+                                     PyTypeObject *symbol_type);
+
+/* outgoing.c's check of a message an Encoder (`encoder`, whose `limits` it reads) is to
+ * encode validated, its protocol found in `protocols` (the registry's dict by id): 1 where
+ * the limits, pass 2 and the schema accept it and the protocol has no constraints
+ * (*max_bytes then the frame's limit), 0 to leave it to the Python reference, -1 with an
+ * exception. */
+CBCL_INTERNAL int cbcl_outgoing_encoder_accepts(NativeState *st, PyObject *encoder,
+                                                PyObject *message, PyObject *protocols,
+                                                Py_ssize_t *max_bytes);
 
 /* An entry's references (entry.h): visited, and released (its ml_doc with its doc). */
 #define CBCL_VISIT_ENTRY(e) \

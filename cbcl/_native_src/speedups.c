@@ -2318,6 +2318,21 @@ body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
     return schema_accepts(st, plan, body, has_heads, symbol_type);
 }
 
+/* body_accepted for outgoing.c (native.h): the protocol's plan, then its walk. */
+CBCL_INTERNAL int
+cbcl_pass2_accepts(NativeState *st, PyObject *protocol, PyObject *intent, PyObject *body,
+                   PyObject *terminals, PyObject *refused, PyObject *accept,
+                   PyObject *has_heads, PyTypeObject *symbol_type)
+{
+    PyObject *plan = plan_of(st, protocol);
+    if (plan == NULL)
+        return -1;
+    int ok = body_accepted(st, plan, intent, body, terminals, refused, accept, has_heads,
+                           symbol_type);
+    Py_DECREF(plan);
+    return ok;
+}
+
 /* accept_document(value, tables, protocols) -> Message | None: both passes over a document
  * value as read (cbcl.protocol._api.accept_document_python is the twin): the envelope (as
  * envelope), its protocol found in `protocols` (a Registry's dict of loaded protocols by

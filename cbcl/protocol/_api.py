@@ -49,6 +49,17 @@ except ImportError:  # not built: parse() takes the careful path only
 else:
     _accept_document_c = None if _read_value_c is None else _accept_document_speedups
 
+try:
+    from .._native import (
+        check_outgoing as _check_outgoing_native,
+        setup_outgoing as _setup_outgoing,
+    )
+except ImportError:  # not built: check_outgoing is the Python reference's walk only
+    _check_outgoing_c: Any = None
+else:
+    _check_outgoing_c = _check_outgoing_native
+    _setup_outgoing(ATOM_TERMINALS, REFUSED, ACCEPT, _has_heads)
+
 #: What cbcl._native.accept_document takes with each document: the envelope's tables
 #: (as cbcl.protocol._envelope.message_of passes them) and pass 2's (the atoms' terminals, the
 #: automaton's outcomes, the schema's head test).
@@ -294,7 +305,22 @@ def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAUL
     """:func:`validate` for a sender that holds the message's ``protocol`` already (as a
     session or an :class:`Encoder` does): the limits, then pass 2, without the registry
     lookup or argument checks. ``message.protocol`` must be ``protocol.id`` and ``limits``
-    a :class:`Limits` (neither is checked). Raises as :func:`validate`."""
+    a :class:`Limits` (neither is checked). Raises as :func:`validate`.
+
+    Where the extension is built, ``cbcl._native.check_outgoing`` (cbcl/_native_src/
+    outgoing.c) first tries the limits, pass 2 and the schema in one C call; it only
+    accepts, and whatever it does not accept is judged by :func:`check_outgoing_python`,
+    the reference, which raises the error."""
+    if _check_outgoing_c is not None and _check_outgoing_c(protocol, message, limits):
+        if protocol.constraints is not None:
+            protocol.constraints.check(message)
+        return
+    check_outgoing_python(protocol, message, limits)
+
+
+def check_outgoing_python(protocol: Protocol, message: Message,
+                          limits: Limits = DEFAULT_LIMITS) -> None:
+    """:func:`check_outgoing` in Python alone: the reference its C tier is held to."""
     _check_limits(message, limits)
     _check_body(protocol, message, limits)
     if protocol.constraints is not None:
@@ -356,7 +382,7 @@ def _within(message: Message, limits: Limits) -> str:
     body = message.body
     fields = 5 + (conversation_id is not None) + (in_reply_to is not None) + \
         (message.reply_by is not None) + (message.timestamp is not None) + \
-        (signature is not None) + (body is not None)
+        (signature is not None) + (body is not None) + (message.trace is not None)
     # Limits so small that the envelope alone may exceed them (its field names take 15
     # characters, its lists 12 items and 3 levels) are left to the text.
     if max_name < 15 or max_items < 12 or limits.max_depth < 3 or \
@@ -367,8 +393,9 @@ def _within(message: Message, limits: Limits) -> str:
     # a string's character (an escape), 4 a URI's, 1 a name's. (A message past it is
     # written out to be measured.)
     size = 250 + len(message.protocol) + 4 * (len(message.sender) + len(message.receiver))
-    for text in (message.message_id, conversation_id, in_reply_to) if signature is None \
-            else (message.message_id, conversation_id, in_reply_to, signature.key_id,
+    trace = message.trace
+    for text in (message.message_id, conversation_id, in_reply_to, trace) if signature is None \
+            else (message.message_id, conversation_id, in_reply_to, trace, signature.key_id,
                   signature.value):
         if text is not None:
             if len(text) * 4 > max_string and _utf8_over(text, max_string):

@@ -312,6 +312,9 @@ class Session:
         #: the conversations live there, and _seen, _seen_set and _tracker are stale
         #: until _pull_native copies them out (see _start_native).
         self._native: Any = None
+        #: Whether the encoder self._native sends with validates (validate_outgoing when
+        #: it was made): a send whose validation differs takes the reference path.
+        self._native_validates = False
         self._now = 0
         self._encoder: Encoder | None = None
         self._decoder: Decoder | None = None
@@ -889,8 +892,13 @@ class Session:
         machine = None if tracker is None else tracker._machines.get(protocol.id)
         if tracker is not None and machine is None:  # pragma: no cover - made for it
             return
+        # (the encoder its send calls: one that validates where this session does, with
+        # its limits; the reference path validates with check_outgoing instead)
+        self._native_validates = self.validate_outgoing
+        encoder = Encoder(self.registry, validate=True, limits=self.limits) \
+            if self.validate_outgoing else self._encoder
         self._native = kind(
-            decode=self._decoder.decode, encode=self._encoder.encode, message_type=Message,
+            decode=self._decoder.decode, encode=encoder.encode, message_type=Message,
             me=self.me, peer=self.peer, protocol=protocol.id, max_skew_ms=self.max_skew_ms,
             replay_window=self.replay_window,
             table=None if machine is None else machine_table(machine, intents),
@@ -1040,19 +1048,29 @@ class Session:
             message = Message._trusted(m.message_id, m.sender, m.receiver, m.intent,
                                        m.protocol, m.conversation_id, m.in_reply_to,
                                        m.reply_by, now, m.body, None, m.trace)
+        validating = self.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD
+        native = self._native
+        # One native call: the conversation stepped, the message checked (where the
+        # session validates, by an Encoder(validate=True) whose C entry checks and encodes
+        # in one call: cbcl/_native_src/outgoing.c) and framed. An error or a refusal code
+        # changes nothing there: the reference below then judges the message and raises
+        # its own error, in its own order (the check, then the conversation).
+        if native is not None and validating is self._native_validates:
+            try:
+                got = native.send(message, now)
+            except CBCLError:
+                got = None
+            if type(got) is tuple:  # (ESTABLISHED: the machine stays there)
+                data: bytes = got[0]
+                self.last_sent_step = got[1]
+                return data
         try:  # (changes nothing when it refuses: the session goes on)
-            if self.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD:
+            if validating:
                 check_outgoing(self.protocol, message, self.limits)
         except CBCLError as exc:
             raise _Refused(exc) from None
-        native = self._native
         if native is None:
             return self._step_and_encode(message, now)
-        got = native.send(message, now)
-        if type(got) is tuple:  # (ESTABLISHED: the machine stays there)
-            data: bytes = got[0]
-            self.last_sent_step = got[1]
-            return data
         self._pull_native()  # declined: the reference judges it, as it would have
         data = self._step_and_encode(message, now)
         self._push_native()
