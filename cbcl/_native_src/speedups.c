@@ -1427,6 +1427,150 @@ refusal_of(PyObject *module, PyObject *args)
     return result;
 }
 
+/* text_index(text, path, kind) -> int: where in `text` (a document the reader has read
+ * whole, so well formed) the token a refusal points at is, as a character index: the
+ * twin of cbcl.protocol._pass2.refusal_index_python. `path`: the index of the element on
+ * the way down from the document's value to the refused one (the body's path, then the
+ * refusal's); `kind`: 1 ITEM (the token that starts that element), 2 CLOSE (the `)` of
+ * the list there), 3 END (just after that value). One lexical pass over the text up to
+ * that point, building nothing: whitespace and comments stepped over, a string to its
+ * closing quote, an atom to its delimiter, a list to its `)` by depth. ValueError where
+ * the text does not hold that path (it is not the document the path was taken in). */
+typedef struct {
+    int kind;
+    const void *data;
+    Py_ssize_t length;
+} TextScan;
+
+static inline Py_UCS4
+scan_at(const TextScan *t, Py_ssize_t i)
+{
+    return PyUnicode_READ(t->kind, t->data, i);
+}
+
+/* The index of the first character at or after `i` that is not whitespace or in a
+ * comment (as the reader's TOKEN skips them). */
+static Py_ssize_t
+scan_space(const TextScan *t, Py_ssize_t i)
+{
+    while (i < t->length) {
+        Py_UCS4 c = scan_at(t, i);
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+            i++;
+        } else if (c == ';') { /* (in text read whole, a comment ends at a line's end) */
+            while (i < t->length && (c = scan_at(t, i)) != '\n' && c != '\r')
+                i++;
+        } else {
+            break;
+        }
+    }
+    return i;
+}
+
+/* Just after the string or atom at `i` (the token's first character). */
+static Py_ssize_t
+scan_atom(const TextScan *t, Py_ssize_t i)
+{
+    if (scan_at(t, i) == '"') {
+        for (i++; i < t->length; i++) {
+            Py_UCS4 c = scan_at(t, i);
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                return i + 1;
+        }
+        return t->length;
+    }
+    for (; i < t->length; i++) {
+        Py_UCS4 c = scan_at(t, i);
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '(' || c == ')' ||
+                c == ';')
+            break;
+    }
+    return i;
+}
+
+/* Just after the value whose token starts at or after `i`; -1 at the text's end or at a
+ * `)` (no value there). */
+static Py_ssize_t
+scan_value(const TextScan *t, Py_ssize_t i)
+{
+    i = scan_space(t, i);
+    if (i >= t->length || scan_at(t, i) == ')')
+        return -1;
+    if (scan_at(t, i) != '(')
+        return scan_atom(t, i);
+    Py_ssize_t depth = 0;
+    while (i < t->length) {
+        Py_UCS4 c = scan_at(t, i);
+        if (c == '(') {
+            depth++;
+            i++;
+        } else if (c == ')') {
+            i++;
+            if (--depth == 0)
+                return i;
+        } else {
+            i = scan_atom(t, i);
+        }
+        i = scan_space(t, i);
+    }
+    return -1;
+}
+
+static PyObject *
+text_index(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *text, *path;
+    int kind;
+    if (!PyArg_ParseTuple(args, "UO!i", &text, &PyTuple_Type, &path, &kind))
+        return NULL;
+    TextScan t = {PyUnicode_KIND(text), PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text)};
+    Py_ssize_t pos = scan_space(&t, 0);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(path); k++) {
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(path, k));
+        if (index == -1 && PyErr_Occurred())
+            return NULL;
+        if (pos >= t.length || scan_at(&t, pos) != '(' || index < 0)
+            goto absent;
+        pos++; /* (past the list's '(') */
+        for (Py_ssize_t skipped = 0; skipped < index; skipped++) {
+            pos = scan_value(&t, pos);
+            if (pos < 0)
+                goto absent;
+        }
+        pos = scan_space(&t, pos); /* the element's token */
+    }
+    if (pos >= t.length)
+        goto absent;
+    if (kind == 2) { /* CLOSE: the list's elements stepped over, its ')' */
+        if (scan_at(&t, pos) != '(')
+            goto absent;
+        pos++;
+        for (;;) {
+            Py_ssize_t next = scan_value(&t, pos);
+            if (next < 0)
+                break;
+            pos = next;
+        }
+        pos = scan_space(&t, pos);
+        if (pos >= t.length)
+            goto absent;
+    } else if (kind == 3) { /* END: just after the value */
+        pos = scan_value(&t, pos);
+        if (pos < 0)
+            goto absent;
+    } else if (kind != 1) {
+        PyErr_SetString(PyExc_ValueError, "kind is 1 (ITEM), 2 (CLOSE) or 3 (END)");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(pos);
+absent:
+    PyErr_SetString(PyExc_ValueError, "the text does not hold that path");
+    return NULL;
+}
+
 static PyObject *
 recognise(PyObject *module, PyObject *args)
 {
@@ -2797,16 +2941,24 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
 /* cbcl.parse as a C function (cbcl/_native_src/entry.h): the ordinary call, parse(data,
  * registry=registry) with data exact bytes within the default limits, is what parse's
  * fast path (cbcl.protocol._api._accepted) does, in C: the UTF-8 decoded, the document read by
- * cbcl._native's reader (cbcl_read_value_of), both passes by accept_document_of. An unsigned
- * message is returned as it is; a signed one goes through parse_verified (the registry's
- * trust store, as parse has it). Any other call, or a document the C tiers decline, falls
- * back to the Python function (which reads it again, to accept it or raise). */
+ * cbcl._native's reader (cbcl_read_value_of), both passes by accept_document_of over every
+ * protocol the registry holds. An unsigned message is returned as it is; a signed one goes
+ * through parse_verified (the registry's trust store, as parse has it); then, where the
+ * message's protocol has constraints, parse_constraints(registry, message) applies them
+ * (cbcl.protocol._api.check_constraints: the rules stay Python). A document both passes do
+ * not accept, read whole and within the limits, goes to parse_declined(value, text,
+ * registry) (cbcl.protocol._api._declined): the careful path's continuation from the value
+ * read here, which raises the refusal (worded from where the walk stopped, its place in
+ * the text found by text_index: no second read), returns the message (one accepted only
+ * there), or None to decline. Any other call, or a document declined, falls back to the
+ * Python function (which reads it again, to accept it or raise). */
 static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames);
 /* (the template of st->speedups.parse_entry; its state beside it: parse_entry's arguments,
  * parse_verified(message, registry) -> message, parse_space_after(text, end) -> bool
  * (cbcl.core._reader.only_space_after), accept_document's tables (parse_tables), the
- * reader's token cache and atom maker, the default limits) */
+ * reader's token cache and atom maker, the default limits, parse_declined and
+ * parse_constraints) */
 static const CEntry PARSE_ENTRY = {
     {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
     NULL, NULL, NULL, NULL};
@@ -2815,9 +2967,10 @@ enum { L_MESSAGE_BYTES, L_DEPTH, L_LIST_ITEMS, L_NODES, L_STRING_BYTES, L_NAME_C
 static_assert(L_COUNT == CBCL_PARSE_LIMITS, "the state's parse_limits: one per limit");
 
 /* The registry parse_fast last served (st->speedups.parse_last_registry, a weak
- * reference; NULL: none yet) and its dict of loaded protocols (parse_last_protocols,
- * strong): Registry._protocols_by_id() is the same dict for the registry's lifetime, and
- * a Python call per parse would cost more than the C tiers save on a short message. */
+ * reference; NULL: none yet), its dict of every loaded protocol (parse_last_protocols,
+ * Registry._protocols, strong) and of those without constraints (parse_last_fast,
+ * Registry._protocols_by_id()): each the same dict for the registry's lifetime, and a
+ * Python call per parse would cost more than the C tiers save on a short message. */
 
 /* Whether weak reference `ref` refers to `object` (a dead one refers to nothing). */
 static int
@@ -2836,30 +2989,39 @@ refers_to(PyObject *ref, PyObject *object)
 #endif
 }
 
-/* registry._protocols_by_id(): a new reference (a dict), or NULL with no exception for a
+/* registry._protocols (a new reference, a dict) and, in *fast, registry._protocols_by_id()
+ * (borrowed from the state: valid until the next call); NULL with no exception for a
  * registry that has none (not a Registry: parse says what it is), NULL with one for an
  * error it raised. */
 static PyObject *
-parse_protocols(SpeedupsState *sp, PyObject *registry)
+parse_protocols(SpeedupsState *sp, PyObject *registry, PyObject **fast)
 {
-    if (sp->parse_last_registry != NULL && refers_to(sp->parse_last_registry, registry))
+    if (sp->parse_last_registry != NULL && refers_to(sp->parse_last_registry, registry)) {
+        *fast = sp->parse_last_fast;
         return Py_NewRef(sp->parse_last_protocols);
+    }
     PyObject *protocols = PyObject_CallMethodNoArgs(registry, sp->s_protocols_by_id);
-    if (protocols == NULL || !PyDict_CheckExact(protocols)) {
-        if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+    PyObject *every = protocols == NULL ? NULL : PyObject_GetAttrString(registry, "_protocols");
+    if (every == NULL || !PyDict_CheckExact(protocols) || !PyDict_CheckExact(every)) {
+        Py_XDECREF(protocols);
+        Py_XDECREF(every);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
         PyErr_Clear();
-        Py_XDECREF(protocols);
         return NULL;
     }
     PyObject *ref = PyWeakref_NewRef(registry, NULL);
     if (ref == NULL) {
-        PyErr_Clear(); /* (not weakly referable: not remembered) */
-    } else {
-        Py_XSETREF(sp->parse_last_registry, ref);
-        Py_XSETREF(sp->parse_last_protocols, Py_NewRef(protocols));
+        PyErr_Clear(); /* (not weakly referable: not remembered; served once, unchecked) */
+        Py_DECREF(protocols);
+        Py_DECREF(every);
+        return NULL;
     }
-    return protocols;
+    Py_XSETREF(sp->parse_last_registry, ref);
+    Py_XSETREF(sp->parse_last_protocols, every);
+    Py_XSETREF(sp->parse_last_fast, protocols);
+    *fast = protocols;
+    return Py_NewRef(every);
 }
 
 /* The message of parse_call's ordinary case; None: not that case (or declined). */
@@ -2871,12 +3033,15 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     if (n > limits[L_MESSAGE_BYTES] || registry == Py_None)
         Py_RETURN_NONE; /* (the careful path says which limit, or what registry is) */
-    PyObject *protocols = parse_protocols(sp, registry);
+    PyObject *fast = NULL;
+    PyObject *protocols = parse_protocols(sp, registry, &fast);
     if (protocols == NULL) {
         if (PyErr_Occurred())
             return NULL;
         Py_RETURN_NONE; /* not a Registry: parse says what it is */
     }
+    /* (a registry with constraints: Registry._constrained, its dicts told apart) */
+    int constrained = PyDict_GET_SIZE(fast) < PyDict_GET_SIZE(protocols);
     PyObject *result = NULL, *value = NULL;
     PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(data), n, NULL);
     if (text == NULL) {
@@ -2910,12 +3075,30 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
     }
     int is_signed = 0;
     PyObject *message = accept_document_of(st, value, sp->parse_tables, protocols, &is_signed);
-    if (message == NULL || message == Py_None || !is_signed) {
-        result = message;
+    if (message == NULL)
+        goto cleanup;
+    if (message == Py_None) { /* the careful continuation, from the value read here */
+        Py_DECREF(message);
+        result = PyObject_CallFunctionObjArgs(sp->parse_declined, value, text, registry,
+                                              NULL);
         goto cleanup;
     }
-    result = PyObject_CallFunctionObjArgs(sp->parse_verified, message, registry, NULL);
-    Py_DECREF(message);
+    if (is_signed) {
+        Py_SETREF(message, PyObject_CallFunctionObjArgs(sp->parse_verified, message, registry,
+                                                        NULL));
+        if (message == NULL)
+            goto cleanup;
+    }
+    if (constrained) { /* (its rules, if its protocol has any: in Python) */
+        PyObject *checked = PyObject_CallFunctionObjArgs(sp->parse_constraints, registry,
+                                                         message, NULL);
+        if (checked == NULL) {
+            Py_DECREF(message);
+            goto cleanup;
+        }
+        Py_DECREF(checked);
+    }
+    result = message;
     goto cleanup;
 decline:
     result = Py_NewRef(Py_None);
@@ -2957,10 +3140,10 @@ parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
                               kwnames);
 }
 
-/* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits)
- * -> function | None: cbcl.parse in C (see parse_call); None if cbcl._native is not
- * built. limits: the default limits' max_message_bytes, max_depth, max_list_items,
- * max_nodes, max_string_bytes and max_name_chars. */
+/* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits,
+ * declined, constraints) -> function | None: cbcl.parse in C (see parse_call); None if
+ * cbcl._native is not built. limits: the default limits' max_message_bytes, max_depth,
+ * max_list_items, max_nodes, max_string_bytes and max_name_chars. */
 static PyObject *
 parse_entry(PyObject *module, PyObject *args)
 {
@@ -2969,12 +3152,14 @@ parse_entry(PyObject *module, PyObject *args)
         return NULL;
     SpeedupsState *sp = &st->speedups;
     PyObject *fallback, *doc, *verified, *space_after, *tables, *cache, *atom, *limits;
-    if (!PyArg_ParseTuple(args, "OUOOO!O!OO!", &fallback, &doc, &verified, &space_after,
+    PyObject *declined, *constraints;
+    if (!PyArg_ParseTuple(args, "OUOOO!O!OO!OO", &fallback, &doc, &verified, &space_after,
                           &PyTuple_Type, &tables, &PyDict_Type, &cache, &atom, &PyTuple_Type,
-                          &limits))
+                          &limits, &declined, &constraints))
         return NULL;
     if (!PyCallable_Check(verified) || !PyCallable_Check(space_after) ||
-            !PyCallable_Check(atom) || !tables_ok(tables)) {
+            !PyCallable_Check(atom) || !PyCallable_Check(declined) ||
+            !PyCallable_Check(constraints) || !tables_ok(tables)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "parse_entry's callables must be callable");
         return NULL;
@@ -2996,6 +3181,8 @@ parse_entry(PyObject *module, PyObject *args)
     Py_XSETREF(sp->parse_tables, Py_NewRef(tables));
     Py_XSETREF(sp->parse_cache, Py_NewRef(cache));
     Py_XSETREF(sp->parse_atom, Py_NewRef(atom));
+    Py_XSETREF(sp->parse_declined, Py_NewRef(declined));
+    Py_XSETREF(sp->parse_constraints, Py_NewRef(constraints));
     memcpy(sp->parse_limits, values, sizeof values);
     return entry_function(&sp->parse_entry, module);
 }
@@ -3125,7 +3312,8 @@ one_shot_entry(PyObject *module, PyObject *args)
 PyMethodDef cbcl_speedups_methods[] = {
     {"parse_entry", parse_entry, METH_VARARGS,
      "parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, "
-     "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "
+     "limits, declined, constraints, /) -> function | None: cbcl.parse in C, falling "
+     "back to the Python function "
      "(cbcl/_native_src/entry.h); None if cbcl._native is not built."},
     {"decode_entry", decode_entry, METH_VARARGS,
      "decode_entry(fallback, doc, verified, /) -> MethodEntry: Decoder.decode in C, "
@@ -3138,6 +3326,10 @@ PyMethodDef cbcl_speedups_methods[] = {
      "refusal_of(body, node, classes, terminals, step, refused, accept) -> tuple | None: "
      "recognise's walk, reporting where the grammar refused the body (kind, path, node, "
      "cls, frames), None if it accepts it."},
+    {"text_index", text_index, METH_VARARGS,
+     "text_index(text, path, kind) -> int: the character index of the token a refusal "
+     "points at in a document read whole (cbcl.protocol._pass2.refusal_index_python's "
+     "twin): one lexical pass up to it."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl.binary._codec._fast_frame)."},
@@ -3251,6 +3443,9 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(sp->parse_atom);
     Py_VISIT(sp->parse_last_registry);
     Py_VISIT(sp->parse_last_protocols);
+    Py_VISIT(sp->parse_last_fast);
+    Py_VISIT(sp->parse_declined);
+    Py_VISIT(sp->parse_constraints);
     CBCL_VISIT_ENTRY(sp->one_shot_entry);
     Py_VISIT(sp->one_shot_verified);
     Py_VISIT(sp->one_shot_registry);
@@ -3301,6 +3496,9 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->parse_atom);
     Py_CLEAR(sp->parse_last_registry);
     Py_CLEAR(sp->parse_last_protocols);
+    Py_CLEAR(sp->parse_last_fast);
+    Py_CLEAR(sp->parse_declined);
+    Py_CLEAR(sp->parse_constraints);
     CBCL_CLEAR_ENTRY(sp->one_shot_entry);
     Py_CLEAR(sp->one_shot_verified);
     Py_CLEAR(sp->one_shot_registry);
