@@ -406,7 +406,7 @@ def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos
 def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
                 tables: tuple[Any, ...], cache: dict[str, object], make_atom: Any,
                 limits: tuple[int, int, int, int, int, int],
-                declined: Callable[[Any, str, Any], Message | None],
+                declined: Callable[[Any, str, Any, tuple[Any, ...] | None], Message | None],
                 constraints: Callable[[Any, Message], None], /) -> Any:
     """``cbcl.parse`` as a C function: ``parse(data, registry=registry)`` of exact bytes
     within ``limits`` (the default limits' max_message_bytes, max_depth, max_list_items,
@@ -414,8 +414,10 @@ def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
     capsule) and accepted by :func:`accept_document` over every protocol the registry
     holds (a signed message through ``verified(message, registry)``, then, in a registry
     with constraints, ``constraints(registry, message)``); a document read whole that it
-    does not accept, ``declined(value, text, registry)`` (the careful path from the value:
-    a message, ``None`` to decline, or its error); any other call, or a document declined,
+    does not accept, ``declined(value, text, registry, report)`` (the careful path from
+    the value: a message, ``None`` to decline, or its error; ``report``: where the walk
+    found the grammar refused the body, as :func:`refusal_of` reports it, or ``None``); any
+    other call, or a document declined,
     ``fallback(*args, **kwargs)``. ``None`` if ``cbcl._native`` is not built."""
 
 # ---- the encoders (cbcl/_native_src/encoders.c)

@@ -3,9 +3,9 @@
 
 ``cbcl.parse(data, registry=R)``'s C entry reads the document once; when its passes do not
 accept it, it goes on from the value it read (``cbcl.protocol._api._declined``): the
-refusal is found by the native walk and its place in the text by
-``cbcl._native.text_index``, one lexical pass up to it (spaces, comments, text beyond
-ASCII alike), never by reading the text again. These tests hold its errors — class,
+refusal is where its own walk stopped (reported, not walked again) and its place in the
+text is found by ``cbcl._native.text_index``, one lexical pass up to it (spaces,
+comments, text beyond ASCII alike), never by reading the text again. These tests hold its errors — class,
 message, position, context, expected items, hint — to the pure-Python careful tier's for
 texts with drawn whitespace and comments between the tokens and the refusal at a drawn
 place; ``text_index`` to its twin ``refusal_index_python`` for every kind of refused token;
@@ -234,7 +234,7 @@ class Spies:
         for module, name in ((_api, "_accepted"), (_api, "decode"), (_api, "parse_envelope"),
                              (_pass2, "_skip"), (_pass2, "_end_of"),
                              (_pass2, "refusal_index_python"), (_pass2, "_search_native"),
-                             (_api, "_after_envelope")):
+                             (_api, "find_body_refusal"), (_api, "_after_envelope")):
             monkeypatch.setattr(module, name, self._spy(name, getattr(module, name)))
 
     def _spy(self, name: str, real: Any) -> Any:
@@ -263,11 +263,12 @@ def test_a_refused_spaced_text_is_read_once(gap: str, refused_at: int, registry:
         cbcl.parse(data, registry=registry)
     text = data.decode()
     assert info.value.offset == len(text[:text.index("1.5")].encode())
-    # The careful path went on from the C entry's value: no read, decode or pass 1 again,
-    # nothing stepped over in Python, no search by probes; one lexical pass found the place.
+    # The careful path went on from the C entry's value and its walk's report: no read,
+    # decode, pass 1 or walk again, nothing stepped over in Python, no search by probes;
+    # one lexical pass in C found the place.
     assert spies.calls == {"_accepted": 0, "decode": 0, "parse_envelope": 0, "_skip": 0,
                            "_end_of": 0, "refusal_index_python": 0, "_search_native": 0,
-                           "_after_envelope": 1}
+                           "find_body_refusal": 0, "_after_envelope": 1}
     assert seen(info.value) == reference(registry, data)
 
 

@@ -1434,89 +1434,119 @@ refusal_of(PyObject *module, PyObject *args)
  * refusal's); `kind`: 1 ITEM (the token that starts that element), 2 CLOSE (the `)` of
  * the list there), 3 END (just after that value). One lexical pass over the text up to
  * that point, building nothing: whitespace and comments stepped over, a string to its
- * closing quote, an atom to its delimiter, a list to its `)` by depth. ValueError where
- * the text does not hold that path (it is not the document the path was taken in). */
-typedef struct {
-    int kind;
-    const void *data;
-    Py_ssize_t length;
-} TextScan;
+ * closing quote, an atom to its delimiter, a list to its `)` by depth (one test a
+ * character, in a loop made for each width of str). ValueError where the text does not
+ * hold that path (it is not the document the path was taken in). */
 
-static inline Py_UCS4
-scan_at(const TextScan *t, Py_ssize_t i)
-{
-    return PyUnicode_READ(t->kind, t->data, i);
+/* TEXT_SCAN(T, W): scan_space_W, scan_atom_W, scan_value_W and index_of_W over the
+ * characters of a str of width T (Py_UCS1, Py_UCS2, Py_UCS4). */
+#define TEXT_SCAN(T, W)                                                                    \
+/* The first index at or after `i` not in whitespace or a comment (as TOKEN skips them;   \
+ * in text read whole, a comment ends at a line's end). */                                 \
+static Py_ssize_t                                                                          \
+scan_space_##W(const T *s, Py_ssize_t n, Py_ssize_t i)                                     \
+{                                                                                          \
+    while (i < n) {                                                                        \
+        T c = s[i];                                                                        \
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {                             \
+            i++;                                                                           \
+        } else if (c == ';') {                                                             \
+            while (i < n && s[i] != '\n' && s[i] != '\r')                                  \
+                i++;                                                                       \
+        } else {                                                                           \
+            break;                                                                         \
+        }                                                                                  \
+    }                                                                                      \
+    return i;                                                                              \
+}                                                                                          \
+                                                                                           \
+/* Just after the string whose quote is at `i`. */                                         \
+static Py_ssize_t                                                                          \
+scan_string_##W(const T *s, Py_ssize_t n, Py_ssize_t i)                                    \
+{                                                                                          \
+    for (i++; i < n; i++) {                                                                \
+        if (s[i] == '\\')                                                                  \
+            i++;                                                                           \
+        else if (s[i] == '"')                                                              \
+            return i + 1;                                                                  \
+    }                                                                                      \
+    return n;                                                                              \
+}                                                                                          \
+                                                                                           \
+/* Just after the value whose token starts at or after `i`; -1 at the text's end or at a  \
+ * `)` (no value there). */                                                                \
+static Py_ssize_t                                                                          \
+scan_value_##W(const T *s, Py_ssize_t n, Py_ssize_t i)                                     \
+{                                                                                          \
+    i = scan_space_##W(s, n, i);                                                           \
+    if (i >= n || s[i] == ')')                                                             \
+        return -1;                                                                         \
+    if (s[i] == '"')                                                                       \
+        return scan_string_##W(s, n, i);                                                   \
+    if (s[i] != '(') {                                                                     \
+        while (i < n && s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n' &&    \
+               s[i] != '(' && s[i] != ')' && s[i] != ';')                                  \
+            i++;                                                                           \
+        return i;                                                                          \
+    }                                                                                      \
+    Py_ssize_t depth = 0;                                                                  \
+    while (i < n) {                                                                        \
+        T c = s[i];                                                                        \
+        if (c == '(') {                                                                    \
+            depth++;                                                                       \
+        } else if (c == ')') {                                                             \
+            if (--depth == 0)                                                              \
+                return i + 1;                                                              \
+        } else if (c == '"') {                                                             \
+            i = scan_string_##W(s, n, i);                                                  \
+            continue;                                                                      \
+        } else if (c == ';') {                                                             \
+            while (i < n && s[i] != '\n' && s[i] != '\r')                                  \
+                i++;                                                                       \
+            continue;                                                                      \
+        }                                                                                  \
+        i++;                                                                               \
+    }                                                                                      \
+    return -1;                                                                             \
+}                                                                                          \
+                                                                                           \
+/* text_index's answer: the index, -1 where the text does not hold the path, -2 with an   \
+ * exception. */                                                                           \
+static Py_ssize_t                                                                          \
+index_of_##W(const T *s, Py_ssize_t n, PyObject *path, int kind)                           \
+{                                                                                          \
+    Py_ssize_t pos = scan_space_##W(s, n, 0);                                              \
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(path); k++) {                              \
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(path, k));                    \
+        if (index == -1 && PyErr_Occurred())                                               \
+            return -2;                                                                     \
+        if (pos >= n || s[pos] != '(' || index < 0)                                        \
+            return -1;                                                                     \
+        pos++; /* (past the list's '(') */                                                 \
+        for (Py_ssize_t skipped = 0; skipped < index; skipped++) {                         \
+            pos = scan_value_##W(s, n, pos);                                               \
+            if (pos < 0)                                                                   \
+                return -1;                                                                 \
+        }                                                                                  \
+        pos = scan_space_##W(s, n, pos); /* the element's token */                         \
+    }                                                                                      \
+    if (pos >= n)                                                                          \
+        return -1;                                                                         \
+    if (kind == 2) { /* CLOSE: the list's elements stepped over, its ')' */                \
+        if (s[pos] != '(')                                                                 \
+            return -1;                                                                     \
+        pos = scan_value_##W(s, n, pos);                                                   \
+        return pos < 0 ? -1 : pos - 1;                                                     \
+    }                                                                                      \
+    if (kind == 3) /* END: just after the value */                                         \
+        return scan_value_##W(s, n, pos);                                                  \
+    return pos;                                                                            \
 }
 
-/* The index of the first character at or after `i` that is not whitespace or in a
- * comment (as the reader's TOKEN skips them). */
-static Py_ssize_t
-scan_space(const TextScan *t, Py_ssize_t i)
-{
-    while (i < t->length) {
-        Py_UCS4 c = scan_at(t, i);
-        if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
-            i++;
-        } else if (c == ';') { /* (in text read whole, a comment ends at a line's end) */
-            while (i < t->length && (c = scan_at(t, i)) != '\n' && c != '\r')
-                i++;
-        } else {
-            break;
-        }
-    }
-    return i;
-}
-
-/* Just after the string or atom at `i` (the token's first character). */
-static Py_ssize_t
-scan_atom(const TextScan *t, Py_ssize_t i)
-{
-    if (scan_at(t, i) == '"') {
-        for (i++; i < t->length; i++) {
-            Py_UCS4 c = scan_at(t, i);
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                return i + 1;
-        }
-        return t->length;
-    }
-    for (; i < t->length; i++) {
-        Py_UCS4 c = scan_at(t, i);
-        if (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '(' || c == ')' ||
-                c == ';')
-            break;
-    }
-    return i;
-}
-
-/* Just after the value whose token starts at or after `i`; -1 at the text's end or at a
- * `)` (no value there). */
-static Py_ssize_t
-scan_value(const TextScan *t, Py_ssize_t i)
-{
-    i = scan_space(t, i);
-    if (i >= t->length || scan_at(t, i) == ')')
-        return -1;
-    if (scan_at(t, i) != '(')
-        return scan_atom(t, i);
-    Py_ssize_t depth = 0;
-    while (i < t->length) {
-        Py_UCS4 c = scan_at(t, i);
-        if (c == '(') {
-            depth++;
-            i++;
-        } else if (c == ')') {
-            i++;
-            if (--depth == 0)
-                return i;
-        } else {
-            i = scan_atom(t, i);
-        }
-        i = scan_space(t, i);
-    }
-    return -1;
-}
+TEXT_SCAN(Py_UCS1, 1)
+TEXT_SCAN(Py_UCS2, 2)
+TEXT_SCAN(Py_UCS4, 4)
+#undef TEXT_SCAN
 
 static PyObject *
 text_index(PyObject *module, PyObject *args)
@@ -1526,49 +1556,29 @@ text_index(PyObject *module, PyObject *args)
     int kind;
     if (!PyArg_ParseTuple(args, "UO!i", &text, &PyTuple_Type, &path, &kind))
         return NULL;
-    TextScan t = {PyUnicode_KIND(text), PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text)};
-    Py_ssize_t pos = scan_space(&t, 0);
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(path); k++) {
-        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(path, k));
-        if (index == -1 && PyErr_Occurred())
-            return NULL;
-        if (pos >= t.length || scan_at(&t, pos) != '(' || index < 0)
-            goto absent;
-        pos++; /* (past the list's '(') */
-        for (Py_ssize_t skipped = 0; skipped < index; skipped++) {
-            pos = scan_value(&t, pos);
-            if (pos < 0)
-                goto absent;
-        }
-        pos = scan_space(&t, pos); /* the element's token */
-    }
-    if (pos >= t.length)
-        goto absent;
-    if (kind == 2) { /* CLOSE: the list's elements stepped over, its ')' */
-        if (scan_at(&t, pos) != '(')
-            goto absent;
-        pos++;
-        for (;;) {
-            Py_ssize_t next = scan_value(&t, pos);
-            if (next < 0)
-                break;
-            pos = next;
-        }
-        pos = scan_space(&t, pos);
-        if (pos >= t.length)
-            goto absent;
-    } else if (kind == 3) { /* END: just after the value */
-        pos = scan_value(&t, pos);
-        if (pos < 0)
-            goto absent;
-    } else if (kind != 1) {
+    if (kind < 1 || kind > 3) {
         PyErr_SetString(PyExc_ValueError, "kind is 1 (ITEM), 2 (CLOSE) or 3 (END)");
         return NULL;
     }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), pos;
+    switch (PyUnicode_KIND(text)) {
+    case PyUnicode_1BYTE_KIND:
+        pos = index_of_1(PyUnicode_1BYTE_DATA(text), n, path, kind);
+        break;
+    case PyUnicode_2BYTE_KIND:
+        pos = index_of_2(PyUnicode_2BYTE_DATA(text), n, path, kind);
+        break;
+    default:
+        pos = index_of_4(PyUnicode_4BYTE_DATA(text), n, path, kind);
+        break;
+    }
+    if (pos == -2)
+        return NULL;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "the text does not hold that path");
+        return NULL;
+    }
     return PyLong_FromSsize_t(pos);
-absent:
-    PyErr_SetString(PyExc_ValueError, "the text does not hold that path");
-    return NULL;
 }
 
 static PyObject *
@@ -2438,12 +2448,13 @@ governs(PyObject *plan, PyObject *intent)
  * .check_intent_and_body, accepting): 1 when the intent is governed and its body present,
  * accepted by the grammar and valid by the schema; 0 for anything else, left to the
  * Python path (which accepts a NOT-UNDERSTOOD or CANCEL the protocol does not govern, or
- * raises the precise error); -1 with an exception. */
+ * raises the precise error); -1 with an exception. With `why`, a refusal by the grammar
+ * is noted there as refusal_of reports it (the walk is the same). */
 static int
 body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
               PyObject *terminals,
               PyObject *refused, PyObject *accept, PyObject *has_heads,
-              PyTypeObject *symbol_type)
+              PyTypeObject *symbol_type, BodyRefusal *why)
 {
     if (!governs(plan, intent) || body == NULL || body == Py_None)
         return 0;
@@ -2455,7 +2466,7 @@ body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
         return 0;
     }
     int ok = walk(st, body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
-                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept, NULL);
+                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept, why);
     Py_DECREF(node);
     if (ok != 1)
         return ok;
@@ -2492,10 +2503,11 @@ tables_ok(PyObject *tables)
 }
 
 /* accept_document's work: the Message, None, or NULL with an exception; *is_signed is set
- * when a Message with a signature is returned. */
+ * when a Message with a signature is returned; with `why`, where the grammar refused the
+ * body (None returned) is noted there (body_accepted). */
 static PyObject *
 accept_document_of(NativeState *st, PyObject *value, PyObject *tables, PyObject *protocols,
-                   int *is_signed)
+                   int *is_signed, BodyRefusal *why)
 {
     if (!tables_ok(tables))
         return NULL;
@@ -2528,7 +2540,7 @@ accept_document_of(NativeState *st, PyObject *value, PyObject *tables, PyObject 
         return NULL;
     }
     int ok = body_accepted(st, plan, fields[O_INTENT], fields[O_BODY], t[T_TERMINALS],
-                           t[T_REFUSED], t[T_ACCEPT], t[T_HAS_HEADS], symbol_type);
+                           t[T_REFUSED], t[T_ACCEPT], t[T_HAS_HEADS], symbol_type, why);
     Py_DECREF(plan);
     if (ok != 1) {
         Py_DECREF(message);
@@ -2551,7 +2563,7 @@ accept_document(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     int is_signed = 0;
-    return accept_document_of(st, args[0], args[1], args[2], &is_signed);
+    return accept_document_of(st, args[0], args[1], args[2], &is_signed, NULL);
 }
 
 /* ------------------------------------------------------------------------- decode_frame */
@@ -2947,10 +2959,11 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
  * message's protocol has constraints, parse_constraints(registry, message) applies them
  * (cbcl.protocol._api.check_constraints: the rules stay Python). A document both passes do
  * not accept, read whole and within the limits, goes to parse_declined(value, text,
- * registry) (cbcl.protocol._api._declined): the careful path's continuation from the value
- * read here, which raises the refusal (worded from where the walk stopped, its place in
- * the text found by text_index: no second read), returns the message (one accepted only
- * there), or None to decline. Any other call, or a document declined, falls back to the
+ * registry, report) (cbcl.protocol._api._declined; report: where the grammar refused the
+ * body, as refusal_of reports it, or None): the careful path's continuation from the value
+ * read here, which raises the refusal (worded from where this walk stopped, its place in
+ * the text found by text_index: no second read or walk), returns the message (one
+ * accepted only there), or None to decline. Any other call, or a document declined, falls back to the
  * Python function (which reads it again, to accept it or raise). */
 static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames);
@@ -3043,6 +3056,7 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
     /* (a registry with constraints: Registry._constrained, its dicts told apart) */
     int constrained = PyDict_GET_SIZE(fast) < PyDict_GET_SIZE(protocols);
     PyObject *result = NULL, *value = NULL;
+    BodyRefusal why = BODY_REFUSAL_INIT; /* (where the grammar refused the body) */
     PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(data), n, NULL);
     if (text == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
@@ -3074,13 +3088,19 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
             goto decline;
     }
     int is_signed = 0;
-    PyObject *message = accept_document_of(st, value, sp->parse_tables, protocols, &is_signed);
+    PyObject *message = accept_document_of(st, value, sp->parse_tables, protocols, &is_signed,
+                                           &why);
     if (message == NULL)
         goto cleanup;
     if (message == Py_None) { /* the careful continuation, from the value read here */
         Py_DECREF(message);
+        PyObject *report = why.kind == BR_NONE ? Py_NewRef(Py_None) : Py_BuildValue(
+            "(iOOOO)", why.kind, why.path, why.node, why.cls, why.frames);
+        if (report == NULL)
+            goto cleanup;
         result = PyObject_CallFunctionObjArgs(sp->parse_declined, value, text, registry,
-                                              NULL);
+                                              report, NULL);
+        Py_DECREF(report);
         goto cleanup;
     }
     if (is_signed) {
@@ -3103,6 +3123,7 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
 decline:
     result = Py_NewRef(Py_None);
 cleanup:
+    body_refusal_free(&why);
     Py_XDECREF(value);
     Py_XDECREF(text);
     Py_DECREF(protocols);

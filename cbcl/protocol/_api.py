@@ -33,7 +33,13 @@ from ..core._values import (
 from ..grammar._automaton import ACCEPT, REFUSED
 from ._envelope import ENVELOPE_TABLES, message_of, message_of_python, parse_envelope
 from ._message import Message
-from ._pass2 import check_intent_and_body, explain_body, find_body_refusal, path_index
+from ._pass2 import (
+    check_intent_and_body,
+    explain_body,
+    find_body_refusal,
+    path_index,
+    reported_refusal,
+)
 from ._protocol import Protocol
 from ._records import record_of
 from ._registry import Registry
@@ -70,12 +76,15 @@ def _verified(message: Message, registry: Registry) -> Message:
 
 def _after_envelope(text: str | None, message: Message, declined: bool, limits: Limits,
                     registry: Registry | None, envelope_only: bool,
-                    require_signatures: bool) -> Message:
+                    require_signatures: bool, report: tuple[Any, ...] | None = None,
+                    ) -> Message:
     """:func:`parse` once pass 1 has given ``message`` (read from ``text``; ``None``:
     both passes accepted it in C): the signature, then pass 2 and the protocol's
     stateless constraints. ``declined``: the C tiers ran both passes on this document and
     declined it, so pass 2 most likely refuses it (the refusal is found, not only
-    decided). Raises as :func:`parse`."""
+    decided); ``report``: where their walk found the grammar refused the body (as
+    ``cbcl._native.refusal_of`` reports it), so it is not walked again. Raises as
+    :func:`parse`."""
     trust = registry.trust if registry is not None else None
     if trust is not None and (message.signature is not None or require_signatures):
         trust.verify_message(message)
@@ -87,7 +96,10 @@ def _after_envelope(text: str | None, message: Message, declined: bool, limits: 
     if protocol is None:
         _unknown_protocol(text, message, limits)
     if declined:  # both passes' native tier declined it: pass 2 refuses it
-        refusal = find_body_refusal(protocol, message)  # (as a rule)
+        # (a governed intent with a body the C walk refused: found there, else here)
+        refusal = None if report is None else reported_refusal(protocol, report)
+        if refusal is None:
+            refusal = find_body_refusal(protocol, message)  # (as a rule)
         if refusal is not None:
             explain_body(protocol, text, message, limits, refusal=refusal)
     elif check_intent_and_body(protocol, message) is False:
@@ -97,19 +109,22 @@ def _after_envelope(text: str | None, message: Message, declined: bool, limits: 
     return message
 
 
-def _declined(value: Value, text: str, registry: Registry) -> Message | None:
+def _declined(value: Value, text: str, registry: Registry,
+              report: tuple[Any, ...] | None = None) -> Message | None:
     """The C entry's continuation (``cbcl._native.parse_entry``) for a document it read
     whole within the default limits (``value``, from ``text``) and whose passes its C
     tiers did not accept: :func:`parse`'s careful path from that value, not from the text
     read again. Returns the message (one the C tiers decline but pass 2 accepts: an
     ungoverned NOT-UNDERSTOOD, say), or ``None`` where pass 1 refuses the value (the
     careful path then reads the text, to say where). Raises as :func:`parse`: a refused
-    body's :class:`BodyError` is worded from where the native walk stopped, at the place
-    ``cbcl._native.text_index`` finds in ``text``."""
+    body's :class:`BodyError` is worded from where the C entry's walk stopped
+    (``report``, as ``cbcl._native.refusal_of`` reports it; ``None``: not the grammar, or
+    not known), at the place ``cbcl._native.text_index`` finds in ``text``."""
     envelope = message_of(value)
     if envelope is None:
         return None
-    return _after_envelope(text, envelope, True, DEFAULT_LIMITS, registry, False, False)
+    return _after_envelope(text, envelope, True, DEFAULT_LIMITS, registry, False, False,
+                           report)
 
 
 def check_constraints(registry: Registry, message: Message) -> None:

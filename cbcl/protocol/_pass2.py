@@ -333,11 +333,20 @@ def _walk_native(protocol: Protocol, body: Value, intent: Intent | None, node: A
                                protocol.recogniser.step, REFUSED, ACCEPT)
         if report is None:
             return None
-        kind, path, at, cls, frames = report
-        marks = walker_marks(protocol, at, frames)
-        if marks is not None:
-            return Refusal(_REPORTED[kind], path, at, cls, marks)
+        refusal = reported_refusal(protocol, report)
+        if refusal is not None:
+            return refusal
     return _search_native(protocol, body, node, work)  # pragma: no cover - (see above)
+
+
+def reported_refusal(protocol: Protocol, report: tuple[Any, ...]) -> Refusal | None:
+    """The :class:`Refusal` a native walk reported (``cbcl._native.refusal_of``'s, or the
+    parse entry's: ``(kind, path, node, cls, frames)``), or ``None`` where its masks cannot
+    be paired with the node's keyword sets (:func:`walker_marks`: the caller finds the
+    refusal by a walk of its own)."""
+    kind, path, at, cls, frames = report
+    marks = walker_marks(protocol, at, frames)
+    return None if marks is None else Refusal(_REPORTED[kind], path, at, cls, marks)
 
 
 def find_refusal_python(protocol: Protocol, body: Value, node: Any,
