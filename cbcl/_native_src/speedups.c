@@ -2956,7 +2956,8 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
  * cbcl._native's reader (cbcl_read_value_of), both passes by accept_document_of over every
  * protocol the registry holds. An unsigned message is returned as it is; a signed one goes
  * through parse_verified (the registry's trust store, as parse has it); then, where the
- * message's protocol has constraints, parse_constraints(registry, message) applies them
+ * message's protocol has constraints (it is not in Registry._protocols_by_id()),
+ * parse_constraints(registry, message) applies them
  * (cbcl.protocol._api.check_constraints: the rules stay Python). A document both passes do
  * not accept, read whole and within the limits, goes to parse_declined(value, text,
  * registry, report) (cbcl.protocol._api._declined; report: where the grammar refused the
@@ -3053,6 +3054,7 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
             return NULL;
         Py_RETURN_NONE; /* not a Registry: parse says what it is */
     }
+    Py_INCREF(fast); /* (the state's reference may change while Python code runs) */
     /* (a registry with constraints: Registry._constrained, its dicts told apart) */
     int constrained = PyDict_GET_SIZE(fast) < PyDict_GET_SIZE(protocols);
     PyObject *result = NULL, *value = NULL;
@@ -3103,13 +3105,25 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
         Py_DECREF(report);
         goto cleanup;
     }
+    /* Its protocol has constraints where the registry's dict of those without does not
+     * hold it (the message is accept_document_of's: a MessageFields instance). */
+    int ruled = 0;
+    if (constrained) {
+        PyObject *id = ((MessageFieldsObject *)message)->protocol;
+        ruled = id == NULL ? 0 : PyDict_Contains(fast, id); /* (unset: checked in Python) */
+        if (ruled < 0) {
+            Py_DECREF(message);
+            goto cleanup;
+        }
+        ruled = !ruled;
+    }
     if (is_signed) {
         Py_SETREF(message, PyObject_CallFunctionObjArgs(sp->parse_verified, message, registry,
                                                         NULL));
         if (message == NULL)
             goto cleanup;
     }
-    if (constrained) { /* (its rules, if its protocol has any: in Python) */
+    if (ruled) { /* (its rules: in Python) */
         PyObject *checked = PyObject_CallFunctionObjArgs(sp->parse_constraints, registry,
                                                          message, NULL);
         if (checked == NULL) {
@@ -3127,6 +3141,7 @@ cleanup:
     Py_XDECREF(value);
     Py_XDECREF(text);
     Py_DECREF(protocols);
+    Py_DECREF(fast);
     return result;
 }
 
