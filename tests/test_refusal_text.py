@@ -5,11 +5,12 @@
 accept it, it goes on from the value it read (``cbcl.protocol._api._declined``): the
 refusal is where its own walk stopped (reported, not walked again) and its place in the
 text is found by ``cbcl._native.text_index``, one lexical pass up to it (spaces,
-comments, text beyond ASCII alike), never by reading the text again. These tests hold its errors — class,
-message, position, context, expected items, hint — to the pure-Python careful tier's for
-texts with drawn whitespace and comments between the tokens and the refusal at a drawn
-place; ``text_index`` to its twin ``refusal_index_python`` for every kind of refused token;
-and count the work: no second read, no Python stepping over the text. A protocol with
+comments, text beyond ASCII alike), never by reading the text again. These tests hold
+its errors — class, message, position, context, expected items, hint — to the
+pure-Python careful tier's for texts with drawn whitespace and comments between the
+tokens and the refusal at a drawn place; ``text_index`` to its twin
+``refusal_index_python`` for every kind of refused token; and count the work: no second
+read or walk, no Python stepping over the text. A protocol with
 constraints is accepted by the C entry and its rules then applied, with the same results
 and errors as the Python entry.
 """
