@@ -322,3 +322,31 @@ def test_constraints_of_a_protocol_loaded_later_are_applied(
     with pytest.raises(ConstraintError):
         cbcl.parse(data, registry=registry)
     cbcl.parse(canon("QUERY", '(query weather :city "Oslo")'), registry=registry)
+
+
+class CountingRegistry(Registry):
+    """A registry that counts its lookups (the constraint check's, after the C passes)."""
+
+    def __init__(self) -> None:
+        super().__init__(disk_cache=False, isolate=False)
+        self.lookups = 0
+
+    def get(self, protocol_id: Any) -> Any:
+        self.lookups += 1
+        return super().get(protocol_id)
+
+
+def test_only_a_protocol_with_constraints_has_them_checked() -> None:
+    registry = CountingRegistry()
+    for name in ("contract-net-v1", "canon-a-v1"):
+        registry.load((DESCRIPTORS / f"{name}.cbcl").read_bytes(), allow_unsigned=True)
+    cfp = gap_message("contract-net/v1", "CFP", '(cfp :task (task :id "t" :action x) :deadline 5)')
+    registry.lookups = 0
+    cbcl.parse(cfp, registry=registry)
+    assert registry.lookups == 0  # (no rules: accepted in C alone)
+    cbcl.parse(canon("QUERY", '(query weather :city "Oslo")'), registry=registry)
+    assert registry.lookups == 1  # check_constraints' lookup of canon-a
+
+
+def gap_message(protocol: str, intent: str, body: str) -> bytes:
+    return " ".join(message_tokens(protocol, intent, [body])).encode()
