@@ -350,3 +350,16 @@ def test_only_a_protocol_with_constraints_has_them_checked() -> None:
 
 def gap_message(protocol: str, intent: str, body: str) -> bytes:
     return " ".join(message_tokens(protocol, intent, [body])).encode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from('() ";\\\n\tab1é雪'), max_size=40),
+       path=st.lists(st.integers(-2, 6), max_size=4), kind=st.integers(0, 4))
+def test_text_index_takes_any_text(text: str, path: list[int], kind: int) -> None:
+    from cbcl._native import text_index
+
+    try:
+        index = text_index(text, tuple(path), kind)
+    except ValueError:
+        return
+    assert 0 <= index <= len(text)
