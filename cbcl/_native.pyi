@@ -289,6 +289,12 @@ def refusal_of(body: Value, node: dict[Any, Any], classes: dict[Any, str],
     the refused token was fed to, its class, the keyword sets' masks then, innermost
     last). ``TypeError`` for a value in ``body`` that is not a CBCL one."""
 
+def text_index(text: str, path: tuple[int, ...], kind: int, /) -> int:
+    """The character index in ``text`` (a document read whole) of the token a refusal
+    points at (kind 1 the element at ``path``, 2 the ``)`` of the list there, 3 just after
+    the value there): ``cbcl.protocol._pass2.refusal_index_python``'s twin, one lexical
+    pass up to it. ``ValueError`` where the text does not hold ``path``."""
+
 def decode_frame(data: bytes, state: FrameState, /) -> Message | None:
     """A whole frame decoded and recognised in one call (the twin of
     ``cbcl.binary._codec._fast_frame`` and its header and table lookup): the ``Message``, or
@@ -399,12 +405,19 @@ def one_shot_entry(fallback: Any, doc: str, verified: Any, registry: type, memos
 
 def parse_entry(fallback: Any, doc: str, verified: Any, only_space_after: Any,
                 tables: tuple[Any, ...], cache: dict[str, object], make_atom: Any,
-                limits: tuple[int, int, int, int, int, int], /) -> Any:
+                limits: tuple[int, int, int, int, int, int],
+                declined: Callable[[Any, str, Any, tuple[Any, ...] | None], Message | None],
+                constraints: Callable[[Any, Message], None], /) -> Any:
     """``cbcl.parse`` as a C function: ``parse(data, registry=registry)`` of exact bytes
     within ``limits`` (the default limits' max_message_bytes, max_depth, max_list_items,
     max_nodes, max_string_bytes, max_name_chars) read by ``cbcl._native``'s reader (its
-    capsule) and accepted by :func:`accept_document` (a signed message through
-    ``verified(message, registry)``); any other call, or a document declined,
+    capsule) and accepted by :func:`accept_document` over every protocol the registry
+    holds (a signed message through ``verified(message, registry)``, then, in a registry
+    with constraints, ``constraints(registry, message)``); a document read whole that it
+    does not accept, ``declined(value, text, registry, report)`` (the careful path from
+    the value: a message, ``None`` to decline, or its error; ``report``: where the walk
+    found the grammar refused the body, as :func:`refusal_of` reports it, or ``None``); any
+    other call, or a document declined,
     ``fallback(*args, **kwargs)``. ``None`` if ``cbcl._native`` is not built."""
 
 # ---- the encoders (cbcl/_native_src/encoders.c)

@@ -167,14 +167,15 @@ def old_parse(registry: Registry, text: str) -> object:
 
 @contextlib.contextmanager
 def python_tiers() -> Iterator[None]:
-    """Parse as where ``cbcl._native`` is not built: pass 2 walks in Python, and so does
-    the search for the refused token; the document is not accepted in C."""
-    saved = _pass2._recognise_c, _api._accept_document_c
-    _pass2._recognise_c = _api._accept_document_c = None
+    """Parse as where ``cbcl._native`` is not built: pass 2 walks in Python, and so do
+    the search for the refused token and the stepping over the text to it; the document
+    is not accepted in C."""
+    saved = _pass2._recognise_c, _pass2._text_index_c, _api._accept_document_c
+    _pass2._recognise_c = _pass2._text_index_c = _api._accept_document_c = None
     try:
         yield
     finally:
-        _pass2._recognise_c, _api._accept_document_c = saved
+        _pass2._recognise_c, _pass2._text_index_c, _api._accept_document_c = saved
 
 
 @contextlib.contextmanager
@@ -406,11 +407,16 @@ def test_the_native_search_takes_a_few_walks(refused_at: int, nested: Protocol) 
 def test_spaced_text_is_read_up_to_the_refusal(refused_at: int, nested: Protocol) -> None:
     text = flat(3000, refused_at).replace(" ", "  ")
     work = RefusalWork()
-    error = explained(nested, text, work)
+    with python_tiers():
+        error = explained(nested, text, work)
     assert error.offset == text.index("1.5")
     # Read again: the fields before the body, then the body's elements before the refused
     # one (its head among them), each once.
     assert work.reads <= refused_at + 1 + 8
+    if NATIVE:  # one lexical pass in C, nothing read again
+        work = RefusalWork()
+        assert explained(nested, text, work).offset == error.offset
+        assert work.reads == work.copied == 0 and work.scans == 1
 
 
 @pytest.mark.skipif(not NATIVE, reason="cbcl._native is not built")

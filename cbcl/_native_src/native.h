@@ -167,8 +167,11 @@ typedef struct {
     CEntry parse_entry;
     PyObject *parse_verified, *parse_space_after, *parse_tables, *parse_cache, *parse_atom;
     Py_ssize_t parse_limits[CBCL_PARSE_LIMITS];
+    PyObject *parse_declined;       /* the careful continuation of a declined document */
+    PyObject *parse_constraints;    /* the constraint check of an accepted message */
     PyObject *parse_last_registry;  /* a weak reference, or NULL */
-    PyObject *parse_last_protocols; /* its dict of loaded protocols */
+    PyObject *parse_last_protocols; /* its dict of every loaded protocol (_protocols) */
+    PyObject *parse_last_fast;      /* its dict of those without constraints (_fast) */
     /* cbcl.decode: its entry and what one_shot_entry gave it */
     CEntry one_shot_entry;
     PyObject *one_shot_verified;

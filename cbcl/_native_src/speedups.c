@@ -1427,6 +1427,160 @@ refusal_of(PyObject *module, PyObject *args)
     return result;
 }
 
+/* text_index(text, path, kind) -> int: where in `text` (a document the reader has read
+ * whole, so well formed) the token a refusal points at is, as a character index: the
+ * twin of cbcl.protocol._pass2.refusal_index_python. `path`: the index of the element on
+ * the way down from the document's value to the refused one (the body's path, then the
+ * refusal's); `kind`: 1 ITEM (the token that starts that element), 2 CLOSE (the `)` of
+ * the list there), 3 END (just after that value). One lexical pass over the text up to
+ * that point, building nothing: whitespace and comments stepped over, a string to its
+ * closing quote, an atom to its delimiter, a list to its `)` by depth (one test a
+ * character, in a loop made for each width of str). ValueError where the text does not
+ * hold that path (it is not the document the path was taken in). */
+
+/* TEXT_SCAN(T, W): scan_space_W, scan_atom_W, scan_value_W and index_of_W over the
+ * characters of a str of width T (Py_UCS1, Py_UCS2, Py_UCS4). */
+#define TEXT_SCAN(T, W)                                                                    \
+/* The first index at or after `i` not in whitespace or a comment (as TOKEN skips them;   \
+ * in text read whole, a comment ends at a line's end). */                                 \
+static Py_ssize_t                                                                          \
+scan_space_##W(const T *s, Py_ssize_t n, Py_ssize_t i)                                     \
+{                                                                                          \
+    while (i < n) {                                                                        \
+        T c = s[i];                                                                        \
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {                             \
+            i++;                                                                           \
+        } else if (c == ';') {                                                             \
+            while (i < n && s[i] != '\n' && s[i] != '\r')                                  \
+                i++;                                                                       \
+        } else {                                                                           \
+            break;                                                                         \
+        }                                                                                  \
+    }                                                                                      \
+    return i;                                                                              \
+}                                                                                          \
+                                                                                           \
+/* Just after the string whose quote is at `i`. */                                         \
+static Py_ssize_t                                                                          \
+scan_string_##W(const T *s, Py_ssize_t n, Py_ssize_t i)                                    \
+{                                                                                          \
+    for (i++; i < n; i++) {                                                                \
+        if (s[i] == '\\')                                                                  \
+            i++;                                                                           \
+        else if (s[i] == '"')                                                              \
+            return i + 1;                                                                  \
+    }                                                                                      \
+    return n;                                                                              \
+}                                                                                          \
+                                                                                           \
+/* Just after the value whose token starts at or after `i`; -1 at the text's end or at a  \
+ * `)` (no value there). */                                                                \
+static Py_ssize_t                                                                          \
+scan_value_##W(const T *s, Py_ssize_t n, Py_ssize_t i)                                     \
+{                                                                                          \
+    i = scan_space_##W(s, n, i);                                                           \
+    if (i >= n || s[i] == ')')                                                             \
+        return -1;                                                                         \
+    if (s[i] == '"')                                                                       \
+        return scan_string_##W(s, n, i);                                                   \
+    if (s[i] != '(') {                                                                     \
+        while (i < n && s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n' &&    \
+               s[i] != '(' && s[i] != ')' && s[i] != ';')                                  \
+            i++;                                                                           \
+        return i;                                                                          \
+    }                                                                                      \
+    Py_ssize_t depth = 0;                                                                  \
+    while (i < n) {                                                                        \
+        T c = s[i];                                                                        \
+        if (c == '(') {                                                                    \
+            depth++;                                                                       \
+        } else if (c == ')') {                                                             \
+            if (--depth == 0)                                                              \
+                return i + 1;                                                              \
+        } else if (c == '"') {                                                             \
+            i = scan_string_##W(s, n, i);                                                  \
+            continue;                                                                      \
+        } else if (c == ';') {                                                             \
+            while (i < n && s[i] != '\n' && s[i] != '\r')                                  \
+                i++;                                                                       \
+            continue;                                                                      \
+        }                                                                                  \
+        i++;                                                                               \
+    }                                                                                      \
+    return -1;                                                                             \
+}                                                                                          \
+                                                                                           \
+/* text_index's answer: the index, -1 where the text does not hold the path, -2 with an   \
+ * exception. */                                                                           \
+static Py_ssize_t                                                                          \
+index_of_##W(const T *s, Py_ssize_t n, PyObject *path, int kind)                           \
+{                                                                                          \
+    Py_ssize_t pos = scan_space_##W(s, n, 0);                                              \
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(path); k++) {                              \
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(path, k));                    \
+        if (index == -1 && PyErr_Occurred())                                               \
+            return -2;                                                                     \
+        if (pos >= n || s[pos] != '(' || index < 0)                                        \
+            return -1;                                                                     \
+        pos++; /* (past the list's '(') */                                                 \
+        for (Py_ssize_t skipped = 0; skipped < index; skipped++) {                         \
+            pos = scan_value_##W(s, n, pos);                                               \
+            if (pos < 0)                                                                   \
+                return -1;                                                                 \
+        }                                                                                  \
+        pos = scan_space_##W(s, n, pos); /* the element's token */                         \
+    }                                                                                      \
+    if (pos >= n)                                                                          \
+        return -1;                                                                         \
+    if (kind == 2) { /* CLOSE: the list's elements stepped over, its ')' */                \
+        if (s[pos] != '(')                                                                 \
+            return -1;                                                                     \
+        pos = scan_value_##W(s, n, pos);                                                   \
+        return pos < 0 ? -1 : pos - 1;                                                     \
+    }                                                                                      \
+    if (kind == 3) /* END: just after the value */                                         \
+        return scan_value_##W(s, n, pos);                                                  \
+    return pos;                                                                            \
+}
+
+TEXT_SCAN(Py_UCS1, 1)
+TEXT_SCAN(Py_UCS2, 2)
+TEXT_SCAN(Py_UCS4, 4)
+#undef TEXT_SCAN
+
+static PyObject *
+text_index(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *text, *path;
+    int kind;
+    if (!PyArg_ParseTuple(args, "UO!i", &text, &PyTuple_Type, &path, &kind))
+        return NULL;
+    if (kind < 1 || kind > 3) {
+        PyErr_SetString(PyExc_ValueError, "kind is 1 (ITEM), 2 (CLOSE) or 3 (END)");
+        return NULL;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), pos;
+    switch (PyUnicode_KIND(text)) {
+    case PyUnicode_1BYTE_KIND:
+        pos = index_of_1(PyUnicode_1BYTE_DATA(text), n, path, kind);
+        break;
+    case PyUnicode_2BYTE_KIND:
+        pos = index_of_2(PyUnicode_2BYTE_DATA(text), n, path, kind);
+        break;
+    default:
+        pos = index_of_4(PyUnicode_4BYTE_DATA(text), n, path, kind);
+        break;
+    }
+    if (pos == -2)
+        return NULL;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "the text does not hold that path");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(pos);
+}
+
 static PyObject *
 recognise(PyObject *module, PyObject *args)
 {
@@ -2294,12 +2448,13 @@ governs(PyObject *plan, PyObject *intent)
  * .check_intent_and_body, accepting): 1 when the intent is governed and its body present,
  * accepted by the grammar and valid by the schema; 0 for anything else, left to the
  * Python path (which accepts a NOT-UNDERSTOOD or CANCEL the protocol does not govern, or
- * raises the precise error); -1 with an exception. */
+ * raises the precise error); -1 with an exception. With `why`, a refusal by the grammar
+ * is noted there as refusal_of reports it (the walk is the same). */
 static int
 body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
               PyObject *terminals,
               PyObject *refused, PyObject *accept, PyObject *has_heads,
-              PyTypeObject *symbol_type)
+              PyTypeObject *symbol_type, BodyRefusal *why)
 {
     if (!governs(plan, intent) || body == NULL || body == Py_None)
         return 0;
@@ -2311,7 +2466,7 @@ body_accepted(NativeState *st, PyObject *plan, PyObject *intent, PyObject *body,
         return 0;
     }
     int ok = walk(st, body, node, PyTuple_GET_ITEM(plan, P_ATOMS), terminals,
-                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept, NULL);
+                  PyTuple_GET_ITEM(plan, P_STEP), refused, accept, why);
     Py_DECREF(node);
     if (ok != 1)
         return ok;
@@ -2363,10 +2518,11 @@ tables_ok(PyObject *tables)
 }
 
 /* accept_document's work: the Message, None, or NULL with an exception; *is_signed is set
- * when a Message with a signature is returned. */
+ * when a Message with a signature is returned; with `why`, where the grammar refused the
+ * body (None returned) is noted there (body_accepted). */
 static PyObject *
 accept_document_of(NativeState *st, PyObject *value, PyObject *tables, PyObject *protocols,
-                   int *is_signed)
+                   int *is_signed, BodyRefusal *why)
 {
     if (!tables_ok(tables))
         return NULL;
@@ -2399,7 +2555,7 @@ accept_document_of(NativeState *st, PyObject *value, PyObject *tables, PyObject 
         return NULL;
     }
     int ok = body_accepted(st, plan, fields[O_INTENT], fields[O_BODY], t[T_TERMINALS],
-                           t[T_REFUSED], t[T_ACCEPT], t[T_HAS_HEADS], symbol_type);
+                           t[T_REFUSED], t[T_ACCEPT], t[T_HAS_HEADS], symbol_type, why);
     Py_DECREF(plan);
     if (ok != 1) {
         Py_DECREF(message);
@@ -2422,7 +2578,7 @@ accept_document(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     int is_signed = 0;
-    return accept_document_of(st, args[0], args[1], args[2], &is_signed);
+    return accept_document_of(st, args[0], args[1], args[2], &is_signed, NULL);
 }
 
 /* ------------------------------------------------------------------------- decode_frame */
@@ -2812,16 +2968,26 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
 /* cbcl.parse as a C function (cbcl/_native_src/entry.h): the ordinary call, parse(data,
  * registry=registry) with data exact bytes within the default limits, is what parse's
  * fast path (cbcl.protocol._api._accepted) does, in C: the UTF-8 decoded, the document read by
- * cbcl._native's reader (cbcl_read_value_of), both passes by accept_document_of. An unsigned
- * message is returned as it is; a signed one goes through parse_verified (the registry's
- * trust store, as parse has it). Any other call, or a document the C tiers decline, falls
- * back to the Python function (which reads it again, to accept it or raise). */
+ * cbcl._native's reader (cbcl_read_value_of), both passes by accept_document_of over every
+ * protocol the registry holds. An unsigned message is returned as it is; a signed one goes
+ * through parse_verified (the registry's trust store, as parse has it); then, where the
+ * message's protocol has constraints (it is not in Registry._protocols_by_id()),
+ * parse_constraints(registry, message) applies them
+ * (cbcl.protocol._api.check_constraints: the rules stay Python). A document both passes do
+ * not accept, read whole and within the limits, goes to parse_declined(value, text,
+ * registry, report) (cbcl.protocol._api._declined; report: where the grammar refused the
+ * body, as refusal_of reports it, or None): the careful path's continuation from the value
+ * read here, which raises the refusal (worded from where this walk stopped, its place in
+ * the text found by text_index: no second read or walk), returns the message (one
+ * accepted only there), or None to decline. Any other call, or a document declined, falls back to the
+ * Python function (which reads it again, to accept it or raise). */
 static PyObject *parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames);
 /* (the template of st->speedups.parse_entry; its state beside it: parse_entry's arguments,
  * parse_verified(message, registry) -> message, parse_space_after(text, end) -> bool
  * (cbcl.core._reader.only_space_after), accept_document's tables (parse_tables), the
- * reader's token cache and atom maker, the default limits) */
+ * reader's token cache and atom maker, the default limits, parse_declined and
+ * parse_constraints) */
 static const CEntry PARSE_ENTRY = {
     {"parse", (PyCFunction)(void (*)(void))parse_call, METH_FASTCALL | METH_KEYWORDS, NULL},
     NULL, NULL, NULL, NULL};
@@ -2830,9 +2996,10 @@ enum { L_MESSAGE_BYTES, L_DEPTH, L_LIST_ITEMS, L_NODES, L_STRING_BYTES, L_NAME_C
 static_assert(L_COUNT == CBCL_PARSE_LIMITS, "the state's parse_limits: one per limit");
 
 /* The registry parse_fast last served (st->speedups.parse_last_registry, a weak
- * reference; NULL: none yet) and its dict of loaded protocols (parse_last_protocols,
- * strong): Registry._protocols_by_id() is the same dict for the registry's lifetime, and
- * a Python call per parse would cost more than the C tiers save on a short message. */
+ * reference; NULL: none yet), its dict of every loaded protocol (parse_last_protocols,
+ * Registry._protocols, strong) and of those without constraints (parse_last_fast,
+ * Registry._protocols_by_id()): each the same dict for the registry's lifetime, and a
+ * Python call per parse would cost more than the C tiers save on a short message. */
 
 /* Whether weak reference `ref` refers to `object` (a dead one refers to nothing). */
 static int
@@ -2851,30 +3018,39 @@ refers_to(PyObject *ref, PyObject *object)
 #endif
 }
 
-/* registry._protocols_by_id(): a new reference (a dict), or NULL with no exception for a
+/* registry._protocols (a new reference, a dict) and, in *fast, registry._protocols_by_id()
+ * (borrowed from the state: valid until the next call); NULL with no exception for a
  * registry that has none (not a Registry: parse says what it is), NULL with one for an
  * error it raised. */
 static PyObject *
-parse_protocols(SpeedupsState *sp, PyObject *registry)
+parse_protocols(SpeedupsState *sp, PyObject *registry, PyObject **fast)
 {
-    if (sp->parse_last_registry != NULL && refers_to(sp->parse_last_registry, registry))
+    if (sp->parse_last_registry != NULL && refers_to(sp->parse_last_registry, registry)) {
+        *fast = sp->parse_last_fast;
         return Py_NewRef(sp->parse_last_protocols);
+    }
     PyObject *protocols = PyObject_CallMethodNoArgs(registry, sp->s_protocols_by_id);
-    if (protocols == NULL || !PyDict_CheckExact(protocols)) {
-        if (protocols == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+    PyObject *every = protocols == NULL ? NULL : PyObject_GetAttrString(registry, "_protocols");
+    if (every == NULL || !PyDict_CheckExact(protocols) || !PyDict_CheckExact(every)) {
+        Py_XDECREF(protocols);
+        Py_XDECREF(every);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;
         PyErr_Clear();
-        Py_XDECREF(protocols);
         return NULL;
     }
     PyObject *ref = PyWeakref_NewRef(registry, NULL);
     if (ref == NULL) {
-        PyErr_Clear(); /* (not weakly referable: not remembered) */
-    } else {
-        Py_XSETREF(sp->parse_last_registry, ref);
-        Py_XSETREF(sp->parse_last_protocols, Py_NewRef(protocols));
+        PyErr_Clear(); /* (not weakly referable: not remembered; served once, unchecked) */
+        Py_DECREF(protocols);
+        Py_DECREF(every);
+        return NULL;
     }
-    return protocols;
+    Py_XSETREF(sp->parse_last_registry, ref);
+    Py_XSETREF(sp->parse_last_protocols, every);
+    Py_XSETREF(sp->parse_last_fast, protocols);
+    *fast = protocols;
+    return Py_NewRef(every);
 }
 
 /* The message of parse_call's ordinary case; None: not that case (or declined). */
@@ -2886,13 +3062,18 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
     Py_ssize_t n = PyBytes_GET_SIZE(data);
     if (n > limits[L_MESSAGE_BYTES] || registry == Py_None)
         Py_RETURN_NONE; /* (the careful path says which limit, or what registry is) */
-    PyObject *protocols = parse_protocols(sp, registry);
+    PyObject *fast = NULL;
+    PyObject *protocols = parse_protocols(sp, registry, &fast);
     if (protocols == NULL) {
         if (PyErr_Occurred())
             return NULL;
         Py_RETURN_NONE; /* not a Registry: parse says what it is */
     }
+    Py_INCREF(fast); /* (the state's reference may change while Python code runs) */
+    /* (a registry with constraints: Registry._constrained, its dicts told apart) */
+    int constrained = PyDict_GET_SIZE(fast) < PyDict_GET_SIZE(protocols);
     PyObject *result = NULL, *value = NULL;
+    BodyRefusal why = BODY_REFUSAL_INIT; /* (where the grammar refused the body) */
     PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(data), n, NULL);
     if (text == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
@@ -2924,20 +3105,58 @@ parse_fast(NativeState *st, PyObject *data, PyObject *registry)
             goto decline;
     }
     int is_signed = 0;
-    PyObject *message = accept_document_of(st, value, sp->parse_tables, protocols, &is_signed);
-    if (message == NULL || message == Py_None || !is_signed) {
-        result = message;
+    PyObject *message = accept_document_of(st, value, sp->parse_tables, protocols, &is_signed,
+                                           &why);
+    if (message == NULL)
+        goto cleanup;
+    if (message == Py_None) { /* the careful continuation, from the value read here */
+        Py_DECREF(message);
+        PyObject *report = why.kind == BR_NONE ? Py_NewRef(Py_None) : Py_BuildValue(
+            "(iOOOO)", why.kind, why.path, why.node, why.cls, why.frames);
+        if (report == NULL)
+            goto cleanup;
+        result = PyObject_CallFunctionObjArgs(sp->parse_declined, value, text, registry,
+                                              report, NULL);
+        Py_DECREF(report);
         goto cleanup;
     }
-    result = PyObject_CallFunctionObjArgs(sp->parse_verified, message, registry, NULL);
-    Py_DECREF(message);
+    /* Its protocol has constraints where the registry's dict of those without does not
+     * hold it (the message is accept_document_of's: a MessageFields instance). */
+    int ruled = 0;
+    if (constrained) {
+        PyObject *id = ((MessageFieldsObject *)message)->protocol;
+        ruled = id == NULL ? 0 : PyDict_Contains(fast, id); /* (unset: checked in Python) */
+        if (ruled < 0) {
+            Py_DECREF(message);
+            goto cleanup;
+        }
+        ruled = !ruled;
+    }
+    if (is_signed) {
+        Py_SETREF(message, PyObject_CallFunctionObjArgs(sp->parse_verified, message, registry,
+                                                        NULL));
+        if (message == NULL)
+            goto cleanup;
+    }
+    if (ruled) { /* (its rules: in Python) */
+        PyObject *checked = PyObject_CallFunctionObjArgs(sp->parse_constraints, registry,
+                                                         message, NULL);
+        if (checked == NULL) {
+            Py_DECREF(message);
+            goto cleanup;
+        }
+        Py_DECREF(checked);
+    }
+    result = message;
     goto cleanup;
 decline:
     result = Py_NewRef(Py_None);
 cleanup:
+    body_refusal_free(&why);
     Py_XDECREF(value);
     Py_XDECREF(text);
     Py_DECREF(protocols);
+    Py_DECREF(fast);
     return result;
 }
 
@@ -2972,10 +3191,10 @@ parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
                               kwnames);
 }
 
-/* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits)
- * -> function | None: cbcl.parse in C (see parse_call); None if cbcl._native is not
- * built. limits: the default limits' max_message_bytes, max_depth, max_list_items,
- * max_nodes, max_string_bytes and max_name_chars. */
+/* parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, limits,
+ * declined, constraints) -> function | None: cbcl.parse in C (see parse_call); None if
+ * cbcl._native is not built. limits: the default limits' max_message_bytes, max_depth,
+ * max_list_items, max_nodes, max_string_bytes and max_name_chars. */
 static PyObject *
 parse_entry(PyObject *module, PyObject *args)
 {
@@ -2984,12 +3203,14 @@ parse_entry(PyObject *module, PyObject *args)
         return NULL;
     SpeedupsState *sp = &st->speedups;
     PyObject *fallback, *doc, *verified, *space_after, *tables, *cache, *atom, *limits;
-    if (!PyArg_ParseTuple(args, "OUOOO!O!OO!", &fallback, &doc, &verified, &space_after,
+    PyObject *declined, *constraints;
+    if (!PyArg_ParseTuple(args, "OUOOO!O!OO!OO", &fallback, &doc, &verified, &space_after,
                           &PyTuple_Type, &tables, &PyDict_Type, &cache, &atom, &PyTuple_Type,
-                          &limits))
+                          &limits, &declined, &constraints))
         return NULL;
     if (!PyCallable_Check(verified) || !PyCallable_Check(space_after) ||
-            !PyCallable_Check(atom) || !tables_ok(tables)) {
+            !PyCallable_Check(atom) || !PyCallable_Check(declined) ||
+            !PyCallable_Check(constraints) || !tables_ok(tables)) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "parse_entry's callables must be callable");
         return NULL;
@@ -3011,6 +3232,8 @@ parse_entry(PyObject *module, PyObject *args)
     Py_XSETREF(sp->parse_tables, Py_NewRef(tables));
     Py_XSETREF(sp->parse_cache, Py_NewRef(cache));
     Py_XSETREF(sp->parse_atom, Py_NewRef(atom));
+    Py_XSETREF(sp->parse_declined, Py_NewRef(declined));
+    Py_XSETREF(sp->parse_constraints, Py_NewRef(constraints));
     memcpy(sp->parse_limits, values, sizeof values);
     return entry_function(&sp->parse_entry, module);
 }
@@ -3140,7 +3363,8 @@ one_shot_entry(PyObject *module, PyObject *args)
 PyMethodDef cbcl_speedups_methods[] = {
     {"parse_entry", parse_entry, METH_VARARGS,
      "parse_entry(fallback, doc, verified, only_space_after, tables, cache, make_atom, "
-     "limits, /) -> function | None: cbcl.parse in C, falling back to the Python function "
+     "limits, declined, constraints, /) -> function | None: cbcl.parse in C, falling "
+     "back to the Python function "
      "(cbcl/_native_src/entry.h); None if cbcl._native is not built."},
     {"decode_entry", decode_entry, METH_VARARGS,
      "decode_entry(fallback, doc, verified, /) -> MethodEntry: Decoder.decode in C, "
@@ -3153,6 +3377,10 @@ PyMethodDef cbcl_speedups_methods[] = {
      "refusal_of(body, node, classes, terminals, step, refused, accept) -> tuple | None: "
      "recognise's walk, reporting where the grammar refused the body (kind, path, node, "
      "cls, frames), None if it accepts it."},
+    {"text_index", text_index, METH_VARARGS,
+     "text_index(text, path, kind) -> int: the character index of the token a refusal "
+     "points at in a document read whole (cbcl.protocol._pass2.refusal_index_python's "
+     "twin): one lexical pass up to it."},
     {"decode_frame", (PyCFunction)(void (*)(void))decode_frame, METH_FASTCALL,
      "decode_frame(data, state) -> Message | None: a whole frame decoded and recognised "
      "(cbcl.binary._codec._fast_frame)."},
@@ -3266,6 +3494,9 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(sp->parse_atom);
     Py_VISIT(sp->parse_last_registry);
     Py_VISIT(sp->parse_last_protocols);
+    Py_VISIT(sp->parse_last_fast);
+    Py_VISIT(sp->parse_declined);
+    Py_VISIT(sp->parse_constraints);
     CBCL_VISIT_ENTRY(sp->one_shot_entry);
     Py_VISIT(sp->one_shot_verified);
     Py_VISIT(sp->one_shot_registry);
@@ -3316,6 +3547,9 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->parse_atom);
     Py_CLEAR(sp->parse_last_registry);
     Py_CLEAR(sp->parse_last_protocols);
+    Py_CLEAR(sp->parse_last_fast);
+    Py_CLEAR(sp->parse_declined);
+    Py_CLEAR(sp->parse_constraints);
     CBCL_CLEAR_ENTRY(sp->one_shot_entry);
     Py_CLEAR(sp->one_shot_verified);
     Py_CLEAR(sp->one_shot_registry);

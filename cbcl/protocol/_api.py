@@ -33,7 +33,13 @@ from ..core._values import (
 from ..grammar._automaton import ACCEPT, REFUSED
 from ._envelope import ENVELOPE_TABLES, message_of, message_of_python, parse_envelope
 from ._message import Message
-from ._pass2 import check_intent_and_body, explain_body, find_body_refusal, path_index
+from ._pass2 import (
+    check_intent_and_body,
+    explain_body,
+    find_body_refusal,
+    path_index,
+    reported_refusal,
+)
 from ._protocol import Protocol
 from ._records import record_of
 from ._registry import Registry
@@ -79,6 +85,68 @@ def _verified(message: Message, registry: Registry) -> Message:
     return message
 
 
+def _after_envelope(text: str | None, message: Message, declined: bool, limits: Limits,
+                    registry: Registry | None, envelope_only: bool,
+                    require_signatures: bool, report: tuple[Any, ...] | None = None,
+                    ) -> Message:
+    """:func:`parse` once pass 1 has given ``message`` (read from ``text``; ``None``:
+    both passes accepted it in C): the signature, then pass 2 and the protocol's
+    stateless constraints. ``declined``: the C tiers ran both passes on this document and
+    declined it, so pass 2 most likely refuses it (the refusal is found, not only
+    decided); ``report``: where their walk found the grammar refused the body (as
+    ``cbcl._native.refusal_of`` reports it), so it is not walked again. Raises as
+    :func:`parse`."""
+    trust = registry.trust if registry is not None else None
+    if trust is not None and (message.signature is not None or require_signatures):
+        trust.verify_message(message)
+    if envelope_only or text is None:
+        if text is None and registry is not None and registry._constrained:
+            check_constraints(registry, message)  # (accepted by the C tiers)
+        return message
+    protocol = registry.get(message.protocol) if registry is not None else None
+    if protocol is None:
+        _unknown_protocol(text, message, limits)
+    if declined:  # both passes' native tier declined it: pass 2 refuses it
+        # (a governed intent with a body the C walk refused: found there, else here)
+        refusal = None if report is None else reported_refusal(protocol, report)
+        if refusal is None:
+            refusal = find_body_refusal(protocol, message)  # (as a rule)
+        if refusal is not None:
+            explain_body(protocol, text, message, limits, refusal=refusal)
+    elif check_intent_and_body(protocol, message) is False:
+        explain_body(protocol, text, message, limits)
+    if protocol.constraints is not None:
+        protocol.constraints.check(message)
+    return message
+
+
+def _declined(value: Value, text: str, registry: Registry,
+              report: tuple[Any, ...] | None = None) -> Message | None:
+    """The C entry's continuation (``cbcl._native.parse_entry``) for a document it read
+    whole within the default limits (``value``, from ``text``) and whose passes its C
+    tiers did not accept: :func:`parse`'s careful path from that value, not from the text
+    read again. Returns the message (one the C tiers decline but pass 2 accepts: an
+    ungoverned NOT-UNDERSTOOD, say), or ``None`` where pass 1 refuses the value (the
+    careful path then reads the text, to say where). Raises as :func:`parse`: a refused
+    body's :class:`BodyError` is worded from where the C entry's walk stopped
+    (``report``, as ``cbcl._native.refusal_of`` reports it; ``None``: not the grammar, or
+    not known), at the place ``cbcl._native.text_index`` finds in ``text``."""
+    envelope = message_of(value)
+    if envelope is None:
+        return None
+    return _after_envelope(text, envelope, True, DEFAULT_LIMITS, registry, False, False,
+                           report)
+
+
+def check_constraints(registry: Registry, message: Message) -> None:
+    """Apply the stateless constraints of the protocol ``registry`` holds for ``message``
+    (one pass 2 has accepted), if it has any: what the binary decoder runs after its tiers.
+    Raises :class:`ConstraintError` or :class:`LimitError`."""
+    protocol = registry.get(message.protocol)
+    if protocol is not None and protocol.constraints is not None:
+        protocol.constraints.check(message)
+
+
 R = TypeVar("R")
 
 
@@ -98,13 +166,16 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
 
 # Where the extension is built, parse is a C function (cbcl/_native_src/entry.h,
 # cbcl._native.parse_entry): parse(data, registry=registry) of bytes within the default
-# limits is _accepted's work in one C call; any other call, or a document it declines, is
-# this function's, which stays the reference and lends its documentation.
+# limits is _accepted's work in one C call, then check_constraints where the protocol has
+# rules; a document read whole that its passes decline goes on from the value read, in
+# _declined (no second read); any other call, or a document it declines, is this
+# function's, which stays the reference and lends its documentation.
 @entry(None if _accept_document_c is None else _parse_entry, _verified, only_space_after,
        _DOCUMENT_TABLES, _CACHE, _atom,
        (DEFAULT_LIMITS.max_message_bytes, DEFAULT_LIMITS.max_depth,
         DEFAULT_LIMITS.max_list_items, DEFAULT_LIMITS.max_nodes,
-        DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars), method=False)
+        DEFAULT_LIMITS.max_string_bytes, DEFAULT_LIMITS.max_name_chars),
+       _declined, check_constraints, method=False)
 def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None = None,
           envelope_only: bool = False, registry: Registry | None = None,
           require_signatures: bool = False, type: Any = None) -> Any:
@@ -141,8 +212,7 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
                          else registry.get(accepted.protocol))
     # parse(data, registry=R) of exact bytes is the C entry's own call: it ran _accepted's
     # tiers already and declined the document, so they are not run again on it here.
-    tried = limits is None and not require_signatures and parse is not parse_python \
-        and (registry is None or not registry._constrained)  # (see Registry._fast)
+    tried = limits is None and not require_signatures and parse is not parse_python
     limits = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(limits, Limits):
         raise TypeError("limits must be a cbcl.Limits")
@@ -159,24 +229,8 @@ def parse(data: bytes | bytearray | memoryview | str, *, limits: Limits | None =
             text = decode(data, limits)
         message = envelope if envelope is not None else \
             parse_envelope(text, limits, utf8_of(data))
-    if trust is not None and (message.signature is not None or require_signatures):
-        trust.verify_message(message)
-    if envelope_only or text is None:
-        if text is None and registry is not None and registry._constrained:
-            check_constraints(registry, message)  # (accepted by the C tiers)
-        return message
-    protocol = registry.get(message.protocol) if registry is not None else None
-    if protocol is None:
-        _unknown_protocol(text, message, limits)
-    if envelope is not None:  # both passes' native tier declined it: pass 2 refuses it
-        refusal = find_body_refusal(protocol, message)  # (as a rule)
-        if refusal is not None:
-            explain_body(protocol, text, message, limits, refusal=refusal)
-    elif check_intent_and_body(protocol, message) is False:
-        explain_body(protocol, text, message, limits)
-    if protocol.constraints is not None:  # (never served in C: see Registry._fast)
-        protocol.constraints.check(message)
-    return message
+    return _after_envelope(text, message, envelope is not None, limits, registry,
+                           envelope_only, require_signatures)
 
 
 def _unknown_protocol(text: str, message: Message, limits: Limits) -> NoReturn:
@@ -324,15 +378,6 @@ def check_outgoing_python(protocol: Protocol, message: Message,
     _check_limits(message, limits)
     _check_body(protocol, message, limits)
     if protocol.constraints is not None:
-        protocol.constraints.check(message)
-
-
-def check_constraints(registry: Registry, message: Message) -> None:
-    """Apply the stateless constraints of the protocol ``registry`` holds for ``message``
-    (one pass 2 has accepted), if it has any: what the binary decoder runs after its tiers.
-    Raises :class:`ConstraintError` or :class:`LimitError`."""
-    protocol = registry.get(message.protocol)
-    if protocol is not None and protocol.constraints is not None:
         protocol.constraints.check(message)
 
 

@@ -21,9 +21,12 @@ Without the extension the walk is :func:`find_refusal_python`, one Python step a
 to the refusal. The automaton's
 node there is the LR stack the kernel's :func:`body_refusal` words the error from, in
 the grammar's own terms, and the token's position in the text is found by stepping over
-the elements before it on the way down (:func:`refusal_index`): at once where the text
-is written as the canonical form writes it, else by reading those elements again. The
-body is never scanned token by token, and nothing past the refusal is looked at.
+the elements before it on the way down (:func:`refusal_index`): in C, by one lexical pass
+of ``cbcl._native.text_index`` over the text up to the token (any layout: spaces,
+comments, text beyond ASCII; nothing is built); in Python (:func:`refusal_index_python`,
+its twin), at once where the text is written as the canonical form writes it, else by
+reading those elements again. The body is never scanned token by token, and nothing
+past the refusal is looked at.
 """
 
 from __future__ import annotations
@@ -55,13 +58,19 @@ from ._protocol import Protocol
 from ._schema import check_schema
 
 try:
-    from .._native import recognise as _speedups_recognise, refusal_of as _speedups_refusal_of
+    from .._native import (
+        recognise as _speedups_recognise,
+        refusal_of as _speedups_refusal_of,
+        text_index as _speedups_text_index,
+    )
 except ImportError:  # not built: the Python walk runs
     _recognise_c: Any = None
     _refusal_of_c: Any = None
+    _text_index_c: Any = None
 else:
     _recognise_c = _speedups_recognise
     _refusal_of_c = _speedups_refusal_of
+    _text_index_c = _speedups_text_index
 
 
 def _start_terminal(protocol: Protocol, intent: Intent | None) -> str | None:
@@ -237,7 +246,8 @@ class RefusalWork:
     ``walked``, the elements they went through (at most: a walk that was refused stopped
     in the part after its last probe); ``callbacks``, probes reached in them;
     ``reads``, values read again from the text to find the token's position; ``copied``,
-    characters of canonical text written to compare with the text."""
+    characters of canonical text written to compare with the text; ``scans``, lexical
+    passes of ``cbcl._native.text_index`` (each up to the token) that found it instead."""
 
     steps: int = 0
     walks: int = 0
@@ -245,6 +255,7 @@ class RefusalWork:
     callbacks: int = 0
     reads: int = 0
     copied: int = 0
+    scans: int = 0
 
 
 def walker_marks(protocol: Protocol, node: Any, frames: tuple[int, ...]) -> dict[int, int] | None:
@@ -322,11 +333,20 @@ def _walk_native(protocol: Protocol, body: Value, intent: Intent | None, node: A
                                protocol.recogniser.step, REFUSED, ACCEPT)
         if report is None:
             return None
-        kind, path, at, cls, frames = report
-        marks = walker_marks(protocol, at, frames)
-        if marks is not None:
-            return Refusal(_REPORTED[kind], path, at, cls, marks)
+        refusal = reported_refusal(protocol, report)
+        if refusal is not None:
+            return refusal
     return _search_native(protocol, body, node, work)  # pragma: no cover - (see above)
+
+
+def reported_refusal(protocol: Protocol, report: tuple[Any, ...]) -> Refusal | None:
+    """The :class:`Refusal` a native walk reported (``cbcl._native.refusal_of``'s, or the
+    parse entry's: ``(kind, path, node, cls, frames)``), or ``None`` where its masks cannot
+    be paired with the node's keyword sets (:func:`walker_marks`: the caller finds the
+    refusal by a walk of its own)."""
+    kind, path, at, cls, frames = report
+    marks = walker_marks(protocol, at, frames)
+    return None if marks is None else Refusal(_REPORTED[kind], path, at, cls, marks)
 
 
 def find_refusal_python(protocol: Protocol, body: Value, node: Any,
@@ -650,7 +670,13 @@ def path_index(text: str, value: Any, path: tuple[int, ...], limits: Limits,
                work: RefusalWork | None = None) -> int:
     """The character index in ``text`` (a document read whole, whose value is ``value``)
     of the token that starts the value at ``path`` in it, found by stepping over the
-    elements before it on the way down."""
+    elements before it on the way down (in C, by ``cbcl._native.text_index``, where that
+    is built)."""
+    if _text_index_c is not None:
+        if work is not None:
+            work.scans += 1
+        index: int = _text_index_c(text, path, 1)
+        return index
     return token_at(text, _before(text, value, path, limits,
                                   RefusalWork() if work is None else work))
 
@@ -661,10 +687,31 @@ def body_path(message: Message) -> tuple[int, int]:
     return (len(message.to_value()) - 1 - (message.signature is not None), 1)
 
 
+#: ``cbcl._native.text_index``'s number for each kind of :class:`Refusal`.
+_KIND_NUMBERS = {ITEM: 1, CLOSE: 2, END: 3}
+
+
 def refusal_index(text: str, message: Message, refusal: Refusal, limits: Limits,
                   work: RefusalWork | None = None) -> int:
     """The character index in ``text`` (the document whose message is ``message``) of the
-    token ``refusal`` points at: where the old token-by-token scan raised its error."""
+    token ``refusal`` points at: where the old token-by-token scan raised its error. By
+    ``cbcl._native.text_index`` where that is built (one lexical pass in C over the text
+    up to the token, any layout: nothing is read again; counted in ``work.scans``), else
+    by :func:`refusal_index_python`, its twin."""
+    if _text_index_c is not None:
+        if work is not None:
+            work.scans += 1
+        index: int = _text_index_c(text, (*body_path(message), *refusal.path),
+                                   _KIND_NUMBERS[refusal.kind])
+        return index
+    return refusal_index_python(text, message, refusal, limits, work)
+
+
+def refusal_index_python(text: str, message: Message, refusal: Refusal, limits: Limits,
+                         work: RefusalWork | None = None) -> int:
+    """:func:`refusal_index` in Python (the reference of ``cbcl._native.text_index``): the
+    elements before the token stepped over on the way down, at once where the text is
+    written as the canonical form writes it, else by reading them again."""
     work = RefusalWork() if work is None else work
     document = message.to_value()
     path = (*body_path(message), *refusal.path)
