@@ -115,6 +115,7 @@ from ..session._session import (
     Session,
     not_understood_frame,
 )
+from . import _tracing
 from ._agent import Agent, Context, ConversationClosed, Link
 from ._handlers import run_handler
 from ._transport import (
@@ -1535,9 +1536,22 @@ class NatsBus:
         self._note_durable(message.message_id)
         self.stats["durable_accepted"] += 1
         handler = self.agent.handler_for(str(message.protocol), message.intent)
-        if handler is not None:
+        tracer = None if _tracing.otel is None else _tracing.active_tracer()
+        if tracer is not None:  # the spans a link makes (receive, handle), the same parent
+            await _tracing.receiving(tracer, self._traced_durable(
+                tracer, handler, message, identity, msg.subject), message, msg.subject)
+        elif handler is not None:
             await self._run_durable_handler(handler, message, identity)
         await self._settle(msg, accepted=True)
+
+    async def _traced_durable(self, tracer: Any, handler: Any, message: Message,
+                              identity: Identity | None, subject: str) -> None:
+        """:meth:`_run_durable_handler` inside a ``handle`` span (current while it runs,
+        so a durable reply carries it), where there is a handler."""
+        if handler is not None:
+            await _tracing.handling(tracer, self._run_durable_handler(handler, message,
+                                                                      identity),
+                                    message, subject)
 
     async def _run_durable_handler(self, handler: Any, message: Message,
                                    identity: Identity | None = None) -> None:
@@ -1689,6 +1703,8 @@ class NatsBus:
             raise ValueError("a durable message id is at most 256 printable characters, "
                              "without surrounding spaces")
         protocol = self._protocol_for(message, descriptor)
+        if _tracing.otel is not None:  # the current span's context, in (trace …)
+            message = _tracing.outgoing(message)
         if message.timestamp is None:
             message = replace(message, timestamp=clock_ms())
         check_outgoing(protocol, message, self.agent.limits)
