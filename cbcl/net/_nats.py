@@ -138,6 +138,7 @@ DEFAULT_PREFIX = "cbcl"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 _BYTE_TOKEN = tuple(chr(b) if b in _SAFE else f"_{b:02x}" for b in range(256))
 _TOKEN_RE = re.compile(r"(?:[A-Za-z0-9-]|_[0-9a-f]{2})+")
+_SAFE_RE = re.compile(r"[A-Za-z0-9-]+")  # (ASCII only: \w is not used)
 _SID_RE = re.compile(r"[0-9a-f]{32}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 NO_CONVERSATION = "_"
@@ -155,7 +156,9 @@ def subject_token(text: str, *, limit: int = 600) -> str:
     text and :class:`LimitError` for a token longer than ``limit`` characters."""
     if not text:
         raise ValueError("an empty name has no subject token")
-    token = "".join([_BYTE_TOKEN[b] for b in text.encode("utf-8")])
+    # (most conversation ids are all safe characters: one match instead of a byte walk)
+    token = text if _SAFE_RE.fullmatch(text) is not None \
+        else "".join([_BYTE_TOKEN[b] for b in text.encode("utf-8")])
     if len(token) > limit:
         raise LimitError(f"the subject token of {peer_text(text, 40)} is {len(token)} "
                          f"characters; at most {limit}", limit="max_token_bytes",
