@@ -58,6 +58,13 @@ it. No inbox, task switch or deadline timer per message; anything else (a handsh
 message, a refusal, a message on the wrong subject, a handler that awaits) is left to the
 task, which is woken.
 
+The session subscription's messages skip nats-py's per-message machinery too
+(:class:`_DirectClient`): the frame goes from the client's read loop to
+:meth:`NatsBus._on_session_frame` as subject, payload and raw headers — no ``Msg`` object,
+no header parsing (but for a status message, which has no payload), no subscription
+queue and task. Other subscriptions (the agent subject, groups, JetStream) are nats-py's
+as usual.
+
 nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
 """
 
@@ -144,6 +151,38 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 NO_CONVERSATION = "_"
 #: The ``Nats-Msg-Id`` header JetStream deduplicates by.
 MSG_ID = "Nats-Msg-Id"
+
+
+# --------------------------------------------------------------------------- the client
+
+
+_Direct = Callable[[bytes, bytes, bytes], Awaitable[None]]
+
+
+class _DirectClient(Client):
+    """nats-py's client, with the messages of chosen subscriptions handed straight from
+    its read loop to a coroutine function of ``(subject, payload, raw headers)`` (its
+    :attr:`direct`, by subscription id) instead of being made ``Msg`` objects and queued
+    for the subscription's task. Every other message takes nats-py's way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The subscriptions whose messages are taken directly: id → taker.
+        self.direct: dict[int, _Direct] = {}
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                           headers: bytes) -> None:
+        take = self.direct.get(sid)
+        if take is None:
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        stats = self.stats
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        try:
+            await take(subject, data, headers)
+        except Exception as exc:  # as nats-py treats a subscription callback's: reported
+            await self._error_cb(exc)
 
 
 # --------------------------------------------------------------------------- subjects
@@ -877,7 +916,7 @@ class NatsBus:
                 for s in s.split(",") if s.strip()]
         if not urls:
             raise ValueError("no NATS server given")
-        client = Client()
+        client = _DirectClient()
         bus_ref: list[NatsBus] = []
 
         async def on_error(exc: Exception) -> None:
@@ -913,7 +952,8 @@ class NatsBus:
         bus = cls(agent, client, prefix=prefix, limits=limits)
         bus_ref.append(bus)
         try:
-            await bus._subscribe(f"{bus._session_prefix}>", bus._on_session_message)
+            sub = await bus._subscribe(f"{bus._session_prefix}>", bus._on_session_message)
+            client.direct[sub._id] = bus._on_session_frame
         except BaseException:
             await bus.close()
             raise
@@ -986,8 +1026,24 @@ class NatsBus:
     # ----------------------------------------------------------------- receiving
 
     async def _on_session_message(self, msg: Msg) -> None:
-        """A message on one of our session subjects: hand it to its session, or drop it."""
-        rest = msg.subject[len(self._session_prefix):].split(".")
+        """A message on one of our session subjects, the way nats-py hands it to a
+        subscription (unused while :class:`_DirectClient` takes them)."""
+        headers = msg.headers or {}
+        await self._on_session(msg.subject, msg.data,
+                               not msg.data and headers.get("Status") == "503")
+
+    async def _on_session_frame(self, subject: bytes, data: bytes, headers: bytes) -> None:
+        """A message on one of our session subjects, from the client's read loop
+        (:class:`_DirectClient`): its headers read only for a status (no payload)."""
+        no_responders = False
+        if headers and not data:
+            parsed = await self.client._process_headers(headers)
+            no_responders = (parsed or {}).get("Status") == "503"
+        await self._on_session(subject.decode("utf-8", "replace"), data, no_responders)
+
+    async def _on_session(self, subject: str, data: bytes, no_responders: bool) -> None:
+        """Hand a message on one of our session subjects to its session, or drop it."""
+        rest = subject[len(self._session_prefix):].split(".")
         if len(rest) not in (3, 4):
             self.stats["unknown"] += 1
             return
@@ -995,9 +1051,6 @@ class NatsBus:
         if connection is None:
             self.stats["unknown"] += 1
             return
-        data = msg.data
-        headers = msg.headers or {}
-        no_responders = not data and headers.get("Status") == "503"
         await connection.deliver(rest[3] if len(rest) == 4 else None, data,
                                  no_responders=no_responders)
 
