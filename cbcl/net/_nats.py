@@ -416,8 +416,10 @@ class NatsConnection(Connection):
         # peer; a responder only once the session's peer (the first message's sender) is
         # the one the subjects name — never onto another agent's subjects.
         self._peer_ok: bool | None = True if opener else None
-        # The task waits in _take for the next frame (the fast path may run: _take_frame_now).
+        # The task waits in _take for the next frame (the fast path may run: _take_frame_now),
+        # at the latest until _wake_at (loop time).
         self._parked = False
+        self._wake_at = 0.0
         # The frames sent while the fast path runs, published after it (send_now):
         # ("frame", event, data, step) or ("own", data) for what the session made itself.
         self._now_batch: list[tuple[Any, ...]] | None = None
@@ -694,6 +696,7 @@ class NatsConnection(Connection):
                 continue
             self._arrived.clear()
             self._parked = True
+            self._wake_at = wake
             try:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(wake):
@@ -732,11 +735,14 @@ class NatsConnection(Connection):
         if self.opener:
             self._resend.pop(thread, None)  # (re-inserted last: the oldest stay first)
             limits = self.bus.limits
-            self._resend[thread] = _Resend(subject, data, reply,
-                                           self._loop.time() + limits.retransmit_after)
+            at = self._loop.time() + limits.retransmit_after
+            self._resend[thread] = _Resend(subject, data, reply, at)
             while len(self._resend) > limits.reply_cache:  # (what the peer can answer)
                 self._resend.pop(next(iter(self._resend)))
-            self._arrived.set()  # the pump's wait recomputes its wake-up time
+            if not self._parked or at < self._wake_at:
+                # The pump's wait recomputes its wake-up time; one that wakes sooner
+                # anyway recomputes it then (no wake-up per message sent).
+                self._arrived.set()
 
     async def _emit(self, subject: str, data: bytes, reply: str = "", *,
                     answering: bytes | None = None) -> None:
