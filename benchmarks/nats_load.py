@@ -19,9 +19,12 @@ REQUEST, then its INFORM), all clients at once.
 
 Reported per system (best round): completed conversations (must be all), duplicates
 (conversations a responder handled twice: must be none), messages per second (two per
-conversation) and the p50/p99 latency of one conversation; then the ratio of CBCL's
-messages/s to the baseline's (target ≥ 1.0×). Exit status 1 if a conversation was lost
-or duplicated.
+conversation), the p50/p99 latency of one conversation, and the CPU time both Python
+processes spent per message during the round (clients' and responders', read with
+``time.process_time`` before and after it: a figure a loaded machine changes far less
+than the wall clock); then the ratio of CBCL's messages/s to the baseline's (target ≥
+1.0×) and of the baseline's CPU per message to CBCL's (above 1: CBCL costs less). Exit
+status 1 if a conversation was lost or duplicated.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ async def responders(urls: list[str], count: int, trust: str) -> None:
 
     from cbcl.demo import respond
     from cbcl.net._agent import Agent, Context
+    from cbcl.net._handlers import on_loop
     from cbcl.net._nats import NatsBus
     from cbcl.protocol._message import Message
 
@@ -86,7 +90,9 @@ async def responders(urls: list[str], count: int, trust: str) -> None:
     baseline_duplicates = 0
     for number in range(count):
         order = [urls[(number + k) % len(urls)] for k in range(len(urls))]
-        agent = Agent(SERVER.format(number), trust=trust, handler=handler)
+        # On the loop, as the baseline's answer and `cbcl serve`'s responder run: no
+        # thread hop for a handler that takes microseconds.
+        agent = Agent(SERVER.format(number), trust=trust, handler=on_loop(handler))
         bus = await NatsBus.connect(agent, order)
         await bus.serve()
         buses.append(bus)
@@ -135,7 +141,8 @@ async def responders(urls: list[str], count: int, trust: str) -> None:
         await client.flush()
         clients.append(client)
     print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.read)
+    while await asyncio.to_thread(sys.stdin.readline):  # a line: the CPU time so far
+        print(json.dumps({"cpu": time.process_time()}), flush=True)
     print(json.dumps({"cbcl_handled": sum(handled.values()), "cbcl_duplicates": duplicates,
                       "baseline_handled": sum(baseline_handled.values()),
                       "baseline_duplicates": baseline_duplicates}), flush=True)
@@ -215,18 +222,20 @@ async def baseline_round(clients: list[Any], conversations: int, pool: list[Any]
     return time.perf_counter() - started, latencies, lost
 
 
-def summary(elapsed: float, latencies: list[float], lost: int, total: int) -> dict[str, Any]:
+def summary(elapsed: float, latencies: list[float], lost: int, total: int,
+            cpu_seconds: float) -> dict[str, Any]:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0.0
     return {"completed": len(latencies), "expected": total, "lost": lost,
             "seconds": round(elapsed, 3),
             "messages_per_s": round(2 * len(latencies) / elapsed, 1) if elapsed else 0.0,
             "p50_ms": round(statistics.median(ordered), 2) if ordered else 0.0,
-            "p99_ms": round(p99, 2)}
+            "p99_ms": round(p99, 2),
+            "cpu_us_per_msg": round(cpu_seconds * 1e6 / max(2 * len(latencies), 1), 1)}
 
 
 async def drive(args: argparse.Namespace, urls: list[str], signed: bytes, key: Any,
-                say: Any) -> dict[str, Any]:
+                say: Any, responder_cpu: Any) -> dict[str, Any]:
     import nats
 
     from cbcl.net._agent import Agent
@@ -253,13 +262,19 @@ async def drive(args: argparse.Namespace, urls: list[str], signed: bytes, key: A
         # One untimed round each: JIT-free Python still warms its caches and the routes.
         await cbcl_round(links, 2, cbcl_pool, "warm")
         await baseline_round(clients, 2, json_pool, args.servers, "warm")
+        def cpu() -> float:
+            return time.process_time() + float(responder_cpu())
+
         for number in range(args.rounds):
+            before = cpu()
             outcome = summary(*await cbcl_round(links, args.conversations, cbcl_pool,
-                                                f"r{number}"), total)
+                                                f"r{number}"), total, cpu() - before)
             results["cbcl"].append(outcome)
             say(f"round {number + 1}: CBCL binary     {outcome}")
+            before = cpu()
             outcome = summary(*await baseline_round(clients, args.conversations, json_pool,
-                                                    args.servers, f"r{number}"), total)
+                                                    args.servers, f"r{number}"), total,
+                              cpu() - before)
             results["baseline"].append(outcome)
             say(f"round {number + 1}: JSON + pydantic {outcome}")
         retransmits = sum(bus.stats["retransmits"] for bus in buses)
@@ -314,7 +329,13 @@ def main(argv: list[str] | None = None) -> int:
             assert process.stdout is not None and process.stdin is not None
             if process.stdout.readline().strip() != "ready":
                 raise RuntimeError("the responder process did not start")
-            report = asyncio.run(drive(args, cluster.urls, signed, key, say))
+            def responder_cpu() -> float:
+                assert process.stdin is not None and process.stdout is not None
+                process.stdin.write("cpu\n")
+                process.stdin.flush()
+                return float(json.loads(process.stdout.readline())["cpu"])
+
+            report = asyncio.run(drive(args, cluster.urls, signed, key, say, responder_cpu))
             process.stdin.close()
             served = json.loads(process.stdout.readline())
         finally:
@@ -329,24 +350,30 @@ def main(argv: list[str] | None = None) -> int:
     best = {name: max(rounds, key=lambda r: r["messages_per_s"])
             for name, rounds in report["rounds"].items()}
     ratio = best["cbcl"]["messages_per_s"] / max(best["baseline"]["messages_per_s"], 1e-9)
+    cheapest = {name: min(r["cpu_us_per_msg"] for r in rounds)
+                for name, rounds in report["rounds"].items()}
+    cpu_ratio = cheapest["baseline"] / max(cheapest["cbcl"], 1e-9)
     total = args.agents * args.conversations
     lost = {name: sum(r["expected"] - r["completed"] for r in rounds)
             for name, rounds in report["rounds"].items()}
     say("")
     say(f"{args.agents} agents × {args.conversations} conversations, 3-node cluster, "
         f"{args.rounds} rounds (best shown)")
-    say("| system | completed | duplicates | messages/s | p50 ms | p99 ms |")
-    say("|---|---:|---:|---:|---:|---:|")
+    say("| system | completed | duplicates | messages/s | p50 ms | p99 ms | CPU µs/msg |")
+    say("|---|---:|---:|---:|---:|---:|---:|")
     for name, label, dup in (("cbcl", "CBCL binary", served["cbcl_duplicates"]),
                              ("baseline", "JSON + pydantic", served["baseline_duplicates"])):
         row = best[name]
         say(f"| {label} | {row['completed']}/{total} | {dup} | {row['messages_per_s']:,.0f} | "
-            f"{row['p50_ms']} | {row['p99_ms']} |")
+            f"{row['p50_ms']} | {row['p99_ms']} | {cheapest[name]} |")
+    say(f"baseline / CBCL CPU per message (both processes, least of the rounds): "
+        f"{cpu_ratio:.2f}×")
     say(f"CBCL / baseline messages/s: {ratio:.2f}× (target ≥ 1.0×); frames repeated: "
         f"{report['retransmits']}; lost: CBCL {lost['cbcl']}, baseline {lost['baseline']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"report": report, "served": served,
-                                               "ratio": ratio}, indent=2))
+                                               "ratio": ratio, "cpu_ratio": cpu_ratio},
+                                              indent=2))
     return 1 if lost["cbcl"] or served["cbcl_duplicates"] else 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,7 @@ from cbcl.bridges._a2a import (
     MAX_DATA_DEPTH,
     MEDIA_TYPE,
     TASK_STATES,
+    TRACEPARENT,
     cbcl_text,
 )
 from cbcl.cli import main
@@ -155,6 +157,52 @@ def test_signature_is_carried(registry: Registry) -> None:
     message = parse(signed, envelope_only=True)
     back, losses = a2a_json_to_message(message_to_a2a_json(message)[0])
     assert back.signature == message.signature and losses == []
+
+
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+OTHER_TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_the_trace_is_the_metadata_traceparent(request_message: Message) -> None:
+    """The (trace …) field is also the message metadata's traceparent (spec/interop.md
+    §4.1), read back without loss, in the SDK's JSON too; a message without one has no
+    metadata."""
+    assert not message_to_a2a(request_message).HasField("metadata")
+    traced = dataclasses.replace(request_message, trace=TRACE)
+    a2a = message_to_a2a(traced)
+    assert json_format.MessageToDict(a2a.metadata) == {TRACEPARENT: TRACE}
+    assert read_a2a(a2a) == (traced, [])
+    text = message_to_a2a_json(traced)[0]
+    assert json.loads(text)["metadata"] == {"traceparent": TRACE}
+    assert a2a_json_to_message(text) == (traced, [])
+
+
+def test_an_a2a_peers_traceparent_is_taken_into_an_untraced_message(
+        request_message: Message) -> None:
+    """An A2A peer that propagates a trace context writes it in the message metadata: a
+    message without a trace (and without a signature) takes it; a different one, one that
+    is not a traceparent, or one for a signed message is a loss, the text kept."""
+    a2a = message_to_a2a(request_message)
+    a2a.metadata.update({TRACEPARENT: TRACE})
+    assert read_a2a(a2a) == (dataclasses.replace(request_message, trace=TRACE), [])
+    as_json = json.dumps(json_format.MessageToDict(a2a))
+    assert a2a_json_to_message(as_json)[0].trace == TRACE
+    traced = message_to_a2a(dataclasses.replace(request_message, trace=OTHER_TRACE))
+    traced.metadata.update({TRACEPARENT: TRACE})
+    with pytest.raises(LossyConversionError, match="differs from the text's trace"):
+        read_a2a(traced)
+    assert read_a2a(traced, lossy=True)[0].trace == OTHER_TRACE
+    for bad in (TRACE.upper(), TRACE + "0", 5):
+        a2a.metadata.update({TRACEPARENT: bad})
+        message, losses = read_a2a(a2a, lossy=True)
+        assert message.trace is None and "not a W3C traceparent" in losses[0]
+    signed = parse(REQUEST_TEXT[:-1] + ' (signature "k1" "c2lnbmF0dXJl"))',
+                   envelope_only=True)
+    carrier = message_to_a2a(signed)
+    carrier.metadata.update({TRACEPARENT: TRACE, "other": "x"})
+    message, losses = read_a2a(carrier, lossy=True)
+    assert message == signed and message.trace is None
+    assert "signed" in losses[0] and "message metadata (1 key(s))" in losses[1]
 
 
 # --------------------------------------------------------------------------- losses

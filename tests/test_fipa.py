@@ -131,6 +131,8 @@ def test_a_message_without_sender_cannot_convert() -> None:
 
 # --------------------------------------------------------------------------- CBCL -> FIPA -> CBCL
 
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
 MESSAGES = [
     Message(message_id="m-1", sender="agent://a", receiver="agent://b", intent="REQUEST",
             protocol="request/v1", conversation_id="c 1", reply_by=1767268800000,
@@ -144,6 +146,8 @@ MESSAGES = [
             protocol="fipa-request", reply_by=-(10**15)),
     Message(message_id="z", sender="agent://a", receiver="agent://b", intent="INFORM",
             protocol="-odd", body="text with \"quotes\" and \\ backslash\\"),
+    Message(message_id="t", sender="agent://a", receiver="agent://b", intent="INFORM",
+            protocol="request/v1", trace=TRACE),
 ]
 
 
@@ -167,6 +171,17 @@ def test_cbcl_body_is_content_in_cbcl_language() -> None:
 def test_notify_travels_as_inform_with_an_x_parameter() -> None:
     fipa = read_fipa(message_to_fipa(MESSAGES[1])[0])
     assert fipa.performative == "inform" and fipa.param("X-CBCL-intent") == Word("NOTIFY")
+
+
+def test_the_trace_travels_as_an_x_parameter_read_strictly() -> None:
+    """The (trace …) field is :X-CBCL-trace (spec/interop.md §1.5); a value that is not a
+    W3C traceparent of version 00 is refused, never taken."""
+    text, _ = message_to_fipa(MESSAGES[-1])
+    assert read_fipa(text).param("X-CBCL-trace") == TRACE
+    assert fipa_to_message(text)[0].trace == TRACE
+    for bad in (TRACE.upper(), TRACE[:-1]):
+        with pytest.raises(ConversionError, match="X-CBCL-trace"):
+            fipa_to_message(text.replace(TRACE, bad), lossy=True)
 
 
 def test_performatives_without_an_intent_of_their_own() -> None:

@@ -46,7 +46,7 @@ from cbcl import (
     sign_descriptor,
 )
 from cbcl.demo import respond
-from cbcl.net import ConnectionLimits, Context, NatsBus, NatsLimits, PeerFailed
+from cbcl.net import ConnectionLimits, Context, HandlerLimits, NatsBus, NatsLimits, PeerFailed
 from cbcl.net._nats import NatsConnection, subject_token, token_text
 from cbcl.session._bootstrap import not_understood_frame
 
@@ -798,15 +798,18 @@ def test_full_sessions_evict_the_oldest_of_the_sender_holding_most(
 @pytest.mark.parametrize("frames, code", [(3, "malformed"), (4, "limit")])
 def test_pending_frames_n_queued_n_plus_one_refused(server: NatsNode, keys: Keys,
                                                     frames: int, code: str) -> None:
-    """While the session's handler runs, frames wait in its queue: N of them are taken in
-    turn (the first, garbage, ends the session: malformed); N+1 is refused at once."""
+    """While the session's handler runs and holds the link's only backlog place (so the
+    link reads nothing more, and no frame is taken in the subscription's callback), frames
+    wait in its queue: N of them are taken in turn (the first, garbage, ends the session:
+    malformed); N+1 is refused at once."""
     async def slow(message: Message, context: Context) -> Message | None:
         await asyncio.sleep(0.5)
         return respond(message, context)
 
     async def body() -> None:
         agent = serving_agent(keys, [], handler=slow,
-                              connection_limits=ConnectionLimits(max_pending_frames=3))
+                              connection_limits=ConnectionLimits(max_pending_frames=3),
+                              handler_limits=HandlerLimits(handler_backlog=1))
         watcher = await nats.connect(server.url)
         try:
             async with bus_of(agent, server.url) as served, \

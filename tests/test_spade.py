@@ -262,6 +262,26 @@ def test_adapter_metadata_and_checks() -> None:
                                  intent="INFORM", protocol="p"))
 
 
+def test_the_trace_is_the_x_cbcl_trace_metadata() -> None:
+    """A SPADE message carries the (trace …) field in its X-CBCL-trace metadata (the FIPA
+    parameter, spec/interop.md §2): beside a CBCL body, whose own field is authoritative,
+    it is for SPADE code; a plain SPADE message's is its trace, read strictly."""
+    trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    message = Message(message_id="m-1", sender="xmpp://a@h", receiver="xmpp://b@h",
+                      intent="REQUEST", protocol="request/v1", conversation_id="c-1",
+                      trace=trace, body=read("(request :action (action :name ping))"))
+    spade = message_to_spade(message)
+    assert spade.get_metadata("X-CBCL-trace") == trace
+    assert spade_to_message(spade) == (message, [])
+    plain = spade_message.Message(to="b@h", sender="a@h", body="hello",
+                                  metadata={"performative": "inform", "language": "text",
+                                            "X-CBCL-trace": trace})
+    assert spade_to_message(plain)[0].trace == trace
+    plain.set_metadata("X-CBCL-trace", trace.upper())
+    with pytest.raises(ConversionError, match="traceparent"):
+        spade_to_message(plain, lossy=True)
+
+
 def test_plain_spade_message_maps_through_fipa() -> None:
     plain = spade_message.Message(to="b@h", sender="a@h/res", body="hello", thread="t-1",
                                   metadata={"performative": "inform", "language": "text"})

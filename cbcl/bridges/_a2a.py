@@ -11,7 +11,10 @@ A CBCL message travels as one A2A ``Message`` (spec/interop.md §4):
   so ``1800000`` comes back as ``1800000.0``; a reader only compares it with the text part
   and reports a difference;
 - ``message_id`` is the CBCL ``message-id``, ``context_id`` its ``conversation-id``, ``role``
-  follows the intent (:data:`USER_INTENTS`), ``extensions`` names :data:`EXTENSION_URI`.
+  follows the intent (:data:`USER_INTENTS`), ``extensions`` names :data:`EXTENSION_URI`;
+- the message's ``(trace …)`` field, when it has one, is also the message ``metadata``'s
+  ``traceparent`` (:data:`TRACEPARENT`), where A2A peers that propagate a W3C trace
+  context put it; on the way in one there is taken into a message without a trace.
 
 An A2A message from a peer is untrusted: its size is bounded before it is parsed, every
 SDK or protobuf exception becomes a :class:`~cbcl.CBCLError` (``MalformedError`` for what
@@ -33,6 +36,7 @@ Needs the ``a2a`` extra (``pip install 'cbcl[a2a]'``).
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,7 +59,7 @@ from ..core._values import URI, Symbol
 from ..protocol._api import parse
 from ..protocol._descriptor import ProtocolDescriptor
 from ..protocol._json import message_to_json
-from ..protocol._message import Intent, Message
+from ..protocol._message import Intent, Message, is_traceparent
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
 
@@ -65,6 +69,7 @@ __all__ = [
     "MAX_DATA_DEPTH",
     "MEDIA_TYPE",
     "TASK_STATES",
+    "TRACEPARENT",
     "USER_INTENTS",
     "CardProtocol",
     "a2a_json_to_message",
@@ -96,6 +101,9 @@ USER_INTENTS = frozenset({Intent.REQUEST, Intent.CFP, Intent.ACCEPT, Intent.REJE
                           Intent.CANCEL, Intent.QUERY, Intent.SUBSCRIBE})
 
 _TEXT_MARK = {"cbcl": "authoritative"}
+#: The key of the A2A message ``metadata`` that carries the W3C trace context (the CBCL
+#: ``(trace …)`` field), as A2A peers that propagate one write it.
+TRACEPARENT = "traceparent"
 _DATA_MARK = {"cbcl": "informative",
               "note": "spec §7 JSON mapping through protobuf Value: numbers are doubles "
                       "(1800000 reads 1800000.0); the application/cbcl text part is "
@@ -167,6 +175,8 @@ def write_a2a(message: Message, *, lossy: bool = False, role: Role | None = None
         role = Role.ROLE_USER if message.intent in USER_INTENTS else Role.ROLE_AGENT
     a2a = A2AMessage(message_id=message.message_id, context_id=message.conversation_id or "",
                      role=role, parts=parts, extensions=[EXTENSION_URI])
+    if message.trace is not None:  # (also in the text: a copy where A2A peers look)
+        a2a.metadata.update({TRACEPARENT: message.trace})
     return a2a, losses
 
 
@@ -339,9 +349,17 @@ def read_a2a(a2a_message: A2AMessage, *, lossy: bool = False, registry: Registry
     if others:
         losses.append(f"{len(others)} extension URI(s) other than {EXTENSION_URI} are "
                       f"dropped: {', '.join(_show(uri, 40) for uri in others[:4])}")
+    adopted: str | None = None
     if a2a_message.HasField("metadata") and len(a2a_message.metadata.fields):
-        losses.append(f"message metadata ({len(a2a_message.metadata.fields)} key(s)) is "
-                      f"dropped")
+        fields = a2a_message.metadata.fields
+        others_count = len(fields)
+        if TRACEPARENT in fields:
+            others_count -= 1
+            adopted, loss = _traceparent_in(fields[TRACEPARENT], message)
+            if loss:
+                losses.append(loss)
+        if others_count:
+            losses.append(f"message metadata ({others_count} key(s)) is dropped")
     text_part = texts[0]
     if text_part.HasField("metadata") and _struct_dict(text_part.metadata) != _TEXT_MARK:
         losses.append("the text part's metadata is dropped")
@@ -358,7 +376,29 @@ def read_a2a(a2a_message: A2AMessage, *, lossy: bool = False, registry: Registry
             losses.append("the data part's metadata is dropped")
     if losses and not lossy:
         raise _refused("A2A -> CBCL", losses)
+    if adopted is not None:
+        message = dataclasses.replace(message, trace=adopted)
     return message, losses
+
+
+def _traceparent_in(value: Any, message: Message) -> tuple[str | None, str]:
+    """What the metadata's ``traceparent`` ``value`` (a protobuf ``Value``) comes to for
+    ``message`` (the text's): the trace to give the message (one without a trace and
+    without a signature, which covers the field) and the loss, if any (``""``)."""
+    text = value.string_value if value.WhichOneof("kind") == "string_value" else None
+    if text is not None and text == message.trace:
+        return None, ""  # (what write_a2a writes)
+    if text is None or not is_traceparent(text):
+        return None, (f"metadata {TRACEPARENT} is not a W3C traceparent of version 00 "
+                      f"({_show(text or value.WhichOneof('kind') or 'no value')}) and is "
+                      "dropped")
+    if message.trace is not None:
+        return None, (f"metadata {TRACEPARENT} {_show(text)} differs from the text's trace; "
+                      f"the text's is kept")
+    if message.signature is not None:
+        return None, (f"metadata {TRACEPARENT} is dropped: the message is signed and its "
+                      f"signature covers the trace")
+    return text, ""
 
 
 def a2a_to_message(a2a_message: A2AMessage, *, registry: Registry | None = None,

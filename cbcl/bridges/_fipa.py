@@ -34,7 +34,7 @@ from ..core._errors import (
 from ..core._limits import DEFAULT_LIMITS, Budget, Limits
 from ..core._reader import context_of, read
 from ..core._values import URI, URI_REST_EXCLUDES, Keyword, Symbol, Value
-from ..protocol._message import Intent, Message, Signature
+from ..protocol._message import Intent, Message, Signature, is_traceparent
 
 __all__ = [
     "AID_SCHEME", "CBCL_LANGUAGE", "CONTENT_HEAD", "NO_PROTOCOL", "PERFORMATIVES",
@@ -870,6 +870,12 @@ def fipa_to_message(acl: str | bytes | FipaMessage, *, lossy: bool = False,
     if "reply-by" in x:  # a CBCL reply-by no FIPA date-time can hold
         reply_by = _int_param(x["reply-by"], "reply-by")
     timestamp = _int_param(x["timestamp"], "timestamp") if "timestamp" in x else None
+    trace = None
+    if "trace" in x:  # the W3C traceparent (spec/cbcl-1.0.md §2.2), strictly
+        trace = _expr_text(x["trace"])[0]
+        if not is_traceparent(trace):
+            raise ConversionError(f":{_X}trace {trace[:80]!r} is not a W3C traceparent of "
+                                  "version 00")
     signature = None
     if "signature" in x or "signature-key-id" in x:
         signature = Signature(_expr_text(x.get("signature-key-id", ""))[0],
@@ -916,7 +922,7 @@ def fipa_to_message(acl: str | bytes | FipaMessage, *, lossy: bool = False,
                           intent=intent, protocol=protocol,
                           conversation_id=ids["conversation_id"],
                           in_reply_to=ids["in_reply_to"], reply_by=reply_by,
-                          timestamp=timestamp, body=body, signature=signature)
+                          timestamp=timestamp, trace=trace, body=body, signature=signature)
     except (TypeError, ValueError) as exc:
         raise ConversionError(f"no CBCL message can hold this: {exc}") from None
     # The backstop: whatever does not come back unchanged is a loss, said.
@@ -1031,6 +1037,8 @@ def message_to_fipa_message(message: Message, *, lossy: bool = False
             params.append((_X + "reply-by", Number(str(message.reply_by))))
     if message.timestamp is not None:
         params.append((_X + "timestamp", Number(str(message.timestamp))))
+    if message.trace is not None:
+        params.append((_X + "trace", message.trace))
     if message.signature is not None:
         params.append((_X + "signature-key-id", message.signature.key_id))
         params.append((_X + "signature", message.signature.value))

@@ -49,6 +49,22 @@ replay window, the transcript hash and the conversation machine.
   is the agent a first frame's reply subject names — which its first message's sender
   must be before anything is published there.
 
+Once a session is ESTABLISHED and its task is parked waiting for a frame, the frame is
+handled in the subscription's callback itself (:meth:`NatsConnection._take_frame_now`, the twin
+of the socket transport's fast path): fed to the session, each message handed to the
+link's ``take_now`` (on-loop handlers run there, their replies go through
+:meth:`NatsConnection.send_now`), and the replies of that frame published together after
+it. No inbox, task switch or deadline timer per message; anything else (a handshake
+message, a refusal, a message on the wrong subject, a handler that awaits) is left to the
+task, which is woken.
+
+The session subscription's messages skip nats-py's per-message machinery too
+(:class:`_DirectClient`): the frame goes from the client's read loop to
+:meth:`NatsBus._on_session_frame` as subject, payload and raw headers — no ``Msg`` object,
+no header parsing (but for a status message, which has no payload), no subscription
+queue and task. Other subscriptions (the agent subject, groups, JetStream) are nats-py's
+as usual.
+
 nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
 """
 
@@ -65,7 +81,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 try:
     import nats
@@ -93,7 +109,10 @@ from ..protocol._message import Intent, Message
 from ..protocol._protocol import Protocol
 from ..protocol._registry import Registry
 from ..protocol._trust import Identity, read_signed_descriptor_unverified
+from ..session._negotiation import HandshakeState
 from ..session._session import (
+    NEED_DATA,
+    NEED_WORK,
     ConnectionClosed,
     Event,
     NotUnderstood,
@@ -103,6 +122,7 @@ from ..session._session import (
     Session,
     not_understood_frame,
 )
+from . import _tracing
 from ._agent import Agent, Context, ConversationClosed, Link
 from ._handlers import run_handler
 from ._transport import (
@@ -125,11 +145,44 @@ DEFAULT_PREFIX = "cbcl"
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
 _BYTE_TOKEN = tuple(chr(b) if b in _SAFE else f"_{b:02x}" for b in range(256))
 _TOKEN_RE = re.compile(r"(?:[A-Za-z0-9-]|_[0-9a-f]{2})+")
+_SAFE_RE = re.compile(r"[A-Za-z0-9-]+")  # (ASCII only: \w is not used)
 _SID_RE = re.compile(r"[0-9a-f]{32}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 NO_CONVERSATION = "_"
 #: The ``Nats-Msg-Id`` header JetStream deduplicates by.
 MSG_ID = "Nats-Msg-Id"
+
+
+# --------------------------------------------------------------------------- the client
+
+
+_Direct = Callable[[bytes, bytes, bytes], Awaitable[None]]
+
+
+class _DirectClient(Client):
+    """nats-py's client, with the messages of chosen subscriptions handed straight from
+    its read loop to a coroutine function of ``(subject, payload, raw headers)`` (its
+    :attr:`direct`, by subscription id) instead of being made ``Msg`` objects and queued
+    for the subscription's task. Every other message takes nats-py's way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: The subscriptions whose messages are taken directly: id → taker.
+        self.direct: dict[int, _Direct] = {}
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                           headers: bytes) -> None:
+        take = self.direct.get(sid)
+        if take is None:
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        stats = self.stats
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        try:
+            await take(subject, data, headers)
+        except Exception as exc:  # as nats-py treats a subscription callback's: reported
+            await self._error_cb(exc)
 
 
 # --------------------------------------------------------------------------- subjects
@@ -142,7 +195,9 @@ def subject_token(text: str, *, limit: int = 600) -> str:
     text and :class:`LimitError` for a token longer than ``limit`` characters."""
     if not text:
         raise ValueError("an empty name has no subject token")
-    token = "".join([_BYTE_TOKEN[b] for b in text.encode("utf-8")])
+    # (most conversation ids are all safe characters: one match instead of a byte walk)
+    token = text if _SAFE_RE.fullmatch(text) is not None \
+        else "".join([_BYTE_TOKEN[b] for b in text.encode("utf-8")])
     if len(token) > limit:
         raise LimitError(f"the subject token of {peer_text(text, 40)} is {len(token)} "
                          f"characters; at most {limit}", limit="max_token_bytes",
@@ -361,6 +416,13 @@ class NatsConnection(Connection):
         # peer; a responder only once the session's peer (the first message's sender) is
         # the one the subjects name — never onto another agent's subjects.
         self._peer_ok: bool | None = True if opener else None
+        # The task waits in _take for the next frame (the fast path may run: _take_frame_now),
+        # at the latest until _wake_at (loop time).
+        self._parked = False
+        self._wake_at = 0.0
+        # The frames sent while the fast path runs, published after it (send_now):
+        # ("frame", event, data, step) or ("own", data) for what the session made itself.
+        self._now_batch: list[tuple[Any, ...]] | None = None
         self._closed = False
         self._no_responders = False
         #: Frames dropped as repeats, and frames this side repeated.
@@ -371,9 +433,98 @@ class NatsConnection(Connection):
 
     @property
     def sends_now(self) -> bool:
-        """Never: a NATS frame is published by :meth:`send` (on-loop handlers' replies
-        take that path)."""
-        return False
+        """Only in the fast path (:meth:`_take_frame_now`), whose replies are published together
+        after the frame; elsewhere a NATS frame is published by :meth:`send`."""
+        return self._now_batch is not None
+
+    def send_now(self, event: Event) -> int:
+        """:meth:`send` without waiting, in the fast path: the frame is published with the
+        others of the frame being handled, after it. Returns the bytes sent. Raises what
+        :meth:`Session.send` raises (nothing is sent), :class:`ConnectionLost` (code
+        ``busy``) once evicted, ``RuntimeError`` outside the fast path
+        (:attr:`sends_now`)."""
+        batch = self._now_batch
+        if batch is None:
+            raise RuntimeError("NatsConnection.send_now outside its fast path")
+        if self.evicted is not None:
+            raise self._busy()
+        data = self.session.send(event, now=self.clock())
+        if data:
+            step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
+            batch.append(("frame", event, data, step))
+        return len(data)
+
+    def _fast_ready(self) -> bool:
+        """Whether a frame that arrives now may be handled in the callback: ESTABLISHED,
+        the link taking events there, the task parked in :meth:`_take` with nothing left
+        for it to do first, and the peer verified."""
+        return (self._parked and self.take_now is not None and not self._inbox
+                and self._taken is None and self._now_batch is None and not self._overflow
+                and self.evicted is None and not self._pending and not self._no_responders
+                and self._peer_checked and self._peer_ok is True and not self._closed
+                and self.session.state is HandshakeState.ESTABLISHED)
+
+    async def _take_frame_now(self, suffix: str | None, payload: bytes, digest: bytes) -> None:
+        """The frame ``payload`` (on the conversation subject ``suffix``) with the task
+        parked: do what it would — feed the session, check each message's subject, hand it
+        to :attr:`take_now` — then publish what that produced, in order. The first thing
+        not finished here (an event that is not a protocol message, a message on another
+        conversation's subject, an error, work, an on-loop handler's remaining await) is
+        left to the task, which is woken (:attr:`_taken`)."""
+        session, take = self.session, self.take_now
+        if take is None:  # pragma: no cover - checked by _fast_ready
+            return
+        self._last_activity = self._loop.time()
+        if suffix != NO_CONVERSATION:
+            self._resend.pop(suffix, None)
+        self._suffix = suffix
+        self._current = digest
+        self.bytes_received += len(payload)
+        session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
+        now = self.clock()
+        batch: list[tuple[Any, ...]] = []
+        self._now_batch = batch
+        wake = False
+        try:
+            while True:
+                try:
+                    event = session.next_event(now=now)
+                except Exception as exc:  # RemoteProtocolError, or a bug: the task's
+                    self._taken = ("error", exc)
+                    break
+                if event is NEED_DATA:
+                    break
+                if event is NEED_WORK:
+                    wake = True
+                    break
+                own = session.data_to_send()
+                if own:
+                    batch.append(("own", own))
+                if type(event) is not ProtocolMessage or \
+                        suffix != self.bus._cid_token(event.message.conversation_id):
+                    self._taken = ("then", _Later(self, cast(Event, event)))  # (checks)
+                    break
+                self._note_message(event)
+                try:
+                    taken = take(event)
+                except Exception as exc:  # a bug: raised in the task, as it would have been
+                    self._taken = ("error", exc)
+                    break
+                if taken is True:
+                    continue
+                self._taken = ("event", event) if taken is False else ("then", taken)
+                break
+        finally:
+            self._now_batch = None
+            with contextlib.suppress(ConnectionLost):  # (a bus gone: the task finds it)
+                for item in batch:
+                    if item[0] == "own":
+                        for frame in _unframe(item[1]):
+                            await self._emit(self.out_subject, frame, answering=digest)
+                    else:
+                        await self._publish_frame(item[1], item[2], item[3])
+            if self._taken is not None or wake:
+                self._arrived.set()
 
     async def deliver(self, suffix: str | None, payload: bytes, *,
                       no_responders: bool = False) -> None:
@@ -394,6 +545,12 @@ class NatsConnection(Connection):
         self._seen[digest] = None
         while len(self._seen) > self.bus.limits.dedupe_window:
             self._seen.popitem(last=False)
+        if self._fast_ready():
+            self._answers[digest] = []
+            while len(self._answers) > self.bus.limits.reply_cache:
+                self._answers.popitem(last=False)
+            await self._take_frame_now(suffix, payload, digest)
+            return
         if len(self._inbox) >= self.limits.max_pending_frames:
             self._overflow = True
         else:
@@ -408,20 +565,30 @@ class NatsConnection(Connection):
 
     async def _accepted(self, event: Event) -> None:
         await self._check_subjects(event)  # (Connection.next_event's hook)
-        if isinstance(event, ProtocolMessage) and event.message.conversation_id is None \
-                and event.message.in_reply_to is not None:
-            self._resend.pop((NO_CONVERSATION, event.message.in_reply_to), None)
-        elif not isinstance(event, ProtocolMessage):
+        if isinstance(event, ProtocolMessage):
+            self._note_message(event)
+        else:
             self._resend.pop(None, None)  # the handshake was answered
-        if isinstance(event, ProtocolMessage) and self._current is not None:
-            self._frame_of[event.message.message_id] = self._current
+
+    def _note_message(self, event: ProtocolMessage) -> None:
+        """A protocol message accepted: it answers its thread (one without a conversation,
+        by its in-reply-to), and a reply to it answers the frame it came in."""
+        message = event.message
+        if message.conversation_id is None and message.in_reply_to is not None:
+            self._resend.pop((NO_CONVERSATION, message.in_reply_to), None)
+        if self._current is not None:
+            self._frame_of[message.message_id] = self._current
             while len(self._frame_of) > self.bus.limits.reply_cache:
                 self._frame_of.popitem(last=False)
 
     async def _receive(self) -> None:
         """The next frame from this session's inbox (a NATS message carries one frame
-        without its prefix; an empty one ends the stream)."""
-        suffix, payload = await self._take()
+        without its prefix; an empty one ends the stream); nothing when the fast path
+        left something to :meth:`next_event` (:attr:`_taken`)."""
+        taken = await self._take()
+        if taken is None:
+            return
+        suffix, payload = taken
         self._suffix = suffix
         self._current = hashlib.sha256(payload).digest() if payload else None
         self.bytes_received += len(payload)
@@ -475,11 +642,14 @@ class NatsConnection(Connection):
             await self._write(self.session.refuse(code))
         raise RemoteProtocolError(why, code=code)
 
-    async def _take(self) -> tuple[str | None, bytes]:
+    async def _take(self) -> tuple[str | None, bytes] | None:
         """The next frame of the peer, waiting under the deadlines and repeating our last
-        frame when nothing comes back."""
+        frame when nothing comes back; ``None`` when the fast path left something to
+        :meth:`next_event`."""
         limits = self.limits
         while True:
+            if self._taken is not None:
+                return None
             if self.evicted is not None:
                 raise self._busy()
             if self._overflow:
@@ -525,9 +695,14 @@ class NatsConnection(Connection):
             if repeated:
                 continue
             self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(wake):
-                    await self._arrived.wait()
+            self._parked = True
+            self._wake_at = wake
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(wake):
+                        await self._arrived.wait()
+            finally:
+                self._parked = False
 
     def evict(self, why: str) -> None:
         """End this served session for the bus's limits, from outside its task: tell the
@@ -560,11 +735,14 @@ class NatsConnection(Connection):
         if self.opener:
             self._resend.pop(thread, None)  # (re-inserted last: the oldest stay first)
             limits = self.bus.limits
-            self._resend[thread] = _Resend(subject, data, reply,
-                                           self._loop.time() + limits.retransmit_after)
+            at = self._loop.time() + limits.retransmit_after
+            self._resend[thread] = _Resend(subject, data, reply, at)
             while len(self._resend) > limits.reply_cache:  # (what the peer can answer)
                 self._resend.pop(next(iter(self._resend)))
-            self._arrived.set()  # the pump's wait recomputes its wake-up time
+            if not self._parked or at < self._wake_at:
+                # The pump's wait recomputes its wake-up time; one that wakes sooner
+                # anyway recomputes it then (no wake-up per message sent).
+                self._arrived.set()
 
     async def _emit(self, subject: str, data: bytes, reply: str = "", *,
                     answering: bytes | None = None) -> None:
@@ -596,6 +774,13 @@ class NatsConnection(Connection):
         data = self.session.send(event, now=self.clock())
         if not data:
             return 0
+        step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
+        await self._publish_frame(event, data, step)
+        return len(data)
+
+    async def _publish_frame(self, event: Event, data: bytes, step: Any) -> None:
+        """Publish the frame ``data`` the session made of ``event`` (whose conversation
+        step is ``step``) where it goes, and keep it to repeat if it awaits an answer."""
         payload = data[PREFIX_BYTES:]
         answering = None
         thread: _Thread = None
@@ -617,12 +802,10 @@ class NatsConnection(Connection):
         else:
             subject, reply = self.out_subject, ""
         await self._emit(subject, payload, reply, answering=answering)
-        step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
         if step is not None and step.finished:
             self._resend.pop(thread, None)
         else:
             self._arm(thread, subject, payload, reply)
-        return len(data)
 
     async def close(self) -> None:
         """End the stream: tell the session, publish the end (an empty message), forget
@@ -638,6 +821,25 @@ class NatsConnection(Connection):
                 await self.bus._publish(self.out_subject, b"")
         self.bus._forget(self)
         self._arrived.set()
+
+
+class _Later:
+    """What the fast path leaves to the task for an event it took from the session but
+    does not handle (:meth:`NatsConnection._take_frame_now`): the checks :meth:`next_event` makes
+    of every event (:meth:`NatsConnection._accepted`, which may refuse it), what the
+    session has to send, then the event for :meth:`next_event` to return."""
+
+    __slots__ = ("connection", "event")
+
+    def __init__(self, connection: NatsConnection, event: Event) -> None:
+        self.connection = connection
+        self.event = event
+
+    async def __call__(self) -> None:
+        connection = self.connection
+        await connection._accepted(self.event)
+        await connection.flush()
+        connection._taken = ("event", self.event)
 
 
 # --------------------------------------------------------------------------- fan-out
@@ -720,7 +922,7 @@ class NatsBus:
                 for s in s.split(",") if s.strip()]
         if not urls:
             raise ValueError("no NATS server given")
-        client = Client()
+        client = _DirectClient()
         bus_ref: list[NatsBus] = []
 
         async def on_error(exc: Exception) -> None:
@@ -756,7 +958,8 @@ class NatsBus:
         bus = cls(agent, client, prefix=prefix, limits=limits)
         bus_ref.append(bus)
         try:
-            await bus._subscribe(f"{bus._session_prefix}>", bus._on_session_message)
+            sub = await bus._subscribe(f"{bus._session_prefix}>", bus._on_session_message)
+            client.direct[sub._id] = bus._on_session_frame
         except BaseException:
             await bus.close()
             raise
@@ -829,8 +1032,24 @@ class NatsBus:
     # ----------------------------------------------------------------- receiving
 
     async def _on_session_message(self, msg: Msg) -> None:
-        """A message on one of our session subjects: hand it to its session, or drop it."""
-        rest = msg.subject[len(self._session_prefix):].split(".")
+        """A message on one of our session subjects, the way nats-py hands it to a
+        subscription (unused while :class:`_DirectClient` takes them)."""
+        headers = msg.headers or {}
+        await self._on_session(msg.subject, msg.data,
+                               not msg.data and headers.get("Status") == "503")
+
+    async def _on_session_frame(self, subject: bytes, data: bytes, headers: bytes) -> None:
+        """A message on one of our session subjects, from the client's read loop
+        (:class:`_DirectClient`): its headers read only for a status (no payload)."""
+        no_responders = False
+        if headers and not data:
+            parsed = await self.client._process_headers(headers)
+            no_responders = (parsed or {}).get("Status") == "503"
+        await self._on_session(subject.decode("utf-8", "replace"), data, no_responders)
+
+    async def _on_session(self, subject: str, data: bytes, no_responders: bool) -> None:
+        """Hand a message on one of our session subjects to its session, or drop it."""
+        rest = subject[len(self._session_prefix):].split(".")
         if len(rest) not in (3, 4):
             self.stats["unknown"] += 1
             return
@@ -838,9 +1057,6 @@ class NatsBus:
         if connection is None:
             self.stats["unknown"] += 1
             return
-        data = msg.data
-        headers = msg.headers or {}
-        no_responders = not data and headers.get("Status") == "503"
         await connection.deliver(rest[3] if len(rest) == 4 else None, data,
                                  no_responders=no_responders)
 
@@ -1382,9 +1598,22 @@ class NatsBus:
         self._note_durable(message.message_id)
         self.stats["durable_accepted"] += 1
         handler = self.agent.handler_for(str(message.protocol), message.intent)
-        if handler is not None:
+        tracer = None if _tracing.otel is None else _tracing.active_tracer()
+        if tracer is not None:  # the spans a link makes (receive, handle), the same parent
+            await _tracing.receiving(tracer, self._traced_durable(
+                tracer, handler, message, identity, msg.subject), message, msg.subject)
+        elif handler is not None:
             await self._run_durable_handler(handler, message, identity)
         await self._settle(msg, accepted=True)
+
+    async def _traced_durable(self, tracer: Any, handler: Any, message: Message,
+                              identity: Identity | None, subject: str) -> None:
+        """:meth:`_run_durable_handler` inside a ``handle`` span (current while it runs,
+        so a durable reply carries it), where there is a handler."""
+        if handler is not None:
+            await _tracing.handling(tracer, self._run_durable_handler(handler, message,
+                                                                      identity),
+                                    message, subject)
 
     async def _run_durable_handler(self, handler: Any, message: Message,
                                    identity: Identity | None = None) -> None:
@@ -1536,6 +1765,8 @@ class NatsBus:
             raise ValueError("a durable message id is at most 256 printable characters, "
                              "without surrounding spaces")
         protocol = self._protocol_for(message, descriptor)
+        if _tracing.otel is not None:  # the current span's context, in (trace …)
+            message = _tracing.outgoing(message)
         if message.timestamp is None:
             message = replace(message, timestamp=clock_ms())
         check_outgoing(protocol, message, self.agent.limits)
