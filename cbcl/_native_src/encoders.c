@@ -1236,10 +1236,25 @@ typedef struct {
 
 #define INLINE_NAMES 16
 
+/* The arrays of a frame's learned names (Learned, below), kept between frames. */
+typedef struct {
+    PyObject **keys;
+    Py_hash_t *hashes;
+    Py_ssize_t capacity; /* of keys and hashes */
+    int32_t *index;
+    Py_ssize_t index_capacity; /* slots of index */
+} LearnedArrays;
+
 typedef struct {
     Entry *slots; /* NULL until the first name; then inline_slots (if any), or the heap */
     Py_ssize_t used, mask; /* mask + 1 slots, a power of two */
     Entry *inline_slots; /* INLINE_NAMES slots the caller owns (a frame's own table), or NULL */
+    /* A symbol table's (prepare's) only: the arrays its last frame with many learned names
+     * used, lent to the next such frame (spare_lent while one holds them), so a body of
+     * thousands of new names does not allocate, zero and rehash a table again each time.
+     * Bounded: arrays for more than SPARE_MAX_NAMES names are freed, not kept. */
+    LearnedArrays spare;
+    int spare_lent;
 } Names;
 
 static int
@@ -1320,6 +1335,15 @@ names_grow(Names *t)
 }
 
 static void
+learned_arrays_free(LearnedArrays *a)
+{
+    PyMem_Free(a->keys);
+    PyMem_Free(a->hashes);
+    PyMem_Free(a->index);
+    *a = (LearnedArrays){NULL, NULL, 0, NULL, 0};
+}
+
+static void
 names_free(Names *t)
 {
     if (t->slots != NULL) {
@@ -1329,20 +1353,176 @@ names_free(Names *t)
             PyMem_Free(t->slots);
         t->slots = NULL;
     }
+    learned_arrays_free(&t->spare);
 }
 
 /* The names a frame writes in full, in the order they take their codes (the k-th:
- * C_FIRST + the table's size + k): the first LEARNED_INLINE in `first` (strong
- * references), told apart by a scan; past that, all of them in `table` too, a hash table
- * of its own (a body has few: for most, no table is cleared). */
+ * C_FIRST + the table's size + k): strong references in keys[k], their hashes in
+ * hashes[k]. Up to LEARNED_INLINE they are told apart by a scan of the inline arrays;
+ * past that, through `index`, open addressing over int32 positions (k + 1; 0 is empty)
+ * with at least twice as many slots as names, so that growing moves 4 bytes a slot and
+ * never a key. The heap arrays are borrowed from the symbol table's spare when it has
+ * them (Names.spare), and given back after the frame. */
 #define LEARNED_INLINE 8
+#define SPARE_MAX_NAMES (1 << 14)
 
 typedef struct {
-    PyObject *first[LEARNED_INLINE];
-    Py_hash_t first_hash[LEARNED_INLINE];
+    LearnedArrays a; /* keys and hashes point at the inline arrays until they are full */
     Py_ssize_t count;
-    Names table; /* slots NULL until count reaches LEARNED_INLINE */
+    Py_ssize_t mask; /* index has mask + 1 slots in use; -1: no index (a scan) */
+    Names *owner;    /* the symbol table lending its spare, if a.keys is it */
+    PyObject *inline_keys[LEARNED_INLINE];
+    Py_hash_t inline_hashes[LEARNED_INLINE];
 } Learned;
+
+static void
+learned_init(Learned *l)
+{
+    l->a = (LearnedArrays){l->inline_keys, l->inline_hashes, LEARNED_INLINE, NULL, 0};
+    l->count = 0;
+    l->mask = -1;
+    l->owner = NULL;
+}
+
+/* The position of `item` (hash h) among the learned names, or -1. */
+static inline Py_ssize_t
+learned_find(const Learned *l, PyObject *item, Py_hash_t h)
+{
+    PyObject *const *keys = l->a.keys;
+    const Py_hash_t *hashes = l->a.hashes;
+    if (l->mask < 0) {
+        for (Py_ssize_t k = 0; k < l->count; k++)
+            if (keys[k] == item || (hashes[k] == h && same_atom(keys[k], item)))
+                return k;
+        return -1;
+    }
+    size_t i = (size_t)h & (size_t)l->mask;
+    for (;;) {
+        int32_t pos = l->a.index[i];
+        if (pos == 0)
+            return -1;
+        Py_ssize_t k = pos - 1;
+        if (keys[k] == item || (hashes[k] == h && same_atom(keys[k], item)))
+            return k;
+        i = (i + 1) & (size_t)l->mask;
+    }
+}
+
+/* index rebuilt with `slots` slots (a power of two above twice count), every name placed. */
+static int
+learned_reindex(Learned *l, Py_ssize_t slots)
+{
+    if (slots > l->a.index_capacity) {
+        PyMem_Free(l->a.index);
+        l->a.index = PyMem_Malloc((size_t)slots * sizeof(int32_t));
+        l->a.index_capacity = l->a.index ? slots : 0;
+        if (l->a.index == NULL) {
+            PyErr_NoMemory();
+            return FAIL;
+        }
+    }
+    memset(l->a.index, 0, (size_t)slots * sizeof(int32_t));
+    l->mask = slots - 1;
+    for (Py_ssize_t k = 0; k < l->count; k++) { /* (distinct: no key compared) */
+        size_t i = (size_t)l->a.hashes[k] & (size_t)l->mask;
+        while (l->a.index[i] != 0)
+            i = (i + 1) & (size_t)l->mask;
+        l->a.index[i] = (int32_t)(k + 1);
+    }
+    return OK;
+}
+
+/* Room for one more name in keys and hashes: the inline arrays, then the symbol table's
+ * spare (if it is free and has room), then the heap, doubling. */
+static int
+learned_room(Learned *l, Names *codes)
+{
+    if (l->count < l->a.capacity)
+        return OK;
+    if (l->count > INT32_MAX / 4) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    if (l->a.keys == l->inline_keys) {
+        LearnedArrays got = {NULL, NULL, 0, NULL, 0};
+        if (!codes->spare_lent && codes->spare.capacity > LEARNED_INLINE) {
+            got = codes->spare;
+            codes->spare = (LearnedArrays){NULL, NULL, 0, NULL, 0};
+            codes->spare_lent = 1;
+            l->owner = codes;
+        } else {
+            got.keys = PyMem_Malloc(8 * LEARNED_INLINE * sizeof(PyObject *));
+            got.hashes = PyMem_Malloc(8 * LEARNED_INLINE * sizeof(Py_hash_t));
+            got.capacity = 8 * LEARNED_INLINE;
+            if (got.keys == NULL || got.hashes == NULL) {
+                learned_arrays_free(&got);
+                PyErr_NoMemory();
+                return FAIL;
+            }
+        }
+        memcpy(got.keys, l->inline_keys, sizeof l->inline_keys);
+        memcpy(got.hashes, l->inline_hashes, sizeof l->inline_hashes);
+        l->a = got;
+        return OK;
+    }
+    Py_ssize_t capacity = 2 * l->a.capacity;
+    PyObject **keys = PyMem_Realloc(l->a.keys, (size_t)capacity * sizeof(PyObject *));
+    if (keys == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    l->a.keys = keys;
+    Py_hash_t *hashes = PyMem_Realloc(l->a.hashes, (size_t)capacity * sizeof(Py_hash_t));
+    if (hashes == NULL) {
+        PyErr_NoMemory();
+        return FAIL;
+    }
+    l->a.hashes = hashes;
+    l->a.capacity = capacity;
+    return OK;
+}
+
+/* `item` (hash h) learned: the next position. */
+static int
+learned_add(Learned *l, Names *codes, PyObject *item, Py_hash_t h)
+{
+    if (learned_room(l, codes) < 0)
+        return FAIL;
+    Py_ssize_t k = l->count++;
+    l->a.keys[k] = Py_NewRef(item);
+    l->a.hashes[k] = h;
+    if (l->count <= LEARNED_INLINE)
+        return OK;
+    if (l->mask < 0 || 2 * l->count > l->mask + 1) {
+        Py_ssize_t slots = l->mask < 0 ? 4 * LEARNED_INLINE : 2 * (l->mask + 1);
+        return learned_reindex(l, slots);
+    }
+    size_t i = (size_t)h & (size_t)l->mask;
+    while (l->a.index[i] != 0)
+        i = (i + 1) & (size_t)l->mask;
+    l->a.index[i] = (int32_t)(k + 1);
+    return OK;
+}
+
+/* The frame's names released; the heap arrays given to the symbol table as its spare when
+ * it has none and they are not too big, else freed. */
+static void
+learned_release(Learned *l, Names *codes)
+{
+    for (Py_ssize_t k = 0; k < l->count; k++)
+        Py_DECREF(l->a.keys[k]);
+    if (l->a.keys == l->inline_keys)
+        return;
+    if (l->owner != NULL)
+        l->owner->spare_lent = 0;
+    if (codes->spare.keys == NULL && !codes->spare_lent && l->a.capacity <= SPARE_MAX_NAMES &&
+            l->a.index_capacity <= 4 * SPARE_MAX_NAMES) {
+        codes->spare = l->a;
+    } else {
+        learned_arrays_free(&l->a);
+    }
+    learned_init(l);
+}
 
 /* An exact Symbol, Keyword or URI: its code if the table or this frame has one, else it
  * is written in full (its kind's code, then its text) and takes the next code. */
@@ -1355,55 +1535,16 @@ mp_name(const EncodersState *enc, Bytes *b, PyObject *item, long kind_code, Name
         return FAIL;
     if (READY(item) < 0)
         return FAIL;
-    Names *names = &learned->table;
-    Entry *e;
     /* A name is in the table or learned, never both: with many learned (a record's keys
      * under an open record, over and over), they are looked in first. */
-    if (names->slots != NULL && (e = names_slot(names, item, h))->key != NULL)
-        return mp_int(b, e->code);
-    e = names_slot(codes, item, h);
+    Py_ssize_t k = learned->count ? learned_find(learned, item, h) : -1;
+    if (k >= 0)
+        return mp_int(b, enc->c_first + (long)codes->used + (long)k);
+    Entry *e = names_slot(codes, item, h);
     if (e->key != NULL)
         return mp_int(b, e->code);
-    long code = enc->c_first + (long)codes->used + (long)learned->count;
-    if (names->slots == NULL) {
-        for (Py_ssize_t k = 0; k < learned->count; k++)
-            if (learned->first[k] == item ||
-                    (learned->first_hash[k] == h && same_atom(learned->first[k], item)))
-                return mp_int(b, enc->c_first + (long)codes->used + (long)k);
-        if (learned->count < LEARNED_INLINE) {
-            learned->first_hash[learned->count] = h;
-            learned->first[learned->count++] = Py_NewRef(item);
-            if (mp_int(b, kind_code) < 0)
-                return FAIL;
-            return mp_str(b, item);
-        }
-        /* from now on, a hash table of them all */
-        if (names_grow(names) < 0)
-            return FAIL;
-        for (Py_ssize_t k = 0; k < learned->count; k++) {
-            PyObject *key = learned->first[k];
-            if (names->slots != NULL && 2 * (names->used + 1) > names->mask + 1 &&
-                    names_grow(names) < 0)
-                return FAIL;
-            Entry *slot = names_slot(names, key, learned->first_hash[k]);
-            slot->key = Py_NewRef(key);
-            slot->hash = learned->first_hash[k];
-            slot->code = enc->c_first + (long)codes->used + (long)k;
-            names->used++;
-        }
-    }
-    if (2 * (names->used + 1) > names->mask + 1 && names_grow(names) < 0)
+    if (learned_add(learned, codes, item, h) < 0)
         return FAIL;
-    e = names_slot(names, item, h);
-    if (e->key != NULL)
-        return mp_int(b, e->code);
-    /* new: the Python twin's codes[item] = FIRST_ENTRY + len(codes), codes growing */
-    Py_INCREF(item);
-    e->key = item;
-    e->hash = h;
-    e->code = code;
-    names->used++;
-    learned->count++;
     if (mp_int(b, kind_code) < 0)
         return FAIL;
     return mp_str(b, item);
@@ -1446,8 +1587,8 @@ mp_atom(const EncodersState *enc, Bytes *b, PyObject *item, Names *codes, Learne
 static int
 mp_body(const EncodersState *enc, Bytes *b, PyObject *body, Names *codes)
 {
-    Entry inline_slots[INLINE_NAMES];
-    Learned names = {{NULL}, {0}, 0, {NULL, 0, 0, inline_slots}};
+    Learned names;
+    learned_init(&names);
     Stack stack;
     STACK_INIT(stack);
     int r;
@@ -1478,9 +1619,7 @@ mp_body(const EncodersState *enc, Bytes *b, PyObject *body, Names *codes)
     r = OK;
 end:
     stack_free(&stack);
-    for (Py_ssize_t k = 0; k < names.count && k < LEARNED_INLINE; k++)
-        Py_DECREF(names.first[k]);
-    names_free(&names.table);
+    learned_release(&names, codes);
     return r;
 }
 
