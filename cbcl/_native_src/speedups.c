@@ -2483,7 +2483,7 @@ cbcl_pass2_accepts(NativeState *st, PyObject *protocol, PyObject *intent, PyObje
     if (plan == NULL)
         return -1;
     int ok = body_accepted(st, plan, intent, body, terminals, refused, accept, has_heads,
-                           symbol_type);
+                           symbol_type, NULL);
     Py_DECREF(plan);
     return ok;
 }
