@@ -872,6 +872,8 @@ class Connection:
         answered = 0  # frames taken since the last write
         wake = False
         try:
+            if reader.buffered:  # (the task is parked in a read: the session needs bytes)
+                self._feed(reader.take(read_bytes))
             while True:
                 if reader._writing_paused:
                     self._taken = ("then", self._drain)
