@@ -194,6 +194,8 @@ def test_records_carry_the_fields_and_log_gets_the_same_lines(
     assert fields["peer"] == "127.0.0.1" and fields["agent"] == CLIENT
     assert fields["in_reply_to"].startswith("m-")  # the CFP's id
     assert fields["timings"]["handler_ms"] >= 0
+    # (where the line was logged: the caller of Link.log, as stacklevel=2 would say)
+    assert (sent.filename, sent.funcName) == ("_agent.py", "_log_sent")
     for record in caplog.records:
         assert "\n" not in record.getMessage()
         assert not any(unicodedata.category(c) in ("Cc", "Cf", "Zl") for c in

@@ -16,7 +16,7 @@ from test_handler_failures import Keys, cfp, dispatch, linked, proposal, serving
 
 from cbcl import Intent, Message
 from cbcl.net import ConnectionLimits, PeerFailed, on_loop
-from cbcl.net._transport import _Socket, clock_ms
+from cbcl.net._transport import WRITE_BATCH, _Socket, clock_ms
 from cbcl.session._session import ProtocolMessage
 
 
@@ -113,6 +113,34 @@ def test_max_pending_frames_n_answered_and_one_more_refused_once_established(
                 replies = [await c.next(timeout=30) for c in conversations]
                 assert [r.intent for r in replies] == [Intent.PROPOSE] * frames
                 assert not link.closed.done()
+
+    run_guarded(body)
+
+
+@pytest.mark.parametrize("frames", [1, WRITE_BATCH, WRITE_BATCH + 1, 2 * WRITE_BATCH + 1])
+def test_frames_read_together_are_answered_in_writes_of_at_most_write_batch(
+        keys: Keys, frames: int) -> None:
+    """Frames read together are answered in order, in writes of at most ``WRITE_BATCH``
+    replies: the peer gets the first ones while the rest are made (the two sides overlap
+    instead of taking turns on whole batches), and a burst still shares writes."""
+
+    async def body() -> None:
+        server = serving(keys, handler=on_loop(proposal))
+        async with linked(keys, server) as link:
+            await link.conversation().send(Intent.CFP, cfp("t-first"), timeout=30)
+            (served,) = server._links
+            before = served.connection.writes
+            protocol = link.protocol
+            assert protocol is not None
+            conversations = [link.conversation() for _ in range(frames)]
+            data = b"".join(link.session.send(ProtocolMessage(Message(
+                message_id=link.next_id(), sender=link.me, receiver=link.peer,
+                intent=Intent.CFP, protocol=protocol.id, conversation_id=c.id,
+                body=cfp(f"t-{n}"))), now=clock_ms()) for n, c in enumerate(conversations))
+            link.connection.writer.write(data)  # one write: one read on the server
+            replies = [await c.next(timeout=30) for c in conversations]
+            assert [r.body[2] for r in replies] == [f"t-{n}" for n in range(frames)]  # type: ignore[index]
+            assert served.connection.writes - before == -(-frames // WRITE_BATCH)
 
     run_guarded(body)
 

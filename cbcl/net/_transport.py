@@ -15,9 +15,19 @@ in a buffer bounded as a stream reader's (reading pauses over ``2 * read_bytes``
 connection's task reads from it while it negotiates. Once the session is ESTABLISHED and
 the task is parked in a read, the socket's ``data_received`` does the task's work itself
 (:meth:`Connection._run_now`): it feeds the session ``read_bytes`` at a time, hands each
-event to the link's ``take_now`` (on-loop handlers run there) and writes all the replies of
-that read at once; the first thing it cannot finish there it leaves to the task, which it
-wakes. No stream reader, read coroutine or future per message.
+event to the link's ``take_now`` (on-loop handlers run there) and writes the replies of
+that read together, :data:`WRITE_BATCH` at most per write; the first thing it cannot
+finish there it leaves to the task, which it wakes. No stream reader, read coroutine or
+future per message.
+
+Answers to frames that arrived together share a write (one ``send`` and one wake-up of
+the peer for several), but at most :data:`WRITE_BATCH` of them (here and in
+:meth:`Connection._write`, for answers the task makes while more frames wait): with
+requests pipelined, a write of a whole read's answers made the two processes take turns
+on whole batches, each idle while the other worked (8 in flight: 8 requests handled here,
+then 8 replies there, never both at once). Writes of at most 4 let the peer start on the
+first answers while the rest are made, and still spare most writes and wake-ups (one a
+frame costs more CPU than it saves in waiting on a loaded machine).
 
 Every wait has a deadline (:class:`ConnectionLimits`): the next frame must start within
 ``idle_timeout``, a frame that has started must end within ``frame_timeout`` whatever
@@ -79,6 +89,9 @@ from ..session._session import (
 )
 
 logger = logging.getLogger("cbcl.net")
+
+#: The most answers held back for one write while more frames wait (see the module doc).
+WRITE_BATCH = 4
 
 
 def _check_seconds(name: str, value: object, *, upper: float = 86_400.0) -> None:
@@ -504,7 +517,8 @@ class Connection:
         #: cache``, ``disk cache``; empty when it was refused).
         self.last_work_source = ""
         self.bytes_sent = 0
-        #: Writes to the stream (answers to frames that arrived together share one).
+        #: Writes to the stream (answers to frames that arrived together share one, at
+        #: most WRITE_BATCH to a write).
         self.writes = 0
         self._held: list[bytes] = []  # answers held back for one write (see _write)
         self._flush_soon = False
@@ -565,9 +579,11 @@ class Connection:
         if self.evicted is not None:
             raise self._busy()
         session = self.session
-        if session.frames_waiting and session.state is HandshakeState.ESTABLISHED:
+        if session.frames_waiting and len(self._held) + 1 < WRITE_BATCH \
+                and session.state is HandshakeState.ESTABLISHED:
             # More frames are waiting to be answered now: their answers go out in one
-            # write, when the last is answered (or at the end of this turn of the loop).
+            # write, when the last is answered, WRITE_BATCH are held (the peer starts on
+            # those while the rest are made), or at the end of this turn of the loop.
             # (Never a refusal: the session is then in ERROR, and it is written at once.)
             self._held.append(data)
             self.bytes_sent += len(data)
@@ -839,7 +855,8 @@ class Connection:
         """The socket's callback with bytes, the task parked in :meth:`_read`: do here
         what the task would — feed the session at most ``read_bytes`` at a time, take its
         events (:attr:`take_now`: on-loop handlers run there, their replies go through
-        :meth:`send_now`) — and write every reply of this read in one write. The first
+        :meth:`send_now`) — and write the replies of this read in writes of at most
+        :data:`WRITE_BATCH` frames' replies (the peer starts on those meanwhile). The first
         event :attr:`take_now` does not finish, an error, work or the end of the stream,
         or a full write buffer, is left for the task: the read is woken with nothing
         (``None``) and :meth:`next_event` goes on from :attr:`_taken`. Frames, limits,
@@ -852,8 +869,11 @@ class Connection:
         now = self.clock()  # (one clock for the frames of one read)
         batch: list[bytes] = []
         self._batch = batch
+        answered = 0  # frames taken since the last write
         wake = False
         try:
+            if reader.buffered:  # (the task is parked in a read: the session needs bytes)
+                self._feed(reader.take(read_bytes))
             while True:
                 if reader._writing_paused:
                     self._taken = ("then", self._drain)
@@ -880,6 +900,12 @@ class Connection:
                 except Exception as exc:  # a bug: raised in the task, as it would have been
                     self._taken = ("error", exc)
                     break
+                answered += 1
+                if answered >= WRITE_BATCH:  # (the peer starts on these meanwhile)
+                    if batch:
+                        self._write_now(b"".join(batch) if len(batch) > 1 else batch[0])
+                        batch.clear()
+                    answered = 0
                 if taken is True:
                     continue
                 self._taken = ("event", event) if taken is False else ("then", taken)
@@ -920,7 +946,7 @@ class Connection:
 
     def send_now(self, event: Event) -> int:
         """:meth:`send` without waiting, for :attr:`take_now`: in the socket's callback
-        the bytes join that read's one write; elsewhere they are written at once (a full
+        the bytes join that read's next write; elsewhere they are written at once (a full
         buffer is waited for by the next :meth:`send`). Returns the bytes sent. Raises
         what :meth:`Session.send` raises (nothing is sent) and :class:`ConnectionLost`
         (code ``busy``) once evicted."""

@@ -449,6 +449,28 @@ class Session:
         Raises :class:`RemoteProtocolError` when the peer broke the protocol (the session is
         then in ERROR and a NOT-UNDERSTOOD may wait in :meth:`data_to_send`)."""
         self._now = _check_now(now)
+        if self._complete and self._native is not None and not self._events \
+                and self._work is None and self._pending is None \
+                and self._machine.state is HandshakeState.ESTABLISHED:
+            # The common case, an established native session with a whole frame waiting:
+            # what the path below does for it, without the checks that cannot apply (the
+            # refusal budget is for sessions not yet established).
+            inbox = self._inbox
+            size = int.from_bytes(inbox[:PREFIX_BYTES], "big")
+            if 0 < size <= self._max_frame_bytes:
+                end = PREFIX_BYTES + size
+                frame_bytes = bytes(inbox[PREFIX_BYTES:end])
+                del inbox[:end]
+                self._inbox_at += end
+                self._complete -= 1
+                self.last_frame_bytes = end
+                try:
+                    return self._handle(frame_bytes, now)
+                except CBCLError as exc:
+                    budget, address = self.refusal_budget, self.peer_address
+                    if budget is not None and address is not None:
+                        budget.charge(address, now=now)
+                    self._fail(exc)
         if self.state is HandshakeState.ERROR:
             raise LocalProtocolError("the session is in state ERROR")
         if self._events:
