@@ -343,21 +343,17 @@ converter_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return convert_body(c, PyTuple_GET_ITEM(args, 0));
 }
 
-/* of(message, protocol): see the comment at the top. */
+/* record_of's ordinary case for a message (over MessageFields) and the protocol its
+ * registry holds for it: the record (a new reference), None where the converter declines
+ * (the caller runs the Python reference), or NULL with an exception. */
 static PyObject *
-converter_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+of_message(ConverterObject *c, NativeState *st, PyObject *message, PyObject *protocol)
 {
-    ConverterObject *c = (ConverterObject *)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "of(message, protocol)");
-        return NULL;
-    }
-    NativeState *st = (NativeState *)PyType_GetModuleState(Py_TYPE(self));
     if (st == NULL || !st->ready || st->message_fields_type == NULL || c->cls == NULL ||
-            c->trusted == NULL || args[1] != c->trusted ||
-            !PyObject_TypeCheck(args[0], st->message_fields_type))
+            c->trusted == NULL || protocol != c->trusted ||
+            !PyObject_TypeCheck(message, st->message_fields_type))
         Py_RETURN_NONE;
-    MessageFieldsObject *m = (MessageFieldsObject *)args[0];
+    MessageFieldsObject *m = (MessageFieldsObject *)message;
     PyObject *body = m->body;
     if (body == NULL || !PyTuple_CheckExact(body) || PyTuple_GET_SIZE(body) == 0 ||
             PyTuple_GET_SIZE(c->heads) != 1 ||
@@ -379,6 +375,18 @@ converter_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     return made;
+}
+
+/* of(message, protocol): see the comment at the top. */
+static PyObject *
+converter_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "of(message, protocol)");
+        return NULL;
+    }
+    return of_message((ConverterObject *)self,
+                      (NativeState *)PyType_GetModuleState(Py_TYPE(self)), args[0], args[1]);
 }
 
 static PyObject *
@@ -429,4 +437,55 @@ cbcl_records_exec(PyObject *module)
     int r = PyModule_AddObjectRef(module, "RecordConverter", type);
     Py_DECREF(type);
     return r;
+}
+
+/* speedups.c's Decoder.decode(frame, type=C) in C: the message frame_message decoded (every
+ * check made, as without type=) converted into the record class `type` by its converter
+ * (the class's own __cbcl_converter__, not a base's) in the ordinary case record_of's C
+ * call takes — the converter trusts `registry.get(message.protocol)`, the body has the
+ * class's head and an intent it declares — so that no Python frame runs between the frame
+ * and the record. Returns the record (a new reference), None where anything else holds
+ * (the caller then runs the Python method, whose record_of decides and raises), or NULL
+ * with an exception. */
+CBCL_INTERNAL PyObject *cbcl_record_of_decoded(NativeState *st, PyObject *type,
+                                               PyObject *message, PyObject *registry);
+
+PyObject *
+cbcl_record_of_decoded(NativeState *st, PyObject *type, PyObject *message,
+                       PyObject *registry)
+{
+    static PyObject *converter_name, *get_name; /* interned once; never freed */
+    if (converter_name == NULL &&
+            (converter_name = PyUnicode_InternFromString("__cbcl_converter__")) == NULL)
+        return NULL;
+    if (get_name == NULL && (get_name = PyUnicode_InternFromString("get")) == NULL)
+        return NULL;
+    if (!PyType_Check(type) || st == NULL || st->message_fields_type == NULL ||
+            !PyObject_TypeCheck(message, st->message_fields_type) ||
+            ((MessageFieldsObject *)message)->protocol == NULL)
+        Py_RETURN_NONE;
+    PyObject *found = PyObject_GetAttr(type, converter_name);
+    if (found == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    ConverterObject *c = (ConverterObject *)found;
+    /* (a RecordConverter is known by its dealloc: every type made from converter_spec) */
+    if (Py_TYPE(found)->tp_dealloc != converter_dealloc || c->trusted == NULL ||
+            (PyObject *)c->cls != type) {
+        Py_DECREF(found);
+        Py_RETURN_NONE;
+    }
+    PyObject *protocol = PyObject_CallMethodOneArg(
+        registry, get_name, ((MessageFieldsObject *)message)->protocol);
+    if (protocol == NULL) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    PyObject *made = of_message(c, st, message, protocol);
+    Py_DECREF(protocol);
+    Py_DECREF(found);
+    return made;
 }
