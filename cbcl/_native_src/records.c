@@ -14,13 +14,14 @@
  *   RAW           stored as it is (str, int, Decimal, Symbol/Keyword/URI, a list of them
  *                 as a tuple, any Value)
  *   LOOKUP        a Literal: the dict `argument` maps the wire value (a Symbol, an int) to
- *                 the Python one; a miss calls the Python converter
+ *                 the Python one (its symbols the reader's interned ones, so a decoded
+ *                 value is found by identity); a miss calls the Python converter
  *   RECORD        a nested record: `argument` is its class's converter
  *   RECORDS_TUPLE / RECORDS_LIST  a list of nested records (`argument`, their converter),
  *                 made a tuple or a list
  *   LIST          list(value)
- *   BOOL          `argument` is the interned symbol true (identity: True), else the
- *                 Python converter decides
+ *   BOOL          `argument` is the interned symbols (true, false) (identity: True,
+ *                 False), else the Python converter decides
  *   CALL          the Python converter (a datetime, anything rarer)
  *
  * Calling the converter with a body does what `_from_body` does: an instance made by
@@ -122,8 +123,10 @@ convert_member(const MemberPlan *m, PyObject *v)
     case K_LIST:
         return PySequence_List(v);
     case K_BOOL:
-        if (v == m->arg)
+        if (v == PyTuple_GET_ITEM(m->arg, 0))
             return Py_NewRef(Py_True);
+        if (v == PyTuple_GET_ITEM(m->arg, 1))
+            return Py_NewRef(Py_False);
         return PyObject_CallOneArg(m->convert, v);
     default: /* K_CALL */
         return PyObject_CallOneArg(m->convert, v);
@@ -264,6 +267,8 @@ converter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
         if (kind < 0 || kind >= K_COUNT || !is_member_descriptor(p->descr))
             goto bad;
         if (kind == K_LOOKUP && !PyDict_CheckExact(p->arg))
+            goto bad;
+        if (kind == K_BOOL && (!PyTuple_CheckExact(p->arg) || PyTuple_GET_SIZE(p->arg) != 2))
             goto bad;
         if ((kind == K_RECORD || kind == K_RECORDS_TUPLE || kind == K_RECORDS_LIST) &&
                 Py_TYPE(p->arg) != type)
@@ -439,28 +444,29 @@ cbcl_records_exec(PyObject *module)
     return r;
 }
 
-/* speedups.c's Decoder.decode(frame, type=C) in C: the message frame_message decoded (every
- * check made, as without type=) converted into the record class `type` by its converter
- * (the class's own __cbcl_converter__, not a base's) in the ordinary case record_of's C
- * call takes — the converter trusts `registry.get(message.protocol)`, the body has the
- * class's head and an intent it declares — so that no Python frame runs between the frame
- * and the record. Returns the record (a new reference), None where anything else holds
- * (the caller then runs the Python method, whose record_of decides and raises), or NULL
- * with an exception. */
+/* speedups.c's Decoder.decode(frame, type=C) and parse(data, registry=R, type=C) in C: the
+ * message frame_message or parse_fast made (every check made, as without type=) converted
+ * into the record class `type` by its converter (the class's own __cbcl_converter__, not a
+ * base's) in the ordinary case record_of's C call takes — the converter trusts the
+ * protocol `protocols` (the registry's Registry._protocols_by_id(), the protocols those
+ * paths serve, each the object registry.get gives) holds for the message's id, the body
+ * has the class's head and an intent it declares — so that no Python frame runs between
+ * the frame and the record. Returns the record (a new reference), None where anything
+ * else holds (the caller then runs the Python method, whose record_of decides and
+ * raises), or NULL with an exception. */
 CBCL_INTERNAL PyObject *cbcl_record_of_decoded(NativeState *st, PyObject *type,
-                                               PyObject *message, PyObject *registry);
+                                               PyObject *message, PyObject *protocols);
 
 PyObject *
 cbcl_record_of_decoded(NativeState *st, PyObject *type, PyObject *message,
-                       PyObject *registry)
+                       PyObject *protocols)
 {
-    static PyObject *converter_name, *get_name; /* interned once; never freed */
+    static PyObject *converter_name; /* interned once; never freed */
     if (converter_name == NULL &&
             (converter_name = PyUnicode_InternFromString("__cbcl_converter__")) == NULL)
         return NULL;
-    if (get_name == NULL && (get_name = PyUnicode_InternFromString("get")) == NULL)
-        return NULL;
-    if (!PyType_Check(type) || st == NULL || st->message_fields_type == NULL ||
+    if (!PyType_Check(type) || !PyDict_CheckExact(protocols) || st == NULL ||
+            st->message_fields_type == NULL ||
             !PyObject_TypeCheck(message, st->message_fields_type) ||
             ((MessageFieldsObject *)message)->protocol == NULL)
         Py_RETURN_NONE;
@@ -478,14 +484,15 @@ cbcl_record_of_decoded(NativeState *st, PyObject *type, PyObject *message,
         Py_DECREF(found);
         Py_RETURN_NONE;
     }
-    PyObject *protocol = PyObject_CallMethodOneArg(
-        registry, get_name, ((MessageFieldsObject *)message)->protocol);
-    if (protocol == NULL) {
+    PyObject *protocol = PyDict_GetItemWithError(
+        protocols, ((MessageFieldsObject *)message)->protocol); /* borrowed */
+    if (protocol == NULL && PyErr_Occurred()) {
         Py_DECREF(found);
         return NULL;
     }
+    Py_XINCREF(protocol);
     PyObject *made = of_message(c, st, message, protocol);
-    Py_DECREF(protocol);
+    Py_XDECREF(protocol);
     Py_DECREF(found);
     return made;
 }

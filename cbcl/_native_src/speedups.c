@@ -2769,9 +2769,24 @@ static const CEntry DECODE_ENTRY = {
     {"decode", NULL, METH_FASTCALL | METH_KEYWORDS, NULL}, decoder_decode, decoder_bind,
     NULL, NULL};
 
-/* records.c: a decoded message as an instance of the record class `type`, or None. */
+/* records.c: a decoded message as an instance of the record class `type`, or None;
+ * protocols is the registry's _protocols_by_id() (parse_protocols, below). */
 CBCL_INTERNAL PyObject *cbcl_record_of_decoded(NativeState *st, PyObject *type,
-                                               PyObject *message, PyObject *registry);
+                                               PyObject *message, PyObject *protocols);
+static PyObject *parse_protocols(SpeedupsState *sp, PyObject *registry);
+
+/* cbcl_record_of_decoded for a message decoded with `registry`: None where the registry
+ * has no _protocols_by_id (the Python path decides). */
+static PyObject *
+record_of_decoded(NativeState *st, PyObject *type, PyObject *message, PyObject *registry)
+{
+    PyObject *protocols = parse_protocols(&st->speedups, registry);
+    if (protocols == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *made = cbcl_record_of_decoded(st, type, message, protocols);
+    Py_DECREF(protocols);
+    return made;
+}
 
 static PyObject *
 decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -2794,7 +2809,7 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
             if (message == Py_None)
                 Py_DECREF(message);
             else if (message != NULL && record_type != NULL && record_type != Py_None)
-                Py_SETREF(message, cbcl_record_of_decoded(st, record_type, message, registry));
+                Py_SETREF(message, record_of_decoded(st, record_type, message, registry));
             if (message == Py_None) /* (declined: the Python method decides) */
                 Py_DECREF(message);
         }
@@ -2974,7 +2989,7 @@ parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
             PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 1), "type") == 0) {
         PyObject *message = parse_fast(st, args[0], args[1]);
         if (message != NULL && message != Py_None)
-            Py_SETREF(message, cbcl_record_of_decoded(st, args[2], message, args[1]));
+            Py_SETREF(message, record_of_decoded(st, args[2], message, args[1]));
         if (message != Py_None)
             return message; /* (or NULL: an exception) */
         Py_DECREF(message);
