@@ -461,16 +461,12 @@ PyObject *
 cbcl_record_of_decoded(NativeState *st, PyObject *type, PyObject *message,
                        PyObject *protocols)
 {
-    static PyObject *converter_name; /* interned once; never freed */
-    if (converter_name == NULL &&
-            (converter_name = PyUnicode_InternFromString("__cbcl_converter__")) == NULL)
-        return NULL;
     if (!PyType_Check(type) || !PyDict_CheckExact(protocols) || st == NULL ||
-            st->message_fields_type == NULL ||
+            st->speedups.s_cbcl_converter == NULL || st->message_fields_type == NULL ||
             !PyObject_TypeCheck(message, st->message_fields_type) ||
             ((MessageFieldsObject *)message)->protocol == NULL)
         Py_RETURN_NONE;
-    PyObject *found = PyObject_GetAttr(type, converter_name);
+    PyObject *found = PyObject_GetAttr(type, st->speedups.s_cbcl_converter);
     if (found == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
             return NULL;

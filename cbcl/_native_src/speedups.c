@@ -2795,8 +2795,7 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
     SpeedupsState *sp = &st->speedups;
     /* (type=C: records.c's cbcl_record_of_decoded converts the message in C) */
     PyObject *record_type = kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
-        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "type") == 0 ? args[1]
-                                                                            : NULL;
+        PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), sp->s_type) == 0 ? args[1] : NULL;
     if (nargs == 1 && (kwnames == NULL || record_type != NULL) &&
             sp->decoder_frame_state != NULL && PyBytes_CheckExact(args[0])) {
         PyObject *message = Py_None; /* (borrowed while None: not decoded) */
@@ -2986,7 +2985,7 @@ parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
     if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 2 &&
             PyBytes_CheckExact(args[0]) && args[2] != Py_None &&
             PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), st->speedups.s_registry) == 0 &&
-            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 1), "type") == 0) {
+            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 1), st->speedups.s_type) == 0) {
         PyObject *message = parse_fast(st, args[0], args[1]);
         if (message != NULL && message != Py_None)
             Py_SETREF(message, record_of_decoded(st, args[2], message, args[1]));
@@ -3242,6 +3241,8 @@ cbcl_speedups_exec(PyObject *module, NativeState *st)
         (sp->s_acceptance = PyUnicode_InternFromString("acceptance")) == NULL ||
         (sp->s_registry = PyUnicode_InternFromString("registry")) == NULL ||
         (sp->s_protocols_by_id = PyUnicode_InternFromString("_protocols_by_id")) == NULL ||
+        (sp->s_cbcl_converter = PyUnicode_InternFromString("__cbcl_converter__")) == NULL ||
+        (sp->s_type = PyUnicode_InternFromString("type")) == NULL ||
         (sp->s_one_shot = PyUnicode_InternFromString("_one_shot")) == NULL)
         return -1;
     sp->decode_entry = DECODE_ENTRY;
@@ -3269,6 +3270,8 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(sp->s_acceptance);
     Py_VISIT(sp->s_registry);
     Py_VISIT(sp->s_protocols_by_id);
+    Py_VISIT(sp->s_cbcl_converter);
+    Py_VISIT(sp->s_type);
     Py_VISIT(sp->s_one_shot);
     Py_VISIT(sp->frame_state_type);
     for (int k = 0; k < ATOM_SLOTS; k++) {
@@ -3319,6 +3322,8 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->s_acceptance);
     Py_CLEAR(sp->s_registry);
     Py_CLEAR(sp->s_protocols_by_id);
+    Py_CLEAR(sp->s_cbcl_converter);
+    Py_CLEAR(sp->s_type);
     Py_CLEAR(sp->s_one_shot);
     Py_CLEAR(sp->frame_state_type);
     for (int k = 0; k < ATOM_SLOTS; k++) {
