@@ -1,15 +1,19 @@
-"""Write the shipped descriptors from their grammar files, and their signed copies.
+"""Write the shipped descriptors from their declarations or grammar files, and their signed
+copies.
 
     python descriptors/make_descriptors.py          # rewrite descriptors/*.cbcl
     python descriptors/make_descriptors.py --check  # exit 1 if any is out of date
 
-A descriptor carries its grammar as one CBCL string; the grammar files beside this script
-are the readable source, and ``cbcl.build_descriptor`` (also ``cbcl descriptor build``)
-puts them together. Each NAME.cbcl also gets NAME.signed.cbcl, whose payload is
-NAME.cbcl's exact bytes, signed with the example key keys/cbcl-example.key (its private
-half is public on purpose, so anyone can regenerate these; trust your own keys, never this
-one). Ed25519 signatures are deterministic, so --check compares bytes.
-tests/test_protocol.py runs --check.
+A protocol with a declaration, declarations/NAME.cbcl (spec/declarations.md), is built from
+it alone (``cbcl.descriptor_from_declaration``, also ``cbcl descriptor build``): grammar
+and schema both derived from its records. The others keep a hand-written grammar,
+grammars/NAME.lark, and their sections, sections/NAME.SECTION.cbcl, put together by
+``cbcl.build_descriptor``, which checks the schema against the grammar; HAND_WRITTEN says
+why each cannot be declared yet (spec/declarations.md §4). Each NAME.cbcl also gets
+NAME.signed.cbcl, whose payload is NAME.cbcl's exact bytes, signed with the example key
+keys/cbcl-example.key (its private half is public on purpose, so anyone can regenerate
+these; trust your own keys, never this one). Ed25519 signatures are deterministic, so
+--check compares bytes. tests/test_protocol.py runs --check.
 
 The descriptors in PACKAGED are also written, byte for byte, to ../cbcl/grammars/ (the package
 ``cbcl.grammars``), so they ship inside the wheel: cbcl-negotiation/v1, which every session
@@ -21,32 +25,56 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cbcl import build_descriptor
+from cbcl import build_descriptor, descriptor_from_declaration
 from cbcl.protocol._trust import load_private_key, sign_descriptor
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE_KEY = HERE / "keys" / "cbcl-example.key"
 
 # name: (protocol id, version, intents whose bodies the grammar governs, with their start
-# rules as INTENT=rule where they have one)
+# rules as INTENT=rule where they have one). A declared protocol's id, version and intents
+# are its declaration's; its entry here is what the tests compare the build with.
 SHIPPED = {
     "task-assignment-v1": ("task-assignment/v1", 1, "PROPOSE"),
     "contract-net-v1": ("contract-net/v1", 1, "CFP=cfp PROPOSE=proposal REFUSE=refusal "
                         "ACCEPT=acceptance REJECT=rejection INFORM=done FAILURE=failure"),
-    "request-v1": ("request/v1", 1, "REQUEST=request AGREE=agree REFUSE=refuse "
-                   "FAILURE=failure INFORM"),
+    "request-v1": ("request/v1", 2, "REQUEST=request AGREE=agree REFUSE=refuse "
+                   "FAILURE=failure INFORM=inform"),
     "canon-a-v1": ("canon-a/v1", 2, "QUERY REQUEST INFORM REFUSE FAILURE"),
     "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
                             "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),
+}
+#: The protocols built from descriptors/declarations/NAME.cbcl.
+DECLARED = ("request-v1",)
+#: The protocols whose bodies have a shape a declaration cannot say (yet), so their grammar
+#: stays hand-written and their schema is checked against it at every build.
+HAND_WRITTEN = {
+    "task-assignment-v1": "the task's first member is positional (KEYWORD STRING, in that "
+                          "place) and its attributes may repeat; a declaration's members "
+                          "are a keyword set, each once, in any order",
+    "contract-net-v1": "a refusal's :reason is a symbol (busy, unqualified, "
+                       "deadline-too-short) or a list (other STRING); a schema type is one "
+                       "or the other, and declared as any it would be any value",
+    "canon-a-v1": "every intent's start rule is body (any of the five bodies, the "
+                  "constraints section pairs them), a query's arguments may repeat and an "
+                  "error's come in a fixed order; a declaration has no constraints section",
+    "cbcl-negotiation-v1": "every session speaks it: its bytes are packaged and pinned by "
+                           "peers; (rejected …) has no record in its schema",
 }
 PACKAGE_DATA = HERE.parent / "cbcl" / "grammars"
 PACKAGED = ("cbcl-negotiation-v1", "contract-net-v1")
 
 
 def render(name: str) -> bytes:
-    """The descriptor, built by :func:`cbcl.build_descriptor` from the grammar file and each
-    section file of descriptors/sections/ (NAME.SECTION.cbcl) that exists."""
+    """The descriptor: built from declarations/NAME.cbcl for a declared protocol, else by
+    :func:`cbcl.build_descriptor` from the grammar file and each section file of
+    descriptors/sections/ (NAME.SECTION.cbcl) that exists."""
     ident, version, intents = SHIPPED[name]
+    if name in DECLARED:
+        return descriptor_from_declaration(
+            (HERE / "declarations" / f"{name}.cbcl").read_bytes(),
+            comment=f"{ident}: generated from descriptors/declarations/{name}.cbcl by\n"
+                    f"descriptors/make_descriptors.py. Edit that file and re-run it.")
 
     def section(part: str) -> bytes | None:
         path = HERE / "sections" / f"{name}.{part}.cbcl"

@@ -387,8 +387,8 @@ def test_cache_directory_open_to_others_is_not_used(tmp_path: Path) -> None:
 
 
 def test_compiled_data_is_validated() -> None:
-    grammar = (DESCRIPTORS / "grammars" / "request-v1.lark").read_text()
-    data = to_data(compile_grammar(grammar, starts=starts_of("request-v1")))
+    grammar = (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
+    data = to_data(compile_grammar(grammar, starts=starts_of("contract-net-v1")))
     assert from_data(json.loads(json.dumps(data))).verdict == "LALR(1)"
     forges: tuple[Callable[[dict[str, Any]], object], ...] = (
         lambda d: d["tables"]["actions"][0].update({"LPAR": 10**6}),

@@ -646,13 +646,13 @@ def test_cli_sign_verify_inspect_and_parse(cli_env: Path,
     assert run(capsys, "descriptor", "sign", "one.cbcl", "--key", "keys/bob.key",
                "-o", "two.cbcl")[0] == 0
     code, out, _ = run(capsys, "descriptor", "verify", "two.cbcl", "--trust", "trust")
-    assert code == 0 and out.startswith("verified request/v1 version 1 sha256:")
+    assert code == 0 and out.startswith("verified request/v1 version 2 sha256:")
     assert out.rstrip().endswith("signed by alice bob")
     code, out, _ = run(capsys, "descriptor", "inspect", "two.cbcl")
     assert code == 0
     assert out.splitlines()[0].startswith("UNVERIFIED")
     assert "id: request/v1" in out and "signatures: 'alice' 'bob'" in out
-    assert "grammar: " in out and "rules: body request" in out
+    assert "grammar: " in out and "rules: request agree" in out
     example = str(DESCRIPTORS / "examples" / "request-v1-inform-result.cbcl")
     code, out, err = run(capsys, "parse", example, "--descriptor", "two.cbcl", "--trust",
                          "trust", "--state", "state")

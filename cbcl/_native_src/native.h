@@ -151,6 +151,7 @@ typedef struct {
     PyObject *s_lpar, *s_rpar, *s_end, *s_string, *s_integer, *s_kinds[CBCL_TOKEN_CODES];
     PyObject *s_packed, *s_min_length, *s_max_length, *s_item, *s_start, *s_acceptance;
     PyObject *s_registry, *s_protocols_by_id, *s_one_shot;
+    PyObject *s_cbcl_converter, *s_type; /* records.c's type= hook: "__cbcl_converter__" */
     PyTypeObject *frame_state_type; /* cbcl._native.FrameState, this module's */
     /* the decoder's atom memo in front of its own caches */
     MemoSlot atom_memo[CBCL_MEMO_SLOTS];

@@ -14,13 +14,14 @@
  *   RAW           stored as it is (str, int, Decimal, Symbol/Keyword/URI, a list of them
  *                 as a tuple, any Value)
  *   LOOKUP        a Literal: the dict `argument` maps the wire value (a Symbol, an int) to
- *                 the Python one; a miss calls the Python converter
+ *                 the Python one (its symbols the reader's interned ones, so a decoded
+ *                 value is found by identity); a miss calls the Python converter
  *   RECORD        a nested record: `argument` is its class's converter
  *   RECORDS_TUPLE / RECORDS_LIST  a list of nested records (`argument`, their converter),
  *                 made a tuple or a list
  *   LIST          list(value)
- *   BOOL          `argument` is the interned symbol true (identity: True), else the
- *                 Python converter decides
+ *   BOOL          `argument` is the interned symbols (true, false) (identity: True,
+ *                 False), else the Python converter decides
  *   CALL          the Python converter (a datetime, anything rarer)
  *
  * Calling the converter with a body does what `_from_body` does: an instance made by
@@ -122,8 +123,10 @@ convert_member(const MemberPlan *m, PyObject *v)
     case K_LIST:
         return PySequence_List(v);
     case K_BOOL:
-        if (v == m->arg)
+        if (v == PyTuple_GET_ITEM(m->arg, 0))
             return Py_NewRef(Py_True);
+        if (v == PyTuple_GET_ITEM(m->arg, 1))
+            return Py_NewRef(Py_False);
         return PyObject_CallOneArg(m->convert, v);
     default: /* K_CALL */
         return PyObject_CallOneArg(m->convert, v);
@@ -265,6 +268,8 @@ converter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
             goto bad;
         if (kind == K_LOOKUP && !PyDict_CheckExact(p->arg))
             goto bad;
+        if (kind == K_BOOL && (!PyTuple_CheckExact(p->arg) || PyTuple_GET_SIZE(p->arg) != 2))
+            goto bad;
         if ((kind == K_RECORD || kind == K_RECORDS_TUPLE || kind == K_RECORDS_LIST) &&
                 Py_TYPE(p->arg) != type)
             goto bad;
@@ -343,21 +348,17 @@ converter_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return convert_body(c, PyTuple_GET_ITEM(args, 0));
 }
 
-/* of(message, protocol): see the comment at the top. */
+/* record_of's ordinary case for a message (over MessageFields) and the protocol its
+ * registry holds for it: the record (a new reference), None where the converter declines
+ * (the caller runs the Python reference), or NULL with an exception. */
 static PyObject *
-converter_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+of_message(ConverterObject *c, NativeState *st, PyObject *message, PyObject *protocol)
 {
-    ConverterObject *c = (ConverterObject *)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "of(message, protocol)");
-        return NULL;
-    }
-    NativeState *st = (NativeState *)PyType_GetModuleState(Py_TYPE(self));
     if (st == NULL || !st->ready || st->message_fields_type == NULL || c->cls == NULL ||
-            c->trusted == NULL || args[1] != c->trusted ||
-            !PyObject_TypeCheck(args[0], st->message_fields_type))
+            c->trusted == NULL || protocol != c->trusted ||
+            !PyObject_TypeCheck(message, st->message_fields_type))
         Py_RETURN_NONE;
-    MessageFieldsObject *m = (MessageFieldsObject *)args[0];
+    MessageFieldsObject *m = (MessageFieldsObject *)message;
     PyObject *body = m->body;
     if (body == NULL || !PyTuple_CheckExact(body) || PyTuple_GET_SIZE(body) == 0 ||
             PyTuple_GET_SIZE(c->heads) != 1 ||
@@ -379,6 +380,18 @@ converter_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     return made;
+}
+
+/* of(message, protocol): see the comment at the top. */
+static PyObject *
+converter_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "of(message, protocol)");
+        return NULL;
+    }
+    return of_message((ConverterObject *)self,
+                      (NativeState *)PyType_GetModuleState(Py_TYPE(self)), args[0], args[1]);
 }
 
 static PyObject *
@@ -429,4 +442,53 @@ cbcl_records_exec(PyObject *module)
     int r = PyModule_AddObjectRef(module, "RecordConverter", type);
     Py_DECREF(type);
     return r;
+}
+
+/* speedups.c's Decoder.decode(frame, type=C) and parse(data, registry=R, type=C) in C: the
+ * message frame_message or parse_fast made (every check made, as without type=) converted
+ * into the record class `type` by its converter (the class's own __cbcl_converter__, not a
+ * base's) in the ordinary case record_of's C call takes — the converter trusts the
+ * protocol `protocols` (the registry's Registry._protocols_by_id(), the protocols those
+ * paths serve, each the object registry.get gives) holds for the message's id, the body
+ * has the class's head and an intent it declares — so that no Python frame runs between
+ * the frame and the record. Returns the record (a new reference), None where anything
+ * else holds (the caller then runs the Python method, whose record_of decides and
+ * raises), or NULL with an exception. */
+CBCL_INTERNAL PyObject *cbcl_record_of_decoded(NativeState *st, PyObject *type,
+                                               PyObject *message, PyObject *protocols);
+
+PyObject *
+cbcl_record_of_decoded(NativeState *st, PyObject *type, PyObject *message,
+                       PyObject *protocols)
+{
+    if (!PyType_Check(type) || !PyDict_CheckExact(protocols) || st == NULL ||
+            st->speedups.s_cbcl_converter == NULL || st->message_fields_type == NULL ||
+            !PyObject_TypeCheck(message, st->message_fields_type) ||
+            ((MessageFieldsObject *)message)->protocol == NULL)
+        Py_RETURN_NONE;
+    PyObject *found = PyObject_GetAttr(type, st->speedups.s_cbcl_converter);
+    if (found == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    ConverterObject *c = (ConverterObject *)found;
+    /* (a RecordConverter is known by its dealloc: every type made from converter_spec) */
+    if (Py_TYPE(found)->tp_dealloc != converter_dealloc || c->trusted == NULL ||
+            (PyObject *)c->cls != type) {
+        Py_DECREF(found);
+        Py_RETURN_NONE;
+    }
+    PyObject *protocol = PyDict_GetItemWithError(
+        protocols, ((MessageFieldsObject *)message)->protocol); /* borrowed */
+    if (protocol == NULL && PyErr_Occurred()) {
+        Py_DECREF(found);
+        return NULL;
+    }
+    Py_XINCREF(protocol);
+    PyObject *made = of_message(c, st, message, protocol);
+    Py_XDECREF(protocol);
+    Py_DECREF(found);
+    return made;
 }

@@ -2926,8 +2926,9 @@ frame_message(NativeState *st, PyObject *data, PyObject *state, int require,
 
 /* Decoder.decode as a C method (cbcl/_native_src/entry.h): for one positional argument of exact bytes
  * and a decoder with a frame state (Decoder._frame_state), frame_message with the
- * decoder's registry and require_signatures. Anything else, or a frame decode_frame
- * declines, falls back to the Python method. */
+ * decoder's registry and require_signatures; with type=C as well, the message then made
+ * an instance of C by records.c's cbcl_record_of_decoded. Anything else, or a frame
+ * decode_frame or the conversion declines, falls back to the Python method. */
 static PyObject *decoder_decode(NativeState *st, PyObject *self, PyObject *const *args,
                                 Py_ssize_t nargs, PyObject *kwnames);
 static int decoder_bind(NativeState *st, PyTypeObject *owner);
@@ -2939,13 +2940,35 @@ static const CEntry DECODE_ENTRY = {
     {"decode", NULL, METH_FASTCALL | METH_KEYWORDS, NULL}, decoder_decode, decoder_bind,
     NULL, NULL};
 
+/* records.c: a decoded message as an instance of the record class `type`, or None;
+ * protocols is the registry's _protocols_by_id() (parse_protocols, below). */
+CBCL_INTERNAL PyObject *cbcl_record_of_decoded(NativeState *st, PyObject *type,
+                                               PyObject *message, PyObject *protocols);
+static PyObject *parse_protocols(SpeedupsState *sp, PyObject *registry);
+
+/* cbcl_record_of_decoded for a message decoded with `registry`: None where the registry
+ * has no _protocols_by_id (the Python path decides). */
+static PyObject *
+record_of_decoded(NativeState *st, PyObject *type, PyObject *message, PyObject *registry)
+{
+    PyObject *protocols = parse_protocols(&st->speedups, registry);
+    if (protocols == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    PyObject *made = cbcl_record_of_decoded(st, type, message, protocols);
+    Py_DECREF(protocols);
+    return made;
+}
+
 static PyObject *
 decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                PyObject *kwnames)
 {
     SpeedupsState *sp = &st->speedups;
-    if (nargs == 1 && kwnames == NULL && sp->decoder_frame_state != NULL &&
-            PyBytes_CheckExact(args[0])) {
+    /* (type=C: records.c's cbcl_record_of_decoded converts the message in C) */
+    PyObject *record_type = kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 1 &&
+        PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), sp->s_type) == 0 ? args[1] : NULL;
+    if (nargs == 1 && (kwnames == NULL || record_type != NULL) &&
+            sp->decoder_frame_state != NULL && PyBytes_CheckExact(args[0])) {
         PyObject *message = Py_None; /* (borrowed while None: not decoded) */
         PyObject *state = entry_get(sp->decoder_frame_state, self);
         PyObject *require = state == NULL ? NULL : entry_get(sp->decoder_require, self);
@@ -2954,6 +2977,10 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
             message = frame_message(st, args[0], state, require != Py_False,
                                     sp->decode_verified, registry);
             if (message == Py_None)
+                Py_DECREF(message);
+            else if (message != NULL && record_type != NULL && record_type != Py_None)
+                Py_SETREF(message, record_of_decoded(st, record_type, message, registry));
+            if (message == Py_None) /* (declined: the Python method decides) */
                 Py_DECREF(message);
         }
         Py_XDECREF(state);
@@ -3187,6 +3214,19 @@ parse_call(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *
     NativeState *st = native_state(module);
     if (st == NULL)
         return NULL;
+    /* parse(data, registry=R, type=C): parse_fast's message made an instance of C by
+     * records.c's cbcl_record_of_decoded; anything it declines, by the fallback */
+    if (nargs == 1 && kwnames != NULL && PyTuple_GET_SIZE(kwnames) == 2 &&
+            PyBytes_CheckExact(args[0]) && args[2] != Py_None &&
+            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), st->speedups.s_registry) == 0 &&
+            PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 1), st->speedups.s_type) == 0) {
+        PyObject *message = parse_fast(st, args[0], args[1]);
+        if (message != NULL && message != Py_None)
+            Py_SETREF(message, record_of_decoded(st, args[2], message, args[1]));
+        if (message != Py_None)
+            return message; /* (or NULL: an exception) */
+        Py_DECREF(message);
+    }
     return data_registry_call(st, &st->speedups.parse_entry, parse_fast, args, nargs,
                               kwnames);
 }
@@ -3444,6 +3484,8 @@ cbcl_speedups_exec(PyObject *module, NativeState *st)
         (sp->s_acceptance = PyUnicode_InternFromString("acceptance")) == NULL ||
         (sp->s_registry = PyUnicode_InternFromString("registry")) == NULL ||
         (sp->s_protocols_by_id = PyUnicode_InternFromString("_protocols_by_id")) == NULL ||
+        (sp->s_cbcl_converter = PyUnicode_InternFromString("__cbcl_converter__")) == NULL ||
+        (sp->s_type = PyUnicode_InternFromString("type")) == NULL ||
         (sp->s_one_shot = PyUnicode_InternFromString("_one_shot")) == NULL)
         return -1;
     sp->decode_entry = DECODE_ENTRY;
@@ -3471,6 +3513,8 @@ cbcl_speedups_traverse(NativeState *st, visitproc visit, void *arg)
     Py_VISIT(sp->s_acceptance);
     Py_VISIT(sp->s_registry);
     Py_VISIT(sp->s_protocols_by_id);
+    Py_VISIT(sp->s_cbcl_converter);
+    Py_VISIT(sp->s_type);
     Py_VISIT(sp->s_one_shot);
     Py_VISIT(sp->frame_state_type);
     for (int k = 0; k < ATOM_SLOTS; k++) {
@@ -3524,6 +3568,8 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->s_acceptance);
     Py_CLEAR(sp->s_registry);
     Py_CLEAR(sp->s_protocols_by_id);
+    Py_CLEAR(sp->s_cbcl_converter);
+    Py_CLEAR(sp->s_type);
     Py_CLEAR(sp->s_one_shot);
     Py_CLEAR(sp->frame_state_type);
     for (int k = 0; k < ATOM_SLOTS; k++) {

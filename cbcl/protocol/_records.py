@@ -600,9 +600,11 @@ def _member_kind(p: _Plan) -> tuple[int, Any]:
     tp = _bare(p.annotation)
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
-        return _LOOKUP, {(Symbol(v) if type(v) is str else v): v for v in typing.get_args(tp)}
+        # (the reader's shared symbols: a decoded value is found by identity, no __eq__)
+        return _LOOKUP, {(intern_symbol(str.__str__(Symbol(v)), pin=True) if type(v) is str
+                          else v): v for v in typing.get_args(tp)}
     if tp is bool:
-        return _BOOL, _TRUE
+        return _BOOL, (_TRUE, _FALSE)
     nested = _converter_of(tp)
     if nested is not None:
         return _RECORD, nested

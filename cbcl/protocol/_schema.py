@@ -543,6 +543,8 @@ _Field = tuple[int, Union[frozenset[type], None], int, Any, Any, Any, Any]  # no
 _PLAIN, _SIZED, _KEYED, _LISTED, _BETWEEN, _AT_LEAST, _AT_MOST, _TESTED, _MEMBER, _OPEN = \
     range(10)
 _ANY: _Spec = (None, _PLAIN, None, None)
+#: A boolean's _MEMBER set: the reader's shared true and false.
+_BOOLEAN_MEMBERS = frozenset((Symbol, intern_symbol(name, pin=True)) for name in ("true", "false"))
 _TUPLE = frozenset((tuple,))
 _NO_MAX = sys.maxsize  # longer than any str: no maximum length
 _NEVER = sys.maxsize  # more heads than any list has
@@ -682,6 +684,9 @@ def _atom_spec(t: AtomType) -> _Spec:
     ranged = low is not None or high is not None
     sized = t.min_length is not None or t.max_length is not None
     kinds = _ATOM_KINDS.get(kind)
+    if kind == "boolean" and not ranged and not sized and t.scheme is None and \
+            t.pattern is None:  # (a set of the shared symbols: no call, in C or Python)
+        return frozenset({Symbol}), _MEMBER, _BOOLEAN_MEMBERS, None
     if kinds is None or kind == "boolean" or t.scheme is not None:
         pass  # rare: the general predicate below
     elif t.pattern is not None:  # (the C twin calls the predicate: a pattern is Python's)
