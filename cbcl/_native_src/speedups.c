@@ -2944,18 +2944,21 @@ static const CEntry DECODE_ENTRY = {
  * protocols is the registry's _protocols_by_id() (parse_protocols, below). */
 CBCL_INTERNAL PyObject *cbcl_record_of_decoded(NativeState *st, PyObject *type,
                                                PyObject *message, PyObject *protocols);
-static PyObject *parse_protocols(SpeedupsState *sp, PyObject *registry);
+static PyObject *parse_protocols(SpeedupsState *sp, PyObject *registry, PyObject **fast);
 
 /* cbcl_record_of_decoded for a message decoded with `registry`: None where the registry
  * has no _protocols_by_id (the Python path decides). */
 static PyObject *
 record_of_decoded(NativeState *st, PyObject *type, PyObject *message, PyObject *registry)
 {
-    PyObject *protocols = parse_protocols(&st->speedups, registry);
-    if (protocols == NULL)
+    PyObject *fast = NULL;
+    PyObject *every = parse_protocols(&st->speedups, registry, &fast);
+    if (every == NULL)
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    PyObject *made = cbcl_record_of_decoded(st, type, message, protocols);
-    Py_DECREF(protocols);
+    Py_INCREF(fast); /* (borrowed from the state, which Python code run below may change) */
+    Py_DECREF(every);
+    PyObject *made = cbcl_record_of_decoded(st, type, message, fast);
+    Py_DECREF(fast);
     return made;
 }
 
