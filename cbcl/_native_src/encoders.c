@@ -329,46 +329,58 @@ decimal_parts_of_layout(PyObject *value, DecimalParts *d)
         m->digits < 1 || m->digits > MAX_DIGITS || m->len > MAX_DIGITS / 9 + 1)
         return DECLINE;
     const size_t *limbs = m->data;
-    char buf[MAX_DIGITS + 32];
-    Py_ssize_t n = 0;
-    for (Py_ssize_t i = m->len - 1; i >= 0; i--) { /* most significant first */
-        char tmp[24];
-        int k = 0;
+    /* The digits written backwards straight into place, least significant limb first:
+     * a lower limb has exactly LIMB_DIGITS (zero-padded), the top one no leading zero. */
+    char *const start = d->digits;
+    char *p = start + m->digits;
+    Py_ssize_t top = m->len - 1;
+    for (Py_ssize_t i = 0; i < top; i++) {
         size_t v = limbs[i];
-        while (v >= 100 && k < 18) { /* two digits at a time, backwards */
+        if (p - start < (Py_ssize_t)LIMB_DIGITS)
+            return DECLINE;
+        char *const stop = p - LIMB_DIGITS;
+        while (p - stop >= 2) {
             unsigned pair = (unsigned)(v % 100) * 2;
             v /= 100;
-            tmp[k++] = DIGIT_PAIRS[pair + 1];
-            tmp[k++] = DIGIT_PAIRS[pair];
+            *--p = DIGIT_PAIRS[pair + 1];
+            *--p = DIGIT_PAIRS[pair];
         }
-        do {
-            tmp[k++] = (char)('0' + v % 10);
+        if (p > stop) {
+            *--p = (char)('0' + v % 10);
             v /= 10;
-        } while (v && k < 20);
-        if (v)
-            return DECLINE;
-        if (i != m->len - 1) { /* a lower limb: zero-padded */
-            if (k > (int)LIMB_DIGITS)
-                return DECLINE;
-            while (k < (int)LIMB_DIGITS)
-                tmp[k++] = '0';
         }
-        if (n + k > (Py_ssize_t)sizeof(buf))
-            return DECLINE;
-        while (k)
-            buf[n++] = tmp[--k];
+        if (v)
+            return DECLINE; /* more than LIMB_DIGITS digits: not the layout it seemed */
     }
-    if (n != m->digits)
-        return DECLINE; /* not the layout it seemed to be */
+    size_t v = limbs[top];
+    while (v >= 100) {
+        if (p - start < 2)
+            return DECLINE;
+        unsigned pair = (unsigned)(v % 100) * 2;
+        v /= 100;
+        *--p = DIGIT_PAIRS[pair + 1];
+        *--p = DIGIT_PAIRS[pair];
+    }
+    if (v >= 10) {
+        if (p - start < 2)
+            return DECLINE;
+        *--p = DIGIT_PAIRS[v * 2 + 1];
+        *--p = DIGIT_PAIRS[v * 2];
+    } else {
+        if (p - start < 1)
+            return DECLINE;
+        *--p = (char)('0' + v);
+    }
+    if (p != start)
+        return DECLINE; /* fewer digits than m->digits: not the layout it seemed to be */
     d->sign = m->flags & 1;
     d->exponent = m->exp;
-    if (n == 1 && buf[0] == '0') {
+    if (m->digits == 1 && start[0] == '0') {
         d->ndigits = 0;
     } else {
-        if (buf[0] == '0')
+        if (start[0] == '0')
             return DECLINE;
-        memcpy(d->digits, buf, (size_t)n);
-        d->ndigits = n;
+        d->ndigits = m->digits;
     }
     return OK;
 }
