@@ -7,8 +7,10 @@ tested is that the C path gives what the Python reference gives, and calls no Py
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
+import pickle
 import random
 import sys
 from collections.abc import Iterator
@@ -246,10 +248,12 @@ def test_a_name_read_after_its_table_is_emptied_in_python_is_the_tables() -> Non
     assert keyword_after is _reader._KEYWORDS[keyword]
 
 
-def test_an_atom_made_in_place_is_what_str_new_makes() -> None:
-    """Atoms the C readers write field by field behave as str.__new__'s, every kind."""
-    rng = random.Random("in-place")
-    (name,) = _fresh(rng, 1)
+@pytest.mark.parametrize("stem", ["", "-and-a-name-too-long-to-be-compact-x"])
+def test_an_atom_made_in_place_is_what_str_new_makes(stem: str) -> None:
+    """Atoms the C readers write field by field behave as str.__new__'s, every kind, the
+    short ones written compact and the long ones as str.__new__ writes them."""
+    rng = random.Random("in-place" + stem)
+    name = next(_fresh(rng, 1)) + stem
     value, _, _ = _c_read(f"({name} :{name} agent://{name}/x)")
     for made, kind, text in zip(value, (Symbol, Keyword, URI),
                                 (name, name, f"agent://{name}/x"), strict=True):
@@ -257,8 +261,24 @@ def test_an_atom_made_in_place_is_what_str_new_makes() -> None:
         assert type(made) is kind and made == python and hash(made) == hash(python)
         assert str.__str__(made) == text and made.encode() == text.encode()
         assert len(made) == len(text) and made[1:] == text[1:] and made.isascii()
-        assert sys.getsizeof(made) == sys.getsizeof(python)
+        assert made.upper() == python.upper() and made.split("-") == python.split("-")
+        assert pickle.loads(pickle.dumps(made)) == made and copy.copy(made) == made
+        assert sys.getsizeof(made) <= sys.getsizeof(python)
         assert not hasattr(made, "__dict__")
+
+
+@pytest.mark.skipif(not (3, 11) <= sys.version_info[:2] <= (3, 13)
+                    or sys.implementation.name != "cpython",
+                    reason="atoms are written in place on CPython 3.11-3.13 only")
+def test_a_short_new_name_is_one_block() -> None:
+    """A new short name's atom is written as a compact str (its characters in the object,
+    one allocation: issue 35), smaller than str.__new__'s two blocks; a long one is not."""
+    rng = random.Random("compact")
+    short = next(_fresh(rng, 1))
+    long = short + "-" + "x" * 40
+    (made_short, made_long), _, _ = _c_read(f"({short} {long})")
+    assert sys.getsizeof(made_short) < sys.getsizeof(str.__new__(Symbol, short))
+    assert sys.getsizeof(made_long) == sys.getsizeof(str.__new__(Symbol, long))
 
 
 def test_no_collection_runs_while_a_body_of_new_names_is_read() -> None:
