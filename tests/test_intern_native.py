@@ -316,3 +316,20 @@ def test_no_collection_runs_while_a_body_of_new_names_is_read() -> None:
         assert seen == [True, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_new_keyword_is_interned_by_its_name_without_a_token_cache_entry() -> None:
+    """A keyword's intern table is its cache (as a symbol's): the C reader looks it up by
+    the name, enters a new one there only, and its memo never gives a keyword for the
+    symbol of the same name or the other way round (issue 35)."""
+    rng = random.Random("keyword-by-name")
+    names = list(_fresh(rng, 3))
+    text = "(" + " ".join(f":{n} {n} :{n}" for n in names) + ")"
+    for _ in range(2):  # (the second read: from the memo)
+        value, _, _ = _c_read(text)
+        for index, name in enumerate(names):
+            first, symbol, again = value[3 * index:3 * index + 3]
+            assert type(first) is Keyword and type(symbol) is Symbol
+            assert first is again is _reader._KEYWORDS[name] is cbcl.Keyword(name)
+            assert symbol is _reader._SYMBOLS[name]
+            assert f":{name}" not in _reader._CACHE

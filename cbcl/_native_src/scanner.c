@@ -32,9 +32,10 @@
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
  * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
- * keyword's or URI's token remembered in `cache` as cbcl.core._reader._atom remembers it
- * (a symbol's intern table is its cache: looked up first for a run that is a NAME, and a
- * new symbol goes there only); every other miss calls `make_atom(token,
+ * URI's token remembered in `cache` as cbcl.core._reader._atom remembers it (a symbol's
+ * and a keyword's intern table is its cache: looked up first for a run that is a NAME or
+ * ':' and a NAME, by the name, and a new one goes there only); every other miss calls
+ * `make_atom(token,
  * max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions, which makes
  * the atom, remembers it, or returns None). Python's rules stay the definition: the C
  * mirrors are held to them by tests/test_scanner.py, tests/test_intern_native.py and
@@ -769,6 +770,31 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
         Py_RETURN_NONE; /* a name over the limit (a number's run has none) */
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
+    if (ascii && p[i] == ':' && length >= 2 && st->scanner.intern.symbols != NULL &&
+            is_name(p, i + 1, k)) {
+        /* A keyword: its intern table is its cache, as a symbol's is, looked up by the
+         * name (the one str made for it; no token str, no token-cache entry), and its
+         * memo slot keyed by the name (kind 1: no symbol's entry matches it). */
+        if (length <= MEMO_CHARS) {
+            slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
+            PyObject *hit = memo_hit(slot, 1, p + i + 1, length - 1);
+            if (hit != NULL)
+                return hit;
+        }
+        PyObject *name = PyUnicode_New(length - 1, 127);
+        if (name == NULL)
+            return NULL;
+        memcpy(PyUnicode_DATA(name), p + i + 1, (size_t)length - 1);
+        PyObject *value = PyDict_GetItemWithError(st->scanner.intern.keywords, name);
+        if (value != NULL)
+            Py_INCREF(value);
+        else if (!PyErr_Occurred())
+            value = cbcl_intern_new_name(st, 1, name);
+        if (slot != NULL && value != NULL && value != Py_None)
+            memo_keep(slot, 1, name, value);
+        Py_DECREF(name);
+        return value;
+    }
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
         slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
         PyObject *hit = memo_hit(slot, 0, p + i, length);
