@@ -132,12 +132,25 @@ def test_the_intern_table_keeps_its_bound_and_its_pinned_names() -> None:
 
 
 def test_tokens_longer_than_the_cache_keeps_are_not_kept() -> None:
+    """(URIs with a character that is not ASCII: the ones make_atom makes and the cache
+    keeps; an ASCII URI is made in C and kept by the memo only.)"""
     rng = random.Random("long")
     (stem,) = _fresh(rng, 1)
-    long_uri = ("agent://" + stem * 20)[:_reader._CACHED_CHARS + 1]  # (URIs: no name limit)
-    short_uri = ("agent://" + stem * 20)[:_reader._CACHED_CHARS]
-    _c_read(f"({long_uri} {short_uri})")
+    long_uri = ("agent://é" + stem * 20)[:_reader._CACHED_CHARS + 1]  # (URIs: no name limit)
+    short_uri = ("agent://é" + stem * 20)[:_reader._CACHED_CHARS]
+    _c_read(f"({long_uri} {short_uri})", _reader._atom)
     assert long_uri not in _reader._CACHE and short_uri in _reader._CACHE
+
+
+def test_a_new_ascii_uri_is_made_in_c_without_a_token_cache_entry() -> None:
+    """An ASCII URI is made at once (no lookup, no insert: a URI has no identity to keep);
+    the memo gives the same object back while it holds it (issue 35)."""
+    rng = random.Random("uri-in-c")
+    (stem,) = _fresh(rng, 1)
+    uri = f"agent://{stem}.example.net/x"
+    (first, again), _, _ = _c_read(f"({uri} {uri})")
+    assert type(first) is URI and first == URI(uri) and again is first
+    assert uri not in _reader._CACHE
 
 
 def test_new_atoms_are_not_tracked_by_the_collector() -> None:

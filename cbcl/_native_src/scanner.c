@@ -32,9 +32,9 @@
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
  * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
- * URI's token remembered in `cache` as cbcl.core._reader._atom remembers it (a symbol's
- * and a keyword's intern table is its cache: looked up first for a run that is a NAME or
- * ':' and a NAME, by the name, and a new one goes there only); every other miss calls
+ * URI made (a symbol's and a keyword's intern table is its cache: looked up first for a
+ * run that is a NAME or ':' and a NAME, by the name, and a new one goes there only; an
+ * ASCII URI is made at once, the memo its only cache); every other miss calls
  * `make_atom(token,
  * max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions, which makes
  * the atom, remembers it, or returns None). Python's rules stay the definition: the C
@@ -823,6 +823,11 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
             Py_INCREF(value);
         else if (!PyErr_Occurred())
             value = cbcl_intern_new_name(st, 0, token);
+    } else if (ascii && st->scanner.intern.symbols != NULL && is_ascii_uri(p, i, k)) {
+        /* A URI: made here, as new_name_atom makes it, and not looked up nor put in the
+         * token cache (a URI has no identity to keep: the memo in front serves the ones
+         * that recur, and a new one costs no lookup and no insert). */
+        value = cbcl_new_atom(&st->values, 2, token);
     } else if ((value = PyDict_GetItemWithError(cache, token)) != NULL) {
         Py_INCREF(value);
     } else if (!PyErr_Occurred()) {
