@@ -770,17 +770,19 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
         Py_RETURN_NONE; /* a name over the limit (a number's run has none) */
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
-    if (ascii && p[i] == ':' && length >= 2 && st->scanner.intern.symbols != NULL &&
-            is_name(p, i + 1, k)) {
+    if (ascii && p[i] == ':' && length >= 2 && st->scanner.intern.symbols != NULL) {
         /* A keyword: its intern table is its cache, as a symbol's is, looked up by the
          * name (the one str made for it; no token str, no token-cache entry), and its
-         * memo slot keyed by the name (kind 1: no symbol's entry matches it). */
+         * memo slot keyed by the name (kind 1: no symbol's entry matches it, and only a
+         * keyword's name is kept under it, so a hit needs no NAME check). */
         if (length <= MEMO_CHARS) {
             slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
             PyObject *hit = memo_hit(slot, 1, p + i + 1, length - 1);
             if (hit != NULL)
                 return hit;
         }
+        if (!is_name(p, i + 1, k))
+            goto not_a_keyword;
         PyObject *name = PyUnicode_New(length - 1, 127);
         if (name == NULL)
             return NULL;
@@ -795,6 +797,8 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
         Py_DECREF(name);
         return value;
     }
+not_a_keyword:
+    slot = NULL;
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
         slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
         PyObject *hit = memo_hit(slot, 0, p + i, length);
