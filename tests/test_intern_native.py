@@ -7,8 +7,10 @@ tested is that the C path gives what the Python reference gives, and calls no Py
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
+import pickle
 import random
 import sys
 from collections.abc import Iterator
@@ -130,12 +132,25 @@ def test_the_intern_table_keeps_its_bound_and_its_pinned_names() -> None:
 
 
 def test_tokens_longer_than_the_cache_keeps_are_not_kept() -> None:
+    """(URIs with a character that is not ASCII: the ones make_atom makes and the cache
+    keeps; an ASCII URI is made in C and kept by the memo only.)"""
     rng = random.Random("long")
     (stem,) = _fresh(rng, 1)
-    long_uri = ("agent://" + stem * 20)[:_reader._CACHED_CHARS + 1]  # (URIs: no name limit)
-    short_uri = ("agent://" + stem * 20)[:_reader._CACHED_CHARS]
-    _c_read(f"({long_uri} {short_uri})")
+    long_uri = ("agent://é" + stem * 20)[:_reader._CACHED_CHARS + 1]  # (URIs: no name limit)
+    short_uri = ("agent://é" + stem * 20)[:_reader._CACHED_CHARS]
+    _c_read(f"({long_uri} {short_uri})", _reader._atom)
     assert long_uri not in _reader._CACHE and short_uri in _reader._CACHE
+
+
+def test_a_new_ascii_uri_is_made_in_c_without_a_token_cache_entry() -> None:
+    """An ASCII URI is made at once (no lookup, no insert: a URI has no identity to keep);
+    the memo gives the same object back while it holds it (issue 35)."""
+    rng = random.Random("uri-in-c")
+    (stem,) = _fresh(rng, 1)
+    uri = f"agent://{stem}.example.net/x"
+    (first, again), _, _ = _c_read(f"({uri} {uri})")
+    assert type(first) is URI and first == URI(uri) and again is first
+    assert uri not in _reader._CACHE
 
 
 def test_new_atoms_are_not_tracked_by_the_collector() -> None:
@@ -246,10 +261,12 @@ def test_a_name_read_after_its_table_is_emptied_in_python_is_the_tables() -> Non
     assert keyword_after is _reader._KEYWORDS[keyword]
 
 
-def test_an_atom_made_in_place_is_what_str_new_makes() -> None:
-    """Atoms the C readers write field by field behave as str.__new__'s, every kind."""
-    rng = random.Random("in-place")
-    (name,) = _fresh(rng, 1)
+@pytest.mark.parametrize("stem", ["", "-and-a-name-too-long-to-be-compact-x"])
+def test_an_atom_made_in_place_is_what_str_new_makes(stem: str) -> None:
+    """Atoms the C readers write field by field behave as str.__new__'s, every kind, the
+    short ones written compact and the long ones as str.__new__ writes them."""
+    rng = random.Random("in-place" + stem)
+    name = next(_fresh(rng, 1)) + stem
     value, _, _ = _c_read(f"({name} :{name} agent://{name}/x)")
     for made, kind, text in zip(value, (Symbol, Keyword, URI),
                                 (name, name, f"agent://{name}/x"), strict=True):
@@ -257,8 +274,24 @@ def test_an_atom_made_in_place_is_what_str_new_makes() -> None:
         assert type(made) is kind and made == python and hash(made) == hash(python)
         assert str.__str__(made) == text and made.encode() == text.encode()
         assert len(made) == len(text) and made[1:] == text[1:] and made.isascii()
-        assert sys.getsizeof(made) == sys.getsizeof(python)
+        assert made.upper() == python.upper() and made.split("-") == python.split("-")
+        assert pickle.loads(pickle.dumps(made)) == made and copy.copy(made) == made
+        assert sys.getsizeof(made) <= sys.getsizeof(python)
         assert not hasattr(made, "__dict__")
+
+
+@pytest.mark.skipif(not (3, 11) <= sys.version_info[:2] <= (3, 13)
+                    or sys.implementation.name != "cpython",
+                    reason="atoms are written in place on CPython 3.11-3.13 only")
+def test_a_short_new_name_is_one_block() -> None:
+    """A new short name's atom is written as a compact str (its characters in the object,
+    one allocation: issue 35), smaller than str.__new__'s two blocks; a long one is not."""
+    rng = random.Random("compact")
+    short = next(_fresh(rng, 1))
+    long = short + "-" + "x" * 40
+    (made_short, made_long), _, _ = _c_read(f"({short} {long})")
+    assert sys.getsizeof(made_short) < sys.getsizeof(str.__new__(Symbol, short))
+    assert sys.getsizeof(made_long) == sys.getsizeof(str.__new__(Symbol, long))
 
 
 def test_no_collection_runs_while_a_body_of_new_names_is_read() -> None:
@@ -296,3 +329,20 @@ def test_no_collection_runs_while_a_body_of_new_names_is_read() -> None:
         assert seen == [True, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_new_keyword_is_interned_by_its_name_without_a_token_cache_entry() -> None:
+    """A keyword's intern table is its cache (as a symbol's): the C reader looks it up by
+    the name, enters a new one there only, and its memo never gives a keyword for the
+    symbol of the same name or the other way round (issue 35)."""
+    rng = random.Random("keyword-by-name")
+    names = list(_fresh(rng, 3))
+    text = "(" + " ".join(f":{n} {n} :{n}" for n in names) + ")"
+    for _ in range(2):  # (the second read: from the memo)
+        value, _, _ = _c_read(text)
+        for index, name in enumerate(names):
+            first, symbol, again = value[3 * index:3 * index + 3]
+            assert type(first) is Keyword and type(symbol) is Symbol
+            assert first is again is _reader._KEYWORDS[name] is cbcl.Keyword(name)
+            assert symbol is _reader._SYMBOLS[name]
+            assert f":{name}" not in _reader._CACHE

@@ -32,9 +32,10 @@
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
  * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
- * keyword's or URI's token remembered in `cache` as cbcl.core._reader._atom remembers it
- * (a symbol's intern table is its cache: looked up first for a run that is a NAME, and a
- * new symbol goes there only); every other miss calls `make_atom(token,
+ * URI made (a symbol's and a keyword's intern table is its cache: looked up first for a
+ * run that is a NAME or ':' and a NAME, by the name, and a new one goes there only; an
+ * ASCII URI is made at once, the memo its only cache); every other miss calls
+ * `make_atom(token,
  * max_name)` (cbcl.core._reader._atom: the atom rules as regular expressions, which makes
  * the atom, remembers it, or returns None). Python's rules stay the definition: the C
  * mirrors are held to them by tests/test_scanner.py, tests/test_intern_native.py and
@@ -418,11 +419,15 @@ is_ascii_uri(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
  * exact ASCII str: allocated by PyObject_GC_New (untracked), its fields zeroed, then
  * length, hash (the text's), kind, ascii (and, before 3.12, ready), the buffer and the
  * UTF-8 pointer and length set as unicode_subtype_new sets them; it is freed by the
- * type's own dealloc as str.__new__'s are. That layout is CPython's, not a public API, so
+ * type's own dealloc as str.__new__'s are. A name short enough to fit in that object past
+ * a compact ASCII header (COMPACT_ROOM) is written instead as a compact ASCII str is, its
+ * characters inside the object: one allocation, not two (issue 35: a new name's cost is
+ * its memory more than its instructions). That layout is CPython's, not a public API, so
  * check_atoms_in_place (at exec, in each module object) requires that each type adds
  * nothing to str's layout and that atoms made here of sample texts match the ones
  * str.__new__ makes, field by field; where it does not hold (or the build is not one this
- * was written for), every atom is made by str.__new__. */
+ * was written for), every atom is made by str.__new__ (a compact atom is checked against the
+ * exact str of its text and str.__new__'s atom: its reads, hash and equality). */
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define CBCL_ATOMS_IN_PLACE 1
 #else
@@ -430,11 +435,37 @@ is_ascii_uri(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
 #endif
 
 #if CBCL_ATOMS_IN_PLACE
+/* The room an atom's object has for its characters when it is written compact: the type's
+ * size (str's non-compact PyUnicodeObject) past a compact ASCII header (PyASCIIObject),
+ * where a compact ASCII str keeps its characters and their NUL. */
+#define COMPACT_ROOM ((Py_ssize_t)(sizeof(PyUnicodeObject) - sizeof(PyASCIIObject)))
+
 static PyObject *
 atom_in_place(PyTypeObject *type, PyObject *text)
 {
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
     Py_hash_t hash = PyObject_Hash(text); /* (a str's: cached, and never fails) */
+    if (n < COMPACT_ROOM) {
+        /* A name that fits (most: 31 characters on 3.11, 23 from 3.12) is written as a
+         * compact ASCII str, its characters inside the object after the header, as
+         * PyUnicode_New writes an exact one: one allocation per atom, not two, and one
+         * block to touch. unicode_dealloc frees no buffer for a compact str, and tp_free
+         * (PyObject_GC_Del) frees the block. */
+        PyASCIIObject *a = (PyASCIIObject *)PyObject_GC_New(PyUnicodeObject, type);
+        if (a == NULL)
+            return NULL;
+        memset((char *)a + sizeof(PyObject), 0, sizeof(PyASCIIObject) - sizeof(PyObject));
+        a->length = n;
+        a->hash = hash;
+        a->state.kind = PyUnicode_1BYTE_KIND;
+        a->state.compact = 1;
+        a->state.ascii = 1;
+#if PY_VERSION_HEX < 0x030C0000
+        a->state.ready = 1;
+#endif
+        memcpy(a + 1, PyUnicode_DATA(text), (size_t)n + 1); /* (with its terminating NUL) */
+        return (PyObject *)a;
+    }
     char *data = PyObject_Malloc((size_t)n + 1);
     if (data == NULL)
         return PyErr_NoMemory();
@@ -467,6 +498,19 @@ same_fields(PyObject *mine, PyObject *theirs)
     PyASCIIObject *a = (PyASCIIObject *)mine, *b = (PyASCIIObject *)theirs;
     PyCompactUnicodeObject *ca = (PyCompactUnicodeObject *)mine,
                            *cb = (PyCompactUnicodeObject *)theirs;
+    if (a->state.compact) { /* (a short name: written as a compact str, not as theirs) */
+        Py_ssize_t size = -1;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(mine, &size);
+        return Py_TYPE(mine) == Py_TYPE(theirs) && a->length < COMPACT_ROOM &&
+               PyObject_Hash(mine) == PyObject_Hash(theirs) && a->length == b->length &&
+               a->hash == b->hash && a->state.interned == 0 && a->state.ascii &&
+               a->state.kind == b->state.kind && PyUnicode_IS_COMPACT_ASCII(mine) &&
+               utf8 == (const char *)(a + 1) && size == a->length &&
+               PyUnicode_DATA(mine) == (void *)(a + 1) &&
+               memcmp(PyUnicode_DATA(mine), PyUnicode_DATA(theirs),
+                      (size_t)a->length + 1) == 0 &&
+               PyUnicode_Compare(mine, theirs) == 0 && !PyErr_Occurred();
+    }
     if (Py_TYPE(mine) != Py_TYPE(theirs) || PyObject_Hash(mine) != PyObject_Hash(theirs) ||
             a->length != b->length || a->hash != b->hash ||
             a->state.interned != b->state.interned || a->state.kind != b->state.kind ||
@@ -490,8 +534,9 @@ static int
 check_atoms_in_place(const ValueTypes *vt)
 {
 #if CBCL_ATOMS_IN_PLACE
-    static const char *const samples[] = {"a", "agent://x.example.net/role", "purchase-order-7",
-                                          ""};
+    static const char *const samples[] = {
+        "a", "agent://x.example.net/role", "purchase-order-7", "",
+        "agent://warehouse.example.net/dispatch/orders/7"}; /* (the last: not compact) */
     for (int k = 0; k < 3; k++) {
         PyTypeObject *type = vt->inert[k];
         if (!PyType_IsSubtype(type, &PyUnicode_Type) ||
@@ -725,6 +770,35 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
         Py_RETURN_NONE; /* a name over the limit (a number's run has none) */
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
+    if (ascii && p[i] == ':' && length >= 2 && st->scanner.intern.symbols != NULL) {
+        /* A keyword: its intern table is its cache, as a symbol's is, looked up by the
+         * name (the one str made for it; no token str, no token-cache entry), and its
+         * memo slot keyed by the name (kind 1: no symbol's entry matches it, and only a
+         * keyword's name is kept under it, so a hit needs no NAME check). */
+        if (length <= MEMO_CHARS) {
+            slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
+            PyObject *hit = memo_hit(slot, 1, p + i + 1, length - 1);
+            if (hit != NULL)
+                return hit;
+        }
+        if (!is_name(p, i + 1, k))
+            goto not_a_keyword;
+        PyObject *name = PyUnicode_New(length - 1, 127);
+        if (name == NULL)
+            return NULL;
+        memcpy(PyUnicode_DATA(name), p + i + 1, (size_t)length - 1);
+        PyObject *value = PyDict_GetItemWithError(st->scanner.intern.keywords, name);
+        if (value != NULL)
+            Py_INCREF(value);
+        else if (!PyErr_Occurred())
+            value = cbcl_intern_new_name(st, 1, name);
+        if (slot != NULL && value != NULL && value != Py_None)
+            memo_keep(slot, 1, name, value);
+        Py_DECREF(name);
+        return value;
+    }
+not_a_keyword:
+    slot = NULL;
     if (length <= MEMO_CHARS && (ascii || chars == length)) {
         slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
         PyObject *hit = memo_hit(slot, 0, p + i, length);
@@ -753,6 +827,11 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
             Py_INCREF(value);
         else if (!PyErr_Occurred())
             value = cbcl_intern_new_name(st, 0, token);
+    } else if (ascii && st->scanner.intern.symbols != NULL && is_ascii_uri(p, i, k)) {
+        /* A URI: made here, as new_name_atom makes it, and not looked up nor put in the
+         * token cache (a URI has no identity to keep: the memo in front serves the ones
+         * that recur, and a new one costs no lookup and no insert). */
+        value = cbcl_new_atom(&st->values, 2, token);
     } else if ((value = PyDict_GetItemWithError(cache, token)) != NULL) {
         Py_INCREF(value);
     } else if (!PyErr_Occurred()) {
