@@ -68,12 +68,16 @@ def agree(message: Message, registry: Registry = SHIPPED,
     protocol = registry.get(message.protocol)
     checked = None if protocol is None else outcome(
         lambda: _api.check_outgoing(protocol, message, encoder.limits))
+    validated = outcome(lambda: cbcl.validate(message, registry=registry, limits=limits))
     with reference_only():
         reference = outcome(lambda: ENCODE_PYTHON(Encoder(registry, limits=limits), message))
         expected = None if protocol is None else outcome(
             lambda: _api.check_outgoing_python(protocol, message, encoder.limits))
+        validated_reference = outcome(
+            lambda: cbcl.validate(message, registry=registry, limits=limits))
     assert native == reference, message
     assert checked == expected, message
+    assert validated == validated_reference, message
     return native
 
 
@@ -83,6 +87,17 @@ def test_shipped_corpus_agrees_and_is_accepted_in_c() -> None:
         protocol = SHIPPED.get(message.protocol)
         assert protocol is not None
         assert _api._check_outgoing_c(protocol, message, DEFAULT_LIMITS) is True
+
+
+def test_validate_takes_the_c_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cbcl.validate of a message whose protocol the registry holds is check_outgoing: the
+    C tier decides the shipped corpus without the Python reference."""
+    def refused(*args: Any) -> None:
+        raise AssertionError("the Python reference ran")
+
+    monkeypatch.setattr(_api, "check_outgoing_python", refused)
+    for message in CORPUS[:20]:
+        cbcl.validate(message, registry=SHIPPED)  # (raises if the reference ran)
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])

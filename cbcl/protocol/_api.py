@@ -328,8 +328,9 @@ def validate(message: Message, *, registry: Registry, limits: Limits | None = No
     frame, by a :class:`Decoder` with the same limits (:class:`Encoder` also checks the
     frame's own size: it can exceed the text's by a few bytes per decimal).
 
-    Signatures are not checked (a receiver with a trust store verifies them). The walk that
-    checks the limits is in Python; only a message near a limit has its text written out.
+    Signatures are not checked (a receiver with a trust store verifies them). Where the
+    extension is built, the limits, pass 2 and the schema are checked in one C call
+    (:func:`check_outgoing`); only a message near a limit has its text written out.
 
     Raises what :func:`parse` raises on the canonical text, with positions in that text:
     :class:`LimitError`, :class:`UnknownProtocolError`, :class:`ProtocolError` (an intent
@@ -345,13 +346,12 @@ def validate(message: Message, *, registry: Registry, limits: Limits | None = No
     limits = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(limits, Limits):
         raise TypeError("limits must be a cbcl.Limits")
-    _check_limits(message, limits)
     protocol = registry.get(message.protocol)
-    if protocol is None:
-        _unknown_protocol(message.canonical(), message, limits)
-    _check_body(protocol, message, limits)
-    if protocol.constraints is not None:
-        protocol.constraints.check(message)
+    if protocol is not None:
+        check_outgoing(protocol, message, limits)  # (the C check where it is built)
+        return
+    _check_limits(message, limits)
+    _unknown_protocol(message.canonical(), message, limits)
 
 
 def check_outgoing(protocol: Protocol, message: Message, limits: Limits = DEFAULT_LIMITS,
