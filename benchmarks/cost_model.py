@@ -1,25 +1,21 @@
 """The cost model of spec/cbcl-1.0.md §1.1.1, checked on varied messages (issue 19).
 
-    time(µs) = fixed + per_byte × bytes + per_token × tokens + per_new_name × new_names
+    time(µs) = fixed + per_byte × bytes + per_token × tokens
 
 per operation: text parse (``cbcl.parse``, both passes), text read (``cbcl.read``) and
 binary decode (a reused ``cbcl.Decoder``; ``bytes`` is then the frame's size, ``tokens``
-always the text form's tokens: atoms and parentheses; ``new_names`` the message's
-distinct symbols, keywords and URIs when its set holds more distinct names than the
-reader's intern table keeps, ``_reader._INTERN_MAX``, so that they are new each time the
-set is read, else 0: issue 35's never-seen names). ``--fit`` measures the
+always the text form's tokens: atoms and parentheses). ``--fit`` measures the
 coefficients on a calibration set of request/v1 messages whose results mix long strings
 (many bytes per token) and short atoms (few), from ~300 B to ~16 KB, and of the shipped
-protocols' varied messages (``cbcl_bench.varied``) and of the mixed sets (``cbcl_bench.
-mixed_messages``: ~4 KB and ~64 KB rows of every atom kind, most names appearing once), by
-least squares of the relative error over sets timed in interleaved rounds. The check
-predicts, with the coefficients below (those of the spec), the mean time per message over
-each set of ``benchmarks/cliffs.py`` (1,000 different messages of ~370 B and ~4 KB, plain
-and with each rare atom), over a set of long-string messages and over mixed sets the fit
-did not see, and fails when one is off by more than TOLERANCE. The coefficients were
-measured on the reference machine (Python 3.11, x86_64, 2 shared vCPUs, C extension
-built); elsewhere ``--relative`` first scales them by the machine's factor (the median of
-measured / predicted over the sets) and checks the shape.
+protocols' varied messages (``cbcl_bench.varied``), by least squares of the relative
+error over sets timed in interleaved rounds. The check predicts,
+with the coefficients below (those of the spec), the mean time per message over each set
+of ``benchmarks/cliffs.py`` (1,000 different messages of ~370 B and ~4 KB, plain and with
+each rare atom) and over a set of long-string messages, and fails when one is off by more
+than TOLERANCE. The coefficients were measured on the reference machine (Python 3.11,
+x86_64, 2 shared vCPUs, C extension built); elsewhere ``--relative`` first scales them by
+the machine's factor (the median of measured / predicted over the sets) and checks the
+shape.
 
     .venv/bin/python benchmarks/cost_model.py [--fit] [--relative] [--rounds N]
 """
@@ -40,42 +36,28 @@ import installed
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cliffs
-from cbcl_bench import (
-    PROTOCOLS,
-    find_descriptors,
-    load_registry,
-    mixed_messages,
-    records as records_of,
-    varied,
-)
+from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, records as records_of, varied
 
 import cbcl
 from cbcl.core import _reader
 from cbcl.core._values import URI, Keyword, Symbol
 
 TOLERANCE = 0.25
-#: µs: (fixed, per byte, per token, per new name) on the reference machine
-#: (spec/cbcl-1.0.md §1.1.1).
+#: µs: (fixed, per byte, per token) on the reference machine (spec/cbcl-1.0.md §1.1.1).
 MODEL = {
-    "text parse": (1.94, 0.0011, 0.0253, 0.0),
-    "text read": (2.59, 0.0012, 0.0254, 0.0),
-    "binary decode": (1.32, 0.0002, 0.0227, 0.0),
+    "text parse": (1.94, 0.0011, 0.0253),
+    "text read": (2.59, 0.0012, 0.0254),
+    "binary decode": (1.32, 0.0002, 0.0227),
 }
-_NAME_KINDS = (_reader.KEYWORD, _reader.SYMBOL, _reader.URI_TOKEN)
 
 
-def tokens_of(text: str) -> tuple[int, frozenset[tuple[int, str]]]:
-    """The text's tokens, and its distinct names (kind, text)."""
+def tokens_of(text: str) -> int:
     count = 0
-    names = set()
     for m in _reader.TOKEN.finditer(text):
-        kind = m.lastindex
-        if kind == _reader.EOF:
-            break
+        if m.lastindex == _reader.EOF:
+            return count
         count += 1
-        if kind in _NAME_KINDS:
-            names.add((kind, m.group(kind)))
-    return count, frozenset(names)
+    return count  # pragma: no cover
 
 
 def calibration_message(rng: random.Random, i: int, records: int, padding: int,
@@ -108,14 +90,7 @@ def long_strings_message(rng: random.Random, i: int) -> cbcl.Message:
 class Sample:
     def __init__(self, message: cbcl.Message, text: bytes, frame: bytes) -> None:
         self.message, self.text, self.frame = message, text, frame
-        self.tokens, self.names = tokens_of(text.decode())
-        self.new_names = 0  # set by samples_of, for the whole set
-
-
-def predict(coefficients: tuple[float, float, float, float], size: int,
-            sample: Sample) -> float:
-    a, b, c, d = coefficients
-    return a + b * size + c * sample.tokens + d * sample.new_names
+        self.tokens = tokens_of(text.decode())
 
 
 def operations(registry: cbcl.Registry) -> dict[str, tuple[Callable[[Sample], object],
@@ -147,38 +122,35 @@ def time_sets(jobs: list[tuple[list[Sample], Callable[[Sample], object]]], round
     return [value * 1e6 for value in best]
 
 
-def fit(rows: list[tuple[float, float, float, float]]) -> tuple[float, float, float, float]:
-    """Least squares of t = a + b·bytes + c·tokens + d·new_names over ``(bytes, tokens,
-    new_names, t)`` rows, each row's error relative to its t (weights 1/t²): the check
-    judges relative errors, and in absolute terms the largest messages would decide the
-    fixed term. With no row of new names, d is 0."""
-    terms = 4 if any(row[2] for row in rows) else 3
-    # The weighted normal equations (no numpy needed): each row (1, bytes, tokens[,
-    # new_names]) -> t, scaled by 1/t, solved by Gaussian elimination with pivoting.
-    scaled = [tuple(u / row[-1] for u in (1.0, *row[:terms - 1])) for row in rows]
-    m = [[sum(u[i] * u[j] for u in scaled) for j in range(terms)]
-         + [sum(u[i] for u in scaled)] for i in range(terms)]
-    for col in range(terms):
-        pivot = max(range(col, terms), key=lambda r: abs(m[r][col]))
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(terms):
-            if r != col:
-                factor = m[r][col] / m[col][col]
-                m[r] = [x - factor * y for x, y in zip(m[r], m[col], strict=True)]
-    out = [m[k][terms] / m[k][k] for k in range(terms)] + [0.0] * (4 - terms)
-    return out[0], out[1], out[2], out[3]
+def fit(rows: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least squares of t = a + b·bytes + c·tokens over ``(bytes, tokens, t)`` rows, each
+    row's error relative to its t (weights 1/t²): the check judges relative errors, and
+    in absolute terms the largest messages would decide the fixed term."""
+    # The weighted normal equations, 3x3, solved by Cramer's rule (no numpy needed): each
+    # row (1, bytes, tokens) -> t scaled by 1/t.
+    scaled = [((1 / t, x / t, y / t), 1.0) for x, y, t in rows]
+    m = [[sum(u[i] * u[j] for u, _ in scaled) for j in range(3)] for i in range(3)]
+    v = [sum(u[i] * w for u, w in scaled) for i in range(3)]
+
+    def det(a: list[list[float]]) -> float:
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)
+    out = []
+    for col in range(3):
+        a = [row[:] for row in m]
+        for r in range(3):
+            a[r][col] = v[r]
+        out.append(det(a) / d)
+    return out[0], out[1], out[2]
 
 
 def samples_of(messages: list[cbcl.Message], encoder: cbcl.Encoder,
                texts: list[bytes] | None = None) -> list[Sample]:
-    """The set's samples; their names count as new when the set holds more distinct
-    names than the intern table keeps (each pass over it then meets them anew)."""
     texts = texts or [cbcl.canonical(m).encode() for m in messages]
-    samples = [Sample(m, t, encoder.encode(m)) for m, t in zip(messages, texts, strict=True)]
-    if len(frozenset().union(*(s.names for s in samples))) > _reader._INTERN_MAX:
-        for sample in samples:
-            sample.new_names = len(sample.names)
-    return samples
+    return [Sample(m, t, encoder.encode(m)) for m, t in zip(messages, texts, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,25 +182,20 @@ def main(argv: list[str] | None = None) -> int:
             for size_class in ("small", "medium"):
                 groups.append(samples_of(varied(protocol, size_class, 100, seed=29),
                                          encoder))
-        # and the mixed sets' rows (every atom kind, most names appearing once: issue 33),
-        # ~4 KB and ~64 KB
-        for size_class, count in (("mixed-4k", 100), ("mixed-64k", 20)):
-            groups.append(samples_of(mixed_messages(size_class, count, "fit"), encoder))
         jobs = [(g, function) for function, _ in ops.values() for g in groups]
         times = iter(time_sets(jobs, args.rounds))
         for name, (_function, size) in ops.items():
             rows = [(statistics.fmean(map(size, g)), statistics.fmean(s.tokens for s in g),
-                     statistics.fmean(s.new_names for s in g), next(times)) for g in groups]
+                     next(times)) for g in groups]
             model[name] = coefficients = fit(rows)
             if args.verbose:
                 for row in rows:
-                    print(f"  {name}: {row[0]:.0f} B, {row[1]:.0f} tokens, {row[2]:.0f} new "
-                          f"names, {row[3]:.2f} µs")
-            a, b, c, d = coefficients
-            errors = [abs(a + b * x + c * k + d * n - t) / t for x, k, n, t in rows]
-            print(f"fit {name}: fixed {a:.2f} µs, {b:.4f} µs/byte, {c:.4f} µs/token, "
-                  f"{d:.4f} µs/new name (median error {statistics.median(errors):.1%}, "
-                  f"worst {max(errors):.1%})")
+                    print(f"  {name}: {row[0]:.0f} B, {row[1]:.0f} tokens, {row[2]:.2f} µs")
+            errors = [abs(coefficients[0] + coefficients[1] * b + coefficients[2] * k - t) / t
+                      for b, k, t in rows]
+            print(f"fit {name}: fixed {coefficients[0]:.2f} µs, {coefficients[1]:.4f} µs/byte, "
+                  f"{coefficients[2]:.4f} µs/token (median error "
+                  f"{statistics.median(errors):.1%}, worst {max(errors):.1%})")
     sets: dict[str, list[Sample]] = {}
     for size_class, make in (("small", cliffs.small_message),
                              ("medium", cliffs.medium_message)):
@@ -243,15 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(23)
     sets["long strings"] = samples_of([long_strings_message(rng, i) for i in range(300)],
                                       encoder)
-    for size_class, count in (("mixed-4k", 300), ("mixed-64k", 30)):
-        sets[size_class] = samples_of(mixed_messages(size_class, count, "check"), encoder)
     results = []
     checks = [(set_name, name) for set_name in sets for name in ops]
     measurements = time_sets([(sets[set_name], ops[name][0]) for set_name, name in checks],
                              args.rounds)
     for (set_name, name), measured in zip(checks, measurements, strict=True):
         samples, size = sets[set_name], ops[name][1]
-        predicted = statistics.fmean(predict(model[name], size(s), s) for s in samples)
+        a, b, c = model[name]
+        predicted = statistics.fmean(a + b * size(s) + c * s.tokens for s in samples)
         results.append((set_name, name, measured, predicted))
     factor = statistics.median(m / p for _, _, m, p in results) if args.relative else 1.0
     worst = 0.0
