@@ -364,6 +364,7 @@ _FastValue = Callable[[Any, Message], Value]  # (body, message): the body is any
 _Test = Callable[[Any, Message], bool]
 _NO_RULES: tuple[tuple[Rule, _Test], ...] = ()
 _FALLBACK = _Fallback()
+_HEAD: Value = (Symbol("head"),)
 
 
 def _worst_steps(expr: Value) -> int:
@@ -515,6 +516,14 @@ def _test(expr: Value) -> _Test:
     if name == "has":
         member = _member_of(_path_of(args))
         return lambda body, message: member(body) is not _MISSING
+    if name == "=" and len(args) == 2 and (args[0] == _HEAD or args[1] == _HEAD):
+        known, fixed = _constant(args[1] if args[0] == _HEAD else args[0])
+        if known and type(fixed) is Symbol:  # (= (head) (quote query)): one read
+            def head_is(body: Value, message: Message) -> bool:
+                return type(body) is tuple and len(body) > 0 and \
+                    type(head := body[0]) is Symbol and \
+                    (head is fixed or str.__str__(head) == str.__str__(fixed))
+            return head_is
     if name == "not":
         inner = _fast_value(args[0])
 
