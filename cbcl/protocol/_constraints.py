@@ -125,7 +125,8 @@ class Constraints:
     reads: dict[Intent, frozenset[Read]] = field(default_factory=dict)
     #: Per intent, its stateless rules as unmetered tests (:func:`_plan`), or ``None``
     #: where they must run metered (a rule made by hand, or a worst case over the budget).
-    fast: dict[Intent, tuple[tuple[Rule, _Test], ...] | None] = field(init=False)
+    fast: dict[Intent, tuple[tuple[Rule, _Test], ...] | None] = field(
+        init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         stateless: dict[Intent, list[Rule]] = {}
