@@ -48,6 +48,7 @@ from ._evaluator import (
     _ArgError,
     _atom,
     _kind,
+    _same,
     read_functions,
     run,
 )
@@ -122,6 +123,10 @@ class Constraints:
     stateless: dict[Intent, tuple[Rule, ...]] = field(init=False)
     stateful: dict[Intent, tuple[Rule, ...]] = field(init=False)
     reads: dict[Intent, frozenset[Read]] = field(default_factory=dict)
+    #: Per intent, its stateless rules as unmetered tests (:func:`_plan`), or ``None``
+    #: where they must run metered (a rule made by hand, or a worst case over the budget).
+    fast: dict[Intent, tuple[tuple[Rule, _Test], ...] | None] = field(
+        init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         stateless: dict[Intent, list[Rule]] = {}
@@ -131,14 +136,28 @@ class Constraints:
                 (stateful if rule.earlier else stateless).setdefault(intent, []).append(rule)
         object.__setattr__(self, "stateless", {k: tuple(v) for k, v in stateless.items()})
         object.__setattr__(self, "stateful", {k: tuple(v) for k, v in stateful.items()})
+        object.__setattr__(self, "fast", {k: _plan(v) for k, v in self.stateless.items()})
 
     def check(self, message: Message) -> None:
         """Apply the stateless rules of the message's intent. Raises
         :class:`ConstraintError` for a rule that does not hold, :class:`LimitError` when
         the rules exceed :data:`MAX_STEPS`."""
-        rules = self.stateless.get(message.intent)
-        if rules:
-            _apply(rules, _MessageContext(message, None), self.functions)
+        plan = self.fast.get(message.intent, _NO_RULES)
+        if plan is None:
+            _apply(self.stateless[message.intent], _MessageContext(message, None),
+                   self.functions)
+            return
+        body = message.body
+        for rule, test in plan:
+            try:
+                if test(body, message):
+                    continue
+            except (_Fallback, _ArgError):
+                pass
+            # Not shown to hold: the reference judges this rule alone, and raises what the
+            # metered run of all the rules would (the earlier ones held; no run of these
+            # rules can exhaust the budget, or there would be no plan).
+            _apply((rule,), _MessageContext(message, None), self.functions)
 
     def check_in_conversation(self, message: Message,
                               history: dict[Intent, Snapshot]) -> None:
@@ -317,6 +336,249 @@ def _compile(expr: Value, path: str = "$") -> Compiled:
             raise EvaluationError(f"{where}: {name}: argument {exc.index}: {exc}",
                                   path=where) from None
     return call
+
+
+# ---------------------------------------------------------------- the unmetered fast path
+#
+# The closures above are exact but pay for it per node: a step charged, a call per atom, a
+# Context method per form, the form's arguments checked again at every message. Most rule
+# sets can skip all of that. The steps a check takes depend on the data only through the
+# branches if/and/or take, so its worst case is known at load (_worst_steps); where the
+# worst cases of all the stateless rules of an intent together fit in MAX_STEPS, no message
+# can exhaust the budget, and the meter is dropped for that intent (the budget is counted
+# exactly as before, and provably never runs out there). Each rule then becomes a *test*:
+# a closure over (body, message) that answers True only when the rule's check evaluates to
+# ``true`` — with keyword paths resolved at load, constants folded (a call on constants is
+# applied once, at load, when that succeeds), ``(head)``, ``(has …)`` and comparisons of a
+# field with a constant specialised. A test may answer False, or raise _Fallback or
+# _ArgError, for anything else (false, a non-boolean, absent data, a bad argument): the
+# rule is then judged again by the metered closures alone, which give the exact verdict
+# and error. So the fast path only has to be sound when it says "holds"; its refusals cost
+# one more (bounded) evaluation of the one rule that failed. Rules with earlier/seen keep
+# the metered closures (the conversation tracker).
+
+class _Fallback(Exception):
+    """A fast test met something it does not judge itself (the reference will)."""
+
+
+_FastValue = Callable[[Any, Message], Value]  # (body, message): the body is any Value
+_Test = Callable[[Any, Message], bool]
+_NO_RULES: tuple[tuple[Rule, _Test], ...] = ()
+_FALLBACK = _Fallback()
+_HEAD: Value = (Symbol("head"),)
+
+
+def _worst_steps(expr: Value) -> int:
+    """The most steps the evaluator can spend on a loaded check (depth bounded at load)."""
+    if type(expr) is not tuple:
+        return 1
+    name = str(expr[0])
+    if name == "earlier":
+        return 1 + _worst_steps(expr[2])
+    if name in CONTEXT_FORMS:
+        return 1
+    children = [_worst_steps(arg) for arg in expr[1:]]
+    if name == "if":
+        return 1 + children[0] + max(children[1], children[2])
+    return 1 + sum(children)
+
+
+def _plan(rules: tuple[Rule, ...]) -> tuple[tuple[Rule, _Test], ...] | None:
+    """An intent's stateless rules as fast tests, or ``None`` where they must run metered:
+    a rule not loaded by :func:`read_constraints`, or worst cases over :data:`MAX_STEPS`."""
+    if any(rule.compiled is None for rule in rules) or \
+            sum(_worst_steps(rule.check) for rule in rules) > MAX_STEPS:
+        return None
+    return tuple((rule, _test(rule.check)) for rule in rules)
+
+
+def _member_of(path: tuple[str, ...]) -> Callable[[Value], Any]:
+    """:func:`_member` with its path fixed (one key: a loop of its own)."""
+    if len(path) != 1:
+        return lambda body: _member(body, path)
+    key = path[0]
+    keyword = Keyword(key)  # (the interned object, where the reader has one)
+
+    def member(value: Value) -> Any:
+        if type(value) is not tuple:
+            return _MISSING
+        i, count = 0, len(value)
+        while i < count and type(value[i]) is not Keyword:
+            i += 1  # the heads
+        while i + 1 < count and type(value[i]) is Keyword:
+            if value[i] is keyword or str.__str__(value[i]) == key:
+                return value[i + 1]
+            i += 2
+        return _MISSING
+    return member
+
+
+def _bool(value: Value) -> Value:
+    """``value``, as the very object :data:`TRUE` or :data:`FALSE` where it equals one (so
+    that the fast tests compare by identity)."""
+    if value is TRUE or value is FALSE or type(value) is not Symbol:
+        return value
+    return TRUE if value == TRUE else FALSE if value == FALSE else value
+
+
+def _constant(expr: Value) -> tuple[bool, Value | None]:
+    """(True, its value) for an expression whose value is known at load, else (False, …)."""
+    if type(expr) is not tuple:
+        return True, _bool(_atom(expr))
+    name = str(expr[0])
+    if name == "quote":
+        return True, _bool(expr[1])
+    if name in CONTEXT_FORMS or name in ("if", "and", "or"):
+        return False, None
+    args: list[Value] = []
+    for arg in expr[1:]:
+        known, value = _constant(arg)
+        if not known:
+            return False, None
+        args.append(cast(Value, value))
+    apply = LIBRARY[name].apply
+    assert apply is not None  # ((now) is refused at load; the lazy ones are above)
+    try:
+        return True, _bool(apply(args))
+    except _ArgError:
+        return False, None  # (an error: left to run time, and so to the reference)
+
+
+def _fast_value(expr: Value) -> _FastValue:
+    """The value of a loaded stateless expression, or :class:`_Fallback`/_ArgError."""
+    known, constant = _constant(expr)
+    if known:
+        return lambda body, message: cast(Value, constant)
+    assert type(expr) is tuple
+    name, args = str(expr[0]), expr[1:]
+    if name == "field":
+        member = _member_of(_path_of(args))
+
+        def field_(body: Value, message: Message) -> Value:
+            found = member(body)
+            if found is _MISSING:
+                raise _FALLBACK
+            return found  # type: ignore[no-any-return]
+        return field_
+    if name == "head":
+        def head(body: Value, message: Message) -> Value:
+            if type(body) is not tuple or not body:
+                raise _FALLBACK
+            return body[0]
+        return head
+    if name in ("envelope", "has-envelope"):
+        attribute = ENVELOPE_FIELDS[_envelope_name(args)]
+        if name == "has-envelope":
+            return lambda body, message: FALSE if getattr(message, attribute) is None \
+                else TRUE
+
+        def envelope(body: Value, message: Message) -> Value:
+            value = getattr(message, attribute)
+            if value is None:
+                raise _FALLBACK
+            return value  # type: ignore[no-any-return]
+        return envelope
+    if name in ("has", "and", "or", "not"):  # (tests that are exact both ways)
+        test = _test(expr)
+        return lambda body, message: TRUE if test(body, message) else FALSE
+    children = [_fast_value(arg) for arg in args]
+    if name == "if":
+        decide, then, otherwise = children
+
+        def if_(body: Value, message: Message) -> Value:
+            decided = decide(body, message)
+            if decided is TRUE or (decided is not FALSE and decided == TRUE):
+                return then(body, message)
+            if decided is FALSE or decided == FALSE:
+                return otherwise(body, message)
+            raise _FALLBACK
+        return if_
+    apply = LIBRARY[name].apply
+    assert apply is not None
+    return lambda body, message: apply([child(body, message) for child in children])
+
+
+_ORDER: dict[str, Callable[[Any, Any], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def _test(expr: Value) -> _Test:
+    """A loaded stateless check as a fast test: ``True`` only when it evaluates to
+    ``true``; ``False``, :class:`_Fallback` or ``_ArgError`` otherwise (the caller then asks
+    the reference). Where a test returns ``False`` for a check whose value is ``false``,
+    it is exact too (``not``, ``and`` and ``or`` rely on it)."""
+    known, constant = _constant(expr)
+    if known:
+        holds = constant is TRUE
+        return lambda body, message: holds
+    assert type(expr) is tuple
+    name, args = str(expr[0]), expr[1:]
+    if name == "has":
+        member = _member_of(_path_of(args))
+        return lambda body, message: member(body) is not _MISSING
+    if name == "=" and len(args) == 2 and (args[0] == _HEAD or args[1] == _HEAD):
+        known, fixed = _constant(args[1] if args[0] == _HEAD else args[0])
+        if known and type(fixed) is Symbol:  # (= (head) (quote query)): one read
+            def head_is(body: Value, message: Message) -> bool:
+                return type(body) is tuple and len(body) > 0 and \
+                    type(head := body[0]) is Symbol and \
+                    (head is fixed or str.__str__(head) == str.__str__(fixed))
+            return head_is
+    if name == "not":
+        inner = _fast_value(args[0])
+
+        def not_(body: Value, message: Message) -> bool:
+            value = inner(body, message)
+            if value is FALSE or (value is not TRUE and value == FALSE):
+                return True
+            if value is TRUE or value == TRUE:
+                return False
+            raise _FALLBACK
+        return not_
+    if name in ("and", "or"):
+        values = [_fast_value(arg) for arg in args]
+        stop = FALSE if name == "and" else TRUE
+
+        def logic(body: Value, message: Message) -> bool:
+            result: Value = stop
+            for value in values:
+                result = value(body, message)
+                if result is not TRUE and result is not FALSE:
+                    result = _bool(result)  # (a true or false read from the body)
+                    if result is not TRUE and result is not FALSE:
+                        raise _FALLBACK
+                if result is stop:
+                    break
+            return result is TRUE
+        return logic
+    if name in ("=", "!=") and len(args) == 2:
+        left, right = (_constant(arg) for arg in args)
+        if left[0] or right[0]:  # a datum against a constant (the other side is not one)
+            fixed = cast(Value, left[1] if left[0] else right[1])
+            other = _fast_value(args[1] if left[0] else args[0])
+            equal = name == "="
+            if type(fixed) is Symbol:  # (= (head) (quote query)): type and text
+                def symbol(body: Value, message: Message) -> bool:
+                    found = other(body, message)
+                    return (type(found) is Symbol
+                            and (found is fixed or str.__eq__(found, fixed))) is equal
+                return symbol
+            return lambda body, message: _same(other(body, message), fixed) is equal
+    if name in _ORDER and len(args) == 2:
+        left_value, right_value = _fast_value(args[0]), _fast_value(args[1])
+        order = _ORDER[name]
+        apply = LIBRARY[name].apply
+        assert apply is not None
+
+        def compare(body: Value, message: Message) -> bool:
+            a, b = left_value(body, message), right_value(body, message)
+            if type(a) is int and type(b) is int:
+                return order(a, b)
+            return apply([a, b]) is TRUE
+        return compare
+    whole = _fast_value(expr)
+    return lambda body, message: _bool(whole(body, message)) is TRUE
 
 
 def _refused(rule: Rule, detail: str | None) -> ConstraintError:
