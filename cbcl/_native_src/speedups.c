@@ -2979,11 +2979,11 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
         if (registry != NULL && state != Py_None) {
             message = frame_message(st, args[0], state, require != Py_False,
                                     sp->decode_verified, registry);
-            if (message == Py_None)
-                Py_DECREF(message);
-            else if (message != NULL && record_type != NULL && record_type != Py_None)
+            if (message != NULL && message != Py_None && record_type != NULL &&
+                    record_type != Py_None)
                 Py_SETREF(message, record_of_decoded(st, record_type, message, registry));
-            if (message == Py_None) /* (declined: the Python method decides) */
+            if (message == Py_None) /* (declined: the Python method decides; its reference
+                                     * dropped once, here only) */
                 Py_DECREF(message);
         }
         Py_XDECREF(state);
