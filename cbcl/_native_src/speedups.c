@@ -157,6 +157,27 @@ read_token(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at, Token *t)
 static PyObject *
 token_str(const Token *t)
 {
+    /* ASCII (nearly every name and most strings a frame holds): made and copied directly,
+     * without the decoder's call and its checks (the one-character strs, which CPython
+     * shares, and anything else are left to it). The same str either way. */
+    if (t->len > 1) {
+        const unsigned char *s = (const unsigned char *)t->s;
+        Py_ssize_t k = 0;
+        uint64_t high = 0;
+        for (; k + 8 <= t->len; k += 8) {
+            uint64_t word;
+            memcpy(&word, s + k, 8);
+            high |= word;
+        }
+        for (; k < t->len; k++)
+            high |= s[k];
+        if (!(high & UINT64_C(0x8080808080808080))) {
+            PyObject *ascii = PyUnicode_New(t->len, 127);
+            if (ascii != NULL)
+                memcpy(PyUnicode_1BYTE_DATA(ascii), s, (size_t)t->len);
+            return ascii;
+        }
+    }
     PyObject *text = PyUnicode_DecodeUTF8(t->s, t->len, "strict");
     if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
         PyErr_Clear();
