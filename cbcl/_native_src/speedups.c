@@ -157,6 +157,27 @@ read_token(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at, Token *t)
 static PyObject *
 token_str(const Token *t)
 {
+    /* ASCII (nearly every name and most strings a frame holds): made and copied directly,
+     * without the decoder's call and its checks (the one-character strs, which CPython
+     * shares, and anything else are left to it). The same str either way. */
+    if (t->len > 1) {
+        const unsigned char *s = (const unsigned char *)t->s;
+        Py_ssize_t k = 0;
+        uint64_t high = 0;
+        for (; k + 8 <= t->len; k += 8) {
+            uint64_t word;
+            memcpy(&word, s + k, 8);
+            high |= word;
+        }
+        for (; k < t->len; k++)
+            high |= s[k];
+        if (!(high & UINT64_C(0x8080808080808080))) {
+            PyObject *ascii = PyUnicode_New(t->len, 127);
+            if (ascii != NULL)
+                memcpy(PyUnicode_1BYTE_DATA(ascii), s, (size_t)t->len);
+            return ascii;
+        }
+    }
     PyObject *text = PyUnicode_DecodeUTF8(t->s, t->len, "strict");
     if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
         PyErr_Clear();
@@ -1899,13 +1920,73 @@ packed_of(NativeState *st, PyObject *pairs)
     return PyObject_GetAttr(pairs, sp->s_packed); /* (unset: the AttributeError) */
 }
 
+/* Before a set is hashed into: whether a small exact set or frozenset (at most
+ * SMALL_SET_SLOTS slots) holds `key` itself (pointer equality), found by a scan of its
+ * slots. 1 when found; 0 when not found that way, which decides nothing (an equal object
+ * that is not `key` may be in it): the caller then asks PySet_Contains, so every answer
+ * is the one PySet_Contains gives. The schema's kinds are types and its one-of values
+ * interned atoms, so the scan finds nearly every valid value (decoder, issue 33). */
+#define SMALL_SET_SLOTS 32
+
+static inline int
+small_set_has_identical(PyObject *set, PyObject *key)
+{
+    if (!PyFrozenSet_CheckExact(set) && !PySet_CheckExact(set))
+        return 0;
+    PySetObject *so = (PySetObject *)set;
+    if (so->mask >= SMALL_SET_SLOTS)
+        return 0;
+    for (Py_ssize_t k = 0; k <= so->mask; k++)
+        if (so->table[k].key == key)
+            return 1;
+    return 0;
+}
+
+/* The same for a one-of's set of (type, value) pairs: whether it holds a pair whose items
+ * are `type` and `value` themselves (such a pair equals (type, value), so PySet_Contains
+ * would find it). 1, or 0 for "not found that way". */
+static inline int
+small_set_has_pair(PyObject *set, PyObject *type, PyObject *value)
+{
+    if (!PyFrozenSet_CheckExact(set) && !PySet_CheckExact(set))
+        return 0;
+    PySetObject *so = (PySetObject *)set;
+    if (so->mask >= SMALL_SET_SLOTS)
+        return 0;
+    for (Py_ssize_t k = 0; k <= so->mask; k++) {
+        PyObject *pair = so->table[k].key;
+        if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+                PyTuple_GET_ITEM(pair, 1) == value && PyTuple_GET_ITEM(pair, 0) == type)
+            return 1;
+    }
+    return 0;
+}
+
+/* `value` compared with `bound` by `op` (Py_LT or Py_GT) as PyObject_RichCompareBool
+ * compares them, without its call where both are exact ints of at most a machine word
+ * (bools, subclasses and anything else go to Python's comparison): 1, 0, or -1. */
+static inline int
+compare_bound(PyObject *value, PyObject *bound, int op)
+{
+    if (PyLong_CheckExact(value) && PyLong_CheckExact(bound)) {
+        int over_v, over_b;
+        long long v = PyLong_AsLongLongAndOverflow(value, &over_v);
+        long long w = PyLong_AsLongLongAndOverflow(bound, &over_b);
+        if (!over_v && !over_b && !((v == -1 || w == -1) && PyErr_Occurred()))
+            return op == Py_LT ? v < w : v > w;
+        if (PyErr_Occurred())
+            PyErr_Clear(); /* (cannot happen for exact ints; Python's comparison decides) */
+    }
+    return PyObject_RichCompareBool(value, bound, op);
+}
+
 /* Whether `value` passes the spec (kinds, how, a, b): 1, 0, or -1 with an exception; a
  * child to check later goes on `keyed` or `lists` as (b, value). */
 static int
 spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
            PyObject *keyed, PyObject *lists)
 {
-    if (kinds != Py_None) {
+    if (kinds != Py_None && !small_set_has_identical(kinds, (PyObject *)Py_TYPE(value))) {
         int in = PySet_Contains(kinds, (PyObject *)Py_TYPE(value));
         if (in <= 0)
             return in;
@@ -1933,18 +2014,18 @@ spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
         return in;
     }
     case HOW_BETWEEN: {
-        int below = PyObject_RichCompareBool(value, a, Py_LT);
+        int below = compare_bound(value, a, Py_LT);
         if (below != 0)
             return below < 0 ? -1 : 0;
-        int above = PyObject_RichCompareBool(value, b, Py_GT);
+        int above = compare_bound(value, b, Py_GT);
         return above < 0 ? -1 : !above;
     }
     case HOW_AT_LEAST: {
-        int below = PyObject_RichCompareBool(value, a, Py_LT);
+        int below = compare_bound(value, a, Py_LT);
         return below < 0 ? -1 : !below;
     }
     case HOW_AT_MOST: {
-        int above = PyObject_RichCompareBool(value, b, Py_GT);
+        int above = compare_bound(value, b, Py_GT);
         return above < 0 ? -1 : !above;
     }
     case HOW_KEYED:
@@ -1958,6 +2039,8 @@ spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
         return added < 0 ? -1 : 1;
     }
     case HOW_MEMBER: {
+        if (small_set_has_pair(a, (PyObject *)Py_TYPE(value), value))
+            return 1;
         PyObject *pair = PyTuple_Pack(2, (PyObject *)Py_TYPE(value), value);
         if (pair == NULL)
             return -1;
@@ -2979,11 +3062,11 @@ decoder_decode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
         if (registry != NULL && state != Py_None) {
             message = frame_message(st, args[0], state, require != Py_False,
                                     sp->decode_verified, registry);
-            if (message == Py_None)
-                Py_DECREF(message);
-            else if (message != NULL && record_type != NULL && record_type != Py_None)
+            if (message != NULL && message != Py_None && record_type != NULL &&
+                    record_type != Py_None)
                 Py_SETREF(message, record_of_decoded(st, record_type, message, registry));
-            if (message == Py_None) /* (declined: the Python method decides) */
+            if (message == Py_None) /* (declined: the Python method decides; its reference
+                                     * dropped once, here only) */
                 Py_DECREF(message);
         }
         Py_XDECREF(state);
