@@ -123,6 +123,23 @@ def test_bad_annotations_are_refused_at_class_creation() -> None:
             __annotations__={"x": str | None}))
 
 
+@pytest.mark.parametrize(("bounds", "refused"), [
+    ((-2**63, 2**63 - 1), False), ((-2**63 - 1, 0), True), ((0, 2**63), True),
+    ((Decimal("Infinity"), None), True)])
+def test_a_range_the_wire_cannot_carry_is_refused_at_class_creation(
+        bounds: tuple[Any, Any], refused: bool) -> None:
+    # a bound outside 64 bits (the wire's integers) or not finite: TypeError naming the
+    # member, as every other annotation error (a ValueError from the writer before)
+    def make() -> type:
+        return types.new_class("Ranged", (cbcl.Record,), {}, lambda ns: ns.update(
+            __annotations__={"n": Annotated[int, cbcl.Range(*bounds)]}))
+    if refused:
+        with pytest.raises(TypeError, match=r"Ranged\.n: "):
+            make()
+    else:
+        assert issubclass(make(), cbcl.Record)
+
+
 def test_decoding_into_classes_text_and_binary() -> None:
     r = SampleRequest(sample_id="S-1", assay="cbc", lines=(Line(code="x", qty=2),),
                       price=Decimal("1.50"), extra=(cbcl.Keyword("k"), 1))

@@ -264,9 +264,12 @@ def _plan_type(name: str, tp: Any, owner: str
     def closed(kind: str, opts: str) -> str:
         return f"({kind}{opts})" if opts else kind
 
-    len_opts = _options((("min-length", length.min), ("max-length", length.max))) \
-        if length else ""
-    range_opts = _options((("min", bounds.min), ("max", bounds.max))) if bounds else ""
+    try:  # (a bound the wire cannot carry: an int outside 64 bits, a non-finite Decimal)
+        len_opts = _options((("min-length", length.min), ("max-length", length.max))) \
+            if length else ""
+        range_opts = _options((("min", bounds.min), ("max", bounds.max))) if bounds else ""
+    except ValueError as exc:
+        raise TypeError(f"{owner}.{name}: {exc}") from None
     origin = typing.get_origin(tp)
     if tp is Any or tp is _AnyValue or (origin in (Union, types.UnionType) and
                                         set(typing.get_args(tp)) >= _VALUE_ATOMS):
