@@ -1237,16 +1237,14 @@ mp_str(Bytes *b, PyObject *s)
     return mp_raw(b, utf8, n);
 }
 
-/* Codes of the atoms written in full in this frame, after the symbol table's: an open
- * addressing table of exact Symbol, Keyword and URI objects (strong references), equal when
- * of one type and one text (cbcl.core._values._Atom.__eq__). */
+/* A symbol table's codes (prepare, below): an open addressing table of exact Symbol,
+ * Keyword and URI objects (strong references), equal when of one type and one text
+ * (cbcl.core._values._Atom.__eq__). */
 typedef struct {
     PyObject *key;
     Py_hash_t hash; /* key's */
     long code;
 } Entry;
-
-#define INLINE_NAMES 16
 
 /* The arrays of a frame's learned names (Learned, below), kept between frames. */
 typedef struct {
@@ -1258,10 +1256,9 @@ typedef struct {
 } LearnedArrays;
 
 typedef struct {
-    Entry *slots; /* NULL until the first name; then inline_slots (if any), or the heap */
+    Entry *slots; /* NULL until the first name, then on the heap */
     Py_ssize_t used, mask; /* mask + 1 slots, a power of two */
-    Entry *inline_slots; /* INLINE_NAMES slots the caller owns (a frame's own table), or NULL */
-    /* A symbol table's (prepare's) only: the arrays its last frame with many learned names
+    /* The arrays its last frame with many learned names
      * used, lent to the next such frame (spare_lent while one holds them), so a body of
      * thousands of new names does not allocate, zero and rehash a table again each time.
      * Bounded: arrays for more than SPARE_MAX_NAMES names are freed, not kept. */
@@ -1320,12 +1317,6 @@ names_slot(Names *t, PyObject *key, Py_hash_t h)
 static int
 names_grow(Names *t)
 {
-    if (t->slots == NULL && t->inline_slots != NULL) {
-        memset(t->inline_slots, 0, INLINE_NAMES * sizeof(Entry));
-        t->slots = t->inline_slots;
-        t->mask = INLINE_NAMES - 1;
-        return OK;
-    }
     Py_ssize_t size = t->slots ? 2 * (t->mask + 1) : 64;
     Entry *old = t->slots;
     Py_ssize_t old_size = old ? t->mask + 1 : 0;
@@ -1341,8 +1332,7 @@ names_grow(Names *t)
             *names_slot(t, old[i].key, old[i].hash) = old[i];
         }
     }
-    if (old != t->inline_slots)
-        PyMem_Free(old);
+    PyMem_Free(old);
     return OK;
 }
 
@@ -1361,8 +1351,7 @@ names_free(Names *t)
     if (t->slots != NULL) {
         for (Py_ssize_t i = 0; i <= t->mask; i++)
             Py_XDECREF(t->slots[i].key);
-        if (t->slots != t->inline_slots)
-            PyMem_Free(t->slots);
+        PyMem_Free(t->slots);
         t->slots = NULL;
     }
     learned_arrays_free(&t->spare);
