@@ -29,6 +29,7 @@ evaluation error or an absent datum refuses the message with :class:`ConstraintE
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -393,24 +394,12 @@ def _plan(rules: tuple[Rule, ...]) -> tuple[tuple[Rule, _Test], ...] | None:
 
 
 def _member_of(path: tuple[str, ...]) -> Callable[[Value], Any]:
-    """:func:`_member` with its path fixed (one key: a loop of its own)."""
+    """:func:`_member` with its path fixed (one key: :func:`_member_at` itself, the key's
+    interned keyword looked for by identity first)."""
     if len(path) != 1:
         return lambda body: _member(body, path)
-    key = path[0]
-    keyword = Keyword(key)  # (the interned object, where the reader has one)
-
-    def member(value: Value) -> Any:
-        if type(value) is not tuple:
-            return _MISSING
-        i, count = 0, len(value)
-        while i < count and type(value[i]) is not Keyword:
-            i += 1  # the heads
-        while i + 1 < count and type(value[i]) is Keyword:
-            if value[i] is keyword or str.__str__(value[i]) == key:
-                return value[i + 1]
-            i += 2
-        return _MISSING
-    return member
+    # (the interned object, where the reader has one)
+    return functools.partial(_member_at, key=path[0], keyword=Keyword(path[0]))
 
 
 def _bool(value: Value) -> Value:
@@ -597,23 +586,29 @@ def _short(value: Value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _member_at(value: Value | None, key: str, keyword: object = None) -> Any:
+    """The member of ``value`` at the keyword ``key`` (looked up among the ``:key value``
+    pairs after a list's heads; ``keyword``, where given, is that key's Keyword object,
+    compared by identity before the text), or ``_MISSING``."""
+    if type(value) is not tuple:
+        return _MISSING
+    i, count = 0, len(value)
+    while i < count and type(value[i]) is not Keyword:
+        i += 1  # the heads
+    while i + 1 < count and type(value[i]) is Keyword:
+        if value[i] is keyword or str.__str__(value[i]) == key:
+            return value[i + 1]
+        i += 2
+    return _MISSING
+
+
 def _member(value: Value | None, path: tuple[str, ...]) -> Any:
-    """The member of ``value`` at the keyword ``path`` (each key looked up among the
-    ``:key value`` pairs after a list's heads), or ``_MISSING``."""
+    """The member of ``value`` at the keyword ``path`` (each key looked up as
+    :func:`_member_at` does), or ``_MISSING``."""
     for key in path:
-        if type(value) is not tuple:
+        value = _member_at(value, key)
+        if value is _MISSING:
             return _MISSING
-        items, i, count, found = value, 0, len(value), _MISSING
-        while i < count and type(items[i]) is not Keyword:
-            i += 1  # the heads
-        while i + 1 < count and type(items[i]) is Keyword:
-            if str.__str__(items[i]) == key:
-                found = items[i + 1]
-                break
-            i += 2
-        if found is _MISSING:
-            return _MISSING
-        value = found
     return value
 
 
