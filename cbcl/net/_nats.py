@@ -78,8 +78,9 @@ import re
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, replace
+from hashlib import sha256
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -93,6 +94,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError("CBCL over NATS needs nats-py: pip install 'cbcl[nats]'") from exc
 
+from ..binary._codec import MAGIC
 from ..binary._framing import PREFIX_BYTES
 from ..core._display import peer_text
 from ..core._errors import (
@@ -156,22 +158,36 @@ MSG_ID = "Nats-Msg-Id"
 # --------------------------------------------------------------------------- the client
 
 
-_Direct = Callable[[bytes, bytes, bytes], Awaitable[None]]
+#: A direct subscription's taker: ``(subject, payload, raw headers)`` from the read loop;
+#: returns what is left to await (a publish the client could not take at once), if anything.
+_Direct = Callable[[bytes, bytes, "bytes | None"], "Awaitable[None] | None"]
+#: What nats-py refuses in a subject (a space, a tab, CR or LF: another protocol command).
+_BAD_SUBJECT = re.compile(r"[\s]")
 
 
 class _DirectClient(Client):
-    """nats-py's client, with the messages of chosen subscriptions handed straight from
-    its read loop to a coroutine function of ``(subject, payload, raw headers)`` (its
-    :attr:`direct`, by subscription id) instead of being made ``Msg`` objects and queued
-    for the subscription's task. Every other message takes nats-py's way."""
+    """nats-py's client (2.x; its internals ``_process_msg``, ``_pending``,
+    ``_flush_queue``, ``_transport``), with two short cuts for CBCL's session traffic:
+
+    - the messages of chosen subscriptions go straight from its read loop to a function
+      of ``(subject, payload, raw headers)`` (its :attr:`direct`, by subscription id)
+      instead of being made ``Msg`` objects and queued for the subscription's task;
+    - :meth:`publish_now` publishes without a coroutine: the command joins the client's
+      pending buffer, and one callback per loop turn writes the buffer (all publishes of
+      that turn, nats-py's own commands among them, in order) — no flusher wake-up, queue
+      or future per publish. Once the socket does not keep up (the transport holds
+      unsent bytes) the write is left to nats-py's flusher, which waits for the drain.
+
+    Every other message and publish takes nats-py's way."""
 
     def __init__(self) -> None:
         super().__init__()
         #: The subscriptions whose messages are taken directly: id → taker.
         self.direct: dict[int, _Direct] = {}
+        self._write_soon = False
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
-                           headers: bytes) -> None:
+                           headers: bytes) -> None:  # (None without headers)
         take = self.direct.get(sid)
         if take is None:
             await super()._process_msg(sid, subject, reply, data, headers)
@@ -180,9 +196,55 @@ class _DirectClient(Client):
         stats["in_msgs"] += 1
         stats["in_bytes"] += len(data)
         try:
-            await take(subject, data, headers)
+            left = take(subject, data, headers)
+            if left is not None:
+                await left
         except Exception as exc:  # as nats-py treats a subscription callback's: reported
             await self._error_cb(exc)
+
+    def publish_now(self, subject: str, payload: bytes, reply: str = "") -> bool:
+        """Publish ``payload`` on ``subject`` if that can be done without waiting: connected,
+        the subjects well formed, the payload within the server's limit and the pending
+        buffer within ``pending_size``. Returns ``False`` (nothing done) otherwise: then
+        :meth:`publish` (which waits, or raises nats-py's error) is the way."""
+        size = len(payload)
+        if self._status != Client.CONNECTED or size > self._max_payload \
+                or self._pending_data_size + size > self._max_pending_size \
+                or not subject or _BAD_SUBJECT.search(subject) is not None \
+                or (reply and _BAD_SUBJECT.search(reply) is not None):
+            return False
+        command = b"".join((f"PUB {subject} {reply} {size}\r\n".encode(), payload, b"\r\n"))
+        self._pending.append(command)
+        self._pending_data_size += len(command)
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += size
+        if not self._write_soon:
+            self._write_soon = True
+            asyncio.get_running_loop().call_soon(self._write_pending)
+        return True
+
+    def _write_pending(self) -> None:
+        """Write the pending buffer (once per loop turn with publishes), or leave it to
+        the flusher when the socket does not keep up or the client is not connected (a
+        reconnect writes the buffer itself)."""
+        self._write_soon = False
+        if not self._pending_data_size or self._status != Client.CONNECTED:
+            return
+        writer = getattr(self._transport, "_io_writer", None)  # (nats-py's TcpTransport)
+        flusher = self._flusher_task
+        transport = getattr(writer, "transport", None)
+        if transport is None or flusher is None or flusher.done() \
+                or transport.is_closing() or transport.get_write_buffer_size():
+            queue = self._flush_queue
+            if queue is not None and queue.empty():
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(asyncio.get_running_loop().create_future())
+            return
+        pending = self._pending
+        self._pending = []
+        self._pending_data_size = 0
+        transport.writelines(pending)
 
 
 # --------------------------------------------------------------------------- subjects
@@ -352,6 +414,40 @@ def _unframe(data: bytes) -> list[bytes]:
     return out
 
 
+# --------------------------------------------------------------------------- a frame
+
+
+def receive_frame(session: Session, frame: bytes, now: int) -> ProtocolMessage | None:
+    """The event of one whole frame ``frame`` (its length prefix cut, as a NATS message
+    carries it) on an ESTABLISHED binary session with nothing else waiting, taken by the
+    session's native state in one call (``cbcl._native.SessionState.receive``) as
+    :meth:`Session.next_event`'s own fast path takes a frame from its stream buffer; or
+    ``None``, having changed nothing: then the frame is fed as a stream
+    (:meth:`Session.receive_data`, :meth:`Session.next_event`), which judges it as ever
+    (a refusal, a NOT-UNDERSTOOD, the reference path where the native state declines).
+    Raises nothing."""
+    native = session._native
+    size = len(frame)
+    if native is None or session._complete or session._inbox or session._events \
+            or session._work is not None or session._pending is not None or session._eof \
+            or session._machine.state is not HandshakeState.ESTABLISHED \
+            or not 0 < size <= session._max_frame_bytes or frame[:2] != MAGIC \
+            or type(now) is not int:
+        return None
+    try:
+        got = native.receive(frame, now)
+    except Exception:  # (declined the other way: the stream path raises it as it should)
+        return None
+    if type(got) is not tuple:
+        return None  # declined: nothing changed
+    message, step = got
+    session._now = now
+    session._last_id = message.message_id
+    session.last_frame_bytes = size + PREFIX_BYTES
+    session._inbox_at += size + PREFIX_BYTES
+    return ProtocolMessage(message, step)
+
+
 # --------------------------------------------------------------------------- a session
 
 
@@ -400,7 +496,9 @@ class NatsConnection(Connection):
         self._arrived = asyncio.Event()
         self._overflow = False
         self._seen: OrderedDict[bytes, None] = OrderedDict()
-        self._answers: OrderedDict[bytes, list[tuple[str, bytes]]] = OrderedDict()
+        # What this side published in answer to a frame (subject, payload, reply), by the
+        # frame's digest: a repeat of the frame is answered with it again.
+        self._answers: OrderedDict[bytes, list[tuple[str, bytes, str]]] = OrderedDict()
         self._current: bytes | None = None  # digest of the frame being handled
         # The frame each received protocol message came in, by message id: a handler's
         # reply, sent while later frames are taken, is the answer to that frame.
@@ -464,42 +562,49 @@ class NatsConnection(Connection):
                 and self._peer_checked and self._peer_ok is True and not self._closed
                 and self.session.state is HandshakeState.ESTABLISHED)
 
-    async def _take_frame_now(self, suffix: str | None, payload: bytes, digest: bytes) -> None:
+    def _take_frame_now(self, suffix: str | None, payload: bytes, digest: bytes
+                        ) -> Awaitable[None] | None:
         """The frame ``payload`` (on the conversation subject ``suffix``) with the task
         parked: do what it would — feed the session, check each message's subject, hand it
         to :attr:`take_now` — then publish what that produced, in order. The first thing
         not finished here (an event that is not a protocol message, a message on another
         conversation's subject, an error, work, an on-loop handler's remaining await) is
-        left to the task, which is woken (:attr:`_taken`)."""
+        left to the task, which is woken (:attr:`_taken`). Returns what is left to await
+        (publishes the client could not take at once), if anything."""
         session, take = self.session, self.take_now
         if take is None:  # pragma: no cover - checked by _fast_ready
-            return
+            return None
         self._last_activity = self._loop.time()
         if suffix != NO_CONVERSATION:
             self._resend.pop(suffix, None)
         self._suffix = suffix
         self._current = digest
         self.bytes_received += len(payload)
-        session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
         now = self.clock()
+        # A NATS message is one whole frame: the session's stream buffer is skipped
+        # where the frame is taken whole (receive_frame); else it is fed as a stream.
+        event: Any = receive_frame(session, payload, now)
+        if event is None:
+            session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
         batch: list[tuple[Any, ...]] = []
         self._now_batch = batch
         wake = False
         try:
             while True:
-                try:
-                    event = session.next_event(now=now)
-                except Exception as exc:  # RemoteProtocolError, or a bug: the task's
-                    self._taken = ("error", exc)
-                    break
-                if event is NEED_DATA:
-                    break
-                if event is NEED_WORK:
-                    wake = True
-                    break
-                own = session.data_to_send()
-                if own:
-                    batch.append(("own", own))
+                if event is None:
+                    try:
+                        event = session.next_event(now=now)
+                    except Exception as exc:  # RemoteProtocolError, or a bug: the task's
+                        self._taken = ("error", exc)
+                        break
+                    if event is NEED_DATA:
+                        break
+                    if event is NEED_WORK:
+                        wake = True
+                        break
+                    own = session.data_to_send()
+                    if own:
+                        batch.append(("own", own))
                 if type(event) is not ProtocolMessage or \
                         suffix != self.bus._cid_token(event.message.conversation_id):
                     self._taken = ("then", _Later(self, cast(Event, event)))  # (checks)
@@ -510,55 +615,98 @@ class NatsConnection(Connection):
                 except Exception as exc:  # a bug: raised in the task, as it would have been
                     self._taken = ("error", exc)
                     break
-                if taken is True:
-                    continue
-                self._taken = ("event", event) if taken is False else ("then", taken)
-                break
+                if taken is not True:
+                    self._taken = ("event", event) if taken is False else ("then", taken)
+                    break
+                event = None
         finally:
             self._now_batch = None
+        for at, item in enumerate(batch):
+            left = self._post_item(item, digest)
+            if left is not None:
+                return self._finish_batch(left, batch[at + 1:], digest, wake)
+        if self._taken is not None or wake:
+            self._arrived.set()
+        return None
+
+    def _post_item(self, item: tuple[Any, ...], digest: bytes
+                   ) -> Coroutine[Any, Any, None] | None:
+        """Publish one frame of a fast path's batch; returns the publish to await when
+        the client could not take it at once (the rest then wait for it)."""
+        if item[0] == "own":
+            frames = _unframe(item[1])
+            for at, frame in enumerate(frames):
+                left = self._emit_post(self.out_subject, frame, answering=digest)
+                if left is not None:
+                    return self._then_emit(left, frames[at + 1:], digest)
+            return None
+        return self._publish_frame_post(item[1], item[2], item[3])
+
+    async def _then_emit(self, left: Awaitable[None], frames: list[bytes],
+                         digest: bytes) -> None:
+        await left
+        for frame in frames:
+            await self._emit(self.out_subject, frame, answering=digest)
+
+    async def _finish_batch(self, left: Awaitable[None], rest: list[tuple[Any, ...]],
+                            digest: bytes, wake: bool) -> None:
+        """The fast path's publishes from the first the client could not take at once, in
+        order, each awaited; then the task is woken if it has something to do."""
+        try:
             with contextlib.suppress(ConnectionLost):  # (a bus gone: the task finds it)
-                for item in batch:
-                    if item[0] == "own":
-                        for frame in _unframe(item[1]):
-                            await self._emit(self.out_subject, frame, answering=digest)
-                    else:
-                        await self._publish_frame(item[1], item[2], item[3])
+                await left
+                for item in rest:
+                    more = self._post_item(item, digest)
+                    if more is not None:
+                        await more
+        finally:
             if self._taken is not None or wake:
                 self._arrived.set()
 
     async def deliver(self, suffix: str | None, payload: bytes, *,
                       no_responders: bool = False) -> None:
         """Take one NATS message of this session (called by the bus, in order)."""
+        left = self.deliver_now(suffix, payload, no_responders)
+        if left is not None:
+            await left
+
+    def deliver_now(self, suffix: str | None, payload: bytes, no_responders: bool = False
+                    ) -> Awaitable[None] | None:
+        """:meth:`deliver` without a coroutine: returns what is left to await (publishes
+        the client could not take at once), if anything."""
         if self._closed:
-            return
+            return None
         if no_responders:
             self._no_responders = True
             self._arrived.set()
-            return
-        digest = hashlib.sha256(payload).digest()
-        if digest in self._seen:
+            return None
+        digest = sha256(payload).digest()
+        seen = self._seen
+        if digest in seen:
             self.duplicates += 1
             self.bus.stats["duplicates"] += 1
-            for subject, data in self._answers.get(digest, ()):
-                await self.bus._publish(subject, data)
-            return
-        self._seen[digest] = None
-        while len(self._seen) > self.bus.limits.dedupe_window:
-            self._seen.popitem(last=False)
+            answers = self._answers.get(digest)
+            return self.bus._post_all(answers) if answers else None
+        seen[digest] = None
+        if len(seen) > self.bus.limits.dedupe_window:
+            seen.popitem(last=False)
         if self._fast_ready():
-            self._answers[digest] = []
-            while len(self._answers) > self.bus.limits.reply_cache:
-                self._answers.popitem(last=False)
-            await self._take_frame_now(suffix, payload, digest)
-            return
+            self._remember_answers(digest)
+            return self._take_frame_now(suffix, payload, digest)
         if len(self._inbox) >= self.limits.max_pending_frames:
             self._overflow = True
         else:
             self._inbox.append((suffix, payload))
-            self._answers[digest] = []
-            while len(self._answers) > self.bus.limits.reply_cache:
-                self._answers.popitem(last=False)
+            self._remember_answers(digest)
         self._arrived.set()
+        return None
+
+    def _remember_answers(self, digest: bytes) -> None:
+        """Keep what this side answers to the frame ``digest`` (for a repeat of it)."""
+        answers = self._answers
+        answers[digest] = []
+        if len(answers) > self.bus.limits.reply_cache:
+            answers.popitem(last=False)
 
     def seen(self, payload: bytes) -> bool:
         return hashlib.sha256(payload).digest() in self._seen
@@ -749,16 +897,24 @@ class NatsConnection(Connection):
         """Publish ``data``, remembered as an answer to the frame ``answering`` (default:
         the frame being handled) so that a repeat of that frame is answered again.
         Nothing is published while the peer is not verified (:meth:`_answers_peer`)."""
+        left = self._emit_post(subject, data, reply, answering=answering)
+        if left is not None:
+            await left
+
+    def _emit_post(self, subject: str, data: bytes, reply: str = "", *,
+                   answering: bytes | None = None) -> Coroutine[Any, Any, None] | None:
+        """:meth:`_emit` at once where the client can; else returns the publish to await."""
         if not self._answers_peer():
             self.bus.stats["unanswered"] += 1
-            return
-        await self.bus._publish(subject, data, reply)
+            return None
+        left = self.bus._post(subject, data, reply)
         self.bytes_sent += len(data)
         frame = self._current if answering is None else answering
         if frame is not None:
             answers = self._answers.get(frame)
             if answers is not None and len(answers) < 8:
-                answers.append((subject, data))
+                answers.append((subject, data, ""))
+        return left
 
     async def _write(self, data: bytes) -> None:
         """Publish what the session produced by itself (handshake answers, the initiator's
@@ -775,37 +931,43 @@ class NatsConnection(Connection):
         if not data:
             return 0
         step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
-        await self._publish_frame(event, data, step)
+        left = self._publish_frame_post(event, data, step)
+        if left is not None:
+            await left
         return len(data)
 
-    async def _publish_frame(self, event: Event, data: bytes, step: Any) -> None:
+    def _publish_frame_post(self, event: Event, data: bytes, step: Any
+                            ) -> Coroutine[Any, Any, None] | None:
         """Publish the frame ``data`` the session made of ``event`` (whose conversation
-        step is ``step``) where it goes, and keep it to repeat if it awaits an answer."""
+        step is ``step``) where it goes, and keep it to repeat if it awaits an answer.
+        Returns the publish to await when the client could not take it at once."""
         payload = data[PREFIX_BYTES:]
         answering = None
         thread: _Thread = None
-        if isinstance(event, Query) and self._first_subject is not None:
-            subject, reply = self._first_subject, self.inbox
-            self._first_subject = None
-        elif isinstance(event, ProtocolMessage):
-            token = self.bus._cid_token(event.message.conversation_id)
+        if type(event) is ProtocolMessage:
+            message = event.message
+            token = self.bus._cid_token(message.conversation_id)
             thread = token if token != NO_CONVERSATION \
-                else (NO_CONVERSATION, event.message.message_id)
+                else (NO_CONVERSATION, message.message_id)
             subject = f"{self.out_subject}.{token}"
             reply = ""
             # A reply answers the frame its message came in (handlers run beside the pump,
             # so the frame being handled now may be a later one); anything else, none
             # (b"": no frame).
-            replied = event.message.in_reply_to
+            replied = message.in_reply_to
             answering = (self._frame_of.get(replied) if replied is not None else None) \
                 or b""
+        elif isinstance(event, Query) and self._first_subject is not None:
+            subject, reply = self._first_subject, self.inbox
+            self._first_subject = None
         else:
             subject, reply = self.out_subject, ""
-        await self._emit(subject, payload, reply, answering=answering)
+        left = self._emit_post(subject, payload, reply, answering=answering)
         if step is not None and step.finished:
             self._resend.pop(thread, None)
         else:
             self._arm(thread, subject, payload, reply)
+        return left
 
     async def close(self) -> None:
         """End the stream: tell the session, publish the end (an empty message), forget
@@ -896,6 +1058,8 @@ class NatsBus:
         self._durable_seen_set: set[str] = set()
         self._send_registries: OrderedDict[str, Registry] = OrderedDict()
         self._closing = False
+        self._publish_now: Callable[[str, bytes, str], bool] | None = \
+            client.publish_now if isinstance(client, _DirectClient) else None
         self.stats: dict[str, int] = {
             "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
             "spoofed": 0, "unanswered": 0, "evicted": 0,
@@ -980,6 +1144,32 @@ class NatsBus:
         self._subs.append(sub)
         return sub
 
+    def _post(self, subject: str, data: bytes, reply: str = ""
+              ) -> Coroutine[Any, Any, None] | None:
+        """Publish at once where the client can (:meth:`_DirectClient.publish_now`) and
+        return ``None``; else return the publish to await (:meth:`_publish`)."""
+        publish_now = self._publish_now
+        if publish_now is not None and publish_now(subject, data, reply):
+            return None
+        return self._publish(subject, data, reply)
+
+    def _post_all(self, items: Iterable[tuple[str, bytes, str]]) -> Awaitable[None] | None:
+        """:meth:`_post` of each of ``items`` in order; returns what is left to await (from
+        the first publish the client could not take at once: the rest after it)."""
+        items = list(items)
+        for at, (subject, data, reply) in enumerate(items):
+            left = self._post(subject, data, reply)
+            if left is not None:
+                return self._publish_rest(left, items[at + 1:])
+        return None
+
+    async def _publish_rest(self, left: Awaitable[None],
+                            items: list[tuple[str, bytes, str]]) -> None:
+        with contextlib.suppress(ConnectionLost):
+            await left
+            for subject, data, reply in items:
+                await self._publish(subject, data, reply)
+
     async def _publish(self, subject: str, data: bytes, reply: str = "") -> None:
         try:
             await self.client.publish(subject, data, reply=reply)
@@ -1035,30 +1225,41 @@ class NatsBus:
         """A message on one of our session subjects, the way nats-py hands it to a
         subscription (unused while :class:`_DirectClient` takes them)."""
         headers = msg.headers or {}
-        await self._on_session(msg.subject, msg.data,
-                               not msg.data and headers.get("Status") == "503")
+        left = self._on_session(msg.subject, msg.data,
+                                not msg.data and headers.get("Status") == "503")
+        if left is not None:
+            await left
 
-    async def _on_session_frame(self, subject: bytes, data: bytes, headers: bytes) -> None:
+    def _on_session_frame(self, subject: bytes, data: bytes, headers: bytes | None
+                          ) -> Awaitable[None] | None:
         """A message on one of our session subjects, from the client's read loop
-        (:class:`_DirectClient`): its headers read only for a status (no payload)."""
-        no_responders = False
+        (:class:`_DirectClient`): its headers read only for a status (no payload).
+        Returns what is left to await, if anything."""
         if headers and not data:
-            parsed = await self.client._process_headers(headers)
-            no_responders = (parsed or {}).get("Status") == "503"
-        await self._on_session(subject.decode("utf-8", "replace"), data, no_responders)
+            return self._on_status(subject, headers)
+        return self._on_session(subject.decode("utf-8", "replace"), data, False)
 
-    async def _on_session(self, subject: str, data: bytes, no_responders: bool) -> None:
-        """Hand a message on one of our session subjects to its session, or drop it."""
+    async def _on_status(self, subject: bytes, headers: bytes) -> None:
+        parsed = await self.client._process_headers(headers)
+        left = self._on_session(subject.decode("utf-8", "replace"), b"",
+                                (parsed or {}).get("Status") == "503")
+        if left is not None:
+            await left
+
+    def _on_session(self, subject: str, data: bytes, no_responders: bool
+                    ) -> Awaitable[None] | None:
+        """Hand a message on one of our session subjects to its session, or drop it.
+        Returns what is left to await, if anything."""
         rest = subject[len(self._session_prefix):].split(".")
         if len(rest) not in (3, 4):
             self.stats["unknown"] += 1
-            return
+            return None
         connection = self._sessions.get((rest[0], rest[1], rest[2]))
         if connection is None:
             self.stats["unknown"] += 1
-            return
-        await connection.deliver(rest[3] if len(rest) == 4 else None, data,
-                                 no_responders=no_responders)
+            return None
+        return connection.deliver_now(rest[3] if len(rest) == 4 else None, data,
+                                      no_responders)
 
     async def serve(self) -> None:
         """Answer sessions on this agent's subject (``P.agent.TOKEN``): negotiate, learn what
