@@ -1162,6 +1162,7 @@ class NatsBus:
         self.me = subject_token(str(agent.name), limit=self.limits.max_token_bytes)
         self._session_prefix = f"{prefix}.s.{self.me}."
         self._sessions: dict[tuple[str, str, str], NatsConnection] = {}
+        self._by_inbox: dict[bytes, NatsConnection] = {}  # the same, by inbox subject
         self._cid_tokens: dict[str, str] = {}  # conversation id -> token (_cid_token)
         self._links: dict[tuple[str, str, str], Link] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -1369,6 +1370,15 @@ class NatsBus:
         Returns what is left to await, if anything."""
         if headers and not data:
             return self._on_status(subject, headers)
+        # (by the session's inbox subject as bytes: no decoding or split of the subject)
+        by_inbox = self._by_inbox
+        connection = by_inbox.get(subject)
+        if connection is not None:
+            return connection.deliver_now(None, data)
+        head, _, tail = subject.rpartition(b".")
+        connection = by_inbox.get(head)
+        if connection is not None:
+            return connection.deliver_now(tail.decode("utf-8", "replace"), data)
         return self._on_session(subject.decode("utf-8", "replace"), data, False)
 
     async def _on_status(self, subject: bytes, headers: bytes) -> None:
@@ -1580,6 +1590,7 @@ class NatsBus:
 
     def _register(self, connection: NatsConnection, link: Link | None) -> None:
         self._sessions[connection.key] = connection
+        self._by_inbox[connection.inbox.encode()] = connection
         if link is not None:
             self._links[connection.key] = link
 
@@ -1587,6 +1598,9 @@ class NatsBus:
         if self._sessions.get(connection.key) is connection:
             del self._sessions[connection.key]
             self._links.pop(connection.key, None)
+        inbox = connection.inbox.encode()
+        if self._by_inbox.get(inbox) is connection:
+            del self._by_inbox[inbox]
         self._remember_ended(connection.key[0], connection.key[1])
 
     def _remember_ended(self, peer_token: str, sid: str) -> None:
