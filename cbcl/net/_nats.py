@@ -59,11 +59,17 @@ message, a refusal, a message on the wrong subject, a handler that awaits) is le
 task, which is woken.
 
 The session subscription's messages skip nats-py's per-message machinery too
-(:class:`_DirectClient`): the frame goes from the client's read loop to
-:meth:`NatsBus._on_session_frame` as subject, payload and raw headers — no ``Msg`` object,
-no header parsing (but for a status message, which has no payload), no subscription
-queue and task. Other subscriptions (the agent subject, groups, JetStream) are nats-py's
-as usual.
+(:class:`_DirectClient`): its parser (:class:`_Parser`) cuts runs of ``MSG`` operations
+by index and hands each frame from the read loop to :meth:`NatsBus._on_session_frame` as
+subject, payload and raw headers — no ``Msg`` object, no header parsing (but for a status
+message, which has no payload), no subscription queue and task, no coroutine: the frame is
+routed by its subject's bytes, deduplicated, fed whole to the session's native state
+(:func:`receive_frame`) and the replies made by it (:func:`send_frame`) without the
+session's stream buffer. Publishing is a plain call too (:meth:`_DirectClient.publish_now`):
+the command joins nats-py's pending buffer and one callback per loop turn writes it; where
+the client cannot take a publish at once (not connected, the buffer full) the caller
+awaits nats-py's ``publish`` instead, and every later publish of the same batch after it.
+Other subscriptions (the agent subject, groups, JetStream) are nats-py's as usual.
 
 nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
 """
