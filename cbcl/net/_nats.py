@@ -21,7 +21,7 @@ replay window, the transcript hash and the conversation machine.
 - NATS delivers at most once; a node that fails loses what was in flight. The opener of a
   link repeats its latest frame of each thread (the handshake, each conversation, each
   message without one) when that thread got no answer within ``retransmit_after``; the
-  other side drops a frame it has seen (by SHA-256, ``dedupe_window``) and answers a
+  other side drops a frame it has seen (by a keyed hash, ``dedupe_window``) and answers a
   repeat with what it answered the first time (``reply_cache``). So a lost frame costs a
   repeat and no message reaches a session twice.
 - A publisher on an agent's subject is an unauthenticated peer: every first frame starts
@@ -59,11 +59,17 @@ message, a refusal, a message on the wrong subject, a handler that awaits) is le
 task, which is woken.
 
 The session subscription's messages skip nats-py's per-message machinery too
-(:class:`_DirectClient`): the frame goes from the client's read loop to
-:meth:`NatsBus._on_session_frame` as subject, payload and raw headers — no ``Msg`` object,
-no header parsing (but for a status message, which has no payload), no subscription
-queue and task. Other subscriptions (the agent subject, groups, JetStream) are nats-py's
-as usual.
+(:class:`_DirectClient`): its parser (:class:`_Parser`) cuts runs of ``MSG`` operations
+by index and hands each frame from the read loop to :meth:`NatsBus._on_session_frame` as
+subject, payload and raw headers — no ``Msg`` object, no header parsing (but for a status
+message, which has no payload), no subscription queue and task, no coroutine: the frame is
+routed by its subject's bytes, deduplicated, fed whole to the session's native state
+(:func:`receive_frame`) and the replies made by it (:func:`send_frame`) without the
+session's stream buffer. Publishing is a plain call too (:meth:`_DirectClient.publish_now`):
+the command joins nats-py's pending buffer and one callback per loop turn writes it; where
+the client cannot take a publish at once (not connected, the buffer full) the caller
+awaits nats-py's ``publish`` instead, and every later publish of the same batch after it.
+Other subscriptions (the agent subject, groups, JetStream) are nats-py's as usual.
 
 nats-py's exceptions stop here: they become :class:`~cbcl.net._transport.ConnectionLost`.
 """
@@ -78,7 +84,7 @@ import re
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -90,9 +96,11 @@ try:
     from nats.aio.client import Client
     from nats.aio.msg import Msg
     from nats.js import api as js_api
+    from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE, Parser
 except ImportError as exc:  # pragma: no cover - the optional extra is missing
     raise ImportError("CBCL over NATS needs nats-py: pip install 'cbcl[nats]'") from exc
 
+from ..binary._codec import MAGIC
 from ..binary._framing import PREFIX_BYTES
 from ..core._display import peer_text
 from ..core._errors import (
@@ -149,6 +157,8 @@ _SAFE_RE = re.compile(r"[A-Za-z0-9-]+")  # (ASCII only: \w is not used)
 _SID_RE = re.compile(r"[0-9a-f]{32}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
 NO_CONVERSATION = "_"
+#: Conversation ids whose subject tokens a bus keeps at most (then it starts afresh).
+_TOKENS_KEPT = 1024
 #: The ``Nats-Msg-Id`` header JetStream deduplicates by.
 MSG_ID = "Nats-Msg-Id"
 
@@ -156,22 +166,93 @@ MSG_ID = "Nats-Msg-Id"
 # --------------------------------------------------------------------------- the client
 
 
-_Direct = Callable[[bytes, bytes, bytes], Awaitable[None]]
+#: A direct subscription's taker: ``(subject, payload, raw headers)`` from the read loop;
+#: returns what is left to await (a publish the client could not take at once), if anything.
+_Direct = Callable[[bytes, bytes, "bytes | None"], "Awaitable[None] | None"]
+#: What nats-py refuses in a subject (a space, a tab, CR or LF: another protocol command).
+_BAD_SUBJECT = re.compile(r"[\s]")
+
+
+class _Parser(Parser):
+    """nats-py's protocol parser, with a short cut for the messages of a
+    :class:`_DirectClient`'s direct subscriptions: a run of ``MSG`` operations at the
+    front of the buffer is cut by index (no regular expression, argument dict, coroutine
+    or buffer shift per message; the buffer shifted once) and each message handed to its
+    taker. Anything else — another operation, a message with headers or for another
+    subscription, one not complete yet, a line nats-py's parser reads differently — is
+    left to nats-py's parser, from where the cut stopped."""
+
+    def __init__(self, client: _DirectClient) -> None:
+        super().__init__(client)
+        self._client = client
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self.buf
+        buf.extend(data)
+        client = self._client
+        direct = client.direct
+        at = 0
+        try:
+            while self.state == AWAITING_CONTROL_LINE and buf.startswith(b"MSG ", at):
+                line_end = buf.find(b"\r\n", at, at + MAX_CONTROL_LINE_SIZE)
+                if line_end < 0:
+                    break
+                parts = bytes(buf[at + 4:line_end]).split(b" ")
+                if len(parts) == 3:
+                    subject, sid, size = parts
+                elif len(parts) == 4:
+                    subject, sid, _, size = parts
+                else:
+                    break
+                if not (sid.isdigit() and size.isdigit()):
+                    break
+                take = direct.get(int(sid))
+                start = line_end + 2
+                end = start + int(size)
+                if take is None or len(buf) < end + 2:
+                    break
+                payload = bytes(buf[start:end])
+                at = end + 2
+                stats = client.stats
+                stats["in_msgs"] += 1
+                stats["in_bytes"] += end - start
+                try:
+                    left = take(subject, payload, None)
+                    if left is not None:
+                        await left
+                except Exception as exc:  # as nats-py treats a subscription callback's
+                    await client._error_cb(exc)
+        finally:
+            if at:
+                del buf[:at]
+        if self.buf:
+            await super().parse()
 
 
 class _DirectClient(Client):
-    """nats-py's client, with the messages of chosen subscriptions handed straight from
-    its read loop to a coroutine function of ``(subject, payload, raw headers)`` (its
-    :attr:`direct`, by subscription id) instead of being made ``Msg`` objects and queued
-    for the subscription's task. Every other message takes nats-py's way."""
+    """nats-py's client (2.x; its internals ``_process_msg``, ``_pending``,
+    ``_flush_queue``, ``_transport``), with two short cuts for CBCL's session traffic:
+
+    - the messages of chosen subscriptions go straight from its read loop to a function
+      of ``(subject, payload, raw headers)`` (its :attr:`direct`, by subscription id)
+      instead of being made ``Msg`` objects and queued for the subscription's task;
+    - :meth:`publish_now` publishes without a coroutine: the command joins the client's
+      pending buffer, and one callback per loop turn writes the buffer (all publishes of
+      that turn, nats-py's own commands among them, in order) — no flusher wake-up, queue
+      or future per publish. Once the socket does not keep up (the transport holds
+      unsent bytes) the write is left to nats-py's flusher, which waits for the drain.
+
+    Every other message and publish takes nats-py's way."""
 
     def __init__(self) -> None:
         super().__init__()
         #: The subscriptions whose messages are taken directly: id → taker.
         self.direct: dict[int, _Direct] = {}
+        self._ps = _Parser(self)
+        self._write_soon = False
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
-                           headers: bytes) -> None:
+                           headers: bytes) -> None:  # (None without headers)
         take = self.direct.get(sid)
         if take is None:
             await super()._process_msg(sid, subject, reply, data, headers)
@@ -180,9 +261,57 @@ class _DirectClient(Client):
         stats["in_msgs"] += 1
         stats["in_bytes"] += len(data)
         try:
-            await take(subject, data, headers)
+            left = take(subject, data, headers)
+            if left is not None:
+                await left
         except Exception as exc:  # as nats-py treats a subscription callback's: reported
             await self._error_cb(exc)
+
+    def publish_now(self, subject: str, payload: bytes, reply: str = "") -> bool:
+        """Publish ``payload`` on ``subject`` if that can be done without waiting: connected,
+        the subjects well formed, the payload within the server's limit and the pending
+        buffer within ``pending_size``. Returns ``False`` (nothing done) otherwise: then
+        :meth:`publish` (which waits, or raises nats-py's error) is the way. The buffer
+        holds at most ``pending_size`` bytes of commands: a publish beyond waits there."""
+        size = len(payload)
+        if self._status != Client.CONNECTED or size > self._max_payload \
+                or not subject or _BAD_SUBJECT.search(subject) is not None \
+                or (reply and _BAD_SUBJECT.search(reply) is not None):
+            return False
+        command = b"".join((f"PUB {subject} {reply} {size}\r\n".encode(), payload, b"\r\n"))
+        if self._pending_data_size + len(command) > self._max_pending_size:
+            return False
+        self._pending.append(command)
+        self._pending_data_size += len(command)
+        stats = self.stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += size
+        if not self._write_soon:
+            self._write_soon = True
+            asyncio.get_running_loop().call_soon(self._write_pending)
+        return True
+
+    def _write_pending(self) -> None:
+        """Write the pending buffer (once per loop turn with publishes), or leave it to
+        the flusher when the socket does not keep up or the client is not connected (a
+        reconnect writes the buffer itself)."""
+        self._write_soon = False
+        if not self._pending_data_size or self._status != Client.CONNECTED:
+            return
+        writer = getattr(self._transport, "_io_writer", None)  # (nats-py's TcpTransport)
+        flusher = self._flusher_task
+        transport = getattr(writer, "transport", None)
+        if transport is None or flusher is None or flusher.done() \
+                or transport.is_closing() or transport.get_write_buffer_size():
+            queue = self._flush_queue
+            if queue is not None and queue.empty():
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(asyncio.get_running_loop().create_future())
+            return
+        pending = self._pending
+        self._pending = []
+        self._pending_data_size = 0
+        transport.writelines(pending)
 
 
 # --------------------------------------------------------------------------- subjects
@@ -243,7 +372,7 @@ class NatsLimits:
     ESTABLISHED (``handshake_timeout`` still bounds the whole handshake);
     ``pre_handshake_share``: the fraction of ``max_sessions`` one sender may hold not yet
     ESTABLISHED (one more evicts its own oldest); ``remembered_sessions``: ended session ids kept,
-    so a replayed first frame is dropped; ``dedupe_window``: frame digests remembered per
+    so a replayed first frame is dropped; ``dedupe_window``: frame keys (hashes) remembered per
     session (a repeat is dropped); ``reply_cache``: received frames per session whose
     answers are kept to answer a repeat, and the threads (handshake, conversations) whose
     latest frame an opener keeps to repeat; ``retransmit_after``/``max_retransmits``: when
@@ -352,6 +481,87 @@ def _unframe(data: bytes) -> list[bytes]:
     return out
 
 
+# --------------------------------------------------------------------------- a frame
+
+
+#: The key of "no frame" where a frame's key is expected (never a hash: Python's hash
+#: of an object is never -1).
+_NO_FRAME = -1
+
+
+def _frame_key(payload: bytes) -> int:
+    """What a received frame is remembered by (a repeat is dropped, its answers kept): a
+    64-bit keyed hash of its bytes (Python's SipHash, keyed per process), which a peer
+    cannot aim at without the key and which collides by chance about once in 2**64 pairs
+    — as good as a SHA-256 here, for ~1 µs less a frame."""
+    return hash(payload if type(payload) is bytes else bytes(payload))
+
+
+def receive_frame(session: Session, frame: bytes, now: int) -> ProtocolMessage | None:
+    """The event of one whole frame ``frame`` (its length prefix cut, as a NATS message
+    carries it) on an ESTABLISHED binary session with nothing else waiting, taken by the
+    session's native state in one call (``cbcl._native.SessionState.receive``) as
+    :meth:`Session.next_event`'s own fast path takes a frame from its stream buffer; or
+    ``None``, having changed nothing: then the frame is fed as a stream
+    (:meth:`Session.receive_data`, :meth:`Session.next_event`), which judges it as ever
+    (a refusal, a NOT-UNDERSTOOD, the reference path where the native state declines).
+    Raises nothing."""
+    native = session._native
+    size = len(frame)
+    if native is None or session._complete or session._inbox or session._events \
+            or session._work is not None or session._pending is not None or session._eof \
+            or session._machine.state is not HandshakeState.ESTABLISHED \
+            or not 0 < size <= session._max_frame_bytes or frame[:2] != MAGIC \
+            or type(now) is not int:
+        return None
+    try:
+        got = native.receive(frame, now)
+    except Exception:  # (declined the other way: the stream path raises it as it should)
+        return None
+    if type(got) is not tuple:
+        return None  # declined: nothing changed
+    message, step = got
+    session._now = now
+    session._last_id = message.message_id
+    session.last_frame_bytes = size + PREFIX_BYTES
+    session._inbox_at += size + PREFIX_BYTES
+    return ProtocolMessage(message, step)
+
+
+def send_frame(session: Session, message: Message, now: int) -> bytes | None:
+    """The frame of ``message`` (length prefix included) on an ESTABLISHED binary session,
+    made by the session's native state in one call (``cbcl._native.SessionState.send``:
+    the conversation stepped, the message checked and encoded) as :meth:`Session.send`
+    makes it, its step in ``session.last_sent_step``; or ``None``, having changed nothing:
+    then :meth:`Session.send` judges the message (a refusal raises there). Raises
+    nothing."""
+    native = session._native
+    protocol = session.protocol
+    if native is None or protocol is None or type(now) is not int \
+            or session._machine.state is not HandshakeState.ESTABLISHED \
+            or (message.protocol is not protocol.id and message.protocol != protocol.id) \
+            or (message.sender is not session.me and message.sender != session.me) \
+            or (message.receiver is not session.peer and message.receiver != session.peer) \
+            or (session.validate_outgoing and message.intent is not Intent.NOT_UNDERSTOOD
+                ) is not session._native_validates:
+        return None
+    if message.timestamp is None and message.signature is None:
+        m = message  # (every field checked when it was made: as Session.send stamps it)
+        message = Message._trusted(m.message_id, m.sender, m.receiver, m.intent,
+                                   m.protocol, m.conversation_id, m.in_reply_to,
+                                   m.reply_by, now, m.body, None, m.trace)
+    try:
+        got = native.send(message, now)
+    except Exception:  # (declined the other way: Session.send raises what it should)
+        return None
+    if type(got) is not tuple:
+        return None  # declined: nothing changed
+    session._now = now
+    session.last_sent_step = got[1]
+    data: bytes = got[0]
+    return data
+
+
 # --------------------------------------------------------------------------- a session
 
 
@@ -399,12 +609,14 @@ class NatsConnection(Connection):
         self._inbox: deque[tuple[str | None, bytes]] = deque()
         self._arrived = asyncio.Event()
         self._overflow = False
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
-        self._answers: OrderedDict[bytes, list[tuple[str, bytes]]] = OrderedDict()
-        self._current: bytes | None = None  # digest of the frame being handled
+        self._seen: OrderedDict[int, None] = OrderedDict()
+        # What this side published in answer to a frame (subject, payload, reply), by the
+        # frame's digest: a repeat of the frame is answered with it again.
+        self._answers: OrderedDict[int, list[tuple[str, bytes, str]]] = OrderedDict()
+        self._current: int | None = None  # key (_frame_key) of the frame being handled
         # The frame each received protocol message came in, by message id: a handler's
         # reply, sent while later frames are taken, is the answer to that frame.
-        self._frame_of: OrderedDict[str, bytes] = OrderedDict()
+        self._frame_of: OrderedDict[str, int] = OrderedDict()
         self._suffix: str | None = None  # its conversation token (None: a handshake subject)
         self._last_activity = self._loop.time()
         # The opener's frames awaiting an answer, one per thread of the link: the
@@ -448,9 +660,13 @@ class NatsConnection(Connection):
             raise RuntimeError("NatsConnection.send_now outside its fast path")
         if self.evicted is not None:
             raise self._busy()
-        data = self.session.send(event, now=self.clock())
+        session, now = self.session, self.clock()
+        data = send_frame(session, event.message, now) \
+            if type(event) is ProtocolMessage else None
+        if data is None:
+            data = session.send(event, now=now)
         if data:
-            step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
+            step = session.last_sent_step if isinstance(event, ProtocolMessage) else None
             batch.append(("frame", event, data, step))
         return len(data)
 
@@ -464,42 +680,50 @@ class NatsConnection(Connection):
                 and self._peer_checked and self._peer_ok is True and not self._closed
                 and self.session.state is HandshakeState.ESTABLISHED)
 
-    async def _take_frame_now(self, suffix: str | None, payload: bytes, digest: bytes) -> None:
+    def _take_frame_now(self, suffix: str | None, payload: bytes, digest: int
+                        ) -> Awaitable[None] | None:
         """The frame ``payload`` (on the conversation subject ``suffix``) with the task
         parked: do what it would — feed the session, check each message's subject, hand it
         to :attr:`take_now` — then publish what that produced, in order. The first thing
         not finished here (an event that is not a protocol message, a message on another
         conversation's subject, an error, work, an on-loop handler's remaining await) is
-        left to the task, which is woken (:attr:`_taken`)."""
+        left to the task, which is woken (:attr:`_taken`). Returns what is left to await
+        (publishes the client could not take at once), if anything."""
         session, take = self.session, self.take_now
         if take is None:  # pragma: no cover - checked by _fast_ready
-            return
+            return None
         self._last_activity = self._loop.time()
         if suffix != NO_CONVERSATION:
             self._resend.pop(suffix, None)
         self._suffix = suffix
         self._current = digest
         self.bytes_received += len(payload)
-        session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
         now = self.clock()
+        # A NATS message is one whole frame: the session's stream buffer is skipped
+        # where the frame is taken whole (receive_frame); else it is fed as a stream.
+        event: Any = receive_frame(session, payload, now)
+        direct = event is not None
+        if not direct:
+            session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
         batch: list[tuple[Any, ...]] = []
         self._now_batch = batch
         wake = False
         try:
             while True:
-                try:
-                    event = session.next_event(now=now)
-                except Exception as exc:  # RemoteProtocolError, or a bug: the task's
-                    self._taken = ("error", exc)
-                    break
-                if event is NEED_DATA:
-                    break
-                if event is NEED_WORK:
-                    wake = True
-                    break
-                own = session.data_to_send()
-                if own:
-                    batch.append(("own", own))
+                if event is None:
+                    try:
+                        event = session.next_event(now=now)
+                    except Exception as exc:  # RemoteProtocolError, or a bug: the task's
+                        self._taken = ("error", exc)
+                        break
+                    if event is NEED_DATA:
+                        break
+                    if event is NEED_WORK:
+                        wake = True
+                        break
+                    own = session.data_to_send()
+                    if own:
+                        batch.append(("own", own))
                 if type(event) is not ProtocolMessage or \
                         suffix != self.bus._cid_token(event.message.conversation_id):
                     self._taken = ("then", _Later(self, cast(Event, event)))  # (checks)
@@ -510,58 +734,105 @@ class NatsConnection(Connection):
                 except Exception as exc:  # a bug: raised in the task, as it would have been
                     self._taken = ("error", exc)
                     break
-                if taken is True:
-                    continue
-                self._taken = ("event", event) if taken is False else ("then", taken)
-                break
+                if taken is not True:
+                    self._taken = ("event", event) if taken is False else ("then", taken)
+                    break
+                if direct:
+                    break  # (the session held nothing else: the frame was all there was)
+                event = None
         finally:
             self._now_batch = None
+        for at, item in enumerate(batch):
+            left = self._post_item(item, digest)
+            if left is not None:
+                return self._finish_batch(left, batch[at + 1:], digest, wake)
+        if self._taken is not None or wake:
+            self._arrived.set()
+        return None
+
+    def _post_item(self, item: tuple[Any, ...], digest: int
+                   ) -> Coroutine[Any, Any, None] | None:
+        """Publish one frame of a fast path's batch; returns the publish to await when
+        the client could not take it at once (the rest then wait for it)."""
+        if item[0] == "own":
+            frames = _unframe(item[1])
+            for at, frame in enumerate(frames):
+                left = self._emit_post(self.out_subject, frame, answering=digest)
+                if left is not None:
+                    return self._then_emit(left, frames[at + 1:], digest)
+            return None
+        return self._publish_frame_post(item[1], item[2], item[3])
+
+    async def _then_emit(self, left: Awaitable[None], frames: list[bytes],
+                         digest: int) -> None:
+        await left
+        for frame in frames:
+            await self._emit(self.out_subject, frame, answering=digest)
+
+    async def _finish_batch(self, left: Awaitable[None], rest: list[tuple[Any, ...]],
+                            digest: int, wake: bool) -> None:
+        """The fast path's publishes from the first the client could not take at once, in
+        order, each awaited; then the task is woken if it has something to do."""
+        try:
             with contextlib.suppress(ConnectionLost):  # (a bus gone: the task finds it)
-                for item in batch:
-                    if item[0] == "own":
-                        for frame in _unframe(item[1]):
-                            await self._emit(self.out_subject, frame, answering=digest)
-                    else:
-                        await self._publish_frame(item[1], item[2], item[3])
+                await left
+                for item in rest:
+                    more = self._post_item(item, digest)
+                    if more is not None:
+                        await more
+        finally:
             if self._taken is not None or wake:
                 self._arrived.set()
 
     async def deliver(self, suffix: str | None, payload: bytes, *,
                       no_responders: bool = False) -> None:
         """Take one NATS message of this session (called by the bus, in order)."""
+        left = self.deliver_now(suffix, payload, no_responders)
+        if left is not None:
+            await left
+
+    def deliver_now(self, suffix: str | None, payload: bytes, no_responders: bool = False
+                    ) -> Awaitable[None] | None:
+        """:meth:`deliver` without a coroutine: returns what is left to await (publishes
+        the client could not take at once), if anything."""
         if self._closed:
-            return
+            return None
         if no_responders:
             self._no_responders = True
             self._arrived.set()
-            return
-        digest = hashlib.sha256(payload).digest()
-        if digest in self._seen:
+            return None
+        digest = _frame_key(payload)
+        seen = self._seen
+        if digest in seen:
             self.duplicates += 1
             self.bus.stats["duplicates"] += 1
-            for subject, data in self._answers.get(digest, ()):
-                await self.bus._publish(subject, data)
-            return
-        self._seen[digest] = None
-        while len(self._seen) > self.bus.limits.dedupe_window:
-            self._seen.popitem(last=False)
+            answers = self._answers.get(digest)
+            return self.bus._post_all(answers) if answers else None
+        seen[digest] = None
+        if len(seen) > self.bus.limits.dedupe_window:
+            seen.popitem(last=False)
         if self._fast_ready():
-            self._answers[digest] = []
-            while len(self._answers) > self.bus.limits.reply_cache:
-                self._answers.popitem(last=False)
-            await self._take_frame_now(suffix, payload, digest)
-            return
+            if not self.opener:  # (only the opener repeats: only its peer's are answered)
+                self._remember_answers(digest)
+            return self._take_frame_now(suffix, payload, digest)
         if len(self._inbox) >= self.limits.max_pending_frames:
             self._overflow = True
         else:
             self._inbox.append((suffix, payload))
-            self._answers[digest] = []
-            while len(self._answers) > self.bus.limits.reply_cache:
-                self._answers.popitem(last=False)
+            if not self.opener:
+                self._remember_answers(digest)
         self._arrived.set()
+        return None
+
+    def _remember_answers(self, digest: int) -> None:
+        """Keep what this side answers to the frame ``digest`` (for a repeat of it)."""
+        answers = self._answers
+        answers[digest] = []
+        if len(answers) > self.bus.limits.reply_cache:
+            answers.popitem(last=False)
 
     def seen(self, payload: bytes) -> bool:
-        return hashlib.sha256(payload).digest() in self._seen
+        return _frame_key(payload) in self._seen
 
     async def _accepted(self, event: Event) -> None:
         await self._check_subjects(event)  # (Connection.next_event's hook)
@@ -576,7 +847,7 @@ class NatsConnection(Connection):
         message = event.message
         if message.conversation_id is None and message.in_reply_to is not None:
             self._resend.pop((NO_CONVERSATION, message.in_reply_to), None)
-        if self._current is not None:
+        if self._current is not None and not self.opener:  # (see deliver_now)
             self._frame_of[message.message_id] = self._current
             while len(self._frame_of) > self.bus.limits.reply_cache:
                 self._frame_of.popitem(last=False)
@@ -590,7 +861,7 @@ class NatsConnection(Connection):
             return
         suffix, payload = taken
         self._suffix = suffix
-        self._current = hashlib.sha256(payload).digest() if payload else None
+        self._current = _frame_key(payload) if payload else None
         self.bytes_received += len(payload)
         if payload:
             self.session.receive_data(len(payload).to_bytes(PREFIX_BYTES, "big") + payload)
@@ -745,20 +1016,28 @@ class NatsConnection(Connection):
                 self._arrived.set()
 
     async def _emit(self, subject: str, data: bytes, reply: str = "", *,
-                    answering: bytes | None = None) -> None:
+                    answering: int | None = None) -> None:
         """Publish ``data``, remembered as an answer to the frame ``answering`` (default:
         the frame being handled) so that a repeat of that frame is answered again.
         Nothing is published while the peer is not verified (:meth:`_answers_peer`)."""
+        left = self._emit_post(subject, data, reply, answering=answering)
+        if left is not None:
+            await left
+
+    def _emit_post(self, subject: str, data: bytes, reply: str = "", *,
+                   answering: int | None = None) -> Coroutine[Any, Any, None] | None:
+        """:meth:`_emit` at once where the client can; else returns the publish to await."""
         if not self._answers_peer():
             self.bus.stats["unanswered"] += 1
-            return
-        await self.bus._publish(subject, data, reply)
+            return None
+        left = self.bus._post(subject, data, reply)
         self.bytes_sent += len(data)
         frame = self._current if answering is None else answering
         if frame is not None:
             answers = self._answers.get(frame)
             if answers is not None and len(answers) < 8:
-                answers.append((subject, data))
+                answers.append((subject, data, ""))
+        return left
 
     async def _write(self, data: bytes) -> None:
         """Publish what the session produced by itself (handshake answers, the initiator's
@@ -771,41 +1050,51 @@ class NatsConnection(Connection):
     async def send(self, event: Event) -> int:
         """Send ``event``: the first frame (the QUERY) on the peer's agent subject, the rest
         on the session subject, a protocol message on its conversation's subject."""
-        data = self.session.send(event, now=self.clock())
+        session, now = self.session, self.clock()
+        data = send_frame(session, event.message, now) \
+            if type(event) is ProtocolMessage else None
+        if data is None:
+            data = session.send(event, now=now)
         if not data:
             return 0
-        step = self.session.last_sent_step if isinstance(event, ProtocolMessage) else None
-        await self._publish_frame(event, data, step)
+        step = session.last_sent_step if isinstance(event, ProtocolMessage) else None
+        left = self._publish_frame_post(event, data, step)
+        if left is not None:
+            await left
         return len(data)
 
-    async def _publish_frame(self, event: Event, data: bytes, step: Any) -> None:
+    def _publish_frame_post(self, event: Event, data: bytes, step: Any
+                            ) -> Coroutine[Any, Any, None] | None:
         """Publish the frame ``data`` the session made of ``event`` (whose conversation
-        step is ``step``) where it goes, and keep it to repeat if it awaits an answer."""
+        step is ``step``) where it goes, and keep it to repeat if it awaits an answer.
+        Returns the publish to await when the client could not take it at once."""
         payload = data[PREFIX_BYTES:]
         answering = None
         thread: _Thread = None
-        if isinstance(event, Query) and self._first_subject is not None:
-            subject, reply = self._first_subject, self.inbox
-            self._first_subject = None
-        elif isinstance(event, ProtocolMessage):
-            token = self.bus._cid_token(event.message.conversation_id)
+        if type(event) is ProtocolMessage:
+            message = event.message
+            token = self.bus._cid_token(message.conversation_id)
             thread = token if token != NO_CONVERSATION \
-                else (NO_CONVERSATION, event.message.message_id)
+                else (NO_CONVERSATION, message.message_id)
             subject = f"{self.out_subject}.{token}"
             reply = ""
             # A reply answers the frame its message came in (handlers run beside the pump,
             # so the frame being handled now may be a later one); anything else, none
-            # (b"": no frame).
-            replied = event.message.in_reply_to
-            answering = (self._frame_of.get(replied) if replied is not None else None) \
-                or b""
+            # (_NO_FRAME).
+            replied = message.in_reply_to
+            answering = _NO_FRAME if replied is None \
+                else self._frame_of.get(replied, _NO_FRAME)
+        elif isinstance(event, Query) and self._first_subject is not None:
+            subject, reply = self._first_subject, self.inbox
+            self._first_subject = None
         else:
             subject, reply = self.out_subject, ""
-        await self._emit(subject, payload, reply, answering=answering)
+        left = self._emit_post(subject, payload, reply, answering=answering)
         if step is not None and step.finished:
             self._resend.pop(thread, None)
         else:
             self._arm(thread, subject, payload, reply)
+        return left
 
     async def close(self) -> None:
         """End the stream: tell the session, publish the end (an empty message), forget
@@ -879,6 +1168,8 @@ class NatsBus:
         self.me = subject_token(str(agent.name), limit=self.limits.max_token_bytes)
         self._session_prefix = f"{prefix}.s.{self.me}."
         self._sessions: dict[tuple[str, str, str], NatsConnection] = {}
+        self._by_inbox: dict[bytes, NatsConnection] = {}  # the same, by inbox subject
+        self._cid_tokens: dict[str, str] = {}  # conversation id -> token (_cid_token)
         self._links: dict[tuple[str, str, str], Link] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -896,6 +1187,8 @@ class NatsBus:
         self._durable_seen_set: set[str] = set()
         self._send_registries: OrderedDict[str, Registry] = OrderedDict()
         self._closing = False
+        self._publish_now: Callable[[str, bytes, str], bool] | None = \
+            client.publish_now if isinstance(client, _DirectClient) else None
         self.stats: dict[str, int] = {
             "refused": 0, "busy": 0, "replays": 0, "unknown": 0, "duplicates": 0,
             "spoofed": 0, "unanswered": 0, "evicted": 0,
@@ -980,6 +1273,32 @@ class NatsBus:
         self._subs.append(sub)
         return sub
 
+    def _post(self, subject: str, data: bytes, reply: str = ""
+              ) -> Coroutine[Any, Any, None] | None:
+        """Publish at once where the client can (:meth:`_DirectClient.publish_now`) and
+        return ``None``; else return the publish to await (:meth:`_publish`)."""
+        publish_now = self._publish_now
+        if publish_now is not None and publish_now(subject, data, reply):
+            return None
+        return self._publish(subject, data, reply)
+
+    def _post_all(self, items: Iterable[tuple[str, bytes, str]]) -> Awaitable[None] | None:
+        """:meth:`_post` of each of ``items`` in order; returns what is left to await (from
+        the first publish the client could not take at once: the rest after it)."""
+        items = list(items)
+        for at, (subject, data, reply) in enumerate(items):
+            left = self._post(subject, data, reply)
+            if left is not None:
+                return self._publish_rest(left, items[at + 1:])
+        return None
+
+    async def _publish_rest(self, left: Awaitable[None],
+                            items: list[tuple[str, bytes, str]]) -> None:
+        with contextlib.suppress(ConnectionLost):
+            await left
+            for subject, data, reply in items:
+                await self._publish(subject, data, reply)
+
     async def _publish(self, subject: str, data: bytes, reply: str = "") -> None:
         try:
             await self.client.publish(subject, data, reply=reply)
@@ -1025,9 +1344,19 @@ class NatsBus:
         return subject_token(text, limit=self.limits.max_token_bytes)
 
     def _cid_token(self, cid: str | None) -> str:
+        """The subject token of a conversation id (``_`` for none), remembered for the
+        last ``_TOKENS_KEPT`` ids (each is asked for at least twice: sent and received).
+        Raises as :func:`subject_token`."""
         if cid is None:
             return NO_CONVERSATION
-        return self._token(cid)
+        tokens = self._cid_tokens
+        token = tokens.get(cid)
+        if token is None:
+            token = self._token(cid)
+            if len(tokens) >= _TOKENS_KEPT:
+                tokens.clear()  # (bounded; most ids are used for one conversation)
+            tokens[cid] = token
+        return token
 
     # ----------------------------------------------------------------- receiving
 
@@ -1035,30 +1364,50 @@ class NatsBus:
         """A message on one of our session subjects, the way nats-py hands it to a
         subscription (unused while :class:`_DirectClient` takes them)."""
         headers = msg.headers or {}
-        await self._on_session(msg.subject, msg.data,
-                               not msg.data and headers.get("Status") == "503")
+        left = self._on_session(msg.subject, msg.data,
+                                not msg.data and headers.get("Status") == "503")
+        if left is not None:
+            await left
 
-    async def _on_session_frame(self, subject: bytes, data: bytes, headers: bytes) -> None:
+    def _on_session_frame(self, subject: bytes, data: bytes, headers: bytes | None
+                          ) -> Awaitable[None] | None:
         """A message on one of our session subjects, from the client's read loop
-        (:class:`_DirectClient`): its headers read only for a status (no payload)."""
-        no_responders = False
+        (:class:`_DirectClient`): its headers read only for a status (no payload).
+        Returns what is left to await, if anything."""
         if headers and not data:
-            parsed = await self.client._process_headers(headers)
-            no_responders = (parsed or {}).get("Status") == "503"
-        await self._on_session(subject.decode("utf-8", "replace"), data, no_responders)
+            return self._on_status(subject, headers)
+        # (by the session's inbox subject as bytes: no decoding or split of the subject)
+        by_inbox = self._by_inbox
+        connection = by_inbox.get(subject)
+        if connection is not None:
+            return connection.deliver_now(None, data)
+        head, _, tail = subject.rpartition(b".")
+        connection = by_inbox.get(head)
+        if connection is not None:
+            return connection.deliver_now(tail.decode("utf-8", "replace"), data)
+        return self._on_session(subject.decode("utf-8", "replace"), data, False)
 
-    async def _on_session(self, subject: str, data: bytes, no_responders: bool) -> None:
-        """Hand a message on one of our session subjects to its session, or drop it."""
+    async def _on_status(self, subject: bytes, headers: bytes) -> None:
+        parsed = await self.client._process_headers(headers)
+        left = self._on_session(subject.decode("utf-8", "replace"), b"",
+                                (parsed or {}).get("Status") == "503")
+        if left is not None:
+            await left
+
+    def _on_session(self, subject: str, data: bytes, no_responders: bool
+                    ) -> Awaitable[None] | None:
+        """Hand a message on one of our session subjects to its session, or drop it.
+        Returns what is left to await, if anything."""
         rest = subject[len(self._session_prefix):].split(".")
         if len(rest) not in (3, 4):
             self.stats["unknown"] += 1
-            return
+            return None
         connection = self._sessions.get((rest[0], rest[1], rest[2]))
         if connection is None:
             self.stats["unknown"] += 1
-            return
-        await connection.deliver(rest[3] if len(rest) == 4 else None, data,
-                                 no_responders=no_responders)
+            return None
+        return connection.deliver_now(rest[3] if len(rest) == 4 else None, data,
+                                      no_responders)
 
     async def serve(self) -> None:
         """Answer sessions on this agent's subject (``P.agent.TOKEN``): negotiate, learn what
@@ -1247,6 +1596,7 @@ class NatsBus:
 
     def _register(self, connection: NatsConnection, link: Link | None) -> None:
         self._sessions[connection.key] = connection
+        self._by_inbox[connection.inbox.encode()] = connection
         if link is not None:
             self._links[connection.key] = link
 
@@ -1254,6 +1604,9 @@ class NatsBus:
         if self._sessions.get(connection.key) is connection:
             del self._sessions[connection.key]
             self._links.pop(connection.key, None)
+        inbox = connection.inbox.encode()
+        if self._by_inbox.get(inbox) is connection:
+            del self._by_inbox[inbox]
         self._remember_ended(connection.key[0], connection.key[1])
 
     def _remember_ended(self, peer_token: str, sid: str) -> None:
