@@ -62,6 +62,7 @@
  * items of tuples and dicts that only the GIL keeps from changing under them.
  */
 #include "native.h"
+#include "intern.h"
 
 /* ------------------------------------------------------------------------- MethodEntry */
 
@@ -513,6 +514,8 @@ native_exec(PyObject *module)
         PyModule_AddFunctions(module, cbcl_speedups_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_encoders_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_outgoing_methods) < 0)
+        return -1;
+    if (cbcl_intern_exec(module) < 0) /* (before the scanner's, which imports the tables' module) */
         return -1;
     if (cbcl_scanner_exec(module, st) < 0 || cbcl_speedups_exec(module, st) < 0 ||
             cbcl_encoders_exec(module, st) < 0 || cbcl_session_exec(module, st) < 0 ||

@@ -127,14 +127,14 @@ typedef struct {
                              * checked the layout at exec); 0: made by str.__new__ */
 } ValueTypes;
 
-/* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._reader's
- * _SYMBOLS and _KEYWORDS, the names pinned in them, their bound, and the bounds of the
- * reader's token cache), so that a name never seen before is interned here, without a call
- * into Python (cbcl_intern_name). `symbols` NULL: not set up (make_atom is called). */
+/* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._values'
+ * SYMBOL_TABLE and KEYWORD_TABLE: intern.c's NameTables, each with its bound and pinned
+ * names) and the bounds of the reader's token cache, so that a name never seen before is
+ * interned here, without a call into Python (cbcl_intern_name). `symbols` NULL: not set
+ * up (make_atom is called). */
 typedef struct {
-    PyObject *symbols, *keywords, *pinned_symbols, *pinned_keywords; /* dicts (strong) */
+    PyObject *symbols, *keywords; /* NameTables (intern.h; strong) */
     PyObject *cache;        /* the reader's token cache (_CACHE), emptied with a table */
-    Py_ssize_t max_names;   /* _INTERN_MAX: a table this full is emptied to its pinned */
     Py_ssize_t cache_chars; /* _CACHED_CHARS: the longest token the token cache keeps */
     Py_ssize_t cache_max;   /* _CACHE_MAX: a token cache this full is emptied */
 } InternTables;
