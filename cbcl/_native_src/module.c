@@ -43,7 +43,8 @@
  * storage the Message and Signature dataclasses are made over, whose structs the writers
  * read and the decoders fill; encoders.c's EncoderFields, what the Encoder's entry
  * reads), public callables, and the member descriptors of the slots the Decoder's entry
- * reads, found on its class by name and used through tp_descr_get (entry.h). No private CPython API is used (no _Py* name),
+ * reads, found on its class by name and used through tp_descr_get (entry.h). No private CPython API is used (no _Py* name;
+ * one exception, intern.c's _Py_HashBytes before 3.14, str's hash of a name's bytes, checked against hash(str) where used),
  * no offset is read from a descriptor, and nothing is set on a Python class or module:
  * the entries are bound by the Python definitions themselves (entry.h).
  *

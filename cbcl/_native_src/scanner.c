@@ -31,7 +31,8 @@
  * ASCII keyword, symbol or URI (new names: agents invent them all the time, and a peer can
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
- * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
+ * (intern.c's NameTables, probed with the run's bytes, their bound kept; a new atom
+ * written in place from those bytes, atom_write: no token str) and a
  * URI made (a symbol's and a keyword's intern table is its cache: looked up first for a
  * run that is a NAME or ':' and a NAME, by the name, and a new one goes there only; an
  * ASCII URI is made at once, the memo its only cache); every other miss calls
@@ -773,10 +774,10 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
     if (ascii && p[i] == ':' && length >= 2 && st->scanner.intern.symbols != NULL) {
-        /* A keyword: its intern table is its cache, as a symbol's is, looked up by the
-         * name (the one str made for it; no token str, no token-cache entry), and its
-         * memo slot keyed by the name (kind 1: no symbol's entry matches it, and only a
-         * keyword's name is kept under it, so a hit needs no NAME check). */
+        /* A keyword: its intern table is its cache, as a symbol's is, probed with the
+         * name's bytes (no str made for it, no token-cache entry), and its memo slot
+         * keyed by the name (kind 1: no symbol's entry matches it, and only a keyword's
+         * name is kept under it, so a hit needs no NAME check). */
         if (length <= MEMO_CHARS) {
             slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
             PyObject *hit = memo_hit(slot, 1, p + i + 1, length - 1);
