@@ -297,9 +297,11 @@ name_table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     int which;
     Py_ssize_t bound;
     PyObject *pinned;
-    static char *keywords[] = {"which", "bound", "pinned", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "inO!:NameTable", keywords, &which,
-                                     &bound, &PyDict_Type, &pinned))
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "NameTable() takes positional arguments only");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "inO!:NameTable", &which, &bound, &PyDict_Type, &pinned))
         return NULL;
     if ((which != 0 && which != 1) || bound < 1 || bound > ((Py_ssize_t)1 << 40)) {
         PyErr_SetString(PyExc_ValueError,
