@@ -755,7 +755,9 @@ class _Memos:
     is found or made, so what is remembered is never observable (and sharing one between
     threads is safe under the GIL: each step is one dict operation). Symbols and keywords
     are the reader's process-wide intern tables (``cbcl.core._reader._SYMBOLS``), shared so a
-    frame's atoms are the very objects of the grammars' tables."""
+    frame's atoms are the very objects of the grammars' tables (:attr:`caches` holds
+    ``_SYMBOL_CACHE``: those tables where they are dicts, else empty dicts in front of the
+    native ones)."""
 
     __slots__ = ("built_from", "by_digest", "caches", "decimals", "default_state", "entries",
                  "frame_plans", "frame_states", "keep", "make_atom", "uris")
