@@ -294,8 +294,9 @@ CBCL_INTERNAL int cbcl_outgoing_encoder_accepts(NativeState *st, PyObject *encod
  * an exception. */
 CBCL_INTERNAL PyObject *cbcl_intern_name(NativeState *st, int keyword, PyObject *name);
 
-/* cbcl_intern_name for a name the caller has just looked up in the table and not found
- * (the lookup is not made again). */
+/* cbcl_intern_name for a name the caller has just looked up in its cache and not found:
+ * since the tables are intern.c's NameTables (no caller's cache is one), the same as
+ * cbcl_intern_name (kept for its callers). */
 CBCL_INTERNAL PyObject *cbcl_intern_new_name(NativeState *st, int keyword, PyObject *name);
 
 /* A new atom of type vt->inert[which] (0 Symbol, 1 Keyword, 2 URI) spelled `text` (an
