@@ -1,12 +1,12 @@
 """Types of the optional C accelerator ``cbcl._native`` (``cbcl/_native_src/``: one module,
-built from scanner.c, speedups.c and encoders.c). Its functions take positional arguments
+built from scanner.c, speedups.c, encoders.c, intern.c …). Its functions take positional arguments
 only; the twins raise nothing for anything in their input and return ``None`` when the
 Python twin must read, write or refuse it. What the set-up and ``*_entry`` functions are
 given, and the memos, are kept in the state of the module object they are called on
 (``cbcl/_native_src/native.h``): another module object, such as another interpreter's,
 has its own."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from decimal import Decimal
 from typing import Any, TypeVar, final
 
@@ -40,15 +40,39 @@ def read_value(
     intern table only; keywords and URIs remembered in ``cache`` too, as ``make_atom``
     would). The cyclic collector does not run during the read (nor make_atom's calls)."""
 
-def setup_intern(symbols: dict[str, Any], keywords: dict[str, Any],
-                 pinned_symbols: dict[str, Any], pinned_keywords: dict[str, Any],
-                 max_names: int, cache_chars: int, cache_max: int,
+def setup_intern(symbols: NameTable, keywords: NameTable, cache_chars: int, cache_max: int,
                  cache: dict[str, object] | None = None, /) -> None:
-    """The reader's intern tables (``cbcl.core._reader._SYMBOLS`` …), the bound of each
-    (emptied down to its pinned names when full) and the token cache's bounds: the C
-    readers intern new names there, without a call into Python. ``cache`` (the token
-    cache) is emptied, with the native memos, when a table is. Raises ``ValueError``
-    for a bound that is not positive."""
+    """The reader's intern tables (``cbcl.core._values.SYMBOL_TABLE`` and
+    ``KEYWORD_TABLE``, each with its bound and pinned names) and the token cache's bounds:
+    the C readers and decoder intern new names there, without a call into Python.
+    ``cache`` (the token cache) is emptied, with the native memos, when a table is. Raises
+    ``TypeError`` for tables that are not NameTables of their kind, ``ValueError`` for a
+    bound that is not positive."""
+
+@final
+class NameTable(MutableMapping[str, Any]):
+    """An intern table of symbols (``which=0``) or keywords (``which=1``) by name, at most
+    ``bound`` atoms (``cbcl/_native_src/intern.c``): a new name that finds it full empties
+    it down to the names of ``pinned`` (name -> atom) and has the native memos forget their
+    atoms. Raises ``ValueError`` for another ``which`` or a ``bound`` < 1."""
+
+    def __init__(self, which: int, bound: int, pinned: dict[str, Any], /) -> None: ...
+    def __getitem__(self, name: str, /) -> Any: ...
+    def __setitem__(self, name: str, atom: Any, /) -> None:
+        """Enter ``atom`` under ``name``; ``ValueError`` unless its text is ``name``."""
+    def __delitem__(self, name: str, /) -> None: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __len__(self) -> int: ...
+    def intern(self, name: str, pin: bool = False, /) -> Any:
+        """The atom interned as ``name`` (an exact str, a valid name: not checked), made
+        and entered on a miss; ``pin`` keeps it through emptyings (at most bound // 2)."""
+    @property
+    def bound(self) -> int: ...
+    @property
+    def pinned(self) -> dict[str, Any]: ...
+    @property
+    def hashes_bytes(self) -> bool:
+        """Whether names are hashed from their bytes (the check against str's hash held)."""
 
 def forget_atoms() -> None:
     """Empty the native memos of atoms and the token cache :func:`setup_intern` was given,

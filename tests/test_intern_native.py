@@ -346,3 +346,173 @@ def test_a_new_keyword_is_interned_by_its_name_without_a_token_cache_entry() -> 
             assert first is again is _reader._KEYWORDS[name] is cbcl.Keyword(name)
             assert symbol is _reader._SYMBOLS[name]
             assert f":{name}" not in _reader._CACHE
+
+
+# ------------------------------------------------------- the intern tables in C (intern.c)
+#
+# Where the extension is built, the intern tables are cbcl._native.NameTables: open
+# addressing over atoms, no key str, the name's hash the one str gives it. Held here to
+# the Python reference's _intern over a dict (the same bound, pinned names and identity).
+
+_ANY_NAME = st.text(max_size=12)  # (non-ASCII too: intern() takes any str, unchecked)
+
+
+def _python_intern(table: dict[str, Any], pinned: dict[str, Any], name: str, pin: bool,
+                   bound: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as patch:
+        patch.setattr(_reader, "_INTERN_MAX", bound)
+        return _reader._intern(table, pinned, Symbol, name, pin)
+
+
+def test_the_reader_tables_are_native_and_hash_as_str() -> None:
+    symbols: Any = _reader._SYMBOLS
+    keywords: Any = _reader._KEYWORDS
+    assert type(symbols) is native.NameTable and type(keywords) is native.NameTable
+    assert symbols.bound == keywords.bound == _reader._INTERN_MAX == 8192
+    assert symbols.pinned is _reader._PINNED_SYMBOLS
+    assert keywords.pinned is _reader._PINNED_KEYWORDS
+    # (the names' hash is taken from their bytes: checked against str's at creation)
+    assert symbols.hashes_bytes and keywords.hashes_bytes
+    # (the decoders' caches: empty dicts, a miss in which goes to the table)
+    assert _reader._SYMBOL_CACHE == {} and _reader._KEYWORD_CACHE == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 11), st.booleans()), min_size=1, max_size=60),
+       st.lists(st.text(alphabet="ab", min_size=1, max_size=3), min_size=12, max_size=12,
+                unique=True),
+       st.integers(1, 5))
+def test_a_name_table_is_held_to_the_python_intern(ops: list[tuple[int, bool]],
+                                                   pool: list[str], bound: int) -> None:
+    """The same names interned (some pinned) into a NameTable and, by the reference's
+    _intern, into a dict of the same bound: the same names held after each step, the same
+    atoms kept or made again (identity), and each atom's hash str's."""
+    monkeypatch = pytest.MonkeyPatch()
+    table = native.NameTable(0, bound, {})
+    reference: dict[str, Any] = {}
+    pinned: dict[str, Any] = {}
+    seen_c: dict[str, Any] = {}
+    seen_py: dict[str, Any] = {}
+    for index, pin in ops:
+        name = pool[index]
+        mine = table.intern(name, pin)
+        theirs = _python_intern(reference, pinned, name, pin, bound, monkeypatch)
+        assert type(mine) is Symbol and mine == theirs
+        assert str.__str__(mine) == name
+        assert hash(mine) == hash(name) == hash(str.__str__(mine))
+        # (kept or made again: the same answer in both)
+        assert (seen_c.get(name) is mine) == (seen_py.get(name) is theirs)
+        seen_c[name], seen_py[name] = mine, theirs
+        assert sorted(table) == sorted(reference) and len(table) == len(reference)
+        assert len(table) <= bound
+        assert sorted(table.pinned) == sorted(pinned)
+        for held in reference:
+            assert table[held] is seen_c[held]
+
+
+def test_a_name_table_holds_n_names_and_empties_at_n_plus_one() -> None:
+    N = 16
+    pinned_dict: dict[str, Any] = {}
+    table = native.NameTable(1, N, pinned_dict)
+    keep = table.intern("kept", True)
+    assert pinned_dict == {"kept": keep}
+    names = [f"n{i}" for i in range(N - 1)]
+    made = [table.intern(name) for name in names]
+    assert len(table) == N  # (at N: nothing lost)
+    assert all(table.intern(name) is atom for name, atom in zip(names, made, strict=True))
+    assert all(type(atom) is Keyword for atom in made)
+    extra = table.intern("one-more")  # (N + 1: emptied down to the pinned name first)
+    assert len(table) == 2 and sorted(table) == ["kept", "one-more"]
+    assert table["kept"] is keep and table["one-more"] is extra
+    assert table.intern("n0") is not made[0] and table.intern("n0") == made[0]
+
+
+def test_emptying_a_name_table_forgets_the_native_memos() -> None:
+    rng = random.Random("forget")
+    (name,) = _fresh(rng, 1)
+    (before,) = _c_read(f"({name})")[0]  # (in the scanner's memo now)
+    table = native.NameTable(0, 1, {})
+    table.intern("a")
+    table.intern("b")  # (full: emptied, and the module's memos with it)
+    assert _reader._SYMBOLS.pop(name) is before  # (gone from the reader's table too)
+    (after,) = _c_read(f"({name})")[0]
+    assert after == before and after is not before  # (not the memo's old atom)
+    assert after is _reader._SYMBOLS[name] is cbcl.Symbol(name)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_ANY_NAME, min_size=1, max_size=40, unique=True))
+def test_a_name_table_is_a_mapping_of_any_names(texts: list[str]) -> None:
+    """Any str (not ASCII, empty, surrogates): found by its text, hashed as str, removed
+    and entered again as a dict would."""
+    table = native.NameTable(0, 64, {})
+    atoms = {text: table.intern(text) for text in texts}
+    for text, atom in atoms.items():
+        assert table.get(text) is atom and table[text] is atom and text in table
+        assert hash(atom) == hash(text) and str.__str__(atom) == text
+    assert sorted(table) == sorted(texts) and sorted(table.keys()) == sorted(texts)
+    gone = texts[::2]
+    for text in gone:
+        assert table.pop(text) is atoms[text]
+    for text in texts:
+        assert (text in table) == (text not in gone)
+        assert table.get(text, 0) == (0 if text in gone else atoms[text])
+    assert table.get(1) is None and 1 not in table  # (no str: held by no table)
+    table.update({text: atoms[text] for text in gone})
+    assert all(table[text] is atom for text, atom in atoms.items())
+    with pytest.raises(ValueError, match="its own text"):
+        table["x"] = Symbol("y")
+    del table[texts[0]]
+    with pytest.raises(KeyError):
+        table[texts[0]]
+    table.clear()
+    assert len(table) == 0 and list(table) == []
+
+
+def _colliding(mask: int, count: int, stem: str) -> list[str]:
+    """``count`` names whose hashes all fall on the same slot of a table of mask + 1."""
+    found: list[str] = []
+    target = None
+    for index in itertools.count():
+        name = f"{stem}{index}"
+        home = hash(name) & mask
+        if target is None:
+            target = home
+        if home == target:
+            found.append(name)
+            if len(found) == count:
+                return found
+    raise AssertionError  # pragma: no cover
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.permutations(range(12)), st.sets(st.integers(0, 11), max_size=6))
+def test_near_collisions_probe_and_remove_as_a_dict(order: list[int],
+                                                    removed: set[int]) -> None:
+    """Names on one slot (and names one character apart): each found, each removed without
+    losing the others past it (linear probing's backward shift)."""
+    table = native.NameTable(0, 16, {})  # (32 slots)
+    names = [*_colliding(31, 8, "c"), "ab", "ba", "abc", "abd"]
+    atoms = {names[i]: table.intern(names[i]) for i in order}
+    for i in sorted(removed):
+        assert table.pop(names[i]) is atoms[names[i]]
+    for i, name in enumerate(names):
+        assert (table.get(name) is atoms[name]) == (i not in removed)
+    for i in sorted(removed):
+        atoms[names[i]] = table.intern(names[i])
+    assert all(table[name] is atom for name, atom in atoms.items())
+    assert len(table) == len(names)
+
+
+def test_a_name_read_and_a_name_constructed_are_one_object() -> None:
+    rng = random.Random("constructed")
+    symbol, keyword = _fresh(rng, 2)
+    assert cbcl.Symbol(symbol) is not cbcl.Symbol(symbol)  # (not interned: not held)
+    value = cbcl.read(f"({symbol} :{keyword})".encode())
+    assert isinstance(value, tuple)
+    read_symbol, read_keyword = value
+    assert cbcl.Symbol(symbol) is read_symbol and cbcl.Keyword(keyword) is read_keyword
+    assert cbcl.Keyword(f":{keyword}") is read_keyword
+    assert hash(read_symbol) == hash(symbol) and hash(read_keyword) == hash(keyword)
+    assert _reader.intern_symbol(symbol) is read_symbol
+    assert _reader.intern_keyword(keyword) is read_keyword

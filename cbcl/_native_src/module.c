@@ -43,7 +43,8 @@
  * storage the Message and Signature dataclasses are made over, whose structs the writers
  * read and the decoders fill; encoders.c's EncoderFields, what the Encoder's entry
  * reads), public callables, and the member descriptors of the slots the Decoder's entry
- * reads, found on its class by name and used through tp_descr_get (entry.h). No private CPython API is used (no _Py* name),
+ * reads, found on its class by name and used through tp_descr_get (entry.h). No private CPython API is used (no _Py* name;
+ * one exception, intern.c's _Py_HashBytes before 3.14, str's hash of a name's bytes, checked against hash(str) where used),
  * no offset is read from a descriptor, and nothing is set on a Python class or module:
  * the entries are bound by the Python definitions themselves (entry.h).
  *
@@ -62,6 +63,7 @@
  * items of tuples and dicts that only the GIL keeps from changing under them.
  */
 #include "native.h"
+#include "intern.h"
 
 /* ------------------------------------------------------------------------- MethodEntry */
 
@@ -513,6 +515,8 @@ native_exec(PyObject *module)
         PyModule_AddFunctions(module, cbcl_speedups_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_encoders_methods) < 0 ||
         PyModule_AddFunctions(module, cbcl_outgoing_methods) < 0)
+        return -1;
+    if (cbcl_intern_exec(module) < 0) /* (before the scanner's, which imports the tables' module) */
         return -1;
     if (cbcl_scanner_exec(module, st) < 0 || cbcl_speedups_exec(module, st) < 0 ||
             cbcl_encoders_exec(module, st) < 0 || cbcl_session_exec(module, st) < 0 ||

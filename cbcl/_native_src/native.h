@@ -127,14 +127,14 @@ typedef struct {
                              * checked the layout at exec); 0: made by str.__new__ */
 } ValueTypes;
 
-/* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._reader's
- * _SYMBOLS and _KEYWORDS, the names pinned in them, their bound, and the bounds of the
- * reader's token cache), so that a name never seen before is interned here, without a call
- * into Python (cbcl_intern_name). `symbols` NULL: not set up (make_atom is called). */
+/* scanner.c's: the reader's intern tables as setup_intern gave them (cbcl.core._values'
+ * SYMBOL_TABLE and KEYWORD_TABLE: intern.c's NameTables, each with its bound and pinned
+ * names) and the bounds of the reader's token cache, so that a name never seen before is
+ * interned here, without a call into Python (cbcl_intern_name). `symbols` NULL: not set
+ * up (make_atom is called). */
 typedef struct {
-    PyObject *symbols, *keywords, *pinned_symbols, *pinned_keywords; /* dicts (strong) */
+    PyObject *symbols, *keywords; /* NameTables (intern.h; strong) */
     PyObject *cache;        /* the reader's token cache (_CACHE), emptied with a table */
-    Py_ssize_t max_names;   /* _INTERN_MAX: a table this full is emptied to its pinned */
     Py_ssize_t cache_chars; /* _CACHED_CHARS: the longest token the token cache keeps */
     Py_ssize_t cache_max;   /* _CACHE_MAX: a token cache this full is emptied */
 } InternTables;
@@ -294,8 +294,9 @@ CBCL_INTERNAL int cbcl_outgoing_encoder_accepts(NativeState *st, PyObject *encod
  * an exception. */
 CBCL_INTERNAL PyObject *cbcl_intern_name(NativeState *st, int keyword, PyObject *name);
 
-/* cbcl_intern_name for a name the caller has just looked up in the table and not found
- * (the lookup is not made again). */
+/* cbcl_intern_name for a name the caller has just looked up in its cache and not found:
+ * since the tables are intern.c's NameTables (no caller's cache is one), the same as
+ * cbcl_intern_name (kept for its callers). */
 CBCL_INTERNAL PyObject *cbcl_intern_new_name(NativeState *st, int keyword, PyObject *name);
 
 /* A new atom of type vt->inert[which] (0 Symbol, 1 Keyword, 2 URI) spelled `text` (an

@@ -31,7 +31,8 @@
  * ASCII keyword, symbol or URI (new names: agents invent them all the time, and a peer can
  * choose to) is judged and made here (new_name_atom: C mirrors of the NAME, SYMBOL and
  * URI rules of cbcl.core._vocabulary), the name interned in the reader's own intern tables
- * (cbcl_intern_name, their bound kept; the atom written in place, atom_in_place) and a
+ * (intern.c's NameTables, probed with the run's bytes, their bound kept; a new atom
+ * written in place from those bytes, atom_write: no token str) and a
  * URI made (a symbol's and a keyword's intern table is its cache: looked up first for a
  * run that is a NAME or ':' and a NAME, by the name, and a new one goes there only; an
  * ASCII URI is made at once, the memo its only cache); every other miss calls
@@ -40,10 +41,10 @@
  * the atom, remembers it, or returns None). Python's rules stay the definition: the C
  * mirrors are held to them by tests/test_scanner.py, tests/test_intern_native.py and
  * tests/fuzz/fuzz_scanner.py. The cyclic collector is paused while a value is read (see
- * cbcl_read_value_of); when an intern table is emptied, so are the memos (forget_memos).
+ * cbcl_read_value_of); when an intern table is emptied, so are the memos (cbcl_forget_memos).
  */
 #include "cstack.h"
-#include "native.h"
+#include "intern.h"
 
 static int
 is_space(unsigned char c)
@@ -441,10 +442,8 @@ is_ascii_uri(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
 #define COMPACT_ROOM ((Py_ssize_t)(sizeof(PyUnicodeObject) - sizeof(PyASCIIObject)))
 
 static PyObject *
-atom_in_place(PyTypeObject *type, PyObject *text)
+atom_write(PyTypeObject *type, const char *chars, Py_ssize_t n, Py_hash_t hash)
 {
-    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    Py_hash_t hash = PyObject_Hash(text); /* (a str's: cached, and never fails) */
     if (n < COMPACT_ROOM) {
         /* A name that fits (most: 31 characters on 3.11, 23 from 3.12) is written as a
          * compact ASCII str, its characters inside the object after the header, as
@@ -463,7 +462,8 @@ atom_in_place(PyTypeObject *type, PyObject *text)
 #if PY_VERSION_HEX < 0x030C0000
         a->state.ready = 1;
 #endif
-        memcpy(a + 1, PyUnicode_DATA(text), (size_t)n + 1); /* (with its terminating NUL) */
+        memcpy(a + 1, chars, (size_t)n);
+        ((char *)(a + 1))[n] = '\0';
         return (PyObject *)a;
     }
     char *data = PyObject_Malloc((size_t)n + 1);
@@ -475,7 +475,8 @@ atom_in_place(PyTypeObject *type, PyObject *text)
         return NULL;
     }
     memset((char *)u + sizeof(PyObject), 0, sizeof(PyUnicodeObject) - sizeof(PyObject));
-    memcpy(data, PyUnicode_DATA(text), (size_t)n + 1); /* (with its terminating NUL) */
+    memcpy(data, chars, (size_t)n);
+    data[n] = '\0';
     PyASCIIObject *a = (PyASCIIObject *)u;
     a->length = n;
     a->hash = hash;
@@ -488,6 +489,14 @@ atom_in_place(PyTypeObject *type, PyObject *text)
     ((PyCompactUnicodeObject *)u)->utf8_length = n;
     u->data.any = data;
     return (PyObject *)u;
+}
+
+/* The atom of the exact ASCII str `text`, written in place (its hash: the text's). */
+static PyObject *
+atom_in_place(PyTypeObject *type, PyObject *text)
+{
+    Py_hash_t hash = PyObject_Hash(text); /* (a str's: cached, and never fails) */
+    return atom_write(type, PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text), hash);
 }
 
 /* Whether `mine` (made by atom_in_place) and `theirs` (by str.__new__) are the same
@@ -590,12 +599,28 @@ cbcl_new_atom(const ValueTypes *vt, int which, PyObject *text)
     return value;
 }
 
+PyObject *
+cbcl_new_atom_ascii(const ValueTypes *vt, int which, const char *p, Py_ssize_t n,
+                    Py_hash_t hash)
+{
+#if CBCL_ATOMS_IN_PLACE
+    if (vt->atoms_in_place)
+        return atom_write(vt->inert[which], p, n, hash);
+#endif
+    PyObject *text = PyUnicode_FromStringAndSize(p, n);
+    if (text == NULL)
+        return NULL;
+    PyObject *atom = cbcl_new_atom(vt, which, text);
+    Py_DECREF(text);
+    return atom;
+}
+
 /* Forget every atom the native memos hold (the scanner's token memo, the decoder's atom
  * memo, the reader's token cache): called when an intern table is emptied, so that no memo
  * gives a name's atom from before, equal to the one the table holds from now on but not
  * the same object. */
-static void
-forget_memos(NativeState *st)
+void
+cbcl_forget_memos(NativeState *st)
 {
     for (int k = 0; k < CBCL_MEMO_SLOTS; k++) {
         Py_CLEAR(st->scanner.memo[k].key);
@@ -613,38 +638,15 @@ cbcl_intern_name(NativeState *st, int keyword, PyObject *name)
     InternTables *t = &st->scanner.intern;
     if (t->symbols == NULL)
         Py_RETURN_NONE;
-    PyObject *value = PyDict_GetItemWithError(keyword ? t->keywords : t->symbols, name);
-    if (value != NULL)
-        return Py_NewRef(value);
-    if (PyErr_Occurred())
-        return NULL;
-    return cbcl_intern_new_name(st, keyword, name);
+    return cbcl_names_intern(st, (NameTable *)(keyword ? t->keywords : t->symbols), name);
 }
 
+/* (The tables are intern.c's NameTables, which no caller looks in but through these: a
+ * caller's "not found" was in some other cache, so the table is looked in here too.) */
 PyObject *
 cbcl_intern_new_name(NativeState *st, int keyword, PyObject *name)
 {
-    InternTables *t = &st->scanner.intern;
-    if (t->symbols == NULL)
-        Py_RETURN_NONE;
-    PyObject *table = keyword ? t->keywords : t->symbols;
-    /* str.__new__(Symbol, name), as cbcl.core._reader._intern makes it */
-    PyObject *value = cbcl_new_atom(&st->values, keyword ? 1 : 0, name);
-    if (value == NULL)
-        return NULL;
-    if (PyDict_GET_SIZE(table) >= t->max_names) { /* full: emptied down to its pinned */
-        PyDict_Clear(table);
-        forget_memos(st);
-        if (PyDict_Update(table, keyword ? t->pinned_keywords : t->pinned_symbols) < 0) {
-            Py_DECREF(value);
-            return NULL;
-        }
-    }
-    if (PyDict_SetItem(table, name, value) < 0) {
-        Py_DECREF(value);
-        return NULL;
-    }
-    return value;
+    return cbcl_intern_name(st, keyword, name);
 }
 
 /* The atom of the ASCII run p[i:k] (the str `token`) if it is a keyword, a symbol or a
@@ -662,15 +664,13 @@ new_name_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t 
     if (p[i] == ':') {
         if (k - i < 2 || !is_name(p, i + 1, k))
             return 0;
-        PyObject *name = PyUnicode_Substring(token, 1, k - i);
-        if (name == NULL)
-            return -1;
-        value = cbcl_intern_name(st, 1, name);
-        Py_DECREF(name);
+        value = cbcl_names_intern_ascii(st, (NameTable *)t->keywords,
+                                        (const char *)p + i + 1, k - i - 1);
     } else if (is_name(p, i, k)) {
         if (numberlike(p, i, k))
             return 0;
-        value = cbcl_intern_name(st, 0, token);
+        value = cbcl_names_intern_ascii(st, (NameTable *)t->symbols, (const char *)p + i,
+                                        k - i);
     } else if (is_ascii_uri(p, i, k)) {
         value = cbcl_new_atom(&st->values, 2, token); /* _new(URI, …) */
     } else {
@@ -690,33 +690,36 @@ new_name_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t 
     return 1;
 }
 
-/* setup_intern(symbols, keywords, pinned_symbols, pinned_keywords, max_names, cache_chars,
- * cache_max[, cache]) -> None: the reader's intern tables and bounds (cbcl.core._reader),
- * kept in the module's state for cbcl_intern_name and the reader's new names; `cache`, the
- * reader's token cache, is emptied with the memos when a table is. */
+/* setup_intern(symbols, keywords, cache_chars, cache_max[, cache]) -> None: the reader's
+ * intern tables (cbcl.core._values' SYMBOL_TABLE and KEYWORD_TABLE, intern.c's NameTables,
+ * which keep their own bound and pinned names) and the bounds of its token cache, kept in
+ * the module's state for cbcl_intern_name and the reader's new names; `cache`, the reader's
+ * token cache, is emptied with the memos when a table is. */
 static PyObject *
 setup_intern(PyObject *module, PyObject *args)
 {
     NativeState *st = native_state(module);
     if (st == NULL)
         return NULL;
-    PyObject *tables[4], *cache = NULL;
-    Py_ssize_t max_names, cache_chars, cache_max;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!nnn|O!", &PyDict_Type, &tables[0], &PyDict_Type,
-                          &tables[1], &PyDict_Type, &tables[2], &PyDict_Type, &tables[3],
-                          &max_names, &cache_chars, &cache_max, &PyDict_Type, &cache))
+    PyObject *symbols, *keywords, *cache = NULL;
+    Py_ssize_t cache_chars, cache_max;
+    if (!PyArg_ParseTuple(args, "OOnn|O!", &symbols, &keywords, &cache_chars, &cache_max,
+                          &PyDict_Type, &cache))
         return NULL;
-    if (max_names < 1 || cache_chars < 0 || cache_max < 1) {
+    if (!cbcl_is_name_table(symbols) || !cbcl_is_name_table(keywords) ||
+            ((NameTable *)symbols)->which != 0 || ((NameTable *)keywords)->which != 1) {
+        PyErr_SetString(PyExc_TypeError,
+                        "setup_intern: symbols and keywords must be NameTables of their kind");
+        return NULL;
+    }
+    if (cache_chars < 0 || cache_max < 1) {
         PyErr_SetString(PyExc_ValueError, "setup_intern: the bounds must be positive");
         return NULL;
     }
     InternTables *t = &st->scanner.intern;
-    Py_XSETREF(t->symbols, Py_NewRef(tables[0]));
-    Py_XSETREF(t->keywords, Py_NewRef(tables[1]));
-    Py_XSETREF(t->pinned_symbols, Py_NewRef(tables[2]));
-    Py_XSETREF(t->pinned_keywords, Py_NewRef(tables[3]));
+    Py_XSETREF(t->symbols, Py_NewRef(symbols));
+    Py_XSETREF(t->keywords, Py_NewRef(keywords));
     Py_XSETREF(t->cache, Py_XNewRef(cache));
-    t->max_names = max_names;
     t->cache_chars = cache_chars;
     t->cache_max = cache_max;
     Py_RETURN_NONE;
@@ -730,7 +733,7 @@ forget_atoms(PyObject *module, PyObject *Py_UNUSED(ignored))
     NativeState *st = native_state(module);
     if (st == NULL)
         return NULL;
-    forget_memos(st);
+    cbcl_forget_memos(st);
     Py_RETURN_NONE;
 }
 
@@ -771,10 +774,10 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
     Py_ssize_t length = k - i;
     MemoSlot *slot = NULL;
     if (ascii && p[i] == ':' && length >= 2 && st->scanner.intern.symbols != NULL) {
-        /* A keyword: its intern table is its cache, as a symbol's is, looked up by the
-         * name (the one str made for it; no token str, no token-cache entry), and its
-         * memo slot keyed by the name (kind 1: no symbol's entry matches it, and only a
-         * keyword's name is kept under it, so a hit needs no NAME check). */
+        /* A keyword: its intern table is its cache, as a symbol's is, probed with the
+         * name's bytes (no str made for it, no token-cache entry), and its memo slot
+         * keyed by the name (kind 1: no symbol's entry matches it, and only a keyword's
+         * name is kept under it, so a hit needs no NAME check). */
         if (length <= MEMO_CHARS) {
             slot = &st->scanner.memo[hash & (MEMO_SLOTS - 1)];
             PyObject *hit = memo_hit(slot, 1, p + i + 1, length - 1);
@@ -783,18 +786,12 @@ read_atom(NativeState *st, const unsigned char *p, Py_ssize_t i, Py_ssize_t k, i
         }
         if (!is_name(p, i + 1, k))
             goto not_a_keyword;
-        PyObject *name = PyUnicode_New(length - 1, 127);
-        if (name == NULL)
-            return NULL;
-        memcpy(PyUnicode_DATA(name), p + i + 1, (size_t)length - 1);
-        PyObject *value = PyDict_GetItemWithError(st->scanner.intern.keywords, name);
-        if (value != NULL)
-            Py_INCREF(value);
-        else if (!PyErr_Occurred())
-            value = cbcl_intern_new_name(st, 1, name);
-        if (slot != NULL && value != NULL && value != Py_None)
-            memo_keep(slot, 1, name, value);
-        Py_DECREF(name);
+        /* (no str is made for the name: the table is probed with its bytes, and a new
+         * keyword written from them; the memo keyed by the atom, whose text is the name) */
+        PyObject *value = cbcl_names_intern_ascii(st, (NameTable *)st->scanner.intern.keywords,
+                                                  (const char *)p + i + 1, length - 1);
+        if (slot != NULL && value != NULL)
+            memo_keep(slot, 1, value, value);
         return value;
     }
 not_a_keyword:
@@ -804,6 +801,18 @@ not_a_keyword:
         PyObject *hit = memo_hit(slot, 0, p + i, length);
         if (hit != NULL)
             return hit;
+    }
+    if (ascii && st->scanner.intern.symbols != NULL && is_name(p, i, k) &&
+            !numberlike(p, i, k)) {
+        /* A symbol: its intern table is its cache (not the token cache too: one entry,
+         * and the cache keeps its room for the atoms only it holds), probed with the
+         * run's bytes; a new one written from them (no token str), the memo keyed by the
+         * atom, whose text is the token. */
+        PyObject *value = cbcl_names_intern_ascii(st, (NameTable *)st->scanner.intern.symbols,
+                                                  (const char *)p + i, length);
+        if (slot != NULL && value != NULL)
+            memo_keep(slot, 0, value, value);
+        return value;
     }
     PyObject *token;
     if (ascii) { /* (known ASCII: copied, not decoded) */
@@ -817,17 +826,7 @@ not_a_keyword:
             return NULL;
     }
     PyObject *value;
-    if (ascii && st->scanner.intern.symbols != NULL && is_name(p, i, k) &&
-            !numberlike(p, i, k)) {
-        /* A symbol: its intern table is its cache (a new one is not put in the token
-         * cache too: one insert, not two, and the cache keeps its room for the atoms only
-         * it holds). */
-        value = PyDict_GetItemWithError(st->scanner.intern.symbols, token);
-        if (value != NULL)
-            Py_INCREF(value);
-        else if (!PyErr_Occurred())
-            value = cbcl_intern_new_name(st, 0, token);
-    } else if (ascii && st->scanner.intern.symbols != NULL && is_ascii_uri(p, i, k)) {
+    if (ascii && st->scanner.intern.symbols != NULL && is_ascii_uri(p, i, k)) {
         /* A URI: made here, as new_name_atom makes it, and not looked up nor put in the
          * token cache (a URI has no identity to keep: the memo in front serves the ones
          * that recur, and a new one costs no lookup and no insert). */
@@ -1029,10 +1028,10 @@ PyMethodDef cbcl_scanner_methods[] = {
      "cbcl/_native_src/cstack.h holds for type, and whether its objects may be untracked "
      "(for the tests)."},
     {"setup_intern", setup_intern, METH_VARARGS,
-     "setup_intern(symbols, keywords, pinned_symbols, pinned_keywords, max_names, "
-     "cache_chars, cache_max[, cache]) -> None: the reader's intern tables and bounds, so "
-     "new names are interned without a call into Python; cache, the reader's token cache, "
-     "is emptied when a table is."},
+     "setup_intern(symbols, keywords, cache_chars, cache_max[, cache]) -> None: the "
+     "reader's intern tables (NameTables) and its token cache's bounds, so new names are "
+     "interned without a call into Python; cache, the reader's token cache, is emptied "
+     "when a table is."},
     {"forget_atoms", forget_atoms, METH_NOARGS,
      "forget_atoms() -> None: the native memos of atoms (and the token cache setup_intern "
      "was given) emptied, as when an intern table is emptied."},
@@ -1069,8 +1068,6 @@ cbcl_scanner_traverse(NativeState *st, visitproc visit, void *arg)
     }
     Py_VISIT(st->scanner.intern.symbols);
     Py_VISIT(st->scanner.intern.keywords);
-    Py_VISIT(st->scanner.intern.pinned_symbols);
-    Py_VISIT(st->scanner.intern.pinned_keywords);
     Py_VISIT(st->scanner.intern.cache);
     return 0;
 }
@@ -1084,8 +1081,6 @@ cbcl_scanner_clear(NativeState *st)
     }
     Py_CLEAR(st->scanner.intern.symbols);
     Py_CLEAR(st->scanner.intern.keywords);
-    Py_CLEAR(st->scanner.intern.pinned_symbols);
-    Py_CLEAR(st->scanner.intern.pinned_keywords);
     Py_CLEAR(st->scanner.intern.cache);
     for (int k = 0; k < 3; k++)
         Py_CLEAR(st->values.inert[k]);

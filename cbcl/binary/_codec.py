@@ -52,7 +52,13 @@ from ..core._errors import (
     UnknownProtocolError,
 )
 from ..core._limits import DEFAULT_LIMITS, Budget, Limits
-from ..core._reader import _KEYWORDS, _SYMBOLS, intern_keyword, intern_symbol, nowhere
+from ..core._reader import (
+    _KEYWORD_CACHE,
+    _SYMBOL_CACHE,
+    intern_keyword,
+    intern_symbol,
+    nowhere,
+)
 from ..core._values import (
     INT64_MAX,
     INT64_MIN,
@@ -749,7 +755,9 @@ class _Memos:
     is found or made, so what is remembered is never observable (and sharing one between
     threads is safe under the GIL: each step is one dict operation). Symbols and keywords
     are the reader's process-wide intern tables (``cbcl.core._reader._SYMBOLS``), shared so a
-    frame's atoms are the very objects of the grammars' tables."""
+    frame's atoms are the very objects of the grammars' tables (:attr:`caches` holds
+    ``_SYMBOL_CACHE``: those tables where they are dicts, else empty dicts in front of the
+    native ones)."""
 
     __slots__ = ("built_from", "by_digest", "caches", "decimals", "default_state", "entries",
                  "frame_plans", "frame_states", "keep", "make_atom", "uris")
@@ -773,7 +781,7 @@ class _Memos:
         #: By token code, the atoms already made of each kind written in full, by text:
         #: what the fast path (and its C twin, cbcl._native.build_body) looks in first.
         self.caches: tuple[dict[str, Any] | None, ...] = (
-            None, None, None, self.decimals, _SYMBOLS, _KEYWORDS, self.uris)
+            None, None, None, self.decimals, _SYMBOL_CACHE, _KEYWORD_CACHE, self.uris)
         #: The fast path's make_atom, bound once (the Python loop calls it on a miss).
         self.make_atom: Callable[[int, Any], Value | None] = self._make_atom
         #: What the C twins call on a miss, for an atom they have validated already.

@@ -32,13 +32,25 @@ The envelope parser (pass 1) drives the same token expression and calls
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from decimal import Decimal
 from typing import Any, NoReturn
 
 from ._errors import MalformedError, Position
 from ._limits import DEFAULT_LIMITS, Budget, Limits
-from ._values import INT64_MAX, INT64_MIN, KEYWORD_TABLE, SYMBOL_TABLE, URI, Keyword, Symbol, Value
+from ._values import (
+    INT64_MAX,
+    INT64_MIN,
+    INTERN_MAX,
+    KEYWORD_TABLE,
+    PINNED_KEYWORDS,
+    PINNED_SYMBOLS,
+    SYMBOL_TABLE,
+    URI,
+    Keyword,
+    Symbol,
+    Value,
+)
 from ._vocabulary import (
     INVISIBLE,
     MAX_DECIMAL_CHARS,
@@ -261,15 +273,26 @@ def read_value_at(text: str, pos: int, limits: Limits, depth: int, nodes: int,
 # immutable value equal to any other of its name, equality is the fallback of every
 # lookup, so a flushed table costs speed, never a different answer; the pinned names stay
 # through flushes (at most _INTERN_MAX // 2 of them).
-_INTERN_MAX = 8192
-_SYMBOLS: dict[str, Symbol] = SYMBOL_TABLE  # (cbcl.core._values': Symbol() looks there too)
-_KEYWORDS: dict[str, Keyword] = KEYWORD_TABLE
-_PINNED_SYMBOLS: dict[str, Symbol] = {}
-_PINNED_KEYWORDS: dict[str, Keyword] = {}
+#
+# The tables are cbcl.core._values' (Symbol() looks there too): dicts in the Python
+# reference, cbcl._native.NameTables where the extension is built, which keep the same bound
+# and pinned names in C (_intern hands a name to them: cbcl/_native_src/intern.c).
+_INTERN_MAX = INTERN_MAX
+_SYMBOLS: MutableMapping[str, Symbol] = SYMBOL_TABLE
+_KEYWORDS: MutableMapping[str, Keyword] = KEYWORD_TABLE
+_PINNED_SYMBOLS: dict[str, Symbol] = PINNED_SYMBOLS
+_PINNED_KEYWORDS: dict[str, Keyword] = PINNED_KEYWORDS
+# What a decoder's atom caches hold for symbols and keywords (cbcl.binary._codec, whose C
+# path takes dicts only): the tables themselves where they are dicts; else empty dicts, a
+# miss in which sends a name to the native table (in C, or through intern_symbol).
+_SYMBOL_CACHE: dict[str, Symbol] = _SYMBOLS if type(_SYMBOLS) is dict else {}
+_KEYWORD_CACHE: dict[str, Keyword] = _KEYWORDS if type(_KEYWORDS) is dict else {}
 
 
-def _intern(table: dict[str, Any], pinned: dict[str, Any], kind: type, name: str,
+def _intern(table: MutableMapping[str, Any], pinned: dict[str, Any], kind: type, name: str,
             pin: bool) -> Any:
+    if type(table) is not dict:  # a native table: its bound, pinned names and memos in C
+        return table.intern(name, pin)  # type: ignore[attr-defined]
     value = table.get(name)
     if value is None:
         value = _new(kind, name)
@@ -669,6 +692,7 @@ def _forget_atoms() -> None:
 
 try:
     from .._native import (
+        NameTable as _NameTable,
         forget_atoms as _forget_native_atoms,
         read_value as _scanner_read_value,
         setup_intern as _setup_intern,
@@ -678,11 +702,11 @@ except ImportError:  # not built: the Python reference reads alone
 else:
     _forget_atoms = _forget_native_atoms  # (it empties _CACHE too)
     _read_value_c = _scanner_read_value
-    # The C twins intern new names in these very tables, by the same rules and bounds as
-    # _intern, and remember new tokens in _CACHE as _atom does (issue 35: a call into
-    # Python per new name cost 1.5-2.5 µs against 0.03 µs for a recurring one).
-    # When a table is emptied (here or in C), the memos are too (_forget_atoms), so none
-    # gives an atom from before the emptying. A symbol new to the C reader goes to the
-    # table only, not to _CACHE as well: the table is its cache.
-    _setup_intern(_SYMBOLS, _KEYWORDS, _PINNED_SYMBOLS, _PINNED_KEYWORDS, _INTERN_MAX,
-                  _CACHED_CHARS, _CACHE_MAX, _CACHE)
+    # The C twins intern new names in these very tables (cbcl.core._values' NameTables:
+    # the same rules and bound as _intern, in C), and remember new tokens in _CACHE as
+    # _atom does (issue 35: a call into Python per new name cost 1.5-2.5 µs against
+    # 0.03 µs for a recurring one). When a table is emptied, the memos are too (the
+    # native ones and _CACHE), so none gives an atom from before the emptying. A symbol
+    # or keyword new to the C reader goes to its table only, not to _CACHE as well.
+    if isinstance(_SYMBOLS, _NameTable) and isinstance(_KEYWORDS, _NameTable):
+        _setup_intern(_SYMBOLS, _KEYWORDS, _CACHED_CHARS, _CACHE_MAX, _CACHE)

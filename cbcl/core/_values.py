@@ -35,7 +35,7 @@ subclass may define, so none of them is used on such a value.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from decimal import Decimal
 from enum import Enum
 from typing import Any, Protocol, TypeAlias
@@ -94,9 +94,17 @@ def is_name(text: str) -> bool:
 # constructors below can return the very object a name is interned as: a message built in
 # Python then holds the objects the encoders' symbol tables are keyed by (found by
 # identity, not by hash and comparison). Every name in them is valid (checked before it is
-# interned), so a name found needs no check.
-SYMBOL_TABLE: dict[str, Symbol] = {}
-KEYWORD_TABLE: dict[str, Keyword] = {}
+# interned), so a name found needs no check. Dicts here, in the Python reference; where the
+# extension is built, cbcl._native.NameTables (cbcl/_native_src/intern.c, issue 35: no key
+# str, no dict miss and insert per new name), made at the end of this module, which the C
+# readers and decoder intern in directly. Either way at most INTERN_MAX names each: a new
+# name that finds a table full empties it down to its pinned names (PINNED_SYMBOLS,
+# PINNED_KEYWORDS: the grammars' and schemas' literals, at most INTERN_MAX // 2).
+INTERN_MAX = 8192
+PINNED_SYMBOLS: dict[str, Symbol] = {}
+PINNED_KEYWORDS: dict[str, Keyword] = {}
+SYMBOL_TABLE: MutableMapping[str, Symbol] = {}
+KEYWORD_TABLE: MutableMapping[str, Keyword] = {}
 
 
 class Symbol(_Atom):
@@ -275,3 +283,14 @@ def _text_of(value: Any, what: str) -> str:
     if not issubclass(kind, str):
         raise ValueError(f"not a CBCL {what}: {kind.__name__} is not a str")
     return str.__str__(value)
+
+
+# The native intern tables, where the extension is built (here, at the end: cbcl._native's
+# set-up imports this module for the atom types above, and the tables make those atoms).
+try:
+    from .._native import NameTable as _NameTable
+except ImportError:  # not built: the dicts above are the tables
+    pass
+else:
+    SYMBOL_TABLE = _NameTable(0, INTERN_MAX, PINNED_SYMBOLS)
+    KEYWORD_TABLE = _NameTable(1, INTERN_MAX, PINNED_KEYWORDS)
