@@ -50,7 +50,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,7 @@ TERMS: dict[str, str] = {
     "keyword": "per keyword",
     "uri": "per URI",
     "walked": "per token the body's grammar walks",
+    "switch": "per change of shape (protocol, intent or body's head) from the message before",
     "new symbol": "per new symbol (besides per symbol)",
     "new keyword": "per new keyword (besides per keyword)",
     "new uri": "per new URI (besides per URI)",
@@ -109,10 +110,12 @@ _KIND_TERMS = {_reader.LPAR: "list", _reader.STRING: "string", _reader.INTEGER: 
                _reader.DECIMAL: "decimal", _reader.SYMBOL: "symbol",
                _reader.KEYWORD: "keyword", _reader.URI_TOKEN: "uri"}
 _NAME_KINDS = ("symbol", "keyword", "uri")
-#: How many distinct names of a kind the process keeps between messages: the intern
-#: tables of symbols and keywords (emptied when full, but for the grammars' and schemas'
-#: pinned names) and the C tiers' URI memos (direct-mapped slots).
-CAPACITY = {"symbol": _reader._INTERN_MAX, "keyword": _reader._INTERN_MAX, "uri": 4096}
+#: The C tiers' memos of names (the text reader's token memo, the binary decoder's atom
+#: memo): 4,096 direct-mapped slots each, shared by symbols, keywords and URIs. A name the
+#: memo lost costs almost what a never-seen one does (hashed, looked up in the intern
+#: tables, put back in the memo), though the intern tables (8,192 symbols and 8,192
+#: keywords) may still hold it.
+MEMO_SLOTS = 4096
 
 
 # --------------------------------------------------------------------------- the terms
@@ -149,34 +152,50 @@ def count_terms(text: str) -> Terms:
     return Terms(counts, frozenset(names))
 
 
-def mark_new_names(terms: Sequence[Terms], pinned: Iterable[tuple[str, str]] = (),
-                   capacity: Mapping[str, int] = CAPACITY) -> None:
-    """Count the new names of each of ``terms``, a set read in this order, in a pass of
-    its own (the check and the fit read their sets in interleaved rounds, between which
-    the other sets' names fill the tables): a distinct name of a message is new when no
-    earlier message of the pass had it since its kind's table last filled up
-    (``capacity``: a full table is emptied but for the ``pinned`` names, which are
-    never new). Names recurring in a set are new once per pass; a set that holds more of
-    a kind than the table keeps meets them all anew."""
-    kept = frozenset(pinned)
-    held: dict[str, set[str]] = {kind: set() for kind in _NAME_KINDS}
-    for t in terms:
-        new: Counter[str] = Counter()
-        for kind, name in sorted(t.names):
-            if (kind, name) in kept or name in held[kind]:
-                continue
-            if len(held[kind]) >= capacity[kind]:
-                held[kind].clear()
-            held[kind].add(name)
-            new[kind] += 1
-        for kind in _NAME_KINDS:
-            t.counts[f"new {kind}"] = new[kind]
+def mark_new_names(terms: Sequence[Terms], slots: int = MEMO_SLOTS) -> None:
+    """Count the new names of each of ``terms``, a set read over and over in this order
+    (as :func:`time_sets` reads it: a timed pass right after an untimed one): the expected
+    misses of a direct-mapped memo of ``slots`` slots. A message's distinct name misses
+    with probability ``1 − e^(−I/slots)``, ``I`` the names put in the memo since its last
+    use (each a miss: the expected misses of the uses in between), and always at its first
+    use; the counts are the second pass's. So a name every message has (a grammar's
+    keyword) is almost always held, one of a set of ~4,000 others misses two times in
+    three, and one of a set of never-seen names always."""
+    inserted = 0.0  # expected misses so far
+    at: dict[tuple[str, str], float] = {}  # name -> `inserted` just after its last use
+    for second in (False, True):
+        for t in terms:
+            new = dict.fromkeys(_NAME_KINDS, 0.0)
+            for name in sorted(t.names):
+                last = at.get(name)
+                miss = 1.0 if last is None else -math.expm1(-(inserted - last) / slots)
+                inserted += miss
+                at[name] = inserted
+                new[name[0]] += miss
+            if second:
+                for kind in _NAME_KINDS:
+                    t.counts[f"new {kind}"] = new[kind]  # type: ignore[assignment]
 
 
-def pinned_names() -> frozenset[tuple[str, str]]:
-    """The names the intern tables keep for good (the loaded grammars' and schemas')."""
-    return frozenset([("symbol", n) for n in _reader._PINNED_SYMBOLS]
-                     + [("keyword", n) for n in _reader._PINNED_KEYWORDS])
+def shape_of(message: cbcl.Message) -> tuple[str, str, str]:
+    """What a message's path through the passes depends on: its protocol, intent and the
+    head of its body (its first atom, ``""`` for none)."""
+    body = message.body
+    head = body[0] if isinstance(body, tuple) and body else ""
+    return (str(message.protocol), message.intent.value, str(head))
+
+
+def mark_switches(shapes: Sequence[tuple[str, str, str]], terms: Sequence[Terms]) -> None:
+    """Count, in each of ``terms`` (a set read in this order, after other sets), 1 where
+    its message's shape (:func:`shape_of`) differs from the message before it: a stream
+    that changes protocol, intent or body from one message to the next costs more per
+    message than one of a single shape (each takes other branches and tables of the C
+    tiers than the last). The first message of a set follows the set's last (as
+    :func:`time_sets` reads it)."""
+    previous = shapes[-1] if shapes else None
+    for shape, t in zip(shapes, terms, strict=True):
+        t.counts["switch"] = int(shape != previous)
+        previous = shape
 
 
 def walked_tokens(registry: cbcl.Registry, message: cbcl.Message) -> int:
@@ -405,7 +424,8 @@ def samples_of(messages: list[cbcl.Message], encoder: cbcl.Encoder, registry: cb
         texts = [cbcl.canonical(m).encode() for m in messages]
     samples = [Sample(m, t, encoder.encode(m), walked_tokens(registry, m))
                for m, t in zip(messages, texts, strict=True)]
-    mark_new_names([s.terms for s in samples], pinned_names())
+    mark_new_names([s.terms for s in samples])
+    mark_switches([shape_of(s.message) for s in samples], [s.terms for s in samples])
     return samples
 
 
@@ -428,11 +448,15 @@ def operations(registry: cbcl.Registry) -> dict[str, Callable[[Sample], object]]
 def time_sets(jobs: list[tuple[list[Sample], Callable[[Sample], object]]], rounds: int,
               ) -> list[float]:
     """Mean µs of CPU time per message of each ``(set, function)`` job: the best of
-    ``rounds`` passes over its set, the rounds interleaved (a round passes once over every
+    ``rounds`` passes over its set, the rounds interleaved (a round passes over every
     job), so that a burst of load on a shared machine spoils one round of every job, not
-    every round of one. CPU time of this thread (``time.thread_time``), so that time spent
-    waiting for a core another process holds is not counted; the cyclic garbage collector
-    off (as ``timeit`` does), so that no set pays for the objects the others hold."""
+    every round of one. Each timed pass follows an untimed pass over the same set, so
+    that it meets the caches, memos and intern tables its own set leaves (the steady
+    state of a stream of such messages), not what the set before it left: without it, a
+    short set paid ~1–2 µs a message more than a long one of the same messages. CPU time
+    of this thread (``time.thread_time``), so that time spent waiting for a core another
+    process holds is not counted; the cyclic garbage collector off (as ``timeit`` does),
+    so that no set pays for the objects the others hold."""
     for samples, function in jobs:
         for sample in samples:
             function(sample)
@@ -443,6 +467,8 @@ def time_sets(jobs: list[tuple[list[Sample], Callable[[Sample], object]]], round
     try:
         for _ in range(rounds):
             for index, (samples, function) in enumerate(jobs):
+                for sample in samples:  # (untimed: the set's own state, not the last set's)
+                    function(sample)
                 start = clock()
                 for sample in samples:
                     function(sample)
@@ -476,7 +502,7 @@ def fit_sets(encoder: cbcl.Encoder, registry: cbcl.Registry) -> dict[str, list[S
         fresh = Vocabulary(rng, recurring=0, fresh=1.0)
         sets[f"mixture {index}, {items} atoms, new names"] = samples_of(
             [kind_message(rng, i, weights, items, fresh.name)
-             for i in range(max(60, 3 * CAPACITY["symbol"] // items))], encoder, registry)
+             for i in range(max(60, 3 * MEMO_SLOTS // items))], encoder, registry)
     for protocol in PROTOCOLS:
         for size_class in ("small", "medium"):
             sets[f"{protocol} {size_class}"] = samples_of(
