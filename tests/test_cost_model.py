@@ -4,7 +4,6 @@ and the spec's table. Nothing here is timed."""
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 from collections import Counter
