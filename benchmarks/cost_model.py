@@ -35,19 +35,29 @@ interleaved rounds (the garbage collector off):
   made) by more than TOLERANCE; ``--relative`` first scales the model by this machine's
   factor (the median of measured / predicted over the check's sets).
 
+``--instructions N`` instead fits the terms to callgrind's instruction counts (N messages
+of each fit set, run under ``valgrind --tool=callgrind``): deterministic, so it shows the
+terms' shape on a loaded machine, but blind to what cache misses cost in time.
+
     .venv/bin/python benchmarks/cost_model.py [--fit [--write]] [--relative] [--rounds N]
-                                              [--verbose]
+                                              [--verbose] [--instructions N]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import gc
 import math
+import os
+import pickle
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -59,6 +69,7 @@ import installed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import atom_instructions
 import cliffs
 from cbcl_bench import (
     PROTOCOLS,
@@ -554,6 +565,63 @@ def check_sets(encoder: cbcl.Encoder, registry: cbcl.Registry, messages: int,
     return sets
 
 
+def callgrind_child(path: Path) -> None:
+    """Under callgrind (:func:`fit_instructions`): each operation over each set of the
+    pickle at ``path``, an untimed pass then one through ``functools.reduce``, the only
+    call callgrind counts (and dumps after)."""
+    registry = load_registry(find_descriptors())
+    decoder = cbcl.Decoder(registry)
+    sets: dict[str, tuple[list[bytes], list[bytes]]] = pickle.loads(path.read_bytes())
+    calls: dict[str, Callable[[bytes], object]] = {
+        "text parse": lambda text: cbcl.parse(text, registry=registry),
+        "text read": cbcl.read, "binary decode": decoder.decode}
+    for op in OPERATIONS:
+        for texts, frames in sets.values():
+            inputs = frames if op == "binary decode" else texts
+            for data in inputs:
+                calls[op](data)
+            functools.reduce(lambda _, data: calls[op](data), inputs, None)
+
+
+def fit_instructions(groups: dict[str, list[Sample]], messages: int) -> int:
+    """Fit the terms to instructions per message (callgrind; deterministic, so the fit
+    shows the terms' shape without the noise of a shared machine, but not what a cache
+    miss or an allocation costs in time). Prints the table; returns 0."""
+    truncated = {}
+    for name, group in groups.items():
+        samples = [copy.copy(s) for s in group[:messages]]
+        for sample in samples:
+            sample.terms = copy.deepcopy(sample.terms)
+        mark_new_names([s.terms for s in samples])
+        mark_switches([shape_of(s.message) for s in samples], [s.terms for s in samples])
+        truncated[name] = samples
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder) / "sets.pickle"
+        data.write_bytes(pickle.dumps({name: ([s.text for s in g], [s.frame for s in g])
+                                       for name, g in truncated.items()}))
+        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                        "--toggle-collect=functools_reduce", "--dump-after=functools_reduce",
+                        f"--callgrind-out-file={folder}/cg.out", sys.executable, __file__,
+                        "--callgrind-child", str(data)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONHASHSEED": "0"})
+        counts = atom_instructions._dump_counts(Path(folder))
+    jobs = [(op, name) for op in OPERATIONS for name in truncated]
+    if len(counts) != len(jobs):
+        raise SystemExit(f"{len(counts)} callgrind dumps for {len(jobs)} passes")
+    model: Model = {}
+    for op in OPERATIONS:
+        rows = [(mean_counts(truncated[name], op), count / len(truncated[name]))
+                for (o, name), count in zip(jobs, counts, strict=True) if o == op]
+        model[op] = coefficients = fit(rows, OPERATION_TERMS[op])
+        errors = [predict(coefficients, c) / n - 1 for c, n in rows]
+        print(f"fit {op} (instructions): median |error| "
+              f"{statistics.median(map(abs, errors)):.1%}, worst {max(errors, key=abs):+.1%} "
+              f"over {len(rows)} sets")
+    print("\n" + format_table(model).replace("| µs |", "| instructions |") + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="measure the coefficients")
@@ -561,15 +629,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --fit: write the fitted table into the spec")
     parser.add_argument("--relative", action="store_true",
                         help="scale the model by this machine's factor before checking")
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--verbose", action="store_true", help="print the fit's sets too")
     parser.add_argument("--messages", type=int, default=300,
                         help="messages in each of cliffs.py's check sets")
+    parser.add_argument("--instructions", type=int, metavar="N", default=0,
+                        help="instead, fit the terms to callgrind's instruction counts "
+                        "(the fit's sets, N messages of each): the terms' shape, noise-free")
+    parser.add_argument("--callgrind-child", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.callgrind_child:
+        callgrind_child(Path(args.callgrind_child))
+        return 0
     installed.check()  # the installed cbcl, with its C extension
     registry = load_registry(find_descriptors())
     encoder = cbcl.Encoder(registry, validate=False)
     ops = operations(registry)
+    if args.instructions:
+        return fit_instructions(fit_sets(encoder, registry), args.instructions)
     # The fit's sets and the check's are timed together, in the same rounds, with or
     # without --fit: what a set costs depends a little on what the process read just
     # before (caches, the allocator), so the check's sets meet the fit's conditions.
