@@ -1877,3 +1877,26 @@ def execute(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def mixed_messages_of(rows: int, count: int, seed: str, *, fresh: float = 0.8,
+                      any_order: bool = False) -> list[Message]:
+    """As :func:`mixed_messages`, with about ``rows`` rows per message (± a quarter of
+    ``rows``, at most 2) instead of a size class's: the size classes of
+    ``benchmarks/size_classes.py`` and the sets of ``benchmarks/cost_model.py``'s fit."""
+    rng = random.Random(f"mixed-rows/{rows}/{any_order}/{seed}")
+    vocabulary = Vocabulary(rng, fresh=fresh)
+    jitter = min(2, rows // 4)
+    out = []
+    for index in range(count):
+        body = _members(rng, (S("table"),), [
+            ("id", f"tbl-{rng.randrange(10**8)}"),
+            ("rows", tuple(_mixed_row(rng, vocabulary, any_order)
+                           for _ in range(rows + rng.randint(-jitter, jitter))))])
+        out.append(Message(
+            message_id=f"msg-{index:05d}-{rng.randrange(1 << 32):08x}",
+            sender=URI(f"agent://{vocabulary.name()}.example.net/{rng.choice(_ROLES)}"),
+            receiver=_uri(rng), intent="INFORM", protocol=S("table/v1"),
+            conversation_id=f"{vocabulary.name()}-{rng.randrange(10**6)}",
+            timestamp=1764400000000 + rng.randrange(10**8), body=body))
+    return out
