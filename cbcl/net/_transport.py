@@ -301,7 +301,9 @@ class _Socket(asyncio.Protocol):
         self._nudged = False  # wake the read with nothing (see Connection._run_now)
         self._drainers: list[asyncio.Future[None]] = []
         self.task: asyncio.Task[Any] | None = None  # a served connection's task
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # (kept: asyncio.get_running_loop() costs a getpid() system call on CPython 3.11)
+        self._loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # -- asyncio.Protocol
 
@@ -392,7 +394,7 @@ class _Socket(asyncio.Protocol):
                 return self.take(n)
             if self._eof:
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -677,15 +679,27 @@ class Connection:
                     self._pending = False
                     if self.on_established is not None:
                         self.on_established()
-                await self._accepted(event)  # type: ignore[arg-type]
-                await self.flush()
+                if self._checks_accepted:
+                    await self._accepted(event)  # type: ignore[arg-type]
+                data = session.data_to_send()
+                self.last_flush_bytes = len(data)
+                if data:
+                    await self._write(data)
                 return event  # type: ignore[return-value]
-            await self.flush()
+            # (flush(), without a coroutine when the session has nothing to say: mostly)
+            data = session.data_to_send()
+            self.last_flush_bytes = len(data)
+            if data:
+                await self._write(data)
             await self._receive()
 
     async def _accepted(self, event: Event) -> None:
         """Called with each event before :meth:`next_event` returns it (a transport's own
-        checks of it: nothing here)."""
+        checks of it: nothing here; a subclass that has some overrides it)."""
+
+    @property
+    def _checks_accepted(self) -> bool:
+        return type(self)._accepted is not Connection._accepted
 
     async def _receive(self) -> None:
         """Read what the peer sent next into the session, keeping the frame deadline."""
@@ -774,7 +788,7 @@ class Connection:
         socket's fast path woke the read with something for :meth:`next_event`."""
         self._arm_read()
         data: bytes | None = b""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)  # (with the loop: no getpid() call)
         if task is None:  # pragma: no cover - a coroutine always runs in a task here
             raise RuntimeError("Connection._read outside a task")
         cancelling = task.cancelling()
