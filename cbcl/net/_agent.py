@@ -124,6 +124,9 @@ LEARNED_DIR = "learned"
 
 #: The logger of the net layer: every event of an agent, its links and its servers.
 logger = logging.getLogger("cbcl.net")
+#: A record's caller where records carry none (``logging._srcfile`` None): what logging
+#: itself puts there then.
+_NO_CALLER = ("(unknown file)", 0, "(unknown function)")
 
 
 class PeerFailed(ConversationClosed):
@@ -541,15 +544,21 @@ class Link:
                                self.session.peer)
             # The record logger.log(level, line, exc_info=…, extra=…, stacklevel=2) makes,
             # without its walk of the stack for the caller (a fifth of a record's cost,
-            # once per message): the caller is the frame above this one. The line is the
+            # once per message): the caller is the frame above this one — unless records
+            # carry no caller at all (logging._srcfile None, as in cbcl serve: computing
+            # the caller's line number alone costs a tenth of a record). The line is the
             # record's message, without arguments: nothing to format.
-            caller = sys._getframe(1)
-            code = caller.f_code
+            if logging._srcfile is None:
+                path, line_number, function = _NO_CALLER
+            else:
+                caller = sys._getframe(1)
+                code = caller.f_code
+                path, line_number, function = code.co_filename, caller.f_lineno, code.co_name
             record = logger.makeRecord(
-                logger.name, level, code.co_filename, caller.f_lineno, line, (),
+                logger.name, level, path, line_number, line, (),
                 None if exc_info is None else (type(exc_info), exc_info,
                                                exc_info.__traceback__),
-                code.co_name, {"cbcl": data})
+                function, {"cbcl": data})
             logger.handle(record)
 
     def conversation(self, conversation_id: str | None = None) -> AgentConversation:
@@ -872,7 +881,7 @@ class Link:
         if self._stopping.done():
             return lambda: self._handle(event, handler)
         agent, message = self.agent, event.message
-        loop = asyncio.get_running_loop()
+        loop = self.connection._loop  # (asyncio.get_running_loop() costs a getpid() call)
         started = loop.time()
         self.running += 1
         try:
