@@ -664,12 +664,15 @@ class Connection:
                 started = self._loop.time()
                 await take()
                 self._not_the_peers_time(started)
-            try:
-                event = session.next_event(now=self.clock())
-            except RemoteProtocolError:
-                with contextlib.suppress(ConnectionLost):
-                    await self.flush()
-                raise
+            if session.needs_data:  # (known without asking next_event: the common case)
+                event: object = NEED_DATA
+            else:
+                try:
+                    event = session.next_event(now=self.clock())
+                except RemoteProtocolError:
+                    with contextlib.suppress(ConnectionLost):
+                        await self.flush()
+                    raise
             if event is NEED_WORK:
                 await self._do_work()
                 continue
@@ -886,17 +889,20 @@ class Connection:
         answered = 0  # frames taken since the last write
         wake = False
         try:
-            if reader.buffered:  # (the task is parked in a read: the session needs bytes)
-                self._feed(reader.take(read_bytes))
             while True:
                 if reader._writing_paused:
                     self._taken = ("then", self._drain)
                     break
-                try:
-                    event = session.next_event(now=now)
-                except Exception as exc:  # RemoteProtocolError, or a bug: the task's
-                    self._taken = ("error", exc)
-                    break
+                # (the session says what it needs without a call of next_event when it
+                # holds nothing: so when the callback begins, and after its last frame)
+                if session.needs_data:
+                    event: object = NEED_DATA
+                else:
+                    try:
+                        event = session.next_event(now=now)
+                    except Exception as exc:  # RemoteProtocolError, or a bug: the task's
+                        self._taken = ("error", exc)
+                        break
                 if event is NEED_DATA:
                     if not reader.buffered:
                         break
