@@ -384,6 +384,43 @@ def lean_log_records() -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    logging.setLogRecordFactory(LeanLogRecord)
+
+
+class LeanLogRecord(logging.LogRecord):
+    """A :class:`logging.LogRecord` for a record without a caller (``logging._srcfile``
+    None: ``"(unknown file)"``), made without the two ``os.path`` calls that derive its
+    ``filename`` and ``module`` from that constant (a fifth of a record's making, on the
+    path of every message): the same attributes, the same values. Any other record is
+    made as logging makes it."""
+
+    def __init__(self, name: str, level: int, pathname: str, lineno: int, msg: object,
+                 args: Any, exc_info: Any, func: str | None = None, sinfo: str | None = None,
+                 **kwargs: Any) -> None:
+        if pathname != _NO_FILE or args:
+            super().__init__(name, level, pathname, lineno, msg, args, exc_info, func,
+                             sinfo, **kwargs)
+            return
+        created = time.time()
+        self.name, self.msg, self.args = name, msg, args
+        self.levelname, self.levelno = logging.getLevelName(level), level
+        self.pathname = self.filename = self.module = pathname
+        self.exc_info, self.exc_text, self.stack_info = exc_info, None, sinfo
+        self.lineno, self.funcName = lineno, func  # type: ignore[assignment]
+        self.created = created
+        self.msecs = int((created - int(created)) * 1000) + 0.0
+        self.relativeCreated = (created - _LOGGING_STARTED) * 1000
+        self.thread = self.threadName = self.processName = self.process = None
+        if logging.logThreads or logging.logMultiprocessing or logging.logProcesses:
+            # (set again by another part of the program: as logging would have it)
+            super().__init__(name, level, pathname, lineno, msg, args, exc_info, func,
+                             sinfo, **kwargs)
+
+
+#: The pathname of a record whose caller is not looked for.
+_NO_FILE = "(unknown file)"
+#: When logging was imported (what a record's ``relativeCreated`` counts from).
+_LOGGING_STARTED: float = logging._startTime  # type: ignore[attr-defined]
 
 
 def log_to(stream: TextIO, log_format: str = "text", level: int = logging.INFO
