@@ -774,8 +774,8 @@ class Connection:
             pre = self._pre_handshake_deadline
             if pre is not None and pre < deadline:
                 deadline, why = pre, "pre-handshake"
-        elif self._handshaking() and self._handshake_deadline < deadline:
-            deadline, why = self._handshake_deadline, "handshake"
+        # (not pending: ESTABLISHED was reached, so the handshake is over — the states
+        # after it are final — and its deadline no longer applies)
         # One timer per connection, not one per read (see _cut_read): a read only moves
         # the deadline, and the timer is set again when it fires early or must fire sooner.
         self._read_deadline = deadline
@@ -878,7 +878,7 @@ class Connection:
         or a full write buffer, is left for the task: the read is woken with nothing
         (``None``) and :meth:`next_event` goes on from :attr:`_taken`. Frames, limits,
         refusals and deadlines are the task's, unchanged."""
-        reader = cast(_Socket, self.reader)
+        reader: _Socket = self.reader  # type: ignore[assignment]  # (see _fast_ready)
         session, take = self.session, self.take_now
         if take is None:  # pragma: no cover - checked by _fast_ready
             return
@@ -941,11 +941,13 @@ class Connection:
 
     def _write_now(self, data: bytes) -> None:
         """Write without waiting (a peer gone by now is found by the next read)."""
-        transport = cast(_Socket, self.reader).transport
-        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+        transport = self.reader.transport  # type: ignore[union-attr]  # (a _Socket's)
+        try:
             if transport is not None and not transport.is_closing():
                 transport.write(data)
                 self.writes += 1
+        except (ConnectionError, OSError, RuntimeError):
+            pass
 
     async def _drain(self) -> None:
         """Wait until the transport's buffer is below its high-water mark. Raises
