@@ -296,25 +296,29 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     (below WARNING) together: held, in order, for at most :data:`LOG_FLUSH_DELAY` seconds
     (a timer on the running event loop) or :data:`LOG_FLUSH_LINES` lines, then written and
     flushed in one write. Any other record (a warning, an error, the command line's own
-    lines), a record logged outside the event loop's thread and :meth:`close` write
-    whatever is held, then the record, at once. A server answering thousands of messages
+    lines), a record logged while no event loop runs and :meth:`close` write whatever is
+    held, then the record, at once. A server answering thousands of messages
     a second then makes one write system call per batch of lines, not one per line."""
 
     def __init__(self, stream: TextIO) -> None:
         super().__init__(stream)
         self._held: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._held.append(self.format(record) + self.terminator)
             if record.levelno < logging.WARNING and record.name == "cbcl.net" \
                     and len(self._held) < LOG_FLUSH_LINES:
-                if self._timer is not None:
-                    return
+                timer_loop = self._timer_loop
+                if self._timer is not None and timer_loop is not None \
+                        and timer_loop.is_running():
+                    return  # (its timer writes this line too)
                 loop = asyncio._get_running_loop()  # (None outside the loop's thread)
                 if loop is not None:
                     self._timer = loop.call_later(LOG_FLUSH_DELAY, self._due)
+                    self._timer_loop = loop
                     return
             self.flush()
         except RecursionError:  # (as logging.StreamHandler.emit)
@@ -330,6 +334,7 @@ class BatchedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         """Write the lines held, and flush the stream."""
         self.acquire()
         try:
+            self._timer = None  # (a timer still due writes nothing, or what came since)
             held, self._held = self._held, []
             if held:
                 self.stream.write("".join(held))
