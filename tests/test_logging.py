@@ -10,6 +10,7 @@ Uses internals: the formatters and ``LogTarget`` of ``cbcl.cli._common``."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -37,7 +38,13 @@ from cbcl import (
     read,
     sign_descriptor,
 )
-from cbcl.cli._common import JsonLogFormatter, LogTarget, TextLogFormatter
+from cbcl.cli._common import (
+    LOG_FLUSH_DELAY,
+    LOG_FLUSH_LINES,
+    JsonLogFormatter,
+    LogTarget,
+    TextLogFormatter,
+)
 from cbcl.net import Context
 
 ROOT = Path(__file__).parent.parent
@@ -333,3 +340,45 @@ def test_log_level_leaves_serves_own_lines_at_info() -> None:
             target.close()
         assert out.getvalue().splitlines() == expected
     assert (logging.getLogger("cbcl").level, cli.level) == before
+
+
+def test_serves_per_message_lines_are_written_together_in_order() -> None:
+    """``cbcl.net`` lines below WARNING wait (on the running loop) for the lines after
+    them, at most LOG_FLUSH_DELAY: a warning, a ``cbcl.cli`` line or the timer writes what
+    is held, in order, in one write; outside a loop every line is written at once."""
+    writes: list[str] = []
+
+    class Stream(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return super().write(text)
+
+    net, cli = logging.getLogger("cbcl.net"), logging.getLogger("cbcl.cli")
+    out = Stream()
+    target = LogTarget(out, "text", logging.INFO)
+
+    async def scenario() -> None:
+        net.info("one")
+        net.info("two")
+        assert writes == []  # held
+        net.warning("three")
+        assert writes == ["one\ntwo\nthree\n"]
+        net.info("four")
+        cli.info("serve: stopping")  # serve's own line: at once, after what is held
+        assert writes[-1] == "four\nserve: stopping\n"
+        net.info("five")
+        # (a later timer: it fires after the handler's, whatever the load)
+        await asyncio.sleep(LOG_FLUSH_DELAY * 4)
+        assert writes[-1] == "five\n"
+        for n in range(LOG_FLUSH_LINES):
+            net.info(f"line {n}")
+        assert writes[-1].count("\n") == LOG_FLUSH_LINES  # at the bound: written
+
+    try:
+        asyncio.run(scenario())
+        net.info("six")  # no loop running: at once
+        assert writes[-1] == "six\n"
+    finally:
+        target.close()
+    assert out.getvalue().splitlines()[:5] == ["one", "two", "three", "four",
+                                               "serve: stopping"]

@@ -12,6 +12,7 @@ window, the conversations, the finished ids) at small bounds, where they are rea
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +327,43 @@ def test_a_refusal_leaves_the_native_state_as_it_was() -> None:
                  b"\xcbL\x01\x00 not a frame"):
         assert type(state.receive(data, NOW)) is int
         assert (state.window(), state.threads(), state.finished()) == before
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_needs_data_says_need_data_only_when_next_event_would(native: bool) -> None:
+    """``Session.needs_data`` (a transport's check before it reads) is true only where
+    ``next_event`` answers NEED_DATA: nothing buffered; a whole frame, part of one (its
+    prefix is judged by next_event) or the end of the stream make it false."""
+    client, server = established(native)
+    assert server.needs_data and server.next_event(now=NOW) is NEED_DATA
+    data = client.send(ProtocolMessage(message(CLIENT, SERVER, Intent.REQUEST, mid="q-1",
+                                               cid="c-1")), now=NOW)
+    server.receive_data(data[:3])  # part of a prefix
+    assert not server.needs_data and server.next_event(now=NOW) is NEED_DATA
+    server.receive_data(data[3:])
+    assert not server.needs_data
+    assert isinstance(server.next_event(now=NOW), ProtocolMessage)
+    assert server.needs_data and server.next_event(now=NOW) is NEED_DATA
+    server.receive_data((1 << 31).to_bytes(4, "big"))  # a prefix over the limit
+    assert not server.needs_data
+    with pytest.raises(cbcl.CBCLError):
+        server.next_event(now=NOW)
+    assert not server.needs_data  # (ERROR: next_event says so)
+    client.receive_data(b"")  # the end of the stream (c-1 open: the peer "closed")
+    assert not client.needs_data
+    assert outcome_of(lambda: client.next_event(now=NOW))[:2] == ("error",
+                                                                 "RemoteProtocolError")
+
+
+def test_a_received_message_holds_the_sessions_own_parties() -> None:
+    """The native receive makes a decoded message's parties and protocol the session's own
+    objects (equal ones: later comparisons are by identity), and nothing else changes."""
+    client, server = established(True)
+    request = message(CLIENT, SERVER, Intent.REQUEST, mid="q-1", cid="c-1")
+    server.receive_data(client.send(ProtocolMessage(request), now=NOW))
+    event = server.next_event(now=NOW)
+    assert isinstance(event, ProtocolMessage)
+    got = event.message
+    assert got.sender is server.peer and got.receiver is server.me
+    assert server.protocol is not None and got.protocol is server.protocol.id
+    assert got == dataclasses.replace(request, timestamp=got.timestamp)

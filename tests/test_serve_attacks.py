@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,12 +101,13 @@ async def running(tmp_path: Path, *, connection: ConnectionLimits | None = None,
         await started.wait_closed()
 
 
-async def good_peer(address: str, document: bytes = SIGNED, tag: str = "1") -> dict[str, float]:
+async def good_peer(address: str, document: bytes = SIGNED, tag: str = "1",
+                    wait: float = WAIT) -> dict[str, float]:
     """A whole negotiation and the contract-net conversation; raises if anything fails."""
     out: list[str] = []
     return await asyncio.wait_for(run_initiator(
         address, document, ("demo", KEY), encodings=("binary", "text"), out=out.append,
-        tag=tag), WAIT)
+        tag=tag), wait)
 
 
 async def until_closed(reader: asyncio.StreamReader) -> bytes:
@@ -357,27 +359,52 @@ def test_protocols_learned_per_peer_accepts_n_and_rejects_the_next(tmp_path: Pat
 def test_a_slow_compile_delays_no_one_and_the_queue_is_bounded(tmp_path: Path) -> None:
     """One compile worker and no queue: a slow offer holds the worker; a second cold offer
     is refused at once (``limit``); a peer whose grammar is cached negotiates and runs its
-    conversation before the slow compile ends."""
-    documents = {salt: slow_descriptor(salt) for salt in "ab"}
+    conversation before the slow compile ends.
+
+    Counted, not timed: the slow compile is held inside its compile slot until the test
+    releases it (a load that delayed the other peers could otherwise let it finish first,
+    and the second offer would then be admitted)."""
+    # (the compile is made slow by holding it, so a small grammar will do)
+    documents = {salt: slow_descriptor(salt, rules=8) for salt in "ab"}
     # The initiators compile their own descriptors first; this process's cache of compiled
     # grammars (which the in-process server shares) is then emptied, so the server's
     # compiles are cold.
     registries = {salt: initiator_registry(document) for salt, document in documents.items()}
     cbcl.protocol._registry.DEFAULT_GRAMMAR_CACHE.clear()
+    release = threading.Event()
+    held = threading.Event()
 
     async def scenario() -> None:
         caps = ServerLimits(compile_workers=1, compile_queue=0)
         async with running(tmp_path, server=caps) as srv:
-            await good_peer(srv.address)  # contract-net/v1 compiled: now warm
-            slow = asyncio.create_task(offer_only(srv.address, documents["a"], "a",
-                                                  registries["a"]))
-            while srv.server.pool.compile_gate.admitted < 1:  # a is compiling
-                await asyncio.sleep(0.01)
-            assert await offer_only(srv.address, documents["b"], "b", registries["b"]) == \
-                "rejected limit"
-            await good_peer(srv.address, tag="2")
-            assert not slow.done()  # the warm peer did not wait for it
+            # contract-net/v1 compiled (cold, in the guarded worker: a loaded machine may
+            # take longer than WAIT, and nothing here is about its time): now warm
+            await good_peer(srv.address, wait=120)
+            gate = srv.server.pool.compile_gate
+            real_slot = gate.slot
+
+            @contextlib.contextmanager
+            def holding_slot(wait: float) -> Iterator[None]:
+                with real_slot(wait):  # (the gate's count and bound, unchanged)
+                    held.set()
+                    release.wait(60)  # (a worker thread: the loop runs on)
+                    yield
+
+            gate.slot = holding_slot
+            try:
+                slow = asyncio.create_task(offer_only(srv.address, documents["a"], "a",
+                                                      registries["a"]))
+                while not held.is_set():  # a holds the only slot
+                    await asyncio.sleep(0.01)
+                assert gate.admitted == 1
+                assert await offer_only(srv.address, documents["b"], "b",
+                                        registries["b"]) == "rejected limit"
+                await good_peer(srv.address, tag="2")
+                assert not slow.done()  # the warm peer did not wait for it
+            finally:
+                release.set()
             assert await asyncio.wait_for(slow, 60) == "accepted"
+            assert gate.admitted == 0
     run(scenario)
 
 

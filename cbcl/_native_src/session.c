@@ -361,6 +361,18 @@ same(PyObject *a, PyObject *b)
     return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
+/* A field of a message just decoded (its only holder: the caller) that equals the
+ * session's own object `ours` (checked: same()) is made that very object. What reads the
+ * message next — a handler's reply built from its parties, this state's send() of that
+ * reply — then compares by identity, not by calling the atoms' Python __eq__ (the
+ * decoder makes new URI objects for every frame's parties). */
+static void
+adopt(PyObject **field, PyObject *ours)
+{
+    if (*field != ours && Py_TYPE(*field) == Py_TYPE(ours))
+        Py_SETREF(*field, Py_NewRef(ours));
+}
+
 /* What a message does to its conversation, planned before anything changes. */
 typedef struct {
     PyObject *thread; /* borrowed; NULL: a new conversation */
@@ -596,6 +608,12 @@ ss_receive(SessionState *self, PyObject *const *args, Py_ssize_t nargs)
     /* every check has passed: only now does anything change */
     if (ring_push(&self->window, m->message_id) < 0)
         goto done;
+    if (Py_REFCNT(message) == 1) { /* (nobody else holds it: equal objects swapped) */
+        adopt(&m->sender, self->peer);
+        adopt(&m->receiver, self->me);
+        if (self->has_machine) /* (plan_step found the protocol equal) */
+            adopt(&m->protocol, self->protocol);
+    }
     if (self->has_machine) {
         step = take_step(self, m, &plan, 1);
         if (step == NULL)

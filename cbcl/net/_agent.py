@@ -124,6 +124,9 @@ LEARNED_DIR = "learned"
 
 #: The logger of the net layer: every event of an agent, its links and its servers.
 logger = logging.getLogger("cbcl.net")
+#: A record's caller where records carry none (``logging._srcfile`` None): what logging
+#: itself puts there then.
+_NO_CALLER = ("(unknown file)", 0, "(unknown function)")
 
 
 class PeerFailed(ConversationClosed):
@@ -541,15 +544,21 @@ class Link:
                                self.session.peer)
             # The record logger.log(level, line, exc_info=…, extra=…, stacklevel=2) makes,
             # without its walk of the stack for the caller (a fifth of a record's cost,
-            # once per message): the caller is the frame above this one. The line is the
+            # once per message): the caller is the frame above this one — unless records
+            # carry no caller at all (logging._srcfile None, as in cbcl serve: computing
+            # the caller's line number alone costs a tenth of a record). The line is the
             # record's message, without arguments: nothing to format.
-            caller = sys._getframe(1)
-            code = caller.f_code
+            if logging._srcfile is None:
+                path, line_number, function = _NO_CALLER
+            else:
+                caller = sys._getframe(1)
+                code = caller.f_code
+                path, line_number, function = code.co_filename, caller.f_lineno, code.co_name
             record = logger.makeRecord(
-                logger.name, level, code.co_filename, caller.f_lineno, line, (),
+                logger.name, level, path, line_number, line, (),
                 None if exc_info is None else (type(exc_info), exc_info,
                                                exc_info.__traceback__),
-                code.co_name, {"cbcl": data})
+                function, {"cbcl": data})
             logger.handle(record)
 
     def conversation(self, conversation_id: str | None = None) -> AgentConversation:
@@ -783,7 +792,7 @@ class Link:
         if type(event) is not ProtocolMessage or (
                 _tracing.otel is not None and _tracing.active_tracer() is not None):
             return False  # (traced: the pump opens the message's span)
-        then = self._take(event)
+        then = self._take(event, untraced=True)
         if self._backlog < self.agent.handler_limits.handler_backlog or self.closed.done():
             return True if then is None else then
         if then is None:
@@ -801,10 +810,12 @@ class Link:
             self._room.clear()
             await self._room.wait()
 
-    def _take(self, event: ProtocolMessage) -> Callable[[], Awaitable[None]] | None:
+    def _take(self, event: ProtocolMessage, *, untraced: bool = False
+              ) -> Callable[[], Awaitable[None]] | None:
         """Take a message of the agreed protocol: to the conversation waiting for it, to
         an on-loop handler (called here) or to its lane. Returns what is left to await
-        (an on-loop handler's outcome other than a plain reply), or ``None``."""
+        (an on-loop handler's outcome other than a plain reply), or ``None``.
+        ``untraced``: the caller found tracing off (it is not asked again)."""
         message, step = event.message, event.step
         self.agent.messages_received += 1
         if self.logs(logging.DEBUG):  # one line per request at INFO: the answer's
@@ -840,8 +851,8 @@ class Link:
                                         else ("m", message.message_id)) not in self._lanes:
             # Never blocks (on_loop): handled here, in order, with no task, lane or thread
             # hop; while it runs (or its reply waits for the stream) nothing more is read.
-            if not self.connection.sends_now or (
-                    _tracing.otel is not None and _tracing.active_tracer() is not None):
+            if not self.connection.sends_now or (not untraced and _tracing.otel is not None
+                                                 and _tracing.active_tracer() is not None):
                 # (NATS publishes by an await; a traced call needs _handle's span)
                 return self._contained(lambda: self._handle(event, handler))
             try:
@@ -872,7 +883,7 @@ class Link:
         if self._stopping.done():
             return lambda: self._handle(event, handler)
         agent, message = self.agent, event.message
-        loop = asyncio.get_running_loop()
+        loop = self.connection._loop  # (asyncio.get_running_loop() costs a getpid() call)
         started = loop.time()
         self.running += 1
         try:
@@ -1072,9 +1083,10 @@ class Link:
     def _log_sent(self, message: Message, answer: Message,
                   timings: dict[str, float]) -> None:
         if self.logs():
-            self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent.value} in '
+            # (_value_: what .value returns, without the enum's descriptor call)
+            self.log(f'sent "{peer_text(answer.message_id, 64)}" {answer.intent._value_} in '
                      f'reply to "{peer_text(message.message_id, 64)}" '
-                     f"{message.intent.value} ({timings['handler_ms']:g} ms)", event="sent",
+                     f"{message.intent._value_} ({timings['handler_ms']:g} ms)", event="sent",
                      message=answer, timings=timings)
 
     async def _fail(self, event: ProtocolMessage, code: str, *, public: str = "",
@@ -1341,8 +1353,11 @@ class Agent:
         return register
 
     def handler_for(self, protocol: str, intent: Intent) -> Handler | None:
-        return (self._handlers.get((protocol, intent.value))
-                or self._handlers.get((protocol, None)) or self.fallback)
+        handlers = self._handlers
+        if not handlers:  # (only the fallback: no lookup to make)
+            return self.fallback
+        return (handlers.get((protocol, intent._value_))
+                or handlers.get((protocol, None)) or self.fallback)
 
     # ----------------------------------------------------------------- sessions
 

@@ -301,7 +301,9 @@ class _Socket(asyncio.Protocol):
         self._nudged = False  # wake the read with nothing (see Connection._run_now)
         self._drainers: list[asyncio.Future[None]] = []
         self.task: asyncio.Task[Any] | None = None  # a served connection's task
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # (kept: asyncio.get_running_loop() costs a getpid() system call on CPython 3.11)
+        self._loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # -- asyncio.Protocol
 
@@ -392,7 +394,7 @@ class _Socket(asyncio.Protocol):
                 return self.take(n)
             if self._eof:
                 return b""
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
@@ -662,12 +664,15 @@ class Connection:
                 started = self._loop.time()
                 await take()
                 self._not_the_peers_time(started)
-            try:
-                event = session.next_event(now=self.clock())
-            except RemoteProtocolError:
-                with contextlib.suppress(ConnectionLost):
-                    await self.flush()
-                raise
+            if session.needs_data:  # (known without asking next_event: the common case)
+                event: object = NEED_DATA
+            else:
+                try:
+                    event = session.next_event(now=self.clock())
+                except RemoteProtocolError:
+                    with contextlib.suppress(ConnectionLost):
+                        await self.flush()
+                    raise
             if event is NEED_WORK:
                 await self._do_work()
                 continue
@@ -677,15 +682,27 @@ class Connection:
                     self._pending = False
                     if self.on_established is not None:
                         self.on_established()
-                await self._accepted(event)  # type: ignore[arg-type]
-                await self.flush()
+                if self._checks_accepted:
+                    await self._accepted(event)  # type: ignore[arg-type]
+                data = session.data_to_send()
+                self.last_flush_bytes = len(data)
+                if data:
+                    await self._write(data)
                 return event  # type: ignore[return-value]
-            await self.flush()
+            # (flush(), without a coroutine when the session has nothing to say: mostly)
+            data = session.data_to_send()
+            self.last_flush_bytes = len(data)
+            if data:
+                await self._write(data)
             await self._receive()
 
     async def _accepted(self, event: Event) -> None:
         """Called with each event before :meth:`next_event` returns it (a transport's own
-        checks of it: nothing here)."""
+        checks of it: nothing here; a subclass that has some overrides it)."""
+
+    @property
+    def _checks_accepted(self) -> bool:
+        return type(self)._accepted is not Connection._accepted
 
     async def _receive(self) -> None:
         """Read what the peer sent next into the session, keeping the frame deadline."""
@@ -757,8 +774,8 @@ class Connection:
             pre = self._pre_handshake_deadline
             if pre is not None and pre < deadline:
                 deadline, why = pre, "pre-handshake"
-        elif self._handshaking() and self._handshake_deadline < deadline:
-            deadline, why = self._handshake_deadline, "handshake"
+        # (not pending: ESTABLISHED was reached, so the handshake is over — the states
+        # after it are final — and its deadline no longer applies)
         # One timer per connection, not one per read (see _cut_read): a read only moves
         # the deadline, and the timer is set again when it fires early or must fire sooner.
         self._read_deadline = deadline
@@ -774,7 +791,7 @@ class Connection:
         socket's fast path woke the read with something for :meth:`next_event`."""
         self._arm_read()
         data: bytes | None = b""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)  # (with the loop: no getpid() call)
         if task is None:  # pragma: no cover - a coroutine always runs in a task here
             raise RuntimeError("Connection._read outside a task")
         cancelling = task.cancelling()
@@ -861,7 +878,7 @@ class Connection:
         or a full write buffer, is left for the task: the read is woken with nothing
         (``None``) and :meth:`next_event` goes on from :attr:`_taken`. Frames, limits,
         refusals and deadlines are the task's, unchanged."""
-        reader = cast(_Socket, self.reader)
+        reader: _Socket = self.reader  # type: ignore[assignment]  # (see _fast_ready)
         session, take = self.session, self.take_now
         if take is None:  # pragma: no cover - checked by _fast_ready
             return
@@ -872,17 +889,20 @@ class Connection:
         answered = 0  # frames taken since the last write
         wake = False
         try:
-            if reader.buffered:  # (the task is parked in a read: the session needs bytes)
-                self._feed(reader.take(read_bytes))
             while True:
                 if reader._writing_paused:
                     self._taken = ("then", self._drain)
                     break
-                try:
-                    event = session.next_event(now=now)
-                except Exception as exc:  # RemoteProtocolError, or a bug: the task's
-                    self._taken = ("error", exc)
-                    break
+                # (the session says what it needs without a call of next_event when it
+                # holds nothing: so when the callback begins, and after its last frame)
+                if session.needs_data:
+                    event: object = NEED_DATA
+                else:
+                    try:
+                        event = session.next_event(now=now)
+                    except Exception as exc:  # RemoteProtocolError, or a bug: the task's
+                        self._taken = ("error", exc)
+                        break
                 if event is NEED_DATA:
                     if not reader.buffered:
                         break
@@ -921,11 +941,13 @@ class Connection:
 
     def _write_now(self, data: bytes) -> None:
         """Write without waiting (a peer gone by now is found by the next read)."""
-        transport = cast(_Socket, self.reader).transport
-        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+        transport = self.reader.transport  # type: ignore[union-attr]  # (a _Socket's)
+        try:
             if transport is not None and not transport.is_closing():
                 transport.write(data)
                 self.writes += 1
+        except (ConnectionError, OSError, RuntimeError):
+            pass
 
     async def _drain(self) -> None:
         """Wait until the transport's buffer is below its high-water mark. Raises

@@ -356,6 +356,16 @@ class Session:
         """Complete frames received and not handled yet."""
         return self._complete
 
+    @property
+    def needs_data(self) -> bool:
+        """Whether :meth:`next_event` would answer :data:`NEED_DATA` now, known without
+        asking it: nothing buffered (not even part of a frame, whose prefix next_event
+        judges), no queued event, work, error or end of the stream (a transport's check
+        before it reads, on the path of every message). ``False`` means: ask next_event."""
+        return not (self._inbox or self._events or self._work is not None
+                    or self._pending is not None or self._eof) \
+            and self._machine.state is not HandshakeState.ERROR
+
     def refuse(self, code: str) -> bytes:
         """End the session from this side for a reason of the edge's (``"timeout"``,
         ``"busy"``, ``"limit"``): the session moves to ERROR; returns the NOT-UNDERSTOOD
