@@ -55,8 +55,11 @@ def test_body_shapes_are_rendered_from_the_grammar(registry: Registry) -> None:
     assert "- PROPOSE: (proposal :task-id STRING :bid <bid> [:valid-until INTEGER])" in prompt
     assert ("- <bid> is: (bid :price NUMBER :currency {EUR | USD | GBP | CHF | JPY} "
             "[:eta INTEGER])") in prompt  # the schema's one-of, in the grammar's form
-    assert "- <reason> is: busy | unqualified | deadline-too-short | (other STRING)" in prompt
-    assert "- <params> is: ({KEYWORD VALUE}*)" in prompt
+    # (rule names derived from the declaration, spec/declarations.md §3)
+    assert "- REFUSE: (refuse :task-id STRING :reason <refusal_reason>)" in prompt
+    assert "- <refusal_reason> is: busy | unqualified | deadline-too-short | <other>" in prompt
+    assert "- <other> is: (other STRING)" in prompt
+    assert "- <task_params> is: ({KEYWORD VALUE}*)" in prompt
     assert "may come in any order, each at most once" in prompt
     assert "(CBCL/1.0\n  (message-id STRING)" in prompt
     assert "\n  (conversation-id STRING)\n" in prompt  # required: it has a machine
