@@ -135,8 +135,8 @@ class SessionKit:
 
         import cbcl
         from cbcl import TrustStore, load_private_key
-        from cbcl.session import _session
         from cbcl.descriptor import read_descriptor
+        from cbcl.session import _session
         from cbcl.trust import read_signed_descriptor_unverified
 
         self.cbcl = cbcl
