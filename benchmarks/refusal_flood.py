@@ -55,11 +55,12 @@ def query(tag: str, versions: int | None = None) -> bytes:
     protocol = registry.load(PAYLOAD, allow_unsigned=True)
     session = Session("initiator", registry=registry, me=f"agent://bench/{tag}",
                       peer="agent://cbcl/serve")
-    data = session.send(Query("contract-net/v1", protocol.digest, (1,)), now=clock_ms())
+    version = protocol.descriptor.version
+    data = session.send(Query("contract-net/v1", protocol.digest, (version,)), now=clock_ms())
     if versions is None:
         return data
     listed = " ".join(str(10 ** 15 + at) for at in range(versions))
-    text = data[4:].decode().replace(":versions (1)", f':versions ({listed} "x")')
+    text = data[4:].decode().replace(f":versions ({version})", f':versions ({listed} "x")')
     return frame(text.encode())
 
 

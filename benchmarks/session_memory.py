@@ -57,7 +57,8 @@ def pair() -> tuple[Session, Session]:
     b = Session("responder", me="agent://b", require_signed_finished=True,
                 registry=cbcl.Registry(trust=TrustStore({"k": key.public_key()}),
                                        disk_cache=False, isolate=False))
-    b.receive_data(a.send(Query(str(protocol.id), protocol.digest, (1,)), now=NOW))
+    b.receive_data(a.send(Query(str(protocol.id), protocol.digest,
+                                (protocol.descriptor.version,)), now=NOW))
     drain(b, b)
     drain(b, a)
     b.receive_data(a.send(Offer(sign_descriptor(payload, [("k", key)])), now=NOW))

@@ -359,7 +359,8 @@ class Attack:
             if kind == "slowloris":
                 session = self.peer.session(f"agent://bench/loris-{index}")
                 protocol = session.registry.get("contract-net/v1")
-                data = session.send(Query(str(protocol.id), protocol.digest, (1,),
+                data = session.send(Query(str(protocol.id), protocol.digest,
+                                          (protocol.descriptor.version,),
                                           ("binary", "text")), now=clock_ms())
             record.update(await self._hold(reader, writer, data))
             record["survived_s"] = time.monotonic() - connected

@@ -9,7 +9,8 @@ it alone (``cbcl.descriptor_from_declaration``, also ``cbcl descriptor build``):
 and schema both derived from its records. The others keep a hand-written grammar,
 grammars/NAME.lark, and their sections, sections/NAME.SECTION.cbcl, put together by
 ``cbcl.build_descriptor``, which checks the schema against the grammar; HAND_WRITTEN says
-why each cannot be declared yet (spec/declarations.md §4). Each NAME.cbcl also gets
+why (spec/declarations.md §4). A protocol moved onto a declaration is a new version; its
+hand-written predecessor is kept in history/ (NAME.version-N.cbcl). Each NAME.cbcl also gets
 NAME.signed.cbcl, whose payload is NAME.cbcl's exact bytes, signed with the example key
 keys/cbcl-example.key (its private half is public on purpose, so anyone can regenerate
 these; trust your own keys, never this one). Ed25519 signatures are deterministic, so
@@ -35,31 +36,26 @@ EXAMPLE_KEY = HERE / "keys" / "cbcl-example.key"
 # rules as INTENT=rule where they have one). A declared protocol's id, version and intents
 # are its declaration's; its entry here is what the tests compare the build with.
 SHIPPED = {
-    "task-assignment-v1": ("task-assignment/v1", 1, "PROPOSE"),
-    "contract-net-v1": ("contract-net/v1", 1, "CFP=cfp PROPOSE=proposal REFUSE=refusal "
+    "task-assignment-v1": ("task-assignment/v1", 2, "PROPOSE"),
+    "contract-net-v1": ("contract-net/v1", 2, "CFP=cfp PROPOSE=proposal REFUSE=refusal "
                         "ACCEPT=acceptance REJECT=rejection INFORM=done FAILURE=failure"),
     "request-v1": ("request/v1", 2, "REQUEST=request AGREE=agree REFUSE=refuse "
                    "FAILURE=failure INFORM=inform"),
-    "canon-a-v1": ("canon-a/v1", 2, "QUERY REQUEST INFORM REFUSE FAILURE"),
+    "canon-a-v1": ("canon-a/v1", 3, "QUERY=query REQUEST=request INFORM=inform "
+                   "REFUSE=refuse FAILURE=failure"),
     "cbcl-negotiation-v1": ("cbcl-negotiation/v1", 1,
                             "QUERY INFORM PROPOSE ACCEPT REJECT CONFIRM"),
 }
 #: The protocols built from descriptors/declarations/NAME.cbcl.
-DECLARED = ("request-v1",)
-#: The protocols whose bodies have a shape a declaration cannot say (yet), so their grammar
-#: stays hand-written and their schema is checked against it at every build.
+DECLARED = ("request-v1", "contract-net-v1", "task-assignment-v1", "canon-a-v1")
+#: The protocols that keep a hand-written grammar (and why), their schema checked against it
+#: at every build.
 HAND_WRITTEN = {
-    "task-assignment-v1": "the task's first member is positional (KEYWORD STRING, in that "
-                          "place) and its attributes may repeat; a declaration's members "
-                          "are a keyword set, each once, in any order",
-    "contract-net-v1": "a refusal's :reason is a symbol (busy, unqualified, "
-                       "deadline-too-short) or a list (other STRING); a schema type is one "
-                       "or the other, and declared as any it would be any value",
-    "canon-a-v1": "every intent's start rule is body (any of the five bodies, the "
-                  "constraints section pairs them), a query's arguments may repeat and an "
-                  "error's come in a fixed order; a declaration has no constraints section",
-    "cbcl-negotiation-v1": "every session speaks it: its bytes are packaged and pinned by "
-                           "peers; (rejected …) has no record in its schema",
+    "cbcl-negotiation-v1": "every session speaks it and peers pin its digest, so any byte "
+                           "changed splits deployed peers for no change in what it accepts; "
+                           "a declaration would change its bytes (a derived grammar's text, "
+                           "one start rule per intent where its six share body, and a "
+                           "schema record for (rejected …), which has none)",
 }
 PACKAGE_DATA = HERE.parent / "cbcl" / "grammars"
 PACKAGED = ("cbcl-negotiation-v1", "contract-net-v1")

@@ -470,7 +470,7 @@ def test_agent_card_extension_lists_protocols_and_digests(registry: Registry) ->
     card = AgentCard(name="backup", capabilities=AgentCapabilities(extensions=[extension]))
     card = json_format.Parse(json_format.MessageToJson(card), AgentCard())  # over the wire
     listed = card_protocols(card)
-    assert [(p.id, p.version) for p in listed] == [("request/v1", 2), ("contract-net/v1", 1)]
+    assert [(p.id, p.version) for p in listed] == [("request/v1", 2), ("contract-net/v1", 2)]
     for entry, protocol in zip(listed, protocols, strict=True):
         assert protocol is not None
         assert entry.digest == protocol.digest

@@ -318,7 +318,7 @@ def test_ten_oversized_offers_cost_the_server_little_and_change_nothing(
     assert len(cache.compiled) == 0 and len(cache.refused) == 0
     assert len(cache.oversized) == 10
     # A good grammar still compiles, in a worker, and loads.
-    assert registry.load(good, allow_unsigned=True).descriptor.version == 1
+    assert registry.load(good, allow_unsigned=True).descriptor.version == 2
     assert len(registry) == 1 and len(cache.compiled) == 1
 
 

@@ -63,11 +63,13 @@ RULES = b"""
       (message "an ACCEPT names the task of the proposal")))"""
 
 
-def with_rules(base: bytes, rules: bytes, *, version: int = 2) -> bytes:
-    """``base`` (a shipped descriptor) with ``rules`` as its last section."""
+def with_rules(base: bytes, rules: bytes, *, version: int = 3) -> bytes:
+    """``base`` (a shipped descriptor) with ``rules`` as its last section; contract-net/v1's
+    (shipped as version 2) as ``version``, any other at its own."""
     end = base.rindex(b")")
-    return (base[:end] + rules + base[end:]).replace(b"(version 1)",
-                                                      f"(version {version})".encode())
+    return (base[:end] + rules + base[end:]).replace(
+        b"(id contract-net/v1)\n  (version 2)",
+        f"(id contract-net/v1)\n  (version {version})".encode())
 
 
 RULED = with_rules(CONTRACT_NET, RULES)
@@ -154,9 +156,11 @@ def test_canon_a_needs_a_city_and_the_body_of_its_intent() -> None:
 
     assert refusals(canon("QUERY", '(query weather :city "Paris")')) == []
     assert refusals(canon("QUERY", "(query weather)")) == [ConstraintError] * 7
-    assert refusals(canon("QUERY", '(deny :reason "x")')) == [ConstraintError] * 7
+    # Another intent's body: version 3's grammar refuses it (each intent has its own start
+    # rule) before the rules that said so in version 2 (spec/declarations.md §4).
+    assert refusals(canon("QUERY", '(deny :reason "x")')) == [cbcl.BodyError] * 7
     assert refusals(canon("REFUSE", '(deny :reason "x")')) == []
-    assert refusals(canon("FAILURE", '(deny :reason "x")')) == [ConstraintError] * 7
+    assert refusals(canon("FAILURE", '(deny :reason "x")')) == [cbcl.BodyError] * 7
     with pytest.raises(ConstraintError, match=r"query-needs-city.*needs a city"):
         cbcl.parse(canon("QUERY", "(query weather :unit celsius)"), registry=REGISTRY)
     for example in sorted((ROOT / "descriptors" / "examples").glob("canon-a-v1*.cbcl")):
@@ -170,13 +174,13 @@ def test_rules_with_earlier_are_left_to_the_conversation() -> None:
 
 
 def test_a_protocol_without_constraints_stays_on_the_fast_paths() -> None:
-    registry = registry_of(CONTRACT_NET.replace(b"(version 1)", b"(version 2)"), CANON_A)
+    registry = registry_of(CONTRACT_NET.replace(b"(version 2)", b"(version 3)"), CANON_A)
     fast = registry._protocols_by_id()
     assert set(map(str, fast)) == {"contract-net/v1"}  # canon-a/v1 has constraints
     assert {str(p.id) for p in registry.protocols()} == {"contract-net/v1", "canon-a/v1"}
     assert registry.get("canon-a/v1") is not None
     # A version with constraints replaces one without: it leaves the fast paths.
-    registry.load(with_rules(CONTRACT_NET, RULES, version=3), allow_unsigned=True)
+    registry.load(with_rules(CONTRACT_NET, RULES, version=4), allow_unsigned=True)
     assert fast is registry._protocols_by_id() and not fast
 
 
@@ -322,7 +326,7 @@ DIGEST_RULED = "sha256:" + hashlib.sha256(RULED).hexdigest()
 
 def _pair() -> SessionPair:
     pair = SessionPair(initiator(RULED), responder())
-    pair.handshake(query(DIGEST_RULED), SIGNED_RULED)
+    pair.handshake(query(DIGEST_RULED, 3), SIGNED_RULED)
     return pair
 
 
@@ -357,7 +361,7 @@ def test_earlier_rules_across_a_two_party_session(price: str, accepted: bool) ->
     assert pair.b.data_to_send() == b""
     # … and a sender that does not check is refused by the receiver, with `schema`.
     trusting = SessionPair(initiator(RULED), responder(validate_outgoing=False))
-    trusting.handshake(query(DIGEST_RULED), SIGNED_RULED)
+    trusting.handshake(query(DIGEST_RULED, 3), SIGNED_RULED)
     trusting.feed(trusting.b, trusting.a.send(ProtocolMessage(_cfp("10")), now=NOW))
     tracker = trusting.b.tracker
     assert tracker is not None

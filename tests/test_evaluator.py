@@ -303,7 +303,8 @@ def test_task_assignment_deadline() -> None:
     body = message.body
     assert isinstance(body, tuple)
     deadline = body[body.index(cbcl.Keyword("deadline")) + 1]
-    functions = cbcl.read(
-        (Path(__file__).parent.parent / "descriptors" / "sections" /
-         "task-assignment-v1.functions.cbcl").read_bytes())
+    functions = cbcl.descriptor.read_descriptor(
+        (Path(__file__).parent.parent / "descriptors" / "task-assignment-v1.cbcl")
+        .read_bytes()).functions
+    assert functions is not None
     assert evaluate(deadline, functions=functions, now=1_000) == 4_600

@@ -26,6 +26,7 @@ from hypothesis import given, settings, strategies as st
 from test_serve_attacks import (
     KEY,
     NOT_UNDERSTOOD,
+    SHIPPED_VERSION,
     WAIT,
     Running,
     descriptor_of,
@@ -340,7 +341,7 @@ def test_pre_handshake_timeout_ends_a_pending_connection_not_an_established_one(
             out: list[str] = []
             # Established within the deadline, the conversation then paces past it.
             await asyncio.wait_for(run_initiator(
-                srv.address, descriptor_of("contract-net/v1"), ("demo", KEY),
+                srv.address, descriptor_of("contract-net/v1", SHIPPED_VERSION), ("demo", KEY),
                 encodings=("binary",), out=out.append, pace=0.3), WAIT)
             assert any("session over" in line for line in out)
     run(scenario)

@@ -44,6 +44,7 @@ from cbcl import (
 )
 from cbcl.binary import frame
 from cbcl.net import Context, connect
+from cbcl.protocol._descriptor import read_descriptor
 from cbcl.protocol._trust import _NameSet
 from cbcl.session import (
     NEED_DATA,
@@ -61,6 +62,7 @@ from cbcl.trust import Identity, TrustPolicy, name_matches, name_pattern_problem
 ROOT = Path(__file__).parent.parent
 PAYLOAD = (ROOT / "cbcl" / "grammars" / "contract-net-v1.cbcl").read_bytes()
 DIGEST = "sha256:" + hashlib.sha256(PAYLOAD).hexdigest()
+VERSION = read_descriptor(PAYLOAD).version
 NOW = 1_764_500_000_000
 SERVER = "agent://test/server"
 CLIENT = "agent://test/client"
@@ -404,7 +406,7 @@ def feed(to: Session, data: bytes) -> list[Event]:
 def handshake(a: Session, b: Session) -> list[Event]:
     """Run the handshake (asking, offering when told unsupported); returns A's events.
     A refusal raises the refusing side's :class:`RemoteProtocolError`."""
-    got = feed(b, a.send(Query("contract-net/v1", DIGEST, (1,), ("text",)), now=NOW))
+    got = feed(b, a.send(Query("contract-net/v1", DIGEST, (VERSION,), ("text",)), now=NOW))
     events: list[Event] = []
     while True:
         to_a, to_b = b.data_to_send(), a.data_to_send()
@@ -639,7 +641,7 @@ async def raw_session(address: str, key_id: str, me: str = CLIENT) -> Any:
     hand so that the test can then write any bytes it likes."""
     session = initiator(key_id, me=me)
     connection = await connect(address, session)
-    await connection.send(Query("contract-net/v1", DIGEST, (1,), ("text",)))
+    await connection.send(Query("contract-net/v1", DIGEST, (VERSION,), ("text",)))
     while True:
         event = await connection.next_event()
         if isinstance(event, Unsupported):

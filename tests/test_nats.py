@@ -340,7 +340,8 @@ def query_frame(keys: Keys, me: str = "agent://test/evil", peer: str = SERVER) -
     registry = Registry()
     protocol = registry.load(PAYLOAD, allow_unsigned=True)
     session = Session("initiator", registry=registry, me=me, peer=peer)
-    data = session.send(Query(str(protocol.id), protocol.digest, (1,), ("binary", "text")),
+    data = session.send(Query(str(protocol.id), protocol.digest,
+                              (protocol.descriptor.version,), ("binary", "text")),
                         now=int(time.time() * 1000))
     return data[4:]
 

@@ -69,12 +69,18 @@ def test_read_descriptor_fields() -> None:
     payload = (DESCRIPTORS / "contract-net-v1.cbcl").read_bytes()
     descriptor = cbcl.descriptor.read_descriptor(payload)
     assert descriptor.id == cbcl.Symbol("contract-net/v1")
-    assert descriptor.version == 1
+    assert descriptor.version == 2  # (version 1 was hand-written: descriptors/history)
     assert cbcl.Intent.CFP in descriptor.intents
-    assert descriptor.grammar == (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
+    assert descriptor.grammar == cbcl.descriptor.read_declaration(
+        (DESCRIPTORS / "declarations" / "contract-net-v1.cbcl").read_bytes()).grammar
     assert descriptor.digest.startswith("sha256:") and len(descriptor.digest) == 71
     # The digest names the exact bytes: a comment changes it.
     assert cbcl.descriptor.read_descriptor(b"; x\n" + payload).digest != descriptor.digest
+
+
+#: contract-net/v1's body grammar (derived from its declaration).
+CONTRACT_NET_GRAMMAR = cbcl.descriptor.read_descriptor(
+    (DESCRIPTORS / "contract-net-v1.cbcl").read_bytes()).grammar
 
 
 GOOD = '(protocol-descriptor (id p/v1) (version 2) (intents INFORM) (grammar "body: SYMBOL"))'
@@ -387,7 +393,7 @@ def test_cache_directory_open_to_others_is_not_used(tmp_path: Path) -> None:
 
 
 def test_compiled_data_is_validated() -> None:
-    grammar = (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
+    grammar = CONTRACT_NET_GRAMMAR
     data = to_data(compile_grammar(grammar, starts=starts_of("contract-net-v1")))
     assert from_data(json.loads(json.dumps(data))).verdict == "LALR(1)"
     forges: tuple[Callable[[dict[str, Any]], object], ...] = (
@@ -410,7 +416,7 @@ def test_compiled_data_is_validated() -> None:
 
 
 def test_compile_guard_times_out() -> None:
-    grammar = (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
+    grammar = CONTRACT_NET_GRAMMAR
     started = time.perf_counter()
     with pytest.raises(GrammarError, match="longer than") as info:
         compile_guarded(grammar, timeout=0.01, starts=starts_of("contract-net-v1"))
@@ -420,7 +426,7 @@ def test_compile_guard_times_out() -> None:
 
 @pytest.mark.slow
 def test_compile_guard_limits_memory() -> None:
-    grammar = (DESCRIPTORS / "grammars" / "contract-net-v1.lark").read_text()
+    grammar = CONTRACT_NET_GRAMMAR
     # The worker dies of the memory limit ("the grammar compiler …"); on a loaded machine
     # the same starved worker may first pass its deadline ("compiling the grammar took …").
     with pytest.raises(GrammarError, match=r"compiler|compiling the grammar") as info:
@@ -431,7 +437,9 @@ def test_compile_guard_limits_memory() -> None:
 
 @pytest.mark.slow
 def test_guarded_and_in_process_compiles_agree() -> None:
-    grammar = (DESCRIPTORS / "grammars" / "canon-a-v1.lark").read_text()
+    # (canon-a/v1 version 2's hand-written grammar, one start rule body: kept in history)
+    grammar = cbcl.descriptor.read_descriptor(
+        (DESCRIPTORS / "history" / "canon-a-v1.version-2.cbcl").read_bytes()).grammar
     guarded = compile_guarded(grammar)
     local = compile_grammar(grammar)
     assert (guarded.verdict, guarded.report, guarded.literals) == \

@@ -13,6 +13,7 @@ Tests internals: ``cbcl serve``'s server (``cbcl.cli._negotiate``) and the agent
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,9 @@ def refused_query(ip: str, versions: int = 1) -> bytes:
     sixteen-digit versions, a ~64 KB frame)."""
     text = query_frame(initiator(ip))[4:].decode()
     listed = " ".join(str(10 ** 15 + at) for at in range(versions))
-    return frame(text.replace(":versions (1)", f':versions ({listed} "x")').encode())
+    refused = re.sub(r":versions \(\d+\)", f':versions ({listed} "x")', text, count=1)
+    assert refused != text
+    return frame(refused.encode())
 
 
 async def ask(srv: Running, ip: str, data: bytes) -> str:

@@ -34,6 +34,8 @@ from cbcl.session import Established, Query, Unsupported
 ROOT = Path(__file__).parent.parent
 KEY = Ed25519PrivateKey.generate()
 PAYLOAD = (ROOT / "descriptors" / "contract-net-v1.cbcl").read_bytes()
+#: The shipped contract-net/v1's version (2: built from its declaration).
+SHIPPED_VERSION = cbcl.descriptor.read_descriptor(PAYLOAD).version
 SIGNED = sign_descriptor(PAYLOAD, [("demo", KEY)])
 NOT_UNDERSTOOD = b"(intent NOT-UNDERSTOOD)"
 WAIT = 10.0  # a bound on how long anything here may take, never a measurement
@@ -133,7 +135,7 @@ def initiator(tag: str = "x") -> Session:
 def query_frame(session: Session) -> bytes:
     protocol = session.registry.get("contract-net/v1")
     assert protocol is not None
-    return session.send(Query("contract-net/v1", protocol.digest, (1,)),
+    return session.send(Query("contract-net/v1", protocol.digest, (protocol.descriptor.version,)),
                         now=cbcl.net._transport.clock_ms())
 
 
@@ -298,7 +300,7 @@ async def establish(address: str, tag: str) -> Any:
     protocol = session.registry.get("contract-net/v1")
     assert protocol is not None
     connection = await connect(address, session)
-    await connection.send(Query("contract-net/v1", protocol.digest, (1,)))
+    await connection.send(Query("contract-net/v1", protocol.digest, (protocol.descriptor.version,)))
     from cbcl.session import Offer
 
     while True:
@@ -325,9 +327,10 @@ def test_a_connection_waits_for_a_session_slot_at_most_slot_timeout(tmp_path: Pa
 
 
 def descriptor_of(ident: str, version: int = 1) -> bytes:
-    """contract-net/v1's descriptor under another protocol id and version, signed."""
-    payload = PAYLOAD.replace(b"(id contract-net/v1)", f"(id {ident})".encode()) \
-        .replace(b"(version 1)", f"(version {version})".encode())
+    """contract-net/v1's descriptor under another protocol id and version, signed (the
+    shipped bytes for contract-net/v1 at SHIPPED_VERSION)."""
+    payload = PAYLOAD.replace(b"(id contract-net/v1)\n  (version 2)",
+                              f"(id {ident})\n  (version {version})".encode())
     return sign_descriptor(payload, [("demo", KEY)])
 
 

@@ -49,8 +49,10 @@ NOW = 1_764_500_000_000
 KEY = Ed25519PrivateKey.generate()
 OTHER_KEY = Ed25519PrivateKey.generate()
 STORE = TrustStore({"demo": KEY.public_key()})
-V1 = (ROOT / "descriptors" / "contract-net-v1.cbcl").read_bytes()
-V2 = V1.replace(b"(version 1)", b"(version 2)")
+# contract-net/v1's hand-written version 1 (descriptors/history) and the shipped version 2,
+# built from its declaration (spec/declarations.md §4).
+V1 = (ROOT / "descriptors" / "history" / "contract-net-v1.version-1.cbcl").read_bytes()
+V2 = (ROOT / "descriptors" / "contract-net-v1.cbcl").read_bytes()
 SIGNED_V1 = sign_descriptor(V1, [("demo", KEY)])
 SIGNED_V2 = sign_descriptor(V2, [("demo", KEY)])
 DIGEST_V1 = "sha256:" + hashlib.sha256(V1).hexdigest()

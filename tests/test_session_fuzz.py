@@ -256,11 +256,11 @@ def field_values(name: str, transcript: str) -> st.SearchStrategy[Any]:
         "protocol": st.sampled_from([Symbol("contract-net/v1"), Symbol("request/v1")])
         | symbols,
         "digest": st.just(KIT.digest) | digests,
-        "versions": st.just((1,)) | versions,
+        "versions": st.just((KIT.version,)) | versions,
         "known": st.just(()) | versions,
         "encodings": st.lists(encoding, min_size=1, max_size=3).map(tuple),
         "nonce": st.sampled_from([KIT.A_NONCE, KIT.B_NONCE]) | st.text(_HEX, max_size=70),
-        "version": st.just(1) | integers,
+        "version": st.just(KIT.version) | integers,
         "encoding": encoding,
         "descriptor": st.sampled_from(_SIGNED) | signed_documents() | strings,
         "reason": st.sampled_from([Symbol(r) for r in sorted(REJECT_CODES)]) | symbols,

@@ -23,8 +23,9 @@ import re
 from decimal import Decimal
 
 from ..core._canonical import canonical_value
-from ..core._errors import DescriptorError
+from ..core._errors import CBCLError, DescriptorError
 from ..core._values import Symbol
+from ._declaration import DECLARATION_HEAD, read_declaration
 from ._descriptor import ProtocolDescriptor, read_descriptor
 from ._schema import AtomType, Keys, ListOf, OneOf, Record, SchemaType, compile_schema
 
@@ -218,6 +219,23 @@ def _intents_of(descriptor: ProtocolDescriptor, records: tuple[Record, ...]
     return found
 
 
+def _classes_derive(descriptor: ProtocolDescriptor, records: tuple[Record, ...],
+                    intents: dict[int, list[str]]) -> bool:
+    """Whether the classes' own declaration (their schema records, per intent) derives the
+    descriptor's grammar: not where its declaration said more than its schema (an
+    ``(ordered …)`` group, an ``(either …)``, spec/declarations.md §1.1), whose grammar
+    the module then passes as written."""
+    parts = [f"(id {descriptor.id})", f"(version {descriptor.version})"]
+    for intent, start in descriptor.starts.items():
+        listed = [_type_text(r) for i, r in enumerate(records) if intent.value in intents[i]]
+        parts.append(f"(intent {intent.value} (rule {start}) {' '.join(listed)})")
+    try:
+        declared = read_declaration(f"({DECLARATION_HEAD} {' '.join(parts)})")
+    except CBCLError:
+        return False
+    return declared.grammar == descriptor.grammar
+
+
 def generate_records(descriptor: bytes) -> str:
     """The Python source of record classes for a descriptor's schema (its exact bytes),
     ``mypy --strict`` clean; with ``RECORDS`` (the body classes, in the schema's order) and
@@ -254,13 +272,17 @@ def generate_records(descriptor: bytes) -> str:
                + "".join(f"{b}, " for b in bodies if b not in unused) + ")")
     conversation = None if parsed.conversation is None else canonical_value(parsed.conversation)
     functions = None if parsed.functions is None else canonical_value(parsed.functions)
-    derived = parsed.grammar.startswith(_DERIVED)
+    constraints = None if parsed.constraints is None else canonical_value(parsed.constraints)
+    derived = parsed.grammar.startswith(_DERIVED) and _classes_derive(
+        parsed, schema.records, intents)
     out += ["", "",
             "def descriptor() -> bytes:",
             '    """The descriptor these classes declare (cbcl.descriptor_from)."""',
             "    return cbcl.descriptor_from(*RECORDS, id=PROTOCOL_ID, version=VERSION,",
             f"                                conversation={conversation!r},",
             f"                                functions={functions!r},",
+            *([f"                                constraints={constraints!r},"]
+              if constraints is not None else []),
             f"                                expires={parsed.expires!r},",
             f"                                rules={starts!r},",
             f"                                grammar={None if derived else parsed.grammar!r})",

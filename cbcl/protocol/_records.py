@@ -53,7 +53,7 @@ from ..core._errors import DescriptorError, SchemaError
 from ..core._reader import intern_keyword, intern_symbol, read
 from ..core._values import URI, Keyword, Symbol, Value, _Atom
 from ..grammar._subset import GrammarLimits
-from ._declaration import DECLARATION_HEAD, read_declaration
+from ._declaration import DECLARATION_HEAD, compile_declared_type, read_declaration
 from ._fields import check_value
 from ._message import Intent, Message
 from ._protocol import Protocol
@@ -119,8 +119,9 @@ class Key:
 @dataclass(frozen=True, slots=True)
 class Declared:
     """``Annotated[cbcl.Value, cbcl.Declared("(one-of \\"x\\" y 2)")]``: a member of the
-    schema type written out (any type of spec/conversations.md §2), held as its CBCL
-    value — for what no Python annotation says (``cbcl codegen`` writes it then)."""
+    schema type written out (any type of spec/conversations.md §2, or a declaration's
+    ``(either …)``, spec/declarations.md §1.1, whose schema projection is ``any``), held as
+    its CBCL value — for what no Python annotation says (``cbcl codegen`` writes it then)."""
 
     type: str
 
@@ -251,7 +252,7 @@ def _plan_type(name: str, tp: Any, owner: str
     if declared is not None:
         try:
             value = read(declared.type)
-            _compile_type(value, "$", 2)
+            compile_declared_type(value, "$", 2)
         except _Bad as exc:
             raise TypeError(f"{owner}.{name}: cbcl.Declared: {exc}") from None
         except Exception as exc:
@@ -380,7 +381,7 @@ class _RecordMeta(type):
 
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any],
                 intent: str | Iterable[str] | None = None, head: str | Iterable[str] | None = None,
-                **kwargs: Any) -> _RecordMeta:
+                ordered: int = 0, **kwargs: Any) -> _RecordMeta:
         if namespace.get("__module__") == __name__ and name == "Record":
             return super().__new__(mcs, name, bases, namespace, **kwargs)
         if any(b is not Record and issubclass(b, Record) for b in bases if isinstance(b, type)):
@@ -393,7 +394,7 @@ class _RecordMeta(type):
         namespace["__slots__"] = tuple(fields)
         namespace["__match_args__"] = tuple(fields)
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
-        _prepare(cls, name, fields, defaults, intent, head)
+        _prepare(cls, name, fields, defaults, intent, head, ordered)
         return cls
 
 
@@ -404,7 +405,8 @@ def _names(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
 
 
 def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
-             intent: str | Iterable[str] | None, head: str | Iterable[str] | None) -> None:
+             intent: str | Iterable[str] | None, head: str | Iterable[str] | None,
+             ordered: int = 0) -> None:
     module = sys.modules.get(cls.__module__)
     names = {**globals(), **_VALUE_NAMES, **(vars(module) if module is not None else {})}
     for known, value in list(names.items()):  # (cbcl.Value, a str at run time, as a type)
@@ -468,14 +470,21 @@ def _prepare(cls: Any, name: str, fields: list[str], defaults: dict[str, Any],
                                 "(= None)")
         plans.append(_Plan(field_name, key, text, default is _MISSING, default, to_wire,
                            from_wire, inner))
-    members = " ".join(f"({canonical_value(p.key)} {p.type_text}"
-                       f"{' required' if p.required else ''})" for p in plans)
+    if type(ordered) is not int or not 0 <= ordered <= len(plans):
+        raise TypeError(f"{name}: ordered= is how many of the members, in order, come "
+                        f"first in a fixed order (0 to {len(plans)})")
+    written = [f"({canonical_value(p.key)} {p.type_text}{' required' if p.required else ''})"
+               for p in plans]
+    if ordered:  # (spec/declarations.md §1.1: the first members in a fixed place)
+        written[:ordered] = ["(ordered " + " ".join(written[:ordered]) + ")"]
+    members = " ".join(written)
     if cls.__cbcl_heads__:
         text = "(record " + " ".join(cls.__cbcl_heads__) + (" " + members if members else "") + ")"
     else:
         text = "(keys" + (" " + members if members else "") + ")"
-    try:
-        compiled = _compile_type(read(text), "$", 1)
+    try:  # (the schema's record is the declared one's projection, §1.1)
+        _, projected = compile_declared_type(read(text), "$", 1)
+        compiled = _compile_type(projected, "$", 1)
     except _Bad as exc:
         raise TypeError(f"{name}: {exc}") from None
     cls.__cbcl_type__ = text
@@ -850,13 +859,14 @@ def _trusted(cls: Any, protocol: Protocol | None) -> bool:
 def declaration_of(*classes: type[Record], id: str, version: int,
                    conversation: Value | str | None = None,
                    functions: Value | str | None = None, expires: int | None = None,
-                   grammar: str | None = None, rules: dict[str, str] | None = None) -> Value:
+                   grammar: str | None = None, rules: dict[str, str] | None = None,
+                   constraints: Value | str | None = None) -> Value:
     """The ``(protocol-declaration …)`` value the record classes make (spec/declarations.md
     §8): one ``(intent …)`` per intent, in the order the classes first name them, each
-    listing its classes' records in the order given. ``conversation`` and ``functions``
-    are values or their text; ``rules`` gives start rules by intent. Raises ``TypeError``
-    for a class that is not a record class with an intent, ``ValueError`` for a
-    conversation or functions text that is not one value."""
+    listing its classes' records in the order given. ``conversation``, ``functions`` and
+    ``constraints`` are values or their text; ``rules`` gives start rules by intent.
+    Raises ``TypeError`` for a class that is not a record class with an intent,
+    ``ValueError`` for a section's text that is not one value."""
     by_intent: dict[Intent, list[type[Record]]] = {}
     for cls in classes:
         if not (isinstance(cls, type) and issubclass(cls, Record) and cls is not Record):
@@ -879,7 +889,7 @@ def declaration_of(*classes: type[Record], id: str, version: int,
                      + "".join(" " + c.__cbcl_type__ for c in listed) + ")")
     if grammar is not None:
         parts.append(f"(grammar {canonical_value(grammar)})")
-    for section in (conversation, functions):
+    for section in (conversation, functions, constraints):
         if section is not None:
             parts.append(section if isinstance(section, str) else canonical_value(section))
     try:
@@ -892,7 +902,7 @@ def descriptor_from(*classes: type[Record], id: str, version: int,
                     conversation: Value | str | None = None,
                     functions: Value | str | None = None, expires: int | None = None,
                     grammar: str | None = None, rules: dict[str, str] | None = None,
-                    comment: str | None = None,
+                    constraints: Value | str | None = None, comment: str | None = None,
                     grammar_limits: GrammarLimits | None = None) -> bytes:
     """The bytes of the descriptor the record classes declare: their declaration
     (:func:`declaration_of`) built as :func:`cbcl.descriptor_from_declaration` builds one
@@ -902,7 +912,7 @@ def descriptor_from(*classes: type[Record], id: str, version: int,
     (:class:`DescriptorError` for a declaration it refuses, :class:`GrammarError` …)."""
     declared = declaration_of(*classes, id=id, version=version, conversation=conversation,
                               functions=functions, expires=expires, grammar=grammar,
-                              rules=rules)
+                              rules=rules, constraints=constraints)
     try:
         return read_declaration(declared, grammar_limits=grammar_limits).build(
             comment=comment, grammar_limits=grammar_limits)

@@ -135,6 +135,7 @@ class SessionKit:
 
         import cbcl
         from cbcl import TrustStore, load_private_key
+        from cbcl.descriptor import read_descriptor
         from cbcl.session import _session
         from cbcl.trust import read_signed_descriptor_unverified
 
@@ -146,6 +147,8 @@ class SessionKit:
         self.signed = (here / "contract-net-v1.signed.cbcl").read_bytes()
         self.payload = read_signed_descriptor_unverified(self.signed).payload
         self.digest = "sha256:" + hashlib.sha256(self.payload).hexdigest()
+        #: contract-net/v1's shipped version (2 since it is built from its declaration).
+        self.version = read_descriptor(self.payload).version
         # A knows two protocols; it never loads anything from its peer, so one registry
         # serves every initiator.
         self.initiator_registry = self._registry()
@@ -224,7 +227,7 @@ class SessionKit:
                 inbox[other] += me.data_to_send()
                 continue
             if what == "query":
-                event = S.Query("contract-net/v1", self.digest, (1,),
+                event = S.Query("contract-net/v1", self.digest, (self.version,),
                                 SESSION_FLOWS[flow][1])
             elif what == "offer":
                 event = S.Offer(self.signed)
