@@ -138,6 +138,20 @@ def test_a_replaced_protocol_is_left_to_the_python_path() -> None:
     assert in_c(decoder, frame) == message
 
 
+def test_frames_of_protocols_in_turn_find_their_own_plans() -> None:
+    """decode_frame keeps the last frame's plan (by its table's digest): frames of one
+    protocol after another's, and back, each get their own."""
+    decoder = warm()
+    firsts: dict[object, int] = {}
+    for index, message in enumerate(MESSAGES):
+        firsts.setdefault(message.protocol, index)
+    picks = list(firsts.values())
+    assert len(picks) >= 2
+    for index in picks + picks[::-1] + picks:
+        assert in_c(decoder, FRAMES[index]) == MESSAGES[index] or \
+            REGISTRY.get(MESSAGES[index].protocol).constraints is not None  # type: ignore[union-attr]
+
+
 def test_short_ids_and_signatures() -> None:
     message = MESSAGES[0]
     protocol = REGISTRY.get(message.protocol)
