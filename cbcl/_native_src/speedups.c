@@ -3746,6 +3746,7 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->s_registry);
     Py_CLEAR(sp->s_protocols_by_id);
     Py_CLEAR(sp->s_cbcl_converter);
+    sp->record_type = sp->record_converter = NULL;
     Py_CLEAR(sp->s_type);
     Py_CLEAR(sp->s_one_shot);
     Py_CLEAR(sp->frame_state_type);
