@@ -915,7 +915,7 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
               PyObject *start, PyObject *step, Py_ssize_t max_depth, Py_ssize_t max_items,
               Py_ssize_t max_string, Py_ssize_t max_name, Py_ssize_t budget,
               PyObject *refused, PyObject *accept, Py_ssize_t memo_entries,
-              BodyRefusal *why)
+              BodyRefusal *why, const uint64_t *code_bloom)
 {
     PyObject *result = NULL;
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
@@ -1086,7 +1086,12 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                         Py_hash_t h = PyObject_Hash(value);
                         if (h == -1)
                             goto error;
-                        if ((ok = PyDict_Contains(codes, value)) != 0 ||
+                        /* (code_bloom: a bit per hash of the table's atoms; a clear bit
+                         * says no atom of the table has this one's hash) */
+                        uint64_t bit = (uint64_t)h;
+                        if ((ok = code_bloom != NULL &&
+                                  !((code_bloom[(bit >> 6) & 3] >> (bit & 63)) & 1) ? 0 :
+                                  PyDict_Contains(codes, value)) != 0 ||
                             (ok = learned_has(&learned, value, h)) != 0) {
                             if (ok < 0)
                                 goto error;
@@ -1171,7 +1176,7 @@ build_body(PyObject *module, PyObject *args)
     PyObject *result = build_body_of(st, (const unsigned char *)view.buf, view.len, offset,
                                      entries, codes, caches, make_atom, start, step,
                                      max_depth, max_items, max_string, max_name, budget,
-                                     refused, accept, memo_entries, NULL);
+                                     refused, accept, memo_entries, NULL, NULL);
     PyBuffer_Release(&view);
     return result;
 }
@@ -2771,6 +2776,10 @@ typedef struct {
      * peer sends one protocol after another: the plan found again without making the
      * digest's bytes and hashing them), NULL until a frame has a plan */
     PyObject *last_digest, *last_plan;
+    /* with last_plan: a bit per hash (mod 256) of the atoms of its table's codes, so that
+     * build_body_of asks the codes dict about a learned atom only where one may be there
+     * (a table's codes never change once made) */
+    uint64_t code_bloom[4];
 } FrameState;
 
 
@@ -2975,6 +2984,18 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
         Py_XSETREF(d->last_digest, digest);
         Py_XSETREF(d->last_plan, Py_NewRef(plan));
         current = 0;
+        PyObject *codes = PyTuple_GET_ITEM(plan, FP_CODES), *key, *code;
+        Py_ssize_t at = 0;
+        memset(d->code_bloom, 0, sizeof d->code_bloom);
+        while (PyDict_Next(codes, &at, &key, &code)) {
+            Py_hash_t h = PyObject_Hash(key);
+            if (h == -1) { /* (not so: a dict's keys are hashable) every bit set */
+                PyErr_Clear();
+                memset(d->code_bloom, 0xff, sizeof d->code_bloom);
+                break;
+            }
+            d->code_bloom[((uint64_t)h >> 6) & 3] |= UINT64_C(1) << ((uint64_t)h & 63);
+        }
     }
     Py_INCREF(plan); /* the plans may change under a Python call */
     PyObject *slots[ENVELOPE_SLOTS] = {NULL};
@@ -3016,7 +3037,7 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
                          PyTuple_GET_ITEM(acceptance, P_STEP), d->max_body_depth,
                          d->max_list_items, d->max_string_bytes, d->max_name_chars,
                          d->max_nodes - envelope_nodes, d->refused, d->accept,
-                         d->memo_entries, &why);
+                         d->memo_entries, &why, d->code_bloom);
     if (body == NULL || body == Py_None)
         goto decline;
     if (why.kind != BR_NONE) {
