@@ -43,10 +43,14 @@
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
  * decimals). A miss is validated here, by C mirrors of cbcl/core/_vocabulary.py's rules
  * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
- * declines without a Python call, a long decimal (never remembered) is constructed here,
- * a URI is made here and remembered in the decoder's URI memo under its bound (passed with
- * the call), and only a valid symbol, keyword or short decimal calls make_atom, the
- * Python function that makes and remembers it. In front of those caches, a direct-mapped
+ * declines without a Python call, a long decimal (never remembered) is judged and made
+ * from its bytes (no str), a URI or short decimal is made here and remembered in the
+ * decoder's memo of its kind under its bound (passed with the call), a symbol or keyword
+ * interned here (scanner.c's intern tables), and only where those tables are not set up
+ * does a name call make_atom, the Python function that makes and remembers it. The atoms
+ * a body writes in full are told apart by a C hash table of them (Learned), and asked
+ * about in the table's codes only where a filter of those codes' hashes lets one be
+ * there (FrameState's code_bloom). In front of those caches, a direct-mapped
  * memo by kind and bytes (atom_memo) finds a symbol, keyword or URI seen before without
  * making its str. The caches and make_atom are the calling decoder's own
  * (cbcl.binary._codec._Memos), passed with each call: the module's state (native.h's
