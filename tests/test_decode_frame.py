@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from cbcl_bench import PROTOCOLS, find_descriptors, load_registry, varied
+from cbcl_bench import MIXED_PROTOCOL, PROTOCOLS, find_descriptors, load_registry, varied
 from hypothesis import given, settings, strategies as st
 
 import cbcl
@@ -136,6 +136,50 @@ def test_a_replaced_protocol_is_left_to_the_python_path() -> None:
     assert in_c(decoder, frame) is None
     served[message.protocol] = protocol
     assert in_c(decoder, frame) == message
+
+
+def test_frames_of_protocols_in_turn_find_their_own_plans() -> None:
+    """decode_frame keeps the last frame's plan (by its table's digest): frames of one
+    protocol after another's, and back, each get their own."""
+    decoder = warm()
+    firsts: dict[object, int] = {}
+    for index, message in enumerate(MESSAGES):
+        firsts.setdefault(message.protocol, index)
+    picks = list(firsts.values())
+    assert len(picks) >= 2
+    for index in picks + picks[::-1] + picks:
+        assert in_c(decoder, FRAMES[index]) == MESSAGES[index] or \
+            REGISTRY.get(MESSAGES[index].protocol).constraints is not None  # type: ignore[union-attr]
+
+
+def test_a_table_atom_written_in_full_is_refused() -> None:
+    """An atom the frame's table has a code for, written in full instead (a symbol, a
+    keyword): C declines it (whatever its hash) and the decoder gives the Python
+    reference's error; by its code, the same body is decoded in C."""
+    import msgpack
+
+    from cbcl.binary._codec import SymbolTable
+    from cbcl.core._vocabulary import CODE_KEYWORD, CODE_LPAR, CODE_RPAR, CODE_SYMBOL
+
+    decoder = warm()
+    table = SymbolTable.of(REGISTRY.get(MIXED_PROTOCOL.replace("-", "/")))  # type: ignore[arg-type]
+    atoms = {str(atom): atom for atom in table.codes}
+
+    def frame(head: list[Any], key: list[Any]) -> bytes:
+        body = [CODE_LPAR, *head, *key, "x", table.codes[atoms["rows"]], CODE_LPAR, CODE_RPAR,
+                CODE_RPAR]
+        return b"\xcbL\x01\x00" + table.digest + b"".join(
+            msgpack.packb(token) for token in [3, 32, "m", "agent://a", "agent://b", *body])
+
+    head, key = [table.codes[atoms["table"]]], [table.codes[atoms["id"]]]
+    good = in_c(decoder, frame(head, key))
+    assert good is not None and good.body == (atoms["table"], atoms["id"], "x", atoms["rows"],
+                                              ())
+    for damaged in (frame([CODE_SYMBOL, "table"], key), frame(head, [CODE_KEYWORD, "id"])):
+        assert in_c(decoder, damaged) is None
+        expected = outcome(PURE, damaged)
+        assert type(expected) is tuple and expected[0] is cbcl.MalformedError
+        assert outcome(decoder, damaged) == expected
 
 
 def test_short_ids_and_signatures() -> None:

@@ -200,8 +200,9 @@ def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
     """A long decimal is constructed in C (a Decimal, never remembered), a URI made in C
     and remembered in the decoder's URI memo, a symbol and a keyword that miss validated,
     made and interned in C, in the reader's intern tables (issue 35); a short decimal that
-    misses is validated in C and made by the decoder's ``keep`` (its make_atom without the
-    checks), which remembers it; an invalid one never reaches it."""
+    misses is validated and made in C and remembered in the decoder's decimal memo: none
+    calls the decoder's ``keep`` (its make_atom without the checks), nor does an invalid
+    one."""
     made: list[tuple[int, Any]] = []
     decoder = Decoder(registry)
     decoder.decode(_frame(registry, ["x"]))  # the envelope checked: the fast path runs
@@ -225,7 +226,8 @@ def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
                                ("URI", "x-y://issue/19"), ("Symbol", symbol),
                                ("Keyword", keyword))
     assert type(decoded[0]) is Decimal and long not in memos.decimals  # type: ignore[index]
-    assert [code for code, _ in made] == [CODE_DECIMAL]
+    assert made == []
+    assert memos.decimals[short] == Decimal(short) and type(memos.decimals[short]) is Decimal
     assert decoded[3] is _reader._SYMBOLS[symbol]  # type: ignore[index]
     assert decoded[4] is _reader._KEYWORDS[keyword]  # type: ignore[index]
     assert short in memos.decimals and type(memos.uris["x-y://issue/19"]) is cbcl.URI
@@ -239,3 +241,54 @@ def test_atoms_made_in_c_are_the_pythons(registry: Registry) -> None:
     for code, text in ((CODE_URI, "x-y://issue/19"), (CODE_SYMBOL, symbol),
                        (CODE_KEYWORD, keyword), (CODE_DECIMAL, short)):
         assert _typed(keep(code, text)) == _typed(memos.make_atom(code, text))
+
+
+# --------------------------------------------------------------------------- learned atoms
+
+#: The learned atoms cbcl/_native_src/speedups.c keeps inline (LEARNED_INLINE) before its
+#: table of them moves to the heap.
+LEARNED_INLINE = 64
+
+
+@pytest.mark.parametrize("count", [LEARNED_INLINE - 1, LEARNED_INLINE, LEARNED_INLINE + 1,
+                                   2 * LEARNED_INLINE + 1])
+def test_a_frame_learning_more_atoms_than_kept_inline(registry: Registry, count: int) -> None:
+    """Names and URIs written in full get the next codes, however many a frame learns: a
+    later code refers to each (the first, the last), and one written in full again is
+    refused, wherever it falls, by the C and the Python decoders alike."""
+    kinds = (CODE_SYMBOL, CODE_KEYWORD, CODE_URI)
+    atoms = [(kinds[k % 3], f"learn-{count}-{k}" if k % 3 < 2 else f"x://learn/{count}/{k}")
+             for k in range(count)]
+    first = 7 + len(SymbolTable.of(registry.get("any/v1")).entry_list)  # type: ignore[arg-type]
+    body = _body_tokens(atoms, False)
+    _agree(registry, [CODE_LPAR, *body, first, first + count - 1, CODE_RPAR], Limits())
+    decoded = Decoder(registry).decode(
+        _frame(registry, [CODE_LPAR, *body, first, first + count - 1, CODE_RPAR])).body
+    assert _typed(decoded[-2:]) == (_typed(decoded[0]), _typed(decoded[count - 1]))  # type: ignore[index]
+    assert len(decoded) == count + 2  # type: ignore[arg-type]
+    for again in (0, count // 2, count - 1):  # (a URI equal but not the same object too)
+        repeated = [CODE_LPAR, *body, *_body_tokens([atoms[again]], False), CODE_RPAR]
+        _agree(registry, repeated, Limits())
+        with pytest.raises(cbcl.MalformedError):
+            Decoder(registry).decode(_frame(registry, repeated))
+    _agree(registry, [CODE_LPAR, *body, first + count, CODE_RPAR], Limits())  # (no such code)
+
+
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_the_decimal_memo_is_bounded(registry: Registry, pure_python: bool) -> None:
+    """Short decimals are remembered up to the memo's bound, N held and the memo emptied
+    at N + 1, in C as in Python; longer ones never."""
+    decoder = Decoder(registry, pure_python=pure_python)
+    decoder.decode(_frame(registry, ["x"]))
+    memos = decoder._memos
+    memos.entries = 2
+    if decoder._frame_state is not None:  # (the whole-frame call reads it from its state)
+        decoder._frame_state = _codec._frame_state(registry, decoder.limits, memos)
+    memos.decimals.clear()
+    decoder.decode(_frame(registry, _body_tokens(
+        [(CODE_DECIMAL, "0.1"), (CODE_DECIMAL, "0.2"), (CODE_DECIMAL, "12345.6")], True)))
+    assert list(memos.decimals) == ["0.1", "0.2"]  # N held
+    body = decoder.decode(_frame(registry, _body_tokens(
+        [(CODE_DECIMAL, "0.2"), (CODE_DECIMAL, "0.3")], True))).body
+    assert list(memos.decimals) == ["0.3"]  # N + 1: emptied, then kept
+    assert body == (Decimal("0.2"), Decimal("0.3"))

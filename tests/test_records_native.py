@@ -265,6 +265,29 @@ def test_frames_decode_into_the_records_python_makes(record: Batch, trusted: boo
         _same(got, expected, one_body=False)
 
 
+def test_a_class_whose_converter_changed_is_looked_up_again() -> None:
+    """The C call keeps the converter it found last for a class while the class (and its
+    metaclass) is unchanged: one set on the class since is the one asked, never the kept
+    one; the same again once it is back."""
+    made = Batch(batch_id="b3", kind="a")
+    frame = ENCODER.encode(_message(made))
+    Batch.__cbcl_converter__.trust(PROTOCOL)
+    original = Batch.__dict__["__cbcl_converter__"]
+    for _ in range(2):
+        got, called = _python_calls(DECODER.decode, frame, type=Batch)
+        assert got == made and "decode" not in called
+    type.__setattr__(Batch, "__cbcl_converter__", Cancel.__cbcl_converter__)
+    try:
+        # (a converter of another class: C declines, the Python method decides)
+        _, called = _python_calls(_outcome, lambda f: DECODER.decode(f, type=Batch), frame)
+        assert "decode" in called
+    finally:
+        type.__setattr__(Batch, "__cbcl_converter__", original)
+    DECODER.decode(frame, type=Batch)
+    got, called = _python_calls(DECODER.decode, frame, type=Batch)
+    assert got == made and "decode" not in called
+
+
 def test_a_conversion_c_declines_is_the_references_error() -> None:
     """A datetime outside datetime's range: the converter's ValueError is declined in C and
     the Python method raises the reference's SchemaError."""

@@ -152,6 +152,11 @@ typedef struct {
     PyObject *s_packed, *s_min_length, *s_max_length, *s_item, *s_start, *s_acceptance;
     PyObject *s_registry, *s_protocols_by_id, *s_one_shot;
     PyObject *s_cbcl_converter, *s_type; /* records.c's type= hook: "__cbcl_converter__" */
+    /* records.c: the class cbcl_record_of_decoded last found a converter for, the version
+     * tags the class and its metaclass had then and that converter (all borrowed: the
+     * pointers are only compared, or read while the tags say the class holds it) */
+    PyObject *record_type, *record_converter;
+    unsigned int record_version, record_meta_version;
     PyTypeObject *frame_state_type; /* cbcl._native.FrameState, this module's */
     /* the decoder's atom memo in front of its own caches */
     MemoSlot atom_memo[CBCL_MEMO_SLOTS];

@@ -466,17 +466,44 @@ cbcl_record_of_decoded(NativeState *st, PyObject *type, PyObject *message,
             !PyObject_TypeCheck(message, st->message_fields_type) ||
             ((MessageFieldsObject *)message)->protocol == NULL)
         Py_RETURN_NONE;
-    PyObject *found = PyObject_GetAttr(type, st->speedups.s_cbcl_converter);
-    if (found == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return NULL;
-        PyErr_Clear();
-        Py_RETURN_NONE;
+    /* The converter found last, again, for the same class while neither it nor its
+     * metaclass has changed since: their version tags, as CPython's own attribute cache
+     * has them (unique to a class; any change to it, a base or the metaclass gives a new
+     * tag or none), so the class found then is this one, alive (the caller holds it) and
+     * holding that converter still. No reference is kept. */
+    SpeedupsState *sp = &st->speedups;
+    PyTypeObject *cls = (PyTypeObject *)type, *meta = Py_TYPE(type);
+    PyObject *found = sp->record_converter;
+    if (found != NULL && sp->record_type == type &&
+            (cls->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+            (meta->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+            cls->tp_version_tag == sp->record_version &&
+            meta->tp_version_tag == sp->record_meta_version) {
+        Py_INCREF(found);
+    } else {
+        found = PyObject_GetAttr(type, sp->s_cbcl_converter);
+        if (found == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return NULL;
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        /* (a RecordConverter is known by its dealloc: every type made from converter_spec) */
+        if (Py_TYPE(found)->tp_dealloc != converter_dealloc ||
+                (PyObject *)((ConverterObject *)found)->cls != type) {
+            Py_DECREF(found);
+            Py_RETURN_NONE;
+        }
+        if ((cls->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+                (meta->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+            sp->record_type = type;
+            sp->record_converter = found;
+            sp->record_version = cls->tp_version_tag;
+            sp->record_meta_version = meta->tp_version_tag;
+        }
     }
     ConverterObject *c = (ConverterObject *)found;
-    /* (a RecordConverter is known by its dealloc: every type made from converter_spec) */
-    if (Py_TYPE(found)->tp_dealloc != converter_dealloc || c->trusted == NULL ||
-            (PyObject *)c->cls != type) {
+    if (c->trusted == NULL) {
         Py_DECREF(found);
         Py_RETURN_NONE;
     }

@@ -43,10 +43,14 @@
  * cache of atoms already validated (the interned symbols and keywords, known URIs and
  * decimals). A miss is validated here, by C mirrors of cbcl/core/_vocabulary.py's rules
  * (exported as check_atom for the tests that hold them to the regexes): an invalid atom
- * declines without a Python call, a long decimal (never remembered) is constructed here,
- * a URI is made here and remembered in the decoder's URI memo under its bound (passed with
- * the call), and only a valid symbol, keyword or short decimal calls make_atom, the
- * Python function that makes and remembers it. In front of those caches, a direct-mapped
+ * declines without a Python call, a long decimal (never remembered) is judged and made
+ * from its bytes (no str), a URI or short decimal is made here and remembered in the
+ * decoder's memo of its kind under its bound (passed with the call), a symbol or keyword
+ * interned here (scanner.c's intern tables), and only where those tables are not set up
+ * does a name call make_atom, the Python function that makes and remembers it. The atoms
+ * a body writes in full are told apart by a C hash table of them (Learned), and asked
+ * about in the table's codes only where a filter of those codes' hashes lets one be
+ * there (FrameState's code_bloom). In front of those caches, a direct-mapped
  * memo by kind and bytes (atom_memo) finds a symbol, keyword or URI seen before without
  * making its str. The caches and make_atom are the calling decoder's own
  * (cbcl.binary._codec._Memos), passed with each call: the module's state (native.h's
@@ -586,6 +590,26 @@ remember_uri(const ValueTypes *vt, PyObject *uris, PyObject *text, Py_ssize_t en
     return uri;
 }
 
+/* The decimal `text` (valid: checked by the caller), made here and, if of at most
+ * DECIMAL_MEMO_CHARS characters, remembered in the decoder's memo `decimals` as
+ * cbcl.binary._codec._Memos._remember_decimal remembers it (the memo emptied when it holds
+ * `entries`). A new reference, or NULL with an exception. */
+static PyObject *
+remember_decimal(const ValueTypes *vt, PyObject *decimals, PyObject *text,
+                 Py_ssize_t entries)
+{
+    PyObject *value = decimal_of(vt, PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text), text);
+    if (value == NULL || PyUnicode_GET_LENGTH(text) > DECIMAL_MEMO_CHARS)
+        return value;
+    if (PyDict_GET_SIZE(decimals) >= entries)
+        PyDict_Clear(decimals);
+    if (PyDict_SetItem(decimals, text, value) < 0) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    return value;
+}
+
 /* The decoder's memo of atoms written in full, by kind and bytes, in front of the
  * decoders' own (MemoSlot, native.h; st->speedups.atom_memo, in the module's state, as
  * cbcl/_native_src/scanner.c keeps one in front of the text reader's cache):
@@ -611,10 +635,10 @@ atom_slot(NativeState *st, long code, const char *s, Py_ssize_t len)
 /* The atom written in full as kind `code` (DECIMAL .. URI) and `text`: a new reference,
  * Py_None if it is invalid or over the name limit, NULL with an exception. A text found in
  * the kind's cache of atoms already validated is not validated again; a miss is validated
- * here, and only a valid one that the decoder's memos keep (a symbol or keyword to intern,
- * a short decimal) calls make_atom, which makes and remembers it; a URI is made and
- * remembered here (remember_uri, at most `entries`), a longer decimal, never remembered,
- * constructed here. */
+ * and made here: a URI or decimal remembered in its memo (remember_uri, remember_decimal,
+ * at most `entries`), a symbol or keyword interned (cbcl_intern_name); only where the
+ * intern tables are not set up does a name call make_atom, which makes and remembers it.
+ * (build_body_of makes a decimal longer than DECIMAL_MEMO_CHARS itself, without a str.) */
 static PyObject *
 atom_of(NativeState *st, long code, PyObject *text, PyObject *caches, PyObject *make_atom,
         Py_ssize_t max_name, Py_ssize_t entries)
@@ -633,9 +657,8 @@ atom_of(NativeState *st, long code, PyObject *text, PyObject *caches, PyObject *
         return NULL;
     if (!valid_atom(code, text))
         Py_RETURN_NONE;
-    if (code == DECIMAL && PyUnicode_GET_LENGTH(text) > DECIMAL_MEMO_CHARS)
-        return decimal_of(&st->values, PyUnicode_DATA(text), PyUnicode_GET_LENGTH(text),
-                          text);
+    if (code == DECIMAL)
+        return remember_decimal(&st->values, cache, text, entries);
     if (code == URI)
         return remember_uri(&st->values, PyTuple_GET_ITEM(caches, URI), text, entries);
     if (code == SYMBOL || code == KEYWORD) { /* interned here, without a call into Python */
@@ -675,19 +698,35 @@ check_atom(PyObject *Py_UNUSED(self), PyObject *args)
  * (atom, class) for each static code from FIRST_ENTRY on; an atom written in full gets the
  * next code after them (it is "learned"). At most `budget` nodes (lists and atoms). */
 /* The atoms a body writes in full, in the order they get their codes (a code past the
- * table's is the index of one here): their classes borrowed from the state's s_kinds, the atoms owned.
- * The first LEARNED_INLINE are kept inline and told apart by a scan (a body has few); past
- * that, a set of them all (`seen`) keeps the check linear. */
-#define LEARNED_INLINE 16
+ * table's is the index of one here): their classes borrowed from the state's s_kinds, the
+ * atoms owned, with their hashes. Told apart by an open-addressing table of positions
+ * (`slots`, position + 1, 0 empty; at most half full), keyed by the atoms' str hashes (a
+ * name's is cached: it was interned) and compared as same_atom does: no Python set. The
+ * first LEARNED_INLINE atoms and their 2 * LEARNED_INLINE slots are inline; past that,
+ * both are on the heap, doubled as they fill. */
+#define LEARNED_INLINE 64
 
 typedef struct {
     PyObject **atoms, **classes; /* inline, or on the heap past LEARNED_INLINE */
+    Py_hash_t *hashes;
+    uint32_t *slots;             /* 2 * capacity of them, a power of two */
     Py_ssize_t count, capacity;
-    PyObject *seen;              /* NULL until count reaches LEARNED_INLINE */
     PyObject *inline_atoms[LEARNED_INLINE], *inline_classes[LEARNED_INLINE];
+    Py_hash_t inline_hashes[LEARNED_INLINE];
+    uint32_t inline_slots[2 * LEARNED_INLINE];
 } Learned;
 
-#define LEARNED_INIT {NULL, NULL, 0, 0, NULL, {NULL}, {NULL}}
+static inline void
+learned_init(Learned *l)
+{
+    l->atoms = l->inline_atoms;
+    l->classes = l->inline_classes;
+    l->hashes = l->inline_hashes;
+    l->slots = l->inline_slots;
+    l->count = 0;
+    l->capacity = LEARNED_INLINE;
+    memset(l->inline_slots, 0, sizeof l->inline_slots);
+}
 
 /* Whether two learned atoms are equal as cbcl.core._values._Atom has them: one exact type and
  * one text (canonical strs: equal texts have one kind). */
@@ -703,58 +742,71 @@ same_atom(PyObject *a, PyObject *b)
                   (size_t)PyUnicode_GET_LENGTH(a) * PyUnicode_KIND(a)) == 0;
 }
 
-/* Whether `atom` (a Symbol, Keyword or URI) was learned already: 1, 0, or -1. */
+/* Whether `atom` (a Symbol, Keyword or URI, hash h) was learned already: 1 or 0. */
 static int
-learned_has(const Learned *l, PyObject *atom)
+learned_has(const Learned *l, PyObject *atom, Py_hash_t h)
 {
-    if (l->seen != NULL)
-        return PySet_Contains(l->seen, atom);
-    for (Py_ssize_t k = 0; k < l->count; k++)
-        if (same_atom(l->atoms[k], atom))
+    size_t mask = (size_t)(2 * l->capacity - 1), i = (size_t)h & mask, perturb = (size_t)h;
+    for (uint32_t at; (at = l->slots[i]) != 0; i = (i * 5 + 1 + (perturb >>= 5)) & mask)
+        if (l->hashes[at - 1] == h && same_atom(l->atoms[at - 1], atom))
             return 1;
     return 0;
 }
 
-/* Learn `atom` (a new reference is kept) of class `cls` (borrowed): 0, or -1. */
-static int
-learned_add(Learned *l, PyObject *atom, PyObject *cls)
+/* Put position k (of hash h) in the slots (the table has room). */
+static inline void
+learned_place(Learned *l, Py_ssize_t k, Py_hash_t h)
 {
-    if (l->atoms == NULL) {
-        l->atoms = l->inline_atoms;
-        l->classes = l->inline_classes;
-        l->capacity = LEARNED_INLINE;
-    }
+    size_t mask = (size_t)(2 * l->capacity - 1), i = (size_t)h & mask, perturb = (size_t)h;
+    while (l->slots[i] != 0)
+        i = (i * 5 + 1 + (perturb >>= 5)) & mask;
+    l->slots[i] = (uint32_t)(k + 1);
+}
+
+/* Learn `atom` (hash h; a new reference is kept) of class `cls` (borrowed): 0, or -1 with
+ * an exception. */
+static int
+learned_add(Learned *l, PyObject *atom, Py_hash_t h, PyObject *cls)
+{
     if (l->count == l->capacity) {
+        if (l->capacity > (Py_ssize_t)(UINT32_MAX / 4)) {
+            PyErr_NoMemory();
+            return -1;
+        }
         Py_ssize_t more = 2 * l->capacity;
         PyObject **atoms = PyMem_Malloc((size_t)more * sizeof(PyObject *));
         PyObject **classes = PyMem_Malloc((size_t)more * sizeof(PyObject *));
-        if (atoms == NULL || classes == NULL) {
+        Py_hash_t *hashes = PyMem_Malloc((size_t)more * sizeof(Py_hash_t));
+        uint32_t *slots = PyMem_Calloc((size_t)(2 * more), sizeof(uint32_t));
+        if (atoms == NULL || classes == NULL || hashes == NULL || slots == NULL) {
             PyMem_Free(atoms);
             PyMem_Free(classes);
+            PyMem_Free(hashes);
+            PyMem_Free(slots);
             PyErr_NoMemory();
             return -1;
         }
         memcpy(atoms, l->atoms, (size_t)l->count * sizeof(PyObject *));
         memcpy(classes, l->classes, (size_t)l->count * sizeof(PyObject *));
+        memcpy(hashes, l->hashes, (size_t)l->count * sizeof(Py_hash_t));
         if (l->atoms != l->inline_atoms) {
             PyMem_Free(l->atoms);
             PyMem_Free(l->classes);
+            PyMem_Free(l->hashes);
+            PyMem_Free(l->slots);
         }
         l->atoms = atoms;
         l->classes = classes;
+        l->hashes = hashes;
+        l->slots = slots;
         l->capacity = more;
-    }
-    if (l->seen == NULL && l->count + 1 >= LEARNED_INLINE) { /* from now on, a set */
-        if ((l->seen = PySet_New(NULL)) == NULL)
-            return -1;
         for (Py_ssize_t k = 0; k < l->count; k++)
-            if (PySet_Add(l->seen, l->atoms[k]) < 0)
-                return -1;
+            learned_place(l, k, l->hashes[k]);
     }
-    if (l->seen != NULL && PySet_Add(l->seen, atom) < 0)
-        return -1;
     l->atoms[l->count] = Py_NewRef(atom);
     l->classes[l->count] = cls;
+    l->hashes[l->count] = h;
+    learned_place(l, l->count, h);
     l->count++;
     return 0;
 }
@@ -767,9 +819,12 @@ learned_free(Learned *l)
     if (l->atoms != l->inline_atoms) {
         PyMem_Free(l->atoms);
         PyMem_Free(l->classes);
+        PyMem_Free(l->hashes);
+        PyMem_Free(l->slots);
     }
-    Py_CLEAR(l->seen);
     l->atoms = l->classes = NULL;
+    l->hashes = NULL;
+    l->slots = NULL;
     l->count = l->capacity = 0;
 }
 
@@ -864,11 +919,12 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
               PyObject *start, PyObject *step, Py_ssize_t max_depth, Py_ssize_t max_items,
               Py_ssize_t max_string, Py_ssize_t max_name, Py_ssize_t budget,
               PyObject *refused, PyObject *accept, Py_ssize_t memo_entries,
-              BodyRefusal *why)
+              BodyRefusal *why, const uint64_t *code_bloom)
 {
     PyObject *result = NULL;
     PyObject *node = NULL; /* strong reference, or NULL when the grammar is not run */
-    Learned learned = LEARNED_INIT; /* the atoms written in full, in order */
+    Learned learned; /* the atoms written in full, in order */
+    learned_init(&learned);
     PyObject *value = NULL;   /* owned */
     Stack stack = STACK_INIT; /* the lists under way (cbcl/_native_src/cstack.h) */
     Py_ssize_t whole_at = 0;  /* the depth of a list taken as a whole value, or 0 */
@@ -994,6 +1050,16 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                     if (value == NULL)
                         goto error;
                     cls = st->speedups.s_integer;
+                } else if (code == DECIMAL && a.str && a.len > DECIMAL_MEMO_CHARS) {
+                    /* a decimal no memo keeps (atom_of): judged and made from its bytes,
+                     * without a str or a lookup (a non-ASCII byte fails is_decimal) */
+                    if (a.len > MAX_DECIMAL_CHARS ||
+                            !is_decimal((const unsigned char *)a.s, 0, a.len))
+                        goto bail;
+                    if ((value = decimal_of(&st->values, (const unsigned char *)a.s, a.len,
+                                            NULL)) == NULL)
+                        goto error;
+                    cls = st->speedups.s_kinds[DECIMAL];
                 } else {
                     if (!a.str)
                         goto bail;
@@ -1021,13 +1087,21 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                         goto bail;
                     cls = st->speedups.s_kinds[code];
                     if (code != DECIMAL) { /* learned: it has the next code from now on */
-                        if ((ok = PyDict_Contains(codes, value)) != 0 ||
-                            (ok = learned_has(&learned, value)) != 0) {
+                        Py_hash_t h = PyObject_Hash(value);
+                        if (h == -1)
+                            goto error;
+                        /* (code_bloom: a bit per hash of the table's atoms; a clear bit
+                         * says no atom of the table has this one's hash) */
+                        uint64_t bit = (uint64_t)h;
+                        if ((ok = code_bloom != NULL &&
+                                  !((code_bloom[(bit >> 6) & 3] >> (bit & 63)) & 1) ? 0 :
+                                  PyDict_Contains(codes, value)) != 0 ||
+                            (ok = learned_has(&learned, value, h)) != 0) {
                             if (ok < 0)
                                 goto error;
                             goto bail; /* written in full but it has a code */
                         }
-                        if (learned_add(&learned, value, cls) < 0)
+                        if (learned_add(&learned, value, h, cls) < 0)
                             goto error;
                     }
                 }
@@ -1106,7 +1180,7 @@ build_body(PyObject *module, PyObject *args)
     PyObject *result = build_body_of(st, (const unsigned char *)view.buf, view.len, offset,
                                      entries, codes, caches, make_atom, start, step,
                                      max_depth, max_items, max_string, max_name, budget,
-                                     refused, accept, memo_entries, NULL);
+                                     refused, accept, memo_entries, NULL, NULL);
     PyBuffer_Release(&view);
     return result;
 }
@@ -2702,6 +2776,14 @@ typedef struct {
     PyObject *refusal;        /* callable: raises the error of a refused body (below) */
     Py_ssize_t memo_entries, max_message_bytes, max_string_bytes, max_body_depth,
                max_list_items, max_name_chars, max_nodes;
+    /* decode_frame's own: the digest of the last frame's table and its plan (a frame's
+     * peer sends one protocol after another: the plan found again without making the
+     * digest's bytes and hashing them), NULL until a frame has a plan */
+    PyObject *last_digest, *last_plan;
+    /* with last_plan: a bit per hash (mod 256) of the atoms of its table's codes, so that
+     * build_body_of asks the codes dict about a learned atom only where one may be there
+     * (a table's codes never change once made) */
+    uint64_t code_bloom[4];
 } FrameState;
 
 
@@ -2771,6 +2853,7 @@ frame_state_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->max_list_items = n[4];
     self->max_name_chars = n[5];
     self->max_nodes = n[6];
+    self->last_digest = self->last_plan = NULL;
     return (PyObject *)self;
 }
 
@@ -2781,6 +2864,8 @@ frame_state_traverse(FrameState *self, visitproc visit, void *arg)
 #define FS_VISIT(name) Py_VISIT(self->name);
     FS_OBJECTS(FS_VISIT)
 #undef FS_VISIT
+    Py_VISIT(self->last_digest);
+    Py_VISIT(self->last_plan);
     return 0;
 }
 
@@ -2790,6 +2875,8 @@ frame_state_clear(FrameState *self)
 #define FS_CLEAR(name) Py_CLEAR(self->name);
     FS_OBJECTS(FS_CLEAR)
 #undef FS_CLEAR
+    Py_CLEAR(self->last_digest);
+    Py_CLEAR(self->last_plan);
     return 0;
 }
 
@@ -2872,18 +2959,47 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     if (n > d->max_message_bytes || n < HEADER_BYTES || p[0] != 0xcb || p[1] != 'L' ||
             p[2] != 1 || p[3] != 0)
         Py_RETURN_NONE; /* (a short id, too: the Python path reads it) */
-    PyObject *digest = PyBytes_FromStringAndSize((const char *)p + 4, 32);
-    if (digest == NULL)
-        return NULL;
-    PyObject *plan = PyDict_GetItemWithError(d->frame_plans, digest);
-    Py_DECREF(digest);
-    if (plan == NULL)
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != FP_SIZE ||
-            !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, FP_ENTRIES)) ||
-            !PyDict_CheckExact(PyTuple_GET_ITEM(plan, FP_CODES))) {
-        PyErr_SetString(PyExc_TypeError, "a frame plan is misshapen");
-        return NULL;
+    /* The plan of the frame's table: the last one again where the digest is the last's
+     * (a plan is made of its table, and a table of its protocol: while that protocol is
+     * the registry's, checked below, the plan the dict holds for the digest is an equal
+     * one), else looked up in the plans and remembered. */
+    PyObject *plan = d->last_plan;
+    int current = 1; /* (whether plan's protocol is the registry's, checked) */
+    if (plan == NULL || memcmp(PyBytes_AS_STRING(d->last_digest), p + 4, 32) != 0 ||
+            PyDict_GetItemWithError(d->protocols, PyTuple_GET_ITEM(plan, FP_ID)) !=
+                PyTuple_GET_ITEM(plan, FP_PROTOCOL)) {
+        if (PyErr_Occurred())
+            return NULL;
+        PyObject *digest = PyBytes_FromStringAndSize((const char *)p + 4, 32);
+        if (digest == NULL)
+            return NULL;
+        plan = PyDict_GetItemWithError(d->frame_plans, digest);
+        if (plan == NULL) {
+            Py_DECREF(digest);
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        }
+        if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != FP_SIZE ||
+                !PyTuple_CheckExact(PyTuple_GET_ITEM(plan, FP_ENTRIES)) ||
+                !PyDict_CheckExact(PyTuple_GET_ITEM(plan, FP_CODES))) {
+            Py_DECREF(digest);
+            PyErr_SetString(PyExc_TypeError, "a frame plan is misshapen");
+            return NULL;
+        }
+        Py_XSETREF(d->last_digest, digest);
+        Py_XSETREF(d->last_plan, Py_NewRef(plan));
+        current = 0;
+        PyObject *codes = PyTuple_GET_ITEM(plan, FP_CODES), *key, *code;
+        Py_ssize_t at = 0;
+        memset(d->code_bloom, 0, sizeof d->code_bloom);
+        while (PyDict_Next(codes, &at, &key, &code)) {
+            Py_hash_t h = PyObject_Hash(key);
+            if (h == -1) { /* (not so: a dict's keys are hashable) every bit set */
+                PyErr_Clear();
+                memset(d->code_bloom, 0xff, sizeof d->code_bloom);
+                break;
+            }
+            d->code_bloom[((uint64_t)h >> 6) & 3] |= UINT64_C(1) << ((uint64_t)h & 63);
+        }
     }
     Py_INCREF(plan); /* the plans may change under a Python call */
     PyObject *slots[ENVELOPE_SLOTS] = {NULL};
@@ -2892,8 +3008,8 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
     BodyRefusal why = BODY_REFUSAL_INIT;
     Py_ssize_t offset = 0, intent_index = 0;
     long long bits = 0;
-    PyObject *current = PyDict_GetItemWithError(d->protocols, PyTuple_GET_ITEM(plan, FP_ID));
-    if (current != PyTuple_GET_ITEM(plan, FP_PROTOCOL))
+    if (!current && PyDict_GetItemWithError(d->protocols, PyTuple_GET_ITEM(plan, FP_ID)) !=
+            PyTuple_GET_ITEM(plan, FP_PROTOCOL))
         goto decline; /* (or an exception) */
     int ok = read_frame_envelope(st, p, n, HEADER_BYTES, d->intents, d->uris,
                                  d->max_string_bytes, d->memo_entries, slots, &offset,
@@ -2925,7 +3041,7 @@ decode_frame_of(NativeState *st, PyObject *data, PyObject *state_object, int *is
                          PyTuple_GET_ITEM(acceptance, P_STEP), d->max_body_depth,
                          d->max_list_items, d->max_string_bytes, d->max_name_chars,
                          d->max_nodes - envelope_nodes, d->refused, d->accept,
-                         d->memo_entries, &why);
+                         d->memo_entries, &why, d->code_bloom);
     if (body == NULL || body == Py_None)
         goto decline;
     if (why.kind != BR_NONE) {
@@ -3655,6 +3771,7 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->s_registry);
     Py_CLEAR(sp->s_protocols_by_id);
     Py_CLEAR(sp->s_cbcl_converter);
+    sp->record_type = sp->record_converter = NULL;
     Py_CLEAR(sp->s_type);
     Py_CLEAR(sp->s_one_shot);
     Py_CLEAR(sp->frame_state_type);
