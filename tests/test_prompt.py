@@ -67,6 +67,25 @@ def test_body_shapes_are_rendered_from_the_grammar(registry: Registry) -> None:
     assert '- CANCEL: no body, or a reason STRING ("why").' in prompt
 
 
+def test_a_form_says_which_keywords_have_a_fixed_place(registry: Registry) -> None:
+    """Keyword sets take their members in any order, an ordered declaration's members do
+    not (spec/declarations.md): the prompt must not tell a model otherwise."""
+    def prompt_of(name: str) -> str:
+        protocol = registry.get(cbcl.Symbol(name))
+        assert protocol is not None
+        return render_prompt(protocol, registry=registry)
+
+    canon = prompt_of("canon-a/v1")
+    assert ("- FAILURE: (error :message STRING [:code INTEGER])  "
+            "(keyword arguments in this order)") in canon
+    assert "- QUERY: (query weather [:city STRING] [:date STRING] [:unit " in canon
+    assert "[:unit {celsius | fahrenheit | kelvin}])\n" in canon  # a keyword set: no note
+    assert "unless a form says which have a fixed place" in canon
+    task = prompt_of("task-assignment/v1")
+    assert "(:id in the place shown, the others in any order)" in task
+    assert "(keyword arguments in this order)" not in prompt_of("contract-net/v1")  # sets
+
+
 def test_one_intent(registry: Registry) -> None:
     protocol = registry.get(cbcl.Symbol("auction/v1"))
     assert protocol is not None

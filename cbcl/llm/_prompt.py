@@ -481,8 +481,8 @@ def render_prompt(protocol: Protocol, *, registry: Registry, intent: Intent | No
         "The `(body …)` field holds one value, whose form depends on the intent. In the "
         "forms below, `<name>` stands for the form given for it, `{a | b}` for one of a or "
         "b, `x*` for zero or more x, `x+` for one or more, `[x]` for an optional x. "
-        "Keyword arguments (`:name value`) may come in any order, each at most once; "
-        "those in [ ] may be left out.",
+        "Keyword arguments (`:name value`) may come in any order, each at most once, "
+        "unless a form says which have a fixed place; those in [ ] may be left out.",
         "",
     ]
     groups: dict[str, list[Intent]] = {}

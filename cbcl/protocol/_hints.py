@@ -211,6 +211,21 @@ class _Renderer:
     def __init__(self) -> None:
         self.references: list[str] = []
         self.keyword_set = False
+        #: Keywords written as literals outside any keyword set (their place is fixed) and
+        #: the members of keyword sets (any order), for :meth:`order_note`.
+        self.fixed_keywords: list[str] = []
+        self.set_keywords: list[str] = []
+
+    def order_note(self) -> str:
+        """What the template cannot show about order: nothing where every keyword argument
+        is a keyword set's (any order, as the prompt and hints say) or there is at most one;
+        else which keywords have a fixed place."""
+        fixed = self.fixed_keywords
+        if not fixed or len(fixed) + len(self.set_keywords) < 2:
+            return ""
+        if not self.set_keywords:
+            return "  (keyword arguments in this order)"
+        return f"  ({', '.join(fixed)} in the place shown, the others in any order)"
 
     def items(self, items: Sequence[Item]) -> str:
         out = ""
@@ -228,6 +243,8 @@ class _Renderer:
 
     def item(self, item: Item) -> str:
         if isinstance(item, Literal):
+            if item.text.startswith(":") and item.text not in self.fixed_keywords:
+                self.fixed_keywords.append(item.text)
             return item.text
         if isinstance(item, Reference):
             if item.is_base:
@@ -237,6 +254,8 @@ class _Renderer:
             return f"<{item.name}>"
         if isinstance(item, KeywordSet):
             self.keyword_set = True
+            self.set_keywords.extend(m.keyword for m in item.members
+                                     if m.keyword not in self.set_keywords)
             return " ".join(f"[{member.keyword} {self.item(member.item)}]" if member.optional
                             else f"{member.keyword} {self.item(member.item)}"
                             for member in item.members)
@@ -258,14 +277,14 @@ class _Renderer:
 def render_items(items: Sequence[Item]) -> tuple[str, list[str], bool]:
     """``items`` as a template, the rules it references, and whether it has a keyword set."""
     renderer = _Renderer()
-    text = renderer.items(items)
+    text = renderer.items(items) + renderer.order_note()
     return text, renderer.references, renderer.keyword_set
 
 
 def render_rule(index: GrammarIndex, name: str) -> tuple[str, list[str], bool]:
     """Rule ``name``'s alternatives as a template (``a | b``), as :func:`render_items`."""
     renderer = _Renderer()
-    text = renderer.alternatives(index.rules[name].alternatives)
+    text = renderer.alternatives(index.rules[name].alternatives) + renderer.order_note()
     return text, renderer.references, renderer.keyword_set
 
 
@@ -444,7 +463,8 @@ def _body_lines(error: BodyError, material: BodyHint | None) -> list[str]:
             references.extend(r for r in refs if r not in references)
             keyword_set = keyword_set or has_set
         if keyword_set:
-            lines.append("Keyword arguments come in any order, each at most once; those in "
+            lines.append("Keyword arguments come in any order, each at most once, unless the "
+                         "form says which have a fixed place; those in "
                          "[ ] are optional.")
         shown = {text for text, _, _ in templates}
         lines.extend("  " + line for line in where_lines(index, references)
