@@ -103,6 +103,9 @@ copy_bytes(char *dst, const char *src, size_t n)
 #else
 #define PREFETCH(p) ((void)(p))
 #endif
+/* How far ahead the walks ask for a list's items: 8 served a 64 KB mixed encode in ~82 us
+ * where 4 took ~96 and none ~118 (msgspec's ~95, same runs). */
+#define PREFETCH_AHEAD 8
 
 /* What setup(), setup_message() and setup_frame() give the section is kept in the module's
  * state (native.h's EncodersState, st->encoders): the value types, the token codes, the
@@ -183,10 +186,13 @@ stack_next(Stack *s)
         if (f->index >= size)
             return NULL;
         item = PyTuple_GET_ITEM(seq, f->index);
-        /* The walk is bound by the first touch of each item (its type): ask for the one
-         * after next while this one is written. */
-        if (f->index + 4 < size)
-            PREFETCH(PyTuple_GET_ITEM(seq, f->index + 4));
+        /* The walk is bound by the first touch of each item (its type): ask for one
+         * further on while this one is written (on entering, for the first ones too). */
+        if (f->index == 0)
+            for (Py_ssize_t k = 1; k < size && k < PREFETCH_AHEAD; k++)
+                PREFETCH(PyTuple_GET_ITEM(seq, k));
+        if (f->index + PREFETCH_AHEAD < size)
+            PREFETCH(PyTuple_GET_ITEM(seq, f->index + PREFETCH_AHEAD));
     } else {
         if (f->index >= PyList_GET_SIZE(seq))
             return NULL;
@@ -1720,7 +1726,14 @@ mp_body(const EncodersState *enc, Bytes *b, PyObject *body, Names *codes)
         if (PyTuple_CheckExact(seq)) {
             PyObject *const *items = &PyTuple_GET_ITEM(seq, 0);
             Py_ssize_t n = PyTuple_GET_SIZE(seq);
+            if (i == 0) /* entered: its first items asked for at once */
+                for (Py_ssize_t k = 0; k < n && k < PREFETCH_AHEAD; k++)
+                    PREFETCH(items[k]);
             for (; i < n; i++) {
+                /* The walk is bound by the first touch of each item (its type): ask for
+                 * one further on while this one is written. */
+                if (i + PREFETCH_AHEAD < n)
+                    PREFETCH(items[i + PREFETCH_AHEAD]);
                 PyTypeObject *type = Py_TYPE(items[i]);
                 if (type == &PyTuple_Type || type == &PyList_Type) {
                     item = items[i];
