@@ -103,6 +103,9 @@ copy_bytes(char *dst, const char *src, size_t n)
 #else
 #define PREFETCH(p) ((void)(p))
 #endif
+/* How far ahead the binary walk asks for a list's items: 8 served a 64 KB mixed encode in
+ * ~82 us where 4 took ~96 and none ~118 (msgspec's ~95, same runs). */
+#define PREFETCH_AHEAD 8
 
 /* What setup(), setup_message() and setup_frame() give the section is kept in the module's
  * state (native.h's EncodersState, st->encoders): the value types, the token codes, the
@@ -184,7 +187,8 @@ stack_next(Stack *s)
             return NULL;
         item = PyTuple_GET_ITEM(seq, f->index);
         /* The walk is bound by the first touch of each item (its type): ask for the one
-         * after next while this one is written. */
+         * after next while this one is written. (The binary walk's further prefetch,
+         * PREFETCH_AHEAD, made no difference here in interleaved runs.) */
         if (f->index + 4 < size)
             PREFETCH(PyTuple_GET_ITEM(seq, f->index + 4));
     } else {
@@ -385,65 +389,98 @@ decimal_parts_of_layout(PyObject *value, DecimalParts *d)
     return OK;
 }
 
-/* The canonical text of an exact Decimal (twin of cbcl.core._canonical._decimal), written to
- * out (at least enc->max_decimal_chars + 1 bytes), its length in *size; DECLINE for a
- * non-finite or over-long one. */
+/* A decimal's text as canonical writes it: its parts and its length, found before
+ * anything is written (the Python twin's rule), then written by decimal_write. */
+typedef struct {
+    DecimalParts parts; /* a zero's coefficient is one digit "0" */
+    Py_ssize_t length;
+} DecimalText;
+
+/* The text of an exact Decimal (twin of cbcl.core._canonical._decimal) sized: DECLINE for
+ * a non-finite or over-long one (longer than enc->max_decimal_chars). */
 static int
-decimal_text(const EncodersState *enc, PyObject *value, char *out, Py_ssize_t *size)
+decimal_size(const EncodersState *enc, PyObject *value, DecimalText *t)
 {
-    DecimalParts parts;
-    int r = enc->decimal_layout ? decimal_parts_of_layout(value, &parts) : DECLINE;
+    DecimalParts *parts = &t->parts;
+    int r = enc->decimal_layout ? decimal_parts_of_layout(value, parts) : DECLINE;
     if (r == DECLINE)
-        r = decimal_parts_of_text(value, &parts);
+        r = decimal_parts_of_text(value, parts);
     if (r != OK)
         return r;
-    int sign = parts.sign;
-    char *digits = parts.digits;
-    Py_ssize_t ndigits = parts.ndigits;
-    long long exponent = parts.exponent;
-    int zero = ndigits == 0;
+    int zero = parts->ndigits == 0;
     if (zero)
-        digits[ndigits++] = '0';
-    /* the size first, as the Python twin computes it */
-    long long length;
+        parts->digits[parts->ndigits++] = '0';
+    Py_ssize_t ndigits = parts->ndigits;
+    long long exponent = parts->exponent, length;
     if (exponent >= 0) {
-        length = sign + (zero ? 1 : ndigits + exponent) + 2;
+        length = parts->sign + (zero ? 1 : ndigits + exponent) + 2;
     } else {
         long long whole = ndigits + exponent;
-        length = sign + (whole > 1 ? whole : 1) + 1 - exponent;
+        length = parts->sign + (whole > 1 ? whole : 1) + 1 - exponent;
     }
     if (length > enc->max_decimal_chars)
         return DECLINE;
+    if (zero && exponent > 0)
+        parts->exponent = 0; /* (no zeros after a zero: "0.0") */
+    t->length = (Py_ssize_t)length;
+    return OK;
+}
+
+/* n copies of '0' (n small: at most max_decimal_chars) */
+static inline char *
+put_zeros(char *p, long long n)
+{
+    for (; n >= 8; n -= 8, p += 8)
+        memcpy(p, "00000000", 8);
+    for (; n > 0; n--)
+        *p++ = '0';
+    return p;
+}
+
+/* The text decimal_size sized, written to out (t->length bytes): positional notation,
+ * at least one fractional digit. */
+static void
+decimal_write(const DecimalText *t, char *out)
+{
+    const DecimalParts *d = &t->parts;
+    const char *digits = d->digits;
+    Py_ssize_t ndigits = d->ndigits;
+    long long exponent = d->exponent;
     char *p = out;
-    if (sign)
+    if (d->sign)
         *p++ = '-';
     if (exponent >= 0) {
-        memcpy(p, digits, (size_t)ndigits);
-        p += ndigits;
-        if (!zero) {
-            memset(p, '0', (size_t)exponent);
-            p += exponent;
-        }
-        *p++ = '.';
-        *p++ = '0';
-    } else {
-        long long whole = ndigits + exponent;
-        if (whole > 0) {
-            memcpy(p, digits, (size_t)whole);
-            p += whole;
-            *p++ = '.';
-            memcpy(p, digits + whole, (size_t)(ndigits - whole));
-            p += ndigits - whole;
-        } else {
-            *p++ = '0';
-            *p++ = '.';
-            memset(p, '0', (size_t)(-whole));
-            p += -whole;
-            memcpy(p, digits, (size_t)ndigits);
-            p += ndigits;
-        }
+        copy_bytes(p, digits, (size_t)ndigits);
+        p = put_zeros(p + ndigits, exponent);
+        p[0] = '.';
+        p[1] = '0';
+        return;
     }
-    *size = p - out;
+    long long whole = ndigits + exponent;
+    if (whole > 0) {
+        copy_bytes(p, digits, (size_t)whole);
+        p += whole;
+        *p++ = '.';
+        copy_bytes(p, digits + whole, (size_t)(ndigits - whole));
+    } else {
+        *p++ = '0';
+        *p++ = '.';
+        p = put_zeros(p, -whole);
+        copy_bytes(p, digits, (size_t)ndigits);
+    }
+}
+
+/* The canonical text of an exact Decimal written to out (at least enc->max_decimal_chars
+ * bytes), its length in *size; DECLINE for a non-finite or over-long one. */
+static int
+decimal_text(const EncodersState *enc, PyObject *value, char *out, Py_ssize_t *size)
+{
+    DecimalText t;
+    int r = decimal_size(enc, value, &t);
+    if (r != OK)
+        return r;
+    decimal_write(&t, out);
+    *size = t.length;
     return OK;
 }
 
@@ -1070,29 +1107,31 @@ canonical_message(PyObject *module, PyObject *message)
 
 /* ------------------------------------------------------------------------- msgpack writer */
 
+/* The frame is written to an inline buffer, then, once longer, into the bytes object it
+ * will be (grown by _PyBytes_Resize, cut to its length at the end): a long frame is not
+ * copied once more into its result. */
 #define INLINE_BYTES 2048
 
 typedef struct {
-    char *buf; /* inline, or on the heap once longer */
+    char *buf; /* the inline buffer, or obj's data */
     Py_ssize_t len, cap;
+    PyObject *obj; /* NULL while inline; then the bytes written into (strong) */
     char inline_buf[INLINE_BYTES];
 } Bytes;
 
-#define BYTES_INIT(b) ((b).buf = (b).inline_buf, (b).len = 0, (b).cap = INLINE_BYTES)
+#define BYTES_INIT(b) ((b).buf = (b).inline_buf, (b).len = 0, (b).cap = INLINE_BYTES, \
+                       (b).obj = NULL)
 
 static void
 b_free(Bytes *b)
 {
-    if (b->buf != b->inline_buf)
-        PyMem_Free(b->buf);
+    Py_CLEAR(b->obj);
     b->buf = NULL;
 }
 
 static int
-b_room(Bytes *b, Py_ssize_t extra)
+b_grow(Bytes *b, Py_ssize_t extra)
 {
-    if (extra <= b->cap - b->len)
-        return OK;
     if (extra > PY_SSIZE_T_MAX / 4 - b->len) {
         PyErr_NoMemory();
         return FAIL;
@@ -1100,21 +1139,26 @@ b_room(Bytes *b, Py_ssize_t extra)
     Py_ssize_t need = b->len + extra, cap = 2 * b->cap;
     if (cap < need)
         cap = need;
-    char *buf;
-    if (b->buf == b->inline_buf) {
-        buf = PyMem_Malloc((size_t)cap);
-        if (buf != NULL)
-            memcpy(buf, b->buf, (size_t)b->len);
-    } else {
-        buf = PyMem_Realloc(b->buf, (size_t)cap);
+    if (b->obj == NULL) {
+        b->obj = PyBytes_FromStringAndSize(NULL, cap);
+        if (b->obj == NULL)
+            return FAIL;
+        memcpy(PyBytes_AS_STRING(b->obj), b->buf, (size_t)b->len);
+    } else if (_PyBytes_Resize(&b->obj, cap) < 0) {
+        return FAIL; /* (b->obj is NULL: freed) */
     }
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        return FAIL;
-    }
-    b->buf = buf;
+    b->buf = PyBytes_AS_STRING(b->obj);
     b->cap = cap;
     return OK;
+}
+
+/* Room for extra more bytes (the common case inline). */
+static inline int
+b_room(Bytes *b, Py_ssize_t extra)
+{
+    if (extra <= b->cap - b->len)
+        return OK;
+    return b_grow(b, extra);
 }
 
 static void
@@ -1126,19 +1170,16 @@ put_be(char *p, unsigned long long v, int n)
     }
 }
 
-/* A msgpack integer in the smallest form, as msgpack.packb writes it. */
-static int
-mp_int_any(Bytes *b, long long v)
+/* A msgpack integer in the smallest form, as msgpack.packb writes it, at p (room for 9
+ * bytes); the end of what it wrote. */
+static inline char *
+put_int(char *p, long long v)
 {
-    if (b_room(b, 9) < 0)
-        return FAIL;
-    char *p = b->buf + b->len;
     int n;
     if (v >= 0) {
         if (v < 128) {
             p[0] = (char)v;
-            b->len += 1;
-            return OK;
+            return p + 1;
         }
         if (v < 256) {
             p[0] = (char)0xcc;
@@ -1156,8 +1197,7 @@ mp_int_any(Bytes *b, long long v)
     } else {
         if (v >= -32) {
             p[0] = (char)(unsigned char)(v & 0xff);
-            b->len += 1;
-            return OK;
+            return p + 1;
         }
         if (v >= -128) {
             p[0] = (char)0xd0;
@@ -1174,7 +1214,15 @@ mp_int_any(Bytes *b, long long v)
         }
     }
     put_be(p + 1, (unsigned long long)v, n);
-    b->len += 1 + n;
+    return p + 1 + n;
+}
+
+static int
+mp_int_any(Bytes *b, long long v)
+{
+    if (b_room(b, 9) < 0)
+        return FAIL;
+    b->len = put_int(b->buf + b->len, v) - b->buf;
     return OK;
 }
 
@@ -1190,15 +1238,11 @@ mp_int(Bytes *b, long long v)
     return mp_int_any(b, v);
 }
 
-/* A msgpack str (fixstr, str8, str16 or str32) of n bytes of UTF-8. */
-static int
-mp_raw(Bytes *b, const char *s, Py_ssize_t n)
+/* A msgpack str header of n bytes (fixstr, str8, str16 or str32; n < 2**32) at p (room
+ * for 5 bytes); the end of what it wrote. */
+static inline char *
+put_str_header(char *p, Py_ssize_t n)
 {
-    if ((unsigned long long)n > 0xffffffffULL)
-        return DECLINE;
-    if (b_room(b, n + 5) < 0)
-        return FAIL;
-    char *p = b->buf + b->len;
     if (n < 32) {
         *p++ = (char)(0xa0 | n);
     } else if (n < 256) {
@@ -1213,19 +1257,30 @@ mp_raw(Bytes *b, const char *s, Py_ssize_t n)
         put_be(p, (unsigned long long)n, 4);
         p += 4;
     }
+    return p;
+}
+
+/* The code `code` (an int, or -1: none), then a msgpack str of n bytes of UTF-8. */
+static inline int
+mp_coded_raw(Bytes *b, long code, const char *s, Py_ssize_t n)
+{
+    if ((unsigned long long)n > 0xffffffffULL)
+        return DECLINE;
+    if (b_room(b, n + 14) < 0)
+        return FAIL;
+    char *p = b->buf + b->len;
+    if (code >= 0)
+        p = put_int(p, code);
+    p = put_str_header(p, n);
     copy_bytes(p, s, (size_t)n);
     b->len = (p - b->buf) + n;
     return OK;
 }
 
-/* Any str (subclasses too, as msgpack packs them): its UTF-8; a lone surrogate declines. */
+/* The UTF-8 of a str that is not ASCII (see mp_coded_str). */
 static int
-mp_str(Bytes *b, PyObject *s)
+mp_coded_str_utf8(Bytes *b, long code, PyObject *s)
 {
-    if (READY(s) < 0)
-        return FAIL;
-    if (PyUnicode_IS_ASCII(s)) /* its UTF-8 is its data */
-        return mp_raw(b, (const char *)PyUnicode_1BYTE_DATA(s), PyUnicode_GET_LENGTH(s));
     Py_ssize_t n;
     const char *utf8 = PyUnicode_AsUTF8AndSize(s, &n);
     if (utf8 == NULL) {
@@ -1234,7 +1289,26 @@ mp_str(Bytes *b, PyObject *s)
         PyErr_Clear();
         return DECLINE;
     }
-    return mp_raw(b, utf8, n);
+    return mp_coded_raw(b, code, utf8, n);
+}
+
+/* The code `code` (or -1: none), then any str (subclasses too, as msgpack packs them):
+ * its UTF-8; a lone surrogate declines. */
+static inline int
+mp_coded_str(Bytes *b, long code, PyObject *s)
+{
+    if (READY(s) < 0)
+        return FAIL;
+    if (PyUnicode_IS_ASCII(s)) /* its UTF-8 is its data */
+        return mp_coded_raw(b, code, (const char *)PyUnicode_1BYTE_DATA(s),
+                            PyUnicode_GET_LENGTH(s));
+    return mp_coded_str_utf8(b, code, s);
+}
+
+static int
+mp_str(Bytes *b, PyObject *s)
+{
+    return mp_coded_str(b, -1, s);
 }
 
 /* A symbol table's codes (prepare, below): an open addressing table of exact Symbol,
@@ -1385,9 +1459,10 @@ learned_init(Learned *l)
     l->owner = NULL;
 }
 
-/* The position of `item` (hash h) among the learned names, or -1. */
+/* The position of `item` (hash h) among the learned names, or -1; then, where they are
+ * indexed, *empty is the index slot it would take (learned_add's, unless it reindexes). */
 static inline Py_ssize_t
-learned_find(const Learned *l, PyObject *item, Py_hash_t h)
+learned_find(const Learned *l, PyObject *item, Py_hash_t h, size_t *empty)
 {
     PyObject *const *keys = l->a.keys;
     const Py_hash_t *hashes = l->a.hashes;
@@ -1400,8 +1475,10 @@ learned_find(const Learned *l, PyObject *item, Py_hash_t h)
     size_t i = (size_t)h & (size_t)l->mask;
     for (;;) {
         int32_t pos = l->a.index[i];
-        if (pos == 0)
+        if (pos == 0) {
+            *empty = i;
             return -1;
+        }
         Py_ssize_t k = pos - 1;
         if (keys[k] == item || (hashes[k] == h && same_atom(keys[k], item)))
             return k;
@@ -1483,9 +1560,10 @@ learned_room(Learned *l, Names *codes)
     return OK;
 }
 
-/* `item` (hash h) learned: the next position. */
+/* `item` (hash h) learned: the next position. `empty` is the index slot learned_find
+ * gave (when there is an index). */
 static int
-learned_add(Learned *l, Names *codes, PyObject *item, Py_hash_t h)
+learned_add(Learned *l, Names *codes, PyObject *item, Py_hash_t h, size_t empty)
 {
     if (learned_room(l, codes) < 0)
         return FAIL;
@@ -1498,10 +1576,7 @@ learned_add(Learned *l, Names *codes, PyObject *item, Py_hash_t h)
         Py_ssize_t slots = l->mask < 0 ? 4 * LEARNED_INLINE : 2 * (l->mask + 1);
         return learned_reindex(l, slots);
     }
-    size_t i = (size_t)h & (size_t)l->mask;
-    while (l->a.index[i] != 0)
-        i = (i + 1) & (size_t)l->mask;
-    l->a.index[i] = (int32_t)(k + 1);
+    l->a.index[empty] = (int32_t)(k + 1);
     return OK;
 }
 
@@ -1536,55 +1611,98 @@ mp_name(const EncodersState *enc, Bytes *b, PyObject *item, long kind_code, Name
         return FAIL;
     if (READY(item) < 0)
         return FAIL;
-    /* A name is in the table or learned, never both: with many learned (a record's keys
-     * under an open record, over and over), they are looked in first. */
-    Py_ssize_t k = learned->count ? learned_find(learned, item, h) : -1;
-    if (k >= 0)
-        return mp_int(b, enc->c_first + (long)codes->used + (long)k);
+    /* A name is in the table or learned, never both: the table first (a protocol's own
+     * names, a record's members, are most of a body's). */
     Entry *e = names_slot(codes, item, h);
     if (e->key != NULL)
         return mp_int(b, e->code);
-    if (learned_add(learned, codes, item, h) < 0)
+    size_t empty = 0;
+    Py_ssize_t k = learned->count ? learned_find(learned, item, h, &empty) : -1;
+    if (k >= 0)
+        return mp_int(b, enc->c_first + (long)codes->used + (long)k);
+    if (learned_add(learned, codes, item, h, empty) < 0)
         return FAIL;
-    if (mp_int(b, kind_code) < 0)
+    return mp_coded_str(b, kind_code, item);
+}
+
+/* An int within int64 (DECLINE otherwise) as its code and msgpack integer; one of at most
+ * two digits read from the object (CPython's layout), any other by the C API. */
+static inline int
+mp_integer(const EncodersState *enc, Bytes *b, PyObject *item)
+{
+    long long v;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)item);
+    } else
+#else
+    Py_ssize_t size = Py_SIZE(item);
+    const digit *d = ((PyLongObject *)item)->ob_digit;
+    if (size >= -1 && size <= 1) {
+        v = (long long)size * (long long)d[0];
+    } else if (size == 2 || size == -2) {
+        long long u = (long long)d[0] | ((long long)d[1] << PyLong_SHIFT);
+        v = size < 0 ? -u : u;
+    } else
+#endif
+    {
+        int r = int64_of(item, &v);
+        if (r != OK)
+            return r;
+    }
+    if (b_room(b, 10) < 0)
         return FAIL;
-    return mp_str(b, item);
+    char *p = put_int(b->buf + b->len, enc->c_integer);
+    b->len = put_int(p, v) - b->buf;
+    return OK;
+}
+
+/* A decimal's code and text, written in place. */
+static int
+mp_decimal(const EncodersState *enc, Bytes *b, PyObject *item)
+{
+    DecimalText t;
+    int r = decimal_size(enc, item, &t);
+    if (r != OK)
+        return r;
+    if (b_room(b, t.length + 11) < 0)
+        return FAIL;
+    char *p = put_str_header(put_int(b->buf + b->len, enc->c_decimal), t.length);
+    decimal_write(&t, p);
+    b->len = (p - b->buf) + t.length;
+    return OK;
+}
+
+/* An atom of type `type` (not a list). */
+static inline int
+mp_atom_of(const EncodersState *enc, Bytes *b, PyObject *item, PyTypeObject *type,
+           Names *codes, Learned *names)
+{
+    if (type == enc->keyword)
+        return mp_name(enc, b, item, enc->c_keyword, codes, names);
+    if (type == enc->symbol)
+        return mp_name(enc, b, item, enc->c_symbol, codes, names);
+    if (type == &PyUnicode_Type)
+        return mp_str(b, item);
+    if (type == enc->decimal)
+        return mp_decimal(enc, b, item);
+    if (type == &PyLong_Type)
+        return mp_integer(enc, b, item);
+    if (type == enc->uri)
+        return mp_name(enc, b, item, enc->c_uri, codes, names);
+    return DECLINE;
 }
 
 static inline int
 mp_atom(const EncodersState *enc, Bytes *b, PyObject *item, Names *codes, Learned *names)
 {
-    PyTypeObject *type = Py_TYPE(item);
-    if (type == &PyUnicode_Type)
-        return mp_str(b, item);
-    if (type == enc->symbol)
-        return mp_name(enc, b, item, enc->c_symbol, codes, names);
-    if (type == enc->keyword)
-        return mp_name(enc, b, item, enc->c_keyword, codes, names);
-    if (type == enc->uri)
-        return mp_name(enc, b, item, enc->c_uri, codes, names);
-    if (type == &PyLong_Type) {
-        long long v;
-        int r = int64_of(item, &v);
-        if (r != OK)
-            return r;
-        if (mp_int(b, enc->c_integer) < 0)
-            return FAIL;
-        return mp_int(b, v);
-    }
-    if (type == enc->decimal) {
-        char buf[128];
-        Py_ssize_t n;
-        int r = decimal_text(enc, item, buf, &n);
-        if (r != OK)
-            return r;
-        if (mp_int(b, enc->c_decimal) < 0)
-            return FAIL;
-        return mp_raw(b, buf, n);
-    }
-    return DECLINE;
+    return mp_atom_of(enc, b, item, Py_TYPE(item), codes, names);
 }
 
+/* The body's tokens. The walk reads the innermost list's items in a loop of its own (a
+ * tuple's size and items once: it cannot change; a list's again at each item, as Python
+ * code a lookup may run could change it), and goes back to the stack only to enter or
+ * leave a list. */
 static int
 mp_body(const EncodersState *enc, Bytes *b, PyObject *body, Names *codes)
 {
@@ -1600,21 +1718,48 @@ mp_body(const EncodersState *enc, Bytes *b, PyObject *body, Names *codes)
     if ((r = stack_push(&stack, body)) != OK || (r = mp_int(b, enc->c_lpar)) != OK)
         goto end;
     while (stack.depth) {
-        PyObject *item = stack_next(&stack);
-        if (item == NULL) {
+        Frame *f = &stack.frames[stack.depth - 1];
+        PyObject *seq = f->seq, *item = NULL;
+        Py_ssize_t i = f->index;
+        if (PyTuple_CheckExact(seq)) {
+            PyObject *const *items = &PyTuple_GET_ITEM(seq, 0);
+            Py_ssize_t n = PyTuple_GET_SIZE(seq);
+            if (i == 0) /* entered: its first items asked for at once */
+                for (Py_ssize_t k = 0; k < n && k < PREFETCH_AHEAD; k++)
+                    PREFETCH(items[k]);
+            for (; i < n; i++) {
+                /* The walk is bound by the first touch of each item (its type): ask for
+                 * one further on while this one is written. */
+                if (i + PREFETCH_AHEAD < n)
+                    PREFETCH(items[i + PREFETCH_AHEAD]);
+                PyTypeObject *type = Py_TYPE(items[i]);
+                if (type == &PyTuple_Type || type == &PyList_Type) {
+                    item = items[i];
+                    break;
+                }
+                if ((r = mp_atom_of(enc, b, items[i], type, codes, &names)) != OK)
+                    goto end;
+            }
+        } else {
+            for (; i < PyList_GET_SIZE(seq); i++) {
+                PyObject *next = PyList_GET_ITEM(seq, i);
+                PyTypeObject *type = Py_TYPE(next);
+                if (type == &PyTuple_Type || type == &PyList_Type) {
+                    item = next;
+                    break;
+                }
+                if ((r = mp_atom_of(enc, b, next, type, codes, &names)) != OK)
+                    goto end;
+            }
+        }
+        if (item == NULL) { /* the end of the list */
             stack_pop(&stack);
             if ((r = mp_int(b, enc->c_rpar)) != OK)
                 goto end;
             continue;
         }
-        if (IS_LIST(item)) {
-            r = stack_push(&stack, item);
-            if (r == OK)
-                r = mp_int(b, enc->c_lpar);
-        } else {
-            r = mp_atom(enc, b, item, codes, &names);
-        }
-        if (r != OK)
+        f->index = i + 1;
+        if ((r = stack_push(&stack, item)) != OK || (r = mp_int(b, enc->c_lpar)) != OK)
             goto end;
     }
     r = OK;
@@ -1730,7 +1875,12 @@ static PyObject *
 b_finish(Bytes *b, int r)
 {
     PyObject *result = NULL;
-    if (r == OK)
+    if (r == OK && b->obj != NULL) { /* the bytes written into, cut to the frame */
+        if (_PyBytes_Resize(&b->obj, b->len) == 0) {
+            result = b->obj;
+            b->obj = NULL;
+        }
+    } else if (r == OK)
         result = PyBytes_FromStringAndSize(b->buf, b->len);
     else if (r == DECLINE) {
         result = Py_None;
@@ -2068,12 +2218,15 @@ encoder_encode(NativeState *st, PyObject *self, PyObject *const *args, Py_ssize_
         if ((fields->validate != Py_False && !validated) || registry == NULL ||
                 tables == NULL || !PyDict_CheckExact(tables))
             goto release;
-        /* the registry's protocols as the encoder was made with them (registry,
-         * protocols), while its registry is that one; else read from the registry */
+        /* the registry's protocols as the encoder was made with them (registry, those
+         * without constraints, all), while its registry is that one: all of them when
+         * nothing is validated (no rule is checked), else those the check may accept;
+         * else read from the registry (_protocols_by_id(): one with constraints goes
+         * to the Python method) */
         PyObject *protocols;
-        if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+        if (pair != NULL && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 3 &&
                 PyTuple_GET_ITEM(pair, 0) == registry)
-            protocols = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+            protocols = Py_NewRef(PyTuple_GET_ITEM(pair, validated ? 1 : 2));
         else
             protocols = protocols_of(enc, registry);
         if (protocols != NULL) {

@@ -307,10 +307,13 @@ class Encoder(_EncoderStorage):
         # (cbcl._native.prepare; None: the Python twin writes, as under pure_python=True).
         self._tables: dict[Protocol, tuple[SymbolTable, bytes, object]] = {}
         self._native = None if pure_python else _native
-        # The registry and its dict of loaded protocols (the same dict for its lifetime),
-        # so the C entry finds a message's protocol without reading the registry's
-        # attribute; it reads the registry's again if self.registry is another one.
-        self._registry_protocols = (registry, registry._protocols_by_id())
+        # The registry and its dicts of loaded protocols (the same dicts for its lifetime):
+        # those the validating C path serves (none with constraints) and all of them, for
+        # the unvalidated one (which checks no rule), so the C entry finds a message's
+        # protocol without reading the registry's attributes; it reads the registry's
+        # _protocols_by_id() again if self.registry is another one.
+        self._registry_protocols = (registry, registry._protocols_by_id(),
+                                    registry._all_protocols_by_id())
 
     def _table(self, message: Message) -> tuple[SymbolTable, bytes, object]:
         protocol = self.registry.get(message.protocol)

@@ -360,6 +360,14 @@ class Registry:
         paths, which apply the rules, decide them)."""
         return self._fast
 
+    def _all_protocols_by_id(self) -> dict[Symbol, Protocol]:
+        """The registry's own dict of every loaded protocol by id, those with constraints
+        too (what :meth:`get` looks in), not a copy: the same object for the registry's
+        lifetime, changed in place as protocols are loaded, for the binary encoder's
+        unvalidated C path (which checks no rule, so constraints do not concern it); it
+        never changes it."""
+        return self._protocols
+
     def _register(self, protocol: Protocol) -> None:
         self._protocols[protocol.id] = protocol
         if protocol.constraints is None:
