@@ -51,7 +51,7 @@ def test_a_decimal_against_its_bounds_as_python_compares(value: Decimal, low: st
     if as_read and value == value.to_integral_value() and "E" not in str(value):
         as_read = False  # (an integral Decimal's text reads as an integer)
     text = format(value, "f")
-    if as_read and "." in text and len(text.lstrip("-")) <= 60:
+    if as_read and "." in text and len(text) <= 40:  # (MAX_DECIMAL_CHARS)
         read = cbcl.read(f"(t :v {text})")  # (the reader's decimals, made in place)
         assert type(read) is tuple and type(read[2]) is Decimal
         body, value = read, read[2]
