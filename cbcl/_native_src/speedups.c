@@ -1304,9 +1304,10 @@ typedef struct {
  * call to `step` (then `off`), which keeps every pointer in it alive and unchanged. A hit
  * is the entry advance_noting would decode from the dict, so it takes the same path.
  *
- * The slots are the thread's (no clearing a walk: a slot serves the walk whose stamp it
- * carries, and stamps are never reused), so a walk that ran Python code (step, an atom's
- * __eq__) and so maybe another walk finds its slots taken, never wrong. */
+ * The slots are the module state's (SpeedupsState.passages, made at the first walk; no
+ * clearing a walk: a slot serves the walk whose stamp it carries, and stamps are never
+ * reused), so a walk that ran Python code (step, an atom's __eq__) and so maybe another
+ * walk, on this thread or another, finds its slots taken, never wrong. */
 #define PASSAGE_SLOTS 256 /* a power of two */
 #define PASSAGE_OPS 4     /* set operations decoded in place; more: read from the tuple */
 #define LITERAL_SLOTS 64  /* a power of two */
@@ -1326,13 +1327,11 @@ typedef struct {
     PyObject *atom, *cls; /* cls NULL: the atom is no grammar literal */
 } LiteralSlot;
 
-typedef struct {
+struct PassageSlots { /* (native.h: SpeedupsState.passages) */
     unsigned long long stamp; /* the last walk's */
     Passage slot[PASSAGE_SLOTS];
     LiteralSlot literal[LITERAL_SLOTS];
-} PassageSlots;
-
-static _Thread_local PassageSlots passages; /* (found once a walk: passages_start) */
+};
 
 /* One walk's view of the memo: its stamp, the types met and their classes, and a filter
  * of the hashes of the grammar's literal atoms (bit h % 256 set for each), which tells most
@@ -1347,17 +1346,21 @@ typedef struct {
     unsigned long long bloom[4]; /* valid once misses > LITERAL_BLOOM_AFTER */
 } Passages;
 
-static inline void
-passages_start(Passages *memo)
+/* Start a walk's view of the memo: 0, or -1 with MemoryError (the slots not made). */
+static inline int
+passages_start(SpeedupsState *sp, Passages *memo)
 {
-    PassageSlots *mine = &passages;
-#if defined(__GNUC__)
-    __asm__("" : "+r"(mine)); /* (opaque: the thread's address is found once, not per use) */
-#endif
+    if (sp->passages == NULL &&
+            (sp->passages = PyMem_Calloc(1, sizeof(struct PassageSlots))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    struct PassageSlots *mine = sp->passages;
     memo->stamp = ++mine->stamp;
     memo->slot = mine->slot;
     memo->literal = mine->literal;
     memo->n_types = memo->off = memo->misses = 0;
+    return 0;
 }
 
 static inline size_t
@@ -1520,7 +1523,10 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
     Py_ssize_t depth = 0, capacity = 0;
     PyObject *item = body; /* borrowed */
     Passages memo; /* (the transitions taken: advance_memo) */
-    passages_start(&memo);
+    if (passages_start(&st->speedups, &memo) < 0) {
+        Py_DECREF(node);
+        return -1;
+    }
     int ok;
     for (;;) {
         if (item != NULL) {
@@ -3980,6 +3986,8 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->grammar_names_also);
     Py_CLEAR(sp->pairs_type);
     Py_CLEAR(sp->pairs_packed);
+    PyMem_Free(sp->passages);
+    sp->passages = NULL;
     CBCL_CLEAR_ENTRY(sp->decode_entry);
     Py_CLEAR(sp->decode_verified);
     Py_CLEAR(sp->decoder_frame_state);
