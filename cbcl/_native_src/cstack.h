@@ -201,6 +201,79 @@ decimal_in_place(PyTypeObject *type, const unsigned char *p, Py_ssize_t n)
     return (PyObject *)d;
 }
 
+/* A finite number as sign, one-word coefficient and exponent (value = ±coefficient *
+ * 10**exponent), and its coefficient's digits. */
+typedef struct {
+    int negative;
+    uint64_t coefficient;
+    Py_ssize_t exponent, digits;
+} SmallNumber;
+
+enum { MPD_SPECIAL_FLAGS = 2 | 4 | 8 }; /* MPD_INF | MPD_NAN | MPD_SNAN */
+
+/* `number` as a SmallNumber, where it is an exact int within a machine word or a Decimal
+ * of the checked layout (vt->in_place) that is finite with a one-word coefficient: 1, or 0
+ * for anything else (the caller compares in Python). Raises nothing. */
+static inline int
+small_number_of(const ValueTypes *vt, PyObject *number, SmallNumber *out)
+{
+    if (PyLong_CheckExact(number)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(number, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        out->negative = v < 0;
+        out->coefficient = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+        out->exponent = 0;
+        Py_ssize_t digits = 1;
+        for (uint64_t c = out->coefficient; c >= 10; c /= 10)
+            digits++;
+        out->digits = digits;
+        return 1;
+    }
+    if (!vt->in_place || Py_TYPE(number) != (PyTypeObject *)vt->decimal)
+        return 0;
+    const DecimalMpd *d = &((const DecimalLayout *)number)->dec;
+    if ((d->flags & MPD_SPECIAL_FLAGS) || d->len != 1 || d->digits < 1 ||
+            d->digits > DECIMAL_WORD_DIGITS)
+        return 0;
+    out->negative = d->flags & MPD_NEG_FLAG;
+    out->coefficient = d->data[0];
+    out->exponent = d->exp;
+    out->digits = d->digits;
+    return 1;
+}
+
+/* -1, 0 or 1 as a < b, a == b, a > b (exact, as Decimal compares). */
+static inline int
+small_number_compare(const SmallNumber *a, const SmallNumber *b)
+{
+    int a_zero = a->coefficient == 0, b_zero = b->coefficient == 0;
+    if (a_zero || b_zero) {
+        if (a_zero && b_zero)
+            return 0;
+        if (a_zero)
+            return b->negative ? 1 : -1;
+        return a->negative ? -1 : 1;
+    }
+    if (a->negative != b->negative)
+        return a->negative ? -1 : 1;
+    int sign = a->negative ? -1 : 1; /* (magnitudes compared below) */
+    Py_ssize_t a_adjusted = a->exponent + a->digits - 1, b_adjusted = b->exponent + b->digits - 1;
+    if (a_adjusted != b_adjusted)
+        return a_adjusted > b_adjusted ? sign : -sign;
+    /* the same adjusted exponent: the exponents differ by the digits' difference (< 19), so
+     * the coefficient with fewer digits scaled to the other's stays within 19 digits */
+    uint64_t ca = a->coefficient, cb = b->coefficient;
+    for (Py_ssize_t k = a->exponent; k > b->exponent; k--)
+        ca *= 10;
+    for (Py_ssize_t k = b->exponent; k > a->exponent; k--)
+        cb *= 10;
+    return ca == cb ? 0 : ca > cb ? sign : -sign;
+}
+
 /* The Decimal of p[0:n], a CBCL decimal token: a new reference, or NULL with an exception.
  * `text`: that token as a str, or NULL (made here if Decimal(text) must make it). */
 static PyObject *

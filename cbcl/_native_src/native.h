@@ -166,6 +166,9 @@ typedef struct {
     /* cbcl.protocol._schema._Pairs and its `packed` member descriptor, once met */
     PyTypeObject *pairs_type;
     PyObject *pairs_packed;
+    /* walk's memo of the transitions it took (speedups.c's Passages), made at the first
+     * walk (NULL: not yet) */
+    struct PassageSlots *passages;
     /* Decoder.decode: its entry, the trust store's check, the Decoder's slots */
     CEntry decode_entry;
     PyObject *decode_verified, *decoder_frame_state, *decoder_require, *decoder_registry;

@@ -53,10 +53,13 @@ is_space(unsigned char c)
 }
 
 /* Where an atom ends: whitespace, '(', ')' and ';' ('"' is an error, and the end): 1 for
- * those bytes (a table: the run of every atom is scanned with it). */
+ * those bytes (a table: the run of every atom is scanned with it). And NUL, which stands
+ * after the last byte of every text read (a str's data, a bytes object's and the UTF-8 a
+ * str caches are NUL-terminated), so the scan needs no test of the length: a NUL before
+ * the end stops it too, and is then declined as the byte no atom holds. */
 static const unsigned char ends_atom[256] = {
-    ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [' '] = 1, ['('] = 1, [')'] = 1, [';'] = 1,
-    ['"'] = 1,
+    [0] = 1, ['\t'] = 1, ['\n'] = 1, ['\r'] = 1, [' '] = 1, ['('] = 1, [')'] = 1,
+    [';'] = 1, ['"'] = 1,
 };
 
 /* The code point of the multi-byte sequence at p[i] (p[i] >= 0x80) of valid UTF-8, and its
@@ -172,7 +175,7 @@ read_string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Py_ssize_t max_s
             Py_ssize_t *end)
 {
     Py_ssize_t j = i + 1, size = 0;
-    int escapes = 0;
+    int escapes = 0, wide = 0; /* wide: a byte from 0x80 on (else the string is ASCII) */
     for (;;) {
         Py_ssize_t run = j; /* the plain ASCII from here: one table look-up a byte */
         while (j < n && string_plain[p[j]])
@@ -220,6 +223,7 @@ read_string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Py_ssize_t max_s
                 Py_RETURN_NONE;
             size += k;
             j += k;
+            wide = 1;
         }
         if (size > max_string)
             Py_RETURN_NONE;
@@ -229,6 +233,12 @@ read_string(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, Py_ssize_t max_s
                        p[j + 1] == ';'))
         Py_RETURN_NONE;
     *end = j + 1;
+    if (!escapes && !wide) { /* ASCII, checked above: copied, not decoded */
+        PyObject *ascii = PyUnicode_New(j - i - 1, 127);
+        if (ascii != NULL)
+            memcpy(PyUnicode_DATA(ascii), p + i + 1, (size_t)(j - i - 1));
+        return ascii;
+    }
     if (!escapes)
         return PyUnicode_DecodeUTF8((const char *)p + i + 1, j - i - 1, "strict");
     char *out = PyMem_Malloc(size > 0 ? (size_t)size : 1);
@@ -967,13 +977,13 @@ cbcl_read_value_of(NativeState *st, PyObject *text, Py_ssize_t pos, PyObject *ca
             Py_ssize_t k = i;
             unsigned char high = 0; /* the high bit: whether the run is not ASCII */
             size_t hash = 2166136261u; /* its memo_hash (cstack.h, kind 0), as it is scanned */
-            while (k < n && !ends_atom[p[k]]) {
+            while (!ends_atom[p[k]]) { /* (p[n] is NUL: ends_atom) */
                 unsigned char b = p[k++];
                 high |= b;
                 hash = (hash ^ b) * 16777619u;
             }
-            if (k < n && p[k] == '"')
-                goto bail; /* an atom a string follows without a delimiter */
+            if (k < n && (p[k] == '"' || p[k] == 0))
+                goto bail; /* an atom a string follows without a delimiter; a NUL */
             value = read_atom(st, p, i, k, !(high & 0x80), hash ^ (hash >> 15), cache,
                               make_atom, max_name, gc_paused);
             end = k;

@@ -287,6 +287,46 @@ set_frames_free(SetFrames *f)
 
 enum { SET_OPEN = 0, SET_MEMBER = 1, SET_CLOSE = 2 };
 
+/* Apply one set operation (cbcl.grammar._automaton.set_op) to `f`: 1, 0 where the kernel
+ * refuses (a member given twice, a set ended without a required member), -1 with an
+ * exception. */
+static inline int
+apply_set_op(SetFrames *f, unsigned long long op)
+{
+    unsigned long long mask = op >> 2;
+    int kind = (int)(op & 3);
+    if (kind == SET_OPEN) {
+        if (f->depth == f->capacity) {
+            Py_ssize_t more = 2 * f->capacity;
+            unsigned long long *grown = f->masks == f->inline_masks ?
+                PyMem_Malloc((size_t)more * sizeof *grown) :
+                PyMem_Realloc(f->masks, (size_t)more * sizeof *grown);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            if (f->masks == f->inline_masks)
+                memcpy(grown, f->inline_masks, sizeof f->inline_masks);
+            f->masks = grown;
+            f->capacity = more;
+        }
+        f->masks[f->depth++] = 0;
+        return 1;
+    }
+    if (f->depth == 0) {
+        PyErr_SetString(PyExc_ValueError, "a keyword set's operation with no set under way");
+        return -1;
+    }
+    if (kind == SET_MEMBER) {
+        if (f->masks[f->depth - 1] & mask)
+            return 0; /* given twice */
+        f->masks[f->depth - 1] |= mask;
+    } else if (mask & ~f->masks[--f->depth]) {
+        return 0; /* the set ends without a required member */
+    }
+    return 1;
+}
+
 /* Apply a transition's set operations (a tuple of ints, cbcl.grammar._automaton.set_op) to
  * `f`, as cbcl.grammar._automaton.apply_set_ops does: 1, 0 where the kernel refuses (a member
  * given twice, a set ended without a required member), -1 with an exception. */
@@ -301,37 +341,9 @@ apply_set_ops(SetFrames *f, PyObject *ops)
         unsigned long long op = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ops, k));
         if (op == (unsigned long long)-1 && PyErr_Occurred())
             return -1;
-        unsigned long long mask = op >> 2;
-        int kind = (int)(op & 3);
-        if (kind == SET_OPEN) {
-            if (f->depth == f->capacity) {
-                Py_ssize_t more = 2 * f->capacity;
-                unsigned long long *grown = f->masks == f->inline_masks ?
-                    PyMem_Malloc((size_t)more * sizeof *grown) :
-                    PyMem_Realloc(f->masks, (size_t)more * sizeof *grown);
-                if (grown == NULL) {
-                    PyErr_NoMemory();
-                    return -1;
-                }
-                if (f->masks == f->inline_masks)
-                    memcpy(grown, f->inline_masks, sizeof f->inline_masks);
-                f->masks = grown;
-                f->capacity = more;
-            }
-            f->masks[f->depth++] = 0;
-            continue;
-        }
-        if (f->depth == 0) {
-            PyErr_SetString(PyExc_ValueError, "a keyword set's operation with no set under way");
-            return -1;
-        }
-        if (kind == SET_MEMBER) {
-            if (f->masks[f->depth - 1] & mask)
-                return 0; /* given twice */
-            f->masks[f->depth - 1] |= mask;
-        } else if (mask & ~f->masks[--f->depth]) {
-            return 0; /* the set ends without a required member */
-        }
+        int ok = apply_set_op(f, op);
+        if (ok <= 0)
+            return ok;
     }
     return 1;
 }
@@ -1358,6 +1370,212 @@ typedef struct {
     Py_ssize_t next;
 } Frame;
 
+/* Passages: walk's memo of the transitions it has taken, so that a body whose rows repeat
+ * one shape (the usual body: records in a list) pays a node's dict lookup and the
+ * decoding of its entry once per (node, class), not once per token. Direct-mapped by the
+ * two pointers; everything in it is borrowed: a node's entries change only in `step`, and
+ * nodes are freed only after one (a flush), so the memo serves only until the walk's first
+ * call to `step` (then `off`), which keeps every pointer in it alive and unchanged. A hit
+ * is the entry advance_noting would decode from the dict, so it takes the same path.
+ *
+ * The slots are the module state's (SpeedupsState.passages, made at the first walk; no
+ * clearing a walk: a slot serves the walk whose stamp it carries, and stamps are never
+ * reused), so a walk that ran Python code (step, an atom's __eq__) and so maybe another
+ * walk, on this thread or another, finds its slots taken, never wrong. */
+#define PASSAGE_SLOTS 256 /* a power of two */
+#define PASSAGE_OPS 4     /* set operations decoded in place; more: read from the tuple */
+#define LITERAL_SLOTS 64  /* a power of two */
+#define LITERAL_BLOOM_AFTER 8 /* literal lookups that missed before the filter is built */
+
+typedef struct {
+    unsigned long long stamp; /* the walk it serves */
+    PyObject *node, *cls;     /* the key */
+    PyObject *next;           /* where it leads: a node, REFUSED or ACCEPT */
+    PyObject *ops;            /* its set operations (a tuple), or NULL */
+    unsigned long long codes[PASSAGE_OPS];
+    int whole, n_codes;       /* n_codes -1: read `ops` (apply_set_ops) */
+} Passage;
+
+typedef struct {
+    unsigned long long stamp;
+    PyObject *atom, *cls; /* cls NULL: the atom is no grammar literal */
+} LiteralSlot;
+
+struct PassageSlots { /* (native.h: SpeedupsState.passages) */
+    unsigned long long stamp; /* the last walk's */
+    Passage slot[PASSAGE_SLOTS];
+    LiteralSlot literal[LITERAL_SLOTS];
+};
+
+/* One walk's view of the memo: its stamp, the types met and their classes, and a filter
+ * of the hashes of the grammar's literal atoms (bit h % 256 set for each), which tells most
+ * atoms that are no literal without a lookup (an atom's hash is str's, which the dict uses). */
+typedef struct {
+    unsigned long long stamp;
+    Passage *slot;        /* the thread's */
+    LiteralSlot *literal; /* the thread's */
+    PyTypeObject *types[8];
+    PyObject *type_classes[8];
+    int n_types, off, misses;
+    unsigned long long bloom[4]; /* valid once misses > LITERAL_BLOOM_AFTER */
+} Passages;
+
+/* Start a walk's view of the memo: 0, or -1 with MemoryError (the slots not made). */
+static inline int
+passages_start(SpeedupsState *sp, Passages *memo)
+{
+    if (sp->passages == NULL &&
+            (sp->passages = PyMem_Calloc(1, sizeof(struct PassageSlots))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    struct PassageSlots *mine = sp->passages;
+    memo->stamp = ++mine->stamp;
+    memo->slot = mine->slot;
+    memo->literal = mine->literal;
+    memo->n_types = memo->off = memo->misses = 0;
+    return 0;
+}
+
+static inline size_t
+passage_hash(PyObject *a, PyObject *b)
+{
+    size_t h = ((size_t)(uintptr_t)a >> 4) * 0x9E3779B1u ^ ((size_t)(uintptr_t)b >> 4);
+    return (h ^ (h >> 7)) & (PASSAGE_SLOTS - 1);
+}
+
+/* The grammar-literal class of `item` (a Symbol or Keyword) in `classes` (borrowed), NULL
+ * for none (*error set with an exception): classes.get(item), through the memo. */
+static PyObject *
+literal_class(Passages *memo, PyObject *classes, PyObject *item, int *error)
+{
+    LiteralSlot *slot = &memo->literal[((size_t)(uintptr_t)item >> 4) & (LITERAL_SLOTS - 1)];
+    if (slot->stamp == memo->stamp && slot->atom == item && !memo->off)
+        return slot->cls;
+    if (memo->misses > LITERAL_BLOOM_AFTER) {
+        Py_hash_t h = ((PyASCIIObject *)item)->hash; /* (an exact str subclass's: str's) */
+        if (h != -1 && !(memo->bloom[(h >> 6) & 3] & (1ULL << (h & 63))))
+            return NULL; /* no key has its hash */
+    }
+    PyObject *literal = PyDict_GetItemWithError(classes, item);
+    if (literal == NULL) {
+        if (PyErr_Occurred()) {
+            *error = 1;
+            return NULL;
+        }
+        if (++memo->misses == LITERAL_BLOOM_AFTER + 1) { /* (the filter, once a walk) */
+            memset(memo->bloom, 0, sizeof memo->bloom);
+            Py_ssize_t at = 0;
+            PyObject *key, *value;
+            while (PyDict_Next(classes, &at, &key, &value)) {
+                Py_hash_t kh = PyObject_Hash(key);
+                if (kh == -1) { /* (cannot be for the atoms a grammar has: no filter) */
+                    PyErr_Clear();
+                    memo->misses = INT_MIN;
+                    break;
+                }
+                memo->bloom[(kh >> 6) & 3] |= 1ULL << (kh & 63);
+            }
+        }
+    }
+    slot->stamp = memo->stamp;
+    slot->atom = item;
+    slot->cls = literal;
+    return literal;
+}
+
+/* Decode `found` (node[cls], borrowed) into `p` as advance_noting reads it (`lpar`: LPAR's
+ * (node, whole[, ops])): 1, or 0 for an entry of another shape (advance_noting raises). */
+static int
+passage_fill(Passage *p, PyObject *node, PyObject *cls, PyObject *found, int lpar)
+{
+    PyObject *ops = NULL;
+    p->whole = 0;
+    p->next = found;
+    if (lpar) {
+        if (!PyTuple_CheckExact(found) ||
+                (PyTuple_GET_SIZE(found) != 2 && PyTuple_GET_SIZE(found) != 3))
+            return 0;
+        p->whole = PyTuple_GET_ITEM(found, 1) == Py_True;
+        if (PyTuple_GET_SIZE(found) == 3)
+            ops = PyTuple_GET_ITEM(found, 2);
+        p->next = PyTuple_GET_ITEM(found, 0);
+    } else if (PyTuple_CheckExact(found)) {
+        if (PyTuple_GET_SIZE(found) != 2)
+            return 0;
+        ops = PyTuple_GET_ITEM(found, 1);
+        p->next = PyTuple_GET_ITEM(found, 0);
+    }
+    p->ops = ops;
+    p->n_codes = -1;
+    if (ops != NULL && PyTuple_CheckExact(ops) && PyTuple_GET_SIZE(ops) <= PASSAGE_OPS) {
+        int n = (int)PyTuple_GET_SIZE(ops);
+        for (int k = 0; k < n; k++) {
+            PyObject *op = PyTuple_GET_ITEM(ops, k);
+            if (!PyLong_CheckExact(op))
+                goto keep_tuple;
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(op, &overflow);
+            if (overflow || v < 0) {
+                if (PyErr_Occurred())
+                    PyErr_Clear(); /* (apply_set_ops reads it, and says what it is) */
+                goto keep_tuple;
+            }
+            p->codes[k] = (unsigned long long)v;
+        }
+        p->n_codes = n;
+    }
+keep_tuple:
+    return 1;
+}
+
+/* advance_noting through the memo: the same result, the same frames. */
+static inline int
+advance_memo(Passages *memo, PyObject **node, PyObject *cls, PyObject *step,
+             PyObject *refused, int *whole, SetFrames *frames, SetFrames *before)
+{
+    if (memo->off)
+        return advance_noting(node, cls, step, refused, whole, frames, before);
+    Passage *p = &memo->slot[passage_hash(*node, cls)];
+    if (p->stamp != memo->stamp || p->node != *node || p->cls != cls) {
+        PyObject *found = PyDict_GetItemWithError(*node, cls);
+        if (found == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            memo->off = 1; /* (step runs: from here the memo's pointers may not hold) */
+            return advance_noting(node, cls, step, refused, whole, frames, before);
+        }
+        if (!passage_fill(p, *node, cls, found, whole != NULL)) {
+            p->stamp = 0;
+            return advance_noting(node, cls, step, refused, whole, frames, before);
+        }
+        p->stamp = memo->stamp;
+        p->node = *node;
+        p->cls = cls;
+    }
+    if (whole != NULL)
+        *whole = p->whole;
+    PyObject *next = p->next;
+    if (p->ops != NULL && next != refused) {
+        if (before != NULL && set_frames_copy(before, frames) < 0)
+            return -1;
+        int ok = 1;
+        if (p->n_codes >= 0) {
+            for (int k = 0; k < p->n_codes && ok == 1; k++)
+                ok = apply_set_op(frames, p->codes[k]);
+        } else {
+            ok = apply_set_ops(frames, p->ops);
+        }
+        if (ok <= 0)
+            return ok;
+    }
+    if (next == refused)
+        return 0;
+    Py_INCREF(next);
+    Py_SETREF(*node, next);
+    return 1;
+}
+
 /* The walk of recognise from `start` (a dict): 1 accepted, 0 refused, -1 with an
  * exception. */
 static int walk_refused(BodyRefusal *why, int kind, PyObject *node, PyObject *cls,
@@ -1378,14 +1596,19 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
     Frame *frames = NULL;
     Py_ssize_t depth = 0, capacity = 0;
     PyObject *item = body; /* borrowed */
+    Passages memo; /* (the transitions taken: advance_memo) */
+    if (passages_start(&st->speedups, &memo) < 0) {
+        Py_DECREF(node);
+        return -1;
+    }
     int ok;
     for (;;) {
         if (item != NULL) {
             if (PyTuple_CheckExact(item)) {
                 int whole = 0;
                 before.depth = -1;
-                ok = advance_noting(&node, st->speedups.s_lpar, step, refused, &whole, &sets,
-                                    keep);
+                ok = advance_memo(&memo, &node, st->speedups.s_lpar, step, refused, &whole,
+                                  &sets, keep);
                 if (ok == 0 && why != NULL)
                     ok = walk_refused(why, BR_ITEM, node, st->speedups.s_lpar, frames, depth,
                                       &sets, &before);
@@ -1408,23 +1631,41 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
                     depth++;
                 }
             } else {
-                PyObject *cls = PyDict_GetItemWithError(terminals, (PyObject *)Py_TYPE(item));
+                /* its class: terminals[type], the types met kept in the memo (a type is
+                 * held by its values: alive while the body is) */
+                PyTypeObject *type = Py_TYPE(item);
+                PyObject *cls = NULL;
+                for (int k = 0; k < memo.n_types; k++)
+                    if (memo.types[k] == type) {
+                        cls = memo.type_classes[k];
+                        break;
+                    }
                 if (cls == NULL) {
-                    ok = PyErr_Occurred() ? -1 : 0; /* not a CBCL value: refused */
-                    goto finish;
+                    cls = PyDict_GetItemWithError(terminals, (PyObject *)type);
+                    if (cls == NULL) {
+                        ok = PyErr_Occurred() ? -1 : 0; /* not a CBCL value: refused */
+                        goto finish;
+                    }
+                    if (memo.n_types < (int)(sizeof memo.types / sizeof memo.types[0]) &&
+                            !memo.off) {
+                        memo.types[memo.n_types] = type;
+                        memo.type_classes[memo.n_types++] = cls;
+                    }
                 }
                 if (cls == st->speedups.s_kinds[SYMBOL] || cls == st->speedups.s_kinds[KEYWORD]) {
-                    PyObject *literal = PyDict_GetItemWithError(classes, item);
-                    if (literal != NULL) {
-                        cls = literal;
-                    } else if (PyErr_Occurred()) {
+                    /* a grammar literal's class: classes[item] (literal_class) */
+                    int error = 0;
+                    PyObject *literal = literal_class(&memo, classes, item, &error);
+                    if (error) {
                         ok = -1;
                         goto finish;
                     }
+                    if (literal != NULL)
+                        cls = literal;
                 }
                 Py_INCREF(cls); /* the lookups' dicts may change under step */
                 before.depth = -1;
-                ok = advance_noting(&node, cls, step, refused, NULL, &sets, keep);
+                ok = advance_memo(&memo, &node, cls, step, refused, NULL, &sets, keep);
                 if (ok == 0 && why != NULL)
                     ok = walk_refused(why, BR_ITEM, node, cls, frames, depth, &sets, &before);
                 Py_DECREF(cls);
@@ -1443,7 +1684,8 @@ walk(NativeState *st, PyObject *body, PyObject *start, PyObject *classes, PyObje
         }
         depth--; /* the list is complete */
         before.depth = -1;
-        ok = advance_noting(&node, st->speedups.s_rpar, step, refused, NULL, &sets, keep);
+        ok = advance_memo(&memo, &node, st->speedups.s_rpar, step, refused, NULL, &sets,
+                          keep);
         if (ok == 0 && why != NULL)
             ok = walk_refused(why, BR_CLOSE, node, st->speedups.s_rpar, frames, depth, &sets,
                               &before);
@@ -2040,8 +2282,14 @@ small_set_has_pair(PyObject *set, PyObject *type, PyObject *value)
  * compares them, without its call where both are exact ints of at most a machine word
  * (bools, subclasses and anything else go to Python's comparison): 1, 0, or -1. */
 static inline int
-compare_bound(PyObject *value, PyObject *bound, int op)
+compare_bound(const ValueTypes *vt, PyObject *value, PyObject *bound, int op)
 {
+    SmallNumber v, w; /* (a Decimal of the checked layout read directly: small_number_of) */
+    if (Py_TYPE(value) == (PyTypeObject *)vt->decimal && small_number_of(vt, value, &v) &&
+            small_number_of(vt, bound, &w)) {
+        int order = small_number_compare(&v, &w);
+        return op == Py_LT ? order < 0 : order > 0;
+    }
     if (PyLong_CheckExact(value) && PyLong_CheckExact(bound)) {
         int over_v, over_b;
         long long v = PyLong_AsLongLongAndOverflow(value, &over_v);
@@ -2054,11 +2302,65 @@ compare_bound(PyObject *value, PyObject *bound, int op)
     return PyObject_RichCompareBool(value, bound, op);
 }
 
+/* The children the schema check puts off (a record or keyword list: its _Pairs; a list:
+ * its ListOf), last in first out as the lists of (b, value) pairs it had were: `b` a
+ * strong reference, `value` borrowed from the body (which the caller holds). */
+typedef struct {
+    PyObject *b, *value;
+} Deferred;
+
+typedef struct {
+    Deferred *items;
+    Py_ssize_t size, capacity;
+    Deferred inline_items[32];
+} DeferredStack;
+
+static inline void
+deferred_init(DeferredStack *d)
+{
+    d->items = d->inline_items;
+    d->size = 0;
+    d->capacity = (Py_ssize_t)(sizeof d->inline_items / sizeof d->inline_items[0]);
+}
+
+static void
+deferred_free(DeferredStack *d)
+{
+    for (Py_ssize_t k = 0; k < d->size; k++)
+        Py_DECREF(d->items[k].b);
+    if (d->items != d->inline_items)
+        PyMem_Free(d->items);
+    deferred_init(d);
+}
+
+/* Put (b, value) on `d`: 0, or -1 with MemoryError. */
+static inline int
+deferred_push(DeferredStack *d, PyObject *b, PyObject *value)
+{
+    if (d->size == d->capacity) {
+        Py_ssize_t more = 2 * d->capacity;
+        Deferred *grown = d->items == d->inline_items ?
+            PyMem_Malloc((size_t)more * sizeof *grown) :
+            PyMem_Realloc(d->items, (size_t)more * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (d->items == d->inline_items)
+            memcpy(grown, d->inline_items, sizeof d->inline_items);
+        d->items = grown;
+        d->capacity = more;
+    }
+    d->items[d->size].b = Py_NewRef(b);
+    d->items[d->size++].value = value;
+    return 0;
+}
+
 /* Whether `value` passes the spec (kinds, how, a, b): 1, 0, or -1 with an exception; a
- * child to check later goes on `keyed` or `lists` as (b, value). */
+ * child to check later goes on `keyed` or `lists` (b, value). */
 static int
-spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
-           PyObject *keyed, PyObject *lists)
+spec_holds(const ValueTypes *vt, PyObject *kinds, long how, PyObject *a, PyObject *b,
+           PyObject *value, DeferredStack *keyed, DeferredStack *lists)
 {
     if (kinds != Py_None && !small_set_has_identical(kinds, (PyObject *)Py_TYPE(value))) {
         int in = PySet_Contains(kinds, (PyObject *)Py_TYPE(value));
@@ -2088,30 +2390,26 @@ spec_holds(PyObject *kinds, long how, PyObject *a, PyObject *b, PyObject *value,
         return in;
     }
     case HOW_BETWEEN: {
-        int below = compare_bound(value, a, Py_LT);
+        int below = compare_bound(vt, value, a, Py_LT);
         if (below != 0)
             return below < 0 ? -1 : 0;
-        int above = compare_bound(value, b, Py_GT);
+        int above = compare_bound(vt, value, b, Py_GT);
         return above < 0 ? -1 : !above;
     }
     case HOW_AT_LEAST: {
-        int below = compare_bound(value, a, Py_LT);
+        int below = compare_bound(vt, value, a, Py_LT);
         return below < 0 ? -1 : !below;
     }
     case HOW_AT_MOST: {
-        int above = compare_bound(value, b, Py_GT);
+        int above = compare_bound(vt, value, b, Py_GT);
         return above < 0 ? -1 : !above;
     }
     case HOW_KEYED:
     case HOW_OPEN: /* (its _Pairs, b, checks any distinct keys as pairs_hold does) */
-    case HOW_LISTED: {
-        PyObject *pair = PyTuple_Pack(2, b, value);
-        if (pair == NULL)
-            return -1;
-        int added = PyList_Append(how == HOW_LISTED ? lists : keyed, pair);
-        Py_DECREF(pair);
-        return added < 0 ? -1 : 1;
-    }
+    case HOW_LISTED: /* (the ListOf's packed spec where _spec_of made one: list_holds) */
+        if (how == HOW_LISTED && PyTuple_CheckExact(a) && PyTuple_GET_SIZE(a) == 6)
+            b = a;
+        return deferred_push(how == HOW_LISTED ? lists : keyed, b, value) < 0 ? -1 : 1;
     case HOW_MEMBER: {
         if (small_set_has_pair(a, (PyObject *)Py_TYPE(value), value))
             return 1;
@@ -2158,7 +2456,7 @@ bits_of(PyObject *number, unsigned long long *bits)
  * -1 with an exception, 2 to leave the body to the Python pass. */
 static int
 pairs_hold(NativeState *st, PyObject *pairs, PyObject *items, int is_body,
-           PyObject *has_heads, PyObject *keyed, PyObject *lists)
+           PyObject *has_heads, DeferredStack *keyed, DeferredStack *lists)
 {
     int result = -1;
     PyObject *packed = NULL, *others = NULL;
@@ -2289,7 +2587,8 @@ pairs_hold(NativeState *st, PyObject *pairs, PyObject *items, int is_body,
             goto done;
         }
         seen |= bit;
-        int holds = spec_holds(kinds, how, a, b, PyTuple_GET_ITEM(items, i + 1), keyed, lists);
+        int holds = spec_holds(&st->values, kinds, how, a, b, PyTuple_GET_ITEM(items, i + 1), keyed,
+                               lists);
         if (holds <= 0) {
             result = holds;
             goto done;
@@ -2302,66 +2601,93 @@ done:
     return result;
 }
 
-/* The fast pass over one list-of `t` and its `items`: 1, 0, or -1 with an exception. */
+/* The fast pass over one list-of and its `items`: 1, 0, or -1 with an exception. `t` is
+ * the ListOf's spec as cbcl.protocol._schema._spec_of packs it, (min_length, max_length,
+ * kinds, how, a, b) of its elements, or (another object) the ListOf itself, read by name. */
 static int
-list_holds(NativeState *st, PyObject *t, PyObject *items, PyObject *keyed, PyObject *lists)
+list_holds(NativeState *st, PyObject *t, PyObject *items, DeferredStack *keyed,
+           DeferredStack *lists)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(items);
-    PyObject *bounds[2] = {st->speedups.s_min_length, st->speedups.s_max_length};
-    for (int k = 0; k < 2; k++) {
-        PyObject *bound = PyObject_GetAttr(t, bounds[k]);
-        if (bound == NULL)
+    PyObject *bounds[2], *spec = NULL;
+    int packed = PyTuple_CheckExact(t) && PyTuple_GET_SIZE(t) == 6;
+    if (packed) {
+        bounds[0] = Py_NewRef(PyTuple_GET_ITEM(t, 0));
+        bounds[1] = Py_NewRef(PyTuple_GET_ITEM(t, 1));
+    } else {
+        bounds[0] = PyObject_GetAttr(t, st->speedups.s_min_length);
+        bounds[1] = bounds[0] == NULL ? NULL : PyObject_GetAttr(t, st->speedups.s_max_length);
+        if (bounds[1] == NULL) {
+            Py_XDECREF(bounds[0]);
             return -1;
-        if (bound != Py_None) { /* compared as Python compares (a hand-built bound) */
-            PyObject *count = PyLong_FromSsize_t(n);
-            int beyond = count == NULL ? -1 :
-                PyObject_RichCompareBool(count, bound, k == 0 ? Py_LT : Py_GT);
-            Py_XDECREF(count);
-            Py_DECREF(bound);
-            if (beyond != 0)
-                return beyond < 0 ? -1 : 0;
-        } else {
-            Py_DECREF(bound);
         }
     }
-    PyObject *spec = PyObject_GetAttr(t, st->speedups.s_item);
-    if (spec == NULL)
-        return -1;
     int result = -1;
-    if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 4) {
-        PyErr_SetString(PyExc_TypeError, "not a spec");
-        goto done;
+    for (int k = 0; k < 2; k++) {
+        PyObject *bound = bounds[k];
+        if (bound == Py_None)
+            continue;
+        int beyond;
+        long long limit;
+        int overflow = 1;
+        if (PyLong_CheckExact(bound)) {
+            limit = PyLong_AsLongLongAndOverflow(bound, &overflow);
+            if (limit == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                overflow = 1;
+            }
+        }
+        if (!overflow) {
+            beyond = k == 0 ? (long long)n < limit : (long long)n > limit;
+        } else { /* compared as Python compares (a hand-built bound) */
+            PyObject *count = PyLong_FromSsize_t(n);
+            beyond = count == NULL ? -1 :
+                PyObject_RichCompareBool(count, bound, k == 0 ? Py_LT : Py_GT);
+            Py_XDECREF(count);
+        }
+        if (beyond != 0) {
+            result = beyond < 0 ? -1 : 0;
+            goto done;
+        }
     }
-    PyObject *kinds = PyTuple_GET_ITEM(spec, 0), *a = PyTuple_GET_ITEM(spec, 2),
-             *b = PyTuple_GET_ITEM(spec, 3);
-    long how = PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
+    PyObject *kinds, *a, *b, *how_obj;
+    if (packed) {
+        kinds = PyTuple_GET_ITEM(t, 2);
+        how_obj = PyTuple_GET_ITEM(t, 3);
+        a = PyTuple_GET_ITEM(t, 4);
+        b = PyTuple_GET_ITEM(t, 5);
+    } else {
+        spec = PyObject_GetAttr(t, st->speedups.s_item);
+        if (spec == NULL)
+            goto done;
+        if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 4) {
+            PyErr_SetString(PyExc_TypeError, "not a spec");
+            goto done;
+        }
+        kinds = PyTuple_GET_ITEM(spec, 0);
+        how_obj = PyTuple_GET_ITEM(spec, 1);
+        a = PyTuple_GET_ITEM(spec, 2);
+        b = PyTuple_GET_ITEM(spec, 3);
+    }
+    long how = PyLong_AsLong(how_obj);
     if (how == -1 && PyErr_Occurred())
         goto done;
     result = 1;
     if (kinds == Py_None && how == HOW_PLAIN)
         goto done;
     for (Py_ssize_t j = 0; j < n; j++) {
-        int holds = spec_holds(kinds, how, a, b, PyTuple_GET_ITEM(items, j), keyed, lists);
+        int holds = spec_holds(&st->values, kinds, how, a, b, PyTuple_GET_ITEM(items, j), keyed,
+                               lists);
         if (holds <= 0) {
             result = holds;
             goto done;
         }
     }
 done:
-    Py_DECREF(spec);
+    Py_DECREF(bounds[0]);
+    Py_DECREF(bounds[1]);
+    Py_XDECREF(spec);
     return result;
-}
-
-/* The last item of `list`, an exact list of this module's own that is not empty, taken
- * off with its reference (as list.pop() does, without a call: the list keeps its
- * allocation). */
-static PyObject *
-list_pop(PyObject *list)
-{
-    Py_ssize_t count = PyList_GET_SIZE(list);
-    PyObject *item = PyList_GET_ITEM(list, count - 1);
-    Py_SET_SIZE(list, count - 1);
-    return item;
 }
 
 /* schema_valid's work, its arguments checked: 1 or 0 (valid or not), 2 to leave the body
@@ -2380,36 +2706,31 @@ schema_holds(NativeState *st, PyObject *pairs, PyObject *body, PyObject *has_hea
      * of pairs_hold like any other: it has no fields and `other` takes any value, so it
      * holds exactly when the predicate does (distinct keywords, each with a value). */
     Py_DECREF(packed);
-    PyObject *keyed = PyList_New(0), *lists = PyList_New(0);
-    PyObject *items = body, *held = NULL; /* `held`: the pair keeping `items` alive */
+    DeferredStack keyed, lists;
+    deferred_init(&keyed);
+    deferred_init(&lists);
+    PyObject *items = body;
     int result = -1;
-    if (keyed == NULL || lists == NULL)
-        goto done;
     Py_INCREF(pairs);
     for (;;) {
-        result = pairs_hold(st, pairs, items, items == body, has_heads, keyed, lists);
+        result = pairs_hold(st, pairs, items, items == body, has_heads, &keyed, &lists);
         Py_DECREF(pairs);
         pairs = NULL;
         if (result != 1)
             goto done;
-        while (PyList_GET_SIZE(keyed) == 0) {
-            Py_ssize_t count = PyList_GET_SIZE(lists);
-            if (count == 0)
+        while (keyed.size == 0) {
+            if (lists.size == 0)
                 goto done; /* result 1 */
-            PyObject *pair = list_pop(lists);
-            PyObject *value = PyTuple_GET_ITEM(pair, 1);
-            result = PyTuple_Check(value) ?
-                list_holds(st, PyTuple_GET_ITEM(pair, 0), value, keyed, lists) : 0;
-            Py_DECREF(pair);
+            Deferred list = lists.items[--lists.size];
+            result = PyTuple_Check(list.value) ?
+                list_holds(st, list.b, list.value, &keyed, &lists) : 0;
+            Py_DECREF(list.b);
             if (result != 1)
                 goto done;
         }
-        PyObject *pair = list_pop(keyed);
-        Py_XDECREF(held);
-        held = pair;
-        pairs = PyTuple_GET_ITEM(pair, 0);
-        Py_INCREF(pairs);
-        items = PyTuple_GET_ITEM(pair, 1);
+        Deferred record = keyed.items[--keyed.size];
+        pairs = record.b; /* (its reference, given to pairs_hold's turn above) */
+        items = record.value;
         if (!PyTuple_Check(items)) {
             Py_DECREF(pairs);
             result = 0;
@@ -2417,9 +2738,8 @@ schema_holds(NativeState *st, PyObject *pairs, PyObject *body, PyObject *has_hea
         }
     }
 done:
-    Py_XDECREF(keyed);
-    Py_XDECREF(lists);
-    Py_XDECREF(held);
+    deferred_free(&keyed);
+    deferred_free(&lists);
     if (result >= 0)
         return result;
 failed: /* an exception the Python pass would raise too: the explaining pass judges */
@@ -3783,6 +4103,8 @@ cbcl_speedups_clear(NativeState *st)
     Py_CLEAR(sp->grammar_names_also);
     Py_CLEAR(sp->pairs_type);
     Py_CLEAR(sp->pairs_packed);
+    PyMem_Free(sp->passages);
+    sp->passages = NULL;
     CBCL_CLEAR_ENTRY(sp->decode_entry);
     Py_CLEAR(sp->decode_verified);
     Py_CLEAR(sp->decoder_frame_state);

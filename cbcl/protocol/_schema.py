@@ -531,7 +531,8 @@ def _one_of(t: OneOf, value: Value) -> bool:
 #   _BETWEEN   both                           _TESTED    the predicate a holds
 #   _MEMBER    (its type, it) is in the set a (a one-of of hashable atoms)
 #   _KEYED     it is checked later, from a work list, by the _Pairs b
-#   _LISTED    it is checked later as the list-of b
+#   _LISTED    it is checked later as the list-of b, whose bounds and elements' spec
+#              are a: (min_length, max_length, kinds, how, a, b)
 #   _OPEN      the predicate a holds (a keyword-argument list or record of any keys,
 #              the _Pairs b: the C twin checks it from the work list, as _KEYED)
 
@@ -667,8 +668,8 @@ def _spec_of(t: SchemaType) -> _Spec:
             else:  # (the types first: a body's list is never hashed)
                 return frozenset(type(v) for v in values), _MEMBER, members, None
         return None, _TESTED, lambda value: _one_of(t, value), None
-    if isinstance(t, ListOf):
-        return _TUPLE, _LISTED, None, t
+    if isinstance(t, ListOf):  # (a: its bounds and its elements' spec, read without a lookup)
+        return _TUPLE, _LISTED, (t.min_length, t.max_length, *t._item), t
     if isinstance(t, (Keys, Record)):
         pairs = t._pairs
         if pairs.open is not None:
