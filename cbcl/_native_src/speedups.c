@@ -68,6 +68,7 @@
  */
 #include "cstack.h"
 #include "entry.h"
+#include "intern.h"
 #include "native.h"
 
 enum { LPAR = 0, RPAR = 1, INTEGER = 2, DECIMAL = 3, SYMBOL = 4, KEYWORD = 5, URI = 6,
@@ -502,6 +503,30 @@ valid_name(PyObject *text, int symbol)
             c = ++i < n ? PyUnicode_READ(kind, data, i) : 0;
         if (c == '.')
             c = ++i < n ? PyUnicode_READ(kind, data, i) : 0;
+        if (c >= '0' && c <= '9')
+            return 0; /* starts like a number */
+    }
+    return 1;
+}
+
+/* valid_name over the ASCII bytes p[0:n] (the same rule: NAME_RE, or SYMBOL_RE where
+ * `symbol`), for a name judged before any str is made of it. */
+static int
+valid_ascii_name(const unsigned char *p, Py_ssize_t n, int symbol)
+{
+    Py_ssize_t i;
+    if (n == 0 || !name_start(p[0]))
+        return 0;
+    for (i = 1; i < n; i++)
+        if (!name_rest(p[i]))
+            return 0;
+    if (symbol) {
+        i = 0;
+        unsigned char c = p[0];
+        if (c == '+' || c == '-')
+            c = ++i < n ? p[i] : 0;
+        if (c == '.')
+            c = ++i < n ? p[i] : 0;
         if (c >= '0' && c <= '9')
             return 0; /* starts like a number */
     }
@@ -1079,7 +1104,23 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                         atom_slot(st, (long)code, a.s, a.len) : NULL;
                     if (slot != NULL)
                         value = memo_hit(slot, (long)code, (const unsigned char *)a.s, a.len);
-                    if (value == NULL) {
+                    if (value == NULL && slot != NULL && (code == SYMBOL || code == KEYWORD) &&
+                            st->scanner.intern.symbols != NULL) {
+                        /* A name the memo does not hold (ASCII and within the name limit,
+                         * or it would have no slot): judged and interned from its bytes,
+                         * with no token str, as the text reader does (scanner.c); the memo
+                         * keyed by the atom, whose text is the name. */
+                        if (!valid_ascii_name((const unsigned char *)a.s, a.len,
+                                              code == SYMBOL))
+                            goto bail;
+                        InternTables *names = &st->scanner.intern;
+                        value = cbcl_names_intern_ascii(
+                            st, (NameTable *)(code == KEYWORD ? names->keywords : names->symbols),
+                            a.s, a.len);
+                        if (value == NULL)
+                            goto error;
+                        memo_keep(slot, (long)code, value, value);
+                    } else if (value == NULL) {
                         PyObject *text = token_str(&a);
                         if (text == NULL)
                             goto error;
