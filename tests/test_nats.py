@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -1133,10 +1135,10 @@ def accept_for(task: str) -> Any:
 
 def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
     """Three nodes; the contractors and one manager are connected to the node that is
-    killed (SIGKILL) in the middle of the run, while each link has 8 conversations in
-    flight at once. The clients move to the other nodes, every conversation's lost frame
-    is repeated (not only the link's last), and every conversation completes, each
-    message handled once."""
+    frozen (SIGSTOP), then killed (SIGKILL), in the middle of the run, while each link
+    has 8 conversations in flight at once. The clients move to the other nodes, every
+    conversation's lost frame is repeated (not only the link's last), and every
+    conversation completes, each message handled once."""
     seen: dict[tuple[str, str, str], int] = {}
     in_flight, rounds = 8, 2
     links_made = 2 * 3
@@ -1155,7 +1157,22 @@ def test_a_cluster_node_killed_mid_run(keys: Keys) -> None:
 
     with nats_cluster(3) as cluster:
         urls = cluster.urls
-        kill = cluster.nodes[1].kill
+        node = cluster.nodes[1]
+
+        def freeze_then_kill() -> None:
+            """The node stops (SIGSTOP) before the held message is answered, so what its
+            clients write from now on (that answer first) waits in its sockets unread, then
+            dies (SIGKILL) with it: a frame is lost for certain. (A plain SIGKILL here
+            raced the answer: sent fast enough, it reached the node before the kill took
+            effect, or it was still in nats-py's buffer at the disconnect and was sent
+            after the reconnect, and nothing was lost to repeat.)"""
+            assert node.process is not None
+            node.process.send_signal(signal.SIGSTOP)
+            killer = threading.Timer(0.2, node.kill)
+            killer.daemon = True
+            killer.start()
+
+        kill = freeze_then_kill
 
         async def body() -> None:
             async with contextlib.AsyncExitStack() as stack:

@@ -1528,7 +1528,7 @@ literal_class(Passages *memo, PyObject *classes, PyObject *item, int *error)
 /* Decode `found` (node[cls], borrowed) into `p` as advance_noting reads it (`lpar`: LPAR's
  * (node, whole[, ops])): 1, or 0 for an entry of another shape (advance_noting raises). */
 static int
-passage_fill(Passage *p, PyObject *node, PyObject *cls, PyObject *found, int lpar)
+passage_fill(Passage *p, PyObject *found, int lpar)
 {
     PyObject *ops = NULL;
     p->whole = 0;
@@ -1586,7 +1586,7 @@ advance_memo(Passages *memo, PyObject **node, PyObject *cls, PyObject *step,
             memo->off = 1; /* (step runs: from here the memo's pointers may not hold) */
             return advance_noting(node, cls, step, refused, whole, frames, before);
         }
-        if (!passage_fill(p, *node, cls, found, whole != NULL)) {
+        if (!passage_fill(p, found, whole != NULL)) {
             p->stamp = 0;
             return advance_noting(node, cls, step, refused, whole, frames, before);
         }
