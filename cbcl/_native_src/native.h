@@ -307,6 +307,10 @@ CBCL_INTERNAL PyObject *cbcl_intern_name(NativeState *st, int keyword, PyObject 
  * cbcl_intern_name (kept for its callers). */
 CBCL_INTERNAL PyObject *cbcl_intern_new_name(NativeState *st, int keyword, PyObject *name);
 
+/* scanner.c's: whether the ASCII p[0:n] is a keyword's name or, where `symbol`, a
+ * symbol's (the reader's NAME and NUMBERLIKE rules over bytes). */
+CBCL_INTERNAL int cbcl_ascii_name(const unsigned char *p, Py_ssize_t n, int symbol);
+
 /* A new atom of type vt->inert[which] (0 Symbol, 1 Keyword, 2 URI) spelled `text` (an
  * exact str), as str.__new__(type, text) makes it, not tracked by the collector (it refers
  * to its type only): a new reference, or NULL with an exception (scanner.c). */

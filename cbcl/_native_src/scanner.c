@@ -399,6 +399,15 @@ numberlike(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)
     return i < k && p[i] >= '0' && p[i] <= '9';
 }
 
+/* Whether the ASCII p[0:n] is a keyword's name (a NAME) or, where `symbol`, a symbol's
+ * (a NAME not NUMBERLIKE): the reader's rule, for the binary decoder's names written in
+ * full (speedups.c), judged before any str is made of them. */
+CBCL_INTERNAL int
+cbcl_ascii_name(const unsigned char *p, Py_ssize_t n, int symbol)
+{
+    return n > 0 && is_name(p, 0, n) && !(symbol && numberlike(p, 0, n));
+}
+
 /* Whether the ASCII p[i:k] is a URI. */
 static int
 is_ascii_uri(const unsigned char *p, Py_ssize_t i, Py_ssize_t k)

@@ -509,30 +509,6 @@ valid_name(PyObject *text, int symbol)
     return 1;
 }
 
-/* valid_name over the ASCII bytes p[0:n] (the same rule: NAME_RE, or SYMBOL_RE where
- * `symbol`), for a name judged before any str is made of it. */
-static int
-valid_ascii_name(const unsigned char *p, Py_ssize_t n, int symbol)
-{
-    Py_ssize_t i;
-    if (n == 0 || !name_start(p[0]))
-        return 0;
-    for (i = 1; i < n; i++)
-        if (!name_rest(p[i]))
-            return 0;
-    if (symbol) {
-        i = 0;
-        unsigned char c = p[0];
-        if (c == '+' || c == '-')
-            c = ++i < n ? p[i] : 0;
-        if (c == '.')
-            c = ++i < n ? p[i] : 0;
-        if (c >= '0' && c <= '9')
-            return 0; /* starts like a number */
-    }
-    return 1;
-}
-
 #define DECIMAL_MEMO_CHARS 4 /* cbcl.binary._codec._DECIMAL_MEMO_CHARS: shorter ones are memoized */
 
 /* DECIMAL_RE, of at most MAX_DECIMAL_CHARS characters: is_decimal (cbcl/_native_src/cstack.h) over the
@@ -1110,8 +1086,8 @@ build_body_of(NativeState *st, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
                          * or it would have no slot): judged and interned from its bytes,
                          * with no token str, as the text reader does (scanner.c); the memo
                          * keyed by the atom, whose text is the name. */
-                        if (!valid_ascii_name((const unsigned char *)a.s, a.len,
-                                              code == SYMBOL))
+                        if (!cbcl_ascii_name((const unsigned char *)a.s, a.len,
+                                             code == SYMBOL))
                             goto bail;
                         InternTables *names = &st->scanner.intern;
                         value = cbcl_names_intern_ascii(
