@@ -1392,14 +1392,21 @@ def mixed_messages(size: str, count: int, seed: str, *, fresh: float = 0.8) -> l
     their names from a vocabulary of their own (``seed``), a share ``fresh`` of them never
     seen before (the rest from a few hundred recurring ones)."""
     rng = random.Random(f"mixed/{size}/{seed}")
-    vocabulary = Vocabulary(rng, fresh=fresh)
-    rows = MIXED_ROWS[size]
+    return _mixed_set(rng, Vocabulary(rng, fresh=fresh), MIXED_ROWS[size], 2, 1, count,
+                      size.endswith("any-order"))
+
+
+def _mixed_set(rng: random.Random, vocabulary: Vocabulary, rows: int, jitter: int,
+               least: int, count: int, any_order: bool) -> list[Message]:
+    """``count`` table/v1 messages of ``rows`` ± ``jitter`` rows each (at least ``least``),
+    drawn from ``rng`` and ``vocabulary``: :func:`mixed_messages` and
+    :func:`mixed_messages_of`."""
     out = []
     for index in range(count):
         body = _members(rng, (S("table"),), [
             ("id", f"tbl-{rng.randrange(10**8)}"),
-            ("rows", tuple(_mixed_row(rng, vocabulary, size.endswith("any-order"))
-                           for _ in range(max(1, rows + rng.randint(-2, 2)))))])
+            ("rows", tuple(_mixed_row(rng, vocabulary, any_order)
+                           for _ in range(max(least, rows + rng.randint(-jitter, jitter)))))])
         out.append(Message(
             message_id=f"msg-{index:05d}-{rng.randrange(1 << 32):08x}",
             sender=URI(f"agent://{vocabulary.name()}.example.net/{rng.choice(_ROLES)}"),
@@ -1885,18 +1892,6 @@ def mixed_messages_of(rows: int, count: int, seed: str, *, fresh: float = 0.8,
     ``rows``, at most 2) instead of a size class's: the size classes of
     ``benchmarks/size_classes.py`` and the sets of ``benchmarks/cost_model.py``'s fit."""
     rng = random.Random(f"mixed-rows/{rows}/{any_order}/{seed}")
-    vocabulary = Vocabulary(rng, fresh=fresh)
-    jitter = min(2, rows // 4)
-    out = []
-    for index in range(count):
-        body = _members(rng, (S("table"),), [
-            ("id", f"tbl-{rng.randrange(10**8)}"),
-            ("rows", tuple(_mixed_row(rng, vocabulary, any_order)
-                           for _ in range(rows + rng.randint(-jitter, jitter))))])
-        out.append(Message(
-            message_id=f"msg-{index:05d}-{rng.randrange(1 << 32):08x}",
-            sender=URI(f"agent://{vocabulary.name()}.example.net/{rng.choice(_ROLES)}"),
-            receiver=_uri(rng), intent="INFORM", protocol=S("table/v1"),
-            conversation_id=f"{vocabulary.name()}-{rng.randrange(10**6)}",
-            timestamp=1764400000000 + rng.randrange(10**8), body=body))
-    return out
+    # (jitter is at most a quarter of rows, so rows - jitter >= 0: least 0 bounds nothing)
+    return _mixed_set(rng, Vocabulary(rng, fresh=fresh), rows, min(2, rows // 4), 0, count,
+                      any_order)
