@@ -5,13 +5,13 @@ edges of the ones read from their digits, and decimals written in place."""
 
 from __future__ import annotations
 
-import os
 import sys
 from decimal import Decimal
 from types import FrameType
 from typing import Any
 
 import pytest
+from test_encoders import _native_or_skip
 from test_protocol import DESCRIPTORS, SHIPPED
 
 from cbcl import Encoder, Message, Registry, parse
@@ -21,13 +21,7 @@ from cbcl.core._values import URI, Keyword, Symbol
 
 @pytest.fixture(scope="module")
 def native() -> Any:
-    try:
-        import cbcl._native as module
-    except ImportError:
-        if os.environ.get("CBCL_REQUIRE_SPEEDUPS"):
-            raise
-        pytest.skip("cbcl._native is not built here")
-    return module
+    return _native_or_skip()
 
 
 @pytest.fixture(scope="module")
